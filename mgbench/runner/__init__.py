@@ -1,0 +1,1 @@
+"""The benchmark runner: launch.py (parent side, torchrun jobs) and worker.py (each rank)."""

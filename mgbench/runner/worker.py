@@ -1,0 +1,280 @@
+"""Rank entry point, started by torchrun: runs every config of one plan file.
+
+One torchrun job per world size runs many configs, so process start-up and process
+group initialisation are paid once per group. Rank 0 appends one record per config to
+records.jsonl (fsynced) as soon as the config ends.
+
+    python -m torch.distributed.run --standalone --nproc-per-node N \
+        -m mgbench.runner.worker --plan RUN_DIR/plans/group-N.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .. import stats, store
+from ..catalog import peak_tflops
+from ..suite import RunConfig
+from ..strategies.apply import apply_activation_checkpointing, apply_compile, prepare
+from ..telemetry.energy import EnergyMeter
+from ..telemetry.memory import read_peak, reset_peak
+from ..telemetry.machine import _cpu_model
+from ..workloads.gpt import DecoderLM
+from . import reference
+from .training import rank_batches, train_step
+
+
+class StepClock:
+    """Per-step times: CUDA events on GPU (read after one sync at the window end),
+    perf_counter on CPU (where ops are synchronous)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[Any] = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.marks.append(e)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def step_times(self) -> list[float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) / 1000.0 for a, b in zip(self.marks, self.marks[1:])]
+        return [b - a for a, b in zip(self.marks, self.marks[1:])]
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu: {_cpu_model() or 'unknown'}"
+
+
+def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter) -> dict[str, Any]:
+    """Build, warm up and time one config on this rank; returns this rank's raw figures."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    mem_method = reset_peak(device)
+    t0 = time.perf_counter()
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank and in the reference
+    model = DecoderLM(cfg.shape, max_seq_len=cfg.seq_len)
+    apply_activation_checkpointing(model, cfg.activation_checkpointing)
+    if cfg.compile:
+        apply_compile(model)
+    prep = prepare(cfg.strategy, model, device, cfg.precision)
+    total_steps = cfg.warmup_steps + cfg.repeats * cfg.measured_steps
+    batches = rank_batches(cfg.seed, range(total_steps), rank, cfg.micro_batch, cfg.grad_accum, world,
+                           cfg.seq_len, cfg.shape.vocab, device)
+    sync(device)
+    init_s = time.perf_counter() - t0
+
+    losses: list[torch.Tensor] = []
+    t0 = time.perf_counter()
+    for step in range(cfg.warmup_steps):
+        losses.append(train_step(prep, batches[step], device, cfg.precision))
+    sync(device)
+    warmup_s = time.perf_counter() - t0
+
+    windows: list[list[float]] = []
+    measured_s = 0.0
+    dist.barrier()  # ranks enter the window together
+    meter.start()
+    for r in range(cfg.repeats):
+        clock = StepClock(device)
+        sync(device)
+        t0 = time.perf_counter()
+        clock.mark()
+        for i in range(cfg.measured_steps):
+            step = cfg.warmup_steps + r * cfg.measured_steps + i
+            losses.append(train_step(prep, batches[step], device, cfg.precision))
+            clock.mark()
+        sync(device)
+        measured_s += time.perf_counter() - t0
+        windows.append(clock.step_times())
+    energy = meter.stop()
+    mem = read_peak(device)
+
+    # Global loss per step: mean over data-parallel ranks (equal micro-batch sizes).
+    loss_t = torch.stack(losses).float()
+    dist.all_reduce(loss_t)
+    loss_values = (loss_t / world).tolist()
+    del prep, model, batches
+    return {
+        "rank": rank, "init_s": init_s, "warmup_s": warmup_s, "measured_s": measured_s,
+        "windows": windows, "losses": loss_values, "mem_method": mem_method, **mem, **energy,
+    }
+
+
+def summarize_config(cfg: RunConfig, per_rank: list[dict[str, Any]], device: torch.device) -> dict[str, Any]:
+    """Turn every rank's raw figures into the flat record fields."""
+    world = len(per_rank)
+    # A step ends when its slowest rank ends: step time = max over ranks, per step.
+    n_steps = min(sum(len(w) for w in r["windows"]) for r in per_rank)
+    flat = [[t for w in r["windows"] for t in w] for r in per_rank]
+    step_times = [max(f[i] for f in flat) for i in range(n_steps)]
+    s = stats.summarize(step_times)
+    tokens_per_step = cfg.global_batch * cfg.seq_len
+    tokens_per_s = tokens_per_step / s["median"]
+    flops_per_token = cfg.shape.flops_per_token(cfg.seq_len)
+    name = device_name(device)
+    peak, peak_reason = peak_tflops(name, cfg.precision)
+    model_tflops = flops_per_token * tokens_per_s / world / 1e12
+    r0 = per_rank[0]
+
+    # Energy: each GPU rank reads its own device; on CPU only local rank 0 reads the
+    # package counter. Unknown if any rank that should have read it could not.
+    readers = [r for r in per_rank if r["energy_method"] != "none"] if device.type == "cpu" else per_rank
+    energies = [r["energy_j"] for r in readers]
+    energy_j = sum(energies) if readers and all(e is not None for e in energies) else None
+    measured_tokens = tokens_per_step * n_steps
+    mems = [r["mem_peak_gib"] for r in per_rank]
+    return {
+        "step_time_s": s["median"],
+        "step_time_p10_s": s["p10"],
+        "step_time_p90_s": s["p90"],
+        "step_time_mean_s": s["mean"],
+        "step_time_stddev_s": s["stddev"],
+        "step_time_min_s": s["min"],
+        "step_time_max_s": s["max"],
+        "step_time_ci95_low_s": s["ci95_low"],
+        "step_time_ci95_high_s": s["ci95_high"],
+        "step_times_s": step_times,
+        "num_steps_measured": n_steps,
+        "repeat_medians_s": [stats.summarize([max(x) for x in zip(*(r["windows"][k] for r in per_rank))])["median"]
+                             for k in range(cfg.repeats)],
+        "per_rank_step_time_median_s": [stats.summarize(f)["median"] for f in flat],
+        "tokens_per_step": tokens_per_step,
+        "tokens_per_s": tokens_per_s,
+        "tokens_per_s_per_device": tokens_per_s / world,
+        "samples_per_s": cfg.global_batch / s["median"],
+        "num_params": cfg.shape.num_params(),
+        "flops_per_token": flops_per_token,
+        "model_tflops_per_device": model_tflops,
+        "peak_tflops": peak,
+        "mfu_pct": 100.0 * model_tflops / peak if peak else None,
+        "mfu_reason": None if peak else peak_reason,
+        "device_name": name,
+        "mem_peak_gib": None if any(m is None for m in mems) else max(mems),
+        "mem_peak_gib_per_rank": mems,
+        "mem_reserved_peak_gib": max((r["mem_reserved_peak_gib"] or 0.0) for r in per_rank) if device.type == "cuda" else None,
+        "mem_method": r0["mem_method"],
+        "init_s": max(r["init_s"] for r in per_rank),
+        "warmup_s": max(r["warmup_s"] for r in per_rank),
+        "measured_s": max(r["measured_s"] for r in per_rank),
+        "energy_j": energy_j,
+        "power_w": energy_j / r0["window_s"] if energy_j is not None and r0["window_s"] > 0 else None,
+        "energy_per_token_j": energy_j / measured_tokens if energy_j is not None else None,
+        "energy_window_s": r0["window_s"],
+        "energy_method": readers[0]["energy_method"] if readers else "none",
+        "energy_reason": None if energy_j is not None else (r0["energy_reason"] or "no rank could read energy"),
+        "losses": r0["losses"],
+        "loss_first": r0["losses"][0] if r0["losses"] else None,
+        "loss_last": r0["losses"][-1] if r0["losses"] else None,
+    }
+
+
+def base_record(cfg: RunConfig, run_id: str) -> dict[str, Any]:
+    """The config's parameters, flattened (model dims as model_*)."""
+    rec: dict[str, Any] = {k: v for k, v in cfg.to_dict().items() if k not in ("model", "skip_reason")}
+    for k, v in cfg.model.items():
+        rec[f"model_{k}"] = v
+    rec.update(run_id=run_id, label=cfg.label, global_batch=cfg.global_batch,
+               backend="nccl" if cfg.device == "cuda" else "gloo", torch_version=torch.__version__)
+    return rec
+
+
+def run_one(cfg: RunConfig, device: torch.device, meter: EnergyMeter, run_dir: Path, run_id: str) -> dict[str, Any] | None:
+    """Measure one config on every rank; rank 0 returns its record, others None."""
+    rank = dist.get_rank()
+    started = dt.datetime.now().isoformat(timespec="seconds")
+    try:
+        mine: dict[str, Any] = {"ok": True, **measure(cfg, device, meter)}
+    except torch.OutOfMemoryError as e:
+        mine = {"ok": False, "status": "oom", "error": f"rank {rank}: {type(e).__name__}: {str(e).splitlines()[0]}"}
+    except Exception as e:
+        mine = {"ok": False, "status": "error", "error": f"rank {rank}: {type(e).__name__}: {e}",
+                "traceback": traceback.format_exc()}
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    if rank != 0:
+        return None
+    rec = base_record(cfg, run_id)
+    rec["started_at"] = started
+    failed = [r for r in everyone if not r["ok"]]
+    if failed:
+        rec.update(status=failed[0]["status"], error="; ".join(r["error"] for r in failed))
+        if failed[0].get("traceback"):
+            (run_dir / "logs" / f"{cfg.config_id}.traceback.txt").write_text(failed[0]["traceback"])
+        return rec
+    rec.update(status="ok", error=None, **summarize_config(cfg, everyone, device))
+    if cfg.check_steps:
+        try:
+            ref = reference.reference_losses(cfg, device, run_dir)
+            rec.update(reference.compare(rec["losses"][: cfg.check_steps], ref, cfg.precision))
+        except torch.OutOfMemoryError:
+            rec.update(correct=None, loss_max_rel_diff=None,
+                       correct_reason="the single-process reference does not fit on one device")
+    else:
+        rec.update(reference.compare([], [], cfg.precision))
+    samples = {"config_id": cfg.config_id, "per_rank_step_times_s": [r["windows"] for r in everyone],
+               "losses": rec["losses"]}
+    store.write_json_atomic(run_dir / "samples" / f"{cfg.config_id}.json", samples)
+    rec["samples_file"] = f"samples/{cfg.config_id}.json"
+    rec["finished_at"] = dt.datetime.now().isoformat(timespec="seconds")
+    return rec
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--plan", required=True, help="plan JSON written by mgbench.runner.launch")
+    args = ap.parse_args(argv)
+    plan = json.loads(Path(args.plan).read_text())
+    run_dir, run_id = Path(plan["run_dir"]), plan["run_id"]
+    configs = [RunConfig.from_dict(c) for c in plan["configs"]]
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    use_cuda = configs[0].device == "cuda"
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    meter = EnergyMeter(device.type, local_rank, local_rank)
+    try:
+        for cfg in configs:
+            rec = run_one(cfg, device, meter, run_dir, run_id)
+            if rec is not None:
+                store.append_record(run_dir, rec)
+                print(f"[mgbench worker] {cfg.config_id} {rec['status']}", flush=True)
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

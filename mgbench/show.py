@@ -1,0 +1,59 @@
+"""`mgbench show`: a run's records as a table, JSON or CSV."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from . import store
+
+TABLE_COLUMNS = [
+    ("strategy", "strategy"), ("nproc", "n"), ("model_name", "model"), ("micro_batch", "mb"),
+    ("seq_len", "seq"), ("precision", "prec"), ("status", "status"), ("step_time_s", "step s"),
+    ("tokens_per_s", "tok/s"), ("tokens_per_s_per_device", "tok/s/dev"), ("mfu_pct", "MFU %"),
+    ("mem_peak_gib", "peak GiB"), ("energy_per_token_j", "J/tok"), ("loss_max_rel_diff", "loss diff"),
+    ("correct", "correct"),
+]
+
+
+def _cell(v: Any) -> Any:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return v
+
+
+def table_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
+    rows = []
+    for r in records:
+        row = [_cell(r.get(k)) for k, _ in TABLE_COLUMNS]
+        if r.get("correct") is False:
+            row[-1] = "NO (fast but wrong)"
+        rows.append(row)
+    return rows
+
+
+def render(run_dir: Path, fmt: str = "table") -> str:
+    """The records of a run as a table (tabulate), JSON (full records) or CSV."""
+    records = store.read_records(run_dir)
+    if fmt == "json":
+        return json.dumps({"manifest": store.read_manifest(run_dir), "records": records}, indent=2, default=str)
+    if fmt == "csv":
+        return store.load([run_dir]).to_csv(index=False)
+    from tabulate import tabulate
+
+    manifest = store.read_manifest(run_dir)
+    head = (f"run {manifest['run_id']}  suite {manifest['suite']['name']}  "
+            f"on {manifest['machine'].get('gpu_name') or manifest['machine'].get('cpu_model')}  "
+            f"status {manifest['status']}")
+    body = tabulate(table_rows(records), headers=[h for _, h in TABLE_COLUMNS], tablefmt="simple")
+    notes = [f"  {r['config_id']}: {r['status']}: {r.get('error') or r.get('skip_reason')}"
+             for r in records if r["status"] != "ok"]
+    notes += [f"  {r['config_id']}: {r['correct_reason']}" for r in records if r.get("correct") is False]
+    out = f"{head}\n{body}"
+    if notes:
+        out += "\n\nnot ok:\n" + "\n".join(notes)
+    return out

@@ -1,0 +1,303 @@
+"""Suites: TOML sweep definitions -> validated, expanded list of RunConfig.
+
+A suite file has ``name``, ``description``, a ``[sweep]`` table, and optional ``[cpu]``
+and ``[gpu]`` tables whose keys override ``[sweep]`` on that kind of machine. Every
+sweep key takes one value or a list; the cartesian product of the lists is the set of
+configs. Configs that cannot run here are kept, with ``status = "skipped"`` and the
+reason, so a sweep never loses a point silently.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import itertools
+import json
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from . import catalog
+from .errors import MgbenchError
+from .model_shape import ModelShape
+from .strategies import STRATEGIES, layout_problem
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+CHECKPOINTING = ("none", "selective", "full")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def _int(min_value: int) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        if not isinstance(v, int) or isinstance(v, bool):
+            return f"must be an integer, got {v!r}"
+        if v < min_value:
+            return f"must be >= {min_value}, got {v}"
+        return None
+
+    return check
+
+
+def _choice(allowed: tuple[str, ...]) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        if v not in allowed:
+            hint = difflib.get_close_matches(str(v), allowed, n=1)
+            more = f" (did you mean {hint[0]!r}?)" if hint else ""
+            return f"{v!r} is not one of {', '.join(allowed)}{more}"
+        return None
+
+    return check
+
+
+def _bool(v: Any) -> str | None:
+    return None if isinstance(v, bool) else f"must be true or false, got {v!r}"
+
+
+def _nproc(v: Any) -> str | None:
+    if v in ("pow2", "all"):
+        return None
+    err = _int(1)(v)
+    return f"{err} (or \"pow2\" / \"all\" for the detected devices)" if err else None
+
+
+def _model(v: Any) -> str | None:
+    if isinstance(v, str):
+        return _choice(tuple(catalog.model_presets()))(v)
+    if isinstance(v, dict):
+        try:
+            ModelShape.from_dict(v)
+        except MgbenchError as e:
+            return str(e)
+        return None
+    return f"must be a preset name or a table of dims, got {v!r}"
+
+
+# key -> (validator, default, help). The one schema for suite files and --set.
+SWEEP_KEYS: dict[str, tuple[Callable[[Any], str | None], Any, str]] = {
+    "workload": (_choice(("gpt",)), "gpt", "training workload (decoder LM)"),
+    "model": (_model, "tiny", "preset name (see models.toml) or {layers, hidden, heads, ffn_hidden, vocab, ...}"),
+    "strategy": (_choice(tuple(STRATEGIES)), "single", "parallelism strategy"),
+    "nproc": (_nproc, 1, "ranks (devices) per config; \"pow2\" = 1, 2, 4 ... up to the devices found"),
+    "micro_batch": (_int(1), 1, "sequences per rank per micro-step"),
+    "seq_len": (_int(2), 128, "tokens per sequence"),
+    "grad_accum": (_int(1), 1, "micro-steps per optimizer step"),
+    "precision": (_choice(PRECISIONS), "fp32", "fp32, bf16 (autocast) or fp16 (autocast + loss scaling)"),
+    "activation_checkpointing": (_choice(CHECKPOINTING), "none", "none, selective (every 2nd block) or full (every block)"),
+    "compile": (_bool, False, "torch.compile each block"),
+    "warmup_steps": (_int(0), 3, "untimed steps before the measured window"),
+    "measured_steps": (_int(2), 10, "timed optimizer steps per repeat"),
+    "repeats": (_int(1), 1, "measured windows per config"),
+    "seed": (_int(0), 0, "seed of weights and random tokens"),
+    "check_steps": (_int(0), 3, "first steps whose loss is checked against the single-process reference (0: no check)"),
+    "timeout_s": (_int(1), 900, "seconds a config may take before its job is stopped"),
+    "device": (_choice(DEVICES), "auto", "cpu, cuda, or auto (cuda when present)"),
+}
+TOP_KEYS = {"name", "description", "sweep", "cpu", "gpu"}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One point of a sweep: everything the worker needs to run it."""
+
+    strategy: str
+    nproc: int
+    model: dict[str, Any]
+    micro_batch: int
+    seq_len: int
+    grad_accum: int
+    precision: str
+    activation_checkpointing: str
+    compile: bool
+    warmup_steps: int
+    measured_steps: int
+    repeats: int
+    seed: int
+    check_steps: int
+    timeout_s: int
+    device: str
+    workload: str = "gpt"
+    skip_reason: str | None = None
+    config_id: str = field(default="")
+
+    @property
+    def shape(self) -> ModelShape:
+        return ModelShape(**self.model)
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step over all ranks (every strategy here is data parallel)."""
+        return self.micro_batch * self.grad_accum * self.nproc
+
+    @property
+    def label(self) -> str:
+        ac = "" if self.activation_checkpointing == "none" else f" ac={self.activation_checkpointing}"
+        comp = " compile" if self.compile else ""
+        return (
+            f"{self.strategy} n={self.nproc} {self.model['name']} mb={self.micro_batch} "
+            f"s={self.seq_len} ga={self.grad_accum} {self.precision}{ac}{comp}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+        return cls(**d)
+
+
+def config_id(params: dict[str, Any]) -> str:
+    """Stable id of a config: its strategy and size, then a hash of every parameter."""
+    blob = json.dumps(params, sort_keys=True).encode()
+    return f"{params['strategy']}-n{params['nproc']}-{hashlib.sha1(blob).hexdigest()[:10]}"
+
+
+@dataclass
+class Suite:
+    name: str
+    description: str
+    path: str
+    text: str
+    sweep: dict[str, list[Any]]
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+
+def _check_table(where: str, table: Any) -> dict[str, list[Any]]:
+    if not isinstance(table, dict):
+        raise MgbenchError(f"{where}: must be a table of sweep keys")
+    out: dict[str, list[Any]] = {}
+    for key, value in table.items():
+        if key not in SWEEP_KEYS:
+            hint = difflib.get_close_matches(key, SWEEP_KEYS, n=1)
+            more = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise MgbenchError(
+                f"{where}: unknown key {key!r}{more}; allowed: {', '.join(SWEEP_KEYS)}"
+            )
+        values = value if isinstance(value, list) else [value]
+        if not values:
+            raise MgbenchError(f"{where}.{key}: empty list; give at least one value")
+        check = SWEEP_KEYS[key][0]
+        for v in values:
+            err = check(v)
+            if err:
+                raise MgbenchError(f"{where}.{key}: {err}")
+        out[key] = values
+    return out
+
+
+def parse_suite(text: str, path: str = "<suite>", device_kind: str = "cpu") -> Suite:
+    """Parse and validate suite TOML; ``device_kind`` picks the [cpu] or [gpu] overrides."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise MgbenchError(f"{path}: malformed TOML: {e}") from None
+    unknown = sorted(set(data) - TOP_KEYS)
+    if unknown:
+        hint = difflib.get_close_matches(unknown[0], TOP_KEYS, n=1)
+        more = f" (did you mean {hint[0]!r}?)" if hint else ""
+        raise MgbenchError(
+            f"{path}: unknown top-level key {unknown[0]!r}{more}; allowed: {', '.join(sorted(TOP_KEYS))}"
+        )
+    sweep = _check_table(f"{path}: [sweep]", data.get("sweep", {}))
+    section = "gpu" if device_kind == "cuda" else "cpu"
+    for kind in ("cpu", "gpu"):
+        if kind in data:
+            overrides = _check_table(f"{path}: [{kind}]", data[kind])
+            if kind == section:
+                sweep.update(overrides)
+    name = data.get("name", Path(path).stem)
+    if not isinstance(name, str) or not name:
+        raise MgbenchError(f"{path}: name must be a non-empty string")
+    return Suite(name=name, description=str(data.get("description", "")), path=path, text=text, sweep=sweep)
+
+
+def load_suite(path: str | Path, device_kind: str = "cpu") -> Suite:
+    """Read a suite file (or a name in suites/, e.g. ``smoke``) and validate it."""
+    p = resolve_suite_path(path)
+    return parse_suite(p.read_text(), str(p), device_kind)
+
+
+def resolve_suite_path(path: str | Path) -> Path:
+    """A path as given, or ``suites/<name>.toml`` here or in the installed package's tree."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    candidates = [Path("suites") / f"{path}.toml", Path(__file__).resolve().parent.parent / "suites" / f"{path}.toml"]
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise MgbenchError(
+        f"suite {str(path)!r} not found: give a path to a .toml file or a name in suites/ (e.g. smoke)"
+    )
+
+
+def apply_overrides(suite: Suite, overrides: list[str]) -> Suite:
+    """Apply ``--set key=value`` pairs (TOML values: ``nproc=[1,2]``, ``precision="bf16"``)."""
+    table: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise MgbenchError(f"--set {item!r}: expected KEY=VALUE, e.g. --set measured_steps=5")
+        key, raw = item.split("=", 1)
+        try:
+            table[key.strip()] = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            table[key.strip()] = raw  # a bare word: treat as a string (fsdp, bf16, tiny)
+    suite.sweep.update(_check_table("--set", table))
+    return suite
+
+
+def _expand_nproc(values: list[Any], num_devices: int) -> list[int]:
+    out: list[int] = []
+    for v in values:
+        if v == "all":
+            out.append(num_devices)
+        elif v == "pow2":
+            n = 1
+            while n <= num_devices:
+                out.append(n)
+                n *= 2
+        else:
+            out.append(v)
+    return list(dict.fromkeys(out))
+
+
+def expand(suite: Suite, device_kind: str, num_devices: int) -> list[RunConfig]:
+    """The cartesian product of the sweep, each config with its skip reason (or None)."""
+    sweep = {k: suite.sweep.get(k, [default]) for k, (_, default, _) in SWEEP_KEYS.items()}
+    sweep["nproc"] = _expand_nproc(sweep["nproc"], num_devices)
+    keys = list(sweep)
+    configs = []
+    for combo in itertools.product(*(sweep[k] for k in keys)):
+        p = dict(zip(keys, combo))
+        model = p["model"]
+        shape = catalog.model_shape(model) if isinstance(model, str) else ModelShape.from_dict(model)
+        p["model"] = {**shape.to_dict(), "name": model if isinstance(model, str) else "custom"}
+        p["device"] = device_kind if p["device"] == "auto" else p["device"]
+        if p["check_steps"] > p["warmup_steps"] + p["measured_steps"]:
+            raise MgbenchError(
+                f"{suite.path}: check_steps ({p['check_steps']}) exceeds warmup_steps + measured_steps "
+                f"({p['warmup_steps'] + p['measured_steps']}); lower check_steps or add steps"
+            )
+        cid = config_id(p)
+        configs.append(RunConfig(**p, skip_reason=_skip_reason(p, device_kind, num_devices), config_id=cid))
+    # One record per config id: duplicates (e.g. nproc listed twice) collapse.
+    return list({c.config_id: c for c in configs}.values())
+
+
+def _skip_reason(p: dict[str, Any], device_kind: str, num_devices: int) -> str | None:
+    if p["device"] == "cuda" and device_kind != "cuda":
+        return "config asks for cuda but no CUDA device was found"
+    problem = layout_problem(p["strategy"], p["nproc"])
+    if problem:
+        return problem
+    if p["nproc"] > num_devices:
+        what = "GPUs" if p["device"] == "cuda" else "CPU ranks allowed here"
+        return f"needs {p['nproc']} ranks but only {num_devices} {what}"
+    if p["device"] == "cpu" and p["precision"] != "fp32":
+        return f"{p['precision']} on CPU: gloo has no bf16/fp16 reductions; use precision = \"fp32\" on CPU"
+    if p["seq_len"] > 1 << 20:
+        return f"seq_len {p['seq_len']} is larger than the rotary table supports"
+    return None

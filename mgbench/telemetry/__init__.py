@@ -1,0 +1,1 @@
+"""Measurements beside the step time: machine fingerprint, memory, energy."""

@@ -1,0 +1,106 @@
+"""Machine and software fingerprint stored in every run manifest."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+from typing import Any
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _ram_gib() -> float | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _git_sha() -> str | None:
+    """The git sha of the mgbench source tree, when it is a checkout."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(
+            ["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        )
+        if out.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "-C", here, "status", "--porcelain", "--", "."], capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def gpus() -> list[dict[str, Any]]:
+    """Name and memory of each visible CUDA device (empty on a CPU-only machine)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    out = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        out.append({"index": i, "name": p.name, "memory_gib": p.total_memory / 2**30})
+    return out
+
+
+def nvidia_driver() -> str | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            v = pynvml.nvmlSystemGetDriverVersion()
+            return v.decode() if isinstance(v, bytes) else v
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVML library or no driver: unknown, not an error
+        return None
+
+
+def fingerprint() -> dict[str, Any]:
+    """Hostname, CPU, RAM, GPUs, driver, CUDA/torch/NCCL versions and interconnect summary."""
+    import torch
+
+    from .. import __version__
+
+    gpu_list = gpus()
+    nccl = None
+    if torch.cuda.is_available():
+        try:
+            nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
+        except Exception:
+            nccl = None
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_model": _cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "ram_gib": _ram_gib(),
+        "gpus": gpu_list,
+        "gpu_count": len(gpu_list),
+        "gpu_name": gpu_list[0]["name"] if gpu_list else None,
+        "nvidia_driver": nvidia_driver() if gpu_list else None,
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "nccl": nccl,
+        "mgbench": __version__,
+        "git_sha": _git_sha(),
+        # Detailed link detection (NVLink, PCIe, InfiniBand) belongs to `mgbench comm`;
+        # here we only say which transport collectives used.
+        "interconnect": "cuda devices (NCCL)" if gpu_list else "none: CPU ranks on one host (gloo over loopback)",
+    }
