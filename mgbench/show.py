@@ -42,7 +42,7 @@ def render(run_dir: Path, fmt: str = "table") -> str:
     if fmt == "json":
         return json.dumps({"manifest": store.read_manifest(run_dir), "records": records}, indent=2, default=str)
     if fmt == "csv":
-        return store.load([run_dir]).to_csv(index=False)
+        return store.load([run_dir]).to_csv(index=False).rstrip("\n")
     from tabulate import tabulate
 
     manifest = store.read_manifest(run_dir)

@@ -51,7 +51,7 @@ def reference_losses(cfg: Any, device: torch.device, run_dir: Path) -> list[floa
         cfg.seq_len, cfg.shape.vocab, device,
     )
     losses = [float(train_step(prep, b, device, cfg.precision)) for b in batches]
-    path.parent.mkdir(exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, {"key": reference_key(cfg), "losses": losses, "global_batch": cfg.global_batch})
     return losses
 

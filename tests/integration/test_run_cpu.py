@@ -1,0 +1,105 @@
+"""Real torchrun jobs on gloo CPU ranks, through the real CLI."""
+
+import json
+
+import pytest
+
+from mgbench import store
+
+STRATEGIES = ["ddp", "zero1", "fsdp", "fsdp_grad_op"]
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    """One smoke run at 1, 2 and 4 ranks, shared by the tests below."""
+    from tests.conftest import run_cli
+
+    cwd = tmp_path_factory.mktemp("run")
+    p = run_cli("run", "smoke", "--run-id", "smoke1", "--set", "nproc=[1,2,4]", "--set", "grad_accum=[1,2]",
+                "--set", "measured_steps=6", cwd=cwd)
+    assert p.returncode == 0, p.stderr + p.stdout
+    return cwd, cwd / "results" / "smoke1", p
+
+
+def test_every_strategy_runs_and_matches_the_reference(smoke_run):
+    _, run_dir, _ = smoke_run
+    recs = store.read_records(run_dir)
+    ok = [r for r in recs if r["status"] == "ok"]
+    got = {(r["strategy"], r["nproc"], r["grad_accum"]) for r in ok}
+    for s in STRATEGIES:
+        for n in (1, 2, 4):
+            for ga in (1, 2):
+                assert (s, n, ga) in got
+    assert ("single", 1, 1) in got
+    for r in ok:
+        assert r["correct"] is True, (r["label"], r["loss_max_rel_diff"])
+        assert r["loss_max_rel_diff"] <= r["loss_tolerance"] == 1e-4
+        assert len(r["loss_ref"]) == 3
+
+
+def test_skips_are_recorded_not_dropped(smoke_run):
+    _, run_dir, _ = smoke_run
+    skipped = [r for r in store.read_records(run_dir) if r["status"] == "skipped"]
+    assert {(r["strategy"], r["nproc"]) for r in skipped} == {("single", 2), ("single", 4)}
+    assert all("one process" in r["skip_reason"] for r in skipped)
+
+
+def test_metrics_are_consistent(smoke_run):
+    _, run_dir, _ = smoke_run
+    for r in store.read_records(run_dir):
+        if r["status"] != "ok":
+            continue
+        n = r["nproc"]
+        assert r["global_batch"] == r["micro_batch"] * r["grad_accum"] * n
+        assert len(r["step_times_s"]) == r["num_steps_measured"] == 6
+        assert r["step_time_s"] == sorted(r["step_times_s"])[2] / 2 + sorted(r["step_times_s"])[3] / 2
+        assert r["tokens_per_s"] == pytest.approx(r["global_batch"] * r["seq_len"] / r["step_time_s"])
+        assert r["tokens_per_s_per_device"] == pytest.approx(r["tokens_per_s"] / n)
+        assert r["model_tflops_per_device"] == pytest.approx(
+            r["flops_per_token"] * r["tokens_per_s_per_device"] / 1e12)
+        assert r["step_time_p10_s"] <= r["step_time_s"] <= r["step_time_p90_s"]
+        assert r["mfu_pct"] is None and "no peak FLOPS" in r["mfu_reason"]
+        assert r["mem_method"] in ("cpu_peak_rss_per_rank", "cpu_process_lifetime_peak_rss")
+        assert len(r["mem_peak_gib_per_rank"]) == n and r["mem_peak_gib"] > 0
+        assert r["energy_method"] in ("rapl", "none")
+        if r["energy_method"] == "none":
+            assert r["energy_j"] is None and r["energy_reason"]
+        assert len(r["losses"]) == r["warmup_steps"] + r["measured_steps"]
+        assert r["loss_first"] == r["losses"][0] and r["loss_last"] == r["losses"][-1]
+        assert r["init_s"] > 0 and r["measured_s"] > 0
+        samples = json.loads((run_dir / r["samples_file"]).read_text())
+        assert len(samples["per_rank_step_times_s"]) == n
+        # The recorded step time of each step is the slowest rank's.
+        per_rank = [w[0] for w in samples["per_rank_step_times_s"]]
+        assert r["step_times_s"] == [max(col) for col in zip(*per_rank)]
+
+
+def test_manifest_and_folder_layout(smoke_run):
+    _, run_dir, _ = smoke_run
+    m = store.read_manifest(run_dir)
+    assert m["status"] == "complete" and m["run_id"] == "smoke1"
+    assert m["suite"]["name"] == "smoke" and len(m["suite"]["sha256"]) == 64
+    assert "[sweep]" in m["suite"]["text"]
+    for key in ("hostname", "cpu_model", "cpu_cores", "ram_gib", "torch", "gpu_count", "interconnect"):
+        assert key in m["machine"]
+    assert m["counts"]["ok"] + m["counts"]["skipped"] == m["num_configs"]
+    assert sorted(p.name for p in (run_dir / "logs").glob("*.log")) == [
+        "group-0-n1.log", "group-1-n2.log", "group-2-n4.log"]
+
+
+def test_progress_is_shown(smoke_run):
+    _, _, p = smoke_run
+    assert "[1/" in p.stdout and "ETA" in p.stdout
+    assert "launching torchrun: 4 cpu rank(s)" in p.stdout
+
+
+def test_show_table_json_csv(smoke_run, cli):
+    cwd, run_dir, _ = smoke_run
+    from tests.conftest import run_cli
+
+    table = run_cli("show", "smoke1", cwd=cwd)
+    assert table.returncode == 0 and "fsdp_grad_op" in table.stdout and "tok/s" in table.stdout
+    js = json.loads(run_cli("show", str(run_dir), "--json", cwd=cwd).stdout)
+    assert len(js["records"]) == js["manifest"]["num_configs"]
+    csv = run_cli("show", "--csv", cwd=cwd).stdout.splitlines()
+    assert csv[0].count(",") > 20 and len(csv) == 1 + js["manifest"]["num_configs"]

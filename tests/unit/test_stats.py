@@ -1,0 +1,33 @@
+import statistics
+
+import pytest
+
+from mgbench import stats
+
+
+def test_percentiles_interpolate_like_numpy():
+    xs = [1.0, 2.0, 3.0, 4.0, 10.0]
+    assert stats.percentile(xs, 50) == 3.0
+    assert stats.percentile(xs, 10) == pytest.approx(1.4)
+    assert stats.percentile(xs, 90) == pytest.approx(7.6)
+
+
+@pytest.mark.parametrize("n,ranks", [(6, (1, 6)), (10, (2, 9)), (20, (6, 15)), (30, (10, 21))])
+def test_median_ci_ranks_match_binomial_tables(n, ranks):
+    # Published order-statistic ranks for a 95% CI of the median (e.g. Conover table A3
+    # / Altman et al., "Statistics with Confidence", table 18.4).
+    xs = [float(i) for i in range(1, n + 1)]
+    assert stats.median_ci(xs) == (float(ranks[0]), float(ranks[1]))
+
+
+def test_median_ci_unknown_below_six_samples():
+    assert stats.median_ci([1.0, 2.0, 3.0, 4.0, 5.0]) == (None, None)
+
+
+def test_summarize():
+    xs = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]
+    s = stats.summarize(xs)
+    assert s["median"] == 0.4
+    assert s["mean"] == pytest.approx(0.4)
+    assert s["stddev"] == pytest.approx(statistics.stdev(xs))
+    assert s["ci95_low"] == 0.1 and s["ci95_high"] == 0.7

@@ -1,0 +1,76 @@
+import json
+
+import pytest
+
+from mgbench import store
+from mgbench.errors import MgbenchError
+
+
+def make_run(tmp_path, run_id="r1"):
+    run = store.create_run_dir(tmp_path / "results", run_id)
+    store.write_json_atomic(run / "manifest.json", {"run_id": run_id, "machine": {"hostname": "h", "gpu_name": None}})
+    return run
+
+
+def test_append_and_read_back(tmp_path):
+    run = make_run(tmp_path)
+    store.append_record(run, {"config_id": "a", "status": "ok", "tokens_per_s": 10.0})
+    store.append_record(run, {"config_id": "b", "status": "skipped"})
+    recs = store.read_records(run)
+    assert [r["config_id"] for r in recs] == ["a", "b"]
+    assert all(r["schema_version"] == store.SCHEMA_VERSION for r in recs)
+
+
+def test_loader_builds_one_dataframe_from_many_runs(tmp_path):
+    for rid in ("r1", "r2"):
+        run = make_run(tmp_path, rid)
+        store.append_record(run, {"config_id": "a", "status": "ok", "tokens_per_s": 5.0})
+    df = store.load(["r1", tmp_path / "results" / "r2"], results_dir=tmp_path / "results")
+    assert list(df["run_id"]) == ["r1", "r2"]
+    assert list(df["tokens_per_s"]) == [5.0, 5.0]
+    assert set(df["hostname"]) == {"h"}
+
+
+def test_old_records_without_schema_version_still_load(tmp_path):
+    run = make_run(tmp_path)
+    (run / "records.jsonl").write_text(json.dumps({"config_id": "old", "status": "ok"}) + "\n")
+    assert store.read_records(run)[0]["schema_version"] == store.SCHEMA_VERSION
+
+
+def test_newer_schema_is_refused(tmp_path):
+    run = make_run(tmp_path)
+    (run / "records.jsonl").write_text(json.dumps({"schema_version": 99, "status": "ok"}) + "\n")
+    with pytest.raises(MgbenchError, match="newer"):
+        store.read_records(run)
+
+
+def test_corrupt_line_names_file_and_line(tmp_path):
+    run = make_run(tmp_path)
+    store.append_record(run, {"config_id": "a", "status": "ok"})
+    with open(run / "records.jsonl", "a") as f:
+        f.write('{"config_id": "b", "sta\n')
+    with pytest.raises(MgbenchError, match=r"records.jsonl:2: corrupt record"):
+        store.read_records(run)
+
+
+def test_resolve_run_errors(tmp_path):
+    with pytest.raises(MgbenchError, match="not found"):
+        store.resolve_run("nope", tmp_path)
+    (tmp_path / "foreign").mkdir()
+    with pytest.raises(MgbenchError, match="not an mgbench run folder"):
+        store.resolve_run(tmp_path / "foreign", tmp_path)
+    with pytest.raises(MgbenchError, match="no runs"):
+        store.latest_run(tmp_path / "empty")
+
+
+def test_run_folders_are_never_reused(tmp_path):
+    make_run(tmp_path)
+    with pytest.raises(MgbenchError, match="already exists"):
+        store.create_run_dir(tmp_path / "results", "r1")
+
+
+def test_atomic_write_leaves_no_temp_files(tmp_path):
+    store.write_json_atomic(tmp_path / "m.json", {"a": 1})
+    store.write_json_atomic(tmp_path / "m.json", {"a": 2})
+    assert json.loads((tmp_path / "m.json").read_text()) == {"a": 2}
+    assert [p.name for p in tmp_path.iterdir()] == ["m.json"]
