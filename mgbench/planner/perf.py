@@ -1,0 +1,134 @@
+"""Step time of a layout: compute + exposed communication + pipeline bubble.
+
+    step = compute + bubble + tp_comm + pp_comm + exposed_dp_comm
+
+compute   matmuls + memory-bound elementwise work (a two-term roofline):
+          hardware FLOPs (model + recomputation) / (GPUs x peak x matmul efficiency)
+          + elementwise passes x activation bytes / memory bandwidth, where the
+          activation bytes per token and layer are Korthikanti et al.'s (memory.py):
+          norms, softmax, activations and dropout read and write about that much
+          memory several times per step. Small models are dominated by the second
+          term, large ones by the first, which is why MFU grows with model size.
+bubble    compute x (p - 1) / (m v)  (GPipe/1F1B bubble; interleaving divides by v)
+tp_comm   4 all-reduces per layer per micro-batch (2 forward, 2 backward; 6 with full
+          recompute) of s b h 16-bit activations over the tensor-parallel group, not
+          overlapped (Megatron-LM, Narayanan et al. 2021, section 3.3)
+pp_comm   one send forward and one backward per micro-batch and stage boundary, on the
+          critical path (m + p - 1) times
+dp_comm   gradient all-reduce (ZeRO 0/1), reduce-scatter + all-gather (ZeRO 2), or
+          all-gather twice per micro-batch + reduce-scatter (ZeRO 3), overlapped with
+          backward compute by the ``overlap`` fraction of the window it can hide in
+
+Collectives follow the alpha-beta model of ring algorithms: an all-reduce on n ranks
+takes 2 (n - 1) alpha + 2 (n - 1) / n x bytes / bandwidth; all-gather and
+reduce-scatter half of that. A group stays inside a node (NVLink/PCIe) when it fits,
+otherwise it is limited by each GPU's share of the node's network. Rank order is
+tensor-parallel fastest, then data-parallel, then pipeline (Megatron-LM's default).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..model_shape import ModelShape
+from .hardware import Hardware
+
+DEFAULT_OVERLAP = 1.0
+
+
+def ring_time(nbytes: Any, n: Any, bw: Any, alpha: Any, factor: float) -> Any:
+    """Alpha-beta ring collective: factor 2 for all-reduce, 1 for all-gather/reduce-scatter."""
+    n = np.asarray(n, dtype=float)
+    return np.where(n > 1, factor * (n - 1) * alpha + factor * (n - 1) / n * nbytes / bw, 0.0)
+
+
+def _group_link(span: Any, hw: Hardware) -> tuple[Any, Any]:
+    """Bandwidth and latency for a group whose ranks span ``span`` consecutive GPUs."""
+    inside = np.asarray(span) <= hw.gpus_per_node
+    return np.where(inside, hw.intra_bw, hw.inter_bw), np.where(inside, hw.intra_alpha_s, hw.inter_alpha_s)
+
+
+def hardware_flops_per_token(shape: ModelShape, seq: Any, recompute: Any) -> Any:
+    """Model FLOPs plus recomputation: full recompute repeats the forward (1/3 of 6N +
+    12 L h s); selective (Korthikanti et al.) repeats the attention-score forward, 4 L h s."""
+    s = np.asarray(seq, dtype=float)
+    model = shape.flops_per_token(s)
+    attn = 12.0 * shape.layers * shape.attn_dim * s
+    rc = np.asarray(recompute)
+    return model + np.where(rc == 2, model / 3.0, np.where(rc == 1, attn / 3.0, 0.0))
+
+
+def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, micro_batch: Any,
+              tp: Any, pp: Any, dp: Any, zero: Any, recompute: Any, precision: str = "bf16",
+              schedule: str = "1f1b", virtual_stages: int = 1, overlap: float = DEFAULT_OVERLAP,
+              sp: Any = False, flash: Any = True, stage_params: Any = None) -> dict[str, Any]:
+    """Predicted step time and its parts, in seconds (arrays broadcast)."""
+    from .memory import activations_per_layer
+    from .memory import stage_params as _stage_params
+
+    s = np.asarray(seq, dtype=float)
+    B = np.asarray(global_batch, dtype=float)
+    b = np.asarray(micro_batch, dtype=float)
+    t, p, d = (np.asarray(x, dtype=float) for x in (tp, pp, dp))
+    z, rc = np.asarray(zero), np.asarray(recompute)
+    n_gpus = t * p * d
+    m = B / (b * d)  # micro-batches per pipeline per step
+    v = virtual_stages if schedule == "interleaved" else 1
+
+    tokens = B * s
+    hw_flops = hardware_flops_per_token(shape, s, rc) * tokens
+    matmul = hw_flops / (n_gpus * hw.peak_tflops * 1e12 * hw.compute_eff)
+    act_per_token = activations_per_layer(shape, s, 1, t, sp, 0, flash, precision) / s
+    ew_bytes = hw.elementwise_passes * act_per_token * (tokens / d) * np.ceil(shape.layers / p)
+    elementwise = ew_bytes * np.where(rc == 2, 4.0 / 3.0, 1.0) / hw.mem_bw
+    compute = matmul + elementwise
+    bubble = compute * (p - 1.0) / (m * v)
+
+    act_bytes = s * b * shape.hidden * (4.0 if precision == "fp32" else 2.0)
+    tp_bw, tp_alpha = _group_link(t, hw)
+    n_tp = np.where(rc == 2, 6.0, 4.0)
+    tp_comm = n_tp * np.ceil(shape.layers / p) * m * ring_time(act_bytes, t, tp_bw, tp_alpha, 2.0)
+
+    # Pipeline neighbours are t * d ranks apart: same node only if that fits in one.
+    pp_bw, pp_alpha = _group_link(t * d + 1, hw)
+    p2p = pp_alpha + act_bytes / t / pp_bw  # scatter-gather: each TP rank sends 1/t
+    pp_comm = np.where(p > 1, 2.0 * (m + p - 1.0) * p2p, 0.0)
+
+    params = _stage_params(shape, t, p) if stage_params is None else stage_params
+    grad_bytes = params * (4.0 if precision == "fp32" else 2.0)
+    dp_bw, dp_alpha = _group_link(t * d, hw)
+    allreduce = ring_time(grad_bytes, d, dp_bw, dp_alpha, 2.0)
+    gather = ring_time(grad_bytes, d, dp_bw, dp_alpha, 1.0)  # same bytes: 16-bit weights
+    dp_comm = np.where(z >= 3, (2.0 * m + 1.0) * gather, allreduce)
+    # The window DP traffic can hide in: the last micro-batch's backward (2/3 of its
+    # compute) for ZeRO 0-2, where gradients are reduced once per step; for ZeRO-3 the
+    # gathers prefetch through the whole step's compute.
+    per_micro = compute / m
+    window = np.where(z >= 3, compute, per_micro * 2.0 / 3.0)
+    exposed_dp = np.maximum(dp_comm - overlap * window, 0.0)
+
+    total = compute + bubble + tp_comm + pp_comm + exposed_dp
+    model_flops = shape.flops_per_token(s)
+    tps = tokens / total
+    return {
+        "step_time_s": total,
+        "tokens_per_s": tps,
+        "tokens_per_s_per_gpu": tps / n_gpus,
+        "model_tflops_per_gpu": model_flops * tps / n_gpus / 1e12,
+        "hardware_tflops_per_gpu": hardware_flops_per_token(shape, s, rc) * tps / n_gpus / 1e12,
+        "mfu": model_flops * tps / n_gpus / (hw.peak_tflops * 1e12),
+        "num_micro_batches": m,
+        "breakdown": {
+            "compute_s": compute,
+            "matmul_s": matmul,
+            "elementwise_s": elementwise,
+            "bubble_s": bubble,
+            "tp_comm_s": tp_comm,
+            "pp_comm_s": pp_comm,
+            "dp_comm_s": dp_comm,
+            "exposed_dp_comm_s": exposed_dp,
+            "exposed_comm_s": tp_comm + pp_comm + exposed_dp,
+        },
+    }
