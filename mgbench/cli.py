@@ -115,5 +115,12 @@ def show(run: str | None, results_dir: str, fmt: str | None) -> None:
     click.echo(render(run_dir, fmt or "table"))
 
 
+from .planner.commands import memory, plan, predict  # noqa: E402
+
+main.add_command(memory)
+main.add_command(predict)
+main.add_command(plan)
+
+
 if __name__ == "__main__":
     main()

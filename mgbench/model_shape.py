@@ -64,6 +64,11 @@ class ModelShape:
             raise MgbenchError(f"model dims missing: {', '.join(missing)}")
         return cls(**d)
 
+    @classmethod
+    def from_record(cls, rec: dict[str, Any], prefix: str = "model_") -> "ModelShape":
+        """Rebuild from a flat result record, whose model dims are stored as model_<dim>."""
+        return cls(**{f.name: rec[prefix + f.name] for f in dataclasses.fields(cls) if prefix + f.name in rec})
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

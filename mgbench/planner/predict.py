@@ -1,0 +1,113 @@
+"""One layout, one answer: the functions behind `mgbench memory` and `mgbench predict`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import MgbenchError
+from ..model_shape import ModelShape
+from . import perf
+from .hardware import Hardware
+from .memory import RECOMPUTE, SCHEDULES, memory_per_gpu
+
+MEMORY_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "model_states_bytes", "activations_bytes",
+               "allowance_bytes", "total_bytes")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Degrees and knobs of one parallel layout."""
+
+    num_gpus: int = 1
+    tp: int = 1
+    pp: int = 1
+    zero: int = 0
+    micro_batch: int = 1
+    seq_len: int = 2048
+    global_batch: int | None = None  # sequences per step; default: one micro-batch per DP rank
+    precision: str = "bf16"
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    flash_attention: bool = True
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+
+    @property
+    def dp(self) -> int:
+        return self.num_gpus // (self.tp * self.pp)
+
+    @property
+    def batch(self) -> int:
+        return self.global_batch if self.global_batch is not None else self.micro_batch * self.dp
+
+    @property
+    def num_micro(self) -> int:
+        return self.batch // (self.micro_batch * self.dp)
+
+
+def validate(layout: Layout, shape: ModelShape | None) -> None:
+    """One check for every degree: each problem names the degrees and the GPU count."""
+    L = layout
+    for name in ("num_gpus", "tp", "pp", "micro_batch", "seq_len", "virtual_stages"):
+        if getattr(L, name) < 1:
+            raise MgbenchError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(L, name)}")
+    if L.zero not in (0, 1, 2, 3):
+        raise MgbenchError(f"--zero must be 0, 1, 2 or 3, got {L.zero}")
+    if L.recompute not in RECOMPUTE:
+        raise MgbenchError(f"--recompute must be one of {', '.join(RECOMPUTE)}, got {L.recompute!r}")
+    if L.schedule not in SCHEDULES:
+        raise MgbenchError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {L.schedule!r}")
+    if L.num_gpus % (L.tp * L.pp):
+        raise MgbenchError(
+            f"tp ({L.tp}) x pp ({L.pp}) = {L.tp * L.pp} does not divide the {L.num_gpus} GPUs; "
+            "choose degrees whose product divides --num-gpus")
+    if shape is not None:
+        if shape.heads % L.tp or (shape.kv_heads % L.tp and L.tp % shape.kv_heads):
+            raise MgbenchError(f"tp ({L.tp}) must divide the {shape.heads} attention heads "
+                               f"and the {shape.kv_heads} kv heads (or be a multiple of them)")
+        if L.pp > shape.layers:
+            raise MgbenchError(f"pp ({L.pp}) exceeds the model's {shape.layers} layers")
+    if L.batch % (L.micro_batch * L.dp):
+        raise MgbenchError(
+            f"global batch {L.batch} is not a multiple of micro-batch {L.micro_batch} x dp {L.dp} "
+            f"(dp = {L.num_gpus} GPUs / (tp {L.tp} x pp {L.pp}))")
+
+
+def _floats(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: (_floats(v) if isinstance(v, dict) else float(v)) for k, v in d.items()}
+
+
+def memory(shape: ModelShape | None, layout: Layout, params: float | None = None) -> dict[str, Any]:
+    """Bytes per GPU for `mgbench memory` (model states alone when only ``params`` is known)."""
+    validate(layout, shape)
+    m = memory_per_gpu(shape, params=params, seq=layout.seq_len, micro_batch=layout.micro_batch,
+                       num_micro=layout.num_micro, tp=layout.tp, pp=layout.pp, dp=layout.dp, zero=layout.zero,
+                       precision=layout.precision, recompute=RECOMPUTE.index(layout.recompute),
+                       sp=layout.sequence_parallel, flash=layout.flash_attention, schedule=layout.schedule,
+                       virtual_stages=layout.virtual_stages)
+    out = {k: float(m[k]) for k in MEMORY_KEYS}
+    out["layout"] = {"num_gpus": layout.num_gpus, "tp": layout.tp, "pp": layout.pp, "dp": layout.dp,
+                     "zero": layout.zero, "micro_batch": layout.micro_batch, "precision": layout.precision,
+                     "recompute": layout.recompute}
+    return out
+
+
+def predict(shape: ModelShape, hw: Hardware, layout: Layout, overlap: float = perf.DEFAULT_OVERLAP) -> dict[str, Any]:
+    """Step time, throughput, MFU, memory and whether it fits, for `mgbench predict`."""
+    validate(layout, shape)
+    out = perf.step_time(shape, hw, seq=layout.seq_len, global_batch=layout.batch, micro_batch=layout.micro_batch,
+                         tp=layout.tp, pp=layout.pp, dp=layout.dp, zero=layout.zero,
+                         recompute=RECOMPUTE.index(layout.recompute), precision=layout.precision,
+                         schedule=layout.schedule, virtual_stages=layout.virtual_stages, overlap=overlap,
+                         sp=layout.sequence_parallel, flash=layout.flash_attention)
+    res = _floats(out)
+    mem = memory(shape, layout)
+    res["memory"] = mem
+    res["fits"] = mem["total_bytes"] <= hw.memory_bytes
+    res["device_memory_bytes"] = hw.memory_bytes
+    res["system"], res["gpu"] = hw.system, hw.gpu
+    res["global_batch"] = layout.batch
+    res["assumptions"] = {"matmul_eff": hw.compute_eff, "elementwise_passes": hw.elementwise_passes,
+                          "overlap": overlap, "peak_tflops": hw.peak_tflops}
+    return res

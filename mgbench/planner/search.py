@@ -1,0 +1,209 @@
+"""`mgbench plan`: search system x GPUs x TP x PP x DP x ZeRO x micro-batch x recompute.
+
+Every candidate is evaluated at once with numpy (memory.py and perf.py take arrays),
+one system at a time. Layouts that do not divide or do not fit in memory are dropped;
+the rest get days, GPU-hours, cost and energy; the best layout per (system, GPU count)
+forms the ranked table and the time-vs-cost Pareto front.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import MgbenchError
+from ..model_shape import ModelShape
+from . import cost, hardware, perf
+from .memory import RECOMPUTE, memory_per_gpu
+
+TP_CHOICES = (1, 2, 4, 8)
+PP_CHOICES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128)
+ZERO_CHOICES = (0, 1, 2, 3)
+MICRO_BATCH_CHOICES = (1, 2, 4, 8)
+
+
+@dataclass
+class PlanOptions:
+    tokens: float
+    seq_len: int = 4096
+    global_batch_tokens: int = 4 * 2**20  # 4M tokens per step, a common large-model batch
+    systems: list[str] | None = None
+    max_gpus: int = 4096
+    precision: str = "bf16"
+    deadline_days: float | None = None
+    budget_usd: float | None = None
+    spot: bool = False
+    checkpoint_minutes: float = 60.0
+    failure_rate: float = cost.FAILURE_RATE_PER_GPU_HOUR
+    restart_minutes: float = cost.RESTART_MINUTES
+    checkpoint_write_minutes: float = cost.CHECKPOINT_WRITE_MINUTES
+    preemption_rate: float = cost.SPOT_PREEMPTIONS_PER_NODE_HOUR
+    power_fraction: float = cost.POWER_FRACTION_OF_TDP
+    pue: float = cost.PUE
+    overlap: float = perf.DEFAULT_OVERLAP
+    top: int = 20
+    calibration: dict[str, Any] = field(default_factory=dict)
+
+
+def gpu_counts(gpus_per_node: int, max_gpus: int) -> np.ndarray:
+    """Partial nodes by powers of two, then whole nodes up to max_gpus."""
+    small = [n for n in (1, 2, 4) if n < gpus_per_node and n <= max_gpus]
+    return np.array(small + list(range(gpus_per_node, max_gpus + 1, gpus_per_node)), dtype=np.int64)
+
+
+def _grid(*axes: np.ndarray) -> list[np.ndarray]:
+    return [g.ravel() for g in np.meshgrid(*axes, indexing="ij")]
+
+
+def evaluate_system(shape: ModelShape, system: str, opts: PlanOptions, prices: cost.Prices) -> tuple[dict[str, np.ndarray], int]:
+    """All candidates of one system; returns the feasible ones (columns) and the count evaluated."""
+    hw = hardware.resolve(system=system, precision=opts.precision, **opts.calibration.get(system, {}))
+    B = max(1, opts.global_batch_tokens // opts.seq_len)
+    tps_ = np.array([t for t in TP_CHOICES if t <= hw.gpus_per_node])
+    pps = np.array([p for p in PP_CHOICES if p <= shape.layers])
+    N, T, P, Z, MB, RC = _grid(gpu_counts(hw.gpus_per_node, opts.max_gpus), tps_, pps,
+                               np.array(ZERO_CHOICES), np.array(MICRO_BATCH_CHOICES), np.arange(len(RECOMPUTE)))
+    evaluated = N.size
+    heads_ok = (shape.heads % T == 0) & ((shape.kv_heads % T == 0) | (T % shape.kv_heads == 0))
+    ok = heads_ok & (N % (T * P) == 0)
+    D = np.where(ok, N // np.maximum(T * P, 1), 1)
+    ok &= B % (MB * D) == 0
+    # ZeRO stages only differ with data parallelism: keep stage 0 alone when dp = 1.
+    ok &= (D > 1) | (Z == 0)
+    N, T, P, Z, MB, RC, D = (a[ok] for a in (N, T, P, Z, MB, RC, D))
+    M = B // (MB * D)
+    sp = T > 1
+    mem = memory_per_gpu(shape, seq=opts.seq_len, micro_batch=MB, num_micro=M, tp=T, pp=P, dp=D, zero=Z,
+                         precision=opts.precision, recompute=RC, sp=sp, flash=True)
+    fits = mem["total_bytes"] <= hw.memory_bytes
+    N, T, P, Z, MB, RC, D, M, sp = (a[fits] for a in (N, T, P, Z, MB, RC, D, M, sp))
+    mem_total = mem["total_bytes"][fits]
+    out = perf.step_time(shape, hw, seq=opts.seq_len, global_batch=B, micro_batch=MB, tp=T, pp=P, dp=D, zero=Z,
+                         recompute=RC, precision=opts.precision, overlap=opts.overlap, sp=sp, flash=True)
+    tps = out["tokens_per_s"]
+    good = cost.goodput(N, hw.gpus_per_node, opts.checkpoint_minutes, opts.failure_rate, opts.restart_minutes,
+                        opts.checkpoint_write_minutes, opts.spot, opts.preemption_rate)
+    hours = opts.tokens / tps / 3600.0 / good
+    gpu_hours = N * hours
+    price, price_source = prices.lookup(system, hw.gpu, opts.spot)
+    usd = gpu_hours * price if price is not None else np.full(N.shape, np.nan)
+    cols = {
+        "num_gpus": N, "tp": T, "pp": P, "dp": D, "zero": Z, "micro_batch": MB, "recompute": RC,
+        "num_micro_batches": M, "tokens_per_s": tps, "mfu": out["mfu"], "goodput": good, "days": hours / 24.0,
+        "gpu_hours": gpu_hours, "cost_usd": usd, "usd_per_million_tokens": usd / (opts.tokens / 1e6),
+        "energy_kwh": cost.energy_kwh(N, hw.tdp_w, hours, opts.power_fraction, opts.pue),
+        "memory_per_gpu_bytes": mem_total,
+    }
+    cols["_meta"] = {"system": system, "gpu": hw.gpu, "price_usd_per_gpu_hour": price, "price_source": price_source,
+                     "device_memory_bytes": hw.memory_bytes, "max_power_kw": hw.max_power_kw,
+                     "gpus_per_node": hw.gpus_per_node, "tdp_w": hw.tdp_w}  # type: ignore[assignment]
+    return cols, evaluated
+
+
+def _row(cols: dict[str, Any], i: int) -> dict[str, Any]:
+    meta = cols["_meta"]
+    r: dict[str, Any] = {"system": meta["system"], "gpu": meta["gpu"]}
+    for k, v in cols.items():
+        if k == "_meta":
+            continue
+        x = v[i].item()
+        r[k] = None if isinstance(x, float) and np.isnan(x) else x
+    r["recompute"] = RECOMPUTE[int(r["recompute"])]
+    nodes = -(-r["num_gpus"] // meta["gpus_per_node"])
+    r["node_power_kw"] = meta["max_power_kw"]
+    r["cluster_power_kw"] = meta["max_power_kw"] * nodes if meta["max_power_kw"] else None
+    r["price_usd_per_gpu_hour"] = meta["price_usd_per_gpu_hour"]
+    r["device_memory_bytes"] = meta["device_memory_bytes"]
+    return r
+
+
+def pareto(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows not beaten on both days and cost by any other row (cost known)."""
+    priced = sorted((r for r in rows if r["cost_usd"] is not None), key=lambda r: (r["days"], r["cost_usd"]))
+    front, best_cost = [], float("inf")
+    for r in priced:
+        if r["cost_usd"] < best_cost:
+            front.append(r)
+            best_cost = r["cost_usd"]
+    return front
+
+
+def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None) -> dict[str, Any]:
+    """Search every system's layouts; return ranked bests, the Pareto front and a recommendation."""
+    t0 = time.perf_counter()
+    prices = prices or cost.Prices()
+    names = opts.systems or list(hardware.systems())
+    for s in names:
+        if s not in hardware.systems():
+            raise MgbenchError(f"--systems: unknown system {s!r}; known: {', '.join(hardware.systems())}")
+    if opts.tokens <= 0:
+        raise MgbenchError("--tokens must be positive (e.g. 1.5e13)")
+    evaluated, feasible, bests, price_notes = 0, 0, [], {}
+    for s in names:
+        cols, n = evaluate_system(shape, s, opts, prices)
+        evaluated += n
+        k = cols["num_gpus"].size
+        feasible += k
+        price_notes[s] = cols["_meta"]["price_source"]
+        if k == 0:
+            continue
+        # Best layout per GPU count: highest throughput (ties: less memory).
+        order = np.lexsort((cols["memory_per_gpu_bytes"], -cols["tokens_per_s"], cols["num_gpus"]))
+        first = np.ones(order.size, dtype=bool)
+        first[1:] = cols["num_gpus"][order][1:] != cols["num_gpus"][order][:-1]
+        bests += [_row(cols, i) for i in order[first]]
+    elapsed = time.perf_counter() - t0
+
+    def allowed(r: dict[str, Any]) -> bool:
+        if opts.deadline_days is not None and r["days"] > opts.deadline_days:
+            return False
+        if opts.budget_usd is not None and (r["cost_usd"] is None or r["cost_usd"] > opts.budget_usd):
+            return False
+        return True
+
+    ok = [r for r in bests if allowed(r)]
+    ranked = sorted(ok, key=lambda r: (r["cost_usd"] is None, r["cost_usd"] or 0.0, r["days"]))
+    rec, reasons = _recommend(ranked, bests, opts)
+    return {
+        "model": shape.name, "tokens": opts.tokens, "seq_len": opts.seq_len,
+        "global_batch": max(1, opts.global_batch_tokens // opts.seq_len),
+        "num_candidates": evaluated, "num_feasible": feasible, "num_meeting_constraints": len(ok),
+        "elapsed_s": elapsed, "candidates_per_s": evaluated / elapsed if elapsed > 0 else None,
+        "recommendation": rec, "reasons": reasons, "ranked": ranked[: opts.top],
+        "pareto": pareto(ok), "prices": price_notes,
+        "assumptions": {
+            "failure_rate_per_gpu_hour": opts.failure_rate, "checkpoint_minutes": opts.checkpoint_minutes,
+            "restart_minutes": opts.restart_minutes, "power_fraction_of_tdp": opts.power_fraction, "pue": opts.pue,
+            "spot": opts.spot, "overlap": opts.overlap,
+        },
+    }
+
+
+def _recommend(ranked: list[dict[str, Any]], all_rows: list[dict[str, Any]], opts: PlanOptions) -> tuple[dict[str, Any] | None, list[str]]:
+    if not all_rows:
+        return None, ["no layout of any system fits this model in memory within --max-gpus"]
+    if not ranked:
+        fastest = min(all_rows, key=lambda r: r["days"])
+        why = [f"no layout meets the constraints; the fastest is {fastest['num_gpus']}x {fastest['gpu']} "
+               f"({fastest['system']}) at {fastest['days']:.1f} days"]
+        return None, why
+    r = ranked[0]
+    priced = r["cost_usd"] is not None
+    reasons = [
+        f"{r['num_gpus']}x {r['gpu']} ({r['system']}) with tp={r['tp']} pp={r['pp']} dp={r['dp']}, ZeRO-{r['zero']}, "
+        f"micro-batch {r['micro_batch']}, recompute {r['recompute']}",
+        (f"cheapest of {len(ranked)} (system, GPU count) options meeting the constraints: "
+         f"USD {r['cost_usd']:,.0f} ({r['usd_per_million_tokens']:.3f} per million tokens)" if priced
+         else "no price known for any option meeting the constraints; ranked by time (pass --price)"),
+        f"{r['days']:.1f} days at {r['tokens_per_s']:,.0f} tokens/s, MFU {100 * r['mfu']:.0f}%, goodput {100 * r['goodput']:.0f}%",
+        f"needs {r['memory_per_gpu_bytes'] / 1e9:.1f} GB per GPU of {r['device_memory_bytes'] / 1e9:.0f} GB",
+    ]
+    faster = [x for x in ranked[1:] if x["days"] < r["days"] and x["cost_usd"] is not None]
+    if priced and faster:
+        f = min(faster, key=lambda x: x["cost_usd"])
+        reasons.append(f"finishing sooner ({f['days']:.1f} days on {f['num_gpus']}x {f['gpu']}) costs "
+                       f"USD {f['cost_usd'] - r['cost_usd']:,.0f} more")
+    return r, reasons
