@@ -103,3 +103,18 @@ def test_show_table_json_csv(smoke_run, cli):
     assert len(js["records"]) == js["manifest"]["num_configs"]
     csv = run_cli("show", "--csv", cwd=cwd).stdout.splitlines()
     assert csv[0].count(",") > 20 and len(csv) == 1 + js["manifest"]["num_configs"]
+
+
+def test_calibration_on_the_measured_run(smoke_run):
+    cwd, _, _ = smoke_run
+    from tests.conftest import run_cli
+
+    p = run_cli("predict", "--calibrate", "smoke1", "--json", cwd=cwd)
+    assert p.returncode == 0, p.stderr
+    fit = json.loads(p.stdout)
+    ok = [r for r in store.read_records(cwd / "results" / "smoke1") if r["status"] == "ok"]
+    assert {r["config_id"] for r in fit["rows"]} == {r["config_id"] for r in ok}
+    assert fit["achieved_flops_per_s"] > 0
+    assert all(r["loo_predicted_s"] > 0 for r in fit["rows"])
+    table = run_cli("predict", "--calibrate", "smoke1", cwd=cwd)
+    assert "leave-one-out" in table.stdout

@@ -1,0 +1,62 @@
+import json
+
+import pytest
+
+
+def test_memory_zero_paper_example_through_the_cli(cli):
+    got = []
+    for z in range(4):
+        p = cli("memory", "--params", "7.5e9", "--num-gpus", "64", "--zero", str(z), "--json")
+        assert p.returncode == 0, p.stderr
+        got.append(json.loads(p.stdout)["model_states_bytes"] / 1e9)
+    assert [round(x, 1) for x in got] == [120.0, 31.4, 16.6, 1.9]
+
+
+def test_predict_json_interface(cli):
+    p = cli("predict", "--model", "llama3-8b", "--system", "dgx-h100", "--num-gpus", "8", "--zero", "3",
+            "--seq-len", "4096", "--recompute", "selective", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    for k in ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "hardware_tflops_per_gpu",
+              "mfu", "memory", "fits", "breakdown"):
+        assert k in out
+    for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "model_states_bytes", "activations_bytes", "total_bytes"):
+        assert k in out["memory"]
+    for k in ("compute_s", "exposed_comm_s", "bubble_s"):
+        assert k in out["breakdown"]
+
+
+def test_plan_json_interface(cli):
+    p = cli("plan", "--model", "llama3-8b", "--tokens", "1e12", "--systems", "dgx-a100,dgx-h100", "--max-gpus", "256",
+            "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    for k in ("num_candidates", "elapsed_s", "recommendation", "ranked"):
+        assert k in out
+    for k in ("system", "gpu", "num_gpus", "tp", "pp", "dp", "zero", "micro_batch", "recompute", "tokens_per_s", "days",
+              "gpu_hours", "cost_usd", "usd_per_million_tokens", "energy_kwh", "memory_per_gpu_bytes"):
+        assert k in out["ranked"][0]
+
+
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["memory", "--model", "llama3-8b", "--params", "1e9"], "give exactly one of"),
+        (["memory", "--model", "llama3-8b", "--num-gpus", "8", "--tp", "3"], "tp (3) x pp (1) = 3 does not divide the 8 GPUs"),
+        (["memory", "--model", "llama3-8b", "--num-gpus", "6", "--tp", "3"], "tp (3) must divide the 32 attention heads"),
+        (["memory", "--model", "tiny", "--num-gpus", "4", "--pp", "4"], "pp (4) exceeds the model's 2 layers"),
+        (["predict", "--model", "llama3-8b", "--system", "nope"], "unknown system 'nope'"),
+        (["predict", "--params", "1e9", "--system", "dgx-h100"], "needs the model's shape"),
+        (["plan", "--model", "llama3-8b", "--tokens", "1e12", "--price", "h100-sxm=x"], "expected NAME=USD"),
+        (["plan", "--model", "gpt5", "--tokens", "1e12"], "unknown model preset 'gpt5'"),
+    ],
+)
+def test_planner_bad_input(cli, args, expected):
+    p = cli(*args)
+    assert p.returncode == 2 and expected in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("cmd", ["memory", "predict", "plan"])
+def test_planner_help_has_examples(cli, cmd):
+    p = cli(cmd, "--help")
+    assert p.returncode == 0 and "Example" in p.stdout

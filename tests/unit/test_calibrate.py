@@ -1,0 +1,62 @@
+import numpy as np
+import pytest
+
+from mgbench.errors import MgbenchError
+from mgbench.planner import calibrate
+
+SHAPE = {"model_layers": 2, "model_hidden": 64, "model_heads": 4, "model_kv_heads": 2, "model_ffn_hidden": 176,
+         "model_vocab": 256, "model_mlp": "swiglu", "model_tie_embeddings": False, "model_head_dim": None,
+         "model_name": "tiny"}
+
+
+def record(strategy, n, step):
+    return {"status": "ok", "strategy": strategy, "nproc": n, "seq_len": 64, "micro_batch": 2, "grad_accum": 1,
+            "activation_checkpointing": "none", "precision": "fp32", "device": "cpu", "device_name": "cpu: test",
+            "config_id": f"{strategy}-{n}", "label": f"{strategy} n={n}", "step_time_s": step, **SHAPE}
+
+
+def synthetic(F=2e10, call=1e-3, alpha=2e-3):
+    recs = []
+    for strat in ("single", "ddp", "zero1", "fsdp", "fsdp_grad_op"):
+        for n in (1, 2, 4):
+            if strat == "single" and n > 1:
+                continue
+            f = calibrate.features(record(strat, n, 1.0))
+            t = f["compute"] / F + f["comm_calls"] * call + f["comm_steps"] * alpha
+            recs.append(record(strat, n, t))
+    return recs
+
+
+def test_fit_recovers_known_parameters_exactly():
+    fit = calibrate.fit_records(synthetic())
+    assert fit["achieved_flops_per_s"] == pytest.approx(2e10, rel=1e-6)
+    assert fit["seconds_per_collective_call"] == pytest.approx(1e-3, rel=1e-6)
+    assert fit["alpha_s_per_step"] == pytest.approx(2e-3, rel=1e-6)
+    assert fit["fit_mean_abs_error_pct"] < 1e-6
+    assert fit["loo_mean_abs_error_pct"] < 1e-6
+    assert fit["compute_eff"] is None  # a CPU has no catalog peak
+
+
+def test_leave_one_out_is_honest_about_noise():
+    rng = np.random.default_rng(0)
+    recs = synthetic()
+    for r in recs:
+        r["step_time_s"] *= 1 + rng.normal(0, 0.05)
+    fit = calibrate.fit_records(recs)
+    assert fit["loo_mean_abs_error_pct"] > fit["fit_mean_abs_error_pct"] > 0
+    assert len(fit["rows"]) == len(recs)
+
+
+def test_cpu_ranks_share_the_host():
+    one, four = calibrate.features(record("ddp", 1, 1)), calibrate.features(record("ddp", 4, 1))
+    assert four["compute"] == 4 * one["compute"]
+
+
+def test_too_few_records():
+    with pytest.raises(MgbenchError, match="at least 3"):
+        calibrate.fit_records(synthetic()[:2])
+
+
+def test_cpu_fit_cannot_be_applied_to_a_gpu():
+    with pytest.raises(MgbenchError, match="no catalog peak"):
+        calibrate.hardware_overrides(calibrate.fit_records(synthetic()))

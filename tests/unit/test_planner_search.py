@@ -1,0 +1,94 @@
+import pytest
+
+from mgbench import catalog
+from mgbench.errors import MgbenchError
+from mgbench.planner import cost, hardware
+from mgbench.planner.memory import RECOMPUTE, memory_per_gpu
+from mgbench.planner.search import PlanOptions, plan
+
+
+@pytest.fixture(scope="module")
+def plan70b():
+    return plan(catalog.model_shape("llama3-70b"), PlanOptions(tokens=1.5e13, deadline_days=90, top=50))
+
+
+def test_searches_over_a_million_layouts(plan70b):
+    assert plan70b["num_candidates"] >= 1_000_000
+    assert plan70b["num_feasible"] > 0
+
+
+def test_no_ranked_layout_exceeds_device_memory(plan70b):
+    shape = catalog.model_shape("llama3-70b")
+    for r in plan70b["ranked"] + [plan70b["recommendation"]]:
+        hw = hardware.resolve(system=r["system"])
+        m = memory_per_gpu(shape, seq=4096, micro_batch=r["micro_batch"], num_micro=r["num_micro_batches"],
+                           tp=r["tp"], pp=r["pp"], dp=r["dp"], zero=r["zero"], recompute=RECOMPUTE.index(r["recompute"]),
+                           sp=r["tp"] > 1)
+        assert float(m["total_bytes"]) == pytest.approx(r["memory_per_gpu_bytes"])
+        assert r["memory_per_gpu_bytes"] <= hw.memory_bytes
+        assert r["tp"] * r["pp"] * r["dp"] == r["num_gpus"]
+
+
+def test_cost_is_gpu_hours_times_price_exactly(plan70b):
+    prices = cost.Prices()
+    for r in plan70b["ranked"]:
+        price, _ = prices.lookup(r["system"], r["gpu"])
+        if price is None:
+            assert r["cost_usd"] is None
+        else:
+            assert r["cost_usd"] == r["gpu_hours"] * price
+            assert r["gpu_hours"] == pytest.approx(r["num_gpus"] * r["days"] * 24)
+            assert r["usd_per_million_tokens"] == pytest.approx(r["cost_usd"] / 1.5e7)
+
+
+def test_constraints_and_ranking(plan70b):
+    assert all(r["days"] <= 90 for r in plan70b["ranked"])
+    costs = [r["cost_usd"] for r in plan70b["ranked"] if r["cost_usd"] is not None]
+    assert costs == sorted(costs)
+    assert plan70b["recommendation"] == plan70b["ranked"][0]
+    front = plan70b["pareto"]
+    for a in front:
+        assert not any(b["days"] <= a["days"] and b["cost_usd"] < a["cost_usd"] for b in plan70b["ranked"]
+                       if b["cost_usd"] is not None and b is not a)
+
+
+def test_price_override_and_budget():
+    shape = catalog.model_shape("llama3-8b")
+    opts = PlanOptions(tokens=1e12, systems=["dgx-b200"], max_gpus=256)
+    none = plan(shape, opts)
+    assert none["ranked"][0]["cost_usd"] is None and "pass --price" in none["prices"]["dgx-b200"]
+    priced = plan(shape, opts, cost.Prices(overrides=["b200=5"]))
+    r = priced["recommendation"]
+    assert r["cost_usd"] == r["gpu_hours"] * 5.0
+    tight = plan(shape, PlanOptions(tokens=1e12, systems=["dgx-b200"], max_gpus=256, budget_usd=1.0),
+                 cost.Prices(overrides=["b200=5"]))
+    assert tight["recommendation"] is None and "no layout meets" in tight["reasons"][0]
+
+
+def test_goodput_by_hand():
+    # 1024 GPUs, 2e-5 failures/GPU-h -> 0.02048/h; lose 30 min + 15 min each; 1 min of 60 writing.
+    g = cost.goodput(1024, 8, 60.0, 2e-5, 15.0, 1.0, False, 0.0)
+    assert float(g) == pytest.approx((1 - 1 / 60) / (1 + 0.02048 * 0.75))
+    spot = cost.goodput(1024, 8, 60.0, 2e-5, 15.0, 1.0, True, 0.01)
+    assert float(spot) == pytest.approx((1 - 1 / 60) / (1 + (0.02048 + 1.28) * 0.75))
+
+
+def test_llama3_failure_rate_default():
+    assert cost.FAILURE_RATE_PER_GPU_HOUR == pytest.approx(1.97e-5, rel=0.01)
+
+
+def test_prices_file_and_bad_overrides(tmp_path):
+    f = tmp_path / "p.toml"
+    f.write_text('[on_demand.l40s]\nusd = 0.9\nsource = "my quote"\n')
+    p = cost.Prices(str(f))
+    assert p.lookup("l40s-8", "l40s") == (0.9, "my quote")
+    with pytest.raises(MgbenchError, match="NAME=USD"):
+        cost.Prices(overrides=["h100-sxm=cheap"])
+    f.write_text("[on_demand.l40s]\nprice = 1\n")
+    with pytest.raises(MgbenchError, match="needs usd"):
+        cost.Prices(str(f))
+
+
+def test_unknown_system_is_a_clear_error():
+    with pytest.raises(MgbenchError, match="unknown system 'dgx-h1000'"):
+        plan(catalog.model_shape("llama3-8b"), PlanOptions(tokens=1e12, systems=["dgx-h1000"]))
