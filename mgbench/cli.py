@@ -83,7 +83,7 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
             click.echo(f"{c.config_id}  {c.label}" + (f"  [skipped: {c.skip_reason}]" if c.skip_reason else ""))
         click.echo(f"{len(configs)} configs, {sum(c.skip_reason is None for c in configs)} runnable on {count} {kind} device(s)")
         return
-    click.echo(f"suite {s.name} ({s.path}) on {count} {kind} device(s)")
+    click.echo(f"suite {s.name} ({s.path}) on {count} {kind} device(s)", err=as_json)
     run_dir = run_suite(s, results_dir=results_dir, run_id=run_id, device_kind=kind, num_devices=count,
                         progress=lambda m: click.echo(m, err=as_json))
     if as_json:

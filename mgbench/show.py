@@ -10,12 +10,25 @@ from typing import Any
 from . import store
 
 TABLE_COLUMNS = [
-    ("strategy", "strategy"), ("nproc", "n"), ("model_name", "model"), ("micro_batch", "mb"),
+    ("strategy", "strategy"), ("nproc", "n"), ("_layout", "dp/tp/pp"), ("model_name", "model"), ("micro_batch", "mb"),
+    ("grad_accum", "ga"),
     ("seq_len", "seq"), ("precision", "prec"), ("status", "status"), ("step_time_s", "step s"),
     ("tokens_per_s", "tok/s"), ("tokens_per_s_per_device", "tok/s/dev"), ("mfu_pct", "MFU %"),
     ("mem_peak_gib", "peak GiB"), ("energy_per_token_j", "J/tok"), ("loss_max_rel_diff", "loss diff"),
-    ("correct", "correct"),
+    ("_bubble", "bubble meas/theory"), ("correct", "correct"),
 ]
+
+
+def _derived(r: dict[str, Any]) -> dict[str, Any]:
+    """Cells computed from several record fields."""
+    lay = f"{r.get('dp', r.get('nproc'))}/{r.get('tp', 1)}/{r.get('pp', 1)}"
+    if r.get("strategy") in ("pp", "pp+tp+dp"):
+        lay += f" {r.get('pp_schedule')}"
+    bubble = None
+    if r.get("pp_bubble_theoretical") is not None:
+        meas = r.get("pp_bubble_measured")
+        bubble = f"{'-' if meas is None else f'{meas:.2f}'}/{r['pp_bubble_theoretical']:.2f}"
+    return {"_layout": lay, "_bubble": bubble}
 
 
 def _cell(v: Any) -> Any:
@@ -29,6 +42,7 @@ def _cell(v: Any) -> Any:
 def table_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
     rows = []
     for r in records:
+        r = {**r, **_derived(r)}
         row = [_cell(r.get(k)) for k, _ in TABLE_COLUMNS]
         if r.get("correct") is False:
             row[-1] = "NO (fast but wrong)"

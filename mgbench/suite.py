@@ -21,9 +21,10 @@ from typing import Any, Callable
 from . import catalog
 from .errors import MgbenchError
 from .model_shape import ModelShape
-from .strategies import STRATEGIES, layout_problem
+from .strategies import PIPELINED, STRATEGIES, dims_for
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
 CHECKPOINTING = ("none", "selective", "full")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -73,6 +74,20 @@ def _model(v: Any) -> str | None:
     return f"must be a preset name or a table of dims, got {v!r}"
 
 
+def _layout(v: Any) -> str | None:
+    if v == "auto":
+        return None
+    if not isinstance(v, dict) or not v:
+        return f"must be a table of degrees such as {{dp = 2, tp = 2}}, got {v!r}"
+    for k, d in v.items():
+        if k not in ("dp", "tp", "pp"):
+            hint = difflib.get_close_matches(k, ("dp", "tp", "pp"), n=1)
+            return f"unknown degree {k!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "") + "; allowed: dp, tp, pp"
+        if not isinstance(d, int) or isinstance(d, bool) or d < 1:
+            return f"degree {k} must be a positive integer, got {d!r}"
+    return None
+
+
 # key -> (validator, default, help). The one schema for suite files and --set.
 SWEEP_KEYS: dict[str, tuple[Callable[[Any], str | None], Any, str]] = {
     "workload": (_choice(("gpt",)), "gpt", "training workload (decoder LM)"),
@@ -81,7 +96,11 @@ SWEEP_KEYS: dict[str, tuple[Callable[[Any], str | None], Any, str]] = {
     "nproc": (_nproc, 1, "ranks (devices) per config; \"pow2\" = 1, 2, 4 ... up to the devices found"),
     "micro_batch": (_int(1), 1, "sequences per rank per micro-step"),
     "seq_len": (_int(2), 128, "tokens per sequence"),
-    "grad_accum": (_int(1), 1, "micro-steps per optimizer step"),
+    "grad_accum": (_int(1), 1, "micro-batches per optimizer step (pipelines: the schedule's micro-batch count)"),
+    "layout": (_layout, "auto", "parallel degrees, e.g. {dp = 2, tp = 2}; \"auto\": the strategy's default"),
+    "dp_mode": (_choice(("ddp", "fsdp")), "ddp", "data parallelism inside pp+tp+dp: ddp or fsdp"),
+    "pp_schedule": (_choice(SCHEDULES), "1f1b", "pipeline schedule: gpipe, 1f1b or interleaved (1F1B)"),
+    "virtual_stages": (_int(1), 2, "model chunks per rank for the interleaved schedule"),
     "precision": (_choice(PRECISIONS), "fp32", "fp32, bf16 (autocast) or fp16 (autocast + loss scaling)"),
     "activation_checkpointing": (_choice(CHECKPOINTING), "none", "none, selective (every 2nd block) or full (every block)"),
     "compile": (_bool, False, "torch.compile each block"),
@@ -116,6 +135,13 @@ class RunConfig:
     check_steps: int
     timeout_s: int
     device: str
+    layout: Any = "auto"
+    dp_mode: str = "ddp"
+    pp_schedule: str = "1f1b"
+    virtual_stages: int = 2
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
     workload: str = "gpt"
     skip_reason: str | None = None
     config_id: str = field(default="")
@@ -126,15 +152,24 @@ class RunConfig:
 
     @property
     def global_batch(self) -> int:
-        """Sequences per optimizer step over all ranks (every strategy here is data parallel)."""
-        return self.micro_batch * self.grad_accum * self.nproc
+        """Sequences per optimizer step: micro-batch x micro-batches x data-parallel degree."""
+        return self.micro_batch * self.grad_accum * self.dp
+
+    @property
+    def pipelined(self) -> bool:
+        return self.strategy in PIPELINED
 
     @property
     def label(self) -> str:
         ac = "" if self.activation_checkpointing == "none" else f" ac={self.activation_checkpointing}"
         comp = " compile" if self.compile else ""
+        lay = ""
+        if self.tp > 1 or self.pp > 1:
+            lay = f" [dp={self.dp} tp={self.tp} pp={self.pp}]"
+        if self.pipelined:
+            lay += f" {self.pp_schedule}" + (f" v={self.virtual_stages}" if self.pp_schedule == "interleaved" else "")
         return (
-            f"{self.strategy} n={self.nproc} {self.model['name']} mb={self.micro_batch} "
+            f"{self.strategy} n={self.nproc}{lay} {self.model['name']} mb={self.micro_batch} "
             f"s={self.seq_len} ga={self.grad_accum} {self.precision}{ac}{comp}"
         )
 
@@ -281,18 +316,45 @@ def expand(suite: Suite, device_kind: str, num_devices: int) -> list[RunConfig]:
                 f"{suite.path}: check_steps ({p['check_steps']}) exceeds warmup_steps + measured_steps "
                 f"({p['warmup_steps'] + p['measured_steps']}); lower check_steps or add steps"
             )
+        # Keys that only matter to some strategies are pinned for the others, so they
+        # neither multiply configs nor change ids where they have no effect.
+        if p["strategy"] not in PIPELINED:
+            p["pp_schedule"], p["virtual_stages"] = "1f1b", 2
+        elif p["pp_schedule"] != "interleaved":
+            p["virtual_stages"] = 2
+        if p["strategy"] != "pp+tp+dp":
+            p["dp_mode"] = "ddp"
+        dims, problem = dims_for(p["strategy"], p["nproc"], None if p["layout"] == "auto" else p["layout"])
+        if dims is not None:
+            p.update(dp=dims.dp, tp=dims.tp, pp=dims.pp)
         cid = config_id(p)
-        configs.append(RunConfig(**p, skip_reason=_skip_reason(p, device_kind, num_devices), config_id=cid))
+        reason = problem or _skip_reason(p, device_kind, num_devices, shape)
+        configs.append(RunConfig(**p, skip_reason=reason, config_id=cid))
     # One record per config id: duplicates (e.g. nproc listed twice) collapse.
     return list({c.config_id: c for c in configs}.values())
 
 
-def _skip_reason(p: dict[str, Any], device_kind: str, num_devices: int) -> str | None:
+def _skip_reason(p: dict[str, Any], device_kind: str, num_devices: int, shape: ModelShape) -> str | None:
+    from .parallel_dims import ParallelDims
+
     if p["device"] == "cuda" and device_kind != "cuda":
         return "config asks for cuda but no CUDA device was found"
-    problem = layout_problem(p["strategy"], p["nproc"])
-    if problem:
-        return problem
+    dims = ParallelDims(dp=p["dp"], tp=p["tp"], pp=p["pp"])
+    pipelined = p["strategy"] in PIPELINED
+    problems = dims.problems(
+        p["nproc"], layers=shape.layers, heads=shape.heads, kv_heads=shape.kv_heads, ffn_hidden=shape.ffn_hidden,
+        vocab=shape.vocab, virtual_stages=p["virtual_stages"] if pipelined and p["pp_schedule"] == "interleaved" else 1,
+        num_microbatches=p["grad_accum"] if pipelined else None)
+    if problems:
+        return "; ".join(problems)
+    if p["tp"] > 1 and shape.tie_embeddings:
+        return "tensor parallelism with tied embeddings is not supported; use a model with tie_embeddings = false"
+    if pipelined and shape.tie_embeddings and p["pp"] > 1:
+        return "pipeline parallelism with tied embeddings is not supported (embedding and head sit on different stages)"
+    if p["strategy"] == "pp+tp+dp" and p["dp_mode"] == "ddp" and p["tp"] > 1 and p["dp"] > 1:
+        return "DDP cannot replicate tensor-parallel (DTensor) parameters; use dp_mode = \"fsdp\" with tp > 1 and dp > 1"
+    if pipelined and p["pp_schedule"] == "interleaved" and p["grad_accum"] % p["pp"]:
+        return f"the interleaved schedule needs grad_accum (micro-batches, {p['grad_accum']}) to be a multiple of pp ({p['pp']})"
     if p["nproc"] > num_devices:
         what = "GPUs" if p["device"] == "cuda" else "CPU ranks allowed here"
         return f"needs {p['nproc']} ranks but only {num_devices} {what}"

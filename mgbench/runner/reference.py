@@ -17,8 +17,7 @@ from typing import Any
 import torch
 
 from ..store import write_json_atomic
-from ..strategies.apply import prepare
-from ..workloads.gpt import DecoderLM
+from ..strategies.apply import prepare_reference
 from .training import rank_batches, train_step
 
 # Relative tolerance on each checked step's loss. fp32: only the order of floating
@@ -42,9 +41,7 @@ def reference_losses(cfg: Any, device: torch.device, run_dir: Path) -> list[floa
     path = run_dir / "reference" / f"{reference_key(cfg)}.json"
     if path.exists():
         return json.loads(path.read_text())["losses"]
-    torch.manual_seed(cfg.seed)
-    model = DecoderLM(cfg.shape, max_seq_len=cfg.seq_len)
-    prep = prepare("single", model, device, cfg.precision)
+    prep = prepare_reference(cfg, device)
     micro_per_step = cfg.global_batch // cfg.micro_batch
     batches = rank_batches(
         cfg.seed, range(cfg.check_steps), 0, cfg.micro_batch, micro_per_step, 1,

@@ -42,7 +42,10 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
 
 def train_step(prep: Prepared, micro: list[MicroBatch], device: torch.device, precision: str) -> torch.Tensor:
     """One optimizer step over the micro-batches; returns this rank's mean loss as a
-    detached device tensor (no host sync, so step timing is not distorted)."""
+    detached device tensor (no host sync, so step timing is not distorted). On pipeline
+    ranks that do not hold the last stage the loss is zero (their loss_weight is 0)."""
+    if prep.schedule is not None:
+        return _pipeline_step(prep, micro, device, precision)
     n = len(micro)
     total = torch.zeros((), device=device)
     for i, (x, y) in enumerate(micro):
@@ -60,3 +63,30 @@ def train_step(prep: Prepared, micro: list[MicroBatch], device: torch.device, pr
         prep.optimizer.step()
     prep.optimizer.zero_grad(set_to_none=True)
     return total
+
+
+def _pipeline_step(prep: Prepared, micro: list[MicroBatch], device: torch.device, precision: str) -> torch.Tensor:
+    """One step of the pipeline schedule: the first stage feeds the whole batch (the
+    schedule splits it into the micro-batches), the last computes the losses; gradients
+    are averaged over micro-batches by the schedule (scale_grads)."""
+    x = torch.cat([m[0] for m in micro])
+    y = torch.cat([m[1] for m in micro])
+    losses: list[torch.Tensor] = []
+    with autocast(device, precision):
+        if prep.is_first and prep.is_last:
+            prep.schedule.step(x, target=y, losses=losses)
+        elif prep.is_first:
+            prep.schedule.step(x)
+        elif prep.is_last:
+            prep.schedule.step(target=y, losses=losses)
+        else:
+            prep.schedule.step()
+    if prep.scaler is not None:
+        prep.scaler.step(prep.optimizer)
+        prep.scaler.update()
+    else:
+        prep.optimizer.step()
+    prep.optimizer.zero_grad(set_to_none=True)
+    if losses:
+        return torch.stack([l.detach().float() for l in losses]).mean()
+    return torch.zeros((), device=device)

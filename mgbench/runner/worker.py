@@ -26,11 +26,11 @@ import torch.distributed as dist
 from .. import stats, store
 from ..catalog import peak_tflops
 from ..suite import RunConfig
-from ..strategies.apply import apply_activation_checkpointing, apply_compile, prepare
+from ..strategies.apply import prepare
+from ..strategies.pipeline import theoretical_bubble
 from ..telemetry.energy import EnergyMeter
 from ..telemetry.memory import read_peak, reset_peak
 from ..telemetry.machine import _cpu_model
-from ..workloads.gpt import DecoderLM
 from . import reference
 from .training import rank_batches, train_step
 
@@ -71,21 +71,15 @@ def device_name(device: torch.device) -> str:
 
 def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter) -> dict[str, Any]:
     """Build, warm up and time one config on this rank; returns this rank's raw figures."""
-    rank, world = dist.get_rank(), dist.get_world_size()
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     mem_method = reset_peak(device)
     t0 = time.perf_counter()
-    torch.manual_seed(cfg.seed)  # identical initial weights on every rank and in the reference
-    model = DecoderLM(cfg.shape, max_seq_len=cfg.seq_len)
-    apply_activation_checkpointing(model, cfg.activation_checkpointing)
-    if cfg.compile:
-        apply_compile(model)
-    prep = prepare(cfg.strategy, model, device, cfg.precision)
+    prep = prepare(cfg, device)  # seeded: identical initial weights on every rank and in the reference
     total_steps = cfg.warmup_steps + cfg.repeats * cfg.measured_steps
-    batches = rank_batches(cfg.seed, range(total_steps), rank, cfg.micro_batch, cfg.grad_accum, world,
-                           cfg.seq_len, cfg.shape.vocab, device)
+    batches = rank_batches(cfg.seed, range(total_steps), prep.dp_rank, cfg.micro_batch, cfg.grad_accum,
+                           prep.dp_size, cfg.seq_len, cfg.shape.vocab, device)
     sync(device)
     init_s = time.perf_counter() - t0
 
@@ -98,30 +92,35 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter) -> dict[st
 
     windows: list[list[float]] = []
     measured_s = 0.0
+    busy_s = 0.0
     dist.barrier()  # ranks enter the window together
     meter.start()
     for r in range(cfg.repeats):
         clock = StepClock(device)
         sync(device)
         t0 = time.perf_counter()
+        cpu0 = time.thread_time()
         clock.mark()
         for i in range(cfg.measured_steps):
             step = cfg.warmup_steps + r * cfg.measured_steps + i
             losses.append(train_step(prep, batches[step], device, cfg.precision))
             clock.mark()
         sync(device)
+        busy_s += time.thread_time() - cpu0
         measured_s += time.perf_counter() - t0
         windows.append(clock.step_times())
     energy = meter.stop()
     mem = read_peak(device)
 
-    # Global loss per step: mean over data-parallel ranks (equal micro-batch sizes).
-    loss_t = torch.stack(losses).float()
+    # Global loss per step: the loss-holding ranks' losses, weighted so the sum over all
+    # ranks is the mean over data-parallel replicas (equal micro-batch sizes).
+    loss_t = torch.stack(losses).float() * prep.loss_weight
     dist.all_reduce(loss_t)
-    loss_values = (loss_t / world).tolist()
-    del prep, model, batches
+    loss_values = loss_t.tolist()
+    del prep, batches
     return {
-        "rank": rank, "init_s": init_s, "warmup_s": warmup_s, "measured_s": measured_s,
+        "rank": dist.get_rank(), "init_s": init_s, "warmup_s": warmup_s, "measured_s": measured_s,
+        "busy_s": busy_s,
         "windows": windows, "losses": loss_values, "mem_method": mem_method, **mem, **energy,
     }
 
@@ -191,7 +190,35 @@ def summarize_config(cfg: RunConfig, per_rank: list[dict[str, Any]], device: tor
         "losses": r0["losses"],
         "loss_first": r0["losses"][0] if r0["losses"] else None,
         "loss_last": r0["losses"][-1] if r0["losses"] else None,
+        **pipeline_bubble(cfg, per_rank, device),
     }
+
+
+def pipeline_bubble(cfg: RunConfig, per_rank: list[dict[str, Any]], device: torch.device) -> dict[str, Any]:
+    """Measured idle fraction of pipeline stages beside the theory.
+
+    Measured on CPU as 1 - (main-thread CPU time / wall time) over the measured window,
+    averaged over ranks: with one intra-op thread per rank all of a stage's compute runs
+    on its main thread, while waiting for a neighbour (gloo recv) costs no CPU time. It
+    holds only when every rank has a core of its own; otherwise (and on GPUs, where
+    kernels run asynchronously) it is null with the reason.
+    """
+    if not cfg.pipelined:
+        return {}
+    theory = theoretical_bubble(cfg.pp, cfg.grad_accum, cfg.pp_schedule, cfg.virtual_stages)
+    out: dict[str, Any] = {"pp_bubble_theoretical": theory, "pp_bubble_measured": None,
+                           "pp_bubble_per_rank": None, "pp_bubble_reason": None}
+    threads = torch.get_num_threads()
+    if device.type != "cpu":
+        out["pp_bubble_reason"] = "measured from thread CPU time, which only works on CPU ranks"
+    elif cfg.nproc * threads > (os.cpu_count() or 1):
+        out["pp_bubble_reason"] = (f"{cfg.nproc} ranks x {threads} thread(s) exceed the {os.cpu_count()} cores: "
+                                   "waiting for a core would count as bubble")
+    else:
+        idle = [1.0 - r["busy_s"] / r["measured_s"] for r in per_rank]
+        out["pp_bubble_per_rank"] = idle
+        out["pp_bubble_measured"] = sum(idle) / len(idle)
+    return out
 
 
 def base_record(cfg: RunConfig, run_id: str) -> dict[str, Any]:

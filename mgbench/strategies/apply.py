@@ -8,7 +8,7 @@ which collectives run (see STRATEGIES).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager
 
 import torch
@@ -56,18 +56,24 @@ def apply_compile(model: DecoderLM) -> None:
 
 @dataclass
 class Prepared:
-    model: nn.Module
+    """A model ready to train under a strategy, and what the training step needs to know."""
+
+    model: nn.Module  # the wrapped model; for pipelines, this rank's first stage module
     optimizer: torch.optim.Optimizer
     scaler: Any  # GradScaler or None
     no_sync: Callable[[bool], ContextManager[Any]]  # no_sync(is_last_micro_step)
+    dp_rank: int = 0
+    dp_size: int = 1
+    loss_weight: float = 1.0  # this rank's share when summing losses over all ranks
+    schedule: Any = None  # pipeline schedule (None: not pipelined)
+    is_first: bool = True  # holds the pipeline's first chunk (feeds the tokens)
+    is_last: bool = True  # holds the last chunk (computes the loss)
+    modules: list[nn.Module] = field(default_factory=list)
 
 
-def _fsdp(model: DecoderLM, device: torch.device, precision: str, reshard: bool) -> None:
-    from torch.distributed.device_mesh import init_device_mesh
+def _fsdp(model: DecoderLM, mesh: Any, precision: str, reshard: bool) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    # An explicit mesh of the device type: on CPU this is what lets FSDP2 use gloo.
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     dtype = AUTOCAST_DTYPES[precision]
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
     for block in model.blocks.values():
@@ -76,10 +82,40 @@ def _fsdp(model: DecoderLM, device: torch.device, precision: str, reshard: bool)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
 
 
-def prepare(strategy: str, model: DecoderLM, device: torch.device, precision: str) -> Prepared:
-    """Wrap the model for ``strategy`` and build its AdamW (sharded where the strategy says)."""
+def _finish_module(model: DecoderLM, cfg: Any) -> None:
+    """Checkpointing, then compilation: after tensor parallelism, before FSDP/DDP
+    (the order torchtitan uses, so each wrapper sees the module it expects)."""
+    apply_activation_checkpointing(model, cfg.activation_checkpointing)
+    if cfg.compile:
+        apply_compile(model)
+
+
+def build_model(cfg: Any) -> DecoderLM:
+    """The full model with the config's seed: identical on every rank and in the reference."""
+    torch.manual_seed(cfg.seed)
+    return DecoderLM(cfg.shape, max_seq_len=cfg.seq_len)
+
+
+def prepare(cfg: Any, device: torch.device) -> Prepared:
+    """Build the config's model and wrap it for its strategy and layout."""
+    model = build_model(cfg)
+    if cfg.strategy in ("single", "ddp", "zero1", "fsdp", "fsdp_grad_op"):
+        _finish_module(model, cfg)
+        return _data_parallel(cfg.strategy, model, device, cfg.precision)
+    return _nd_parallel(cfg, model, device)
+
+
+def prepare_reference(cfg: Any, device: torch.device) -> Prepared:
+    """The single-process reference: same seed and weights, no wrapper, no checkpointing
+    or compilation (neither changes the mathematics)."""
+    return _data_parallel("single", build_model(cfg), device, cfg.precision)
+
+
+def _data_parallel(strategy: str, model: DecoderLM, device: torch.device, precision: str) -> Prepared:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if dist.is_initialized() else 0
     scaler = None
     if strategy in ("single", "ddp", "zero1"):
         model = model.to(device)
@@ -102,24 +138,93 @@ def prepare(strategy: str, model: DecoderLM, device: torch.device, precision: st
                 return contextlib.nullcontext()
             return wrapped.no_sync()
 
-        return Prepared(wrapped, opt, scaler, no_sync)
+        size = 1 if strategy == "single" else world
+        return Prepared(wrapped, opt, scaler, no_sync, dp_rank=rank if size > 1 else 0, dp_size=size,
+                        loss_weight=1.0 / size, modules=[wrapped])
 
-    if strategy in ("fsdp", "fsdp_grad_op"):
-        model = model.to(device)
-        _fsdp(model, device, precision, reshard=(strategy == "fsdp"))
-        opt = torch.optim.AdamW(model.parameters(), **OPTIMIZER_KW)
-        if precision == "fp16":
-            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    from torch.distributed.device_mesh import init_device_mesh
 
-            # Gradients are shards: found-inf must be agreed across ranks, which the
-            # sharded scaler does with an all-reduce.
-            scaler = ShardedGradScaler(device.type)
+    model = model.to(device)
+    # An explicit mesh of the device type: on CPU this is what lets FSDP2 use gloo.
+    _fsdp(model, init_device_mesh(device.type, (world,)), precision, reshard=(strategy == "fsdp"))
+    opt = torch.optim.AdamW(model.parameters(), **OPTIMIZER_KW)
+    if precision == "fp16":
+        scaler = _sharded_scaler(device)
+    return Prepared(model, opt, scaler, _fsdp_no_sync(model), dp_rank=rank, dp_size=world,
+                    loss_weight=1.0 / world, modules=[model])
 
-        @contextlib.contextmanager
-        def fsdp_no_sync(last: bool):  # type: ignore[no-untyped-def]
-            model.set_requires_gradient_sync(last)
-            yield
 
-        return Prepared(model, opt, scaler, fsdp_no_sync)
+def _sharded_scaler(device: torch.device) -> Any:
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-    raise ValueError(f"strategy {strategy!r} is not implemented")
+    # Gradients are shards: found-inf must be agreed across ranks, which the sharded
+    # scaler does with an all-reduce.
+    return ShardedGradScaler(device.type)
+
+
+def _fsdp_no_sync(model: nn.Module) -> Callable[[bool], ContextManager[Any]]:
+    @contextlib.contextmanager
+    def no_sync(last: bool):  # type: ignore[no-untyped-def]
+        model.set_requires_gradient_sync(last)
+        yield
+
+    return no_sync
+
+
+def _nd_parallel(cfg: Any, model: DecoderLM, device: torch.device) -> Prepared:
+    """tp, tp_sp, pp, fsdp+tp and pp+tp+dp on a (pp, dp, tp) device mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from .pipeline import schedule_class, stage_module
+    from .tensor_parallel import apply_tensor_parallel
+
+    mesh = init_device_mesh(device.type, (cfg.pp, cfg.dp, cfg.tp), mesh_dim_names=("pp", "dp", "tp"))
+    pp_rank, dp_rank = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
+    use_fsdp = cfg.strategy == "fsdp+tp" or (cfg.strategy == "pp+tp+dp" and cfg.dp_mode == "fsdp")
+    sequence_parallel = cfg.strategy == "tp_sp"
+    if cfg.pipelined:
+        v = cfg.virtual_stages if cfg.pp_schedule == "interleaved" else 1
+        num_chunks = cfg.pp * v
+        chunk_ids = [pp_rank + k * cfg.pp for k in range(v)]
+        modules = [stage_module(model, c, num_chunks, copy_model=v > 1) for c in chunk_ids]
+    else:
+        num_chunks, chunk_ids, modules = 1, [0], [model]
+    wrapped = []
+    for mod in modules:
+        mod.to(device)
+        if cfg.tp > 1:
+            apply_tensor_parallel(mod, mesh["tp"], sequence_parallel)
+        _finish_module(mod, cfg)
+        if cfg.dp > 1 and use_fsdp:
+            _fsdp(mod, mesh["dp"], cfg.precision, reshard=True)
+        elif cfg.dp > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            mod = DDP(mod, process_group=mesh["dp"].get_group(),
+                      device_ids=[device.index] if device.type == "cuda" else None)
+        wrapped.append(mod)
+    params = [p for m in wrapped for p in m.parameters()]
+    opt = torch.optim.AdamW(params, **OPTIMIZER_KW)
+    scaler = None
+    if cfg.precision == "fp16":
+        scaler = _sharded_scaler(device) if cfg.tp > 1 or use_fsdp else torch.amp.GradScaler(device.type)
+    holder = (num_chunks - 1) in chunk_ids
+    weight = (1.0 / (cfg.dp * cfg.tp)) if holder else 0.0
+    if not cfg.pipelined:
+        root = wrapped[0]
+        no_sync = _fsdp_no_sync(root) if use_fsdp and cfg.dp > 1 else (lambda last: contextlib.nullcontext())
+        return Prepared(root, opt, scaler, no_sync, dp_rank=dp_rank, dp_size=cfg.dp, loss_weight=weight,
+                        modules=wrapped)
+
+    from torch.distributed.pipelining import PipelineStage
+
+    from ..workloads.gpt import lm_loss
+
+    group = mesh["pp"].get_group()
+    stages = [PipelineStage(m, c, num_chunks, device, group=group) for m, c in zip(wrapped, chunk_ids)]
+    cls = schedule_class(cfg.pp_schedule)
+    sched = cls(stages if cfg.pp_schedule == "interleaved" else stages[0], n_microbatches=cfg.grad_accum,
+                loss_fn=lm_loss)
+    return Prepared(wrapped[0], opt, scaler, lambda last: contextlib.nullcontext(), dp_rank=dp_rank,
+                    dp_size=cfg.dp, loss_weight=weight, schedule=sched, is_first=0 in chunk_ids,
+                    is_last=holder, modules=wrapped)

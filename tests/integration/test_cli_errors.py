@@ -7,7 +7,7 @@ import pytest
     "args,expected",
     [
         (["run", "no-such-suite"], "suite 'no-such-suite' not found"),
-        (["run", "smoke", "--set", "strategy=dpp"], "did you mean 'ddp'"),
+        (["run", "smoke", "--set", "strategy=ddpp"], "did you mean 'ddp'"),
         (["run", "smoke", "--set", "nproc"], "expected KEY=VALUE"),
         (["show", "missing-run"], "run 'missing-run' not found"),
         (["show"], "no runs under results/"),

@@ -28,7 +28,7 @@ def test_reference_is_deterministic_and_sensitive_to_the_batch(tmp_path):
     assert a[0] != a[2]
     # A different global batch (2 ranks' worth) is a different trajectory: the check
     # would catch a strategy that dropped or duplicated a rank's data.
-    other = reference.reference_losses(tiny_config(check_steps=3, nproc=2), torch.device("cpu"), tmp_path / "c")
+    other = reference.reference_losses(tiny_config(check_steps=3, nproc=2, dp=2), torch.device("cpu"), tmp_path / "c")
     assert not reference.compare(other, a, "fp32")["correct"]
 
 

@@ -56,7 +56,7 @@ def test_explicit_dims_and_config_ids_are_stable():
     "text,expected",
     [
         ('[sweep]\nstrategy = "dpp"', "t.toml: [sweep].strategy: 'dpp' is not one of single, ddp"),
-        ('[sweep]\nstrategy = "dpp"', "did you mean 'ddp'"),
+        ('[sweep]\nstrategy = "ddpp"', "did you mean 'ddp'"),
         ('[sweep]\nmicro_bach = 2', "unknown key 'micro_bach' (did you mean 'micro_batch'?)"),
         ('[sweep]\nmicro_batch = "two"', "[sweep].micro_batch: must be an integer"),
         ('[sweep]\nmeasured_steps = 1', "must be >= 2"),

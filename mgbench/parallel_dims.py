@@ -1,0 +1,52 @@
+"""Parallel degrees of a layout and the one validator for all of them.
+
+A layout is (dp, tp, pp) on a world of ``world`` ranks, ordered pp-major, then dp, then
+tp (tp ranks are neighbours, so they share a node first). Every problem found names
+every degree and the world size, so a user sees the whole layout at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def describe(self) -> str:
+        return f"dp={self.dp} x tp={self.tp} x pp={self.pp}"
+
+    def problems(self, world: int, *, layers: int | None = None, heads: int | None = None,
+                 kv_heads: int | None = None, ffn_hidden: int | None = None, vocab: int | None = None,
+                 virtual_stages: int = 1, num_microbatches: int | None = None) -> list[str]:
+        """Everything that stops this layout from running on ``world`` ranks ([] when none)."""
+        where = f"layout {self.describe()} on world size {world}"
+        out = []
+        for name in ("dp", "tp", "pp"):
+            if getattr(self, name) < 1:
+                out.append(f"{where}: {name} must be >= 1")
+        if out:
+            return out
+        if self.world != world:
+            out.append(f"{where}: degrees multiply to {self.world}, not {world}")
+        if heads is not None and heads % self.tp:
+            out.append(f"{where}: tp={self.tp} does not divide the {heads} attention heads")
+        if kv_heads is not None and kv_heads % self.tp:
+            out.append(f"{where}: tp={self.tp} does not divide the {kv_heads} kv heads")
+        if ffn_hidden is not None and ffn_hidden % self.tp:
+            out.append(f"{where}: tp={self.tp} does not divide the MLP width {ffn_hidden}")
+        if vocab is not None and vocab % self.tp:
+            out.append(f"{where}: tp={self.tp} does not divide the vocabulary {vocab}")
+        if layers is not None and self.pp * virtual_stages > layers:
+            out.append(f"{where}: pp={self.pp} x {virtual_stages} virtual stage(s) exceeds the {layers} layers")
+        if num_microbatches is not None and self.pp > 1 and num_microbatches < self.pp:
+            out.append(f"{where}: {num_microbatches} micro-batches cannot fill {self.pp} pipeline stages; "
+                       f"set grad_accum >= {self.pp}")
+        return out

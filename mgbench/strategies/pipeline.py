@@ -1,0 +1,59 @@
+"""Pipeline parallelism: split the decoder into stages and drive a torch schedule.
+
+The model is cut into pp x v chunks balanced by layer count (the first chunks take one
+extra layer when the layers do not divide). Rank r holds chunks r, r + pp, r + 2 pp ...
+(v > 1 only for the interleaved schedule), as torch's interleaved 1F1B expects.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from torch import nn
+
+from ..workloads.gpt import DecoderLM
+
+
+def chunk_layers(layers: int, chunks: int) -> list[range]:
+    """Contiguous layer ranges, sizes differing by at most one."""
+    base, extra = divmod(layers, chunks)
+    out, start = [], 0
+    for c in range(chunks):
+        n = base + (1 if c < extra else 0)
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
+def stage_module(model: DecoderLM, chunk: int, num_chunks: int, copy_model: bool) -> DecoderLM:
+    """The part of ``model`` that chunk ``chunk`` runs: its blocks, plus the embedding on
+    the first chunk and the final norm and output projection on the last."""
+    mod = copy.deepcopy(model) if copy_model else model
+    keep = {str(i) for i in chunk_layers(model.shape.layers, num_chunks)[chunk]}
+    for key in list(mod.blocks.keys()):
+        if key not in keep:
+            del mod.blocks[key]
+    if chunk != 0:
+        mod.tok_emb = None
+    if chunk != num_chunks - 1:
+        mod.norm = None
+        mod.head = None
+    return mod
+
+
+def schedule_class(name: str) -> type:
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+    return {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}[name]
+
+
+def theoretical_bubble(pp: int, num_micro: int, schedule: str, virtual_stages: int) -> float:
+    """Idle fraction of each stage: (p - 1) / (m + p - 1) for GPipe and 1F1B; the
+    interleaved schedule shrinks the bubble v-fold: (p - 1) / (v m + p - 1)
+    (Narayanan et al. 2021, sections 2.2.1-2.2.2)."""
+    v = virtual_stages if schedule == "interleaved" else 1
+    return (pp - 1) / (v * num_micro + pp - 1)
+
+
+def count_params(modules: list[nn.Module]) -> int:
+    return sum(p.numel() for m in modules for p in m.parameters())
