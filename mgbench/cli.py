@@ -49,10 +49,14 @@ def main(ctx: click.Context, debug: bool) -> None:
               help="Override a sweep key, TOML value: --set nproc=[1,2] --set strategy=fsdp.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Run on CPU ranks (gloo) or CUDA devices (NCCL).")
+@click.option("--timeout", type=int, default=None, metavar="S",
+              help="Seconds a config may run before it is stopped and recorded as timeout (suite key timeout_s).")
+@click.option("--resume", default=None, metavar="RUN",
+              help="Continue an interrupted or killed run (run id or folder): run only the configs it lacks.")
 @click.option("--dry-run", is_flag=True, help="List the expanded configs and exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the records as JSON at the end.")
 def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, ...], device: str,
-        dry_run: bool, as_json: bool) -> None:
+        timeout: int | None, resume: str | None, dry_run: bool, as_json: bool) -> None:
     """Run a benchmark SUITE (a .toml path or a name in suites/; default: default).
 
     Expands the suite's sweep into configs, runs them through torchrun (one job per
@@ -63,7 +67,8 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
     Examples:
       mgbench run                          # CPU sweep without GPUs, GPU sweep with them
       mgbench run smoke --set nproc=[2]
-      mgbench run suites/gpu.toml --results-dir /shared/results
+      mgbench run suites/gpu.toml --results-dir /shared/results --timeout 600
+      mgbench run --resume 20261121-093012-smoke-1a2b   # after Ctrl-C or a crash
     """
     from . import suite as suite_mod
     from .runner.launch import cpu_rank_limit, detect_devices, run_suite
@@ -74,7 +79,15 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
         kind, count = "cpu", cpu_rank_limit()
     elif device == "cuda" and kind != "cuda":
         raise MgbenchError("--device cuda: no CUDA device is visible; use --device cpu")
-    s = suite_mod.load_suite(suite, kind)
+    overrides = tuple(overrides) + ((f"timeout_s={timeout}",) if timeout is not None else ())
+    if resume:
+        from . import store
+
+        if suite != "default" or overrides or run_id:
+            raise MgbenchError("--resume continues a run as it was defined: give no SUITE, --set, --timeout or --run-id")
+        s = suite_mod.suite_from_manifest(store.read_manifest(store.resolve_run(resume, results_dir)), kind)
+    else:
+        s = suite_mod.load_suite(suite, kind)
     if overrides:
         suite_mod.apply_overrides(s, list(overrides))
     if dry_run:
@@ -85,13 +98,17 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
         return
     click.echo(f"suite {s.name} ({s.path}) on {count} {kind} device(s)", err=as_json)
     run_dir = run_suite(s, results_dir=results_dir, run_id=run_id, device_kind=kind, num_devices=count,
-                        progress=lambda m: click.echo(m, err=as_json))
+                        progress=lambda m: click.echo(m, err=as_json), resume=resume)
     if as_json:
         click.echo(render(run_dir, "json"))
     else:
         click.echo("")
         click.echo(render(run_dir, "table"))
         click.echo(f"\nresults: {run_dir}")
+    from . import store
+
+    if store.read_manifest(run_dir)["status"] == "interrupted":
+        sys.exit(130)
 
 
 @main.command()

@@ -52,7 +52,7 @@ def table_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
 
 def render(run_dir: Path, fmt: str = "table") -> str:
     """The records of a run as a table (tabulate), JSON (full records) or CSV."""
-    records = store.read_records(run_dir)
+    records = store.latest_records(store.read_records(run_dir))
     if fmt == "json":
         return json.dumps({"manifest": store.read_manifest(run_dir), "records": records}, indent=2, default=str)
     if fmt == "csv":
@@ -67,7 +67,10 @@ def render(run_dir: Path, fmt: str = "table") -> str:
     notes = [f"  {r['config_id']}: {r['status']}: {r.get('error') or r.get('skip_reason')}"
              for r in records if r["status"] != "ok"]
     notes += [f"  {r['config_id']}: {r['correct_reason']}" for r in records if r.get("correct") is False]
+    notes += [f"  {r['config_id']}: straggler rank(s) {r['straggler_ranks']}: busy "
+              + ", ".join(f"{b * 1000:.1f}" for b in r["per_rank_busy_s"]) + " ms/step per rank "
+              f"(spread {r['rank_spread_pct']:.0f}%)" for r in records if r.get("straggler_ranks")]
     out = f"{head}\n{body}"
     if notes:
-        out += "\n\nnot ok:\n" + "\n".join(notes)
+        out += "\n\nnotes:\n" + "\n".join(notes)
     return out

@@ -47,8 +47,8 @@ def create_run_dir(results_dir: str | Path, run_id: str) -> Path:
         raise MgbenchError(f"run folder {path} already exists; choose another --run-id") from None
     except OSError as e:
         raise MgbenchError(f"cannot create run folder {path}: {e.strerror}; pass a writable --results-dir") from None
-    (path / "samples").mkdir()
-    (path / "logs").mkdir()
+    for sub in ("samples", "logs", "progress"):
+        (path / sub).mkdir()
     return path
 
 
@@ -109,6 +109,31 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+def latest_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per config: the last one written (a resumed run re-records the
+    configs that were interrupted), in first-seen order."""
+    last: dict[str, dict[str, Any]] = {}
+    for r in records:
+        last[r.get("config_id", id(r))] = r
+    return list(last.values())
+
+
+def repair_tail(run_dir: Path) -> int:
+    """Drop a half-written last line (a writer killed mid-line); returns bytes dropped."""
+    path = run_dir / "records.jsonl"
+    if not path.exists():
+        return 0
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return 0
+    keep = data.rfind(b"\n") + 1
+    with open(path, "r+b") as f:
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    return len(data) - keep
+
+
 def read_manifest(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "manifest.json"
     try:
@@ -152,7 +177,7 @@ def load(runs: Iterable[str | Path], results_dir: str | Path = "results") -> "An
         path = resolve_run(run, results_dir)
         manifest = read_manifest(path)
         machine = manifest.get("machine", {})
-        for rec in read_records(path):
+        for rec in latest_records(read_records(path)):
             rows.append(
                 {
                     "run_id": manifest.get("run_id", path.name),

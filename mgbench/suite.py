@@ -88,6 +88,18 @@ def _layout(v: Any) -> str | None:
     return None
 
 
+def _inject(v: Any) -> str | None:
+    from .runner.inject import parse
+
+    if not isinstance(v, str):
+        return f"must be a string such as \"oom@step=3,rank=1\" or \"none\", got {v!r}"
+    try:
+        parse(v)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 # key -> (validator, default, help). The one schema for suite files and --set.
 SWEEP_KEYS: dict[str, tuple[Callable[[Any], str | None], Any, str]] = {
     "workload": (_choice(("gpt",)), "gpt", "training workload (decoder LM)"),
@@ -111,6 +123,7 @@ SWEEP_KEYS: dict[str, tuple[Callable[[Any], str | None], Any, str]] = {
     "check_steps": (_int(0), 3, "first steps whose loss is checked against the single-process reference (0: no check)"),
     "timeout_s": (_int(1), 900, "seconds a config may take before its job is stopped"),
     "device": (_choice(DEVICES), "auto", "cpu, cuda, or auto (cuda when present)"),
+    "inject": (_inject, "none", "fault injection for testing recovery: oom@step=S,rank=R | crash@... | kill@... | hang@... | slow@rank=R,factor=F"),
 }
 TOP_KEYS = {"name", "description", "sweep", "cpu", "gpu"}
 
@@ -142,6 +155,7 @@ class RunConfig:
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    inject: str = "none"
     workload: str = "gpt"
     skip_reason: str | None = None
     config_id: str = field(default="")
@@ -267,6 +281,17 @@ def resolve_suite_path(path: str | Path) -> Path:
     raise MgbenchError(
         f"suite {str(path)!r} not found: give a path to a .toml file or a name in suites/ (e.g. smoke)"
     )
+
+
+def suite_from_manifest(manifest: dict[str, Any], device_kind: str) -> Suite:
+    """The suite a run was started with (file text, --set overrides included), for --resume."""
+    info = manifest.get("suite", {})
+    if "sweep" not in info:
+        raise MgbenchError(f"run {manifest.get('run_id')} was written without its sweep; it cannot be resumed")
+    parsed = parse_suite(info["text"], info.get("path", "<suite>"), device_kind)
+    # The stored sweep is the one that ran (overrides applied, device section chosen).
+    parsed.sweep = _check_table(f"run {manifest.get('run_id')}: stored sweep", info["sweep"])
+    return parsed
 
 
 def apply_overrides(suite: Suite, overrides: list[str]) -> Suite:

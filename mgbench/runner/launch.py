@@ -1,5 +1,15 @@
 """Parent side of `mgbench run`: expand a suite, launch one torchrun job per world
-size, follow progress, and leave a complete run folder whatever happens to the jobs."""
+size, follow progress, and leave a complete run folder whatever happens to the jobs.
+
+Failures are isolated per config. A rank that fails a config (OOM, exception) writes
+its failure file and exits; torchrun stops the other ranks; this launcher records the
+config and relaunches torchrun for the rest of the group. A config that runs past its
+``timeout_s`` is a hang: the job is killed and the config recorded as `timeout`. A
+rank that dies without a word (SIGKILL, segfault) is an `error` with each rank's
+stderr tail saved beside the records. SIGINT / SIGTERM stop the sweep cleanly: the
+running config is recorded as `interrupted`, finished ones stay, and `--resume` runs
+the rest.
+"""
 
 from __future__ import annotations
 
@@ -12,13 +22,16 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .. import store
+from ..errors import MgbenchError
 from ..suite import RunConfig, Suite, expand
 from ..telemetry.machine import fingerprint
+from .procs import die_with_parent, kill_tree
 
 Progress = Callable[[str], None]
+STARTUP_LIMIT_S = 300  # a job that has not started its first config by then is stuck
 
 
 def detect_devices() -> tuple[str, int]:
@@ -40,24 +53,33 @@ def cpu_rank_limit() -> int:
     return max(4, os.cpu_count() or 1)
 
 
-def torchrun_argv(nproc: int, plan_path: Path) -> list[str]:
-    """torchrun (torch.distributed.run) on this host, rendezvous on a free local port."""
+def torchrun_argv(nproc: int, plan_path: Path, log_dir: Path) -> list[str]:
+    """torchrun (torch.distributed.run) on this host, rendezvous on a free local port,
+    each rank's stdout/stderr also kept in its own file under ``log_dir``."""
     return [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-        f"--nproc-per-node={nproc}", "-m", "mgbench.runner.worker", "--plan", str(plan_path),
+        f"--nproc-per-node={nproc}", f"--log-dir={log_dir}", "--redirects=3", "--tee=3",
+        "-m", "mgbench.runner.worker", "--plan", str(plan_path),
     ]
 
 
-def child_env(nproc: int, device: str) -> dict[str, str]:
+def child_env(nproc: int, device: str, tag: str) -> dict[str, str]:
     env = dict(os.environ)
     # The worker must import this same mgbench, installed or not.
     pkg_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
+    env["MGBENCH_GROUP"] = tag
     if device == "cpu":
         # Share the cores between ranks instead of letting each rank spawn one thread
         # per core (which oversubscribes and measures contention, not the strategy).
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    else:
+        # A failed or timed-out NCCL collective aborts the communicator and ends the
+        # process, instead of leaving a rank blocked forever: the launcher then records
+        # the config. Warnings only, so logs stay readable.
+        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        env.setdefault("NCCL_DEBUG", "WARN")
     return env
 
 
@@ -70,7 +92,8 @@ def describe(rec: dict[str, Any]) -> str:
     """One progress line for a finished config."""
     if rec["status"] == "ok":
         corr = {True: "correct", False: "WRONG LOSS", None: "unchecked"}[rec.get("correct")]
-        return f"ok  {rec['tokens_per_s']:,.0f} tok/s, step {rec['step_time_s'] * 1000:.1f} ms, {corr}"
+        slow = f", straggler rank(s) {rec['straggler_ranks']}" if rec.get("straggler_ranks") else ""
+        return f"ok  {rec['tokens_per_s']:,.0f} tok/s, step {rec['step_time_s'] * 1000:.1f} ms, {corr}{slow}"
     return f"{rec['status']}: {rec.get('error') or rec.get('skip_reason')}"
 
 
@@ -78,6 +101,16 @@ def skipped_record(cfg: RunConfig, run_id: str) -> dict[str, Any]:
     from .worker import base_record
 
     return {**base_record(cfg, run_id), "status": "skipped", "error": None, "skip_reason": cfg.skip_reason}
+
+
+class StopFlag:
+    """Set by SIGINT / SIGTERM; the launcher checks it between polls."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.signal = signum
 
 
 def run_suite(
@@ -88,46 +121,85 @@ def run_suite(
     num_devices: int | None = None,
     progress: Progress = print,
     argv: list[str] | None = None,
+    resume: str | None = None,
 ) -> Path:
-    """Run every config of a suite; returns the run folder. Callable from tests."""
+    """Run every config of a suite (or, with ``resume``, the configs a run folder does
+    not have yet); returns the run folder. Callable from tests."""
     if device_kind is None or num_devices is None:
         device_kind, num_devices = detect_devices()
-    configs = expand(suite, device_kind, num_devices)
-    run_id = run_id or store.new_run_id(suite.name)
-    run_dir = store.create_run_dir(results_dir, run_id)
-    manifest: dict[str, Any] = {
-        "run_id": run_id,
-        "status": "running",
-        "started_at": dt.datetime.now().isoformat(timespec="seconds"),
-        "finished_at": None,
-        "argv": argv or sys.argv,
-        "suite": {"name": suite.name, "description": suite.description, "path": suite.path,
-                  "sha256": suite.sha256, "text": suite.text},
-        "device_kind": device_kind,
-        "num_devices": num_devices,
-        "num_configs": len(configs),
-        "machine": fingerprint(),
-        "schema_version": store.SCHEMA_VERSION,
-    }
+    if resume:
+        run_dir = store.resolve_run(resume, results_dir)
+        manifest = store.read_manifest(run_dir)
+        run_id = manifest["run_id"]
+        repaired = store.repair_tail(run_dir)
+        if repaired:
+            progress(f"records.jsonl: dropped a half-written last line ({repaired} bytes) left by the kill")
+        configs = expand(suite, device_kind, num_devices)
+        done = {r["config_id"] for r in store.latest_records(store.read_records(run_dir)) if r["status"] != "interrupted"}
+        todo = [c for c in configs if c.config_id not in done]
+        progress(f"resuming {run_id}: {len(configs) - len(todo)} of {len(configs)} configs already recorded")
+        manifest.update(status="running", resumed_at=dt.datetime.now().isoformat(timespec="seconds"))
+    else:
+        configs = expand(suite, device_kind, num_devices)
+        todo = configs
+        run_id = run_id or store.new_run_id(suite.name)
+        run_dir = store.create_run_dir(results_dir, run_id)
+        manifest = {
+            "run_id": run_id,
+            "status": "running",
+            "started_at": dt.datetime.now().isoformat(timespec="seconds"),
+            "finished_at": None,
+            "argv": argv or sys.argv,
+            "suite": {"name": suite.name, "description": suite.description, "path": suite.path,
+                      "sha256": suite.sha256, "text": suite.text, "sweep": suite.sweep},
+            "device_kind": device_kind,
+            "num_devices": num_devices,
+            "num_configs": len(configs),
+            "machine": fingerprint(),
+            "schema_version": store.SCHEMA_VERSION,
+        }
     store.write_json_atomic(run_dir / "manifest.json", manifest)
 
-    runnable = [c for c in configs if c.skip_reason is None]
+    stop = StopFlag()
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        _run_configs(run_dir, run_id, configs, todo, progress, stop)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+    counts: dict[str, int] = defaultdict(int)
+    for r in store.latest_records(store.read_records(run_dir)):
+        counts[r["status"]] += 1
+    manifest.update(status="interrupted" if stop.signal else "complete",
+                    finished_at=dt.datetime.now().isoformat(timespec="seconds"), counts=dict(counts))
+    store.write_json_atomic(run_dir / "manifest.json", manifest)
+    if stop.signal:
+        progress(f"stopped by {signal.Signals(stop.signal).name}: finished configs are kept; "
+                 f"continue with `mgbench run --resume {run_id}`")
+    return run_dir
+
+
+def _run_configs(run_dir: Path, run_id: str, configs: list[RunConfig], todo: list[RunConfig],
+                 progress: Progress, stop: StopFlag) -> None:
     total = len(configs)
-    done = 0
-    for cfg in configs:
+    done = total - len(todo)
+    for cfg in todo:
         if cfg.skip_reason is not None:
             done += 1
             store.append_record(run_dir, skipped_record(cfg, run_id))
             progress(f"[{done}/{total}] skipped  {cfg.label}: {cfg.skip_reason}")
-
+    runnable = [c for c in todo if c.skip_reason is None]
     groups: dict[tuple[int, str], list[RunConfig]] = defaultdict(list)
     for cfg in runnable:
         groups[(cfg.nproc, cfg.device)].append(cfg)
     t_start = time.monotonic()
     finished = 0
     for gi, ((nproc, device), group) in enumerate(sorted(groups.items())):
+        if stop.signal:
+            return
         progress(f"launching torchrun: {nproc} {device} rank(s), {len(group)} config(s)")
-        for rec in _run_group(run_dir, run_id, gi, nproc, device, group):
+        for rec in _run_group(run_dir, run_id, gi, nproc, device, group, stop, progress):
             done += 1
             finished += 1
             elapsed = time.monotonic() - t_start
@@ -135,77 +207,163 @@ def run_suite(
             label = next((c.label for c in group if c.config_id == rec["config_id"]), rec["config_id"])
             progress(f"[{done}/{total}] {label}: {describe(rec)}  (elapsed {_fmt_s(elapsed)}, ETA {_fmt_s(eta)})")
 
-    recs = store.read_records(run_dir)
-    counts: dict[str, int] = defaultdict(int)
-    for r in recs:
-        counts[r["status"]] += 1
-    manifest.update(status="complete", finished_at=dt.datetime.now().isoformat(timespec="seconds"),
-                    counts=dict(counts))
-    store.write_json_atomic(run_dir / "manifest.json", manifest)
-    return run_dir
 
-
-def _run_group(run_dir: Path, run_id: str, gi: int, nproc: int, device: str, group: list[RunConfig]):
-    """Launch one torchrun job for a group; yield each record as it lands, then one
-    error/timeout record for every config the job did not finish."""
-    plan_path = run_dir / "plans" / f"group-{gi}-n{nproc}.json"
-    plan_path.parent.mkdir(exist_ok=True)
-    store.write_json_atomic(plan_path, {"run_dir": str(run_dir.resolve()), "run_id": run_id,
-                                        "configs": [c.to_dict() for c in group]})
-    log_path = run_dir / "logs" / f"group-{gi}-n{nproc}.log"
-    # The group may use what its configs may use together, plus start-up.
-    timeout = sum(c.timeout_s for c in group) + 120
-    ids = {c.config_id for c in group}
-    seen: set[str] = {r["config_id"] for r in store.read_records(run_dir)}
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(torchrun_argv(nproc, plan_path), stdout=log, stderr=subprocess.STDOUT,
-                                env=child_env(nproc, device), start_new_session=True)
-        t0 = time.monotonic()
-        timed_out = False
-        while True:
-            rc = proc.poll()
-            for rec in store.read_records(run_dir):
-                if rec["config_id"] in ids and rec["config_id"] not in seen:
-                    seen.add(rec["config_id"])
-                    yield rec
-            if rc is not None:
-                break
-            if time.monotonic() - t0 > timeout:
-                timed_out = True
-                _kill_group(proc)
-                continue
-            time.sleep(0.5)
-    missing = [c for c in group if c.config_id not in seen]
-    if not missing:
-        return
-    tail = _tail(log_path)
-    status = "timeout" if timed_out else "error"
-    why = (f"torchrun job passed its {timeout}s limit" if timed_out
-           else f"torchrun job exited with status {proc.returncode} before this config finished")
-    for cfg in missing:
-        rec = {**skipped_record(cfg, run_id), "status": status, "skip_reason": None,
-               "error": f"{why}; log {log_path.relative_to(run_dir)}: {tail}"}
-        store.append_record(run_dir, rec)
-        yield rec
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Stop torchrun and every rank it started (they share its session)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=10)
-            return
-        except subprocess.TimeoutExpired:
-            pass
-
-
-def _tail(path: Path, lines: int = 3) -> str:
+def _read_progress(path: Path) -> dict[str, Any] | None:
     try:
-        text = [l for l in path.read_text(errors="replace").splitlines() if l.strip()]
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _run_group(run_dir: Path, run_id: str, gi: int, nproc: int, device: str, group: list[RunConfig],
+               stop: StopFlag, progress: Progress) -> Iterator[dict[str, Any]]:
+    """Run one world size's configs, relaunching torchrun after each failed config;
+    yield every record (measured, failed, timed out or interrupted) as it lands."""
+    remaining = list(group)
+    by_id = {c.config_id: c for c in group}
+    seen: set[str] = {r["config_id"] for r in store.read_records(run_dir) if r["status"] != "interrupted"}
+    attempt = 0
+    while remaining and not stop.signal:
+        tag = f"group-{gi}-n{nproc}-a{attempt}"
+        plan_path = run_dir / "plans" / f"{tag}.json"
+        plan_path.parent.mkdir(exist_ok=True)
+        store.write_json_atomic(plan_path, {"run_dir": str(run_dir.resolve()), "run_id": run_id,
+                                            "configs": [c.to_dict() for c in remaining]})
+        progress_path = run_dir / "progress" / f"{tag}.json"
+        log_path = run_dir / "logs" / f"{tag}.log"
+        rank_logs = run_dir / "logs" / tag
+        killed_for: str | None = None
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(torchrun_argv(nproc, plan_path, rank_logs), stdout=log, stderr=subprocess.STDOUT,
+                                    env=child_env(nproc, device, tag), start_new_session=True,
+                                    preexec_fn=die_with_parent)
+            t_launch = time.monotonic()
+            while True:
+                rc = proc.poll()
+                yield from _new_records(run_dir, by_id, remaining, seen)
+                if rc is not None:
+                    break
+                cur = _read_progress(progress_path)
+                if stop.signal:
+                    killed_for = "interrupted"
+                elif cur and cur["config_id"] not in seen and cur["config_id"] in by_id \
+                        and time.time() - cur["started"] > by_id[cur["config_id"]].timeout_s:
+                    killed_for = "timeout"
+                elif cur is None and time.monotonic() - t_launch > STARTUP_LIMIT_S:
+                    killed_for = "startup"
+                if killed_for:
+                    kill_tree(proc.pid)
+                    proc.wait()
+                    break
+                time.sleep(0.2)
+        yield from _new_records(run_dir, by_id, remaining, seen)
+        remaining = [c for c in remaining if c.config_id not in seen]
+        if not remaining:
+            return
+        cur = _read_progress(progress_path)
+        failed = by_id.get(cur["config_id"]) if cur and cur["config_id"] in {c.config_id for c in remaining} else None
+        if failed is None:
+            if killed_for == "interrupted":
+                return
+            # The job died before it started any of the remaining configs: nothing to
+            # blame on one config, so record them all with the job's own words.
+            why = f"torchrun job exited with status {proc.returncode} before starting this config"
+            for cfg in remaining:
+                rec = {**skipped_record(cfg, run_id), "status": "error", "skip_reason": None,
+                       "error": f"{why}; log logs/{tag}.log: {_tail(log_path)}"}
+                store.append_record(run_dir, rec)
+                yield rec
+            return
+        rec = _failure_record(run_dir, run_id, failed, killed_for, proc.returncode, tag, rank_logs, log_path, nproc)
+        store.append_record(run_dir, rec)
+        seen.add(failed.config_id)
+        yield rec
+        remaining.remove(failed)
+        if killed_for == "interrupted":
+            return
+        attempt += 1
+        if remaining:
+            progress(f"relaunching torchrun for the {len(remaining)} remaining config(s) of this group")
+
+
+def _new_records(run_dir: Path, by_id: dict[str, RunConfig], remaining: list[RunConfig],
+                 seen: set[str]) -> Iterator[dict[str, Any]]:
+    ids = {c.config_id for c in remaining}
+    for rec in store.read_records(run_dir):
+        if rec["config_id"] in ids and rec["config_id"] not in seen:
+            seen.add(rec["config_id"])
+            yield rec
+
+
+def _failure_record(run_dir: Path, run_id: str, cfg: RunConfig, killed_for: str | None, returncode: int | None,
+                    tag: str, rank_logs: Path, log_path: Path, nproc: int) -> dict[str, Any]:
+    """The record of a config whose job did not finish it, with each rank's stderr tail
+    saved beside the records."""
+    rec = {**skipped_record(cfg, run_id), "skip_reason": None}
+    tails = {}
+    for rank in range(nproc):
+        files = sorted(rank_logs.glob(f"**/{rank}/stderr.log"))
+        if files:
+            tails[rank] = _tail(files[-1], lines=20, sep="\n", limit=4000)
+            (run_dir / "logs" / f"{cfg.config_id}.rank{rank}.stderr.txt").write_text(tails[rank] + "\n")
+    rec["stderr_files"] = [f"logs/{cfg.config_id}.rank{r}.stderr.txt" for r in sorted(tails)]
+    fails = []
+    for f in sorted((run_dir / "logs").glob(f"fail-{cfg.config_id}-rank*.json")):
+        try:
+            fails.append(json.loads(f.read_text()))
+        except ValueError:
+            pass
+    if killed_for == "timeout":
+        rec.update(status="timeout",
+                   error=f"still running after timeout_s = {cfg.timeout_s} s (a hang?); the job was stopped")
+    elif killed_for == "interrupted":
+        rec.update(status="interrupted", error="stopped by a signal while this config ran")
+    else:
+        rec.update(_classify(fails, nproc, returncode, log_path))
+        mems = [f.get("mem_peak_gib") for f in fails if f.get("mem_peak_gib") is not None]
+        rec["mem_peak_gib"] = max(mems) if mems else None  # what was known when it failed
+        own = [f for f in fails if not _lost_peer(f)]
+        if own or fails:
+            (run_dir / "logs" / f"{cfg.config_id}.traceback.txt").write_text((own or fails)[0]["traceback"])
+    return rec
+
+
+# Words gloo and NCCL use when a rank's peer went away: such a failure is a consequence
+# of another rank's, not a cause.
+_PEER_LOST = ("by peer", "remote worker", "Connection reset", "Connection closed", "NCCL communicator was aborted")
+
+
+def _lost_peer(fail: dict[str, Any]) -> bool:
+    return any(p in fail.get("error", "") for p in _PEER_LOST)
+
+
+def _classify(fails: list[dict[str, Any]], nproc: int, returncode: int | None, log_path: Path) -> dict[str, Any]:
+    """Status and message of a failed config, naming the rank that failed first."""
+    own = sorted((f for f in fails if not _lost_peer(f)), key=lambda f: f.get("time", 0))
+    if own:
+        first = own[0]
+        more = "" if len(own) == len(fails) else f" (then {len(fails) - len(own)} rank(s) lost their peer)"
+        return {"status": "oom" if first["status"] == "oom" else "error", "error_type": first["error_type"],
+                "error": "; ".join(f"rank {f['rank']}: {f['error_type']}: {f['error']}" for f in own) + more}
+    silent = sorted(set(range(nproc)) - {f["rank"] for f in fails})
+    return {"status": "error", "error_type": "RankDied",
+            "error": f"rank(s) {silent} died without an exception (a signal or a crash in native code; "
+                     f"torchrun exit status {returncode}){_exit_codes(log_path)}"}
+
+
+def _exit_codes(log_path: Path) -> str:
+    """torchrun's own account of how its ranks ended ("exitcode: -9" is SIGKILL)."""
+    try:
+        lines = [" ".join(ln.split()) for ln in log_path.read_text(errors="replace").splitlines()
+                 if "exitcode" in ln or ln.strip().startswith("rank ")]
     except OSError:
         return ""
-    return " | ".join(text[-lines:])[-600:]
+    return ": " + "; ".join(dict.fromkeys(lines)) if lines else ""
+
+
+def _tail(path: Path, lines: int = 3, sep: str = " | ", limit: int = 600) -> str:
+    try:
+        text = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return sep.join(text[-lines:])[-limit:]

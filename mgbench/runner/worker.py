@@ -16,6 +16,7 @@ import gc
 import json
 import os
 import time
+import sys
 import traceback
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,12 @@ from ..telemetry.energy import EnergyMeter
 from ..telemetry.memory import read_peak, reset_peak
 from ..telemetry.machine import _cpu_model
 from . import reference
+from .inject import Injector
 from .training import rank_batches, train_step
+
+# Exit status of a rank that failed a config on purpose (after writing its failure
+# file): the launcher tells it apart from a rank that died without a word.
+FAILED_CONFIG_EXIT = 3
 
 
 class StepClock:
@@ -71,6 +77,7 @@ def device_name(device: torch.device) -> str:
 
 def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter) -> dict[str, Any]:
     """Build, warm up and time one config on this rank; returns this rank's raw figures."""
+    inject = Injector(cfg.inject, dist.get_rank())
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -86,11 +93,14 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter) -> dict[st
     losses: list[torch.Tensor] = []
     t0 = time.perf_counter()
     for step in range(cfg.warmup_steps):
+        inject.before_step(step)
         losses.append(train_step(prep, batches[step], device, cfg.precision))
+        inject.after_step()
     sync(device)
     warmup_s = time.perf_counter() - t0
 
     windows: list[list[float]] = []
+    busy_steps: list[float] = []  # main-thread CPU time of each measured step
     measured_s = 0.0
     busy_s = 0.0
     dist.barrier()  # ranks enter the window together
@@ -103,7 +113,11 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter) -> dict[st
         clock.mark()
         for i in range(cfg.measured_steps):
             step = cfg.warmup_steps + r * cfg.measured_steps + i
+            inject.before_step(step)
+            c0 = time.thread_time()
             losses.append(train_step(prep, batches[step], device, cfg.precision))
+            inject.after_step()
+            busy_steps.append(time.thread_time() - c0)
             clock.mark()
         sync(device)
         busy_s += time.thread_time() - cpu0
@@ -120,7 +134,7 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter) -> dict[st
     del prep, batches
     return {
         "rank": dist.get_rank(), "init_s": init_s, "warmup_s": warmup_s, "measured_s": measured_s,
-        "busy_s": busy_s,
+        "busy_s": busy_s, "busy_steps": busy_steps,
         "windows": windows, "losses": loss_values, "mem_method": mem_method, **mem, **energy,
     }
 
@@ -191,6 +205,36 @@ def summarize_config(cfg: RunConfig, per_rank: list[dict[str, Any]], device: tor
         "loss_first": r0["losses"][0] if r0["losses"] else None,
         "loss_last": r0["losses"][-1] if r0["losses"] else None,
         **pipeline_bubble(cfg, per_rank, device),
+        **rank_spread(cfg, per_rank, device),
+    }
+
+
+# A rank is a straggler when its busy time per step exceeds the least busy rank's by
+# this factor: between identical ranks on CPU we see a few percent of noise.
+STRAGGLER_FACTOR = 1.2
+
+
+def rank_spread(cfg: RunConfig, per_rank: list[dict[str, Any]], device: torch.device) -> dict[str, Any]:
+    """Per-rank busy time per step (median over steps) and the ranks that lag.
+
+    Step time cannot show a straggler: collectives make every rank wait for the slowest,
+    so all ranks see the same step time. Busy (main-thread CPU) time per step can, on
+    CPU ranks; on GPUs kernels run asynchronously and it is null with the reason.
+    """
+    if len(per_rank) < 2:
+        return {}
+    if device.type != "cpu":
+        return {"per_rank_busy_s": None, "rank_spread_pct": None, "straggler_ranks": None,
+                "rank_spread_reason": "busy time is read from thread CPU time, which only works on CPU ranks"}
+    # Median over steps: one slow step (a page fault, the first step after a config
+    # switch) must not make a rank a straggler.
+    busy = [stats.summarize(r["busy_steps"])["median"] for r in per_rank]
+    fastest = min(busy)
+    return {
+        "per_rank_busy_s": busy,
+        "rank_spread_pct": 100.0 * (max(busy) - min(busy)) / min(busy) if min(busy) > 0 else None,
+        "straggler_ranks": [i for i, b in enumerate(busy) if fastest > 0 and b > STRAGGLER_FACTOR * fastest],
+        "rank_spread_reason": None,
     }
 
 
@@ -231,17 +275,41 @@ def base_record(cfg: RunConfig, run_id: str) -> dict[str, Any]:
     return rec
 
 
+def fail_config(cfg: RunConfig, device: torch.device, run_dir: Path, exc: BaseException) -> None:
+    """Record why this rank failed the config, then leave the job.
+
+    Failing fast is how ranks agree after an OOM or a crash: the other ranks may be
+    blocked in a collective this rank will never join, so instead of trying to talk to
+    them, this rank writes its failure file and exits; torchrun then stops the others,
+    and the launcher records the config and relaunches for the rest of the sweep.
+    """
+    rank = dist.get_rank()
+    mem: dict[str, Any] = {}
+    try:
+        mem = read_peak(device)
+    except Exception:  # memory figures are a courtesy here; the failure is what matters
+        pass
+    info = {"config_id": cfg.config_id, "rank": rank, "time": time.time(),
+            "status": "oom" if isinstance(exc, torch.OutOfMemoryError) else "error",
+            "error_type": type(exc).__name__, "error": str(exc).splitlines()[0] if str(exc) else "",
+            "traceback": traceback.format_exc(), **mem}
+    store.write_json_atomic(run_dir / "logs" / f"fail-{cfg.config_id}-rank{rank}.json", info)
+    print(f"[mgbench worker] rank {rank} failed {cfg.config_id}: {info['error_type']}: {info['error']}",
+          file=sys.stderr, flush=True)
+    os._exit(FAILED_CONFIG_EXIT)
+
+
 def run_one(cfg: RunConfig, device: torch.device, meter: EnergyMeter, run_dir: Path, run_id: str) -> dict[str, Any] | None:
     """Measure one config on every rank; rank 0 returns its record, others None."""
     rank = dist.get_rank()
     started = dt.datetime.now().isoformat(timespec="seconds")
+    if rank == 0:
+        store.write_json_atomic(run_dir / "progress" / f"{os.environ.get('MGBENCH_GROUP', 'group')}.json",
+                                {"config_id": cfg.config_id, "started": time.time()})
     try:
-        mine: dict[str, Any] = {"ok": True, **measure(cfg, device, meter)}
-    except torch.OutOfMemoryError as e:
-        mine = {"ok": False, "status": "oom", "error": f"rank {rank}: {type(e).__name__}: {str(e).splitlines()[0]}"}
-    except Exception as e:
-        mine = {"ok": False, "status": "error", "error": f"rank {rank}: {type(e).__name__}: {e}",
-                "traceback": traceback.format_exc()}
+        mine: dict[str, Any] = measure(cfg, device, meter)
+    except Exception as e:  # every failure leaves the job: see fail_config
+        fail_config(cfg, device, run_dir, e)
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -251,12 +319,6 @@ def run_one(cfg: RunConfig, device: torch.device, meter: EnergyMeter, run_dir: P
         return None
     rec = base_record(cfg, run_id)
     rec["started_at"] = started
-    failed = [r for r in everyone if not r["ok"]]
-    if failed:
-        rec.update(status=failed[0]["status"], error="; ".join(r["error"] for r in failed))
-        if failed[0].get("traceback"):
-            (run_dir / "logs" / f"{cfg.config_id}.traceback.txt").write_text(failed[0]["traceback"])
-        return rec
     rec.update(status="ok", error=None, **summarize_config(cfg, everyone, device))
     if cfg.check_steps:
         try:
@@ -284,13 +346,18 @@ def main(argv: list[str] | None = None) -> None:
     configs = [RunConfig.from_dict(c) for c in plan["configs"]]
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     use_cuda = configs[0].device == "cuda"
+    # Collective timeout: longer than any config may take, so a hang is reported by the
+    # launcher's per-config timer as `timeout` (with the config named) rather than as a
+    # collective error in whichever config happens to run into it. Shorter than forever,
+    # so an orphaned rank still dies.
+    pg_timeout = dt.timedelta(seconds=max(c.timeout_s for c in configs) + 60)
     if use_cuda:
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
-        dist.init_process_group("nccl", device_id=device)
+        dist.init_process_group("nccl", device_id=device, timeout=pg_timeout)
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=pg_timeout)
     meter = EnergyMeter(device.type, local_rank, local_rank)
     try:
         for cfg in configs:

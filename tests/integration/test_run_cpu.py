@@ -83,8 +83,11 @@ def test_manifest_and_folder_layout(smoke_run):
     for key in ("hostname", "cpu_model", "cpu_cores", "ram_gib", "torch", "gpu_count", "interconnect"):
         assert key in m["machine"]
     assert m["counts"]["ok"] + m["counts"]["skipped"] == m["num_configs"]
+    # One torchrun job per world size (no failures, so no relaunches), each rank's
+    # output also in its own file.
     assert sorted(p.name for p in (run_dir / "logs").glob("*.log")) == [
-        "group-0-n1.log", "group-1-n2.log", "group-2-n4.log"]
+        "group-0-n1-a0.log", "group-1-n2-a0.log", "group-2-n4-a0.log"]
+    assert len(list((run_dir / "logs" / "group-2-n4-a0").glob("**/stderr.log"))) == 4
 
 
 def test_progress_is_shown(smoke_run):
