@@ -54,9 +54,12 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--resume", default=None, metavar="RUN",
               help="Continue an interrupted or killed run (run id or folder): run only the configs it lacks.")
 @click.option("--dry-run", is_flag=True, help="List the expanded configs and exit.")
+@click.option("--no-report", is_flag=True, help="Do not write the HTML report at the end.")
+@click.option("--reports-dir", default="reports", show_default=True, help="Where the HTML report goes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the records as JSON at the end.")
 def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, ...], device: str,
-        timeout: int | None, resume: str | None, dry_run: bool, as_json: bool) -> None:
+        timeout: int | None, resume: str | None, dry_run: bool, no_report: bool, reports_dir: str,
+        as_json: bool) -> None:
     """Run a benchmark SUITE (a .toml path or a name in suites/; default: default).
 
     Expands the suite's sweep into configs, runs them through torchrun (one job per
@@ -105,6 +108,11 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
         click.echo("")
         click.echo(render(run_dir, "table"))
         click.echo(f"\nresults: {run_dir}")
+    if not no_report:
+        from .report.html import build
+
+        path = build([run_dir], Path(reports_dir) / f"{run_dir.name}.html")
+        click.echo(f"report: {path}", err=as_json)
     from . import store
 
     if store.read_manifest(run_dir)["status"] == "interrupted":
@@ -130,6 +138,105 @@ def show(run: str | None, results_dir: str, fmt: str | None) -> None:
 
     run_dir = store.resolve_run(run, results_dir) if run else store.latest_run(results_dir)
     click.echo(render(run_dir, fmt or "table"))
+
+
+@main.command()
+@click.argument("runs", nargs=-1, required=True)
+@click.option("-o", "--output", default=None, help="HTML file (default: reports/<first run>.html).")
+@click.option("--results-dir", default="results", show_default=True)
+@click.option("--plan", "plan_file", help="A plan saved with `mgbench plan --json > plan.json`, shown as a section.")
+@click.option("--plan-model", help="Or plan here: model preset for the planning section.")
+@click.option("--plan-tokens", type=float, help="Training tokens for --plan-model.")
+@click.option("--metric", default="tokens_per_s", show_default=True, help="Metric compared when two runs are given.")
+def report(runs: tuple[str, ...], output: str | None, results_dir: str, plan_file: str | None,
+           plan_model: str | None, plan_tokens: float | None, metric: str) -> None:
+    """Write one self-contained HTML report for RUNS (ids or folders).
+
+    Works offline: plotly.js is inlined once. With two runs it also compares them.
+
+    \b
+    Examples:
+      mgbench report 20261121-093012-default-1a2b
+      mgbench report BASE NEW -o reports/compare.html
+      mgbench report RUN --plan-model llama3-70b --plan-tokens 1.5e13
+    """
+    import json as _json
+
+    from . import store
+    from .report.compare import compare_runs
+    from .report.html import build
+
+    paths = [store.resolve_run(r, results_dir) for r in runs]
+    plan_data = None
+    if plan_file:
+        try:
+            plan_data = _json.loads(Path(plan_file).read_text())
+        except (OSError, ValueError) as e:
+            raise MgbenchError(f"--plan {plan_file}: cannot read a plan JSON ({e})") from None
+    elif plan_model or plan_tokens:
+        if not (plan_model and plan_tokens):
+            raise MgbenchError("--plan-model and --plan-tokens go together")
+        from . import catalog
+        from .planner.search import PlanOptions, plan as plan_fn
+
+        plan_data = plan_fn(catalog.model_shape(plan_model), PlanOptions(tokens=plan_tokens))
+    rows = None
+    if len(paths) == 2:
+        try:
+            rows = compare_runs(str(paths[0]), str(paths[1]), results_dir, metric)
+        except MgbenchError as e:  # different suites: a report of both, without a comparison
+            click.echo(f"note: no comparison section: {e}", err=True)
+    out = build(paths, output or Path("reports") / f"{paths[0].name}.html", results_dir, plan_data, rows)
+    click.echo(f"report: {out}")
+
+
+@main.command()
+@click.argument("base")
+@click.argument("new")
+@click.option("--results-dir", default="results", show_default=True)
+@click.option("--metric", default="tokens_per_s", show_default=True, help="Metric to compare.")
+@click.option("--threshold", type=float, default=10.0, show_default=True,
+              help="Smallest change (%) that counts, when also significant.")
+@click.option("--fail-on", "gates", multiple=True, metavar="METRIC:-N%",
+              help="Exit 1 if METRIC gets significantly worse by more than N%, e.g. tokens_per_s:-5%.")
+@click.option("--json", "as_json", is_flag=True)
+def compare(base: str, new: str, results_dir: str, metric: str, threshold: float, gates: tuple[str, ...],
+            as_json: bool) -> None:
+    """Compare two runs of the same suite config by config.
+
+    A change is flagged (better / worse) only when it is significant (Mann-Whitney U on
+    the raw step times, p < 0.05) AND at least --threshold percent; otherwise `~`.
+
+    \b
+    Examples:
+      mgbench compare BASE_RUN NEW_RUN
+      mgbench compare BASE_RUN NEW_RUN --fail-on tokens_per_s:-5%    # CI gate: exit 1 on a regression
+    """
+    import json as _json
+
+    from tabulate import tabulate
+
+    from .report.compare import compare_runs, gate_failures, parse_gate
+
+    parsed = [parse_gate(g) for g in gates]
+    rows = compare_runs(base, new, results_dir, metric, threshold)
+    failures: list[str] = []
+    for g in parsed:
+        g_rows = rows if g.metric == metric else compare_runs(base, new, results_dir, g.metric, threshold)
+        failures += gate_failures(g_rows, [g])
+    if as_json:
+        click.echo(_json.dumps({"rows": rows, "gate_failures": failures}, indent=2))
+    else:
+        def fmt(v, f):  # type: ignore[no-untyped-def]
+            return "-" if v is None else format(v, f)
+
+        click.echo(tabulate([[r["label"], fmt(r["base"], ",.4g"), fmt(r["new"], ",.4g"), fmt(r["change_pct"], "+.1f"),
+                              fmt(r["p_value"], ".3g"), r["verdict"]] for r in rows],
+                            headers=["config", f"base {metric}", f"new {metric}", "change %", "p", "verdict"]))
+        for f in failures:
+            click.echo(f"GATE FAILED: {f}")
+    if failures:
+        sys.exit(1)
 
 
 from .planner.commands import memory, plan, predict  # noqa: E402

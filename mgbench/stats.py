@@ -64,3 +64,39 @@ def summarize(xs: Sequence[float]) -> dict[str, float | None]:
         "ci95_low": lo,
         "ci95_high": hi,
     }
+
+
+def mann_whitney_u(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
+    """Two-sided Mann-Whitney U test: (U of ``a``, p-value).
+
+    Normal approximation with tie correction and continuity correction (e.g. Conover,
+    section 5.1), adequate from about 5 samples per side; with fewer, p is reported as 1.0
+    (no significance can be claimed).
+    """
+    n1, n2 = len(a), len(b)
+    if n1 < 5 or n2 < 5:
+        return float("nan"), 1.0
+    pooled = sorted([(x, 0) for x in a] + [(x, 1) for x in b])
+    ranks = [0.0] * len(pooled)
+    ties = 0.0
+    i = 0
+    while i < len(pooled):
+        j = i
+        while j + 1 < len(pooled) and pooled[j + 1][0] == pooled[i][0]:
+            j += 1
+        avg = (i + j) / 2.0 + 1.0
+        for k in range(i, j + 1):
+            ranks[k] = avg
+        t = j - i + 1
+        ties += t**3 - t
+        i = j + 1
+    r1 = sum(r for r, (_, g) in zip(ranks, pooled) if g == 0)
+    u1 = r1 - n1 * (n1 + 1) / 2.0
+    mu = n1 * n2 / 2.0
+    n = n1 + n2
+    sigma = math.sqrt(n1 * n2 / 12.0 * ((n + 1) - ties / (n * (n - 1))))
+    if sigma == 0:
+        return u1, 1.0
+    z = (abs(u1 - mu) - 0.5) / sigma
+    p = math.erfc(max(z, 0.0) / math.sqrt(2.0))
+    return u1, min(1.0, p)

@@ -6,7 +6,7 @@ Suite key ``inject``, one of:
   "crash@step=S,rank=R"     raise RuntimeError on rank R at step S (an exception)
   "kill@step=S,rank=R"      SIGKILL rank R at step S (a rank that dies without a word)
   "hang@step=S,rank=R"      rank R stops at step S and never returns
-  "slow@rank=R,factor=F"    rank R burns (F - 1) x its own step time of CPU each step
+  "slow@rank=R,factor=F"    rank R burns CPU for (F - 1) x its step's wall time, each step
 rank defaults to 0 and step to 0. Steps count from the first warm-up step.
 """
 
@@ -62,7 +62,7 @@ class Injector:
         inj = self.inj
         if inj is None or inj.rank != self.rank:
             return
-        self._t0 = time.thread_time()
+        self._t0 = time.perf_counter()
         if inj.step != step:
             return
         if inj.kind == "oom":
@@ -81,8 +81,8 @@ class Injector:
         inj = self.inj
         if inj is None or inj.rank != self.rank or inj.kind != "slow":
             return
-        # Burn CPU rather than sleep, so the rank looks like a slower device (busy, not idle).
-        extra = (time.thread_time() - self._t0) * (inj.factor - 1.0)
-        end = time.thread_time() + extra
-        while time.thread_time() < end:
+        # Burn CPU rather than sleep, so the rank looks like a slower device (busy, not
+        # idle), for (factor - 1) x this step's wall time.
+        end = time.perf_counter() + (time.perf_counter() - self._t0) * (inj.factor - 1.0)
+        while time.perf_counter() < end:
             pass

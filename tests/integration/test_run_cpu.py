@@ -121,3 +121,29 @@ def test_calibration_on_the_measured_run(smoke_run):
     assert all(r["loo_predicted_s"] > 0 for r in fit["rows"])
     table = run_cli("predict", "--calibrate", "smoke1", cwd=cwd)
     assert "leave-one-out" in table.stdout
+
+
+def test_run_writes_a_self_contained_report(smoke_run):
+    cwd, _, p = smoke_run
+    report = cwd / "reports" / "smoke1.html"
+    assert f"report: reports/smoke1.html" in p.stdout
+    html = report.read_text()
+    assert 'src="http' not in html and "src='http" not in html  # works from file:// offline
+    assert html.count("Plotly.newPlot") >= 4  # throughput, efficiency, step times, memory
+    assert html.count("plotly.js v") <= 2 and report.stat().st_size < 10 * 2**20
+    for section in ("Summary", "Scaling", "Time breakdown", "Memory", "Energy", "Communication"):
+        assert f">{section}</h2>" in html
+    assert "energy not measured" in html  # no RAPL here: said, not plotted
+
+
+def test_report_renders_in_headless_chromium(smoke_run):
+    from tests import report_check
+
+    if report_check.chromium() is None:
+        pytest.skip("chromium is not installed (.ci/run installs Debian's chromium; install it to run this test)")
+    cwd, _, _ = smoke_run
+    res = report_check.check(cwd / "reports" / "smoke1.html")
+    assert res["errors"] == []
+    assert len(res["figures"]) >= 4
+    for fig in res["figures"]:
+        assert fig["with_data"] >= 1, fig

@@ -31,3 +31,22 @@ def test_summarize():
     assert s["mean"] == pytest.approx(0.4)
     assert s["stddev"] == pytest.approx(statistics.stdev(xs))
     assert s["ci95_low"] == 0.1 and s["ci95_high"] == 0.7
+
+
+def test_mann_whitney_matches_a_hand_worked_example():
+    # Fully separated samples of 6 and 6: U = 0; z = (18 - 0.5) / sqrt(6*6*13/12) = 2.8022;
+    # two-sided p = erfc(z / sqrt 2) = 0.00508.
+    u, p = stats.mann_whitney_u([1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12])
+    assert u == 0.0
+    assert p == pytest.approx(0.00508, abs=2e-5)
+
+
+def test_mann_whitney_identical_samples_are_not_significant():
+    u, p = stats.mann_whitney_u([1.0] * 8, [1.0] * 8)
+    assert p == 1.0
+    u, p = stats.mann_whitney_u([1, 3, 5, 7, 9, 11], [2, 4, 6, 8, 10, 12])
+    assert p > 0.5
+
+
+def test_mann_whitney_needs_five_per_side():
+    assert stats.mann_whitney_u([1, 2, 3, 4], [5, 6, 7, 8])[1] == 1.0

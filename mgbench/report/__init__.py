@@ -1,0 +1,2 @@
+"""HTML reports (figures.py: one function per figure; html.py: one self-contained file)
+and run comparison (compare.py)."""

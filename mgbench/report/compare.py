@@ -1,0 +1,93 @@
+"""`mgbench compare BASE NEW`: per matching config, the change of a metric, flagged only
+when it is statistically significant AND past a threshold (asv's rule), with CI gates.
+
+Configs match on what defines the workload and layout (not on run id, seed or fault
+injection), so two runs of one suite compare config by config. Significance comes from
+the raw per-step times of both runs (Mann-Whitney U, two-sided, p < 0.05).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .. import stats, store
+from ..errors import MgbenchError
+
+MATCH_KEYS = ("strategy", "nproc", "dp", "tp", "pp", "model_name", "model_layers", "model_hidden", "micro_batch",
+              "seq_len", "grad_accum", "precision", "activation_checkpointing", "compile", "pp_schedule",
+              "virtual_stages", "dp_mode", "device")
+# Direction of "better" for metrics a gate may name; per-step samples exist for step time,
+# and throughput metrics are its reciprocal (same test, same p-value).
+HIGHER_IS_BETTER = {"tokens_per_s": True, "tokens_per_s_per_device": True, "samples_per_s": True,
+                    "mfu_pct": True, "model_tflops_per_device": True, "step_time_s": False,
+                    "mem_peak_gib": False, "energy_per_token_j": False}
+P_SIGNIFICANT = 0.05
+
+
+@dataclass(frozen=True)
+class Gate:
+    metric: str
+    limit_pct: float  # e.g. -5.0: fail when the metric gets more than 5% worse
+
+
+def parse_gate(text: str) -> Gate:
+    """``tokens_per_s:-5%`` -> Gate; MgbenchError naming the accepted form otherwise."""
+    m = re.fullmatch(r"([a-z_]+):([+-]?\d+(?:\.\d+)?)%", text.strip())
+    if not m or m.group(1) not in HIGHER_IS_BETTER:
+        raise MgbenchError(f"--fail-on {text!r}: expected METRIC:-N% with METRIC one of {', '.join(HIGHER_IS_BETTER)}, "
+                           "e.g. tokens_per_s:-5%")
+    return Gate(m.group(1), float(m.group(2)))
+
+
+def match_key(rec: dict[str, Any]) -> tuple:
+    return tuple(rec.get(k) for k in MATCH_KEYS)
+
+
+def compare_runs(base: str, new: str, results_dir: str = "results", metric: str = "tokens_per_s",
+                 threshold_pct: float = 10.0) -> list[dict[str, Any]]:
+    """One row per config present in both runs: values, change %, p-value, verdict."""
+    if metric not in HIGHER_IS_BETTER:
+        raise MgbenchError(f"--metric {metric!r}: one of {', '.join(HIGHER_IS_BETTER)}")
+    b_recs = {match_key(r): r for r in store.latest_records(store.read_records(store.resolve_run(base, results_dir)))}
+    n_recs = {match_key(r): r for r in store.latest_records(store.read_records(store.resolve_run(new, results_dir)))}
+    rows = []
+    for key, b in b_recs.items():
+        n = n_recs.get(key)
+        if n is None:
+            continue
+        row: dict[str, Any] = {"label": n.get("label") or b.get("label"), "config_id": n.get("config_id"),
+                               "base_status": b["status"], "new_status": n["status"], "metric": metric}
+        if b["status"] != "ok" or n["status"] != "ok" or b.get(metric) is None or n.get(metric) is None:
+            row.update(base=b.get(metric), new=n.get(metric), change_pct=None, p_value=None,
+                       verdict="n/a" if b["status"] == n["status"] else f"{b['status']} -> {n['status']}")
+            rows.append(row)
+            continue
+        bv, nv = float(b[metric]), float(n[metric])
+        change = 100.0 * (nv - bv) / bv if bv else math.inf
+        _, p = stats.mann_whitney_u(b.get("step_times_s") or [], n.get("step_times_s") or [])
+        better = change > 0 if HIGHER_IS_BETTER[metric] else change < 0
+        significant = p < P_SIGNIFICANT and abs(change) >= threshold_pct
+        verdict = ("better" if better else "worse") if significant else "~"
+        row.update(base=bv, new=nv, change_pct=change, p_value=p, significant=significant, verdict=verdict)
+        rows.append(row)
+    if not rows:
+        raise MgbenchError(f"runs {base} and {new} have no config in common; compare runs of the same suite")
+    return rows
+
+
+def gate_failures(rows: list[dict[str, Any]], gates: list[Gate]) -> list[str]:
+    """Each significant change past a gate's limit, as a sentence."""
+    out = []
+    for g in gates:
+        for r in rows:
+            if r["metric"] != g.metric or r.get("change_pct") is None or not r.get("significant"):
+                continue
+            # Express the change so that negative means worse, whatever the metric's direction.
+            signed = r["change_pct"] if HIGHER_IS_BETTER[g.metric] else -r["change_pct"]
+            if signed < g.limit_pct:
+                out.append(f"{r['label']}: {g.metric} {r['change_pct']:+.1f}% (p = {r['p_value']:.3g}) "
+                           f"breaks the gate {g.metric}:{g.limit_pct:+g}%")
+    return out

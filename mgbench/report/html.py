@@ -1,0 +1,181 @@
+"""Assemble one self-contained HTML report: plotly.js inlined once, every figure a div
+that shares it, so the file opens from file:// with the network off."""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .. import __version__, store
+from . import figures
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
+header{background:#1d2330;color:#fff;padding:18px 32px}header h1{margin:0;font-size:22px}
+header p{margin:4px 0 0;color:#c8cdd8}nav{padding:8px 32px;background:#e9ecf2}nav a{margin-right:16px;color:#1d2330}
+main{padding:8px 32px 48px}section{background:#fff;border-radius:8px;padding:16px 20px;margin:16px 0;
+box-shadow:0 1px 3px rgba(0,0,0,.08)}h2{margin-top:0}p.caption{color:#4a5264;margin:2px 0 18px;font-size:14px}
+table{border-collapse:collapse;font-size:13px;margin:8px 0}td,th{border-bottom:1px solid #e3e6ec;padding:4px 10px;
+text-align:left}th{background:#f0f2f6}ul.warn li{margin:4px 0}.bad{color:#b3261e;font-weight:600}
+.note{color:#6b7280;font-style:italic}
+"""
+
+
+def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
+    if not rows:
+        return '<p class="note">none</p>'
+    head = "".join(f"<th>{html.escape(h)}</th>" for _, h in columns)
+    body = []
+    for r in rows:
+        cells = []
+        for k, _ in columns:
+            v = r.get(k)
+            if isinstance(v, float):
+                v = None if v != v else f"{v:,.4g}"  # NaN: unknown
+            cells.append(f"<td>{html.escape('-' if v is None else str(v))}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def warnings(df: pd.DataFrame) -> list[str]:
+    """Things a careful reader should know, each with what to do about it. Warnings that
+    many configs share are given once, with the configs listed."""
+    out: list[str] = []
+    shared: dict[str, list[str]] = {}
+    for _, r in df.iterrows():
+        label = r.get("label") or r.get("config_id")
+        status = r.get("status")
+        if status in ("oom", "timeout", "error", "interrupted"):
+            out.append(f"{label}: {status}: {r.get('error')}")
+            continue
+        if status != "ok":
+            continue
+        if r.get("correct") is False:
+            out.append(f"{label}: INCORRECT — {r.get('correct_reason')}; its throughput is not a result")
+        med = r.get("step_time_s")
+        lo, hi = r.get("step_time_ci95_low_s"), r.get("step_time_ci95_high_s")
+        if med and lo is not None and hi is not None and pd.notna(lo) and (hi - lo) / med > 0.10:
+            shared.setdefault("noisy: the 95% CI of the median step time is wider than 10% of it; raise "
+                              "measured_steps or repeats before comparing these", []).append(
+                f"{label} ({100 * (hi - lo) / med:.0f}%)")
+        elif med and (lo is None or pd.isna(lo)):
+            shared.setdefault("fewer than 6 measured steps, so no confidence interval; raise measured_steps", []).append(
+                str(label))
+        times = r.get("step_times_s")
+        if isinstance(times, list) and len(times) > 2 and med and times[0] > 2 * med:
+            out.append(f"{label}: the first measured step was {times[0] / med:.1f}x the median; raise warmup_steps")
+        strag = r.get("straggler_ranks")
+        if isinstance(strag, list) and strag:
+            out.append(f"{label}: straggler rank(s) {strag} (per-rank busy time spread {r.get('rank_spread_pct'):.0f}%)")
+    return out + [f"{what} — {', '.join(who)}" for what, who in shared.items()]
+
+
+def _figure_block(fig_caption: tuple[Any, str] | None, missing: str) -> str:
+    if fig_caption is None:
+        return f'<p class="note">{html.escape(missing)}</p>'
+    fig, caption = fig_caption
+    div = fig.to_html(full_html=False, include_plotlyjs=False, config={"displaylogo": False, "responsive": True})
+    return f'<div class="figure">{div}</div><p class="caption">{html.escape(caption)}</p>'
+
+
+def build(runs: list[str | Path], output: str | Path, results_dir: str | Path = "results",
+          plan: dict[str, Any] | None = None, compare_rows: list[dict[str, Any]] | None = None) -> Path:
+    """Write the report for one or many runs (and optionally a plan and a comparison)."""
+    from plotly.offline import get_plotlyjs
+
+    paths = [store.resolve_run(r, results_dir) for r in runs]
+    manifests = [store.read_manifest(p) for p in paths]
+    df = store.load(paths)
+    comm_rows = []
+    for p in paths:
+        f = p / "comm.jsonl"
+        if f.exists():
+            comm_rows += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    comm = pd.DataFrame(comm_rows)
+
+    m0 = manifests[0]["machine"]
+    gpus = m0.get("gpus") or []
+    if gpus:
+        cap, cap_label = gpus[0]["memory_gib"], f"{gpus[0]['name']} memory"
+    else:
+        cap, cap_label = m0.get("ram_gib"), "host RAM (shared by all ranks)"
+
+    counts = df["status"].value_counts().to_dict() if not df.empty else {}
+    ok = df[(df["status"] == "ok")] if not df.empty else df
+    best = []
+    if not ok.empty:
+        good = ok[ok["correct"].fillna(True).astype(bool)] if "correct" in ok else ok
+        for strat, g in good.groupby("strategy"):
+            r = g.loc[g["tokens_per_s"].idxmax()]
+            best.append({"strategy": strat, "label": r.get("label"), "tokens_per_s": r["tokens_per_s"],
+                         "tokens_per_s_per_device": r["tokens_per_s_per_device"], "mfu_pct": r.get("mfu_pct"),
+                         "mem_peak_gib": r.get("mem_peak_gib"), "run_id": r.get("run_id")})
+        best.sort(key=lambda x: -x["tokens_per_s"])
+
+    sections: list[tuple[str, str, str]] = []
+    machine_rows = [{"run": m["run_id"], "suite": m["suite"]["name"], "status": m.get("status"),
+                     "host": m["machine"].get("hostname"), "cpu": m["machine"].get("cpu_model"),
+                     "gpus": f"{m['machine'].get('gpu_count')} x {m['machine'].get('gpu_name')}" if m["machine"].get("gpu_count") else "none",
+                     "torch": m["machine"].get("torch"), "mgbench": m["machine"].get("mgbench"),
+                     "git": (m["machine"].get("git_sha") or "-")[:12], "started": m.get("started_at")} for m in manifests]
+    warn = warnings(df) if not df.empty else []
+    summary = (
+        _table(machine_rows, [(k, k) for k in ("run", "suite", "status", "host", "cpu", "gpus", "torch", "mgbench", "git", "started")])
+        + "<h3>Configs by status</h3>" + _table([counts], [(k, k) for k in counts])
+        + "<h3>Best correct config per strategy</h3>"
+        + _table(best, [("strategy", "strategy"), ("label", "config"), ("tokens_per_s", "tokens/s"),
+                        ("tokens_per_s_per_device", "tokens/s/device"), ("mfu_pct", "MFU %"),
+                        ("mem_peak_gib", "peak GiB"), ("run_id", "run")])
+        + "<h3>Warnings</h3>"
+        + ("<ul class='warn'>" + "".join(f"<li>{html.escape(w)}</li>" for w in warn) + "</ul>" if warn
+           else '<p class="note">none: every config ran, matched the reference and measured steadily</p>')
+    )
+    sections.append(("summary", "Summary", summary))
+    sections.append(("scaling", "Scaling",
+                     _figure_block(figures.throughput_scaling(df), "no successful configs to plot")
+                     + _figure_block(figures.scaling_efficiency(df), "only one device count: no scaling efficiency")
+                     + _figure_block(figures.step_time_distribution(df), "no step-time samples")))
+    sections.append(("breakdown", "Time breakdown",
+                     _figure_block(figures.time_breakdown(df),
+                                   "no configs with a measured breakdown (pipeline bubbles or profiled communication)")))
+    sections.append(("memory", "Memory", _figure_block(figures.memory(df, cap, cap_label), "no memory figures")))
+    reasons = sorted(set(df["energy_reason"].dropna())) if "energy_reason" in df else []
+    sections.append(("energy", "Energy", _figure_block(
+        figures.energy(df), "energy not measured: " + ("; ".join(reasons) if reasons else "no configs"))))
+    sections.append(("comm", "Communication", _figure_block(
+        figures.comm_bandwidth(comm), "no collective measurements in these runs (run `mgbench comm`)")))
+    if plan is not None:
+        rec = plan.get("recommendation")
+        body = ("<h3>Recommendation</h3><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in plan.get("reasons", []))
+                + "</ul>" + _figure_block(figures.plan_pareto(plan), "no priced options to plot")
+                + _figure_block(figures.plan_usd_per_mtok(plan), "no priced options")
+                + _table(plan.get("ranked", [])[:15], [(k, k) for k in ("system", "num_gpus", "tp", "pp", "dp", "zero",
+                                                                        "micro_batch", "recompute", "days", "cost_usd",
+                                                                        "usd_per_million_tokens", "energy_kwh")]))
+        if rec is None:
+            body = '<p class="bad">no layout meets the constraints</p>' + body
+        sections.append(("plan", f"Plan: {plan.get('model')} on {plan.get('tokens'):.3g} tokens", body))
+    if compare_rows is not None:
+        sections.append(("compare", "Comparison", _table(compare_rows, [
+            ("label", "config"), ("metric", "metric"), ("base", "base"), ("new", "new"), ("change_pct", "change %"),
+            ("p_value", "p"), ("verdict", "verdict")]) + '<p class="caption">A change counts only when it is '
+            "significant (Mann-Whitney U on the raw step times, p &lt; 0.05) and past the threshold; otherwise ~.</p>"))
+
+    title = "mgbench report: " + ", ".join(m["run_id"] for m in manifests)
+    nav = "".join(f'<a href="#{sid}">{html.escape(name)}</a>' for sid, name, _ in sections)
+    body = "".join(f'<section id="{sid}"><h2>{html.escape(name)}</h2>{content}</section>' for sid, name, content in sections)
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{CSS}</style><script type='text/javascript'>{get_plotlyjs()}</script></head><body>"
+            f"<header><h1>{html.escape(title)}</h1><p>generated {dt.datetime.now().isoformat(timespec='seconds')} "
+            f"by mgbench {__version__}</p></header><nav>{nav}</nav><main>{body}</main></body></html>")
+    out = Path(output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(page)
+    tmp.replace(out)
+    return out
