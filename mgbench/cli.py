@@ -239,6 +239,62 @@ def compare(base: str, new: str, results_dir: str, metric: str, threshold: float
         sys.exit(1)
 
 
+@main.command()
+@click.option("--nproc", type=int, default=2, show_default=True, help="Ranks (GPUs, or CPU ranks without GPUs).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--collectives", default=",".join(("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                                                  "broadcast", "sendrecv")), show_default=True)
+@click.option("--dtype", "dtypes", default="float32", show_default=True, help="Comma-separated: float32,bfloat16,float16.")
+@click.option("--min-bytes", type=int, default=None, help="Smallest message (default: 4 KiB on CPU, 8 KiB on GPU).")
+@click.option("--max-bytes", type=int, default=None, help="Largest message (default: 4 MiB on CPU, 1 GiB on GPU).")
+@click.option("--factor", type=int, default=None, help="Size step multiplier (default 4).")
+@click.option("--warmup", type=int, default=None, help="Untimed iterations per size.")
+@click.option("--iters", type=int, default=None, help="Timed iterations per size.")
+@click.option("--link", default=None, help="Catalog link to compare busbw with (default: the detected one).")
+@click.option("--results-dir", default="results", show_default=True)
+@click.option("--run-id", default=None)
+@click.option("--timeout", type=int, default=900, show_default=True, help="Seconds before the sweep is stopped.")
+@click.option("--json", "as_json", is_flag=True)
+def comm(nproc, device, collectives, dtypes, min_bytes, max_bytes, factor, warmup, iters, link, results_dir,
+         run_id, timeout, as_json) -> None:  # type: ignore[no-untyped-def]
+    """Measure collectives like nccl-tests: time, algbw, busbw, #wrong, alpha-beta fit.
+
+    Also records the detected interconnect (NVLink, PCIe, InfiniBand, NCCL) in the run's
+    manifest, and stores the sweep as a run that reports and the planner can load.
+
+    \b
+    Examples:
+      mgbench comm --nproc 4                      # CPU: gloo over loopback
+      mgbench comm --nproc 8 --dtype bfloat16     # 8 GPUs over NCCL
+      mgbench comm --nproc 2 --collectives all_reduce --min-bytes 1048576 --link nvlink4
+    """
+    import json as _json
+
+    from .comm.run import load_rows, render, run_comm
+    from .runner.launch import cpu_rank_limit, detect_devices
+
+    kind, count = detect_devices()
+    if device == "cpu" or (device == "auto" and kind == "cpu"):
+        kind, count = "cpu", cpu_rank_limit()
+    elif device == "cuda" and kind != "cuda":
+        raise MgbenchError("--device cuda: no CUDA device is visible; use --device cpu")
+    if nproc < 1 or nproc > count:
+        raise MgbenchError(f"--nproc {nproc}: this machine allows 1 to {count} {kind} rank(s)")
+    run_dir = run_comm(nproc, kind, [c.strip() for c in collectives.split(",") if c.strip()],
+                       [d.strip() for d in dtypes.split(",") if d.strip()], results_dir, run_id, timeout,
+                       progress=lambda m: click.echo(m, err=as_json), min_bytes=min_bytes, max_bytes=max_bytes,
+                       factor=factor, warmup=warmup, iters=iters)
+    if as_json:
+        from . import store
+
+        fits = _json.loads((run_dir / "comm_fit.json").read_text())
+        click.echo(_json.dumps({"run_dir": str(run_dir), "interconnect": store.read_manifest(run_dir)["interconnect"],
+                                "rows": load_rows(run_dir), "fits": fits}, indent=2))
+    else:
+        click.echo(render(run_dir, link))
+        click.echo(f"\nresults: {run_dir}")
+
+
 from .planner.commands import memory, plan, predict  # noqa: E402
 
 main.add_command(memory)

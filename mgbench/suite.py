@@ -123,6 +123,8 @@ SWEEP_KEYS: dict[str, tuple[Callable[[Any], str | None], Any, str]] = {
     "check_steps": (_int(0), 3, "first steps whose loss is checked against the single-process reference (0: no check)"),
     "timeout_s": (_int(1), 900, "seconds a config may take before its job is stopped"),
     "device": (_choice(DEVICES), "auto", "cpu, cuda, or auto (cuda when present)"),
+    "profile": (_bool, False, "after the timed window, profile a few steps and split them into compute / communication / idle"),
+    "profile_steps": (_int(1), 3, "steps in the profiled window"),
     "inject": (_inject, "none", "fault injection for testing recovery: oom@step=S,rank=R | crash@... | kill@... | hang@... | slow@rank=R,factor=F"),
 }
 TOP_KEYS = {"name", "description", "sweep", "cpu", "gpu"}
@@ -156,6 +158,8 @@ class RunConfig:
     tp: int = 1
     pp: int = 1
     inject: str = "none"
+    profile: bool = False
+    profile_steps: int = 3
     workload: str = "gpt"
     skip_reason: str | None = None
     config_id: str = field(default="")
@@ -349,6 +353,8 @@ def expand(suite: Suite, device_kind: str, num_devices: int) -> list[RunConfig]:
             p["virtual_stages"] = 2
         if p["strategy"] != "pp+tp+dp":
             p["dp_mode"] = "ddp"
+        if not p["profile"]:
+            p["profile_steps"] = 3
         dims, problem = dims_for(p["strategy"], p["nproc"], None if p["layout"] == "auto" else p["layout"])
         if dims is not None:
             p.update(dp=dims.dp, tp=dims.tp, pp=dims.pp)

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator
 from .. import store
 from ..errors import MgbenchError
 from ..suite import RunConfig, Suite, expand
+from ..telemetry.interconnect import detect
 from ..telemetry.machine import fingerprint
 from .procs import die_with_parent, kill_tree
 
@@ -53,13 +54,13 @@ def cpu_rank_limit() -> int:
     return max(4, os.cpu_count() or 1)
 
 
-def torchrun_argv(nproc: int, plan_path: Path, log_dir: Path) -> list[str]:
+def torchrun_argv(nproc: int, plan_path: Path, log_dir: Path, module: str = "mgbench.runner.worker") -> list[str]:
     """torchrun (torch.distributed.run) on this host, rendezvous on a free local port,
     each rank's stdout/stderr also kept in its own file under ``log_dir``."""
     return [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
         f"--nproc-per-node={nproc}", f"--log-dir={log_dir}", "--redirects=3", "--tee=3",
-        "-m", "mgbench.runner.worker", "--plan", str(plan_path),
+        "-m", module, "--plan", str(plan_path),
     ]
 
 
@@ -156,6 +157,7 @@ def run_suite(
             "num_devices": num_devices,
             "num_configs": len(configs),
             "machine": fingerprint(),
+            "interconnect": detect(),
             "schema_version": store.SCHEMA_VERSION,
         }
     store.write_json_atomic(run_dir / "manifest.json", manifest)

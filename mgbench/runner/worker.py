@@ -125,6 +125,7 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter) -> dict[st
         windows.append(clock.step_times())
     energy = meter.stop()
     mem = read_peak(device)
+    breakdown = profile_window(cfg, prep, batches, device) if cfg.profile else None
 
     # Global loss per step: the loss-holding ranks' losses, weighted so the sum over all
     # ranks is the mean over data-parallel replicas (equal micro-batch sizes).
@@ -134,9 +135,35 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter) -> dict[st
     del prep, batches
     return {
         "rank": dist.get_rank(), "init_s": init_s, "warmup_s": warmup_s, "measured_s": measured_s,
-        "busy_s": busy_s, "busy_steps": busy_steps,
+        "busy_s": busy_s, "busy_steps": busy_steps, "breakdown": breakdown,
         "windows": windows, "losses": loss_values, "mem_method": mem_method, **mem, **energy,
     }
+
+
+def profile_window(cfg: RunConfig, prep: Any, batches: list, device: torch.device) -> dict[str, float]:
+    """Profile ``profile_steps`` more steps (after the timed window, so profiling never
+    slows the throughput figures) and split them into compute / comm / idle per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..telemetry.breakdown import from_profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    steps = [batches[i % len(batches)] for i in range(cfg.profile_steps)]
+    dist.barrier()
+    with profile(activities=acts) as prof:
+        sync(device)
+        t0 = time.perf_counter()
+        for micro in steps:
+            train_step(prep, micro, device, cfg.precision)
+        sync(device)
+        t1 = time.perf_counter()
+    # The profiler's clock is microseconds on its own epoch: locate the window by the
+    # outermost events instead of mixing clocks.
+    evs = prof.events()
+    lo = min(e.time_range.start for e in evs)
+    hi = lo + (t1 - t0) * 1e6
+    out = from_profile(prof, None, (lo, hi), device.type == "cuda")
+    return {k: v / cfg.profile_steps for k, v in out.items()}
 
 
 def summarize_config(cfg: RunConfig, per_rank: list[dict[str, Any]], device: torch.device) -> dict[str, Any]:
@@ -206,7 +233,22 @@ def summarize_config(cfg: RunConfig, per_rank: list[dict[str, Any]], device: tor
         "loss_last": r0["losses"][-1] if r0["losses"] else None,
         **pipeline_bubble(cfg, per_rank, device),
         **rank_spread(cfg, per_rank, device),
+        **breakdown_fields(per_rank),
     }
+
+
+def breakdown_fields(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean over ranks of the profiled per-step split; comm_fraction = exposed / step."""
+    parts = [r["breakdown"] for r in per_rank if r.get("breakdown")]
+    if not parts:
+        return {}
+    mean = {k: sum(p[k] for p in parts) / len(parts) for k in parts[0]}
+    out = {f"breakdown_{k}": v for k, v in mean.items()}
+    out["breakdown_per_rank"] = parts
+    out["comm_fraction"] = mean["exposed_comm_s"] / mean["window_s"] if mean["window_s"] > 0 else None
+    out["breakdown_method"] = ("torch.profiler: NCCL kernels vs other kernels" if "cuda" in str(per_rank[0].get("mem_method"))
+                               else "torch.profiler: gloo collective work vs top-level ops of the training thread")
+    return out
 
 
 # A rank is a straggler when its busy time per step exceeds the least busy rank's by

@@ -100,7 +100,6 @@ def fingerprint() -> dict[str, Any]:
         "nccl": nccl,
         "mgbench": __version__,
         "git_sha": _git_sha(),
-        # Detailed link detection (NVLink, PCIe, InfiniBand) belongs to `mgbench comm`;
-        # here we only say which transport collectives used.
+        # One line here; the manifest's "interconnect" holds the detail (telemetry/interconnect.py).
         "interconnect": "cuda devices (NCCL)" if gpu_list else "none: CPU ranks on one host (gloo over loopback)",
     }

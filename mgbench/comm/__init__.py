@@ -1,0 +1,1 @@
+"""Collective microbenchmarks (nccl-tests style), alpha-beta fits, interconnect facts."""

@@ -1,0 +1,99 @@
+"""Rank entry point of `mgbench comm` (started by torchrun)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .. import stats, store
+from .collectives import Bench, busbw_factor
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
+    out, s = [], min_bytes
+    while s <= max_bytes:
+        out.append(s)
+        s *= factor
+    return out
+
+
+def measure(name: str, size: int, dtype: torch.dtype, device: torch.device, warmup: int, iters: int) -> dict:
+    elem = torch.empty((), dtype=dtype).element_size()
+    b = Bench(name, max(1, size // elem), dtype, device)
+    b.fill()
+    b.call()()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    wrong = b.wrong()
+    b.inp.zero_()  # values do not matter for timing; zeros keep repeated all_reduce finite
+    fn = b.call()
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1000.0)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    # nccl-tests reports the slowest rank: a collective is done when every rank is.
+    t = torch.tensor(times, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    w = torch.tensor([wrong], dtype=torch.int64, device=device)
+    dist.all_reduce(w)
+    slowest = t.tolist()
+    s = stats.summarize(slowest)
+    n = dist.get_world_size()
+    algbw = b.size_bytes / s["median"] / 1e9
+    return {"collective": name, "size_bytes": b.size_bytes, "count": b.chunk, "dtype": str(dtype).replace("torch.", ""),
+            "nproc": n, "time_s": s["median"], "time_p10_s": s["p10"], "time_p90_s": s["p90"], "times_s": slowest,
+            "algbw_gbps": algbw, "busbw_gbps": algbw * busbw_factor(name, n), "busbw_factor": busbw_factor(name, n),
+            "wrong": int(w.item()), "device": device.type}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--plan", required=True)
+    a = ap.parse_args()
+    plan = json.loads(Path(a.plan).read_text())
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    if plan["device"] == "cuda":
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    run_dir = Path(plan["run_dir"])
+    try:
+        for dtype_name in plan["dtypes"]:
+            for name in plan["collectives"]:
+                if name == "sendrecv" and dist.get_world_size() < 2:
+                    continue
+                for size in sizes(plan["min_bytes"], plan["max_bytes"], plan["factor"]):
+                    row = measure(name, size, DTYPES[dtype_name], device, plan["warmup"], plan["iters"])
+                    if dist.get_rank() == 0:
+                        with open(run_dir / "comm.jsonl", "a") as f:
+                            f.write(json.dumps({"schema_version": store.SCHEMA_VERSION, **row}) + "\n")
+                            f.flush()
+                            os.fsync(f.fileno())
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
