@@ -54,12 +54,18 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--resume", default=None, metavar="RUN",
               help="Continue an interrupted or killed run (run id or folder): run only the configs it lacks.")
 @click.option("--dry-run", is_flag=True, help="List the expanded configs and exit.")
+@click.option("--nnodes", type=int, default=1, show_default=True, help="Nodes in a multi-node launch (one `mgbench run` per node).")
+@click.option("--node-rank", type=int, default=0, show_default=True, help="This node's rank; node 0 writes the results.")
+@click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT", help="c10d rendezvous endpoint (usually node 0's address).")
+@click.option("--nproc-per-node", type=int, default=None, help="Ranks per node (default: GPUs per node; CPU ranks without GPUs).")
+@click.option("--from-slurm", is_flag=True, help="Take --nnodes/--node-rank/--rdzv-endpoint from the Slurm allocation (SLURM_*).")
 @click.option("--no-report", is_flag=True, help="Do not write the HTML report at the end.")
 @click.option("--reports-dir", default="reports", show_default=True, help="Where the HTML report goes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the records as JSON at the end.")
 def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, ...], device: str,
-        timeout: int | None, resume: str | None, dry_run: bool, no_report: bool, reports_dir: str,
-        as_json: bool) -> None:
+        timeout: int | None, resume: str | None, dry_run: bool, nnodes: int, node_rank: int,
+        rdzv_endpoint: str | None, nproc_per_node: int | None, from_slurm: bool, no_report: bool,
+        reports_dir: str, as_json: bool) -> None:
     """Run a benchmark SUITE (a .toml path or a name in suites/; default: default).
 
     Expands the suite's sweep into configs, runs them through torchrun (one job per
@@ -72,6 +78,8 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
       mgbench run smoke --set nproc=[2]
       mgbench run suites/gpu.toml --results-dir /shared/results --timeout 600
       mgbench run --resume 20261121-093012-smoke-1a2b   # after Ctrl-C or a crash
+      # two nodes, same command on each (node-rank 0 and 1), results on a shared filesystem:
+      mgbench run smoke --run-id exp1 --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29500
     """
     from . import suite as suite_mod
     from .runner.launch import cpu_rank_limit, detect_devices, run_suite
@@ -83,6 +91,19 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
     elif device == "cuda" and kind != "cuda":
         raise MgbenchError("--device cuda: no CUDA device is visible; use --device cpu")
     overrides = tuple(overrides) + ((f"timeout_s={timeout}",) if timeout is not None else ())
+    cluster = None
+    if from_slurm:
+        from .cluster import slurm_cluster
+
+        cluster = slurm_cluster(nproc_per_node or count, run_id or resume or "mgbench")
+    elif nnodes > 1 or rdzv_endpoint:
+        from .runner.launch import Cluster
+
+        if nnodes < 2 or not rdzv_endpoint or not (0 <= node_rank < nnodes):
+            raise MgbenchError("a multi-node launch needs --nnodes N >= 2, --node-rank 0..N-1 and --rdzv-endpoint HOST:PORT")
+        if not (run_id or resume):
+            raise MgbenchError("a multi-node launch needs the same --run-id on every node (or --resume RUN)")
+        cluster = Cluster(nnodes, node_rank, rdzv_endpoint, nproc_per_node or count, run_id or resume or "mgbench")
     if resume:
         from . import store
 
@@ -101,7 +122,10 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
         return
     click.echo(f"suite {s.name} ({s.path}) on {count} {kind} device(s)", err=as_json)
     run_dir = run_suite(s, results_dir=results_dir, run_id=run_id, device_kind=kind, num_devices=count,
-                        progress=lambda m: click.echo(m, err=as_json), resume=resume)
+                        progress=lambda m: click.echo(m, err=as_json), resume=resume, cluster=cluster)
+    if cluster is not None and not cluster.leader:
+        click.echo(f"node {cluster.node_rank} done; node 0 writes the results: {run_dir}", err=as_json)
+        return
     if as_json:
         click.echo(render(run_dir, "json"))
     else:
@@ -293,6 +317,92 @@ def comm(nproc, device, collectives, dtypes, min_bytes, max_bytes, factor, warmu
     else:
         click.echo(render(run_dir, link))
         click.echo(f"\nresults: {run_dir}")
+
+
+@main.command()
+@click.argument("suite", required=False, default="default")
+@click.option("--nodes", type=int, required=True, help="Nodes to allocate.")
+@click.option("--gpus-per-node", type=int, required=True, help="GPUs per node (on CPU-only clusters: CPU ranks per node).")
+@click.option("--partition", default=None)
+@click.option("--time", "time_limit", default=None, help="Slurm time limit, e.g. 02:00:00.")
+@click.option("--account", default=None)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="What the compute nodes run on (auto: like this machine).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE")
+@click.option("--results-dir", default="results", show_default=True, help="Must be on a filesystem all nodes share.")
+@click.option("--run-id", default=None)
+@click.option("--submit", is_flag=True, help="Submit with sbatch and print the job id.")
+def slurm(suite: str, nodes: int, gpus_per_node: int, partition: str | None, time_limit: str | None,
+          account: str | None, device: str, overrides: tuple[str, ...], results_dir: str, run_id: str | None,
+          submit: bool) -> None:
+    """Write (and with --submit, submit) a Slurm batch job that runs SUITE on NODES nodes.
+
+    The script runs one `mgbench run --from-slurm` per node through srun; torchrun starts
+    the ranks and they meet at the first node. The run folder is created now, so
+    `mgbench status RUN` can follow the job.
+
+    \b
+    Examples:
+      mgbench slurm smoke --nodes 2 --gpus-per-node 8 --partition gpu --time 01:00:00 --submit
+      mgbench status RUN
+      # inside an allocation you already hold (salloc -N 2):
+      srun --ntasks-per-node=1 mgbench run smoke --run-id exp1 --from-slurm --nproc-per-node 8
+    """
+    from . import store
+    from . import suite as suite_mod
+    from .cluster import sbatch_script, submit as submit_job
+    from .runner.launch import create_run, detect_devices
+
+    if nodes < 1 or gpus_per_node < 1:
+        raise MgbenchError("--nodes and --gpus-per-node must be >= 1")
+    kind = detect_devices()[0] if device == "auto" else device
+    s = suite_mod.load_suite(suite, kind)
+    if overrides:
+        suite_mod.apply_overrides(s, list(overrides))
+    run_dir, manifest = create_run(s, results_dir, run_id, kind, nodes * gpus_per_node, status="submitted")
+    script = run_dir / "job.sbatch"
+    script.write_text(sbatch_script(run_dir, s.name, nodes, gpus_per_node, kind, partition, time_limit, account))
+    manifest["slurm"] = {"nodes": nodes, "gpus_per_node": gpus_per_node, "script": "job.sbatch", "job_id": None}
+    if submit:
+        manifest["slurm"]["job_id"] = submit_job(script)
+    store.write_json_atomic(run_dir / "manifest.json", manifest)
+    click.echo(f"run folder: {run_dir}\nbatch script: {script}")
+    if submit:
+        click.echo(f"submitted job {manifest['slurm']['job_id']}; follow it with: mgbench status {run_dir.name}")
+    else:
+        click.echo(f"submit with: sbatch {script}")
+
+
+@main.command()
+@click.argument("run")
+@click.option("--results-dir", default="results", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def status(run: str, results_dir: str, as_json: bool) -> None:
+    """The state of a run: its Slurm job (squeue / sacct) and its records so far.
+
+    \b
+    Example:
+      mgbench status 20261121-093012-smoke-1a2b
+    """
+    import json as _json
+    from collections import Counter
+
+    from . import store
+    from .cluster import job_state
+
+    run_dir = store.resolve_run(run, results_dir)
+    m = store.read_manifest(run_dir)
+    job = (m.get("slurm") or {}).get("job_id")
+    state = job_state(job) if job else None
+    counts = Counter(r["status"] for r in store.latest_records(store.read_records(run_dir)))
+    out = {"run_id": m["run_id"], "status": m.get("status"), "slurm_job": job, "slurm_state": state,
+           "num_configs": m.get("num_configs"), "recorded": sum(counts.values()), "counts": dict(counts)}
+    if as_json:
+        click.echo(_json.dumps(out, indent=2))
+        return
+    click.echo(f"run {out['run_id']}: {out['status']}" + (f", Slurm job {job}: {state}" if job else ""))
+    click.echo(f"{out['recorded']} of {out['num_configs']} configs recorded: "
+               + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none yet"))
 
 
 from .planner.commands import memory, plan, predict  # noqa: E402

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import dataclass
 import os
 import signal
 import subprocess
@@ -33,6 +34,27 @@ from .procs import die_with_parent, kill_tree
 
 Progress = Callable[[str], None]
 STARTUP_LIMIT_S = 300  # a job that has not started its first config by then is stuck
+SHARED_FS_WAIT_S = 120  # how long a follower node waits to see the leader's run folder
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A multi-node launch: this node's place in it. Node 0 (the leader) creates the run
+    folder and writes every record; the folder must be on a filesystem all nodes share."""
+
+    nnodes: int
+    node_rank: int
+    rdzv_endpoint: str
+    nproc_per_node: int
+    rdzv_prefix: str = "mgbench"
+
+    @property
+    def world(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    @property
+    def leader(self) -> bool:
+        return self.node_rank == 0
 
 
 def detect_devices() -> tuple[str, int]:
@@ -54,14 +76,19 @@ def cpu_rank_limit() -> int:
     return max(4, os.cpu_count() or 1)
 
 
-def torchrun_argv(nproc: int, plan_path: Path, log_dir: Path, module: str = "mgbench.runner.worker") -> list[str]:
-    """torchrun (torch.distributed.run) on this host, rendezvous on a free local port,
-    each rank's stdout/stderr also kept in its own file under ``log_dir``."""
-    return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-        f"--nproc-per-node={nproc}", f"--log-dir={log_dir}", "--redirects=3", "--tee=3",
-        "-m", module, "--plan", str(plan_path),
-    ]
+def torchrun_argv(nproc: int, plan_path: Path, log_dir: Path, module: str = "mgbench.runner.worker",
+                  cluster: Cluster | None = None, rdzv_id: str = "") -> list[str]:
+    """torchrun (torch.distributed.run): on this host with a free local port, or, for a
+    multi-node launch, one agent per node meeting at the c10d rendezvous endpoint. Each
+    rank's stdout/stderr is also kept in its own file under ``log_dir``."""
+    if cluster is None or cluster.nnodes == 1:
+        where = ["--standalone", "--nnodes=1", f"--nproc-per-node={nproc}"]
+    else:
+        where = [f"--nnodes={cluster.nnodes}", f"--nproc-per-node={cluster.nproc_per_node}",
+                 "--rdzv-backend=c10d", f"--rdzv-endpoint={cluster.rdzv_endpoint}",
+                 f"--rdzv-id={cluster.rdzv_prefix}-{rdzv_id}"]
+    return [sys.executable, "-m", "torch.distributed.run", *where, f"--log-dir={log_dir}", "--redirects=3",
+            "--tee=3", "-m", module, "--plan", str(plan_path)]
 
 
 def child_env(nproc: int, device: str, tag: str) -> dict[str, str]:
@@ -123,11 +150,17 @@ def run_suite(
     progress: Progress = print,
     argv: list[str] | None = None,
     resume: str | None = None,
+    cluster: Cluster | None = None,
 ) -> Path:
     """Run every config of a suite (or, with ``resume``, the configs a run folder does
-    not have yet); returns the run folder. Callable from tests."""
+    not have yet); returns the run folder. Callable from tests. With ``cluster``, this
+    is one node of a multi-node launch (every node calls it with the same suite and run)."""
     if device_kind is None or num_devices is None:
         device_kind, num_devices = detect_devices()
+    if cluster is not None:
+        num_devices = cluster.world
+    if cluster is not None and not cluster.leader:
+        return _follow(suite, results_dir, run_id or resume, device_kind, num_devices, progress, cluster)
     if resume:
         run_dir = store.resolve_run(resume, results_dir)
         manifest = store.read_manifest(run_dir)
@@ -143,32 +176,25 @@ def run_suite(
     else:
         configs = expand(suite, device_kind, num_devices)
         todo = configs
-        run_id = run_id or store.new_run_id(suite.name)
-        run_dir = store.create_run_dir(results_dir, run_id)
-        manifest = {
-            "run_id": run_id,
-            "status": "running",
-            "started_at": dt.datetime.now().isoformat(timespec="seconds"),
-            "finished_at": None,
-            "argv": argv or sys.argv,
-            "suite": {"name": suite.name, "description": suite.description, "path": suite.path,
-                      "sha256": suite.sha256, "text": suite.text, "sweep": suite.sweep},
-            "device_kind": device_kind,
-            "num_devices": num_devices,
-            "num_configs": len(configs),
-            "machine": fingerprint(),
-            "interconnect": detect(),
-            "schema_version": store.SCHEMA_VERSION,
-        }
+        run_dir, manifest = create_run(suite, results_dir, run_id, device_kind, num_devices, argv)
+        run_id = manifest["run_id"]
+    if cluster is not None:
+        manifest["cluster"] = {"nnodes": cluster.nnodes, "nproc_per_node": cluster.nproc_per_node,
+                               "rdzv_endpoint": cluster.rdzv_endpoint, "world_size": cluster.world}
+        configs = _only_world(configs, cluster)
+        todo = [c for c in configs if c.config_id in {t.config_id for t in todo}]
     store.write_json_atomic(run_dir / "manifest.json", manifest)
 
     stop = StopFlag()
     old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        _run_configs(run_dir, run_id, configs, todo, progress, stop)
+        _run_configs(run_dir, run_id, configs, todo, progress, stop, cluster)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+    nodes = sorted((run_dir / "nodes").glob("*.json")) if (run_dir / "nodes").is_dir() else []
+    if nodes:
+        manifest["nodes"] = [json.loads(p.read_text()) for p in nodes]
 
     counts: dict[str, int] = defaultdict(int)
     for r in store.latest_records(store.read_records(run_dir)):
@@ -182,14 +208,76 @@ def run_suite(
     return run_dir
 
 
+def create_run(suite: Suite, results_dir: str | Path, run_id: str | None, device_kind: str, num_devices: int,
+               argv: list[str] | None = None, status: str = "running") -> tuple[Path, dict[str, Any]]:
+    """A new run folder and its manifest (suite text and sweep, machine, interconnect)."""
+    run_id = run_id or store.new_run_id(suite.name)
+    run_dir = store.create_run_dir(results_dir, run_id)
+    manifest = {
+        "run_id": run_id,
+        "status": status,
+        "started_at": dt.datetime.now().isoformat(timespec="seconds"),
+        "finished_at": None,
+        "argv": argv or sys.argv,
+        "suite": {"name": suite.name, "description": suite.description, "path": suite.path,
+                  "sha256": suite.sha256, "text": suite.text, "sweep": suite.sweep},
+        "device_kind": device_kind,
+        "num_devices": num_devices,
+        "num_configs": len(expand(suite, device_kind, num_devices)),
+        "machine": fingerprint(),
+        "interconnect": detect(),
+        "schema_version": store.SCHEMA_VERSION,
+    }
+    store.write_json_atomic(run_dir / "manifest.json", manifest)
+    return run_dir, manifest
+
+
+def _only_world(configs: list[RunConfig], cluster: Cluster) -> list[RunConfig]:
+    """A multi-node launch has one world size: configs for any other are skipped, said so."""
+    from dataclasses import replace
+
+    why = (f"this launch has world size {cluster.world} ({cluster.nnodes} nodes x {cluster.nproc_per_node}); "
+           "run other world sizes in another launch")
+    return [c if c.skip_reason or c.nproc == cluster.world else replace(c, skip_reason=why) for c in configs]
+
+
+def _follow(suite: Suite, results_dir: str | Path, run: str | None, device_kind: str, num_devices: int,
+            progress: Progress, cluster: Cluster) -> Path:
+    """A follower node: wait for the leader's run folder on the shared filesystem, then
+    take part in the same torchrun jobs, in the same order."""
+    if not run:
+        raise MgbenchError("a multi-node launch needs the same --run-id (or --resume RUN) on every node")
+    path = Path(run) if Path(run).is_dir() else Path(results_dir) / run
+    t0 = time.monotonic()
+    while not (path / "manifest.json").exists():
+        if time.monotonic() - t0 > SHARED_FS_WAIT_S:
+            raise MgbenchError(f"node {cluster.node_rank}: the leader's run folder {path} did not appear in "
+                               f"{SHARED_FS_WAIT_S}s: --results-dir must be on a filesystem all nodes share")
+        time.sleep(1)
+    manifest = store.read_manifest(path)
+    configs = _only_world(expand(suite, device_kind, num_devices), cluster)
+    done = {r["config_id"] for r in store.latest_records(store.read_records(path)) if r["status"] != "interrupted"}
+    todo = [c for c in configs if c.config_id not in done]
+    stop = StopFlag()
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        _run_configs(path, manifest["run_id"], configs, todo, progress, stop, cluster)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return path
+
+
 def _run_configs(run_dir: Path, run_id: str, configs: list[RunConfig], todo: list[RunConfig],
-                 progress: Progress, stop: StopFlag) -> None:
+                 progress: Progress, stop: StopFlag, cluster: Cluster | None = None) -> None:
     total = len(configs)
     done = total - len(todo)
+    leader = cluster is None or cluster.leader
     for cfg in todo:
         if cfg.skip_reason is not None:
             done += 1
-            store.append_record(run_dir, skipped_record(cfg, run_id))
+            if leader:
+                store.append_record(run_dir, skipped_record(cfg, run_id))
             progress(f"[{done}/{total}] skipped  {cfg.label}: {cfg.skip_reason}")
     runnable = [c for c in todo if c.skip_reason is None]
     groups: dict[tuple[int, str], list[RunConfig]] = defaultdict(list)
@@ -201,7 +289,7 @@ def _run_configs(run_dir: Path, run_id: str, configs: list[RunConfig], todo: lis
         if stop.signal:
             return
         progress(f"launching torchrun: {nproc} {device} rank(s), {len(group)} config(s)")
-        for rec in _run_group(run_dir, run_id, gi, nproc, device, group, stop, progress):
+        for rec in _run_group(run_dir, run_id, gi, nproc, device, group, stop, progress, cluster):
             done += 1
             finished += 1
             elapsed = time.monotonic() - t_start
@@ -218,25 +306,30 @@ def _read_progress(path: Path) -> dict[str, Any] | None:
 
 
 def _run_group(run_dir: Path, run_id: str, gi: int, nproc: int, device: str, group: list[RunConfig],
-               stop: StopFlag, progress: Progress) -> Iterator[dict[str, Any]]:
+               stop: StopFlag, progress: Progress, cluster: Cluster | None = None) -> Iterator[dict[str, Any]]:
     """Run one world size's configs, relaunching torchrun after each failed config;
-    yield every record (measured, failed, timed out or interrupted) as it lands."""
+    yield every record (measured, failed, timed out or interrupted) as it lands.
+    On a follower node: the same jobs, but the leader writes the failure records."""
+    leader = cluster is None or cluster.leader
+    node = "" if cluster is None or cluster.nnodes == 1 else f"-node{cluster.node_rank}"
     remaining = list(group)
     by_id = {c.config_id: c for c in group}
     seen: set[str] = {r["config_id"] for r in store.read_records(run_dir) if r["status"] != "interrupted"}
     attempt = 0
     while remaining and not stop.signal:
         tag = f"group-{gi}-n{nproc}-a{attempt}"
-        plan_path = run_dir / "plans" / f"{tag}.json"
+        plan_path = run_dir / "plans" / f"{tag}{node}.json"
         plan_path.parent.mkdir(exist_ok=True)
         store.write_json_atomic(plan_path, {"run_dir": str(run_dir.resolve()), "run_id": run_id,
                                             "configs": [c.to_dict() for c in remaining]})
         progress_path = run_dir / "progress" / f"{tag}.json"
-        log_path = run_dir / "logs" / f"{tag}.log"
-        rank_logs = run_dir / "logs" / tag
+        log_path = run_dir / "logs" / f"{tag}{node}.log"
+        rank_logs = run_dir / "logs" / f"{tag}{node}"
         killed_for: str | None = None
         with open(log_path, "w") as log:
-            proc = subprocess.Popen(torchrun_argv(nproc, plan_path, rank_logs), stdout=log, stderr=subprocess.STDOUT,
+            argv = torchrun_argv(nproc if cluster is None else cluster.nproc_per_node, plan_path, rank_logs,
+                                 cluster=cluster, rdzv_id=f"{run_id}-{tag}")
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                     env=child_env(nproc, device, tag), start_new_session=True,
                                     preexec_fn=die_with_parent)
             t_launch = time.monotonic()
@@ -264,6 +357,17 @@ def _run_group(run_dir: Path, run_id: str, gi: int, nproc: int, device: str, gro
             return
         cur = _read_progress(progress_path)
         failed = by_id.get(cur["config_id"]) if cur and cur["config_id"] in {c.config_id for c in remaining} else None
+        if not leader:
+            # The leader records what failed; wait for that, then relaunch in step with it.
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < SHARED_FS_WAIT_S and not stop.signal:
+                yield from _new_records(run_dir, by_id, remaining, seen)
+                if len([c for c in remaining if c.config_id not in seen]) < len(remaining):
+                    break
+                time.sleep(0.5)
+            remaining = [c for c in remaining if c.config_id not in seen]
+            attempt += 1
+            continue
         if failed is None:
             if killed_for == "interrupted":
                 return

@@ -268,6 +268,11 @@ def rank_spread(cfg: RunConfig, per_rank: list[dict[str, Any]], device: torch.de
     if device.type != "cpu":
         return {"per_rank_busy_s": None, "rank_spread_pct": None, "straggler_ranks": None,
                 "rank_spread_reason": "busy time is read from thread CPU time, which only works on CPU ranks"}
+    threads = torch.get_num_threads()
+    if cfg.nproc * threads > (os.cpu_count() or 1) * int(os.environ.get("GROUP_WORLD_SIZE", 1)):
+        return {"per_rank_busy_s": None, "rank_spread_pct": None, "straggler_ranks": None,
+                "rank_spread_reason": f"{cfg.nproc} ranks x {threads} thread(s) share fewer cores: a rank waiting "
+                                      "for a core would look like a straggler"}
     # Median over steps: one slow step (a page fault, the first step after a config
     # switch) must not make a rank a straggler.
     busy = [stats.summarize(r["busy_steps"])["median"] for r in per_rank]
@@ -401,6 +406,16 @@ def main(argv: list[str] | None = None) -> None:
         device = torch.device("cpu")
         dist.init_process_group("gloo", timeout=pg_timeout)
     meter = EnergyMeter(device.type, local_rank, local_rank)
+    if local_rank == 0:
+        # Each node's fingerprint, for the manifest of a multi-node run.
+        node = int(os.environ.get("GROUP_RANK", 0))
+        path = run_dir / "nodes" / f"node-{node}.json"
+        if not path.exists():
+            from ..telemetry.interconnect import detect
+            from ..telemetry.machine import fingerprint
+
+            path.parent.mkdir(exist_ok=True)
+            store.write_json_atomic(path, {"node_rank": node, "machine": fingerprint(), "interconnect": detect()})
     try:
         for cfg in configs:
             rec = run_one(cfg, device, meter, run_dir, run_id)

@@ -1,0 +1,92 @@
+"""Slurm: the sbatch script for a multi-node sweep, submission, job state, and reading
+a Slurm allocation into a multi-node launch."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .errors import MgbenchError
+from .runner.launch import Cluster
+
+RDZV_PORT = 29500
+
+
+def slurm_cluster(nproc_per_node: int, rdzv_prefix: str) -> Cluster:
+    """This node's place in the current Slurm job (SLURM_NNODES, SLURM_NODEID, the head
+    node from `scontrol show hostnames`)."""
+    env = os.environ
+    missing = [k for k in ("SLURM_JOB_ID", "SLURM_NNODES", "SLURM_NODEID", "SLURM_JOB_NODELIST") if k not in env]
+    if missing:
+        raise MgbenchError(f"--from-slurm: not inside a Slurm job step ({', '.join(missing)} unset); "
+                           "use `mgbench slurm ... --submit` or srun")
+    head = env.get("MGBENCH_HEAD_NODE") or head_node(env["SLURM_JOB_NODELIST"])
+    return Cluster(int(env["SLURM_NNODES"]), int(env["SLURM_NODEID"]), f"{head}:{RDZV_PORT}", nproc_per_node,
+                   f"{rdzv_prefix}-{env['SLURM_JOB_ID']}")
+
+
+def head_node(nodelist: str) -> str:
+    exe = shutil.which("scontrol")
+    if exe is None:
+        raise MgbenchError("scontrol not found: cannot expand SLURM_JOB_NODELIST; set MGBENCH_HEAD_NODE")
+    out = subprocess.run([exe, "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0 or not out.stdout.split():
+        raise MgbenchError(f"scontrol show hostnames {nodelist} failed: {out.stderr.strip()}")
+    return out.stdout.split()[0]
+
+
+def sbatch_script(run_dir: Path, suite_name: str, nodes: int, gpus_per_node: int, device: str,
+                  partition: str | None = None, time_limit: str | None = None, account: str | None = None,
+                  python: str = sys.executable) -> str:
+    """One task per node, each running `mgbench run --resume RUN --from-slurm`: torchrun
+    then starts the ranks on every node and they meet at the head node's rendezvous."""
+    run_dir = run_dir.resolve()
+    lines = ["#!/bin/bash", f"#SBATCH --job-name=mgbench-{suite_name}", f"#SBATCH --nodes={nodes}",
+             "#SBATCH --ntasks-per-node=1", f"#SBATCH --output={run_dir}/logs/slurm-%j.out"]
+    if device == "cuda":
+        lines.append(f"#SBATCH --gpus-per-node={gpus_per_node}")
+    else:
+        lines.append(f"#SBATCH --cpus-per-task={gpus_per_node}")  # CPU ranks: one core each
+    if partition:
+        lines.append(f"#SBATCH --partition={partition}")
+    if time_limit:
+        lines.append(f"#SBATCH --time={time_limit}")
+    if account:
+        lines.append(f"#SBATCH --account={account}")
+    cmd = (f"{shlex.quote(python)} -m mgbench.cli run --resume {shlex.quote(str(run_dir))} --from-slurm "
+           f"--nproc-per-node {gpus_per_node} --device {device}")
+    lines += [
+        "set -euo pipefail",
+        "# The rendezvous lives on the first node of the allocation.",
+        'export MGBENCH_HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 {cmd}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def submit(script: Path) -> str:
+    exe = shutil.which("sbatch")
+    if exe is None:
+        raise MgbenchError("sbatch not found: run on a Slurm login node, or drop --submit and copy the script")
+    out = subprocess.run([exe, "--parsable", str(script)], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise MgbenchError(f"sbatch refused the job: {out.stderr.strip()}")
+    return out.stdout.strip().split(";")[0]
+
+
+def job_state(job_id: str) -> str:
+    """PENDING / RUNNING / COMPLETED / FAILED ... from squeue, then sacct; UNKNOWN if neither answers."""
+    for cmd in (["squeue", "-h", "-j", job_id, "-o", "%T"], ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"]):
+        exe = shutil.which(cmd[0])
+        if exe is None:
+            continue
+        out = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=30)
+        state = out.stdout.strip().split("\n")[0].strip() if out.returncode == 0 else ""
+        if state:
+            return state.split()[0]
+    return "UNKNOWN"
