@@ -278,9 +278,12 @@ def compare(base: str, new: str, results_dir: str, metric: str, threshold: float
 @click.option("--results-dir", default="results", show_default=True)
 @click.option("--run-id", default=None)
 @click.option("--timeout", type=int, default=900, show_default=True, help="Seconds before the sweep is stopped.")
+@click.option("--nnodes", type=int, default=1, show_default=True, help="Nodes (one `mgbench comm` per node); adds intra/inter-node splits.")
+@click.option("--node-rank", type=int, default=0, show_default=True)
+@click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT")
 @click.option("--json", "as_json", is_flag=True)
 def comm(nproc, device, collectives, dtypes, min_bytes, max_bytes, factor, warmup, iters, link, results_dir,
-         run_id, timeout, as_json) -> None:  # type: ignore[no-untyped-def]
+         run_id, timeout, nnodes, node_rank, rdzv_endpoint, as_json) -> None:  # type: ignore[no-untyped-def]
     """Measure collectives like nccl-tests: time, algbw, busbw, #wrong, alpha-beta fit.
 
     Also records the detected interconnect (NVLink, PCIe, InfiniBand, NCCL) in the run's
@@ -291,6 +294,8 @@ def comm(nproc, device, collectives, dtypes, min_bytes, max_bytes, factor, warmu
       mgbench comm --nproc 4                      # CPU: gloo over loopback
       mgbench comm --nproc 8 --dtype bfloat16     # 8 GPUs over NCCL
       mgbench comm --nproc 2 --collectives all_reduce --min-bytes 1048576 --link nvlink4
+      # 2 nodes x 8 GPUs; also measures intra-node and inter-node groups apart:
+      mgbench comm --nproc 8 --nnodes 2 --node-rank R --rdzv-endpoint node0:29500 --run-id c1
     """
     import json as _json
 
@@ -304,10 +309,21 @@ def comm(nproc, device, collectives, dtypes, min_bytes, max_bytes, factor, warmu
         raise MgbenchError("--device cuda: no CUDA device is visible; use --device cpu")
     if nproc < 1 or nproc > count:
         raise MgbenchError(f"--nproc {nproc}: this machine allows 1 to {count} {kind} rank(s)")
+    cluster = None
+    if nnodes > 1:
+        from .runner.launch import Cluster
+
+        if not rdzv_endpoint or not run_id or not (0 <= node_rank < nnodes):
+            raise MgbenchError("multi-node comm needs --rdzv-endpoint, the same --run-id on every node, "
+                               "and --node-rank 0..N-1")
+        cluster = Cluster(nnodes, node_rank, rdzv_endpoint, nproc, run_id)
     run_dir = run_comm(nproc, kind, [c.strip() for c in collectives.split(",") if c.strip()],
                        [d.strip() for d in dtypes.split(",") if d.strip()], results_dir, run_id, timeout,
-                       progress=lambda m: click.echo(m, err=as_json), min_bytes=min_bytes, max_bytes=max_bytes,
-                       factor=factor, warmup=warmup, iters=iters)
+                       progress=lambda m: click.echo(m, err=as_json), cluster=cluster, min_bytes=min_bytes,
+                       max_bytes=max_bytes, factor=factor, warmup=warmup, iters=iters)
+    if cluster is not None and not cluster.leader:
+        click.echo(f"node {node_rank} done; node 0 writes the results: {run_dir}")
+        return
     if as_json:
         from . import store
 

@@ -12,7 +12,7 @@ sendrecv; the full gathered / scattered / exchanged buffer for the others.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -31,9 +31,9 @@ def busbw_factor(name: str, n: int) -> float:
 class Bench:
     """Buffers and one call of a collective, for a nominal size in elements."""
 
-    def __init__(self, name: str, count: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.name, self.dtype, self.device = name, dtype, device
-        self.rank, self.n = dist.get_rank(), dist.get_world_size()
+    def __init__(self, name: str, count: int, dtype: torch.dtype, device: torch.device, group: Any = None) -> None:
+        self.name, self.dtype, self.device, self.group = name, dtype, device, group
+        self.rank, self.n = dist.get_rank(group), dist.get_world_size(group)
         n = self.n
         # Whole chunks per rank: round the nominal count down to a multiple of n.
         self.chunk = max(1, count // n) if name in ("all_gather", "reduce_scatter", "all_to_all") else count
@@ -77,21 +77,22 @@ class Bench:
             self.inp.fill_(r + 1)
 
     def call(self) -> Callable[[], None]:
-        name, n = self.name, self.n
+        name, n, g = self.name, self.n, self.group
         if name == "all_reduce":
-            return lambda: dist.all_reduce(self.inp)
+            return lambda: dist.all_reduce(self.inp, group=g)
         if name == "all_gather":
-            return lambda: dist.all_gather_into_tensor(self.out, self.inp)
+            return lambda: dist.all_gather_into_tensor(self.out, self.inp, group=g)
         if name == "reduce_scatter":
-            return lambda: dist.reduce_scatter_tensor(self.out, self.inp)
+            return lambda: dist.reduce_scatter_tensor(self.out, self.inp, group=g)
         if name == "all_to_all":
-            return lambda: dist.all_to_all_single(self.out, self.inp)
+            return lambda: dist.all_to_all_single(self.out, self.inp, group=g)
+        glob = (lambda r: r) if g is None else (lambda r: dist.get_global_rank(g, r))
         if name == "broadcast":
-            return lambda: dist.broadcast(self.inp, src=0)
-        peer_to, peer_from = (self.rank + 1) % n, (self.rank - 1) % n
+            return lambda: dist.broadcast(self.inp, src=glob(0), group=g)
+        peer_to, peer_from = glob((self.rank + 1) % n), glob((self.rank - 1) % n)
 
         def sendrecv() -> None:
-            ops = [dist.P2POp(dist.isend, self.inp, peer_to), dist.P2POp(dist.irecv, self.out, peer_from)]
+            ops = [dist.P2POp(dist.isend, self.inp, peer_to, g), dist.P2POp(dist.irecv, self.out, peer_from, g)]
             for w in dist.batch_isend_irecv(ops):
                 w.wait()
 

@@ -27,8 +27,11 @@ def fit(rows: list[dict[str, Any]], min_bytes: int = FIT_MIN_BYTES) -> dict[str,
         (alpha, beta), *_ = np.linalg.lstsq(A * w[:, None], w, rcond=None)
         resid = np.abs(A @ np.array([alpha, beta]) - 1.0)
         w = 1.0 / np.sqrt(np.maximum(resid, 1e-6))
-    alpha, beta = max(alpha, 0.0), max(beta, 1e-30)
+    alpha, beta = max(alpha, 0.0), max(beta, 0.0)
     pred = alpha + beta * S
     err = np.abs(pred - t) / t
-    return {"alpha_s": float(alpha), "bw_gbps": float(1.0 / beta / 1e9), "fit_mean_abs_error_pct": float(100 * err.mean()),
+    # No positive slope: time did not grow with size over these points, so no bandwidth
+    # can be read from them (null, not an infinite figure).
+    bw = float(1.0 / beta / 1e9) if beta > 0 else None
+    return {"alpha_s": float(alpha), "bw_gbps": bw, "fit_mean_abs_error_pct": float(100 * err.mean()),
             "fit_max_abs_error_pct": float(100 * err.max()), "fit_min_bytes": min_bytes, "num_points": len(pts)}

@@ -7,6 +7,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,9 +26,10 @@ def sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
     return out
 
 
-def measure(name: str, size: int, dtype: torch.dtype, device: torch.device, warmup: int, iters: int) -> dict:
+def measure(name: str, size: int, dtype: torch.dtype, device: torch.device, warmup: int, iters: int,
+            group: Any = None, scope: str = "all") -> dict:
     elem = torch.empty((), dtype=dtype).element_size()
-    b = Bench(name, max(1, size // elem), dtype, device)
+    b = Bench(name, max(1, size // elem), dtype, device, group)
     b.fill()
     b.call()()
     if device.type == "cuda":
@@ -52,17 +54,37 @@ def measure(name: str, size: int, dtype: torch.dtype, device: torch.device, warm
             times.append(time.perf_counter() - t0)
     # nccl-tests reports the slowest rank: a collective is done when every rank is.
     t = torch.tensor(times, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     w = torch.tensor([wrong], dtype=torch.int64, device=device)
-    dist.all_reduce(w)
+    dist.all_reduce(w, group=group)
     slowest = t.tolist()
     s = stats.summarize(slowest)
-    n = dist.get_world_size()
+    n = dist.get_world_size(group)
     algbw = b.size_bytes / s["median"] / 1e9
     return {"collective": name, "size_bytes": b.size_bytes, "count": b.chunk, "dtype": str(dtype).replace("torch.", ""),
             "nproc": n, "time_s": s["median"], "time_p10_s": s["p10"], "time_p90_s": s["p90"], "times_s": slowest,
             "algbw_gbps": algbw, "busbw_gbps": algbw * busbw_factor(name, n), "busbw_factor": busbw_factor(name, n),
-            "wrong": int(w.item()), "device": device.type}
+            "wrong": int(w.item()), "device": device.type, "scope": scope}
+
+
+def split_groups() -> list[tuple[str, Any]]:
+    """("all", None) and, across nodes, ("intra", this node's group) and ("inter", the
+    group of this local rank on every node), as NCCL_TESTS_SPLIT does: every group of a
+    kind runs at once, so inter-node links are loaded as in training."""
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", 1))
+    if nodes < 2:
+        return [("all", None)]
+    node = int(os.environ.get("GROUP_RANK", 0))
+    where: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(where, (node, int(os.environ.get("LOCAL_RANK", 0))))
+    mine: dict[str, Any] = {}
+    for kind, key in (("intra", lambda x: x[0]), ("inter", lambda x: x[1])):
+        for value in sorted({key(x) for x in where}):
+            ranks = [r for r, x in enumerate(where) if key(x) == value]
+            g = dist.new_group(ranks)  # every rank creates every group, in the same order
+            if dist.get_rank() in ranks:
+                mine[kind] = g
+    return [("all", None), ("intra", mine["intra"]), ("inter", mine["inter"])]
 
 
 def main() -> None:
@@ -80,17 +102,19 @@ def main() -> None:
         dist.init_process_group("gloo")
     run_dir = Path(plan["run_dir"])
     try:
-        for dtype_name in plan["dtypes"]:
-            for name in plan["collectives"]:
-                if name == "sendrecv" and dist.get_world_size() < 2:
-                    continue
-                for size in sizes(plan["min_bytes"], plan["max_bytes"], plan["factor"]):
-                    row = measure(name, size, DTYPES[dtype_name], device, plan["warmup"], plan["iters"])
-                    if dist.get_rank() == 0:
-                        with open(run_dir / "comm.jsonl", "a") as f:
-                            f.write(json.dumps({"schema_version": store.SCHEMA_VERSION, **row}) + "\n")
-                            f.flush()
-                            os.fsync(f.fileno())
+        for scope, group in split_groups():
+            for dtype_name in plan["dtypes"]:
+                for name in plan["collectives"]:
+                    if name == "sendrecv" and dist.get_world_size(group) < 2:
+                        continue
+                    for size in sizes(plan["min_bytes"], plan["max_bytes"], plan["factor"]):
+                        row = measure(name, size, DTYPES[dtype_name], device, plan["warmup"], plan["iters"],
+                                      group, scope)
+                        if dist.get_rank() == 0:
+                            with open(run_dir / "comm.jsonl", "a") as f:
+                                f.write(json.dumps({"schema_version": store.SCHEMA_VERSION, **row}) + "\n")
+                                f.flush()
+                                os.fsync(f.fileno())
     finally:
         dist.destroy_process_group()
 

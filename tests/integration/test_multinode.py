@@ -76,3 +76,19 @@ def test_slurm_submit_runs_a_smoke_suite(cli, tmp_path):
     recs = store.read_records(run)
     assert [r["status"] for r in recs] == ["ok"], log
     assert store.read_manifest(run)["slurm"]["job_id"]
+
+
+def test_comm_across_two_nodes_splits_intra_and_inter(tmp_path):
+    port = free_port()
+    common = ["-m", "mgbench.cli", "comm", "--nproc", "2", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}",
+              "--run-id", "cm", "--collectives", "all_reduce,all_gather", "--max-bytes", "65536"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    nodes = [subprocess.Popen([sys.executable, *common, "--node-rank", str(r)], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    outs = [n.communicate(timeout=300)[0] for n in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], outs
+    rows = [json.loads(line) for line in (tmp_path / "results" / "cm" / "comm.jsonl").read_text().splitlines()]
+    by_scope = {(r["scope"], r["nproc"]) for r in rows}
+    assert by_scope == {("all", 4), ("intra", 2), ("inter", 2)}
+    assert all(r["wrong"] == 0 for r in rows)
+    assert "inter-node groups" in outs[0] and "intra-node groups" in outs[0]
