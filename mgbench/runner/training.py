@@ -56,12 +56,7 @@ def train_step(prep: Prepared, micro: list[MicroBatch], device: torch.device, pr
         else:
             loss.backward()
         total += loss.detach()
-    if prep.scaler is not None:
-        prep.scaler.step(prep.optimizer)
-        prep.scaler.update()
-    else:
-        prep.optimizer.step()
-    prep.optimizer.zero_grad(set_to_none=True)
+    _optimizer_step(prep)
     return total
 
 
@@ -81,12 +76,17 @@ def _pipeline_step(prep: Prepared, micro: list[MicroBatch], device: torch.device
             prep.schedule.step(target=y, losses=losses)
         else:
             prep.schedule.step()
+    _optimizer_step(prep)
+    if losses:
+        return torch.stack([l.detach().float() for l in losses]).mean()
+    return torch.zeros((), device=device)
+
+
+def _optimizer_step(prep: Prepared) -> None:
+    """Apply the accumulated gradients (through the loss scaler for fp16) and clear them."""
     if prep.scaler is not None:
         prep.scaler.step(prep.optimizer)
         prep.scaler.update()
     else:
         prep.optimizer.step()
     prep.optimizer.zero_grad(set_to_none=True)
-    if losses:
-        return torch.stack([l.detach().float() for l in losses]).mean()
-    return torch.zeros((), device=device)

@@ -98,12 +98,9 @@ def detect() -> dict[str, Any]:
     """Everything above, plus a one-line summary."""
     import torch
 
-    nccl = None
-    if torch.cuda.is_available():
-        try:
-            nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
-        except Exception:
-            nccl = None
+    from .machine import nccl_version
+
+    nccl = nccl_version()
     env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
     ib = infiniband()
     if not torch.cuda.is_available():

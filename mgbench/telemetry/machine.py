@@ -71,6 +71,18 @@ def nvidia_driver() -> str | None:
         return None
 
 
+def nccl_version() -> str | None:
+    """NCCL version torch was built with, when CUDA is present."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    try:
+        return ".".join(str(x) for x in torch.cuda.nccl.version())
+    except Exception:  # a CUDA build without NCCL: unknown
+        return None
+
+
 def fingerprint() -> dict[str, Any]:
     """Hostname, CPU, RAM, GPUs, driver, CUDA/torch/NCCL versions and interconnect summary."""
     import torch
@@ -78,12 +90,7 @@ def fingerprint() -> dict[str, Any]:
     from .. import __version__
 
     gpu_list = gpus()
-    nccl = None
-    if torch.cuda.is_available():
-        try:
-            nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
-        except Exception:
-            nccl = None
+    nccl = nccl_version()
     return {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
