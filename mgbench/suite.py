@@ -123,6 +123,9 @@ SWEEP_KEYS: dict[str, tuple[Callable[[Any], str | None], Any, str]] = {
     "check_steps": (_int(0), 3, "first steps whose loss is checked against the single-process reference (0: no check)"),
     "timeout_s": (_int(1), 900, "seconds a config may take before its job is stopped"),
     "device": (_choice(DEVICES), "auto", "cpu, cuda, or auto (cuda when present)"),
+    "grad_compression": (_choice(("none", "fp16", "bf16", "powersgd")), "none",
+                         "DDP communication hook compressing gradients (lossy: looser loss tolerance)"),
+    "powersgd_rank": (_int(1), 2, "matrix rank of PowerSGD's low-rank gradient approximation"),
     "profile": (_bool, False, "after the timed window, profile a few steps and split them into compute / communication / idle"),
     "profile_steps": (_int(1), 3, "steps in the profiled window"),
     "inject": (_inject, "none", "fault injection for testing recovery: oom@step=S,rank=R | crash@... | kill@... | hang@... | slow@rank=R,factor=F"),
@@ -158,6 +161,8 @@ class RunConfig:
     tp: int = 1
     pp: int = 1
     inject: str = "none"
+    grad_compression: str = "none"
+    powersgd_rank: int = 2
     profile: bool = False
     profile_steps: int = 3
     workload: str = "gpt"
@@ -355,6 +360,8 @@ def expand(suite: Suite, device_kind: str, num_devices: int) -> list[RunConfig]:
             p["dp_mode"] = "ddp"
         if not p["profile"]:
             p["profile_steps"] = 3
+        if p["grad_compression"] != "powersgd":
+            p["powersgd_rank"] = 2
         dims, problem = dims_for(p["strategy"], p["nproc"], None if p["layout"] == "auto" else p["layout"])
         if dims is not None:
             p.update(dp=dims.dp, tp=dims.tp, pp=dims.pp)
@@ -380,6 +387,14 @@ def _skip_reason(p: dict[str, Any], device_kind: str, num_devices: int, shape: M
         return "; ".join(problems)
     if p["tp"] > 1 and shape.tie_embeddings:
         return "tensor parallelism with tied embeddings is not supported; use a model with tie_embeddings = false"
+    if p["grad_compression"] != "none" and p["strategy"] not in ("ddp", "zero1"):
+        return f"grad_compression is a DDP communication hook: it applies to ddp and zero1, not {p['strategy']}"
+    if p["grad_compression"] == "bf16" and p["device"] == "cpu":
+        return "bf16 gradient compression on CPU: gloo cannot all-reduce bf16; use fp16"
+    if p["grad_compression"] == "powersgd" and p["device"] == "cpu":
+        # Seen here: ranks aborted with gloo "Received data size doesn't match expected size".
+        return ("PowerSGD on CPU: its chained all-reduces can reach gloo in a different order on each rank "
+                "(a collective mismatch); run it on GPUs (NCCL) or use fp16 on CPU")
     if pipelined and shape.tie_embeddings and p["pp"] > 1:
         return "pipeline parallelism with tied embeddings is not supported (embedding and head sit on different stages)"
     if p["strategy"] == "pp+tp+dp" and p["dp_mode"] == "ddp" and p["tp"] > 1 and p["dp"] > 1:

@@ -25,6 +25,9 @@ from .training import rank_batches, train_step
 # leaves room for longer runs without hiding real bugs, which move the loss by >1e-2.
 # bf16 / fp16 round every matmul, and sharded layouts round in a different order.
 LOSS_TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 2e-2}
+# Compressed gradients change the update on purpose (lossy): the check then only asks
+# that training stays on the reference's track, within 5%, and the record says lossy.
+LOSSY_TOLERANCE = 5e-2
 
 
 def reference_key(cfg: Any) -> str:
@@ -53,9 +56,9 @@ def reference_losses(cfg: Any, device: torch.device, run_dir: Path) -> list[floa
     return losses
 
 
-def compare(losses: list[float], ref: list[float], precision: str) -> dict[str, Any]:
+def compare(losses: list[float], ref: list[float], precision: str, lossy: bool = False) -> dict[str, Any]:
     """loss_max_rel_diff over the checked steps and whether it is within tolerance."""
-    tol = LOSS_TOLERANCE[precision]
+    tol = max(LOSS_TOLERANCE[precision], LOSSY_TOLERANCE) if lossy else LOSS_TOLERANCE[precision]
     n = min(len(losses), len(ref))
     if n == 0:
         return {"loss_max_rel_diff": None, "loss_tolerance": tol, "correct": None,
@@ -66,6 +69,7 @@ def compare(losses: list[float], ref: list[float], precision: str) -> dict[str, 
     return {
         "loss_max_rel_diff": worst,
         "loss_tolerance": tol,
+        "lossy": lossy,
         "loss_ref": ref[:n],
         "correct": ok,
         "correct_reason": None if ok else f"loss differs from the single-process reference by {worst:.2e} (> {tol:g})",

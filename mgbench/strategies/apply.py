@@ -101,8 +101,30 @@ def prepare(cfg: Any, device: torch.device) -> Prepared:
     model = build_model(cfg)
     if cfg.strategy in ("single", "ddp", "zero1", "fsdp", "fsdp_grad_op"):
         _finish_module(model, cfg)
-        return _data_parallel(cfg.strategy, model, device, cfg.precision)
+        prep = _data_parallel(cfg.strategy, model, device, cfg.precision)
+        if getattr(cfg, "grad_compression", "none") != "none":
+            register_compression(prep.model, cfg.grad_compression, cfg.powersgd_rank)
+        return prep
     return _nd_parallel(cfg, model, device)
+
+
+def register_compression(ddp_model: nn.Module, kind: str, rank: int) -> None:
+    """DDP communication hooks that compress gradients before the all-reduce: fp16 / bf16
+    casts, or PowerSGD (Vogels et al. 2019) with a rank-``rank`` approximation and error
+    feedback, switched on from the second step (torch's default waits 1,000 steps)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    if kind == "fp16":
+        ddp_model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif kind == "bf16":
+        ddp_model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif kind == "powersgd":
+        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2,
+                                   min_compression_rate=1.0)
+        ddp_model.register_comm_hook(state, psgd.powerSGD_hook)
+    else:
+        raise ValueError(kind)
 
 
 def prepare_reference(cfg: Any, device: torch.device) -> Prepared:

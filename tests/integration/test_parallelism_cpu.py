@@ -72,3 +72,46 @@ check_steps = 2
         if r["pp_bubble_measured"] is None:
             pytest.skip(f"bubble not measurable here: {r['pp_bubble_reason']}")
         assert -0.05 <= r["pp_bubble_measured"] - theory <= 0.10, (r["label"], r["pp_bubble_measured"], theory)
+
+
+def test_gradient_compression_is_lossy_but_on_track(cli, tmp_path):
+    (tmp_path / "g.toml").write_text("""name = "gc"
+[sweep]
+model = "tiny"
+strategy = ["ddp", "zero1", "fsdp"]
+nproc = 2
+seq_len = 16
+grad_compression = ["none", "fp16", "powersgd"]
+warmup_steps = 2
+measured_steps = 3
+check_steps = 4
+""")
+    p = cli("run", "g.toml", "--run-id", "gc", "--no-report")
+    assert p.returncode == 0, p.stderr
+    recs = {(r["strategy"], r["grad_compression"]): r for r in store.read_records(tmp_path / "results" / "gc")}
+    for strat in ("ddp", "zero1"):
+        fp16 = recs[(strat, "fp16")]
+        assert fp16["status"] == "ok" and fp16["lossy"] is True and fp16["correct"] is True
+        assert fp16["loss_tolerance"] == 5e-2 and recs[(strat, "none")]["loss_tolerance"] == 1e-4
+        assert recs[(strat, "powersgd")]["status"] == "skipped" and "PowerSGD on CPU" in recs[(strat, "powersgd")]["skip_reason"]
+    assert "DDP communication hook" in recs[("fsdp", "fp16")]["skip_reason"]
+
+
+@pytest.mark.slow
+def test_torch_compile_and_activation_checkpointing_on_cpu(cli, tmp_path):
+    (tmp_path / "c.toml").write_text("""name = "compile"
+[sweep]
+model = "tiny"
+strategy = "single"
+nproc = 1
+seq_len = 32
+compile = true
+activation_checkpointing = ["full", "selective"]
+warmup_steps = 2
+measured_steps = 3
+check_steps = 2
+""")
+    p = cli("run", "c.toml", "--run-id", "cc", "--no-report")
+    assert p.returncode == 0, p.stderr
+    recs = store.read_records(tmp_path / "results" / "cc")
+    assert [(r["status"], r["correct"]) for r in recs] == [("ok", True), ("ok", True)]
