@@ -1,8 +1,9 @@
 """Suites: TOML sweep definitions -> validated, expanded list of RunConfig.
 
-A suite file has ``name``, ``description``, a ``[sweep]`` table, and optional ``[cpu]``
-and ``[gpu]`` tables whose keys override ``[sweep]`` on that kind of machine. Every
-sweep key takes one value or a list; the cartesian product of the lists is the set of
+A suite file has ``name``, ``description``, a ``[sweep]`` table (or several
+``[[sweep]]`` tables, whose configs add up), and optional ``[cpu]`` and ``[gpu]`` tables
+whose keys override every sweep on that kind of machine. Every sweep key takes one
+value or a list; the cartesian product of the lists is the set of
 configs. Configs that cannot run here are kept, with ``status = "skipped"`` and the
 reason, so a sweep never loses a point silently.
 """
@@ -216,7 +217,7 @@ class Suite:
     description: str
     path: str
     text: str
-    sweep: dict[str, list[Any]]
+    sweeps: list[dict[str, list[Any]]]
 
     @property
     def sha256(self) -> str:
@@ -259,17 +260,23 @@ def parse_suite(text: str, path: str = "<suite>", device_kind: str = "cpu") -> S
         raise MgbenchError(
             f"{path}: unknown top-level key {unknown[0]!r}{more}; allowed: {', '.join(sorted(TOP_KEYS))}"
         )
-    sweep = _check_table(f"{path}: [sweep]", data.get("sweep", {}))
+    raw = data.get("sweep", {})
+    tables = raw if isinstance(raw, list) else [raw]
+    if not tables:
+        raise MgbenchError(f"{path}: [[sweep]] is empty; give at least one sweep table")
+    sweeps = [_check_table(f"{path}: [sweep]" if len(tables) == 1 else f"{path}: [[sweep]] #{i + 1}", t)
+              for i, t in enumerate(tables)]
     section = "gpu" if device_kind == "cuda" else "cpu"
     for kind in ("cpu", "gpu"):
         if kind in data:
             overrides = _check_table(f"{path}: [{kind}]", data[kind])
             if kind == section:
-                sweep.update(overrides)
+                for sweep in sweeps:
+                    sweep.update(overrides)
     name = data.get("name", Path(path).stem)
     if not isinstance(name, str) or not name:
         raise MgbenchError(f"{path}: name must be a non-empty string")
-    return Suite(name=name, description=str(data.get("description", "")), path=path, text=text, sweep=sweep)
+    return Suite(name=name, description=str(data.get("description", "")), path=path, text=text, sweeps=sweeps)
 
 
 def load_suite(path: str | Path, device_kind: str = "cpu") -> Suite:
@@ -295,11 +302,12 @@ def resolve_suite_path(path: str | Path) -> Path:
 def suite_from_manifest(manifest: dict[str, Any], device_kind: str) -> Suite:
     """The suite a run was started with (file text, --set overrides included), for --resume."""
     info = manifest.get("suite", {})
-    if "sweep" not in info:
+    stored = info.get("sweeps", [info["sweep"]] if "sweep" in info else None)
+    if stored is None:
         raise MgbenchError(f"run {manifest.get('run_id')} was written without its sweep; it cannot be resumed")
     parsed = parse_suite(info["text"], info.get("path", "<suite>"), device_kind)
-    # The stored sweep is the one that ran (overrides applied, device section chosen).
-    parsed.sweep = _check_table(f"run {manifest.get('run_id')}: stored sweep", info["sweep"])
+    # The stored sweeps are the ones that ran (overrides applied, device section chosen).
+    parsed.sweeps = [_check_table(f"run {manifest.get('run_id')}: stored sweep", t) for t in stored]
     return parsed
 
 
@@ -314,7 +322,9 @@ def apply_overrides(suite: Suite, overrides: list[str]) -> Suite:
             table[key.strip()] = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
             table[key.strip()] = raw  # a bare word: treat as a string (fsdp, bf16, tiny)
-    suite.sweep.update(_check_table("--set", table))
+    checked = _check_table("--set", table)
+    for sweep in suite.sweeps:
+        sweep.update(checked)
     return suite
 
 
@@ -334,8 +344,16 @@ def _expand_nproc(values: list[Any], num_devices: int) -> list[int]:
 
 
 def expand(suite: Suite, device_kind: str, num_devices: int) -> list[RunConfig]:
-    """The cartesian product of the sweep, each config with its skip reason (or None)."""
-    sweep = {k: suite.sweep.get(k, [default]) for k, (_, default, _) in SWEEP_KEYS.items()}
+    """The cartesian product of each sweep, each config with its skip reason (or None)."""
+    configs = []
+    for table in suite.sweeps:
+        configs += _expand_one(suite, table, device_kind, num_devices)
+    # One record per config id: duplicates (e.g. nproc listed twice) collapse.
+    return list({c.config_id: c for c in configs}.values())
+
+
+def _expand_one(suite: Suite, table: dict[str, list[Any]], device_kind: str, num_devices: int) -> list[RunConfig]:
+    sweep = {k: table.get(k, [default]) for k, (_, default, _) in SWEEP_KEYS.items()}
     sweep["nproc"] = _expand_nproc(sweep["nproc"], num_devices)
     keys = list(sweep)
     configs = []
@@ -368,8 +386,7 @@ def expand(suite: Suite, device_kind: str, num_devices: int) -> list[RunConfig]:
         cid = config_id(p)
         reason = problem or _skip_reason(p, device_kind, num_devices, shape)
         configs.append(RunConfig(**p, skip_reason=reason, config_id=cid))
-    # One record per config id: duplicates (e.g. nproc listed twice) collapse.
-    return list({c.config_id: c for c in configs}.values())
+    return configs
 
 
 def _skip_reason(p: dict[str, Any], device_kind: str, num_devices: int, shape: ModelShape) -> str | None:

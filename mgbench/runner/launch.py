@@ -220,7 +220,7 @@ def create_run(suite: Suite, results_dir: str | Path, run_id: str | None, device
         "finished_at": None,
         "argv": argv or sys.argv,
         "suite": {"name": suite.name, "description": suite.description, "path": suite.path,
-                  "sha256": suite.sha256, "text": suite.text, "sweep": suite.sweep},
+                  "sha256": suite.sha256, "text": suite.text, "sweeps": suite.sweeps},
         "device_kind": device_kind,
         "num_devices": num_devices,
         "num_configs": len(expand(suite, device_kind, num_devices)),

@@ -114,3 +114,29 @@ def test_default_suite_covers_every_strategy_at_1_2_4_cpu_ranks():
 def test_missing_suite_file():
     with pytest.raises(MgbenchError, match="not found"):
         S.load_suite("no-such-suite")
+
+
+def test_several_sweeps_add_up_and_share_overrides():
+    text = """name = "multi"
+[[sweep]]
+strategy = "single"
+nproc = 1
+[[sweep]]
+strategy = ["ddp", "fsdp"]
+nproc = [2, 4]
+[cpu]
+model = "tiny"
+seq_len = 16
+"""
+    s = S.apply_overrides(S.parse_suite(text, "m.toml"), ["micro_batch=3"])
+    configs = S.expand(s, "cpu", 4)
+    assert sorted((c.strategy, c.nproc) for c in configs) == [("ddp", 2), ("ddp", 4), ("fsdp", 2), ("fsdp", 4),
+                                                               ("single", 1)]
+    assert all(c.skip_reason is None and c.seq_len == 16 and c.micro_batch == 3 for c in configs)
+    with pytest.raises(MgbenchError, match=r"\[\[sweep\]\] #2: unknown key 'nprocs'"):
+        S.parse_suite('[[sweep]]\nnproc = 1\n[[sweep]]\nnprocs = 2\n', "m.toml")
+
+
+def test_default_suite_has_no_skipped_configs_on_a_laptop():
+    configs = S.expand(S.load_suite("default", "cpu"), "cpu", 4)
+    assert all(c.skip_reason is None for c in configs)
