@@ -20,7 +20,7 @@ from .fit import fit
 
 # Defaults sized for the backend: loopback gloo moves a few GB/s, NVLink hundreds.
 DEFAULTS = {
-    "cpu": {"min_bytes": 4 * 1024, "max_bytes": 4 * 2**20, "factor": 2, "warmup": 5, "iters": 30},
+    "cpu": {"min_bytes": 4 * 1024, "max_bytes": 4 * 2**20, "factor": 2, "warmup": 5, "iters": 50},
     "cuda": {"min_bytes": 8 * 1024, "max_bytes": 1 * 2**30, "factor": 4, "warmup": 5, "iters": 20},
 }
 
