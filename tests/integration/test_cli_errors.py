@@ -40,7 +40,7 @@ def test_results_dir_that_is_a_file(cli, tmp_path):
     assert p.returncode == 2 and "not a folder" in p.stderr
 
 
-@pytest.mark.parametrize("cmd", [[], ["run"], ["show"]])
+@pytest.mark.parametrize("cmd", [[], ["run"], ["show"], ["report"], ["compare"], ["comm"], ["slurm"], ["status"]])
 def test_help_teaches_with_an_example(cli, cmd):
     p = cli(*cmd, "--help")
     assert p.returncode == 0 and "Example" in p.stdout
