@@ -69,6 +69,10 @@ def warnings(df: pd.DataFrame) -> list[str]:
         times = r.get("step_times_s")
         if isinstance(times, list) and len(times) > 2 and med and times[0] > 2 * med:
             out.append(f"{label}: the first measured step was {times[0] / med:.1f}x the median; raise warmup_steps")
+        window = r.get("energy_window_s")
+        if r.get("energy_j") is not None and pd.notna(r.get("energy_j")) and window is not None and window < 5:
+            shared.setdefault("energy measured over less than 5 s: the NVML counter updates in coarse steps; raise "
+                              "measured_steps for a steadier energy per token", []).append(f"{label} ({window:.1f} s)")
         strag = r.get("straggler_ranks")
         if isinstance(strag, list) and strag:
             out.append(f"{label}: straggler rank(s) {strag} (per-rank busy time spread {r.get('rank_spread_pct'):.0f}%)")

@@ -11,9 +11,28 @@ reason; never an estimate.
 from __future__ import annotations
 
 import glob
+import os
 import threading
 import time
 from typing import Any
+
+
+def nvml_handle(nvml: Any, cuda_index: int) -> Any:
+    """The NVML handle of a CUDA device. NVML numbers GPUs its own way and ignores
+    CUDA_VISIBLE_DEVICES, so match by PCI address where torch reports it, else map the
+    index through CUDA_VISIBLE_DEVICES."""
+    try:
+        import torch
+
+        p = torch.cuda.get_device_properties(cuda_index)
+        bus = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+        return nvml.nvmlDeviceGetHandleByPciBusId_v2(bus)
+    except Exception:  # older torch without PCI fields, or NVML without that call
+        visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+        index = cuda_index
+        if visible and cuda_index < len(visible) and visible[cuda_index].strip().isdigit():
+            index = int(visible[cuda_index])
+        return nvml.nvmlDeviceGetHandleByIndex(index)
 
 
 class EnergyMeter:
@@ -37,7 +56,7 @@ class EnergyMeter:
 
                 pynvml.nvmlInit()
                 self._nvml = pynvml
-                self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.device_index)
+                self._handle = nvml_handle(pynvml, self.device_index)
             except Exception as e:  # no NVML: say so in the record
                 self.reason = f"NVML unavailable: {type(e).__name__}: {e}"
                 return
