@@ -157,3 +157,40 @@ def plan_overrides(fit: dict[str, Any], systems: list[str] | None) -> dict[str, 
     over = hardware_overrides(fit)
     return {name: over["hardware"] for name, s in all_systems().items()
             if s["gpu"] == over["gpu"] and (systems is None or name in systems)}
+
+
+def comm_links(run: str, results_dir: str = "results") -> dict[str, Any]:
+    """Link figures measured by `mgbench comm` (its all_reduce fits), in the planner's
+    terms: the alpha-beta fit t = alpha + S / algbw of an n-rank ring becomes a per-step
+    latency alpha / (2 (n - 1)) and a bus bandwidth algbw x 2 (n - 1) / n. A single-node
+    sweep ("all") or its intra-node groups set the intra-node link; inter-node groups
+    set the inter-node one. Returns the accelerator measured and the Hardware fields."""
+    import json
+
+    run_dir = store.resolve_run(run, results_dir)
+    manifest = store.read_manifest(run_dir)
+    if manifest.get("kind") != "comm":
+        raise MgbenchError(f"--comm {run}: not a `mgbench comm` run")
+    gpus = (manifest.get("interconnect") or {}).get("gpus") or []
+    acc = catalog.match_accelerator(gpus[0]["name"]) if gpus else None
+    if acc is None:
+        raise MgbenchError(f"--comm {run}: measured on {'CPU ranks' if not gpus else gpus[0]['name']}, not on a "
+                           "catalog GPU: its links say nothing about the catalog's systems")
+    fits = json.loads((run_dir / "comm_fit.json").read_text())
+    rows = [json.loads(line) for line in (run_dir / "comm.jsonl").read_text().splitlines() if line.strip()]
+    out: dict[str, float] = {}
+    for scope, prefix in (("all", "intra"), ("intra", "intra"), ("inter", "inter")):
+        f = fits.get(f"all_reduce:{_dtype(rows)}:{scope}")
+        n = next((r["nproc"] for r in rows if r["collective"] == "all_reduce" and r.get("scope", "all") == scope), 0)
+        if not f or not f.get("bw_gbps") or n < 2:
+            continue
+        out[f"{prefix}_bw"] = f["bw_gbps"] * 1e9 * 2 * (n - 1) / n
+        out[f"{prefix}_alpha_s"] = f["alpha_s"] / (2 * (n - 1))
+    if not out:
+        raise MgbenchError(f"--comm {run}: no all_reduce fit with a bandwidth on 2 or more ranks to use")
+    return {"gpu": acc, "fields": out}
+
+
+def _dtype(rows: list[dict[str, Any]]) -> str:
+    kinds = {r["dtype"] for r in rows if r["collective"] == "all_reduce"}
+    return "bfloat16" if "bfloat16" in kinds else sorted(kinds)[0] if kinds else "float32"

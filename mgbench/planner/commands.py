@@ -111,8 +111,9 @@ def memory(model, params, as_json, **kw) -> None:  # type: ignore[no-untyped-def
 @click.option("--gpu", help="Catalog accelerator, e.g. h100-sxm (placed in the first system that has it).")
 @click.option("--overlap", type=float, default=None, help="Fraction of the DP-communication window hidden (default 1.0).")
 @click.option("--calibrate", "calibrate_run", help="A measured run: fit efficiencies to it before predicting.")
+@click.option("--comm", "comm_run", help="A `mgbench comm` run on this GPU: use its measured link bandwidth and latency.")
 @click.option("--results-dir", default="results", show_default=True)
-def predict(model, params, as_json, system, gpu, overlap, calibrate_run, results_dir, **kw) -> None:  # type: ignore[no-untyped-def]
+def predict(model, params, as_json, system, gpu, overlap, calibrate_run, comm_run, results_dir, **kw) -> None:  # type: ignore[no-untyped-def]
     """Predict step time, tokens/s, MFU and memory of one layout.
 
     \b
@@ -139,6 +140,13 @@ def predict(model, params, as_json, system, gpu, overlap, calibrate_run, results
     if shape is None:
         raise MgbenchError("predict needs the model's shape: --model NAME or explicit dims, not --params")
     hw = hardware.resolve(system=system, gpu=gpu, precision=kw["precision"], **over.get("hardware", {}))
+    if comm_run:
+        import dataclasses
+
+        links = calibrate.comm_links(comm_run, results_dir)
+        if links["gpu"] != hw.gpu:
+            raise MgbenchError(f"--comm {comm_run} measured {links['gpu']}, but the prediction is for {hw.gpu}")
+        hw = dataclasses.replace(hw, **links["fields"])
     res = predict_fn(shape, hw, _layout(kw), overlap=overlap if overlap is not None else over.get("overlap", perf.DEFAULT_OVERLAP))
     if as_json:
         click.echo(json.dumps(res, indent=2))
@@ -193,11 +201,12 @@ def _print_calibration(fit: dict[str, Any], as_json: bool) -> None:
 @click.option("--pue", type=float, default=None, help="Facility power usage effectiveness (default 1.2).")
 @click.option("--top", type=int, default=10, show_default=True)
 @click.option("--calibrate", "calibrate_run", help="A measured run on one of the systems' GPUs: use its fitted efficiencies.")
+@click.option("--comm", "comm_run", help="A `mgbench comm` run: its measured links replace the catalog's for systems with that GPU.")
 @click.option("--results-dir", default="results", show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def plan(model, tokens, seq_len, global_batch_tokens, systems, max_gpus, deadline_days, budget_usd, spot, prices_file,
-         price_overrides, checkpoint_minutes, failure_rate, power_fraction, pue, top, calibrate_run, results_dir,
-         as_json) -> None:  # type: ignore[no-untyped-def]
+         price_overrides, checkpoint_minutes, failure_rate, power_fraction, pue, top, calibrate_run, comm_run,
+         results_dir, as_json) -> None:  # type: ignore[no-untyped-def]
     """Recommend hardware, GPU count and layout to train MODEL on TOKENS: time, cost, energy.
 
     \b
@@ -223,6 +232,11 @@ def plan(model, tokens, seq_len, global_batch_tokens, systems, max_gpus, deadlin
     if calibrate_run:
         fit = calibrate.fit_run(calibrate_run, results_dir)
         opts.calibration = calibrate.plan_overrides(fit, opts.systems)
+    if comm_run:
+        from .hardware import systems as all_systems
+
+        links = calibrate.comm_links(comm_run, results_dir)
+        opts.links = {name: links["fields"] for name, s in all_systems().items() if s["gpu"] == links["gpu"]}
     res = plan_fn(catalog.model_shape(model), opts, cost.Prices(prices_file, list(price_overrides)))
     if as_json:
         click.echo(json.dumps(res, indent=2, default=float))

@@ -8,6 +8,7 @@ forms the ranked table and the time-vs-cost Pareto front.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,7 @@ class PlanOptions:
     overlap: float = perf.DEFAULT_OVERLAP
     top: int = 20
     calibration: dict[str, Any] = field(default_factory=dict)
+    links: dict[str, dict[str, float]] = field(default_factory=dict)  # system -> measured Hardware link fields
 
 
 def gpu_counts(gpus_per_node: int, max_gpus: int) -> np.ndarray:
@@ -61,6 +63,8 @@ def _grid(*axes: np.ndarray) -> list[np.ndarray]:
 def evaluate_system(shape: ModelShape, system: str, opts: PlanOptions, prices: cost.Prices) -> tuple[dict[str, np.ndarray], int]:
     """All candidates of one system; returns the feasible ones (columns) and the count evaluated."""
     hw = hardware.resolve(system=system, precision=opts.precision, **opts.calibration.get(system, {}))
+    if system in opts.links:
+        hw = dataclasses.replace(hw, **opts.links[system])
     B = max(1, opts.global_batch_tokens // opts.seq_len)
     tps_ = np.array([t for t in TP_CHOICES if t <= hw.gpus_per_node])
     pps = np.array([p for p in PP_CHOICES if p <= shape.layers])
