@@ -17,14 +17,15 @@ from .model_shape import ModelShape
 
 
 @functools.cache
-def _load(name: str) -> dict[str, Any]:
+def load(name: str) -> dict[str, Any]:
+    """One data file of mgbench/data, parsed (cached)."""
     text = resources.files("mgbench.data").joinpath(name).read_text()
     return tomllib.loads(text)
 
 
 def accelerators() -> dict[str, dict[str, Any]]:
     """All accelerators of hardware.toml, keyed by catalog id (e.g. ``h100-sxm``)."""
-    return _load("hardware.toml")["accelerators"]
+    return load("hardware.toml")["accelerators"]
 
 
 def accelerator(key: str) -> dict[str, Any]:
@@ -60,7 +61,7 @@ def peak_tflops(device_name: str, precision: str) -> tuple[float | None, str]:
 
 def model_presets() -> dict[str, dict[str, Any]]:
     """All model shapes of models.toml, keyed by preset name."""
-    return _load("models.toml")["models"]
+    return load("models.toml")["models"]
 
 
 def model_shape(name: str) -> ModelShape:

@@ -109,6 +109,27 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+class RecordTail:
+    """Reads only the records appended since the last call (whole lines only), so a
+    launcher polling several times a second does not re-parse the whole file while
+    ranks are being timed on the same cores."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / "records.jsonl"
+        self.offset = 0
+
+    def new(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
+        self.offset += end
+        return [migrate_record(json.loads(line)) for line in data[:end].splitlines() if line.strip()]
+
+
 def latest_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One record per config: the last one written (a resumed run re-records the
     configs that were interrupted), in first-seen order."""

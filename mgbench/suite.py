@@ -423,6 +423,4 @@ def _skip_reason(p: dict[str, Any], device_kind: str, num_devices: int, shape: M
         return f"needs {p['nproc']} ranks but only {num_devices} {what}"
     if p["device"] == "cpu" and p["precision"] != "fp32":
         return f"{p['precision']} on CPU: gloo has no bf16/fp16 reductions; use precision = \"fp32\" on CPU"
-    if p["seq_len"] > 1 << 20:
-        return f"seq_len {p['seq_len']} is larger than the rotary table supports"
     return None

@@ -55,7 +55,7 @@ def features(rec: dict[str, Any]) -> dict[str, float]:
         k, calls = 2.0, max(1.0, np.ceil(p_bytes / 25e6))
         if zero == 1:  # ZeroRedundancyOptimizer then broadcasts each rank's updated shard
             k, calls = 3.0, calls + n
-    comm_bytes = k / 2.0 * 2.0 * (n - 1) / n * p_bytes if k else 0.0
+    comm_bytes = k * (n - 1) / n * p_bytes  # k ring passes of (n-1)/n of the parameters
     steps = k * (n - 1)
     shared = float(n) if rec["device"] == "cpu" else 1.0
     return {"compute": shared * flops, "comm_bytes": comm_bytes, "comm_steps": steps, "comm_calls": calls,

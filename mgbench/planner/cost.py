@@ -27,7 +27,7 @@ class Prices:
     """Hourly USD per GPU by accelerator or system id, on-demand and spot, with sources."""
 
     def __init__(self, extra_file: str | None = None, overrides: list[str] | None = None) -> None:
-        data = catalog._load("prices.toml")
+        data = catalog.load("prices.toml")
         self.table: dict[str, dict[str, dict[str, Any]]] = {
             "on_demand": dict(data.get("on_demand", {})), "spot": dict(data.get("spot", {}))}
         if extra_file:

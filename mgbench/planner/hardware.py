@@ -32,15 +32,15 @@ class Hardware:
 
 
 def systems() -> dict[str, dict[str, Any]]:
-    return catalog._load("hardware.toml")["systems"]
+    return catalog.load("hardware.toml")["systems"]
 
 
 def links() -> dict[str, dict[str, Any]]:
-    return catalog._load("hardware.toml")["links"]
+    return catalog.load("hardware.toml")["links"]
 
 
 def planner_defaults() -> dict[str, Any]:
-    return catalog._load("hardware.toml")["planner"]
+    return catalog.load("hardware.toml")["planner"]
 
 
 def compute_efficiency(gpu: str) -> float:

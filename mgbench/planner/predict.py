@@ -7,6 +7,7 @@ from typing import Any
 
 from ..errors import MgbenchError
 from ..model_shape import ModelShape
+from ..parallel_dims import ParallelDims
 from . import perf
 from .hardware import Hardware
 from .memory import RECOMPUTE, SCHEDULES, memory_per_gpu
@@ -63,11 +64,15 @@ def validate(layout: Layout, shape: ModelShape | None) -> None:
             f"tp ({L.tp}) x pp ({L.pp}) = {L.tp * L.pp} does not divide the {L.num_gpus} GPUs; "
             "choose degrees whose product divides --num-gpus")
     if shape is not None:
-        if shape.heads % L.tp or (shape.kv_heads % L.tp and L.tp % shape.kv_heads):
-            raise MgbenchError(f"tp ({L.tp}) must divide the {shape.heads} attention heads "
-                               f"and the {shape.kv_heads} kv heads (or be a multiple of them)")
-        if L.pp > shape.layers:
-            raise MgbenchError(f"pp ({L.pp}) exceeds the model's {shape.layers} layers")
+        # The runner's degree validator; kv heads are checked apart because the planner,
+        # like Megatron, lets tp exceed the kv heads (they are then replicated).
+        problems = ParallelDims(dp=L.dp, tp=L.tp, pp=L.pp).problems(
+            L.num_gpus, layers=shape.layers, heads=shape.heads,
+            virtual_stages=L.virtual_stages if L.schedule == "interleaved" else 1)
+        if shape.kv_heads % L.tp and L.tp % shape.kv_heads:
+            problems.append(f"tp={L.tp} neither divides nor is a multiple of the {shape.kv_heads} kv heads")
+        if problems:
+            raise MgbenchError("; ".join(problems))
     if L.batch % (L.micro_batch * L.dp):
         raise MgbenchError(
             f"global batch {L.batch} is not a multiple of micro-batch {L.micro_batch} x dp {L.dp} "

@@ -15,7 +15,7 @@ from .memory import RECOMPUTE
 
 
 def published_runs() -> list[dict[str, Any]]:
-    return catalog._load("published_runs.toml")["runs"]
+    return catalog.load("published_runs.toml")["runs"]
 
 
 def predict_run(run: dict[str, Any], matmul_eff: float | None = None,

@@ -176,7 +176,8 @@ def run_suite(
     else:
         configs = expand(suite, device_kind, num_devices)
         todo = configs
-        run_dir, manifest = create_run(suite, results_dir, run_id, device_kind, num_devices, argv)
+        run_dir, manifest = create_run(suite, results_dir, run_id, device_kind, num_devices, argv,
+                                       num_configs=len(configs))
         run_id = manifest["run_id"]
     if cluster is not None:
         manifest["cluster"] = {"nnodes": cluster.nnodes, "nproc_per_node": cluster.nproc_per_node,
@@ -209,7 +210,8 @@ def run_suite(
 
 
 def create_run(suite: Suite, results_dir: str | Path, run_id: str | None, device_kind: str, num_devices: int,
-               argv: list[str] | None = None, status: str = "running") -> tuple[Path, dict[str, Any]]:
+               argv: list[str] | None = None, status: str = "running",
+               num_configs: int | None = None) -> tuple[Path, dict[str, Any]]:
     """A new run folder and its manifest (suite text and sweep, machine, interconnect)."""
     run_id = run_id or store.new_run_id(suite.name)
     run_dir = store.create_run_dir(results_dir, run_id)
@@ -223,7 +225,7 @@ def create_run(suite: Suite, results_dir: str | Path, run_id: str | None, device
                   "sha256": suite.sha256, "text": suite.text, "sweeps": suite.sweeps},
         "device_kind": device_kind,
         "num_devices": num_devices,
-        "num_configs": len(expand(suite, device_kind, num_devices)),
+        "num_configs": num_configs if num_configs is not None else len(expand(suite, device_kind, num_devices)),
         "machine": fingerprint(),
         "interconnect": detect(),
         "schema_version": store.SCHEMA_VERSION,
@@ -314,7 +316,8 @@ def _run_group(run_dir: Path, run_id: str, gi: int, nproc: int, device: str, gro
     node = "" if cluster is None or cluster.nnodes == 1 else f"-node{cluster.node_rank}"
     remaining = list(group)
     by_id = {c.config_id: c for c in group}
-    seen: set[str] = {r["config_id"] for r in store.read_records(run_dir) if r["status"] != "interrupted"}
+    tail = store.RecordTail(run_dir)
+    seen: set[str] = {r["config_id"] for r in tail.new() if r["status"] != "interrupted"}
     attempt = 0
     while remaining and not stop.signal:
         tag = f"group-{gi}-n{nproc}-a{attempt}"
@@ -335,7 +338,7 @@ def _run_group(run_dir: Path, run_id: str, gi: int, nproc: int, device: str, gro
             t_launch = time.monotonic()
             while True:
                 rc = proc.poll()
-                yield from _new_records(run_dir, by_id, remaining, seen)
+                yield from _new_records(tail, remaining, seen)
                 if rc is not None:
                     break
                 cur = _read_progress(progress_path)
@@ -351,7 +354,7 @@ def _run_group(run_dir: Path, run_id: str, gi: int, nproc: int, device: str, gro
                     proc.wait()
                     break
                 time.sleep(0.2)
-        yield from _new_records(run_dir, by_id, remaining, seen)
+        yield from _new_records(tail, remaining, seen)
         remaining = [c for c in remaining if c.config_id not in seen]
         if not remaining:
             return
@@ -361,7 +364,7 @@ def _run_group(run_dir: Path, run_id: str, gi: int, nproc: int, device: str, gro
             # The leader records what failed; wait for that, then relaunch in step with it.
             t0 = time.monotonic()
             while time.monotonic() - t0 < SHARED_FS_WAIT_S and not stop.signal:
-                yield from _new_records(run_dir, by_id, remaining, seen)
+                yield from _new_records(tail, remaining, seen)
                 if len([c for c in remaining if c.config_id not in seen]) < len(remaining):
                     break
                 time.sleep(0.5)
@@ -392,10 +395,9 @@ def _run_group(run_dir: Path, run_id: str, gi: int, nproc: int, device: str, gro
             progress(f"relaunching torchrun for the {len(remaining)} remaining config(s) of this group")
 
 
-def _new_records(run_dir: Path, by_id: dict[str, RunConfig], remaining: list[RunConfig],
-                 seen: set[str]) -> Iterator[dict[str, Any]]:
+def _new_records(tail: store.RecordTail, remaining: list[RunConfig], seen: set[str]) -> Iterator[dict[str, Any]]:
     ids = {c.config_id for c in remaining}
-    for rec in store.read_records(run_dir):
+    for rec in tail.new():
         if rec["config_id"] in ids and rec["config_id"] not in seen:
             seen.add(rec["config_id"])
             yield rec

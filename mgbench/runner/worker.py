@@ -31,7 +31,7 @@ from ..strategies.apply import prepare
 from ..strategies.pipeline import theoretical_bubble
 from ..telemetry.energy import EnergyMeter
 from ..telemetry.memory import read_peak, reset_peak
-from ..telemetry.machine import _cpu_model
+from ..telemetry.machine import cpu_model
 from . import reference
 from .inject import Injector
 from .training import rank_batches, train_step
@@ -72,7 +72,7 @@ def sync(device: torch.device) -> None:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"cpu: {_cpu_model() or 'unknown'}"
+    return f"cpu: {cpu_model() or 'unknown'}"
 
 
 def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter) -> dict[str, Any]:
@@ -268,11 +268,10 @@ def rank_spread(cfg: RunConfig, per_rank: list[dict[str, Any]], device: torch.de
     if device.type != "cpu":
         return {"per_rank_busy_s": None, "rank_spread_pct": None, "straggler_ranks": None,
                 "rank_spread_reason": "busy time is read from thread CPU time, which only works on CPU ranks"}
-    threads = torch.get_num_threads()
-    if cfg.nproc * threads > (os.cpu_count() or 1) * int(os.environ.get("GROUP_WORLD_SIZE", 1)):
+    crowded = cores_shared()
+    if crowded:
         return {"per_rank_busy_s": None, "rank_spread_pct": None, "straggler_ranks": None,
-                "rank_spread_reason": f"{cfg.nproc} ranks x {threads} thread(s) share fewer cores: a rank waiting "
-                                      "for a core would look like a straggler"}
+                "rank_spread_reason": f"{crowded}: a rank waiting for a core would look like a straggler"}
     # Median over steps: one slow step (a page fault, the first step after a config
     # switch) must not make a rank a straggler.
     busy = [stats.summarize(r["busy_steps"])["median"] for r in per_rank]
@@ -283,6 +282,20 @@ def rank_spread(cfg: RunConfig, per_rank: list[dict[str, Any]], device: torch.de
         "straggler_ranks": [i for i, b in enumerate(busy) if fastest > 0 and b > STRAGGLER_FACTOR * fastest],
         "rank_spread_reason": None,
     }
+
+
+def cores_shared() -> str | None:
+    """Why this host's ranks do not each have cores of their own (None when they do).
+
+    Busy-time measurements (bubble, stragglers) read thread CPU time, which only equals
+    compute when no rank waits for a core. Counts the ranks torchrun started on this
+    host (LOCAL_WORLD_SIZE), so it holds for one node and for many."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+    threads = torch.get_num_threads()
+    cores = os.cpu_count() or 1
+    if local * threads > cores:
+        return f"{local} ranks x {threads} thread(s) on {cores} cores"
+    return None
 
 
 def pipeline_bubble(cfg: RunConfig, per_rank: list[dict[str, Any]], device: torch.device) -> dict[str, Any]:
@@ -299,12 +312,11 @@ def pipeline_bubble(cfg: RunConfig, per_rank: list[dict[str, Any]], device: torc
     theory = theoretical_bubble(cfg.pp, cfg.grad_accum, cfg.pp_schedule, cfg.virtual_stages)
     out: dict[str, Any] = {"pp_bubble_theoretical": theory, "pp_bubble_measured": None,
                            "pp_bubble_per_rank": None, "pp_bubble_reason": None}
-    threads = torch.get_num_threads()
+    crowded = cores_shared()
     if device.type != "cpu":
         out["pp_bubble_reason"] = "measured from thread CPU time, which only works on CPU ranks"
-    elif cfg.nproc * threads > (os.cpu_count() or 1):
-        out["pp_bubble_reason"] = (f"{cfg.nproc} ranks x {threads} thread(s) exceed the {os.cpu_count()} cores: "
-                                   "waiting for a core would count as bubble")
+    elif crowded:
+        out["pp_bubble_reason"] = f"{crowded}: waiting for a core would count as bubble"
     else:
         idle = [1.0 - r["busy_s"] / r["measured_s"] for r in per_rank]
         out["pp_bubble_per_rank"] = idle

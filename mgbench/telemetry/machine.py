@@ -9,7 +9,7 @@ import subprocess
 from typing import Any
 
 
-def _cpu_model() -> str | None:
+def cpu_model() -> str | None:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -95,7 +95,7 @@ def fingerprint() -> dict[str, Any]:
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpu_cores": os.cpu_count(),
         "ram_gib": _ram_gib(),
         "gpus": gpu_list,

@@ -43,8 +43,8 @@ def test_plan_json_interface(cli):
     [
         (["memory", "--model", "llama3-8b", "--params", "1e9"], "give exactly one of"),
         (["memory", "--model", "llama3-8b", "--num-gpus", "8", "--tp", "3"], "tp (3) x pp (1) = 3 does not divide the 8 GPUs"),
-        (["memory", "--model", "llama3-8b", "--num-gpus", "6", "--tp", "3"], "tp (3) must divide the 32 attention heads"),
-        (["memory", "--model", "tiny", "--num-gpus", "4", "--pp", "4"], "pp (4) exceeds the model's 2 layers"),
+        (["memory", "--model", "llama3-8b", "--num-gpus", "6", "--tp", "3"], "tp=3 does not divide the 32 attention heads"),
+        (["memory", "--model", "tiny", "--num-gpus", "4", "--pp", "4"], "pp=4 x 1 virtual stage(s) exceeds the 2 layers"),
         (["predict", "--model", "llama3-8b", "--system", "nope"], "unknown system 'nope'"),
         (["predict", "--params", "1e9", "--system", "dgx-h100"], "needs the model's shape"),
         (["plan", "--model", "llama3-8b", "--tokens", "1e12", "--price", "h100-sxm=x"], "expected NAME=USD"),

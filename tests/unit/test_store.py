@@ -74,3 +74,18 @@ def test_atomic_write_leaves_no_temp_files(tmp_path):
     store.write_json_atomic(tmp_path / "m.json", {"a": 2})
     assert json.loads((tmp_path / "m.json").read_text()) == {"a": 2}
     assert [p.name for p in tmp_path.iterdir()] == ["m.json"]
+
+
+def test_record_tail_reads_only_new_whole_lines(tmp_path):
+    run = make_run(tmp_path)
+    tail = store.RecordTail(run)
+    assert tail.new() == []
+    store.append_record(run, {"config_id": "a", "status": "ok"})
+    assert [r["config_id"] for r in tail.new()] == ["a"]
+    assert tail.new() == []
+    with open(run / "records.jsonl", "a") as f:
+        f.write('{"config_id": "b", "status": "ok"')  # a writer mid-line
+    assert tail.new() == []
+    with open(run / "records.jsonl", "a") as f:
+        f.write("}\n")
+    assert [r["config_id"] for r in tail.new()] == ["b"]
