@@ -228,8 +228,12 @@ def compare(base: str, new: str, results_dir: str, metric: str, threshold: float
             as_json: bool) -> None:
     """Compare two runs of the same suite config by config.
 
-    A change is flagged (better / worse) only when it is significant (Mann-Whitney U on
-    the raw step times, p < 0.05) AND at least --threshold percent; otherwise `~`.
+    A change is flagged (better / worse) only when it is significant (Mann-Whitney U,
+    p < 0.05) AND at least --threshold percent; otherwise `~`. The test runs on the medians
+    of the measured windows when each run has 5 or more (suite keys `rounds` x `repeats`),
+    else on raw step times, whose p-values are optimistic because neighbouring steps share
+    the machine's current speed. On a shared or noisy machine measure with `rounds = 5`:
+    rounds are interleaved across configs, so a slow spell hits all of them alike.
 
     \b
     Examples:
@@ -257,6 +261,9 @@ def compare(base: str, new: str, results_dir: str, metric: str, threshold: float
         click.echo(tabulate([[r["label"], fmt(r["base"], ",.4g"), fmt(r["new"], ",.4g"), fmt(r["change_pct"], "+.1f"),
                               fmt(r["p_value"], ".3g"), r["verdict"]] for r in rows],
                             headers=["config", f"base {metric}", f"new {metric}", "change %", "p", "verdict"]))
+        bases = sorted({r["p_basis"] for r in rows if r.get("p_basis")})
+        for b in bases:
+            click.echo(f"p from {b}")
         for f in failures:
             click.echo(f"GATE FAILED: {f}")
     if failures:

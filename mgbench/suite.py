@@ -120,9 +120,12 @@ SWEEP_KEYS: dict[str, tuple[Callable[[Any], str | None], Any, str]] = {
     "warmup_steps": (_int(0), 3, "untimed steps before the measured window"),
     "measured_steps": (_int(2), 10, "timed optimizer steps per repeat"),
     "repeats": (_int(1), 1, "measured windows per config"),
+    "rounds": (_int(1), 1, "measure each config in this many rounds, interleaved with the other configs of its "
+                           "torchrun job (round 1 of every config, then round 2, ...); each round rebuilds the "
+                           "model and warms up again. For shared or noisy machines, whose speed drifts over minutes"),
     "seed": (_int(0), 0, "seed of weights and random tokens"),
     "check_steps": (_int(0), 3, "first steps whose loss is checked against the single-process reference (0: no check)"),
-    "timeout_s": (_int(1), 900, "seconds a config may take before its job is stopped"),
+    "timeout_s": (_int(1), 900, "seconds a config (each round of it) may take before its job is stopped"),
     "device": (_choice(DEVICES), "auto", "cpu, cuda, or auto (cuda when present)"),
     "grad_compression": (_choice(("none", "fp16", "bf16", "powersgd")), "none",
                          "DDP communication hook compressing gradients (lossy: looser loss tolerance)"),
@@ -166,6 +169,7 @@ class RunConfig:
     powersgd_rank: int = 2
     profile: bool = False
     profile_steps: int = 3
+    rounds: int = 1
     workload: str = "gpt"
     skip_reason: str | None = None
     config_id: str = field(default="")

@@ -2,8 +2,15 @@
 when it is statistically significant AND past a threshold (asv's rule), with CI gates.
 
 Configs match on what defines the workload and layout (not on run id, seed or fault
-injection), so two runs of one suite compare config by config. Significance comes from
-the raw per-step times of both runs (Mann-Whitney U, two-sided, p < 0.05).
+injection), so two runs of one suite compare config by config. Significance is a
+Mann-Whitney U test (two-sided, p < 0.05) on the medians of the measured windows when each
+run has at least MIN_WINDOWS of them (`rounds` x `repeats`), else on the raw step times.
+
+Why windows: consecutive steps are not independent samples. A machine's speed drifts over
+seconds (on a shared 2-core VM we saw the same config's window median move between 23 and
+37 ms a second apart while steps inside a window stayed within a few percent), so a test on
+steps counts one slow spell as dozens of agreeing observations and calls noise
+significant. Window medians, taken in interleaved rounds, are close to independent.
 """
 
 from __future__ import annotations
@@ -25,6 +32,9 @@ HIGHER_IS_BETTER = {"tokens_per_s": True, "tokens_per_s_per_device": True, "samp
                     "mfu_pct": True, "model_tflops_per_device": True, "step_time_s": False,
                     "mem_peak_gib": False, "energy_per_token_j": False}
 P_SIGNIFICANT = 0.05
+# Fewer windows than this per run and the test falls back to steps: U on 4 vs 4 values
+# cannot reach p < 0.05 in the normal approximation we use.
+MIN_WINDOWS = 5
 
 
 @dataclass(frozen=True)
@@ -67,15 +77,25 @@ def compare_runs(base: str, new: str, results_dir: str = "results", metric: str 
             continue
         bv, nv = float(b[metric]), float(n[metric])
         change = 100.0 * (nv - bv) / bv if bv else math.inf
-        _, p = stats.mann_whitney_u(b.get("step_times_s") or [], n.get("step_times_s") or [])
+        p, basis = significance(b, n)
         better = change > 0 if HIGHER_IS_BETTER[metric] else change < 0
         significant = p < P_SIGNIFICANT and abs(change) >= threshold_pct
         verdict = ("better" if better else "worse") if significant else "~"
-        row.update(base=bv, new=nv, change_pct=change, p_value=p, significant=significant, verdict=verdict)
+        row.update(base=bv, new=nv, change_pct=change, p_value=p, p_basis=basis, significant=significant,
+                   verdict=verdict)
         rows.append(row)
     if not rows:
         raise MgbenchError(f"runs {base} and {new} have no config in common; compare runs of the same suite")
     return rows
+
+
+def significance(base: dict[str, Any], new: dict[str, Any]) -> tuple[float, str]:
+    """p-value of "same distribution" for two records' step times, and what it was computed on."""
+    bw, nw = base.get("repeat_medians_s") or [], new.get("repeat_medians_s") or []
+    if len(bw) >= MIN_WINDOWS and len(nw) >= MIN_WINDOWS:
+        return stats.mann_whitney_u(bw, nw)[1], f"window medians ({len(bw)} vs {len(nw)})"
+    return (stats.mann_whitney_u(base.get("step_times_s") or [], new.get("step_times_s") or [])[1],
+            f"steps (fewer than {MIN_WINDOWS} windows; correlated in time, so p is optimistic: set rounds = {MIN_WINDOWS})")
 
 
 def gate_failures(rows: list[dict[str, Any]], gates: list[Gate]) -> list[str]:

@@ -167,8 +167,9 @@ def build(runs: list[str | Path], output: str | Path, results_dir: str | Path = 
     if compare_rows is not None:
         sections.append(("compare", "Comparison", _table(compare_rows, [
             ("label", "config"), ("metric", "metric"), ("base", "base"), ("new", "new"), ("change_pct", "change %"),
-            ("p_value", "p"), ("verdict", "verdict")]) + '<p class="caption">A change counts only when it is '
-            "significant (Mann-Whitney U on the raw step times, p &lt; 0.05) and past the threshold; otherwise ~.</p>"))
+            ("p_value", "p"), ("p_basis", "p from"), ("verdict", "verdict")]) + '<p class="caption">A change counts '
+            "only when it is significant (Mann-Whitney U, p &lt; 0.05, on window medians when each run has 5 or more, "
+            "else on raw step times) and past the threshold; otherwise ~.</p>"))
 
     title = "mgbench report: " + ", ".join(m["run_id"] for m in manifests)
     nav = "".join(f'<a href="#{sid}">{html.escape(name)}</a>' for sid, name, _ in sections)

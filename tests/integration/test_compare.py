@@ -4,18 +4,23 @@ import json
 
 from mgbench import store
 
-SUITE = """name = "cmp"
-[sweep]
-model = "mini"
+# Seeds 0 and 1 of each strategy are identical workloads (throughput does not depend on
+# the seed); the third table is seed 0 again with step time stretched by 30%.
+COMMON = """model = "mini"
 strategy = ["single", "ddp", "zero1"]
 nproc = 1
 micro_batch = 2
 seq_len = 64
-warmup_steps = 3
-measured_steps = 25
+warmup_steps = 1
+measured_steps = 4
+rounds = 16
 check_steps = 0
-seed = [0, 1]
-inject = ["none", "slow@rank=0,factor=1.3"]
+"""
+SUITE = f"""name = "cmp"
+[[sweep]]
+{COMMON}seed = [0, 1]
+[[sweep]]
+{COMMON}inject = "slow@rank=0,factor=1.3"
 """
 
 
@@ -32,32 +37,32 @@ def split_run(results, source: str, name: str, keep) -> None:
 
 
 def test_compare_flags_a_30_percent_slowdown_and_gates(cli, tmp_path):
-    """Real measurements, taken interleaved. This VM's throughput drifts by up to 40%
-    between runs a minute apart (4,965 vs 6,913 tokens/s for back-to-back identical
-    runs), more than the effect to detect; so the "runs" compared here are measured in
-    one sweep, config after config (seed 0, its 30%-slowed twin, seed 1), and split into
-    three run folders. `compare` itself only ever sees run folders. Even seconds apart
-    identical configs differ by up to 20% here, so the sweep is measured again (up to
-    three times) until one measurement is free of such a jump."""
+    """Real measurements. This VM's speed drifts by 20-40% within seconds, more than the
+    effect to detect, so the suite measures in 16 interleaved rounds (every config's round
+    k before any round k + 1) and compare tests window medians, not correlated steps. The
+    "runs" compared are split out of one run, so drift between two separate runs cannot
+    decide the outcome; `compare` itself only ever sees run folders. One re-measurement is
+    allowed: each of the 6 verdicts must hold, and a 5% test misfires now and then."""
     (tmp_path / "c.toml").write_text(SUITE)
     results = tmp_path / "results"
     seen = []
-    for k in range(3):
+    for k in range(2):
         p = cli("run", "c.toml", "--run-id", f"all{k}", "--no-report")
         assert p.returncode == 0, p.stderr
         a, b, slow_id = f"a{k}", f"b{k}", f"slow{k}"
         split_run(results, f"all{k}", a, lambda r: r["seed"] == 0 and r["inject"] == "none")
-        split_run(results, f"all{k}", b, lambda r: r["seed"] == 1 and r["inject"] == "none")
-        split_run(results, f"all{k}", slow_id, lambda r: r["seed"] == 0 and r["inject"] != "none")
+        split_run(results, f"all{k}", b, lambda r: r["seed"] == 1)
+        split_run(results, f"all{k}", slow_id, lambda r: r["inject"] != "none")
         same = json.loads(cli("compare", a, b, "--json").stdout)["rows"]
         slow = json.loads(cli("compare", a, slow_id, "--json").stdout)["rows"]
         assert len(same) == len(slow) == 3
+        assert all(r["p_basis"] == "window medians (16 vs 16)" for r in same + slow)
         seen.append(([round(r["change_pct"]) for r in same], [round(r["change_pct"]) for r in slow]))
         # Most configs unchanged, and every slowed one flagged.
         if sum(r["verdict"] == "~" for r in same) >= 2 and all(r["verdict"] == "worse" for r in slow):
             break
     else:
-        raise AssertionError(f"3 measurements, (identical changes %, slowed changes %): {seen}")
+        raise AssertionError(f"2 measurements, (identical changes %, slowed changes %): {seen}")
     gate = cli("compare", a, slow_id, "--fail-on", "tokens_per_s:-5%")
     assert gate.returncode == 1 and "GATE FAILED" in gate.stdout
     assert cli("compare", a, slow_id, "--fail-on", "tokens_per_s:-90%").returncode == 0

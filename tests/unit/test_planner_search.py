@@ -54,15 +54,18 @@ def test_constraints_and_ranking(plan70b):
 
 def test_price_override_and_budget():
     shape = catalog.model_shape("llama3-8b")
-    opts = PlanOptions(tokens=1e12, systems=["dgx-b200"], max_gpus=256)
-    none = plan(shape, opts)
-    assert none["ranked"][0]["cost_usd"] is None and "pass --price" in none["prices"]["dgx-b200"]
-    priced = plan(shape, opts, cost.Prices(overrides=["b200=5"]))
+    opts = PlanOptions(tokens=1e12, systems=["h100-pcie-8"], max_gpus=256)
+    none = plan(shape, opts)  # no sourced H100 PCIe price in prices.toml
+    assert none["ranked"][0]["cost_usd"] is None and "pass --price" in none["prices"]["h100-pcie-8"]
+    priced = plan(shape, opts, cost.Prices(overrides=["h100-pcie=2"]))
     r = priced["recommendation"]
-    assert r["cost_usd"] == r["gpu_hours"] * 5.0
-    tight = plan(shape, PlanOptions(tokens=1e12, systems=["dgx-b200"], max_gpus=256, budget_usd=1.0),
-                 cost.Prices(overrides=["b200=5"]))
+    assert r["cost_usd"] == r["gpu_hours"] * 2.0
+    tight = plan(shape, PlanOptions(tokens=1e12, systems=["h100-pcie-8"], max_gpus=256, budget_usd=1.0),
+                 cost.Prices(overrides=["h100-pcie=2"]))
     assert tight["recommendation"] is None and "no layout meets" in tight["reasons"][0]
+    # The catalog's B200 price is used unless overridden.
+    b200 = plan(shape, PlanOptions(tokens=1e12, systems=["dgx-b200"], max_gpus=256))["recommendation"]
+    assert b200["cost_usd"] == b200["gpu_hours"] * 5.25
 
 
 def test_goodput_by_hand():
