@@ -53,7 +53,9 @@ def test_comm_table_and_report(cli, tmp_path):
 def test_profiled_breakdown_adds_up_and_grows_with_world_size(cli, tmp_path):
     """Tolerances: the parts add up to the profiled step exactly (same intervals); the
     profiled step may be slower than the timed median because the profiler adds per-op
-    overhead (+7% to +36% seen on this machine), so we allow up to +60%."""
+    overhead (+7% to +36% seen on this machine), and the two are measured seconds apart
+    on VMs whose speed moves 20-60% in seconds (seen in CI), so the bound is 0.5x to 2.2x:
+    still far from the 3x a window summed over its 3 profiled steps would show."""
     (tmp_path / "p.toml").write_text("""name = "prof"
 [sweep]
 model = "mini"
@@ -75,7 +77,7 @@ profile = true
         assert parts == pytest.approx(r["breakdown_window_s"], rel=1e-9)
         assert r["breakdown_overlapped_comm_s"] + r["breakdown_exposed_comm_s"] == pytest.approx(r["breakdown_comm_s"])
         assert 0 < r["comm_fraction"] < 1
-        assert 0.7 * r["step_time_s"] < r["breakdown_window_s"] < 1.6 * r["step_time_s"]
+        assert 0.5 * r["step_time_s"] < r["breakdown_window_s"] < 2.2 * r["step_time_s"]
     for strat in ("ddp", "fsdp"):
         assert recs[(strat, 4)]["comm_fraction"] > recs[(strat, 2)]["comm_fraction"], strat
     assert "Where the step time goes" in (tmp_path / "reports" / "prof.html").read_text()
