@@ -95,7 +95,8 @@ def step_time_distribution(df: pd.DataFrame) -> Figure | None:
                       showlegend=False, **{**LAYOUT, "height": 480})
     fig.update_xaxes(tickangle=30)
     return fig, ("Every measured step of every config (the slowest rank's time). A wide box or far outliers mean "
-                 "a noisy measurement: raise measured_steps or repeats before trusting small differences.")
+                 "a noisy measurement: raise measured_steps, or set rounds = 5 on a shared machine, before trusting small "
+                 "differences.")
 
 
 BREAKDOWN = [("breakdown_compute_s", "compute"), ("breakdown_exposed_comm_s", "exposed communication"),

@@ -61,7 +61,8 @@ def warnings(df: pd.DataFrame) -> list[str]:
         lo, hi = r.get("step_time_ci95_low_s"), r.get("step_time_ci95_high_s")
         if med and lo is not None and hi is not None and pd.notna(lo) and (hi - lo) / med > 0.10:
             shared.setdefault("noisy: the 95% CI of the median step time is wider than 10% of it; raise "
-                              "measured_steps or repeats before comparing these", []).append(
+                              "measured_steps, or set rounds = 5 on a shared machine, before comparing these",
+                              []).append(
                 f"{label} ({100 * (hi - lo) / med:.0f}%)")
         elif med and (lo is None or pd.isna(lo)):
             shared.setdefault("fewer than 6 measured steps, so no confidence interval; raise measured_steps", []).append(
