@@ -412,10 +412,6 @@ def _skip_reason(p: dict[str, Any], device_kind: str, num_devices: int, shape: M
         return f"grad_compression is a DDP communication hook: it applies to ddp and zero1, not {p['strategy']}"
     if p["grad_compression"] == "bf16" and p["device"] == "cpu":
         return "bf16 gradient compression on CPU: gloo cannot all-reduce bf16; use fp16"
-    if p["grad_compression"] == "powersgd" and p["device"] == "cpu":
-        # Seen here: ranks aborted with gloo "Received data size doesn't match expected size".
-        return ("PowerSGD on CPU: its chained all-reduces can reach gloo in a different order on each rank "
-                "(a collective mismatch); run it on GPUs (NCCL) or use fp16 on CPU")
     if pipelined and shape.tie_embeddings and p["pp"] > 1:
         return "pipeline parallelism with tied embeddings is not supported (embedding and head sit on different stages)"
     if p["strategy"] == "pp+tp+dp" and p["dp_mode"] == "ddp" and p["tp"] > 1 and p["dp"] > 1:

@@ -101,7 +101,7 @@ def prepare(cfg: Any, device: torch.device) -> Prepared:
     model = build_model(cfg)
     if cfg.strategy in ("single", "ddp", "zero1", "fsdp", "fsdp_grad_op"):
         _finish_module(model, cfg)
-        prep = _data_parallel(cfg.strategy, model, device, cfg.precision)
+        prep = _data_parallel(cfg.strategy, model, device, cfg.precision, _bucket_cap_mb(cfg, model, device))
         if getattr(cfg, "grad_compression", "none") != "none":
             register_compression(prep.model, cfg.grad_compression, cfg.powersgd_rank)
         return prep
@@ -133,7 +133,22 @@ def prepare_reference(cfg: Any, device: torch.device) -> Prepared:
     return _data_parallel("single", build_model(cfg), device, cfg.precision)
 
 
-def _data_parallel(strategy: str, model: DecoderLM, device: torch.device, precision: str) -> Prepared:
+def _bucket_cap_mb(cfg: Any, model: nn.Module, device: torch.device) -> float | None:
+    """DDP's gradient bucket size: torch's default (None) except for PowerSGD on gloo.
+
+    PowerSGD runs a chain of all-reduces per bucket, each started from the previous one's
+    completion callback. Gloo runs those callbacks on its own threads, so with several
+    buckets the chains interleave in a different order on each rank and gloo aborts with a
+    size mismatch (seen here: SIGABRT with 2 ranks and a 3M-parameter model; a model that
+    fits one bucket ran clean). One bucket holding every gradient leaves one chain per step.
+    NCCL enqueues on one stream per communicator and is left at the default."""
+    if getattr(cfg, "grad_compression", "none") != "powersgd" or device.type != "cpu":
+        return None
+    return sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20 + 1
+
+
+def _data_parallel(strategy: str, model: DecoderLM, device: torch.device, precision: str,
+                   bucket_cap_mb: float | None = None) -> Prepared:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -143,7 +158,8 @@ def _data_parallel(strategy: str, model: DecoderLM, device: torch.device, precis
         model = model.to(device)
         wrapped: nn.Module = model
         if strategy in ("ddp", "zero1"):
-            wrapped = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+            kw = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+            wrapped = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **kw)
         if strategy == "zero1":
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
