@@ -336,12 +336,21 @@ def _run_group(run_dir: Path, run_id: str, gi: int, nproc: int, device: str, gro
                                     env=child_env(nproc, device, tag), start_new_session=True,
                                     preexec_fn=die_with_parent)
             t_launch = time.monotonic()
+            shown_round, t_round1 = 0, 0.0
             while True:
                 rc = proc.poll()
                 yield from _new_records(tail, remaining, seen)
                 if rc is not None:
                     break
                 cur = _read_progress(progress_path)
+                if cur and cur.get("rounds", 1) > 1 and cur.get("round", 1) != shown_round:
+                    # Records only land after a config's last round: say where the job is.
+                    shown_round, now = cur["round"], time.monotonic()
+                    t_round1 = now if shown_round == 1 else t_round1
+                    eta = "" if shown_round == 1 else \
+                        f", ETA {_fmt_s((now - t_round1) / (shown_round - 1) * (cur['rounds'] - shown_round + 1))}"
+                    progress(f"round {shown_round}/{cur['rounds']} of {len(remaining)} config(s) "
+                             f"(elapsed {_fmt_s(now - t_launch)}{eta})")
                 if stop.signal:
                     killed_for = "interrupted"
                 elif cur and cur["config_id"] not in seen and cur["config_id"] in by_id \

@@ -359,9 +359,12 @@ def fail_config(cfg: RunConfig, device: torch.device, run_dir: Path, exc: BaseEx
     os._exit(FAILED_CONFIG_EXIT)
 
 
-def measure_round(cfg: RunConfig, device: torch.device, meter: EnergyMeter, run_dir: Path, last: bool) -> dict[str, Any]:
-    """One round of one config on this rank (the whole config when rounds = 1)."""
-    mark_started(cfg, run_dir)
+def measure_round(cfg: RunConfig, device: torch.device, meter: EnergyMeter, run_dir: Path, round_no: int,
+                  rounds: int) -> dict[str, Any]:
+    """Round ``round_no`` (from 1) of one config on this rank (the whole config when it
+    has one round); ``rounds``: the most rounds of any config in the job."""
+    mark_started(cfg, run_dir, round_no, rounds)
+    last = round_no == cfg.rounds
     try:
         mine = measure(cfg, device, meter, profile=last)
     except Exception as e:  # every failure leaves the job: see fail_config
@@ -439,14 +442,14 @@ def run_configs(configs: list[RunConfig], device: torch.device, meter: EnergyMet
     of whichever happened to run during the slow spell."""
     parts: dict[str, list[dict[str, Any]]] = {c.config_id: [] for c in configs}
     started: dict[str, str] = {}
-    for r in range(max(c.rounds for c in configs)):
+    rounds = max(c.rounds for c in configs)
+    for r in range(rounds):
         for cfg in configs:
             if r >= cfg.rounds:
                 continue
             started.setdefault(cfg.config_id, dt.datetime.now().isoformat(timespec="seconds"))
-            last = r == cfg.rounds - 1
-            parts[cfg.config_id].append(measure_round(cfg, device, meter, run_dir, last))
-            if last:
+            parts[cfg.config_id].append(measure_round(cfg, device, meter, run_dir, r + 1, rounds))
+            if r == cfg.rounds - 1:
                 rec = finish_config(cfg, merge_rounds(parts.pop(cfg.config_id)), device, run_dir, run_id,
                                     started[cfg.config_id])
                 if rec is not None:
@@ -455,12 +458,13 @@ def run_configs(configs: list[RunConfig], device: torch.device, meter: EnergyMet
             dist.barrier()
 
 
-def mark_started(cfg: RunConfig, run_dir: Path) -> None:
-    """Tell the launcher which config runs now and since when (its timeout and failure
-    attribution read this file)."""
+def mark_started(cfg: RunConfig, run_dir: Path, round_no: int = 1, rounds: int = 1) -> None:
+    """Tell the launcher which config runs now, since when, and in which round (its
+    timeout, failure attribution and round progress read this file)."""
     if dist.get_rank() == 0:
         store.write_json_atomic(run_dir / "progress" / f"{os.environ.get('MGBENCH_GROUP', 'group')}.json",
-                                {"config_id": cfg.config_id, "started": time.time()})
+                                {"config_id": cfg.config_id, "started": time.time(), "round": round_no,
+                                 "rounds": rounds})
 
 
 def warm_process(cfg: RunConfig, device: torch.device, run_dir: Path) -> None:

@@ -49,6 +49,7 @@ def test_compare_flags_a_30_percent_slowdown_and_gates(cli, tmp_path):
     for k in range(2):
         p = cli("run", "c.toml", "--run-id", f"all{k}", "--no-report")
         assert p.returncode == 0, p.stderr
+        assert "round 16/16 of 9 config(s)" in p.stdout  # progress while no record has landed yet
         a, b, slow_id = f"a{k}", f"b{k}", f"slow{k}"
         split_run(results, f"all{k}", a, lambda r: r["seed"] == 0 and r["inject"] == "none")
         split_run(results, f"all{k}", b, lambda r: r["seed"] == 1)

@@ -16,8 +16,9 @@ def cfg(cid: str, rounds: int) -> RunConfig:
 def test_round_k_of_every_config_before_round_k_plus_1(monkeypatch, tmp_path):
     calls, finished, appended = [], [], []
 
-    def fake_round(c, device, meter, run_dir, last):
-        calls.append((c.config_id, last))
+    def fake_round(c, device, meter, run_dir, round_no, rounds):
+        assert rounds == 3
+        calls.append((c.config_id, round_no == c.rounds))
         return {"round": len([x for x in calls if x[0] == c.config_id])}
 
     monkeypatch.setattr(worker, "measure_round", fake_round)
