@@ -302,11 +302,13 @@ def cores_shared() -> str | None:
 def pipeline_bubble(cfg: RunConfig, per_rank: list[dict[str, Any]], device: torch.device) -> dict[str, Any]:
     """Measured idle fraction of pipeline stages beside the theory.
 
-    Measured on CPU as 1 - (main-thread CPU time / wall time) over the measured window,
-    averaged over ranks: with one intra-op thread per rank all of a stage's compute runs
-    on its main thread, while waiting for a neighbour (gloo recv) costs no CPU time. It
-    holds only when every rank has a core of its own; otherwise (and on GPUs, where
-    kernels run asynchronously) it is null with the reason.
+    Measured on CPU as 1 - (main-thread CPU time / wall time) per step, the median over
+    the measured steps, averaged over ranks: with one intra-op thread per rank all of a
+    stage's compute runs on its main thread, while waiting for a neighbour (gloo recv)
+    costs no CPU time. The median, not the window total, so that a few steps during
+    which a shared VM took the core away (wall time passes, CPU time does not) do not
+    read as bubble. It holds only when every rank has a core of its own; otherwise (and
+    on GPUs, where kernels run asynchronously) it is null with the reason.
     """
     if not cfg.pipelined:
         return {}
@@ -319,10 +321,20 @@ def pipeline_bubble(cfg: RunConfig, per_rank: list[dict[str, Any]], device: torc
     elif crowded:
         out["pp_bubble_reason"] = f"{crowded}: waiting for a core would count as bubble"
     else:
-        idle = [1.0 - r["busy_s"] / r["measured_s"] for r in per_rank]
+        idle = [step_idle_fraction(r) for r in per_rank]
         out["pp_bubble_per_rank"] = idle
         out["pp_bubble_measured"] = sum(idle) / len(idle)
     return out
+
+
+def step_idle_fraction(rank_figures: dict[str, Any]) -> float:
+    """Median over measured steps of 1 - busy / wall for one rank (window totals when the
+    per-step lists do not line up)."""
+    walls = [t for w in rank_figures["windows"] for t in w]
+    busy = rank_figures["busy_steps"]
+    if len(walls) != len(busy) or not walls or min(walls) <= 0:
+        return 1.0 - rank_figures["busy_s"] / rank_figures["measured_s"]
+    return float(stats.summarize([1.0 - b / w for b, w in zip(busy, walls)])["median"])
 
 
 def base_record(cfg: RunConfig, run_id: str) -> dict[str, Any]:

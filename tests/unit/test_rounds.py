@@ -69,3 +69,12 @@ def test_rounds_is_a_suite_key_with_its_bounds(tmp_path):
     p.write_text('name = "r"\n[sweep]\nmodel = "tiny"\nrounds = 0\n')
     with pytest.raises(MgbenchError, match="rounds"):
         expand(load_suite(p), "cpu", 1)
+
+
+def test_step_idle_fraction_ignores_a_stolen_step():
+    # Four steps of 0.1 s wall, 0.06 s busy (40% idle); one step where the VM took the
+    # core for 0.5 s: the window totals would read 1 - 0.3 / 1.0 = 70% idle.
+    fig = {"windows": [[0.1, 0.1, 0.6, 0.1, 0.1]], "busy_steps": [0.06] * 5, "busy_s": 0.3, "measured_s": 1.0}
+    assert worker.step_idle_fraction(fig) == pytest.approx(0.4)
+    # Lists that do not line up fall back to the window totals.
+    assert worker.step_idle_fraction({**fig, "busy_steps": [0.06]}) == pytest.approx(0.7)
