@@ -229,7 +229,8 @@ def compare(base: str, new: str, results_dir: str, metric: str, threshold: float
     """Compare two runs of the same suite config by config.
 
     A change is flagged (better / worse) only when it is significant (Mann-Whitney U,
-    p < 0.05) AND at least --threshold percent; otherwise `~`. The test runs on the medians
+    p < 0.05) AND at least --threshold percent; otherwise `~`. Peak memory and energy per
+    token are one value per run: no test applies, the threshold alone decides. The test runs on the medians
     of the measured windows when each run has 5 or more (suite keys `rounds` x `repeats`),
     else on raw step times, whose p-values are optimistic because neighbouring steps share
     the machine's current speed. On a shared or noisy machine measure with `rounds = 5`:

@@ -1,12 +1,8 @@
 """The collectives `mgbench comm` measures, with nccl-tests' size and bandwidth rules.
 
 For each collective: how many elements each rank sends (from the nominal size S), how
-to run it, how to check the result, and the bus-bandwidth factor that makes busbw
-comparable across collectives and rank counts (nccl-tests doc/PERFORMANCE.md):
-    algbw = S / t;  busbw = algbw x factor(n)
-    all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast and
-    sendrecv 1.
-S is the size nccl-tests prints: the per-rank buffer for all_reduce, broadcast and
+to run it and how to check the result; algbw = S / t, and busbw = algbw x the factor in
+busbw.py. S is the size nccl-tests prints: the per-rank buffer for all_reduce, broadcast and
 sendrecv; the full gathered / scattered / exchanged buffer for the others.
 """
 
@@ -18,14 +14,6 @@ import torch
 import torch.distributed as dist
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "sendrecv")
-
-
-def busbw_factor(name: str, n: int) -> float:
-    if name == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if name in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    return 1.0
 
 
 class Bench:

@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 
 from .. import stats, store
-from .collectives import Bench, busbw_factor
+from .busbw import busbw_factor
+from .collectives import Bench
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .. import catalog, store
+from ..comm.busbw import busbw_factor
 from ..errors import MgbenchError
 from ..model_shape import ModelShape
 
@@ -51,8 +52,8 @@ def features(rec: dict[str, Any]) -> dict[str, float]:
         # no resharding: one all-gather per step, a reduce-scatter per micro-step
         k, calls = 1.0 + ga, (1.0 + ga) * units
     else:
-        # DDP: one all-reduce of the gradient buckets (25 MB each) per step
-        k, calls = 2.0, max(1.0, np.ceil(p_bytes / 25e6))
+        # DDP: one all-reduce per gradient bucket (torch's default bucket_cap_mb = 25 MiB) per step
+        k, calls = 2.0, max(1.0, np.ceil(p_bytes / (25 * 2**20)))
         if zero == 1:  # ZeroRedundancyOptimizer then broadcasts each rank's updated shard
             k, calls = 3.0, calls + n
     comm_bytes = k * (n - 1) / n * p_bytes  # k ring passes of (n-1)/n of the parameters
@@ -184,7 +185,7 @@ def comm_links(run: str, results_dir: str = "results") -> dict[str, Any]:
         n = next((r["nproc"] for r in rows if r["collective"] == "all_reduce" and r.get("scope", "all") == scope), 0)
         if not f or not f.get("bw_gbps") or n < 2:
             continue
-        out[f"{prefix}_bw"] = f["bw_gbps"] * 1e9 * 2 * (n - 1) / n
+        out[f"{prefix}_bw"] = f["bw_gbps"] * 1e9 * busbw_factor("all_reduce", n)
         out[f"{prefix}_alpha_s"] = f["alpha_s"] / (2 * (n - 1))
     if not out:
         raise MgbenchError(f"--comm {run}: no all_reduce fit with a bandwidth on 2 or more ranks to use")

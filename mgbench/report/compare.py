@@ -26,11 +26,15 @@ from ..errors import MgbenchError
 MATCH_KEYS = ("strategy", "nproc", "dp", "tp", "pp", "model_name", "model_layers", "model_hidden", "micro_batch",
               "seq_len", "grad_accum", "precision", "activation_checkpointing", "compile", "pp_schedule",
               "virtual_stages", "dp_mode", "device")
-# Direction of "better" for metrics a gate may name; per-step samples exist for step time,
-# and throughput metrics are its reciprocal (same test, same p-value).
+# Direction of "better" for metrics a gate may name.
 HIGHER_IS_BETTER = {"tokens_per_s": True, "tokens_per_s_per_device": True, "samples_per_s": True,
                     "mfu_pct": True, "model_tflops_per_device": True, "step_time_s": False,
                     "mem_peak_gib": False, "energy_per_token_j": False}
+# Per-step samples exist for step time, and these metrics are its reciprocal times a
+# constant (same test, same p-value). Peak memory and energy per token are one value per
+# run: no test applies, and the threshold alone decides.
+FROM_STEP_TIME = {"tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "mfu_pct", "model_tflops_per_device",
+                  "step_time_s"}
 P_SIGNIFICANT = 0.05
 # Fewer windows than this per run and the test falls back to steps: U on 4 vs 4 values
 # cannot reach p < 0.05 in the normal approximation we use.
@@ -77,9 +81,12 @@ def compare_runs(base: str, new: str, results_dir: str = "results", metric: str 
             continue
         bv, nv = float(b[metric]), float(n[metric])
         change = 100.0 * (nv - bv) / bv if bv else math.inf
-        p, basis = significance(b, n)
+        if metric in FROM_STEP_TIME:
+            p, basis = significance(b, n)
+        else:
+            p, basis = None, "no test: one value per run, so the threshold alone decides"
         better = change > 0 if HIGHER_IS_BETTER[metric] else change < 0
-        significant = p < P_SIGNIFICANT and abs(change) >= threshold_pct
+        significant = (p is None or p < P_SIGNIFICANT) and abs(change) >= threshold_pct
         verdict = ("better" if better else "worse") if significant else "~"
         row.update(base=bv, new=nv, change_pct=change, p_value=p, p_basis=basis, significant=significant,
                    verdict=verdict)
@@ -108,6 +115,7 @@ def gate_failures(rows: list[dict[str, Any]], gates: list[Gate]) -> list[str]:
             # Express the change so that negative means worse, whatever the metric's direction.
             signed = r["change_pct"] if HIGHER_IS_BETTER[g.metric] else -r["change_pct"]
             if signed < g.limit_pct:
-                out.append(f"{r['label']}: {g.metric} {r['change_pct']:+.1f}% (p = {r['p_value']:.3g}) "
+                p = "no test" if r["p_value"] is None else f"p = {r['p_value']:.3g}"
+                out.append(f"{r['label']}: {g.metric} {r['change_pct']:+.1f}% ({p}) "
                            f"breaks the gate {g.metric}:{g.limit_pct:+g}%")
     return out

@@ -171,9 +171,10 @@ def summarize_config(cfg: RunConfig, per_rank: list[dict[str, Any]], device: tor
     """Turn every rank's raw figures into the flat record fields."""
     world = len(per_rank)
     # A step ends when its slowest rank ends: step time = max over ranks, per step.
-    n_steps = min(sum(len(w) for w in r["windows"]) for r in per_rank)
+    windows = [[max(ts) for ts in zip(*ws)] for ws in zip(*(r["windows"] for r in per_rank))]
+    step_times = [t for w in windows for t in w]
+    n_steps = len(step_times)
     flat = [[t for w in r["windows"] for t in w] for r in per_rank]
-    step_times = [max(f[i] for f in flat) for i in range(n_steps)]
     s = stats.summarize(step_times)
     tokens_per_step = cfg.global_batch * cfg.seq_len
     tokens_per_s = tokens_per_step / s["median"]
@@ -202,8 +203,7 @@ def summarize_config(cfg: RunConfig, per_rank: list[dict[str, Any]], device: tor
         "step_time_ci95_high_s": s["ci95_high"],
         "step_times_s": step_times,
         "num_steps_measured": n_steps,
-        "repeat_medians_s": [stats.summarize([max(x) for x in zip(*(r["windows"][k] for r in per_rank))])["median"]
-                             for k in range(min(len(r["windows"]) for r in per_rank))],
+        "repeat_medians_s": [stats.summarize(w)["median"] for w in windows],
         "per_rank_step_time_median_s": [stats.summarize(f)["median"] for f in flat],
         "tokens_per_step": tokens_per_step,
         "tokens_per_s": tokens_per_s,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import threading
 import time
 from typing import Any
@@ -35,8 +36,20 @@ def nvml_handle(nvml: Any, cuda_index: int) -> Any:
         return nvml.nvmlDeviceGetHandleByIndex(index)
 
 
+POWERCAP = "/sys/class/powercap"
+
+
+def rapl_package_files(root: str = POWERCAP) -> list[str]:
+    """The energy counters of the CPU packages: zones intel-rapl:N only. Their subzones
+    (intel-rapl:N:M: core, uncore, dram) sit beside them in the same folder, and the core
+    and uncore counts are part of the package's, so summing every zone would count them
+    twice."""
+    return sorted(f for f in glob.glob(os.path.join(root, "intel-rapl:*", "energy_uj"))
+                  if re.fullmatch(r"intel-rapl:\d+", os.path.basename(os.path.dirname(f))))
+
+
 class EnergyMeter:
-    """start() / stop() around a window; stop() returns energy_j, power_w, method, reason."""
+    """start() / stop() around a window; stop() returns energy_j, window_s, method, reason."""
 
     def __init__(self, device_type: str, device_index: int, local_rank: int, power_sample_s: float = 0.1) -> None:
         self.device_type = device_type
@@ -73,7 +86,7 @@ class EnergyMeter:
         if self.local_rank != 0:
             self.reason = "RAPL counts the whole CPU package; read by local rank 0 only"
             return
-        files = sorted(glob.glob("/sys/class/powercap/intel-rapl:[0-9]*/energy_uj"))
+        files = rapl_package_files()
         readable = []
         for path in files:
             try:
@@ -136,7 +149,6 @@ class EnergyMeter:
                 elapsed = s[-1][0] - s[0][0]
         return {
             "energy_j": energy,
-            "power_w": energy / elapsed if energy is not None and elapsed > 0 else None,
             "window_s": elapsed,
             "energy_method": self.method,
             "energy_reason": None if energy is not None else (self.reason or "counter read failed"),

@@ -90,3 +90,16 @@ def test_few_windows_fall_back_to_steps():
     p, basis = significance(a, b)
     assert basis.startswith("steps (fewer than 5 windows")
     assert p == stats.mann_whitney_u(a["step_times_s"], b["step_times_s"])[1]
+
+
+def test_peak_memory_has_no_test_and_the_threshold_decides(tmp_path):
+    for run_id, gib in (("a", 2.0), ("b", 2.1), ("c", 2.6)):
+        run = store.create_run_dir(tmp_path, run_id)
+        store.write_json_atomic(run / "manifest.json", {"run_id": run_id, "machine": {}})
+        store.append_record(run, {"config_id": "x", "label": "ddp", "status": "ok", "strategy": "ddp", "nproc": 2,
+                                  "mem_peak_gib": gib, "step_times_s": [0.1] * 20})
+    small = compare_runs("a", "b", tmp_path, metric="mem_peak_gib")[0]
+    assert small["p_value"] is None and small["verdict"] == "~" and small["p_basis"].startswith("no test")
+    big = compare_runs("a", "c", tmp_path, metric="mem_peak_gib")[0]
+    assert big["verdict"] == "worse" and big["change_pct"] == pytest.approx(30.0)
+    assert "(no test)" in gate_failures([big], [Gate("mem_peak_gib", -5.0)])[0]

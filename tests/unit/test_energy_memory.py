@@ -1,8 +1,8 @@
-import glob
+from pathlib import Path
 
 import torch
 
-from mgbench.telemetry.energy import EnergyMeter
+from mgbench.telemetry.energy import EnergyMeter, rapl_package_files
 from mgbench.telemetry.memory import read_peak, reset_peak
 
 
@@ -13,7 +13,7 @@ def test_cpu_energy_is_null_with_reason_when_rapl_is_unreadable():
     if meter.method == "rapl":  # a bare-metal Linux host with readable counters
         assert out["energy_j"] is not None and out["energy_j"] >= 0
     else:
-        assert not glob.glob("/sys/class/powercap/intel-rapl:[0-9]*/energy_uj") or meter.reason
+        assert not rapl_package_files() or meter.reason
         assert out["energy_j"] is None and out["energy_method"] == "none"
         assert "RAPL" in out["energy_reason"]
 
@@ -51,3 +51,11 @@ def test_nvml_index_follows_cuda_visible_devices(monkeypatch):
     assert nvml_handle(FakeNVML(), 1) == "nvml-5"
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert nvml_handle(FakeNVML(), 1) == "nvml-1"
+
+
+def test_rapl_reads_packages_not_their_subzones(tmp_path):
+    for zone in ("intel-rapl:0", "intel-rapl:0:0", "intel-rapl:0:1", "intel-rapl:1", "intel-rapl:1:0", "intel-rapl-mmio:0"):
+        (tmp_path / zone).mkdir()
+        (tmp_path / zone / "energy_uj").write_text("1000\n")
+    names = [Path(f).parent.name for f in rapl_package_files(str(tmp_path))]
+    assert names == ["intel-rapl:0", "intel-rapl:1"]
