@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from .. import stats, store
+from ..telemetry.clock import StepClock
 from .busbw import busbw_factor
 from .collectives import Bench
 
@@ -40,19 +40,14 @@ def measure(name: str, size: int, dtype: torch.dtype, device: torch.device, warm
     fn = b.call()
     for _ in range(warmup):
         fn()
-    times = []
+    # Back to back, as nccl-tests runs its iterations: a host sync per iteration would put
+    # the launch gap and the ranks' skew into every small-message time.
+    clock = StepClock(device)
+    clock.mark()
     for _ in range(iters):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1000.0)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
+        fn()
+        clock.mark()
+    times = clock.step_times()
     # nccl-tests reports the slowest rank: a collective is done when every rank is.
     t = torch.tensor(times, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)

@@ -29,6 +29,7 @@ from ..catalog import peak_tflops
 from ..suite import RunConfig
 from ..strategies.apply import prepare
 from ..strategies.pipeline import theoretical_bubble
+from ..telemetry.clock import StepClock
 from ..telemetry.energy import EnergyMeter
 from ..telemetry.memory import read_peak, reset_peak
 from ..telemetry.machine import cpu_model
@@ -39,29 +40,6 @@ from .training import rank_batches, train_step
 # Exit status of a rank that failed a config on purpose (after writing its failure
 # file): the launcher tells it apart from a rank that died without a word.
 FAILED_CONFIG_EXIT = 3
-
-
-class StepClock:
-    """Per-step times: CUDA events on GPU (read after one sync at the window end),
-    perf_counter on CPU (where ops are synchronous)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.marks: list[Any] = []
-
-    def mark(self) -> None:
-        if self.cuda:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            self.marks.append(e)
-        else:
-            self.marks.append(time.perf_counter())
-
-    def step_times(self) -> list[float]:
-        if self.cuda:
-            torch.cuda.synchronize()
-            return [a.elapsed_time(b) / 1000.0 for a, b in zip(self.marks, self.marks[1:])]
-        return [b - a for a, b in zip(self.marks, self.marks[1:])]
 
 
 def sync(device: torch.device) -> None:
