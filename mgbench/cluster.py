@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from .errors import MgbenchError
-from .runner.launch import Cluster
+from .store import RunDir
+from .launching import Cluster
 
 RDZV_PORT = 29500
 
@@ -46,7 +47,7 @@ def sbatch_script(run_dir: Path, suite_name: str, nodes: int, gpus_per_node: int
     then starts the ranks on every node and they meet at the head node's rendezvous."""
     run_dir = run_dir.resolve()
     lines = ["#!/bin/bash", f"#SBATCH --job-name=mgbench-{suite_name}", f"#SBATCH --nodes={nodes}",
-             "#SBATCH --ntasks-per-node=1", f"#SBATCH --output={run_dir}/logs/slurm-%j.out"]
+             "#SBATCH --ntasks-per-node=1", f"#SBATCH --output={RunDir(run_dir).slurm_output_pattern()}"]
     if device == "cuda":
         lines.append(f"#SBATCH --gpus-per-node={gpus_per_node}")
     else:

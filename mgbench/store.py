@@ -1,13 +1,9 @@
-"""The results directory: one folder per run, written so that nothing is lost.
+"""The results directory: one folder per run (:class:`RunDir` owns its paths), written
+so that nothing is lost: records appended and fsynced, the manifest rewritten atomically.
 
-results/<run_id>/
-  manifest.json   run id, times, suite text + hash, machine fingerprint (atomic rewrite)
-  records.jsonl   one flat JSON object per config, appended and fsynced as each ends
-  samples/        raw per-step times per config and rank
-  logs/           each torchrun job's output
-
-Every record carries ``schema_version``; :func:`migrate_record` brings older records up
-to date on load, so old run folders keep loading.
+Every record and manifest carries ``schema_version``; reading goes through the
+migrations of :mod:`mgbench.record`, so old run folders keep loading and a folder
+written by a newer mgbench is refused with a message.
 """
 
 from __future__ import annotations
@@ -22,9 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .errors import MgbenchError
-
-SCHEMA_VERSION = 1
-STATUSES = ("ok", "oom", "timeout", "error", "skipped", "interrupted")
+from .record import SCHEMA_VERSION, Record, migrate_manifest, migrate_record
 
 
 def new_run_id(suite_name: str) -> str:
@@ -34,22 +28,163 @@ def new_run_id(suite_name: str) -> str:
     return f"{stamp}-{safe}-{secrets.token_hex(2)}"
 
 
+class RunDir:
+    """Every path inside one run folder, in one place (asv's ``Results.get_filename``):
+    no other module spells a file name of a run folder.
+
+    results/<run_id>/
+      manifest.json             run id, times, suite, machine fingerprint (atomic rewrite)
+      records.jsonl             one record per config, appended and fsynced as each ends
+      samples/<config>.json     raw per-step times per config and rank, and losses
+      jobs/<tag>.json           the configs one torchrun job runs (written by the launcher)
+      progress/<tag>.json       which config a job runs now, since when, which round
+      logs/<tag>.log            a job's torchrun output; logs/<tag>/ its ranks' own files
+      logs/fail-<config>-rank<r>.json, logs/<config>.rank<r>.stderr.txt, logs/<config>.traceback.txt
+      nodes/node-<n>.json       each node's fingerprint (multi-node runs)
+      reference/<key>.json      cached single-process reference trajectories
+      comm.jsonl, comm_fit.json rows and alpha-beta fits of `mgbench comm`
+      job.sbatch                the Slurm batch script of `mgbench slurm`
+    """
+
+    def __init__(self, path: "str | Path | RunDir") -> None:
+        self.path = path.path if isinstance(path, RunDir) else Path(path)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @classmethod
+    def create(cls, results_dir: str | Path, run_id: str) -> "RunDir":
+        """Make results/<run_id>/ (and results/ if needed); never reuse an existing folder."""
+        root = Path(results_dir)
+        if root.exists() and not root.is_dir():
+            raise MgbenchError(f"results dir {root} exists and is not a folder; pass --results-dir DIR")
+        path = root / run_id
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            path.mkdir()
+        except FileExistsError:
+            raise MgbenchError(f"run folder {path} already exists; choose another --run-id") from None
+        except OSError as e:
+            raise MgbenchError(f"cannot create run folder {path}: {e.strerror}; pass a writable --results-dir") from None
+        rd = cls(path)
+        for sub in (rd.samples_dir, rd.logs_dir, rd.progress_dir, rd.jobs_dir):
+            sub.mkdir()
+        return rd
+
+    # run level
+    @property
+    def manifest(self) -> Path:
+        return self.path / "manifest.json"
+
+    @property
+    def records(self) -> Path:
+        return self.path / "records.jsonl"
+
+    @property
+    def sbatch(self) -> Path:
+        return self.path / "job.sbatch"
+
+    # per config
+    @property
+    def samples_dir(self) -> Path:
+        return self.path / "samples"
+
+    def sample(self, config_id: str) -> Path:
+        return self.samples_dir / f"{config_id}.json"
+
+    def relative(self, path: Path) -> str:
+        """A path inside the folder as records store it (relative, so folders can move)."""
+        return str(path.relative_to(self.path))
+
+    def failure(self, config_id: str, rank: int) -> Path:
+        """A rank's own account of why it failed a config (written by the rank)."""
+        return self.logs_dir / f"fail-{config_id}-rank{rank}.json"
+
+    def failures(self, config_id: str) -> list[Path]:
+        return sorted(self.logs_dir.glob(f"fail-{config_id}-rank*.json"))
+
+    def stderr_tail(self, config_id: str, rank: int) -> Path:
+        return self.logs_dir / f"{config_id}.rank{rank}.stderr.txt"
+
+    def traceback(self, config_id: str) -> Path:
+        return self.logs_dir / f"{config_id}.traceback.txt"
+
+    def reference(self, key: str) -> Path:
+        return self.path / "reference" / f"{key}.json"
+
+    # per torchrun job
+    @property
+    def jobs_dir(self) -> Path:
+        return self.path / "jobs"
+
+    def job(self, tag: str) -> Path:
+        """The job file a torchrun job's ranks read their configs from."""
+        return self.jobs_dir / f"{tag}.json"
+
+    @property
+    def progress_dir(self) -> Path:
+        return self.path / "progress"
+
+    def progress(self, tag: str) -> Path:
+        return self.progress_dir / f"{tag}.json"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.path / "logs"
+
+    def job_log(self, tag: str) -> Path:
+        return self.logs_dir / f"{tag}.log"
+
+    def rank_logs(self, tag: str) -> Path:
+        """torchrun's --log-dir for a job: each rank's stdout/stderr below it."""
+        return self.logs_dir / tag
+
+    def rank_stderr(self, tag: str, rank: int) -> Path | None:
+        """The newest stderr file torchrun kept for one rank of a job, if any."""
+        files = sorted(self.rank_logs(tag).glob(f"**/{rank}/stderr.log"))
+        return files[-1] if files else None
+
+    def slurm_output_pattern(self) -> Path:
+        """sbatch's --output pattern (%j: the job id)."""
+        return self.logs_dir / "slurm-%j.out"
+
+    def slurm_outputs(self) -> list[Path]:
+        return sorted(self.logs_dir.glob("slurm-*.out"))
+
+    # multi-node
+    @property
+    def nodes_dir(self) -> Path:
+        return self.path / "nodes"
+
+    def node(self, node_rank: int) -> Path:
+        return self.nodes_dir / f"node-{node_rank}.json"
+
+    def nodes(self) -> list[Path]:
+        return sorted(self.nodes_dir.glob("*.json")) if self.nodes_dir.is_dir() else []
+
+    # mgbench comm
+    @property
+    def comm_rows(self) -> Path:
+        return self.path / "comm.jsonl"
+
+    @property
+    def comm_fit(self) -> Path:
+        return self.path / "comm_fit.json"
+
+
 def create_run_dir(results_dir: str | Path, run_id: str) -> Path:
-    """Make results/<run_id>/ (and results/ if needed); never reuse an existing folder."""
-    root = Path(results_dir)
-    if root.exists() and not root.is_dir():
-        raise MgbenchError(f"results dir {root} exists and is not a folder; pass --results-dir DIR")
-    path = root / run_id
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        path.mkdir()
-    except FileExistsError:
-        raise MgbenchError(f"run folder {path} already exists; choose another --run-id") from None
-    except OSError as e:
-        raise MgbenchError(f"cannot create run folder {path}: {e.strerror}; pass a writable --results-dir") from None
-    for sub in ("samples", "logs", "progress"):
-        (path / sub).mkdir()
-    return path
+    """Make results/<run_id>/ (see :meth:`RunDir.create`); returns its path."""
+    return RunDir.create(results_dir, run_id).path
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -63,11 +198,10 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def append_record(run_dir: Path, record: dict[str, Any]) -> None:
+def append_record(run_dir: "RunDir | Path", record: Record) -> None:
     """Append one record line and fsync it, under an exclusive lock."""
-    record = {"schema_version": SCHEMA_VERSION, **record}
-    line = json.dumps(record, sort_keys=True, default=str) + "\n"
-    with open(run_dir / "records.jsonl", "a") as f:
+    line = json.dumps(record.to_dict(), sort_keys=True, default=str) + "\n"
+    with open(RunDir(run_dir).records, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             f.write(line)
@@ -77,21 +211,10 @@ def append_record(run_dir: Path, record: dict[str, Any]) -> None:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def migrate_record(record: dict[str, Any]) -> dict[str, Any]:
-    """Bring a record of any known schema version up to SCHEMA_VERSION."""
-    version = record.get("schema_version", 0)
-    if version > SCHEMA_VERSION:
-        raise MgbenchError(
-            f"record schema_version {version} is newer than this mgbench ({SCHEMA_VERSION}); upgrade mgbench"
-        )
-    # Version 0 (no field): records written before versioning; same fields.
-    record["schema_version"] = SCHEMA_VERSION
-    return record
-
-
-def read_records(run_dir: Path) -> list[dict[str, Any]]:
-    """All records of a run; a corrupt line is an error naming the file and line."""
-    path = run_dir / "records.jsonl"
+def read_records(run_dir: "RunDir | Path") -> list[dict[str, Any]]:
+    """All records of a run (migrated to this schema version), as flat dicts; a corrupt
+    line is an error naming the file and line."""
+    path = RunDir(run_dir).records
     if not path.exists():
         return []
     out = []
@@ -114,8 +237,8 @@ class RecordTail:
     launcher polling several times a second does not re-parse the whole file while
     ranks are being timed on the same cores."""
 
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / "records.jsonl"
+    def __init__(self, run_dir: "RunDir | Path") -> None:
+        self.path = RunDir(run_dir).records
         self.offset = 0
 
     def new(self) -> list[dict[str, Any]]:
@@ -139,9 +262,9 @@ def latest_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(last.values())
 
 
-def repair_tail(run_dir: Path) -> int:
+def repair_tail(run_dir: "RunDir | Path") -> int:
     """Drop a half-written last line (a writer killed mid-line); returns bytes dropped."""
-    path = run_dir / "records.jsonl"
+    path = RunDir(run_dir).records
     if not path.exists():
         return 0
     data = path.read_bytes()
@@ -155,10 +278,16 @@ def repair_tail(run_dir: Path) -> int:
     return len(data) - keep
 
 
-def read_manifest(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "manifest.json"
+def write_manifest(run_dir: "RunDir | Path", manifest: dict[str, Any]) -> None:
+    """Rewrite a run's manifest atomically, stamped with this schema version."""
+    write_json_atomic(RunDir(run_dir).manifest, {**manifest, "schema_version": SCHEMA_VERSION})
+
+
+def read_manifest(run_dir: "RunDir | Path") -> dict[str, Any]:
+    """A run's manifest, migrated to this schema version."""
+    path = RunDir(run_dir).manifest
     try:
-        return json.loads(path.read_text())
+        return migrate_manifest(json.loads(path.read_text()))
     except FileNotFoundError:
         raise MgbenchError(f"{run_dir} is not an mgbench run folder (no manifest.json)") from None
     except json.JSONDecodeError as e:
@@ -170,7 +299,7 @@ def resolve_run(run: str | Path, results_dir: str | Path = "results") -> Path:
     candidates = [Path(run), Path(results_dir) / str(run)]
     for p in candidates:
         if p.is_dir():
-            if not (p / "manifest.json").exists():
+            if not RunDir(p).manifest.exists():
                 raise MgbenchError(f"{p} is not an mgbench run folder (no manifest.json)")
             return p
     raise MgbenchError(
@@ -182,7 +311,7 @@ def resolve_run(run: str | Path, results_dir: str | Path = "results") -> Path:
 def latest_run(results_dir: str | Path = "results") -> Path:
     """The newest run folder (run ids sort by time)."""
     root = Path(results_dir)
-    runs = sorted(p for p in root.glob("*") if (p / "manifest.json").exists()) if root.is_dir() else []
+    runs = sorted(p for p in root.glob("*") if RunDir(p).manifest.exists()) if root.is_dir() else []
     if not runs:
         raise MgbenchError(f"no runs under {root}/; run `mgbench run` first or pass --results-dir")
     return runs[-1]

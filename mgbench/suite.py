@@ -13,206 +13,18 @@ from __future__ import annotations
 import difflib
 import hashlib
 import itertools
-import json
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from . import catalog
+from . import catalog, faults
+from .config import FIELDS, SWEEP_KEYS, RunConfig, applies, config_id
 from .errors import MgbenchError
 from .model_shape import ModelShape
 from .strategies import PIPELINED, STRATEGIES, dims_for
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
-CHECKPOINTING = ("none", "selective", "full")
-DEVICES = ("auto", "cpu", "cuda")
-
-
-def _int(min_value: int) -> Callable[[Any], str | None]:
-    def check(v: Any) -> str | None:
-        if not isinstance(v, int) or isinstance(v, bool):
-            return f"must be an integer, got {v!r}"
-        if v < min_value:
-            return f"must be >= {min_value}, got {v}"
-        return None
-
-    return check
-
-
-def _choice(allowed: tuple[str, ...]) -> Callable[[Any], str | None]:
-    def check(v: Any) -> str | None:
-        if v not in allowed:
-            hint = difflib.get_close_matches(str(v), allowed, n=1)
-            more = f" (did you mean {hint[0]!r}?)" if hint else ""
-            return f"{v!r} is not one of {', '.join(allowed)}{more}"
-        return None
-
-    return check
-
-
-def _bool(v: Any) -> str | None:
-    return None if isinstance(v, bool) else f"must be true or false, got {v!r}"
-
-
-def _nproc(v: Any) -> str | None:
-    if v in ("pow2", "all"):
-        return None
-    err = _int(1)(v)
-    return f"{err} (or \"pow2\" / \"all\" for the detected devices)" if err else None
-
-
-def _model(v: Any) -> str | None:
-    if isinstance(v, str):
-        return _choice(tuple(catalog.model_presets()))(v)
-    if isinstance(v, dict):
-        try:
-            ModelShape.from_dict(v)
-        except MgbenchError as e:
-            return str(e)
-        return None
-    return f"must be a preset name or a table of dims, got {v!r}"
-
-
-def _layout(v: Any) -> str | None:
-    if v == "auto":
-        return None
-    if not isinstance(v, dict) or not v:
-        return f"must be a table of degrees such as {{dp = 2, tp = 2}}, got {v!r}"
-    for k, d in v.items():
-        if k not in ("dp", "tp", "pp"):
-            hint = difflib.get_close_matches(k, ("dp", "tp", "pp"), n=1)
-            return f"unknown degree {k!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "") + "; allowed: dp, tp, pp"
-        if not isinstance(d, int) or isinstance(d, bool) or d < 1:
-            return f"degree {k} must be a positive integer, got {d!r}"
-    return None
-
-
-def _inject(v: Any) -> str | None:
-    from .runner.inject import parse
-
-    if not isinstance(v, str):
-        return f"must be a string such as \"oom@step=3,rank=1\" or \"none\", got {v!r}"
-    try:
-        parse(v)
-    except ValueError as e:
-        return str(e)
-    return None
-
-
-# key -> (validator, default, help). The one schema for suite files and --set.
-SWEEP_KEYS: dict[str, tuple[Callable[[Any], str | None], Any, str]] = {
-    "workload": (_choice(("gpt",)), "gpt", "training workload (decoder LM)"),
-    "model": (_model, "tiny", "preset name (see models.toml) or {layers, hidden, heads, ffn_hidden, vocab, ...}"),
-    "strategy": (_choice(tuple(STRATEGIES)), "single", "parallelism strategy"),
-    "nproc": (_nproc, 1, "ranks (devices) per config; \"pow2\" = 1, 2, 4 ... up to the devices found"),
-    "micro_batch": (_int(1), 1, "sequences per rank per micro-step"),
-    "seq_len": (_int(2), 128, "tokens per sequence"),
-    "grad_accum": (_int(1), 1, "micro-batches per optimizer step (pipelines: the schedule's micro-batch count)"),
-    "layout": (_layout, "auto", "parallel degrees, e.g. {dp = 2, tp = 2}; \"auto\": the strategy's default"),
-    "dp_mode": (_choice(("ddp", "fsdp")), "ddp", "data parallelism inside pp+tp+dp: ddp or fsdp"),
-    "pp_schedule": (_choice(SCHEDULES), "1f1b", "pipeline schedule: gpipe, 1f1b or interleaved (1F1B)"),
-    "virtual_stages": (_int(1), 2, "model chunks per rank for the interleaved schedule"),
-    "precision": (_choice(PRECISIONS), "fp32", "fp32, bf16 (autocast) or fp16 (autocast + loss scaling)"),
-    "activation_checkpointing": (_choice(CHECKPOINTING), "none", "none, selective (every 2nd block) or full (every block)"),
-    "compile": (_bool, False, "torch.compile each block"),
-    "warmup_steps": (_int(0), 3, "untimed steps before the measured window"),
-    "measured_steps": (_int(2), 10, "timed optimizer steps per repeat"),
-    "repeats": (_int(1), 1, "measured windows per config"),
-    "rounds": (_int(1), 1, "measure each config in this many rounds, interleaved with the other configs of its "
-                           "torchrun job (round 1 of every config, then round 2, ...); each round rebuilds the "
-                           "model and warms up again. For shared or noisy machines, whose speed drifts over minutes"),
-    "seed": (_int(0), 0, "seed of weights and random tokens"),
-    "check_steps": (_int(0), 3, "first steps whose loss is checked against the single-process reference (0: no check)"),
-    "timeout_s": (_int(1), 900, "seconds a config (each round of it) may take before its job is stopped"),
-    "device": (_choice(DEVICES), "auto", "cpu, cuda, or auto (cuda when present)"),
-    "grad_compression": (_choice(("none", "fp16", "bf16", "powersgd")), "none",
-                         "DDP communication hook compressing gradients (lossy: looser loss tolerance)"),
-    "powersgd_rank": (_int(1), 2, "matrix rank of PowerSGD's low-rank gradient approximation"),
-    "profile": (_bool, False, "after the timed window, profile a few steps and split them into compute / communication / idle"),
-    "profile_steps": (_int(1), 3, "steps in the profiled window"),
-    "inject": (_inject, "none", "fault injection for testing recovery: oom@step=S,rank=R | crash@... | kill@... | hang@... | slow@rank=R,factor=F"),
-}
 TOP_KEYS = {"name", "description", "sweep", "cpu", "gpu"}
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """One point of a sweep: everything the worker needs to run it."""
-
-    strategy: str
-    nproc: int
-    model: dict[str, Any]
-    micro_batch: int
-    seq_len: int
-    grad_accum: int
-    precision: str
-    activation_checkpointing: str
-    compile: bool
-    warmup_steps: int
-    measured_steps: int
-    repeats: int
-    seed: int
-    check_steps: int
-    timeout_s: int
-    device: str
-    layout: Any = "auto"
-    dp_mode: str = "ddp"
-    pp_schedule: str = "1f1b"
-    virtual_stages: int = 2
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    inject: str = "none"
-    grad_compression: str = "none"
-    powersgd_rank: int = 2
-    profile: bool = False
-    profile_steps: int = 3
-    rounds: int = 1
-    workload: str = "gpt"
-    skip_reason: str | None = None
-    config_id: str = field(default="")
-
-    @property
-    def shape(self) -> ModelShape:
-        return ModelShape(**self.model)
-
-    @property
-    def global_batch(self) -> int:
-        """Sequences per optimizer step: micro-batch x micro-batches x data-parallel degree."""
-        return self.micro_batch * self.grad_accum * self.dp
-
-    @property
-    def pipelined(self) -> bool:
-        return self.strategy in PIPELINED
-
-    @property
-    def label(self) -> str:
-        ac = "" if self.activation_checkpointing == "none" else f" ac={self.activation_checkpointing}"
-        comp = " compile" if self.compile else ""
-        lay = ""
-        if self.tp > 1 or self.pp > 1:
-            lay = f" [dp={self.dp} tp={self.tp} pp={self.pp}]"
-        if self.pipelined:
-            lay += f" {self.pp_schedule}" + (f" v={self.virtual_stages}" if self.pp_schedule == "interleaved" else "")
-        return (
-            f"{self.strategy} n={self.nproc}{lay} {self.model['name']} mb={self.micro_batch} "
-            f"s={self.seq_len} ga={self.grad_accum} {self.precision}{ac}{comp}"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
-        return cls(**d)
-
-
-def config_id(params: dict[str, Any]) -> str:
-    """Stable id of a config: its strategy and size, then a hash of every parameter."""
-    blob = json.dumps(params, sort_keys=True).encode()
-    return f"{params['strategy']}-n{params['nproc']}-{hashlib.sha1(blob).hexdigest()[:10]}"
 
 
 @dataclass
@@ -348,12 +160,15 @@ def _expand_nproc(values: list[Any], num_devices: int) -> list[int]:
 
 
 def expand(suite: Suite, device_kind: str, num_devices: int) -> list[RunConfig]:
-    """The cartesian product of each sweep, each config with its skip reason (or None)."""
+    """The cartesian product of each sweep, each config with its skip reason (or None).
+    Labels are unique: a procedure key that varies in the suite is shown in them."""
     configs = []
     for table in suite.sweeps:
         configs += _expand_one(suite, table, device_kind, num_devices)
     # One record per config id: duplicates (e.g. nproc listed twice) collapse.
-    return list({c.config_id: c for c in configs}.values())
+    configs = list({c.config_id: c for c in configs}.values())
+    varying = tuple(k for k in SWEEP_KEYS if len({repr(c.params()[k]) for c in configs}) > 1)
+    return [replace(c, label_keys=varying) for c in configs]
 
 
 def _expand_one(suite: Suite, table: dict[str, list[Any]], device_kind: str, num_devices: int) -> list[RunConfig]:
@@ -363,39 +178,30 @@ def _expand_one(suite: Suite, table: dict[str, list[Any]], device_kind: str, num
     configs = []
     for combo in itertools.product(*(sweep[k] for k in keys)):
         p = dict(zip(keys, combo))
-        model = p["model"]
-        shape = catalog.model_shape(model) if isinstance(model, str) else ModelShape.from_dict(model)
-        p["model"] = {**shape.to_dict(), "name": model if isinstance(model, str) else "custom"}
         p["device"] = device_kind if p["device"] == "auto" else p["device"]
         if p["check_steps"] > p["warmup_steps"] + p["measured_steps"]:
             raise MgbenchError(
                 f"{suite.path}: check_steps ({p['check_steps']}) exceeds warmup_steps + measured_steps "
                 f"({p['warmup_steps'] + p['measured_steps']}); lower check_steps or add steps"
             )
-        # Keys that only matter to some strategies are pinned for the others, so they
+        # Keys that only matter to some configs are pinned for the others, so they
         # neither multiply configs nor change ids where they have no effect.
-        if p["strategy"] not in PIPELINED:
-            p["pp_schedule"], p["virtual_stages"] = "1f1b", 2
-        elif p["pp_schedule"] != "interleaved":
-            p["virtual_stages"] = 2
-        if p["strategy"] != "pp+tp+dp":
-            p["dp_mode"] = "ddp"
-        if not p["profile"]:
-            p["profile_steps"] = 3
-        if p["grad_compression"] != "powersgd":
-            p["powersgd_rank"] = 2
+        for k in keys:
+            if not applies(k, p):
+                p[k] = FIELDS[k].default
         dims, problem = dims_for(p["strategy"], p["nproc"], None if p["layout"] == "auto" else p["layout"])
         if dims is not None:
             p.update(dp=dims.dp, tp=dims.tp, pp=dims.pp)
-        cid = config_id(p)
-        reason = problem or _skip_reason(p, device_kind, num_devices, shape)
-        configs.append(RunConfig(**p, skip_reason=reason, config_id=cid))
+        cfg = RunConfig(**p)
+        reason = problem or _skip_reason(cfg, device_kind, num_devices)
+        configs.append(replace(cfg, skip_reason=reason, config_id=config_id(cfg.params())))
     return configs
 
 
-def _skip_reason(p: dict[str, Any], device_kind: str, num_devices: int, shape: ModelShape) -> str | None:
+def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | None:
     from .parallel_dims import ParallelDims
 
+    p, shape = cfg.params(), cfg.shape
     if p["device"] == "cuda" and device_kind != "cuda":
         return "config asks for cuda but no CUDA device was found"
     dims = ParallelDims(dp=p["dp"], tp=p["tp"], pp=p["pp"])

@@ -1,8 +1,10 @@
 """`mgbench compare BASE NEW`: per matching config, the change of a metric, flagged only
 when it is statistically significant AND past a threshold (asv's rule), with CI gates.
 
-Configs match on what defines the workload and layout (not on run id, seed or fault
-injection), so two runs of one suite compare config by config. Significance is a
+Configs match on their workload identity, as the config schema declares it
+(:data:`mgbench.config.IDENTITY_KEYS`: model dims, layout, precision, compression, ...; not
+run id, seed, step counts or fault injection), so two runs of one suite compare config by
+config and two configs that differ in any workload field are never merged. Significance is a
 Mann-Whitney U test (two-sided, p < 0.05) on the medians of the measured windows when each
 run has at least MIN_WINDOWS of them (`rounds` x `repeats`), else on the raw step times.
 
@@ -15,17 +17,16 @@ significant. Window medians, taken in interleaved rounds, are close to independe
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from .. import stats, store
+from ..config import identity_of_record
 from ..errors import MgbenchError
 
-MATCH_KEYS = ("strategy", "nproc", "dp", "tp", "pp", "model_name", "model_layers", "model_hidden", "micro_batch",
-              "seq_len", "grad_accum", "precision", "activation_checkpointing", "compile", "pp_schedule",
-              "virtual_stages", "dp_mode", "device")
 # Direction of "better" for metrics a gate may name.
 HIGHER_IS_BETTER = {"tokens_per_s": True, "tokens_per_s_per_device": True, "samples_per_s": True,
                     "mfu_pct": True, "model_tflops_per_device": True, "step_time_s": False,
@@ -56,8 +57,9 @@ def parse_gate(text: str) -> Gate:
     return Gate(m.group(1), float(m.group(2)))
 
 
-def match_key(rec: dict[str, Any]) -> tuple:
-    return tuple(rec.get(k) for k in MATCH_KEYS)
+def match_key(rec: dict[str, Any]) -> str:
+    """A record's config identity, hashable."""
+    return json.dumps(identity_of_record(rec), sort_keys=True, default=str)
 
 
 def compare_runs(base: str, new: str, results_dir: str = "results", metric: str = "tokens_per_s",

@@ -3,10 +3,15 @@ runs hold no data for it. Every axis names its unit; every caption says what to 
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
+
+from ..config import identity_of_record
 
 Figure = tuple[go.Figure, str]
 LAYOUT = dict(template="plotly_white", height=420, margin=dict(l=60, r=20, t=50, b=60),
@@ -22,12 +27,23 @@ def _correct(df: pd.DataFrame) -> pd.Series:
 
 
 def _series_key(df: pd.DataFrame) -> pd.Series:
-    """What a line on a scaling plot holds fixed: strategy, model and per-rank batch."""
-    parts = [df["strategy"].astype(str), df.get("model_name", pd.Series("", index=df.index)).astype(str),
-             "mb=" + df["micro_batch"].astype(str), "s=" + df["seq_len"].astype(str)]
+    """What a line on a scaling plot holds fixed: every workload field of the config
+    schema except the device count it scales over (nproc, and dp with it), so configs
+    that differ in anything else (compression, precision, model dims) are separate lines.
+    Named by the config's label without its device count."""
+    def name(r: pd.Series) -> str:
+        rec = {k: (None if isinstance(v, float) and pd.isna(v) else v) for k, v in r.items()}
+        fixed = [kv for kv in identity_of_record(rec) if kv[0] not in ("nproc", "dp")]
+        label = re.sub(r" n=\d+|dp=\d+ ", "", str(rec.get("label") or rec.get("strategy")))
+        return f"{label} #{hashlib.sha1(json.dumps(fixed, default=str).encode()).hexdigest()[:4]}"
+
+    key = df.apply(name, axis=1)
+    # The hash only tells lines apart when their names collide; drop it elsewhere.
+    bare = key.str.rsplit(" #", n=1).str[0]
+    key = key.where(key.groupby(bare).transform("nunique") > 1, bare)
     if "run_id" in df and df["run_id"].nunique() > 1:
-        parts.append(df["run_id"].astype(str).str.split("-", n=2).str[-1])  # suite name + suffix
-    return pd.concat(parts, axis=1).agg(" ".join, axis=1)
+        key = key + " " + df["run_id"].astype(str).str.split("-", n=2).str[-1]  # suite name + suffix
+    return key
 
 
 def throughput_scaling(df: pd.DataFrame) -> Figure | None:

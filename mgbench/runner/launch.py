@@ -15,100 +15,28 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass
-import os
 import signal
 import subprocess
 import sys
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .. import store
+from ..config import RunConfig
 from ..errors import MgbenchError
-from ..suite import RunConfig, Suite, expand
+from ..launching import SHARED_FS_WAIT_S, Cluster, child_env, detect_devices, torchrun_argv
+from ..procs import die_with_parent, kill_tree
+from ..record import SCHEMA_VERSION, Record
+from ..store import RunDir
+from ..suite import Suite, expand
 from ..telemetry.interconnect import detect
 from ..telemetry.machine import fingerprint
-from .procs import die_with_parent, kill_tree
 
 Progress = Callable[[str], None]
 STARTUP_LIMIT_S = 300  # a job that has not started its first config by then is stuck
-SHARED_FS_WAIT_S = 120  # how long a follower node waits to see the leader's run folder
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """A multi-node launch: this node's place in it. Node 0 (the leader) creates the run
-    folder and writes every record; the folder must be on a filesystem all nodes share."""
-
-    nnodes: int
-    node_rank: int
-    rdzv_endpoint: str
-    nproc_per_node: int
-    rdzv_prefix: str = "mgbench"
-
-    @property
-    def world(self) -> int:
-        return self.nnodes * self.nproc_per_node
-
-    @property
-    def leader(self) -> bool:
-        return self.node_rank == 0
-
-
-def detect_devices() -> tuple[str, int]:
-    """("cuda", GPU count) when CUDA devices are visible, else ("cpu", CPU ranks allowed).
-
-    CPU ranks allowed is max(4, cores): gloo ranks on one host share the cores, and
-    tests need 4 ranks even on a 2-core machine; beyond that oversubscription only
-    measures the scheduler.
-    """
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
-        return "cuda", torch.cuda.device_count()
-    return "cpu", cpu_rank_limit()
-
-
-def cpu_rank_limit() -> int:
-    """How many gloo ranks a CPU config may ask for on this host (see detect_devices)."""
-    return max(4, os.cpu_count() or 1)
-
-
-def torchrun_argv(nproc: int, plan_path: Path, log_dir: Path, module: str = "mgbench.runner.worker",
-                  cluster: Cluster | None = None, rdzv_id: str = "") -> list[str]:
-    """torchrun (torch.distributed.run): on this host with a free local port, or, for a
-    multi-node launch, one agent per node meeting at the c10d rendezvous endpoint. Each
-    rank's stdout/stderr is also kept in its own file under ``log_dir``."""
-    if cluster is None or cluster.nnodes == 1:
-        where = ["--standalone", "--nnodes=1", f"--nproc-per-node={nproc}"]
-    else:
-        where = [f"--nnodes={cluster.nnodes}", f"--nproc-per-node={cluster.nproc_per_node}",
-                 "--rdzv-backend=c10d", f"--rdzv-endpoint={cluster.rdzv_endpoint}",
-                 f"--rdzv-id={cluster.rdzv_prefix}-{rdzv_id}"]
-    return [sys.executable, "-m", "torch.distributed.run", *where, f"--log-dir={log_dir}", "--redirects=3",
-            "--tee=3", "-m", module, "--plan", str(plan_path)]
-
-
-def child_env(nproc: int, device: str, tag: str) -> dict[str, str]:
-    env = dict(os.environ)
-    # The worker must import this same mgbench, installed or not.
-    pkg_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["PYTHONUNBUFFERED"] = "1"
-    env["MGBENCH_GROUP"] = tag
-    if device == "cpu":
-        # Share the cores between ranks instead of letting each rank spawn one thread
-        # per core (which oversubscribes and measures contention, not the strategy).
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
-    else:
-        # A failed or timed-out NCCL collective aborts the communicator and ends the
-        # process, instead of leaving a rank blocked forever: the launcher then records
-        # the config. Warnings only, so logs stay readable.
-        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-        env.setdefault("NCCL_DEBUG", "WARN")
-    return env
 
 
 def _fmt_s(s: float) -> str:
@@ -123,12 +51,6 @@ def describe(rec: dict[str, Any]) -> str:
         slow = f", straggler rank(s) {rec['straggler_ranks']}" if rec.get("straggler_ranks") else ""
         return f"ok  {rec['tokens_per_s']:,.0f} tok/s, step {rec['step_time_s'] * 1000:.1f} ms, {corr}{slow}"
     return f"{rec['status']}: {rec.get('error') or rec.get('skip_reason')}"
-
-
-def skipped_record(cfg: RunConfig, run_id: str) -> dict[str, Any]:
-    from .worker import base_record
-
-    return {**base_record(cfg, run_id), "status": "skipped", "error": None, "skip_reason": cfg.skip_reason}
 
 
 class StopFlag:
@@ -162,7 +84,7 @@ def run_suite(
     if cluster is not None and not cluster.leader:
         return _follow(suite, results_dir, run_id or resume, device_kind, num_devices, progress, cluster)
     if resume:
-        run_dir = store.resolve_run(resume, results_dir)
+        run_dir = RunDir(store.resolve_run(resume, results_dir))
         manifest = store.read_manifest(run_dir)
         run_id = manifest["run_id"]
         repaired = store.repair_tail(run_dir)
@@ -180,11 +102,10 @@ def run_suite(
                                        num_configs=len(configs))
         run_id = manifest["run_id"]
     if cluster is not None:
-        manifest["cluster"] = {"nnodes": cluster.nnodes, "nproc_per_node": cluster.nproc_per_node,
-                               "rdzv_endpoint": cluster.rdzv_endpoint, "world_size": cluster.world}
+        manifest["cluster"] = cluster.manifest_entry()
         configs = _only_world(configs, cluster)
         todo = [c for c in configs if c.config_id in {t.config_id for t in todo}]
-    store.write_json_atomic(run_dir / "manifest.json", manifest)
+    store.write_manifest(run_dir, manifest)
 
     stop = StopFlag()
     old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -193,7 +114,7 @@ def run_suite(
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    nodes = sorted((run_dir / "nodes").glob("*.json")) if (run_dir / "nodes").is_dir() else []
+    nodes = run_dir.nodes()
     if nodes:
         manifest["nodes"] = [json.loads(p.read_text()) for p in nodes]
 
@@ -202,19 +123,19 @@ def run_suite(
         counts[r["status"]] += 1
     manifest.update(status="interrupted" if stop.signal else "complete",
                     finished_at=dt.datetime.now().isoformat(timespec="seconds"), counts=dict(counts))
-    store.write_json_atomic(run_dir / "manifest.json", manifest)
+    store.write_manifest(run_dir, manifest)
     if stop.signal:
         progress(f"stopped by {signal.Signals(stop.signal).name}: finished configs are kept; "
                  f"continue with `mgbench run --resume {run_id}`")
-    return run_dir
+    return run_dir.path
 
 
 def create_run(suite: Suite, results_dir: str | Path, run_id: str | None, device_kind: str, num_devices: int,
                argv: list[str] | None = None, status: str = "running",
-               num_configs: int | None = None) -> tuple[Path, dict[str, Any]]:
+               num_configs: int | None = None) -> tuple[RunDir, dict[str, Any]]:
     """A new run folder and its manifest (suite text and sweep, machine, interconnect)."""
     run_id = run_id or store.new_run_id(suite.name)
-    run_dir = store.create_run_dir(results_dir, run_id)
+    run_dir = RunDir.create(results_dir, run_id)
     manifest = {
         "run_id": run_id,
         "status": status,
@@ -228,16 +149,14 @@ def create_run(suite: Suite, results_dir: str | Path, run_id: str | None, device
         "num_configs": num_configs if num_configs is not None else len(expand(suite, device_kind, num_devices)),
         "machine": fingerprint(),
         "interconnect": detect(),
-        "schema_version": store.SCHEMA_VERSION,
+        "schema_version": SCHEMA_VERSION,
     }
-    store.write_json_atomic(run_dir / "manifest.json", manifest)
+    store.write_manifest(run_dir, manifest)
     return run_dir, manifest
 
 
 def _only_world(configs: list[RunConfig], cluster: Cluster) -> list[RunConfig]:
     """A multi-node launch has one world size: configs for any other are skipped, said so."""
-    from dataclasses import replace
-
     why = (f"this launch has world size {cluster.world} ({cluster.nnodes} nodes x {cluster.nproc_per_node}); "
            "run other world sizes in another launch")
     return [c if c.skip_reason or c.nproc == cluster.world else replace(c, skip_reason=why) for c in configs]
@@ -249,9 +168,9 @@ def _follow(suite: Suite, results_dir: str | Path, run: str | None, device_kind:
     take part in the same torchrun jobs, in the same order."""
     if not run:
         raise MgbenchError("a multi-node launch needs the same --run-id (or --resume RUN) on every node")
-    path = Path(run) if Path(run).is_dir() else Path(results_dir) / run
+    path = RunDir(Path(run) if Path(run).is_dir() else Path(results_dir) / run)
     t0 = time.monotonic()
-    while not (path / "manifest.json").exists():
+    while not path.manifest.exists():
         if time.monotonic() - t0 > SHARED_FS_WAIT_S:
             raise MgbenchError(f"node {cluster.node_rank}: the leader's run folder {path} did not appear in "
                                f"{SHARED_FS_WAIT_S}s: --results-dir must be on a filesystem all nodes share")
@@ -267,10 +186,10 @@ def _follow(suite: Suite, results_dir: str | Path, run: str | None, device_kind:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    return path
+    return path.path
 
 
-def _run_configs(run_dir: Path, run_id: str, configs: list[RunConfig], todo: list[RunConfig],
+def _run_configs(run_dir: RunDir, run_id: str, configs: list[RunConfig], todo: list[RunConfig],
                  progress: Progress, stop: StopFlag, cluster: Cluster | None = None) -> None:
     total = len(configs)
     done = total - len(todo)
@@ -279,7 +198,7 @@ def _run_configs(run_dir: Path, run_id: str, configs: list[RunConfig], todo: lis
         if cfg.skip_reason is not None:
             done += 1
             if leader:
-                store.append_record(run_dir, skipped_record(cfg, run_id))
+                store.append_record(run_dir, Record.skipped(cfg, run_id))
             progress(f"[{done}/{total}] skipped  {cfg.label}: {cfg.skip_reason}")
     runnable = [c for c in todo if c.skip_reason is None]
     groups: dict[tuple[int, str], list[RunConfig]] = defaultdict(list)
@@ -307,7 +226,7 @@ def _read_progress(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _run_group(run_dir: Path, run_id: str, gi: int, nproc: int, device: str, group: list[RunConfig],
+def _run_group(run_dir: RunDir, run_id: str, gi: int, nproc: int, device: str, group: list[RunConfig],
                stop: StopFlag, progress: Progress, cluster: Cluster | None = None) -> Iterator[dict[str, Any]]:
     """Run one world size's configs, relaunching torchrun after each failed config;
     yield every record (measured, failed, timed out or interrupted) as it lands.
@@ -321,16 +240,16 @@ def _run_group(run_dir: Path, run_id: str, gi: int, nproc: int, device: str, gro
     attempt = 0
     while remaining and not stop.signal:
         tag = f"group-{gi}-n{nproc}-a{attempt}"
-        plan_path = run_dir / "plans" / f"{tag}{node}.json"
-        plan_path.parent.mkdir(exist_ok=True)
-        store.write_json_atomic(plan_path, {"run_dir": str(run_dir.resolve()), "run_id": run_id,
-                                            "configs": [c.to_dict() for c in remaining]})
-        progress_path = run_dir / "progress" / f"{tag}.json"
-        log_path = run_dir / "logs" / f"{tag}{node}.log"
-        rank_logs = run_dir / "logs" / f"{tag}{node}"
+        job_path = run_dir.job(f"{tag}{node}")
+        job_path.parent.mkdir(exist_ok=True)
+        store.write_json_atomic(job_path, {"run_dir": str(run_dir.path.resolve()), "run_id": run_id,
+                                           "configs": [c.to_dict() for c in remaining]})
+        progress_path = run_dir.progress(tag)
+        log_path = run_dir.job_log(f"{tag}{node}")
+        rank_logs = run_dir.rank_logs(f"{tag}{node}")
         killed_for: str | None = None
         with open(log_path, "w") as log:
-            argv = torchrun_argv(nproc if cluster is None else cluster.nproc_per_node, plan_path, rank_logs,
+            argv = torchrun_argv(nproc if cluster is None else cluster.nproc_per_node, job_path, rank_logs,
                                  cluster=cluster, rdzv_id=f"{run_id}-{tag}")
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                     env=child_env(nproc, device, tag), start_new_session=True,
@@ -387,15 +306,14 @@ def _run_group(run_dir: Path, run_id: str, gi: int, nproc: int, device: str, gro
             # blame on one config, so record them all with the job's own words.
             why = f"torchrun job exited with status {proc.returncode} before starting this config"
             for cfg in remaining:
-                rec = {**skipped_record(cfg, run_id), "status": "error", "skip_reason": None,
-                       "error": f"{why}; log logs/{tag}.log: {_tail(log_path)}"}
+                rec = Record.failed(cfg, run_id, "error", f"{why}; log {run_dir.relative(log_path)}: {_tail(log_path)}")
                 store.append_record(run_dir, rec)
-                yield rec
+                yield rec.to_dict()
             return
-        rec = _failure_record(run_dir, run_id, failed, killed_for, proc.returncode, tag, rank_logs, log_path, nproc)
+        rec = _failure_record(run_dir, run_id, failed, killed_for, proc.returncode, f"{tag}{node}", log_path, nproc)
         store.append_record(run_dir, rec)
         seen.add(failed.config_id)
-        yield rec
+        yield rec.to_dict()
         remaining.remove(failed)
         if killed_for == "interrupted":
             return
@@ -412,37 +330,37 @@ def _new_records(tail: store.RecordTail, remaining: list[RunConfig], seen: set[s
             yield rec
 
 
-def _failure_record(run_dir: Path, run_id: str, cfg: RunConfig, killed_for: str | None, returncode: int | None,
-                    tag: str, rank_logs: Path, log_path: Path, nproc: int) -> dict[str, Any]:
+def _failure_record(run_dir: RunDir, run_id: str, cfg: RunConfig, killed_for: str | None, returncode: int | None,
+                    job_tag: str, log_path: Path, nproc: int) -> Record:
     """The record of a config whose job did not finish it, with each rank's stderr tail
     saved beside the records."""
-    rec = {**skipped_record(cfg, run_id), "skip_reason": None}
-    tails = {}
+    stderr_files = []
     for rank in range(nproc):
-        files = sorted(rank_logs.glob(f"**/{rank}/stderr.log"))
-        if files:
-            tails[rank] = _tail(files[-1], lines=20, sep="\n", limit=4000)
-            (run_dir / "logs" / f"{cfg.config_id}.rank{rank}.stderr.txt").write_text(tails[rank] + "\n")
-    rec["stderr_files"] = [f"logs/{cfg.config_id}.rank{r}.stderr.txt" for r in sorted(tails)]
+        src = run_dir.rank_stderr(job_tag, rank)
+        if src is not None:
+            dest = run_dir.stderr_tail(cfg.config_id, rank)
+            dest.write_text(_tail(src, lines=20, sep="\n", limit=4000) + "\n")
+            stderr_files.append(run_dir.relative(dest))
     fails = []
-    for f in sorted((run_dir / "logs").glob(f"fail-{cfg.config_id}-rank*.json")):
+    for f in run_dir.failures(cfg.config_id):
         try:
             fails.append(json.loads(f.read_text()))
         except ValueError:
             pass
     if killed_for == "timeout":
-        rec.update(status="timeout",
-                   error=f"still running after timeout_s = {cfg.timeout_s} s (a hang?); the job was stopped")
-    elif killed_for == "interrupted":
-        rec.update(status="interrupted", error="stopped by a signal while this config ran")
-    else:
-        rec.update(_classify(fails, nproc, returncode, log_path))
-        mems = [f.get("mem_peak_gib") for f in fails if f.get("mem_peak_gib") is not None]
-        rec["mem_peak_gib"] = max(mems) if mems else None  # what was known when it failed
-        own = [f for f in fails if not _lost_peer(f)]
-        if own or fails:
-            (run_dir / "logs" / f"{cfg.config_id}.traceback.txt").write_text((own or fails)[0]["traceback"])
-    return rec
+        return Record.failed(cfg, run_id, "timeout", f"still running after timeout_s = {cfg.timeout_s} s (a hang?); "
+                             "the job was stopped", stderr_files=stderr_files)
+    if killed_for == "interrupted":
+        return Record.failed(cfg, run_id, "interrupted", "stopped by a signal while this config ran",
+                             stderr_files=stderr_files)
+    how = _classify(fails, nproc, returncode, log_path)
+    mems = [f.get("mem_peak_gib") for f in fails if f.get("mem_peak_gib") is not None]
+    own = [f for f in fails if not _lost_peer(f)]
+    if own or fails:
+        run_dir.traceback(cfg.config_id).write_text((own or fails)[0]["traceback"])
+    # Peak memory: what was known when it failed.
+    return Record.failed(cfg, run_id, how["status"], how["error"], error_type=how["error_type"],
+                         stderr_files=stderr_files, mem_peak_gib=max(mems) if mems else None)
 
 
 # Words gloo and NCCL use when a rank's peer went away: such a failure is a consequence

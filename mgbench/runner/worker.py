@@ -5,12 +5,13 @@ group initialisation are paid once per group. Rank 0 appends one record per conf
 records.jsonl (fsynced) as soon as the config ends.
 
     python -m torch.distributed.run --standalone --nproc-per-node N \
-        -m mgbench.runner.worker --plan RUN_DIR/plans/group-N.json
+        -m mgbench.runner.worker --job RUN_DIR/jobs/group-0-nN-a0.json
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import gc
 import json
@@ -26,7 +27,9 @@ import torch.distributed as dist
 
 from .. import stats, store
 from ..catalog import peak_tflops
-from ..suite import RunConfig
+from ..config import RunConfig
+from ..record import RankFigures, Record, backend_of
+from ..store import RunDir
 from ..strategies.apply import prepare
 from ..strategies.pipeline import theoretical_bubble
 from ..telemetry.clock import StepClock
@@ -53,7 +56,7 @@ def device_name(device: torch.device) -> str:
     return f"cpu: {cpu_model() or 'unknown'}"
 
 
-def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: bool = True) -> dict[str, Any]:
+def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: bool = True) -> RankFigures:
     """Build, warm up and time one config (one round of it) on this rank; returns this
     rank's raw figures. ``profile``: run the profiled window when the config asks for one."""
     inject = Injector(cfg.inject, dist.get_rank())
@@ -112,11 +115,9 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
     dist.all_reduce(loss_t)
     loss_values = loss_t.tolist()
     del prep, batches
-    return {
-        "rank": dist.get_rank(), "init_s": init_s, "warmup_s": warmup_s, "measured_s": measured_s,
-        "busy_s": busy_s, "busy_steps": busy_steps, "breakdown": breakdown,
-        "windows": windows, "losses": loss_values, "mem_method": mem_method, **mem, **energy,
-    }
+    return RankFigures(rank=dist.get_rank(), init_s=init_s, warmup_s=warmup_s, measured_s=measured_s, busy_s=busy_s,
+                       busy_steps=busy_steps, windows=windows, losses=loss_values, mem_method=mem_method,
+                       breakdown=breakdown, **mem, **energy)
 
 
 def profile_window(cfg: RunConfig, prep: Any, batches: list, device: torch.device) -> dict[str, float]:
@@ -145,14 +146,14 @@ def profile_window(cfg: RunConfig, prep: Any, batches: list, device: torch.devic
     return {k: v / cfg.profile_steps for k, v in out.items()}
 
 
-def summarize_config(cfg: RunConfig, per_rank: list[dict[str, Any]], device: torch.device) -> dict[str, Any]:
-    """Turn every rank's raw figures into the flat record fields."""
+def summarize_config(cfg: RunConfig, per_rank: list[RankFigures], device: torch.device) -> dict[str, Any]:
+    """Turn every rank's raw figures into the record's fields."""
     world = len(per_rank)
     # A step ends when its slowest rank ends: step time = max over ranks, per step.
-    windows = [[max(ts) for ts in zip(*ws)] for ws in zip(*(r["windows"] for r in per_rank))]
+    windows = [[max(ts) for ts in zip(*ws)] for ws in zip(*(r.windows for r in per_rank))]
     step_times = [t for w in windows for t in w]
     n_steps = len(step_times)
-    flat = [[t for w in r["windows"] for t in w] for r in per_rank]
+    flat = [[t for w in r.windows for t in w] for r in per_rank]
     s = stats.summarize(step_times)
     tokens_per_step = cfg.global_batch * cfg.seq_len
     tokens_per_s = tokens_per_step / s["median"]
@@ -164,11 +165,11 @@ def summarize_config(cfg: RunConfig, per_rank: list[dict[str, Any]], device: tor
 
     # Energy: each GPU rank reads its own device; on CPU only local rank 0 reads the
     # package counter. Unknown if any rank that should have read it could not.
-    readers = [r for r in per_rank if r["energy_method"] != "none"] if device.type == "cpu" else per_rank
-    energies = [r["energy_j"] for r in readers]
+    readers = [r for r in per_rank if r.energy_method != "none"] if device.type == "cpu" else per_rank
+    energies = [r.energy_j for r in readers]
     energy_j = sum(energies) if readers and all(e is not None for e in energies) else None
     measured_tokens = tokens_per_step * n_steps
-    mems = [r["mem_peak_gib"] for r in per_rank]
+    mems = [r.mem_peak_gib for r in per_rank]
     return {
         "step_time_s": s["median"],
         "step_time_p10_s": s["p10"],
@@ -183,6 +184,7 @@ def summarize_config(cfg: RunConfig, per_rank: list[dict[str, Any]], device: tor
         "num_steps_measured": n_steps,
         "repeat_medians_s": [stats.summarize(w)["median"] for w in windows],
         "per_rank_step_time_median_s": [stats.summarize(f)["median"] for f in flat],
+        "global_batch": cfg.global_batch,
         "tokens_per_step": tokens_per_step,
         "tokens_per_s": tokens_per_s,
         "tokens_per_s_per_device": tokens_per_s / world,
@@ -196,36 +198,36 @@ def summarize_config(cfg: RunConfig, per_rank: list[dict[str, Any]], device: tor
         "device_name": name,
         "mem_peak_gib": None if any(m is None for m in mems) else max(mems),
         "mem_peak_gib_per_rank": mems,
-        "mem_reserved_peak_gib": max((r["mem_reserved_peak_gib"] or 0.0) for r in per_rank) if device.type == "cuda" else None,
-        "mem_method": r0["mem_method"],
-        "init_s": max(r["init_s"] for r in per_rank),
-        "warmup_s": max(r["warmup_s"] for r in per_rank),
-        "measured_s": max(r["measured_s"] for r in per_rank),
+        "mem_reserved_peak_gib": max((r.mem_reserved_peak_gib or 0.0) for r in per_rank) if device.type == "cuda" else None,
+        "mem_method": r0.mem_method,
+        "init_s": max(r.init_s for r in per_rank),
+        "warmup_s": max(r.warmup_s for r in per_rank),
+        "measured_s": max(r.measured_s for r in per_rank),
         "energy_j": energy_j,
-        "power_w": energy_j / r0["window_s"] if energy_j is not None and r0["window_s"] > 0 else None,
+        "power_w": energy_j / r0.window_s if energy_j is not None and r0.window_s > 0 else None,
         "energy_per_token_j": energy_j / measured_tokens if energy_j is not None else None,
-        "energy_window_s": r0["window_s"],
-        "energy_method": readers[0]["energy_method"] if readers else "none",
-        "energy_reason": None if energy_j is not None else (r0["energy_reason"] or "no rank could read energy"),
-        "losses": r0["losses"],
-        "loss_first": r0["losses"][0] if r0["losses"] else None,
-        "loss_last": r0["losses"][-1] if r0["losses"] else None,
+        "energy_window_s": r0.window_s,
+        "energy_method": readers[0].energy_method if readers else "none",
+        "energy_reason": None if energy_j is not None else (r0.energy_reason or "no rank could read energy"),
+        "losses": r0.losses,
+        "loss_first": r0.losses[0] if r0.losses else None,
+        "loss_last": r0.losses[-1] if r0.losses else None,
         **pipeline_bubble(cfg, per_rank, device),
         **rank_spread(cfg, per_rank, device),
         **breakdown_fields(per_rank),
     }
 
 
-def breakdown_fields(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+def breakdown_fields(per_rank: list[RankFigures]) -> dict[str, Any]:
     """Mean over ranks of the profiled per-step split; comm_fraction = exposed / step."""
-    parts = [r["breakdown"] for r in per_rank if r.get("breakdown")]
+    parts = [r.breakdown for r in per_rank if r.breakdown]
     if not parts:
         return {}
     mean = {k: sum(p[k] for p in parts) / len(parts) for k in parts[0]}
     out = {f"breakdown_{k}": v for k, v in mean.items()}
     out["breakdown_per_rank"] = parts
     out["comm_fraction"] = mean["exposed_comm_s"] / mean["window_s"] if mean["window_s"] > 0 else None
-    out["breakdown_method"] = ("torch.profiler: NCCL kernels vs other kernels" if "cuda" in str(per_rank[0].get("mem_method"))
+    out["breakdown_method"] = ("torch.profiler: NCCL kernels vs other kernels" if "cuda" in per_rank[0].mem_method
                                else "torch.profiler: gloo collective work vs top-level ops of the training thread")
     return out
 
@@ -235,7 +237,7 @@ def breakdown_fields(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
 STRAGGLER_FACTOR = 1.2
 
 
-def rank_spread(cfg: RunConfig, per_rank: list[dict[str, Any]], device: torch.device) -> dict[str, Any]:
+def rank_spread(cfg: RunConfig, per_rank: list[RankFigures], device: torch.device) -> dict[str, Any]:
     """Per-rank busy time per step (median over steps) and the ranks that lag.
 
     Step time cannot show a straggler: collectives make every rank wait for the slowest,
@@ -253,7 +255,7 @@ def rank_spread(cfg: RunConfig, per_rank: list[dict[str, Any]], device: torch.de
                 "rank_spread_reason": f"{crowded}: a rank waiting for a core would look like a straggler"}
     # Median over steps: one slow step (a page fault, the first step after a config
     # switch) must not make a rank a straggler.
-    busy = [stats.summarize(r["busy_steps"])["median"] for r in per_rank]
+    busy = [stats.summarize(r.busy_steps)["median"] for r in per_rank]
     fastest = min(busy)
     return {
         "per_rank_busy_s": busy,
@@ -277,7 +279,7 @@ def cores_shared() -> str | None:
     return None
 
 
-def pipeline_bubble(cfg: RunConfig, per_rank: list[dict[str, Any]], device: torch.device) -> dict[str, Any]:
+def pipeline_bubble(cfg: RunConfig, per_rank: list[RankFigures], device: torch.device) -> dict[str, Any]:
     """Measured idle fraction of pipeline stages beside the theory.
 
     Measured on CPU as 1 - (main-thread CPU time / wall time) per step, the median over
@@ -305,27 +307,17 @@ def pipeline_bubble(cfg: RunConfig, per_rank: list[dict[str, Any]], device: torc
     return out
 
 
-def step_idle_fraction(rank_figures: dict[str, Any]) -> float:
+def step_idle_fraction(rank_figures: RankFigures) -> float:
     """Median over measured steps of 1 - busy / wall for one rank (window totals when the
     per-step lists do not line up)."""
-    walls = [t for w in rank_figures["windows"] for t in w]
-    busy = rank_figures["busy_steps"]
+    walls = [t for w in rank_figures.windows for t in w]
+    busy = rank_figures.busy_steps
     if len(walls) != len(busy) or not walls or min(walls) <= 0:
-        return 1.0 - rank_figures["busy_s"] / rank_figures["measured_s"]
+        return 1.0 - rank_figures.busy_s / rank_figures.measured_s
     return float(stats.summarize([1.0 - b / w for b, w in zip(busy, walls)])["median"])
 
 
-def base_record(cfg: RunConfig, run_id: str) -> dict[str, Any]:
-    """The config's parameters, flattened (model dims as model_*)."""
-    rec: dict[str, Any] = {k: v for k, v in cfg.to_dict().items() if k not in ("model", "skip_reason")}
-    for k, v in cfg.model.items():
-        rec[f"model_{k}"] = v
-    rec.update(run_id=run_id, label=cfg.label, global_batch=cfg.global_batch,
-               backend="nccl" if cfg.device == "cuda" else "gloo", torch_version=torch.__version__)
-    return rec
-
-
-def fail_config(cfg: RunConfig, device: torch.device, run_dir: Path, exc: BaseException) -> None:
+def fail_config(cfg: RunConfig, device: torch.device, run_dir: RunDir, exc: BaseException) -> None:
     """Record why this rank failed the config, then leave the job.
 
     Failing fast is how ranks agree after an OOM or a crash: the other ranks may be
@@ -343,14 +335,14 @@ def fail_config(cfg: RunConfig, device: torch.device, run_dir: Path, exc: BaseEx
             "status": "oom" if isinstance(exc, torch.OutOfMemoryError) else "error",
             "error_type": type(exc).__name__, "error": str(exc).splitlines()[0] if str(exc) else "",
             "traceback": traceback.format_exc(), **mem}
-    store.write_json_atomic(run_dir / "logs" / f"fail-{cfg.config_id}-rank{rank}.json", info)
+    store.write_json_atomic(run_dir.failure(cfg.config_id, rank), info)
     print(f"[mgbench worker] rank {rank} failed {cfg.config_id}: {info['error_type']}: {info['error']}",
           file=sys.stderr, flush=True)
     os._exit(FAILED_CONFIG_EXIT)
 
 
-def measure_round(cfg: RunConfig, device: torch.device, meter: EnergyMeter, run_dir: Path, round_no: int,
-                  rounds: int) -> dict[str, Any]:
+def measure_round(cfg: RunConfig, device: torch.device, meter: EnergyMeter, run_dir: RunDir, round_no: int,
+                  rounds: int) -> RankFigures:
     """Round ``round_no`` (from 1) of one config on this rank (the whole config when it
     has one round); ``rounds``: the most rounds of any config in the job."""
     mark_started(cfg, run_dir, round_no, rounds)
@@ -365,7 +357,7 @@ def measure_round(cfg: RunConfig, device: torch.device, meter: EnergyMeter, run_
     return mine
 
 
-def merge_rounds(parts: list[dict[str, Any]]) -> dict[str, Any]:
+def merge_rounds(parts: list[RankFigures]) -> RankFigures:
     """One rank's figures from several rounds of a config, as if measured in one go.
 
     Step samples, windows and times add up; build and warm-up times are the first
@@ -373,55 +365,52 @@ def merge_rounds(parts: list[dict[str, Any]]) -> dict[str, Any]:
     first round's (every round restarts from the same seed, so they repeat)."""
     if len(parts) == 1:
         return parts[0]
-    first = parts[0]
-    energies = [p["energy_j"] for p in parts]
-    mems = [p["mem_peak_gib"] for p in parts]
-    reserved = [p.get("mem_reserved_peak_gib") for p in parts]
-    return {
-        **first,
-        "measured_s": sum(p["measured_s"] for p in parts),
-        "busy_s": sum(p["busy_s"] for p in parts),
-        "busy_steps": [t for p in parts for t in p["busy_steps"]],
-        "windows": [w for p in parts for w in p["windows"]],
-        "breakdown": parts[-1]["breakdown"],
-        "mem_peak_gib": None if None in mems else max(mems),
-        "mem_reserved_peak_gib": None if None in reserved else max(reserved),
-        "energy_j": None if None in energies else sum(energies),
-        "window_s": sum(p["window_s"] for p in parts),
-        "energy_reason": next((p["energy_reason"] for p in parts if p["energy_reason"]), None),
-    }
+    energies = [p.energy_j for p in parts]
+    mems = [p.mem_peak_gib for p in parts]
+    reserved = [p.mem_reserved_peak_gib for p in parts]
+    return dataclasses.replace(
+        parts[0],
+        measured_s=sum(p.measured_s for p in parts),
+        busy_s=sum(p.busy_s for p in parts),
+        busy_steps=[t for p in parts for t in p.busy_steps],
+        windows=[w for p in parts for w in p.windows],
+        breakdown=parts[-1].breakdown,
+        mem_peak_gib=None if None in mems else max(mems),  # type: ignore[type-var]
+        mem_reserved_peak_gib=None if None in reserved else max(reserved),  # type: ignore[type-var]
+        energy_j=None if None in energies else sum(energies),  # type: ignore[arg-type]
+        window_s=sum(p.window_s for p in parts),
+        energy_reason=next((p.energy_reason for p in parts if p.energy_reason), None),
+    )
 
 
-def finish_config(cfg: RunConfig, mine: dict[str, Any], device: torch.device, run_dir: Path, run_id: str,
-                  started: str) -> dict[str, Any] | None:
+def finish_config(cfg: RunConfig, mine: RankFigures, device: torch.device, run_dir: RunDir, run_id: str,
+                  started: str) -> Record | None:
     """Gather every rank's figures for one config; rank 0 returns its record, others None."""
     rank = dist.get_rank()
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     if rank != 0:
         return None
-    rec = base_record(cfg, run_id)
-    rec["started_at"] = started
-    rec.update(status="ok", error=None, **summarize_config(cfg, everyone, device))
+    fields = summarize_config(cfg, everyone, device)
     if cfg.check_steps:
         try:
             ref = reference.reference_losses(cfg, device, run_dir)
-            rec.update(reference.compare(rec["losses"][: cfg.check_steps], ref, cfg.precision,
-                                         lossy=cfg.grad_compression != "none"))
+            fields.update(reference.compare(fields["losses"][: cfg.check_steps], ref, cfg.precision,
+                                            lossy=cfg.grad_compression != "none"))
         except torch.OutOfMemoryError:
-            rec.update(correct=None, loss_max_rel_diff=None,
-                       correct_reason="the single-process reference does not fit on one device")
+            fields.update(correct=None, loss_max_rel_diff=None,
+                          correct_reason="the single-process reference does not fit on one device")
     else:
-        rec.update(reference.compare([], [], cfg.precision))
-    samples = {"config_id": cfg.config_id, "per_rank_step_times_s": [r["windows"] for r in everyone],
-               "losses": rec["losses"]}
-    store.write_json_atomic(run_dir / "samples" / f"{cfg.config_id}.json", samples)
-    rec["samples_file"] = f"samples/{cfg.config_id}.json"
-    rec["finished_at"] = dt.datetime.now().isoformat(timespec="seconds")
-    return rec
+        fields.update(reference.compare([], [], cfg.precision))
+    sample = run_dir.sample(cfg.config_id)
+    store.write_json_atomic(sample, {"config_id": cfg.config_id, "per_rank_step_times_s": [r.windows for r in everyone],
+                                     "losses": fields["losses"]})
+    return Record(cfg, run_id, "ok", started_at=started, finished_at=dt.datetime.now().isoformat(timespec="seconds"),
+                  samples_file=run_dir.relative(sample), backend=backend_of(cfg), torch_version=torch.__version__,
+                  device_name=fields.pop("device_name"), **fields)
 
 
-def run_configs(configs: list[RunConfig], device: torch.device, meter: EnergyMeter, run_dir: Path,
+def run_configs(configs: list[RunConfig], device: torch.device, meter: EnergyMeter, run_dir: RunDir,
                 run_id: str) -> None:
     """Measure every config of the job, round by round, and append each record as soon as
     the config's last round ends.
@@ -430,7 +419,7 @@ def run_configs(configs: list[RunConfig], device: torch.device, meter: EnergyMet
     every config runs before round k + 1 of any (asv interleaves its rounds the same
     way), so a machine whose speed drifts over minutes slows every config alike instead
     of whichever happened to run during the slow spell."""
-    parts: dict[str, list[dict[str, Any]]] = {c.config_id: [] for c in configs}
+    parts: dict[str, list[RankFigures]] = {c.config_id: [] for c in configs}
     started: dict[str, str] = {}
     rounds = max(c.rounds for c in configs)
     for r in range(rounds):
@@ -444,20 +433,20 @@ def run_configs(configs: list[RunConfig], device: torch.device, meter: EnergyMet
                                     started[cfg.config_id])
                 if rec is not None:
                     store.append_record(run_dir, rec)
-                    print(f"[mgbench worker] {cfg.config_id} {rec['status']}", flush=True)
+                    print(f"[mgbench worker] {cfg.config_id} {rec.status}", flush=True)
             dist.barrier()
 
 
-def mark_started(cfg: RunConfig, run_dir: Path, round_no: int = 1, rounds: int = 1) -> None:
+def mark_started(cfg: RunConfig, run_dir: RunDir, round_no: int = 1, rounds: int = 1) -> None:
     """Tell the launcher which config runs now, since when, and in which round (its
     timeout, failure attribution and round progress read this file)."""
     if dist.get_rank() == 0:
-        store.write_json_atomic(run_dir / "progress" / f"{os.environ.get('MGBENCH_GROUP', 'group')}.json",
+        store.write_json_atomic(run_dir.progress(os.environ.get("MGBENCH_GROUP", "group")),
                                 {"config_id": cfg.config_id, "started": time.time(), "round": round_no,
                                  "rounds": rounds})
 
 
-def warm_process(cfg: RunConfig, device: torch.device, run_dir: Path) -> None:
+def warm_process(cfg: RunConfig, device: torch.device, run_dir: RunDir) -> None:
     """A few untimed steps of the job's first config before anything is measured.
 
     The first config of a fresh process otherwise pays for thread-pool start-up, the
@@ -483,11 +472,11 @@ def warm_process(cfg: RunConfig, device: torch.device, run_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--plan", required=True, help="plan JSON written by mgbench.runner.launch")
+    ap.add_argument("--job", required=True, help="job file written by mgbench.runner.launch: the configs to run")
     args = ap.parse_args(argv)
-    plan = json.loads(Path(args.plan).read_text())
-    run_dir, run_id = Path(plan["run_dir"]), plan["run_id"]
-    configs = [RunConfig.from_dict(c) for c in plan["configs"]]
+    job = json.loads(Path(args.job).read_text())
+    run_dir, run_id = RunDir(job["run_dir"]), job["run_id"]
+    configs = [RunConfig.from_dict(c) for c in job["configs"]]
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     use_cuda = configs[0].device == "cuda"
     # Collective timeout: longer than any config may take, so a hang is reported by the
@@ -506,7 +495,7 @@ def main(argv: list[str] | None = None) -> None:
     if local_rank == 0:
         # Each node's fingerprint, for the manifest of a multi-node run.
         node = int(os.environ.get("GROUP_RANK", 0))
-        path = run_dir / "nodes" / f"node-{node}.json"
+        path = run_dir.node(node)
         if not path.exists():
             from ..telemetry.interconnect import detect
             from ..telemetry.machine import fingerprint

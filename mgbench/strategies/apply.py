@@ -2,7 +2,7 @@
 
 Every strategy here is data parallel over all ranks: rank r holds micro-batches
 r * grad_accum ... of each global batch. What differs is what each rank stores and
-which collectives run (see STRATEGIES).
+which collectives run (see the registry in :mod:`mgbench.strategies`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..config import RunConfig
 from ..workloads.gpt import DecoderLM
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -37,11 +38,11 @@ class Checkpointed(nn.Module):
 
 
 def apply_activation_checkpointing(model: DecoderLM, mode: str) -> None:
-    """none; selective = every 2nd block (torchtitan's layer-wise selective AC with
+    """none; every_2nd = every second block (torchtitan's layer-wise selective AC with
     frequency 2); full = every block."""
     if mode == "none":
         return
-    every = 2 if mode == "selective" else 1
+    every = {"every_2nd": 2, "full": 1}[mode]
     for i, key in enumerate(list(model.blocks.keys())):
         if i % every == 0:
             model.blocks[key] = Checkpointed(model.blocks[key])
@@ -82,7 +83,7 @@ def _fsdp(model: DecoderLM, mesh: Any, precision: str, reshard: bool) -> None:
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
 
 
-def _finish_module(model: DecoderLM, cfg: Any) -> None:
+def _finish_module(model: DecoderLM, cfg: RunConfig) -> None:
     """Checkpointing, then compilation: after tensor parallelism, before FSDP/DDP
     (the order torchtitan uses, so each wrapper sees the module it expects)."""
     apply_activation_checkpointing(model, cfg.activation_checkpointing)
@@ -90,22 +91,26 @@ def _finish_module(model: DecoderLM, cfg: Any) -> None:
         apply_compile(model)
 
 
-def build_model(cfg: Any) -> DecoderLM:
+def build_model(cfg: RunConfig) -> DecoderLM:
     """The full model with the config's seed: identical on every rank and in the reference."""
     torch.manual_seed(cfg.seed)
     return DecoderLM(cfg.shape, max_seq_len=cfg.seq_len)
 
 
-def prepare(cfg: Any, device: torch.device) -> Prepared:
+def prepare(cfg: RunConfig, device: torch.device) -> Prepared:
     """Build the config's model and wrap it for its strategy and layout."""
-    model = build_model(cfg)
-    if cfg.strategy in ("single", "ddp", "zero1", "fsdp", "fsdp_grad_op"):
-        _finish_module(model, cfg)
-        prep = _data_parallel(cfg.strategy, model, device, cfg.precision, _bucket_cap_mb(cfg, model, device))
-        if getattr(cfg, "grad_compression", "none") != "none":
-            register_compression(prep.model, cfg.grad_compression, cfg.powersgd_rank)
-        return prep
-    return _nd_parallel(cfg, model, device)
+    from . import builder
+
+    return builder(cfg.strategy)(cfg, build_model(cfg), device)
+
+
+def data_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepared:
+    """single, ddp, zero1, fsdp, fsdp_grad_op: every rank holds (a shard of) the whole model."""
+    _finish_module(model, cfg)
+    prep = _data_parallel(cfg.strategy, model, device, cfg.precision, _bucket_cap_mb(cfg, model, device))
+    if cfg.grad_compression != "none":
+        register_compression(prep.model, cfg.grad_compression, cfg.powersgd_rank)
+    return prep
 
 
 def register_compression(ddp_model: nn.Module, kind: str, rank: int) -> None:
@@ -127,13 +132,13 @@ def register_compression(ddp_model: nn.Module, kind: str, rank: int) -> None:
         raise ValueError(kind)
 
 
-def prepare_reference(cfg: Any, device: torch.device) -> Prepared:
+def prepare_reference(cfg: RunConfig, device: torch.device) -> Prepared:
     """The single-process reference: same seed and weights, no wrapper, no checkpointing
     or compilation (neither changes the mathematics)."""
     return _data_parallel("single", build_model(cfg), device, cfg.precision)
 
 
-def _bucket_cap_mb(cfg: Any, model: nn.Module, device: torch.device) -> float | None:
+def _bucket_cap_mb(cfg: RunConfig, model: nn.Module, device: torch.device) -> float | None:
     """DDP's gradient bucket size: torch's default (None) except for PowerSGD on gloo.
 
     PowerSGD runs a chain of all-reduces per bucket, each started from the previous one's
@@ -142,7 +147,7 @@ def _bucket_cap_mb(cfg: Any, model: nn.Module, device: torch.device) -> float | 
     size mismatch (seen here: SIGABRT with 2 ranks and a 3M-parameter model; a model that
     fits one bucket ran clean). One bucket holding every gradient leaves one chain per step.
     NCCL enqueues on one stream per communicator and is left at the default."""
-    if getattr(cfg, "grad_compression", "none") != "powersgd" or device.type != "cpu":
+    if cfg.grad_compression != "powersgd" or device.type != "cpu":
         return None
     return sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20 + 1
 
@@ -209,7 +214,7 @@ def _fsdp_no_sync(model: nn.Module) -> Callable[[bool], ContextManager[Any]]:
     return no_sync
 
 
-def _nd_parallel(cfg: Any, model: DecoderLM, device: torch.device) -> Prepared:
+def nd_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepared:
     """tp, tp_sp, pp, fsdp+tp and pp+tp+dp on a (pp, dp, tp) device mesh."""
     from torch.distributed.device_mesh import init_device_mesh
 

@@ -2,22 +2,21 @@ import random
 
 import pytest
 
-from mgbench import stats, store
+from mgbench import stats
 from mgbench.errors import MgbenchError
 from mgbench.report.compare import Gate, compare_runs, gate_failures, parse_gate, significance
+from tests.factories import make_config, make_record, make_run
 
 
 def write_run(root, run_id, factor, seed):
     rng = random.Random(seed)
-    run = store.create_run_dir(root, run_id)
-    store.write_json_atomic(run / "manifest.json", {"run_id": run_id, "machine": {}})
+    recs = []
     for strat in ("single", "ddp"):
         times = [0.1 * factor * (1 + rng.gauss(0, 0.03)) for _ in range(20)]
-        med = sorted(times)[10]
-        store.append_record(run, {"config_id": f"{strat}-{run_id}", "label": strat, "status": "ok", "strategy": strat,
-                                  "nproc": 1, "step_times_s": times, "step_time_s": med, "tokens_per_s": 1000 / med,
-                                  "inject": "none" if factor == 1 else "slow", "seed": 0})
-    return run
+        # fault injection is measurement procedure, not identity: configs still match
+        cfg = make_config(strategy=strat, inject="none" if factor == 1 else "slow@rank=0,factor=1.3")
+        recs.append(make_record(cfg, run_id, step_times_s=times))
+    return make_run(root, run_id, recs)
 
 
 def test_verdicts(tmp_path):
@@ -46,9 +45,7 @@ def test_gate_syntax():
 
 def test_runs_of_different_suites(tmp_path):
     write_run(tmp_path, "a", 1.0, 1)
-    run = store.create_run_dir(tmp_path, "other")
-    store.write_json_atomic(run / "manifest.json", {"run_id": "other", "machine": {}})
-    store.append_record(run, {"config_id": "x", "status": "ok", "strategy": "fsdp", "nproc": 4})
+    make_run(tmp_path, "other", [make_record(make_config(strategy="fsdp", nproc=4))])
     with pytest.raises(MgbenchError, match="no config in common"):
         compare_runs("a", "other", tmp_path)
 
@@ -94,12 +91,39 @@ def test_few_windows_fall_back_to_steps():
 
 def test_peak_memory_has_no_test_and_the_threshold_decides(tmp_path):
     for run_id, gib in (("a", 2.0), ("b", 2.1), ("c", 2.6)):
-        run = store.create_run_dir(tmp_path, run_id)
-        store.write_json_atomic(run / "manifest.json", {"run_id": run_id, "machine": {}})
-        store.append_record(run, {"config_id": "x", "label": "ddp", "status": "ok", "strategy": "ddp", "nproc": 2,
-                                  "mem_peak_gib": gib, "step_times_s": [0.1] * 20})
+        make_run(tmp_path, run_id, [make_record(make_config(strategy="ddp", nproc=2), run_id, mem_peak_gib=gib,
+                                                step_times_s=[0.1] * 20)])
     small = compare_runs("a", "b", tmp_path, metric="mem_peak_gib")[0]
     assert small["p_value"] is None and small["verdict"] == "~" and small["p_basis"].startswith("no test")
     big = compare_runs("a", "c", tmp_path, metric="mem_peak_gib")[0]
     assert big["verdict"] == "worse" and big["change_pct"] == pytest.approx(30.0)
     assert "(no test)" in gate_failures([big], [Gate("mem_peak_gib", -5.0)])[0]
+
+
+@pytest.mark.parametrize("field,base,new", [
+    ("grad_compression", "none", "fp16"),
+    ("dp_mode", "ddp", "fsdp"),
+    ("model", "tiny", {"layers": 2, "hidden": 64, "heads": 4, "ffn_hidden": 128, "vocab": 256}),
+    ("model", {"layers": 2, "hidden": 64, "heads": 4, "ffn_hidden": 128, "vocab": 256},
+     {"layers": 2, "hidden": 64, "heads": 4, "ffn_hidden": 128, "vocab": 256, "kv_heads": 2}),
+])
+def test_configs_differing_in_any_workload_field_stay_apart(tmp_path, field, base, new):
+    """The bug this schema fixed: ddp with and without gradient compression were merged
+    into one row, so a 2x slowdown of the uncompressed config was invisible."""
+    from mgbench.catalog import model_shape
+    from mgbench.model_shape import ModelShape
+
+    def cfg(value):
+        if field == "model":
+            value = model_shape(value) if isinstance(value, str) else ModelShape.from_dict({"name": "custom", **value})
+        extra = {"strategy": "pp+tp+dp", "nproc": 4, "dp": 2, "tp": 1, "pp": 2} if field == "dp_mode" else \
+            {"strategy": "ddp", "nproc": 2}
+        return make_config(**extra, **{field: value})
+
+    a, b = cfg(base), cfg(new)
+    assert a.label != b.label
+    make_run(tmp_path, "base", [make_record(a, step_times_s=[0.1] * 20), make_record(b, step_times_s=[0.1] * 20)])
+    make_run(tmp_path, "new", [make_record(a, step_times_s=[0.2] * 20), make_record(b, step_times_s=[0.1] * 20)])
+    rows = {r["label"]: r for r in compare_runs("base", "new", tmp_path, metric="step_time_s")}
+    assert len(rows) == 2
+    assert rows[a.label]["change_pct"] == pytest.approx(100.0) and rows[b.label]["change_pct"] == pytest.approx(0.0)

@@ -1,16 +1,15 @@
 """Interleaved rounds: the order configs are measured in, and how rounds add up."""
 
+import dataclasses
+
 import pytest
 
 from mgbench.runner import worker
-from mgbench.suite import RunConfig
+from tests.factories import make_config, make_rank_figures, make_record
 
 
-def cfg(cid: str, rounds: int) -> RunConfig:
-    return RunConfig(strategy="single", nproc=1, model={"name": "tiny"}, micro_batch=1, seq_len=8, grad_accum=1,
-                     precision="fp32", activation_checkpointing="none", compile=False, warmup_steps=1,
-                     measured_steps=2, repeats=1, seed=0, check_steps=0, timeout_s=60, device="cpu",
-                     rounds=rounds, config_id=cid)
+def cfg(cid: str, rounds: int):
+    return make_config(seq_len=8, warmup_steps=1, measured_steps=2, check_steps=0, rounds=rounds, config_id=cid)
 
 
 def test_round_k_of_every_config_before_round_k_plus_1(monkeypatch, tmp_path):
@@ -24,7 +23,7 @@ def test_round_k_of_every_config_before_round_k_plus_1(monkeypatch, tmp_path):
     monkeypatch.setattr(worker, "measure_round", fake_round)
     monkeypatch.setattr(worker, "merge_rounds", lambda parts: [p["round"] for p in parts])
     monkeypatch.setattr(worker, "finish_config",
-                        lambda c, mine, *a: finished.append((c.config_id, mine)) or {"status": "ok"})
+                        lambda c, mine, *a: finished.append((c.config_id, mine)) or make_record(c))
     monkeypatch.setattr(worker.dist, "barrier", lambda: None)
     monkeypatch.setattr(worker.store, "append_record", lambda run_dir, rec: appended.append(rec))
     worker.run_configs([cfg("a", 3), cfg("b", 1), cfg("c", 2)], None, None, tmp_path, "r")
@@ -35,27 +34,26 @@ def test_round_k_of_every_config_before_round_k_plus_1(monkeypatch, tmp_path):
 
 
 def part(windows, measured_s, energy, mem, breakdown=None):
-    return {"init_s": 1.0, "warmup_s": 2.0, "measured_s": measured_s, "busy_s": measured_s / 2,
-            "busy_steps": [t for w in windows for t in w], "windows": windows, "breakdown": breakdown,
-            "losses": [5.0, 4.0], "mem_method": "rss", "mem_peak_gib": mem, "mem_reserved_peak_gib": None,
-            "energy_j": energy, "window_s": measured_s, "energy_method": "rapl", "energy_reason": None, "rank": 0}
+    return make_rank_figures(windows=windows, init_s=1.0, warmup_s=2.0, measured_s=measured_s, busy_s=measured_s / 2,
+                             breakdown=breakdown, losses=[5.0, 4.0], mem_peak_gib=mem, energy_j=energy,
+                             window_s=measured_s, energy_method="rapl", energy_reason=None)
 
 
 def test_merge_rounds_adds_samples_time_and_energy():
     a = part([[0.1, 0.2]], 0.3, 3.0, 1.5)
     b = part([[0.3, 0.4]], 0.7, 7.0, 2.0, breakdown={"window_s": 1.0})
     m = worker.merge_rounds([a, b])
-    assert m["windows"] == [[0.1, 0.2], [0.3, 0.4]]
-    assert m["busy_steps"] == [0.1, 0.2, 0.3, 0.4]
-    assert m["measured_s"] == pytest.approx(1.0) and m["window_s"] == pytest.approx(1.0)
-    assert m["energy_j"] == pytest.approx(10.0)
-    assert m["mem_peak_gib"] == 2.0
-    assert m["init_s"] == 1.0 and m["losses"] == [5.0, 4.0]  # the first round's build and losses
-    assert m["breakdown"] == {"window_s": 1.0}  # profiled once, in the last round
+    assert m.windows == [[0.1, 0.2], [0.3, 0.4]]
+    assert m.busy_steps == [0.1, 0.2, 0.3, 0.4]
+    assert m.measured_s == pytest.approx(1.0) and m.window_s == pytest.approx(1.0)
+    assert m.energy_j == pytest.approx(10.0)
+    assert m.mem_peak_gib == 2.0
+    assert m.init_s == 1.0 and m.losses == [5.0, 4.0]  # the first round's build and losses
+    assert m.breakdown == {"window_s": 1.0}  # profiled once, in the last round
     # One round without an energy reading makes the sum unknown, with the reason kept.
-    c = {**part([[0.5, 0.5]], 1.0, None, 1.0), "energy_reason": "counter read failed"}
+    c = dataclasses.replace(part([[0.5, 0.5]], 1.0, None, 1.0), energy_reason="counter read failed")
     m2 = worker.merge_rounds([a, c])
-    assert m2["energy_j"] is None and m2["energy_reason"] == "counter read failed"
+    assert m2.energy_j is None and m2.energy_reason == "counter read failed"
     assert worker.merge_rounds([a]) is a
 
 
@@ -74,7 +72,7 @@ def test_rounds_is_a_suite_key_with_its_bounds(tmp_path):
 def test_step_idle_fraction_ignores_a_stolen_step():
     # Four steps of 0.1 s wall, 0.06 s busy (40% idle); one step where the VM took the
     # core for 0.5 s: the window totals would read 1 - 0.3 / 1.0 = 70% idle.
-    fig = {"windows": [[0.1, 0.1, 0.6, 0.1, 0.1]], "busy_steps": [0.06] * 5, "busy_s": 0.3, "measured_s": 1.0}
+    fig = make_rank_figures(windows=[[0.1, 0.1, 0.6, 0.1, 0.1]], busy_steps=[0.06] * 5, busy_s=0.3, measured_s=1.0)
     assert worker.step_idle_fraction(fig) == pytest.approx(0.4)
     # Lists that do not line up fall back to the window totals.
-    assert worker.step_idle_fraction({**fig, "busy_steps": [0.06]}) == pytest.approx(0.7)
+    assert worker.step_idle_fraction(dataclasses.replace(fig, busy_steps=[0.06])) == pytest.approx(0.7)

@@ -4,27 +4,29 @@ import pytest
 
 from mgbench import store
 from mgbench.errors import MgbenchError
+from mgbench.record import SCHEMA_VERSION, Record
+from tests import factories
+from tests.factories import make_config, make_record
 
 
 def make_run(tmp_path, run_id="r1"):
-    run = store.create_run_dir(tmp_path / "results", run_id)
-    store.write_json_atomic(run / "manifest.json", {"run_id": run_id, "machine": {"hostname": "h", "gpu_name": None}})
-    return run
+    return factories.make_run(tmp_path / "results", run_id, machine={"hostname": "h", "gpu_name": None})
 
 
 def test_append_and_read_back(tmp_path):
     run = make_run(tmp_path)
-    store.append_record(run, {"config_id": "a", "status": "ok", "tokens_per_s": 10.0})
-    store.append_record(run, {"config_id": "b", "status": "skipped"})
+    store.append_record(run, make_record(make_config(config_id="a"), tokens_per_s=10.0))
+    store.append_record(run, Record.skipped(make_config(config_id="b", skip_reason="no GPU"), "r1"))
     recs = store.read_records(run)
     assert [r["config_id"] for r in recs] == ["a", "b"]
-    assert all(r["schema_version"] == store.SCHEMA_VERSION for r in recs)
+    assert all(r["schema_version"] == SCHEMA_VERSION for r in recs)
+    assert recs[1]["status"] == "skipped" and recs[1]["skip_reason"] == "no GPU"
 
 
 def test_loader_builds_one_dataframe_from_many_runs(tmp_path):
     for rid in ("r1", "r2"):
         run = make_run(tmp_path, rid)
-        store.append_record(run, {"config_id": "a", "status": "ok", "tokens_per_s": 5.0})
+        store.append_record(run, make_record(make_config(config_id="a"), rid, tokens_per_s=5.0))
     df = store.load(["r1", tmp_path / "results" / "r2"], results_dir=tmp_path / "results")
     assert list(df["run_id"]) == ["r1", "r2"]
     assert list(df["tokens_per_s"]) == [5.0, 5.0]
@@ -33,21 +35,21 @@ def test_loader_builds_one_dataframe_from_many_runs(tmp_path):
 
 def test_old_records_without_schema_version_still_load(tmp_path):
     run = make_run(tmp_path)
-    (run / "records.jsonl").write_text(json.dumps({"config_id": "old", "status": "ok"}) + "\n")
-    assert store.read_records(run)[0]["schema_version"] == store.SCHEMA_VERSION
+    run.records.write_text(json.dumps({"config_id": "old", "status": "ok"}) + "\n")
+    assert store.read_records(run)[0]["schema_version"] == SCHEMA_VERSION
 
 
 def test_newer_schema_is_refused(tmp_path):
     run = make_run(tmp_path)
-    (run / "records.jsonl").write_text(json.dumps({"schema_version": 99, "status": "ok"}) + "\n")
+    run.records.write_text(json.dumps({"schema_version": 99, "status": "ok"}) + "\n")
     with pytest.raises(MgbenchError, match="newer"):
         store.read_records(run)
 
 
 def test_corrupt_line_names_file_and_line(tmp_path):
     run = make_run(tmp_path)
-    store.append_record(run, {"config_id": "a", "status": "ok"})
-    with open(run / "records.jsonl", "a") as f:
+    store.append_record(run, make_record(make_config(config_id="a")))
+    with open(run.records, "a") as f:
         f.write('{"config_id": "b", "sta\n')
     with pytest.raises(MgbenchError, match=r"records.jsonl:2: corrupt record"):
         store.read_records(run)
@@ -80,12 +82,12 @@ def test_record_tail_reads_only_new_whole_lines(tmp_path):
     run = make_run(tmp_path)
     tail = store.RecordTail(run)
     assert tail.new() == []
-    store.append_record(run, {"config_id": "a", "status": "ok"})
+    store.append_record(run, make_record(make_config(config_id="a")))
     assert [r["config_id"] for r in tail.new()] == ["a"]
     assert tail.new() == []
-    with open(run / "records.jsonl", "a") as f:
+    with open(run.records, "a") as f:
         f.write('{"config_id": "b", "status": "ok"')  # a writer mid-line
     assert tail.new() == []
-    with open(run / "records.jsonl", "a") as f:
+    with open(run.records, "a") as f:
         f.write("}\n")
     assert [r["config_id"] for r in tail.new()] == ["b"]

@@ -1,0 +1,338 @@
+"""The one declared schema of a benchmark config: :class:`RunConfig`.
+
+Each field declares, beside its type and default, how a suite value is checked, its
+help text, and its role:
+
+- ``workload``: what is measured (model, strategy, layout, precision, ...). Two configs
+  that differ in any workload field are different configs everywhere: `compare` keeps
+  them apart, the single-process reference is recomputed, the label tells them apart.
+- ``procedure``: how it is measured (steps, rounds, seed, timeouts, fault injection).
+  Runs that differ only here still compare config by config.
+- ``derived``: computed by the suite expansion (parallel degrees, id, skip reason);
+  never a suite key.
+
+Everything else is derived from these declarations: the suite keys and their checks
+(:data:`SWEEP_KEYS`), config identity (:meth:`RunConfig.identity`), the reference key's
+inputs, the label, `mgbench run --help` and README's key table (:func:`keys_markdown`).
+Adding a suite key is one field declaration here. Torch-free: the launcher, suites and
+reports import it without loading the rank side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import catalog, faults
+from .errors import MgbenchError
+from .model_shape import ModelShape
+from .strategies import PIPELINED, STRATEGIES
+
+Check = Callable[[Any], "str | None"]
+WORKLOAD, PROCEDURE, DERIVED = "workload", "procedure", "derived"
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+# The runner's activation checkpointing modes. "every_2nd" checkpoints every second block
+# (torchtitan's layer-wise selective AC at frequency 2); it is not Korthikanti et al.'s
+# selective recompute, which the planner calls "selective".
+CHECKPOINTING = ("none", "every_2nd", "full")
+DEVICES = ("auto", "cpu", "cuda")
+COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
+
+
+# --- checks: each returns None when a suite value is acceptable, else why not ---------
+
+def integer(min_value: int) -> Check:
+    def check(v: Any) -> str | None:
+        if not isinstance(v, int) or isinstance(v, bool):
+            return f"must be an integer, got {v!r}"
+        if v < min_value:
+            return f"must be >= {min_value}, got {v}"
+        return None
+
+    return check
+
+
+def choice(allowed: tuple[str, ...], renamed: dict[str, str] | None = None) -> Check:
+    def check(v: Any) -> str | None:
+        if v in allowed:
+            return None
+        if renamed and v in renamed:
+            return f"{v!r} was renamed {renamed[v]!r}"
+        hint = difflib.get_close_matches(str(v), allowed, n=1)
+        more = f" (did you mean {hint[0]!r}?)" if hint else ""
+        return f"{v!r} is not one of {', '.join(allowed)}{more}"
+
+    return check
+
+
+def boolean(v: Any) -> str | None:
+    return None if isinstance(v, bool) else f"must be true or false, got {v!r}"
+
+
+def _nproc(v: Any) -> str | None:
+    if v in ("pow2", "all"):
+        return None
+    err = integer(1)(v)
+    return f"{err} (or \"pow2\" / \"all\" for the detected devices)" if err else None
+
+
+def _model(v: Any) -> str | None:
+    if isinstance(v, str):
+        return choice(tuple(catalog.model_presets()))(v)
+    if isinstance(v, dict):
+        try:
+            ModelShape.from_dict(v)
+        except MgbenchError as e:
+            return str(e)
+        return None
+    return f"must be a preset name or a table of dims, got {v!r}"
+
+
+def _layout(v: Any) -> str | None:
+    if v == "auto":
+        return None
+    if not isinstance(v, dict) or not v:
+        return f"must be a table of degrees such as {{dp = 2, tp = 2}}, got {v!r}"
+    for k, d in v.items():
+        if k not in ("dp", "tp", "pp"):
+            hint = difflib.get_close_matches(k, ("dp", "tp", "pp"), n=1)
+            return f"unknown degree {k!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "") + "; allowed: dp, tp, pp"
+        if not isinstance(d, int) or isinstance(d, bool) or d < 1:
+            return f"degree {k} must be a positive integer, got {d!r}"
+    return None
+
+
+def _inject(v: Any) -> str | None:
+    if not isinstance(v, str):
+        return f"must be a string such as \"oom@step=3,rank=1\" or \"none\", got {v!r}"
+    try:
+        faults.parse(v)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+# --- declarations ---------------------------------------------------------------------
+
+def key(default: Any, check: Check, help: str, role: str = WORKLOAD, applies: Callable[[dict], bool] | None = None,
+        identity: bool | None = None) -> Any:
+    """A suite key: its default, check, help text and role.
+
+    ``applies(params)`` says whether the key matters for a config; where it does not, the
+    expansion pins it to its default, so it neither multiplies configs nor changes ids.
+    ``identity`` overrides the role's rule (workload keys are identity, the rest not).
+    """
+    meta = {"check": check, "help": help, "role": role, "applies": applies,
+            "identity": role == WORKLOAD if identity is None else identity, "suite_key": True}
+    return field(default=default, metadata=meta)  # defaults are immutable: str, int, bool
+
+
+def derived(default: Any, help: str, identity: bool = False) -> Any:
+    """A field the expansion computes (not a suite key)."""
+    return field(default=default, metadata={"help": help, "role": DERIVED, "identity": identity, "suite_key": False})
+
+
+def _pipelined(p: dict) -> bool:
+    return p["strategy"] in PIPELINED
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One point of a sweep: everything a rank needs to run it, one field per fact."""
+
+    # what is measured
+    workload: str = key("gpt", choice(("gpt",)), "training workload (decoder LM)")
+    model: ModelShape | str = key(
+        "tiny", _model, "preset name (see models.toml) or {layers, hidden, heads, ffn_hidden, vocab, ...}")
+    strategy: str = key("single", choice(tuple(STRATEGIES)), "parallelism strategy")
+    nproc: int = key(1, _nproc, "ranks (devices) per config; \"pow2\" = 1, 2, 4 ... up to the devices found")
+    micro_batch: int = key(1, integer(1), "sequences per rank per micro-step")
+    seq_len: int = key(128, integer(2), "tokens per sequence")
+    grad_accum: int = key(1, integer(1), "micro-batches per optimizer step (pipelines: the schedule's micro-batch count)")
+    layout: Any = key("auto", _layout, "parallel degrees, e.g. {dp = 2, tp = 2}; \"auto\": the strategy's default",
+                      identity=False)  # resolved into dp, tp, pp, which are identity
+    dp_mode: str = key("ddp", choice(("ddp", "fsdp")), "data parallelism inside pp+tp+dp: ddp or fsdp",
+                       applies=lambda p: p["strategy"] == "pp+tp+dp")
+    pp_schedule: str = key("1f1b", choice(SCHEDULES), "pipeline schedule: gpipe, 1f1b or interleaved (1F1B)",
+                           applies=_pipelined)
+    virtual_stages: int = key(2, integer(1), "model chunks per rank for the interleaved schedule",
+                              applies=lambda p: _pipelined(p) and p["pp_schedule"] == "interleaved")
+    precision: str = key("fp32", choice(PRECISIONS), "fp32, bf16 (autocast) or fp16 (autocast + loss scaling)")
+    activation_checkpointing: str = key(
+        "none", choice(CHECKPOINTING, renamed={"selective": "every_2nd"}),
+        "none, every_2nd (every second block recomputed) or full (every block)")
+    compile: bool = key(False, boolean, "torch.compile each block")
+    device: str = key("auto", choice(DEVICES), "cpu, cuda, or auto (cuda when present)")
+    grad_compression: str = key("none", choice(COMPRESSIONS),
+                                "DDP communication hook compressing gradients (lossy: looser loss tolerance)")
+    powersgd_rank: int = key(2, integer(1), "matrix rank of PowerSGD's low-rank gradient approximation",
+                             applies=lambda p: p["grad_compression"] == "powersgd")
+    # how it is measured
+    warmup_steps: int = key(3, integer(0), "untimed steps before the measured window", PROCEDURE)
+    measured_steps: int = key(10, integer(2), "timed optimizer steps per repeat", PROCEDURE)
+    repeats: int = key(1, integer(1), "measured windows per config", PROCEDURE)
+    rounds: int = key(1, integer(1), "measure each config in this many rounds, interleaved with the other configs of "
+                      "its torchrun job (round 1 of every config, then round 2, ...); each round rebuilds the model "
+                      "and warms up again. For shared or noisy machines, whose speed drifts over minutes", PROCEDURE)
+    seed: int = key(0, integer(0), "seed of weights and random tokens", PROCEDURE)
+    check_steps: int = key(3, integer(0), "first steps whose loss is checked against the single-process reference "
+                           "(0: no check)", PROCEDURE)
+    timeout_s: int = key(900, integer(1), "seconds a config (each round of it) may take before its job is stopped",
+                         PROCEDURE)
+    profile: bool = key(False, boolean, "after the timed window, profile a few steps and split them into compute / "
+                        "communication / idle", PROCEDURE)
+    profile_steps: int = key(3, integer(1), "steps in the profiled window", PROCEDURE, applies=lambda p: p["profile"])
+    inject: str = key("none", _inject, "fault injection for testing recovery: oom@step=S,rank=R | crash@... | "
+                      "kill@... | hang@... | slow@rank=R,factor=F", PROCEDURE)
+    # computed by the expansion
+    dp: int = derived(1, "data-parallel degree", identity=True)
+    tp: int = derived(1, "tensor-parallel degree", identity=True)
+    pp: int = derived(1, "pipeline-parallel degree", identity=True)
+    label_keys: tuple[str, ...] = derived((), "procedure keys that vary within the sweep, shown in the label")
+    skip_reason: str | None = derived(None, "why this config cannot run here (None: it can)")
+    config_id: str = derived("", "stable id: strategy, ranks and a hash of every parameter")
+
+    def __post_init__(self) -> None:
+        # A suite names a preset or gives dims; a config always holds the typed shape.
+        if isinstance(self.model, str):
+            object.__setattr__(self, "model", catalog.model_shape(self.model))
+        elif isinstance(self.model, dict):
+            object.__setattr__(self, "model", ModelShape.from_dict({"name": "custom", **self.model}))
+
+    # -- derived facts ------------------------------------------------------------------
+    @property
+    def shape(self) -> ModelShape:
+        assert isinstance(self.model, ModelShape)
+        return self.model
+
+    @property
+    def model_name(self) -> str:
+        return self.shape.name or "custom"
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step: micro-batch x micro-batches x data-parallel degree."""
+        return self.micro_batch * self.grad_accum * self.dp
+
+    @property
+    def pipelined(self) -> bool:
+        return self.strategy in PIPELINED
+
+    def identity(self) -> tuple:
+        """What makes two configs the same workload (compare matches on this)."""
+        return tuple((k, _plain(getattr(self, k))) for k in IDENTITY_KEYS)
+
+    def params(self) -> dict[str, Any]:
+        """Every suite key and derived degree (model as a dict): what the id hashes."""
+        d = {k: _plain(getattr(self, k)) for k in SWEEP_KEYS}
+        d.update(dp=self.dp, tp=self.tp, pp=self.pp)
+        return d
+
+    @property
+    def label(self) -> str:
+        """Short, readable and unique within a sweep: the core fields, then every other
+        identity field away from its default, then the procedure keys that vary."""
+        ac = "" if self.activation_checkpointing == "none" else f" ac={self.activation_checkpointing}"
+        comp = " compile" if self.compile else ""
+        lay = f" [dp={self.dp} tp={self.tp} pp={self.pp}]" if self.tp > 1 or self.pp > 1 else ""
+        if self.pipelined:
+            lay += f" {self.pp_schedule}" + (f" v={self.virtual_stages}" if self.pp_schedule == "interleaved" else "")
+        model = self.model_name if self.model_name != "custom" else _dims_label(self.shape)
+        core = (f"{self.strategy} n={self.nproc}{lay} {model} mb={self.micro_batch} "
+                f"s={self.seq_len} ga={self.grad_accum} {self.precision}{ac}{comp}")
+        extra = [k for k in SWEEP_KEYS if k not in LABEL_CORE and k in IDENTITY_KEYS
+                 and getattr(self, k) != DEFAULTS[k]]
+        extra += [k for k in self.label_keys if k not in extra and k not in LABEL_CORE]
+        return core + "".join(f" {k}={_plain(getattr(self, k))}" for k in extra)
+
+    # -- serialisation --------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["model"] = _plain(self.model)
+        d["label_keys"] = list(self.label_keys)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+        return cls(**{**d, "label_keys": tuple(d.get("label_keys", ()))})
+
+
+def _dims_label(s: ModelShape) -> str:
+    """A custom model in a label: every dim that can tell two custom models apart."""
+    parts = [f"L{s.layers}", f"h{s.hidden}", f"a{s.heads}", f"f{s.ffn_hidden}", f"v{s.vocab}"]
+    parts += [f"kv{s.kv_heads}"] if s.kv_heads != s.heads else []
+    parts += [f"d{s.head_dim}"] if s.head_dim is not None else []
+    parts += [s.mlp] if s.mlp != "swiglu" else []
+    parts += ["tied"] if s.tie_embeddings else []
+    return f"custom({' '.join(parts)})"
+
+
+def _plain(v: Any) -> Any:
+    return v.to_dict() if isinstance(v, ModelShape) else v
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+# key -> (check, default, help): the suite schema, in declaration order.
+SWEEP_KEYS: dict[str, tuple[Check, Any, str]] = {
+    name: (f.metadata["check"], f.default, f.metadata["help"]) for name, f in FIELDS.items() if f.metadata.get("suite_key")
+}
+DEFAULTS = {k: v[1] for k, v in SWEEP_KEYS.items()}
+IDENTITY_KEYS = tuple(name for name, f in FIELDS.items() if f.metadata.get("identity"))
+PROCEDURE_KEYS = tuple(name for name, f in FIELDS.items() if f.metadata.get("role") == PROCEDURE)
+# Fields the label's fixed part shows (everything else is shown by name when it matters).
+LABEL_CORE = ("strategy", "nproc", "dp", "tp", "pp", "pp_schedule", "virtual_stages", "model", "micro_batch", "seq_len",
+              "grad_accum", "precision", "activation_checkpointing", "compile", "device", "layout")
+# Keys that feed the single-process reference: what it computes depends on these only
+# (the reference runs no strategy and no fault, in one process, on the global batch).
+REFERENCE_KEYS = ("workload", "model", "seq_len", "micro_batch", "precision", "seed", "device")
+
+
+def applies(name: str, params: dict[str, Any]) -> bool:
+    """Whether key ``name`` matters for a config with these parameters."""
+    rule = FIELDS[name].metadata.get("applies")
+    return rule is None or rule(params)
+
+
+def config_id(params: dict[str, Any]) -> str:
+    """Stable id of a config: its strategy and size, then a hash of every parameter."""
+    blob = json.dumps(params, sort_keys=True).encode()
+    return f"{params['strategy']}-n{params['nproc']}-{hashlib.sha1(blob).hexdigest()[:10]}"
+
+
+def identity_of_record(rec: dict[str, Any]) -> tuple:
+    """The identity of the config a flat record was measured with (model dims flattened
+    as model_*), equal to :meth:`RunConfig.identity` of that config."""
+    out = []
+    for k in IDENTITY_KEYS:
+        if k == "model":
+            dims = {f.name: rec.get(f"model_{f.name}") for f in dataclasses.fields(ModelShape)}
+            out.append((k, dims))
+        else:
+            out.append((k, rec.get(k, DEFAULTS.get(k))))
+    return tuple(out)
+
+
+def keys_markdown() -> str:
+    """README's table of suite keys, generated from the schema."""
+    rows = ["| key | default | role | what it sets |", "|---|---|---|---|"]
+    for name, (_, default, help_text) in SWEEP_KEYS.items():
+        rows.append(f"| `{name}` | `{json.dumps(default)}` | {FIELDS[name].metadata['role']} | {help_text} |")
+    return "\n".join(rows)
+
+
+def keys_help() -> str:
+    """`mgbench run --help`'s list of suite keys, generated from the schema."""
+    lines = []
+    for name, (_, default, help_text) in SWEEP_KEYS.items():
+        lines.append(f"  {name} = {json.dumps(default)}: {help_text}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m mgbench.config: README's key table
+    print(keys_markdown())

@@ -1,0 +1,96 @@
+"""Launch utilities shared by `mgbench run`, `mgbench comm` and the Slurm path: where a
+job runs (devices, cluster), the torchrun command line and the environment of its ranks.
+
+Torch-free at import: the launcher never loads the rank side (torch is imported inside
+:func:`detect_devices` only, where it is needed).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+SHARED_FS_WAIT_S = 120  # how long a follower node waits to see the leader's run folder
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A multi-node launch: this node's place in it. Node 0 (the leader) creates the run
+    folder and writes every record; the folder must be on a filesystem all nodes share."""
+
+    nnodes: int
+    node_rank: int
+    rdzv_endpoint: str
+    nproc_per_node: int
+    rdzv_prefix: str = "mgbench"
+
+    @property
+    def world(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    @property
+    def leader(self) -> bool:
+        return self.node_rank == 0
+
+    def manifest_entry(self) -> dict[str, object]:
+        """What a run's manifest says about the launch."""
+        return {"nnodes": self.nnodes, "nproc_per_node": self.nproc_per_node,
+                "rdzv_endpoint": self.rdzv_endpoint, "world_size": self.world}
+
+
+def detect_devices() -> tuple[str, int]:
+    """("cuda", GPU count) when CUDA devices are visible, else ("cpu", CPU ranks allowed).
+
+    CPU ranks allowed is max(4, cores): gloo ranks on one host share the cores, and
+    tests need 4 ranks even on a 2-core machine; beyond that oversubscription only
+    measures the scheduler.
+    """
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        return "cuda", torch.cuda.device_count()
+    return "cpu", cpu_rank_limit()
+
+
+def cpu_rank_limit() -> int:
+    """How many gloo ranks a CPU config may ask for on this host (see detect_devices)."""
+    return max(4, os.cpu_count() or 1)
+
+
+def torchrun_argv(nproc: int, job_path: Path, log_dir: Path, module: str = "mgbench.runner.worker",
+                  cluster: Cluster | None = None, rdzv_id: str = "") -> list[str]:
+    """torchrun (torch.distributed.run): on this host with a free local port, or, for a
+    multi-node launch, one agent per node meeting at the c10d rendezvous endpoint. Each
+    rank's stdout/stderr is also kept in its own file under ``log_dir``; the rank module
+    reads its work from the job file ``job_path``."""
+    if cluster is None or cluster.nnodes == 1:
+        where = ["--standalone", "--nnodes=1", f"--nproc-per-node={nproc}"]
+    else:
+        where = [f"--nnodes={cluster.nnodes}", f"--nproc-per-node={cluster.nproc_per_node}",
+                 "--rdzv-backend=c10d", f"--rdzv-endpoint={cluster.rdzv_endpoint}",
+                 f"--rdzv-id={cluster.rdzv_prefix}-{rdzv_id}"]
+    return [sys.executable, "-m", "torch.distributed.run", *where, f"--log-dir={log_dir}", "--redirects=3",
+            "--tee=3", "-m", module, "--job", str(job_path)]
+
+
+def child_env(nproc: int, device: str, tag: str) -> dict[str, str]:
+    """Environment of a torchrun job's ranks."""
+    env = dict(os.environ)
+    # The worker must import this same mgbench, installed or not.
+    pkg_root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["MGBENCH_GROUP"] = tag
+    if device == "cpu":
+        # Share the cores between ranks instead of letting each rank spawn one thread
+        # per core (which oversubscribes and measures contention, not the strategy).
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    else:
+        # A failed or timed-out NCCL collective aborts the communicator and ends the
+        # process, instead of leaving a rank blocked forever: the launcher then records
+        # the config. Warnings only, so logs stay readable.
+        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        env.setdefault("NCCL_DEBUG", "WARN")
+    return env

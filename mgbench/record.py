@@ -1,0 +1,246 @@
+"""What a run folder holds, typed and versioned: the :class:`Record` of one config, the
+per-rank figures it is summarised from, and the migrations that read older folders.
+
+A record on disk is one flat JSON object (records.jsonl): the config's parameters
+(model dims as ``model_*``), then every declared field below. Each field says its unit
+(in its name and in ``unit``) and what it means; a figure that could not be measured is
+None with a ``*_reason`` field saying why. Records, manifests and comm rows carry
+``schema_version``; :func:`migrate_record` / :func:`migrate_manifest` bring older ones
+up to date (asv's ``api_version`` + ``update_to_N``) and a folder written by a newer
+mgbench is refused with a message. Torch-free, so the launcher builds records for
+skipped and failed configs without loading the rank side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import RunConfig
+from .errors import MgbenchError
+from .model_shape import ModelShape
+
+SCHEMA_VERSION = 2
+STATUSES = ("ok", "oom", "timeout", "error", "skipped", "interrupted")
+
+
+def figure(unit: str, help: str, default: Any = None) -> Any:
+    """A measured or derived figure: None until known."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=type(default), metadata={"unit": unit, "help": help})
+    return field(default=default, metadata={"unit": unit, "help": help})
+
+
+@dataclass
+class RankFigures:
+    """One rank's raw figures for one config (all rounds merged), gathered by rank 0."""
+
+    rank: int
+    init_s: float
+    warmup_s: float
+    measured_s: float
+    busy_s: float  # main-thread CPU time over the measured windows
+    busy_steps: list[float]  # main-thread CPU time of each measured step
+    windows: list[list[float]]  # step times of each measured window
+    losses: list[float]  # global loss of every warm-up and measured step
+    mem_method: str
+    mem_peak_gib: float | None
+    mem_reserved_peak_gib: float | None
+    energy_j: float | None
+    window_s: float  # wall time the energy meter covered
+    energy_method: str
+    energy_reason: str | None
+    breakdown: dict[str, float] | None = None
+    check: dict[str, Any] | None = None  # the correctness window's figures (rank 0's copy)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class Record:
+    """The result of one config: parameters, status, metrics with units, methods and the
+    reasons for every null. Written by the worker (measured) or the launcher (skipped,
+    failed, timed out, interrupted)."""
+
+    config: RunConfig
+    run_id: str
+    status: str
+    error: str | None = figure("", "why the config did not end ok (None when ok)")
+    error_type: str | None = figure("", "exception type of the rank that failed first")
+    skip_reason: str | None = figure("", "why the config could not run here")
+    backend: str | None = figure("", "torch.distributed backend: gloo or nccl")
+    torch_version: str | None = figure("", "torch of the ranks (None: not started)")
+    started_at: str | None = figure("iso8601", "when the config's first round started")
+    finished_at: str | None = figure("iso8601", "when its record was written")
+    stderr_files: list[str] = figure("path", "each failed rank's stderr tail, relative to the run folder", [])
+    samples_file: str | None = figure("path", "raw per-rank step times and losses, relative to the run folder")
+    # step time: a step ends when its slowest rank ends (max over ranks, per step)
+    step_time_s: float | None = figure("s", "median step time")
+    step_time_p10_s: float | None = figure("s", "10th percentile step time")
+    step_time_p90_s: float | None = figure("s", "90th percentile step time")
+    step_time_mean_s: float | None = figure("s", "mean step time")
+    step_time_stddev_s: float | None = figure("s", "standard deviation of step times")
+    step_time_min_s: float | None = figure("s", "fastest step")
+    step_time_max_s: float | None = figure("s", "slowest step")
+    step_time_ci95_low_s: float | None = figure("s", "95% confidence interval of the median, low")
+    step_time_ci95_high_s: float | None = figure("s", "95% confidence interval of the median, high")
+    step_times_s: list[float] = figure("s", "every measured step", [])
+    num_steps_measured: int | None = figure("count", "measured steps over all windows and rounds")
+    repeat_medians_s: list[float] = figure("s", "median of each measured window (compare tests these)", [])
+    per_rank_step_time_median_s: list[float] = figure("s", "each rank's own median step time", [])
+    # throughput and efficiency
+    global_batch: int | None = figure("sequences", "sequences per optimizer step")
+    tokens_per_step: int | None = figure("tokens", "tokens per optimizer step")
+    tokens_per_s: float | None = figure("tokens/s", "tokens per second, all ranks")
+    tokens_per_s_per_device: float | None = figure("tokens/s", "tokens per second per rank")
+    samples_per_s: float | None = figure("sequences/s", "sequences per second")
+    num_params: int | None = figure("count", "trainable parameters")
+    flops_per_token: float | None = figure("FLOP", "model FLOPs per token, forward + backward (6N + 12Lhs)")
+    model_tflops_per_device: float | None = figure("TFLOP/s", "model FLOPs per second per device")
+    peak_tflops: float | None = figure("TFLOP/s", "the device's dense peak for this precision (catalog)")
+    mfu_pct: float | None = figure("%", "model FLOPs utilisation")
+    mfu_reason: str | None = figure("", "why MFU is null")
+    device_name: str | None = figure("", "device the ranks ran on")
+    # memory
+    mem_peak_gib: float | None = figure("GiB", "peak memory of the busiest rank (method: mem_method)")
+    mem_peak_gib_per_rank: list[float | None] = figure("GiB", "peak memory per rank", [])
+    mem_reserved_peak_gib: float | None = figure("GiB", "peak memory the CUDA allocator reserved")
+    mem_method: str | None = figure("", "how memory was read: cuda_max_allocated, cpu_peak_rss_per_rank, ...")
+    # phases
+    init_s: float | None = figure("s", "build and shard the model (slowest rank)")
+    warmup_s: float | None = figure("s", "untimed warm-up steps (slowest rank)")
+    measured_s: float | None = figure("s", "timed windows (slowest rank)")
+    # energy
+    energy_j: float | None = figure("J", "energy over the measured windows (method: energy_method)")
+    power_w: float | None = figure("W", "energy_j / energy_window_s, summed over devices")
+    energy_per_token_j: float | None = figure("J/token", "energy per trained token")
+    energy_window_s: float | None = figure("s", "wall time the energy counter covered")
+    energy_method: str | None = figure("", "nvml_counter | nvml_power_sampling | rapl | none")
+    energy_reason: str | None = figure("", "why energy is null")
+    # losses and the correctness check
+    losses: list[float] = figure("nats", "global loss of every warm-up and measured step", [])
+    loss_first: float | None = figure("nats", "first step's loss")
+    loss_last: float | None = figure("nats", "last step's loss")
+    correct: bool | None = figure("", "same results as the single-process reference (None: not checked)")
+    correct_reason: str | None = figure("", "what differed and by how much, or why there was no check")
+    loss_max_rel_diff: float | None = figure("ratio", "largest relative loss difference over the checked steps")
+    loss_tolerance: float | None = figure("ratio", "relative tolerance the check used")
+    lossy: bool | None = figure("", "gradient compression: checked with the looser lossy tolerance")
+    loss_ref: list[float] = figure("nats", "the reference's losses over the checked steps", [])
+    check: dict[str, Any] | None = figure("", "the correctness window's figures and comparisons (see runner/check.py)")
+    # pipelines
+    pp_bubble_theoretical: float | None = figure("fraction", "schedule's idle fraction in theory")
+    pp_bubble_measured: float | None = figure("fraction", "measured idle fraction (CPU ranks with cores of their own)")
+    pp_bubble_per_rank: list[float] | None = figure("fraction", "measured idle fraction per rank")
+    pp_bubble_reason: str | None = figure("", "why the measured bubble is null")
+    # rank spread
+    per_rank_busy_s: list[float] | None = figure("s", "median busy (main-thread CPU) time per step, per rank")
+    rank_spread_pct: float | None = figure("%", "busiest vs least busy rank")
+    straggler_ranks: list[int] | None = figure("", "ranks busier than 1.2x the least busy")
+    rank_spread_reason: str | None = figure("", "why the spread is null")
+    # profiled breakdown (profile = true)
+    breakdown_window_s: float | None = figure("s", "profiled step time")
+    breakdown_compute_s: float | None = figure("s", "compute per profiled step")
+    breakdown_comm_s: float | None = figure("s", "communication per profiled step")
+    breakdown_overlapped_comm_s: float | None = figure("s", "communication hidden behind compute")
+    breakdown_exposed_comm_s: float | None = figure("s", "communication not hidden behind compute")
+    breakdown_idle_s: float | None = figure("s", "neither compute nor communication")
+    breakdown_per_rank: list[dict[str, float]] | None = figure("", "the split per rank")
+    comm_fraction: float | None = figure("fraction", "exposed communication / step")
+    breakdown_method: str | None = figure("", "what was counted as compute and as communication")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The flat JSON form: schema version, parameters (model dims as model_*), figures."""
+        cfg = self.config.to_dict()
+        out: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
+        out.update({k: v for k, v in cfg.items() if k not in ("model", "skip_reason", "label_keys")})
+        out.update({f"model_{k}": v for k, v in cfg["model"].items()})
+        out["label"] = self.config.label
+        for f in dataclasses.fields(self):
+            if f.name != "config":
+                out[f.name] = getattr(self, f.name)
+        return out
+
+    @classmethod
+    def skipped(cls, cfg: RunConfig, run_id: str) -> "Record":
+        """The record of a config that cannot run here."""
+        return cls(cfg, run_id, "skipped", skip_reason=cfg.skip_reason, global_batch=cfg.global_batch,
+                   backend=backend_of(cfg))
+
+    @classmethod
+    def failed(cls, cfg: RunConfig, run_id: str, status: str, error: str, **figures: Any) -> "Record":
+        """The record of a config whose job did not finish it (error, oom, timeout, interrupted)."""
+        if status not in STATUSES or status in ("ok", "skipped"):
+            raise ValueError(status)
+        return cls(cfg, run_id, status, error=error, global_batch=cfg.global_batch, backend=backend_of(cfg),
+                   **figures)
+
+
+RECORD_FIELDS = {f.name: f for f in dataclasses.fields(Record) if f.name != "config"}
+
+
+def config_from_record(rec: dict[str, Any]) -> RunConfig:
+    """The config a flat record was measured with (its parameters and model_* dims)."""
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    params = {k: rec[k] for k in names if k in rec and k not in ("model", "label_keys")}
+    shape = {f.name: rec[f"model_{f.name}"] for f in dataclasses.fields(ModelShape) if f"model_{f.name}" in rec}
+    return RunConfig(model=ModelShape.from_dict(shape), **params)
+
+
+def backend_of(cfg: RunConfig) -> str:
+    return "nccl" if cfg.device == "cuda" else "gloo"
+
+
+# --- migrations: each brings version N-1 to N; applied in order on read ---------------
+
+def _records_v0_to_v1(rec: dict[str, Any]) -> dict[str, Any]:
+    return rec  # records written before versioning had the same fields
+
+
+def _records_v1_to_v2(rec: dict[str, Any]) -> dict[str, Any]:
+    # The runner's every-second-block checkpointing was called "selective", which is
+    # the planner's name for Korthikanti et al.'s selective recompute.
+    if rec.get("activation_checkpointing") == "selective":
+        rec["activation_checkpointing"] = "every_2nd"
+    # Labels left out workload fields (two configs differing only in grad_compression
+    # had one label); the label of today's schema names them.
+    if "model_layers" in rec and "strategy" in rec:
+        rec["label"] = config_from_record(rec).label
+    return rec
+
+
+RECORD_MIGRATIONS = {1: _records_v0_to_v1, 2: _records_v1_to_v2}
+
+
+def _manifest_v1_to_v2(m: dict[str, Any]) -> dict[str, Any]:
+    for sweep in (m.get("suite") or {}).get("sweeps") or []:
+        ac = sweep.get("activation_checkpointing")
+        if ac is not None:
+            sweep["activation_checkpointing"] = ["every_2nd" if v == "selective" else v for v in ac]
+    return m
+
+
+MANIFEST_MIGRATIONS = {1: lambda m: m, 2: _manifest_v1_to_v2}
+
+
+def _migrate(obj: dict[str, Any], migrations: dict[int, Any], what: str) -> dict[str, Any]:
+    version = obj.get("schema_version", 0)
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise MgbenchError(f"{what} has schema_version {version}, newer than this mgbench reads ({SCHEMA_VERSION}): "
+                           "it was written by a newer mgbench; upgrade mgbench (pip install -U mgbench)")
+    for v in range(version + 1, SCHEMA_VERSION + 1):
+        obj = migrations[v](obj)
+    obj["schema_version"] = SCHEMA_VERSION
+    return obj
+
+
+def migrate_record(rec: dict[str, Any]) -> dict[str, Any]:
+    """Bring a record of any known schema version up to SCHEMA_VERSION."""
+    return _migrate(rec, RECORD_MIGRATIONS, "a record")
+
+
+def migrate_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
+    """Bring a manifest of any known schema version up to SCHEMA_VERSION."""
+    return _migrate(manifest, MANIFEST_MIGRATIONS, "the manifest")
