@@ -1,4 +1,4 @@
-"""Loads the data files in mgbench/data: accelerators and model shapes.
+"""Loads the data files in mgbench/data: accelerators, links, systems and model shapes.
 
 The TOML files are the one place for each hardware figure and model shape; this module
 only reads them and answers questions such as "what is the bf16 peak of this device?".
@@ -57,6 +57,19 @@ def peak_tflops(device_name: str, precision: str) -> tuple[float | None, str]:
     if value is None:
         return None, f"catalog has no {precision} peak for {key}"
     return float(value), f"{key} {precision} peak from {accelerators()[key]['source']}"
+
+
+def links() -> dict[str, dict[str, Any]]:
+    """All interconnects of hardware.toml (NVLink, PCIe, InfiniBand...), keyed by name,
+    with their peak GB/s, latency and achievable fraction. Read here, below both the
+    planner (which models with them) and `mgbench comm` (which compares with them)."""
+    return load("hardware.toml")["links"]
+
+
+def systems() -> dict[str, dict[str, Any]]:
+    """All node types of hardware.toml (e.g. ``dgx-h100``): GPU, GPUs and NICs per node,
+    and the names of their intra- and inter-node links."""
+    return load("hardware.toml")["systems"]
 
 
 def model_presets() -> dict[str, dict[str, Any]]:

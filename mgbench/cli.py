@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
+from .cli_options import (DEVICE, JSON, METRIC, MODEL, NPROC_PER_NODE, OVERRIDES, PRICES, RESULTS_DIR, RUN_ID,
+                          cluster_options, deferred_command, options, plan_group, plan_options_from)
+from .collectives import NAMES as COLLECTIVE_NAMES
 from .errors import MgbenchError
 
 
@@ -43,25 +47,18 @@ def main(ctx: click.Context, debug: bool) -> None:
 
 @main.command()
 @click.argument("suite", required=False, default="default")
-@click.option("--results-dir", default="results", show_default=True, help="Where run folders go.")
-@click.option("--run-id", default=None, help="Name of the run folder (default: time + suite name).")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a sweep key, TOML value: --set nproc=[1,2] --set strategy=fsdp.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-              help="Run on CPU ranks (gloo) or CUDA devices (NCCL).")
+@options(RESULTS_DIR, RUN_ID, OVERRIDES, DEVICE)
 @click.option("--timeout", type=int, default=None, metavar="S",
               help="Seconds a config may run before it is stopped and recorded as timeout (suite key timeout_s).")
 @click.option("--resume", default=None, metavar="RUN",
               help="Continue an interrupted or killed run (run id or folder): run only the configs it lacks.")
 @click.option("--dry-run", is_flag=True, help="List the expanded configs and exit.")
-@click.option("--nnodes", type=int, default=1, show_default=True, help="Nodes in a multi-node launch (one `mgbench run` per node).")
-@click.option("--node-rank", type=int, default=0, show_default=True, help="This node's rank; node 0 writes the results.")
-@click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT", help="c10d rendezvous endpoint (usually node 0's address).")
-@click.option("--nproc-per-node", type=int, default=None, help="Ranks per node (default: GPUs per node; CPU ranks without GPUs).")
+@cluster_options
+@options(NPROC_PER_NODE)
 @click.option("--from-slurm", is_flag=True, help="Take --nnodes/--node-rank/--rdzv-endpoint from the Slurm allocation (SLURM_*).")
 @click.option("--no-report", is_flag=True, help="Do not write the HTML report at the end.")
 @click.option("--reports-dir", default="reports", show_default=True, help="Where the HTML report goes.")
-@click.option("--json", "as_json", is_flag=True, help="Print the records as JSON at the end.")
+@options(JSON)
 def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, ...], device: str,
         timeout: int | None, resume: str | None, dry_run: bool, nnodes: int, node_rank: int,
         rdzv_endpoint: str | None, nproc_per_node: int | None, from_slurm: bool, no_report: bool,
@@ -82,7 +79,8 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
       mgbench run smoke --run-id exp1 --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29500
     """
     from . import suite as suite_mod
-    from .runner.launch import cpu_rank_limit, detect_devices, run_suite
+    from .launching import cpu_rank_limit, detect_devices
+    from .runner.launch import run_suite
     from .show import render
 
     kind, count = detect_devices()
@@ -97,7 +95,7 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
 
         cluster = slurm_cluster(nproc_per_node or count, run_id or resume or "mgbench")
     elif nnodes > 1 or rdzv_endpoint:
-        from .runner.launch import Cluster
+        from .launching import Cluster
 
         if nnodes < 2 or not rdzv_endpoint or not (0 <= node_rank < nnodes):
             raise MgbenchError("a multi-node launch needs --nnodes N >= 2, --node-rank 0..N-1 and --rdzv-endpoint HOST:PORT")
@@ -145,7 +143,7 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
 
 @main.command()
 @click.argument("run", required=False)
-@click.option("--results-dir", default="results", show_default=True)
+@options(RESULTS_DIR)
 @click.option("--json", "fmt", flag_value="json", help="Full manifest and records as JSON.")
 @click.option("--csv", "fmt", flag_value="csv", help="Records as CSV (one row per config).")
 def show(run: str | None, results_dir: str, fmt: str | None) -> None:
@@ -164,16 +162,18 @@ def show(run: str | None, results_dir: str, fmt: str | None) -> None:
     click.echo(render(run_dir, fmt or "table"))
 
 
-@main.command()
+# Or plan here: `plan`'s own options under --plan-*, generated from the same PlanOptions
+# fields, so the defaults (--plan-top, --plan-seq-len, ...) are plan's. Made on first use
+# (deferred) because the planner's modules load numpy.
+@deferred_command(lambda: [MODEL.prefixed("plan"), *plan_group(prefix="plan", required=False),
+                           *(o.prefixed("plan") for o in PRICES)], group=main)
 @click.argument("runs", nargs=-1, required=True)
 @click.option("-o", "--output", default=None, help="HTML file (default: reports/<first run>.html).")
-@click.option("--results-dir", default="results", show_default=True)
+@options(RESULTS_DIR, METRIC)
 @click.option("--plan", "plan_file", help="A plan saved with `mgbench plan --json > plan.json`, shown as a section.")
-@click.option("--plan-model", help="Or plan here: model preset for the planning section.")
-@click.option("--plan-tokens", type=float, help="Training tokens for --plan-model.")
-@click.option("--metric", default="tokens_per_s", show_default=True, help="Metric compared when two runs are given.")
-def report(runs: tuple[str, ...], output: str | None, results_dir: str, plan_file: str | None,
-           plan_model: str | None, plan_tokens: float | None, metric: str) -> None:
+def report(runs: tuple[str, ...], output: str | None, results_dir: str, metric: str, plan_file: str | None,
+           plan_model: str | None, plan_prices_file: str | None, plan_price_overrides: tuple[str, ...],
+           **plan_kw: Any) -> None:
     """Write one self-contained HTML report for RUNS (ids or folders).
 
     Works offline: plotly.js is inlined once. With two runs it also compares them.
@@ -183,6 +183,7 @@ def report(runs: tuple[str, ...], output: str | None, results_dir: str, plan_fil
       mgbench report 20261121-093012-default-1a2b
       mgbench report BASE NEW -o reports/compare.html
       mgbench report RUN --plan-model llama3-70b --plan-tokens 1.5e13
+      mgbench report RUN --plan-model llama3-8b --plan-tokens 1e12 --plan-spot --plan-price b200=5.5
     """
     import json as _json
 
@@ -197,13 +198,15 @@ def report(runs: tuple[str, ...], output: str | None, results_dir: str, plan_fil
             plan_data = _json.loads(Path(plan_file).read_text())
         except (OSError, ValueError) as e:
             raise MgbenchError(f"--plan {plan_file}: cannot read a plan JSON ({e})") from None
-    elif plan_model or plan_tokens:
-        if not (plan_model and plan_tokens):
+    elif plan_model or plan_kw["plan_tokens"]:
+        if not (plan_model and plan_kw["plan_tokens"]):
             raise MgbenchError("--plan-model and --plan-tokens go together")
         from . import catalog
-        from .planner.search import PlanOptions, plan as plan_fn
+        from .planner.cost import Prices
+        from .planner.search import plan as plan_fn
 
-        plan_data = plan_fn(catalog.model_shape(plan_model), PlanOptions(tokens=plan_tokens))
+        plan_data = plan_fn(catalog.model_shape(plan_model), plan_options_from(plan_kw, prefix="plan"),
+                            Prices(plan_prices_file, list(plan_price_overrides)))
     rows = None
     if len(paths) == 2:
         try:
@@ -217,13 +220,12 @@ def report(runs: tuple[str, ...], output: str | None, results_dir: str, plan_fil
 @main.command()
 @click.argument("base")
 @click.argument("new")
-@click.option("--results-dir", default="results", show_default=True)
-@click.option("--metric", default="tokens_per_s", show_default=True, help="Metric to compare.")
+@options(RESULTS_DIR, METRIC)
 @click.option("--threshold", type=float, default=10.0, show_default=True,
               help="Smallest change (%) that counts, when also significant.")
 @click.option("--fail-on", "gates", multiple=True, metavar="METRIC:-N%",
               help="Exit 1 if METRIC gets significantly worse by more than N%, e.g. tokens_per_s:-5%.")
-@click.option("--json", "as_json", is_flag=True)
+@options(JSON)
 def compare(base: str, new: str, results_dir: str, metric: str, threshold: float, gates: tuple[str, ...],
             as_json: bool) -> None:
     """Compare two runs of the same suite config by config.
@@ -273,9 +275,9 @@ def compare(base: str, new: str, results_dir: str, metric: str, threshold: float
 
 @main.command()
 @click.option("--nproc", type=int, default=2, show_default=True, help="Ranks (GPUs, or CPU ranks without GPUs).")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
-@click.option("--collectives", default=",".join(("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
-                                                  "broadcast", "sendrecv")), show_default=True)
+@options(DEVICE)
+@click.option("--collectives", default=",".join(COLLECTIVE_NAMES), show_default=True,
+              help="Comma-separated collectives to measure (the registry in mgbench/collectives.py).")
 @click.option("--dtype", "dtypes", default="float32", show_default=True, help="Comma-separated: float32,bfloat16,float16.")
 @click.option("--min-bytes", type=int, default=None, help="Smallest message (default: 4 KiB on CPU, 8 KiB on GPU).")
 @click.option("--max-bytes", type=int, default=None, help="Largest message (default: 4 MiB on CPU, 1 GiB on GPU).")
@@ -283,13 +285,10 @@ def compare(base: str, new: str, results_dir: str, metric: str, threshold: float
 @click.option("--warmup", type=int, default=None, help="Untimed iterations per size.")
 @click.option("--iters", type=int, default=None, help="Timed iterations per size.")
 @click.option("--link", default=None, help="Catalog link to compare busbw with (default: the detected one).")
-@click.option("--results-dir", default="results", show_default=True)
-@click.option("--run-id", default=None)
+@options(RESULTS_DIR, RUN_ID)
 @click.option("--timeout", type=int, default=900, show_default=True, help="Seconds before the sweep is stopped.")
-@click.option("--nnodes", type=int, default=1, show_default=True, help="Nodes (one `mgbench comm` per node); adds intra/inter-node splits.")
-@click.option("--node-rank", type=int, default=0, show_default=True)
-@click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT")
-@click.option("--json", "as_json", is_flag=True)
+@cluster_options
+@options(JSON)
 def comm(nproc, device, collectives, dtypes, min_bytes, max_bytes, factor, warmup, iters, link, results_dir,
          run_id, timeout, nnodes, node_rank, rdzv_endpoint, as_json) -> None:  # type: ignore[no-untyped-def]
     """Measure collectives like nccl-tests: time, algbw, busbw, #wrong, alpha-beta fit.
@@ -307,8 +306,8 @@ def comm(nproc, device, collectives, dtypes, min_bytes, max_bytes, factor, warmu
     """
     import json as _json
 
-    from .comm.run import load_rows, render, run_comm
-    from .runner.launch import cpu_rank_limit, detect_devices
+    from .comm.run import load_fits, load_rows, render, run_comm
+    from .launching import cpu_rank_limit, detect_devices
 
     kind, count = detect_devices()
     if device == "cpu" or (device == "auto" and kind == "cpu"):
@@ -319,7 +318,7 @@ def comm(nproc, device, collectives, dtypes, min_bytes, max_bytes, factor, warmu
         raise MgbenchError(f"--nproc {nproc}: this machine allows 1 to {count} {kind} rank(s)")
     cluster = None
     if nnodes > 1:
-        from .runner.launch import Cluster
+        from .launching import Cluster
 
         if not rdzv_endpoint or not run_id or not (0 <= node_rank < nnodes):
             raise MgbenchError("multi-node comm needs --rdzv-endpoint, the same --run-id on every node, "
@@ -335,7 +334,7 @@ def comm(nproc, device, collectives, dtypes, min_bytes, max_bytes, factor, warmu
     if as_json:
         from . import store
 
-        fits = _json.loads((run_dir / "comm_fit.json").read_text())
+        fits = load_fits(run_dir)
         click.echo(_json.dumps({"run_dir": str(run_dir), "interconnect": store.read_manifest(run_dir)["interconnect"],
                                 "rows": load_rows(run_dir), "fits": fits}, indent=2))
     else:
@@ -350,11 +349,7 @@ def comm(nproc, device, collectives, dtypes, min_bytes, max_bytes, factor, warmu
 @click.option("--partition", default=None)
 @click.option("--time", "time_limit", default=None, help="Slurm time limit, e.g. 02:00:00.")
 @click.option("--account", default=None)
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-              help="What the compute nodes run on (auto: like this machine).")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE")
-@click.option("--results-dir", default="results", show_default=True, help="Must be on a filesystem all nodes share.")
-@click.option("--run-id", default=None)
+@options(DEVICE, OVERRIDES, RESULTS_DIR, RUN_ID)
 @click.option("--submit", is_flag=True, help="Submit with sbatch and print the job id.")
 def slurm(suite: str, nodes: int, gpus_per_node: int, partition: str | None, time_limit: str | None,
           account: str | None, device: str, overrides: tuple[str, ...], results_dir: str, run_id: str | None,
@@ -375,7 +370,8 @@ def slurm(suite: str, nodes: int, gpus_per_node: int, partition: str | None, tim
     from . import store
     from . import suite as suite_mod
     from .cluster import sbatch_script, submit as submit_job
-    from .runner.launch import create_run, detect_devices
+    from .launching import detect_devices
+    from .runner.launch import create_run
 
     if nodes < 1 or gpus_per_node < 1:
         raise MgbenchError("--nodes and --gpus-per-node must be >= 1")
@@ -384,12 +380,13 @@ def slurm(suite: str, nodes: int, gpus_per_node: int, partition: str | None, tim
     if overrides:
         suite_mod.apply_overrides(s, list(overrides))
     run_dir, manifest = create_run(s, results_dir, run_id, kind, nodes * gpus_per_node, status="submitted")
-    script = run_dir / "job.sbatch"
-    script.write_text(sbatch_script(run_dir, s.name, nodes, gpus_per_node, kind, partition, time_limit, account))
-    manifest["slurm"] = {"nodes": nodes, "gpus_per_node": gpus_per_node, "script": "job.sbatch", "job_id": None}
+    script = run_dir.sbatch
+    script.write_text(sbatch_script(run_dir.path, s.name, nodes, gpus_per_node, kind, partition, time_limit, account))
+    manifest["slurm"] = {"nodes": nodes, "gpus_per_node": gpus_per_node, "script": run_dir.relative(script),
+                         "job_id": None}
     if submit:
         manifest["slurm"]["job_id"] = submit_job(script)
-    store.write_json_atomic(run_dir / "manifest.json", manifest)
+    store.write_manifest(run_dir, manifest)
     click.echo(f"run folder: {run_dir}\nbatch script: {script}")
     if submit:
         click.echo(f"submitted job {manifest['slurm']['job_id']}; follow it with: mgbench status {run_dir.name}")
@@ -399,8 +396,7 @@ def slurm(suite: str, nodes: int, gpus_per_node: int, partition: str | None, tim
 
 @main.command()
 @click.argument("run")
-@click.option("--results-dir", default="results", show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@options(RESULTS_DIR, JSON)
 def status(run: str, results_dir: str, as_json: bool) -> None:
     """The state of a run: its Slurm job (squeue / sacct) and its records so far.
 
@@ -429,7 +425,12 @@ def status(run: str, results_dir: str, as_json: bool) -> None:
                + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none yet"))
 
 
+from .config import keys_help  # noqa: E402
 from .planner.commands import memory, plan, predict  # noqa: E402
+
+# The suite keys, generated from the config schema (mgbench/config.py), so --help
+# cannot drift from what suites accept. \b keeps click from rewrapping the list.
+run.epilog = "\b\nSuite keys (in a [sweep] table or with --set KEY=VALUE; default after '='):\n" + keys_help()
 
 main.add_command(memory)
 main.add_command(predict)

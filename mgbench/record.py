@@ -25,11 +25,9 @@ SCHEMA_VERSION = 2
 STATUSES = ("ok", "oom", "timeout", "error", "skipped", "interrupted")
 
 
-def figure(unit: str, help: str, default: Any = None) -> Any:
+def figure(unit: str, help: str) -> Any:
     """A measured or derived figure: None until known."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=type(default), metadata={"unit": unit, "help": help})
-    return field(default=default, metadata={"unit": unit, "help": help})
+    return field(default=None, metadata={"unit": unit, "help": help})
 
 
 @dataclass
@@ -74,7 +72,7 @@ class Record:
     torch_version: str | None = figure("", "torch of the ranks (None: not started)")
     started_at: str | None = figure("iso8601", "when the config's first round started")
     finished_at: str | None = figure("iso8601", "when its record was written")
-    stderr_files: list[str] = figure("path", "each failed rank's stderr tail, relative to the run folder", [])
+    stderr_files: list[str] | None = figure("path", "each failed rank's stderr tail, relative to the run folder")
     samples_file: str | None = figure("path", "raw per-rank step times and losses, relative to the run folder")
     # step time: a step ends when its slowest rank ends (max over ranks, per step)
     step_time_s: float | None = figure("s", "median step time")
@@ -86,10 +84,10 @@ class Record:
     step_time_max_s: float | None = figure("s", "slowest step")
     step_time_ci95_low_s: float | None = figure("s", "95% confidence interval of the median, low")
     step_time_ci95_high_s: float | None = figure("s", "95% confidence interval of the median, high")
-    step_times_s: list[float] = figure("s", "every measured step", [])
+    step_times_s: list[float] | None = figure("s", "every measured step")
     num_steps_measured: int | None = figure("count", "measured steps over all windows and rounds")
-    repeat_medians_s: list[float] = figure("s", "median of each measured window (compare tests these)", [])
-    per_rank_step_time_median_s: list[float] = figure("s", "each rank's own median step time", [])
+    repeat_medians_s: list[float] | None = figure("s", "median of each measured window (compare tests these)")
+    per_rank_step_time_median_s: list[float] | None = figure("s", "each rank's own median step time")
     # throughput and efficiency
     global_batch: int | None = figure("sequences", "sequences per optimizer step")
     tokens_per_step: int | None = figure("tokens", "tokens per optimizer step")
@@ -105,7 +103,7 @@ class Record:
     device_name: str | None = figure("", "device the ranks ran on")
     # memory
     mem_peak_gib: float | None = figure("GiB", "peak memory of the busiest rank (method: mem_method)")
-    mem_peak_gib_per_rank: list[float | None] = figure("GiB", "peak memory per rank", [])
+    mem_peak_gib_per_rank: list[float | None] | None = figure("GiB", "peak memory per rank")
     mem_reserved_peak_gib: float | None = figure("GiB", "peak memory the CUDA allocator reserved")
     mem_method: str | None = figure("", "how memory was read: cuda_max_allocated, cpu_peak_rss_per_rank, ...")
     # phases
@@ -120,7 +118,7 @@ class Record:
     energy_method: str | None = figure("", "nvml_counter | nvml_power_sampling | rapl | none")
     energy_reason: str | None = figure("", "why energy is null")
     # losses and the correctness check
-    losses: list[float] = figure("nats", "global loss of every warm-up and measured step", [])
+    losses: list[float] | None = figure("nats", "global loss of every warm-up and measured step")
     loss_first: float | None = figure("nats", "first step's loss")
     loss_last: float | None = figure("nats", "last step's loss")
     correct: bool | None = figure("", "same results as the single-process reference (None: not checked)")
@@ -128,7 +126,7 @@ class Record:
     loss_max_rel_diff: float | None = figure("ratio", "largest relative loss difference over the checked steps")
     loss_tolerance: float | None = figure("ratio", "relative tolerance the check used")
     lossy: bool | None = figure("", "gradient compression: checked with the looser lossy tolerance")
-    loss_ref: list[float] = figure("nats", "the reference's losses over the checked steps", [])
+    loss_ref: list[float] | None = figure("nats", "the reference's losses over the checked steps")
     check: dict[str, Any] | None = figure("", "the correctness window's figures and comparisons (see runner/check.py)")
     # pipelines
     pp_bubble_theoretical: float | None = figure("fraction", "schedule's idle fraction in theory")
@@ -162,6 +160,19 @@ class Record:
             if f.name != "config":
                 out[f.name] = getattr(self, f.name)
         return out
+
+    @classmethod
+    def from_dict(cls, flat: dict[str, Any]) -> "Record":
+        """A record read back (migrate it first): its config and its declared figures;
+        anything undeclared is an error, so a misspelt field cannot pass silently."""
+        cfg = config_from_record(flat)
+        config_keys = ({f.name for f in dataclasses.fields(RunConfig)} - {"skip_reason"}) | {"label", "schema_version"}
+        config_keys |= {f"model_{f.name}" for f in dataclasses.fields(ModelShape)}
+        figures = {k: v for k, v in flat.items() if k not in config_keys}
+        unknown = sorted(set(figures) - set(RECORD_FIELDS))
+        if unknown:
+            raise MgbenchError(f"record {flat.get('config_id')}: undeclared field(s) {', '.join(unknown)}")
+        return cls(cfg, **figures)
 
     @classmethod
     def skipped(cls, cfg: RunConfig, run_id: str) -> "Record":

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import store
+from .. import catalog, store
+from ..collectives import NAMES, load_fits, load_rows
 from ..errors import MgbenchError
-from ..runner.launch import SHARED_FS_WAIT_S, Cluster, child_env, torchrun_argv
-from ..runner.procs import die_with_parent, kill_tree
+from ..launching import SHARED_FS_WAIT_S, Cluster, child_env, torchrun_argv
+from ..procs import die_with_parent, kill_tree
+from ..store import RunDir
 from ..telemetry.interconnect import detect
 from ..telemetry.machine import fingerprint
-from .collectives import COLLECTIVES
 from .fit import fit
+
+JOB_TAG = "comm"  # the one torchrun job of a comm run: jobs/comm.json, logs/comm.log, logs/comm/
 
 # Defaults sized for the backend: loopback gloo moves a few GB/s, NVLink hundreds.
 DEFAULTS = {
@@ -32,35 +34,33 @@ def run_comm(nproc: int, device: str, collectives: list[str], dtypes: list[str],
     ``cluster`` (every node calls this), measurements are also split into intra-node and
     inter-node groups."""
     for c in collectives:
-        if c not in COLLECTIVES:
-            raise MgbenchError(f"--collectives: unknown {c!r}; choose from {', '.join(COLLECTIVES)}")
+        if c not in NAMES:
+            raise MgbenchError(f"--collectives: unknown {c!r}; choose from {', '.join(NAMES)}")
     if device == "cpu" and any(d != "float32" for d in dtypes):
         raise MgbenchError("--dtype: gloo reduces only float32 on CPU; use --dtype float32")
-    plan = {**DEFAULTS[device], **{k: v for k, v in overrides.items() if v is not None}}
-    if plan["min_bytes"] < 1 or plan["max_bytes"] < plan["min_bytes"] or plan["factor"] < 2:
+    sweep = {**DEFAULTS[device], **{k: v for k, v in overrides.items() if v is not None}}
+    if sweep["min_bytes"] < 1 or sweep["max_bytes"] < sweep["min_bytes"] or sweep["factor"] < 2:
         raise MgbenchError("need 1 <= --min-bytes <= --max-bytes and --factor >= 2")
     if cluster is not None and not cluster.leader:
-        return _follow_comm(cluster, Path(results_dir) / str(run_id), device, timeout_s)
+        return _follow_comm(cluster, RunDir(Path(results_dir) / str(run_id)), device, timeout_s)
     run_id = run_id or store.new_run_id(f"comm-n{nproc}")
-    run_dir = store.create_run_dir(results_dir, run_id)
+    run_dir = RunDir.create(results_dir, run_id)
     manifest = {"run_id": run_id, "kind": "comm", "status": "running",
                 "started_at": dt.datetime.now().isoformat(timespec="seconds"), "argv": sys.argv,
                 "suite": {"name": "comm", "description": "collective microbenchmarks", "text": "", "sha256": ""},
                 "machine": fingerprint(), "interconnect": detect(), "schema_version": store.SCHEMA_VERSION,
                 "comm": {"nproc": nproc if cluster is None else cluster.world, "device": device,
-                         "collectives": collectives, "dtypes": dtypes, **plan}}
+                         "collectives": collectives, "dtypes": dtypes, **sweep}}
     if cluster is not None:
-        manifest["cluster"] = {"nnodes": cluster.nnodes, "nproc_per_node": cluster.nproc_per_node,
-                               "world_size": cluster.world, "rdzv_endpoint": cluster.rdzv_endpoint}
-    store.write_json_atomic(run_dir / "manifest.json", manifest)
-    plan_path = run_dir / "plans" / "comm.json"
-    plan_path.parent.mkdir(exist_ok=True)
-    store.write_json_atomic(plan_path, {"run_dir": str(run_dir.resolve()), "device": device,
-                                        "collectives": collectives, "dtypes": dtypes, **plan})
-    progress(f"{', '.join(collectives)} on {nproc} {device} rank(s), {plan['min_bytes']} to {plan['max_bytes']} bytes")
-    log = run_dir / "logs" / "comm.log"
+        manifest["cluster"] = cluster.manifest_entry()
+    store.write_json_atomic(run_dir.manifest, manifest)
+    job = run_dir.job(JOB_TAG)
+    store.write_json_atomic(job, {"run_dir": str(run_dir.path.resolve()), "device": device,
+                                  "collectives": collectives, "dtypes": dtypes, **sweep})
+    progress(f"{', '.join(collectives)} on {nproc} {device} rank(s), {sweep['min_bytes']} to {sweep['max_bytes']} bytes")
+    log = run_dir.job_log(JOB_TAG)
     with open(log, "w") as f:
-        proc = subprocess.Popen(torchrun_argv(nproc, plan_path, run_dir / "logs" / "ranks", "mgbench.comm.worker",
+        proc = subprocess.Popen(torchrun_argv(nproc, job, run_dir.rank_logs(JOB_TAG), "mgbench.comm.worker",
                                               cluster=cluster, rdzv_id=f"{run_id}-comm"),
                                 stdout=f, stderr=subprocess.STDOUT, env=child_env(nproc, device, "comm"),
                                 start_new_session=True, preexec_fn=die_with_parent)
@@ -73,71 +73,61 @@ def run_comm(nproc: int, device: str, collectives: list[str], dtypes: list[str],
     fits = {}
     for key in sorted({(r["collective"], r["dtype"], r.get("scope", "all")) for r in rows}):
         fits[":".join(key)] = fit([r for r in rows if (r["collective"], r["dtype"], r.get("scope", "all")) == key])
-    store.write_json_atomic(run_dir / "comm_fit.json", fits)
+    store.write_json_atomic(run_dir.comm_fit, fits)
     status = "complete" if rc == 0 else ("timeout" if rc is None else "error")
     manifest.update(status=status, finished_at=dt.datetime.now().isoformat(timespec="seconds"),
                     counts={"rows": len(rows), "wrong": sum(r["wrong"] for r in rows)})
-    store.write_json_atomic(run_dir / "manifest.json", manifest)
+    store.write_json_atomic(run_dir.manifest, manifest)
     if status != "complete":
         tail = " | ".join(log.read_text(errors="replace").splitlines()[-3:])
         raise MgbenchError(f"mgbench comm {status} (results so far in {run_dir}): {tail[-400:]}")
-    return run_dir
+    return run_dir.path
 
 
-def _follow_comm(cluster: Cluster, run_dir: Path, device: str, timeout_s: int) -> Path:
-    """A follower node: wait for the leader's plan on the shared filesystem, then run
+def _follow_comm(cluster: Cluster, run_dir: RunDir, device: str, timeout_s: int) -> Path:
+    """A follower node: wait for the leader's job file on the shared filesystem, then run
     this node's torchrun agent."""
     import time
 
-    plan_path = run_dir / "plans" / "comm.json"
+    job = run_dir.job(JOB_TAG)
     t0 = time.monotonic()
-    while not plan_path.exists():
+    while not job.exists():
         if time.monotonic() - t0 > SHARED_FS_WAIT_S:
-            raise MgbenchError(f"node {cluster.node_rank}: {plan_path} did not appear: --results-dir must be shared")
+            raise MgbenchError(f"node {cluster.node_rank}: {job} did not appear: --results-dir must be shared")
         time.sleep(1)
-    log = run_dir / "logs" / f"comm-node{cluster.node_rank}.log"
+    tag = f"{JOB_TAG}-node{cluster.node_rank}"  # this node's own logs beside the leader's
+    log = run_dir.job_log(tag)
     with open(log, "w") as f:
-        rc = subprocess.run(torchrun_argv(cluster.nproc_per_node, plan_path, run_dir / "logs" / f"ranks-node{cluster.node_rank}",
+        rc = subprocess.run(torchrun_argv(cluster.nproc_per_node, job, run_dir.rank_logs(tag),
                                           "mgbench.comm.worker", cluster=cluster, rdzv_id=f"{run_dir.name}-comm"),
                             stdout=f, stderr=subprocess.STDOUT, env=child_env(cluster.nproc_per_node, device, "comm"),
                             preexec_fn=die_with_parent, timeout=timeout_s).returncode
     if rc != 0:
         raise MgbenchError(f"node {cluster.node_rank}: torchrun exited with {rc}; see {log}")
-    return run_dir
-
-
-def load_rows(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "comm.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return run_dir.path
 
 
 def link_peak(manifest: dict[str, Any], link: str | None) -> tuple[float | None, str]:
     """Peak GB/s of the named catalog link, or of the detected one; None with the reason."""
-    from ..planner.hardware import links
-
     if link:
-        if link not in links():
-            raise MgbenchError(f"--link {link!r}: known links are {', '.join(links())}")
-        return float(links()[link]["peak_gbps"]), f"{link} peak from the catalog"
+        if link not in catalog.links():
+            raise MgbenchError(f"--link {link!r}: known links are {', '.join(catalog.links())}")
+        return float(catalog.links()[link]["peak_gbps"]), f"{link} peak from the catalog"
     ic = manifest.get("interconnect", {})
     gpus = ic.get("gpus") or []
     if not gpus:
         return None, "no GPU link detected (CPU ranks over loopback): name one with --link to compare"
-    from ..catalog import match_accelerator
-    from ..planner.hardware import systems
-
-    acc = match_accelerator(gpus[0]["name"])
+    acc = catalog.match_accelerator(gpus[0]["name"])
     if gpus[0].get("nvlinks_active"):
-        sysname = next((k for k, s in systems().items() if s["gpu"] == acc and s["intra_link"].startswith("nvlink")), None)
+        sysname = next((k for k, s in catalog.systems().items()
+                        if s["gpu"] == acc and s["intra_link"].startswith("nvlink")), None)
         if sysname:
-            name = systems()[sysname]["intra_link"]
-            return float(links()[name]["peak_gbps"]), f"{name} (detected NVLink on {acc})"
+            name = catalog.systems()[sysname]["intra_link"]
+            return float(catalog.links()[name]["peak_gbps"]), f"{name} (detected NVLink on {acc})"
     gen = gpus[0].get("pcie_gen")
     name = {4: "pcie4", 5: "pcie5"}.get(gen)
     if name:
-        return float(links()[name]["peak_gbps"]), f"{name} (detected PCIe gen {gen})"
+        return float(catalog.links()[name]["peak_gbps"]), f"{name} (detected PCIe gen {gen})"
     return None, "detected link not in the catalog; name one with --link"
 
 
@@ -147,7 +137,7 @@ def render(run_dir: Path, link: str | None = None) -> str:
 
     manifest = store.read_manifest(run_dir)
     rows = load_rows(run_dir)
-    fits = json.loads((run_dir / "comm_fit.json").read_text()) if (run_dir / "comm_fit.json").exists() else {}
+    fits = load_fits(run_dir)
     peak, why = link_peak(manifest, link)
     out = [f"# {manifest['interconnect']['summary']}", f"# link peak: {peak if peak else '-'} GB/s ({why})"]
     for key in fits:

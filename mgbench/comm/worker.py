@@ -1,4 +1,4 @@
-"""Rank entry point of `mgbench comm` (started by torchrun)."""
+"""Rank entry point of `mgbench comm` (started by torchrun with ``--job FILE``)."""
 
 from __future__ import annotations
 
@@ -6,20 +6,48 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
-from .. import stats, store
+from .. import collectives, stats
+from ..collectives import Collective
 from ..telemetry.clock import StepClock
-from .busbw import busbw_factor
-from .collectives import Bench
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+class Bench:
+    """One collective's buffers on this rank for one nominal size, laid out as its
+    registry entry says, and the checks of its result."""
+
+    def __init__(self, coll: Collective, size_bytes: int, dtype: torch.dtype, device: torch.device,
+                 group: Any = None) -> None:
+        self.coll, self.group = coll, group
+        self.rank, self.n = dist.get_rank(group), dist.get_world_size(group)
+        elem = torch.empty((), dtype=dtype).element_size()
+        lay = coll.layout(size_bytes, elem, self.n)
+        self.chunk, self.size_bytes = lay.chunk, lay.size_bytes
+        self.inp = torch.empty(lay.send, dtype=dtype, device=device)
+        self.out = self.inp if coll.in_place else torch.empty(lay.recv, dtype=dtype, device=device)
+
+    def fill(self) -> None:
+        """Inputs whose correct outputs are known exactly."""
+        self.coll.fill(self.inp, self.rank, self.n, self.chunk)
+
+    def call(self) -> Callable[[], None]:
+        """A function that runs the collective once on these buffers."""
+        return self.coll.call(self.inp, self.out, self.group, self.rank, self.n)
+
+    def wrong(self) -> int:
+        """Elements that differ from the expected result (nccl-tests' #wrong)."""
+        exp = self.coll.expected(self.out, self.rank, self.n, self.chunk)
+        return int((self.out != exp).sum().item())
+
+
 def sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
+    """Nominal sizes from min_bytes, times factor each step, up to max_bytes."""
     out, s = [], min_bytes
     while s <= max_bytes:
         out.append(s)
@@ -28,9 +56,10 @@ def sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
 
 
 def measure(name: str, size: int, dtype: torch.dtype, device: torch.device, warmup: int, iters: int,
-            group: Any = None, scope: str = "all") -> dict:
-    elem = torch.empty((), dtype=dtype).element_size()
-    b = Bench(name, max(1, size // elem), dtype, device, group)
+            group: Any = None, scope: str = "all") -> dict[str, Any]:
+    """One row: the collective checked once, then timed back to back at nominal size ``size``."""
+    coll = collectives.get(name)
+    b = Bench(coll, size, dtype, device, group)
     b.fill()
     b.call()()
     if device.type == "cuda":
@@ -59,7 +88,7 @@ def measure(name: str, size: int, dtype: torch.dtype, device: torch.device, warm
     algbw = b.size_bytes / s["median"] / 1e9
     return {"collective": name, "size_bytes": b.size_bytes, "count": b.chunk, "dtype": str(dtype).replace("torch.", ""),
             "nproc": n, "time_s": s["median"], "time_p10_s": s["p10"], "time_p90_s": s["p90"], "times_s": slowest,
-            "algbw_gbps": algbw, "busbw_gbps": algbw * busbw_factor(name, n), "busbw_factor": busbw_factor(name, n),
+            "algbw_gbps": algbw, "busbw_gbps": algbw * coll.busbw(n), "busbw_factor": coll.busbw(n),
             "wrong": int(w.item()), "device": device.type, "scope": scope}
 
 
@@ -85,32 +114,28 @@ def split_groups() -> list[tuple[str, Any]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--plan", required=True)
+    ap.add_argument("--job", required=True, help="the job file the launcher wrote (what to sweep, where to write)")
     a = ap.parse_args()
-    plan = json.loads(Path(a.plan).read_text())
+    job = json.loads(Path(a.job).read_text())
     local = int(os.environ.get("LOCAL_RANK", 0))
-    if plan["device"] == "cuda":
+    if job["device"] == "cuda":
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
         dist.init_process_group("nccl", device_id=device)
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
-    run_dir = Path(plan["run_dir"])
     try:
         for scope, group in split_groups():
-            for dtype_name in plan["dtypes"]:
-                for name in plan["collectives"]:
-                    if name == "sendrecv" and dist.get_world_size(group) < 2:
+            for dtype_name in job["dtypes"]:
+                for name in job["collectives"]:
+                    if dist.get_world_size(group) < collectives.get(name).min_ranks:
                         continue
-                    for size in sizes(plan["min_bytes"], plan["max_bytes"], plan["factor"]):
-                        row = measure(name, size, DTYPES[dtype_name], device, plan["warmup"], plan["iters"],
+                    for size in sizes(job["min_bytes"], job["max_bytes"], job["factor"]):
+                        row = measure(name, size, DTYPES[dtype_name], device, job["warmup"], job["iters"],
                                       group, scope)
                         if dist.get_rank() == 0:
-                            with open(run_dir / "comm.jsonl", "a") as f:
-                                f.write(json.dumps({"schema_version": store.SCHEMA_VERSION, **row}) + "\n")
-                                f.flush()
-                                os.fsync(f.fileno())
+                            collectives.append_row(job["run_dir"], row)
     finally:
         dist.destroy_process_group()
 

@@ -21,11 +21,13 @@ from typing import Any
 import numpy as np
 
 from .. import catalog, store
-from ..comm.busbw import busbw_factor
+from ..collectives import busbw_factor, load_fits, load_rows
 from ..errors import MgbenchError
+from ..strategies import DATA_PARALLEL, ZERO_STAGE
 from ..model_shape import ModelShape
 
-ZERO_OF = {"single": 0, "ddp": 0, "zero1": 1, "fsdp_grad_op": 2, "fsdp": 3}
+# Calibration fits data-parallel runs only (one model replica or shard per rank).
+ZERO_OF = {name: ZERO_STAGE[name] for name in ("single", *DATA_PARALLEL)}
 OVERLAP_GRID = np.linspace(0.0, 1.0, 11)
 
 
@@ -166,8 +168,6 @@ def comm_links(run: str, results_dir: str = "results") -> dict[str, Any]:
     latency alpha / (2 (n - 1)) and a bus bandwidth algbw x 2 (n - 1) / n. A single-node
     sweep ("all") or its intra-node groups set the intra-node link; inter-node groups
     set the inter-node one. Returns the accelerator measured and the Hardware fields."""
-    import json
-
     run_dir = store.resolve_run(run, results_dir)
     manifest = store.read_manifest(run_dir)
     if manifest.get("kind") != "comm":
@@ -177,8 +177,8 @@ def comm_links(run: str, results_dir: str = "results") -> dict[str, Any]:
     if acc is None:
         raise MgbenchError(f"--comm {run}: measured on {'CPU ranks' if not gpus else gpus[0]['name']}, not on a "
                            "catalog GPU: its links say nothing about the catalog's systems")
-    fits = json.loads((run_dir / "comm_fit.json").read_text())
-    rows = [json.loads(line) for line in (run_dir / "comm.jsonl").read_text().splitlines() if line.strip()]
+    fits = load_fits(run_dir)
+    rows = load_rows(run_dir)
     out: dict[str, float] = {}
     for scope, prefix in (("all", "intra"), ("intra", "intra"), ("inter", "inter")):
         f = fits.get(f"all_reduce:{_dtype(rows)}:{scope}")

@@ -3,49 +3,17 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from typing import Any
 
 import click
 
 from .. import catalog
+from ..cli_options import (CALIBRATION_GROUP, DIM_NAMES, GPU, JSON, MODEL, MODEL_GROUP, PRICES, SYSTEM,
+                           deferred_command, layout_group, overlap_option, plan_group, plan_options_from)
 from ..errors import MgbenchError
 from ..model_shape import ModelShape
 
 GIB = 2**30
-
-
-def model_options(f: Callable) -> Callable:
-    opts = [
-        click.option("--model", help="Model preset (see mgbench/data/models.toml), e.g. llama3-8b."),
-        click.option("--params", type=float, help="Parameter count only (model states, no activations), e.g. 7.5e9."),
-        click.option("--layers", type=int), click.option("--hidden", type=int), click.option("--heads", type=int),
-        click.option("--kv-heads", type=int), click.option("--ffn-hidden", type=int), click.option("--vocab", type=int),
-    ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
-
-
-def layout_options(f: Callable) -> Callable:
-    opts = [
-        click.option("--seq-len", type=int, default=2048, show_default=True),
-        click.option("--micro-batch", type=int, default=1, show_default=True),
-        click.option("--global-batch", type=int, default=None, help="Sequences per step (default: micro-batch x dp)."),
-        click.option("--num-gpus", type=int, default=1, show_default=True),
-        click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel degree."),
-        click.option("--pp", type=int, default=1, show_default=True, help="Pipeline-parallel degree."),
-        click.option("--zero", type=int, default=0, show_default=True, help="ZeRO stage 0-3 over the data-parallel group."),
-        click.option("--precision", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True),
-        click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none", show_default=True),
-        click.option("--sequence-parallel", is_flag=True),
-        click.option("--no-flash-attention", is_flag=True, help="Attention scores are materialised (5 a s^2 b bytes per layer)."),
-        click.option("--schedule", type=click.Choice(["1f1b", "gpipe", "interleaved"]), default="1f1b", show_default=True),
-        click.option("--virtual-stages", type=int, default=1, show_default=True),
-        click.option("--json", "as_json", is_flag=True, help="Machine-readable output."),
-    ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
 
 
 def resolve_shape(model: str | None, params: float | None, dims: dict[str, Any]) -> ModelShape | None:
@@ -72,16 +40,16 @@ def _layout(kw: dict[str, Any]):
 
 
 def _dims(kw: dict[str, Any]) -> dict[str, Any]:
-    return {k: kw.pop(k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab")}
+    return {k: kw.pop(k) for k in DIM_NAMES}
 
 
 def _gb(x: float) -> str:
     return f"{x / 1e9:,.2f} GB"
 
 
-@click.command()
-@model_options
-@layout_options
+# Options are made on first use (deferred): the layout's come from the planner's modules,
+# which load numpy, and importing the CLI should not.
+@deferred_command(lambda: [*MODEL_GROUP, *layout_group(), JSON])
 def memory(model, params, as_json, **kw) -> None:  # type: ignore[no-untyped-def]
     """Memory per GPU: model states per ZeRO stage, activations, allowance.
 
@@ -104,15 +72,8 @@ def memory(model, params, as_json, **kw) -> None:  # type: ignore[no-untyped-def
         click.echo("(model states only: give --model or dims for activations)")
 
 
-@click.command()
-@model_options
-@layout_options
-@click.option("--system", help="Catalog system, e.g. dgx-h100.")
-@click.option("--gpu", help="Catalog accelerator, e.g. h100-sxm (placed in the first system that has it).")
-@click.option("--overlap", type=float, default=None, help="Fraction of the DP-communication window hidden (default 1.0).")
-@click.option("--calibrate", "calibrate_run", help="A measured run: fit efficiencies to it before predicting.")
-@click.option("--comm", "comm_run", help="A `mgbench comm` run on this GPU: use its measured link bandwidth and latency.")
-@click.option("--results-dir", default="results", show_default=True)
+@deferred_command(lambda: [*MODEL_GROUP, *layout_group(), SYSTEM, GPU, overlap_option(),
+                           *CALIBRATION_GROUP, JSON])
 def predict(model, params, as_json, system, gpu, overlap, calibrate_run, comm_run, results_dir, **kw) -> None:  # type: ignore[no-untyped-def]
     """Predict step time, tokens/s, MFU and memory of one layout.
 
@@ -183,52 +144,22 @@ def _print_calibration(fit: dict[str, Any], as_json: bool) -> None:
     click.echo(f"mean |residual| {fit['fit_mean_abs_error_pct']:.1f}%, mean |leave-one-out error| {fit['loo_mean_abs_error_pct']:.1f}%")
 
 
-@click.command()
-@click.option("--model", required=True, help="Model preset, e.g. llama3-70b.")
-@click.option("--tokens", type=float, required=True, help="Training tokens, e.g. 1.5e13.")
-@click.option("--seq-len", type=int, default=4096, show_default=True)
-@click.option("--global-batch-tokens", type=int, default=4 * 2**20, show_default=True)
-@click.option("--systems", help="Comma-separated catalog systems (default: all).")
-@click.option("--max-gpus", type=int, default=4096, show_default=True)
-@click.option("--deadline-days", type=float)
-@click.option("--budget-usd", type=float)
-@click.option("--spot", is_flag=True, help="Spot prices and preemptions.")
-@click.option("--prices", "prices_file", help="TOML file of prices ([on_demand.NAME] usd = ...).")
-@click.option("--price", "price_overrides", multiple=True, metavar="NAME=USD", help="e.g. --price h100-sxm=2.1 or b200:spot=3.")
-@click.option("--checkpoint-minutes", type=float, default=60.0, show_default=True)
-@click.option("--failure-rate", type=float, default=None, help="Failures per GPU-hour (default: Llama 3's 1.97e-5).")
-@click.option("--power-fraction", type=float, default=None, help="Average GPU power as a fraction of TDP (default 0.8, an assumption).")
-@click.option("--pue", type=float, default=None, help="Facility power usage effectiveness (default 1.2).")
-@click.option("--top", type=int, default=10, show_default=True)
-@click.option("--calibrate", "calibrate_run", help="A measured run on one of the systems' GPUs: use its fitted efficiencies.")
-@click.option("--comm", "comm_run", help="A `mgbench comm` run: its measured links replace the catalog's for systems with that GPU.")
-@click.option("--results-dir", default="results", show_default=True)
-@click.option("--json", "as_json", is_flag=True)
-def plan(model, tokens, seq_len, global_batch_tokens, systems, max_gpus, deadline_days, budget_usd, spot, prices_file,
-         price_overrides, checkpoint_minutes, failure_rate, power_fraction, pue, top, calibrate_run, comm_run,
-         results_dir, as_json) -> None:  # type: ignore[no-untyped-def]
+@deferred_command(lambda: [MODEL.but(required=True), *plan_group(), *PRICES, *CALIBRATION_GROUP, JSON])
+def plan(model, prices_file, price_overrides, calibrate_run, comm_run, results_dir, as_json, **kw) -> None:  # type: ignore[no-untyped-def]
     """Recommend hardware, GPU count and layout to train MODEL on TOKENS: time, cost, energy.
 
     \b
     Examples:
       mgbench plan --model llama3-70b --tokens 1.5e13 --deadline-days 60
       mgbench plan --model llama3-8b --tokens 1e12 --systems dgx-a100,dgx-h100 --max-gpus 512 --price h100-sxm=2.1
+      mgbench plan --model llama3-8b --tokens 1e12 --spot --preemption-rate 0.05 --restart-minutes 30 --json
     """
     from tabulate import tabulate
 
     from . import calibrate, cost
-    from .search import PlanOptions, plan as plan_fn
+    from .search import plan as plan_fn
 
-    opts = PlanOptions(tokens=tokens, seq_len=seq_len, global_batch_tokens=global_batch_tokens,
-                       systems=systems.split(",") if systems else None, max_gpus=max_gpus,
-                       deadline_days=deadline_days, budget_usd=budget_usd, spot=spot,
-                       checkpoint_minutes=checkpoint_minutes, top=top)
-    if failure_rate is not None:
-        opts.failure_rate = failure_rate
-    if power_fraction is not None:
-        opts.power_fraction = power_fraction
-    if pue is not None:
-        opts.pue = pue
+    opts = plan_options_from(kw)
     if calibrate_run:
         fit = calibrate.fit_run(calibrate_run, results_dir)
         opts.calibration = calibrate.plan_overrides(fit, opts.systems)

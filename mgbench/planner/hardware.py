@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import catalog
+# Read in catalog.py, which `mgbench comm` shares; the planner's modules take them from here.
+from ..catalog import links, systems
 from ..errors import MgbenchError
 
 GB = 1e9
@@ -31,15 +33,8 @@ class Hardware:
     elementwise_passes: float  # memory passes over activation bytes per step (see planner_defaults)
 
 
-def systems() -> dict[str, dict[str, Any]]:
-    return catalog.load("hardware.toml")["systems"]
-
-
-def links() -> dict[str, dict[str, Any]]:
-    return catalog.load("hardware.toml")["links"]
-
-
 def planner_defaults() -> dict[str, Any]:
+    """The planner's calibrated defaults of hardware.toml (efficiencies, memory passes)."""
     return catalog.load("hardware.toml")["planner"]
 
 

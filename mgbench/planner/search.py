@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import MgbenchError
 from ..model_shape import ModelShape
 from . import cost, hardware, perf
-from .memory import RECOMPUTE, memory_per_gpu
+from .memory import RECOMPUTE, STATE_BYTES, memory_per_gpu
 
 TP_CHOICES = (1, 2, 4, 8)
 PP_CHOICES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128)
@@ -28,26 +28,58 @@ MICRO_BATCH_CHOICES = (1, 2, 4, 8)
 
 @dataclass
 class PlanOptions:
-    tokens: float
-    seq_len: int = 4096
-    global_batch_tokens: int = 4 * 2**20  # 4M tokens per step, a common large-model batch
-    systems: list[str] | None = None
-    max_gpus: int = 4096
-    precision: str = "bf16"
-    deadline_days: float | None = None
-    budget_usd: float | None = None
-    spot: bool = False
-    checkpoint_minutes: float = 60.0
-    failure_rate: float = cost.FAILURE_RATE_PER_GPU_HOUR
-    restart_minutes: float = cost.RESTART_MINUTES
-    checkpoint_write_minutes: float = cost.CHECKPOINT_WRITE_MINUTES
-    preemption_rate: float = cost.SPOT_PREEMPTIONS_PER_NODE_HOUR
-    power_fraction: float = cost.POWER_FRACTION_OF_TDP
-    pue: float = cost.PUE
-    overlap: float = perf.DEFAULT_OVERLAP
-    top: int = 20
-    calibration: dict[str, Any] = field(default_factory=dict)
-    links: dict[str, dict[str, float]] = field(default_factory=dict)  # system -> measured Hardware link fields
+    """What `mgbench plan` searches and the cost assumptions it prices with.
+
+    Each field's metadata is its command-line option (mgbench/cli_options.py builds
+    `plan`'s options and `report`'s --plan-* options from these fields): "help" is the
+    option's help text, "choices" its allowed values, "metavar" its placeholder, and
+    "set_by" names the option that fills a field which is not an option itself. A
+    field added here is an option of `plan` with no other edit.
+    """
+
+    tokens: float = field(metadata={"help": "Training tokens, e.g. 1.5e13."})
+    seq_len: int = field(default=4096, metadata={"help": "Sequence length in tokens."})
+    global_batch_tokens: int = field(
+        default=4 * 2**20,  # 4M tokens per step, a common large-model batch
+        metadata={"help": "Tokens per optimizer step (global batch x sequence length)."})
+    systems: list[str] | None = field(
+        default=None, metadata={"help": "Comma-separated catalog systems (default: all).", "metavar": "A,B,..."})
+    max_gpus: int = field(default=4096, metadata={"help": "Largest GPU count considered."})
+    precision: str = field(
+        default="bf16",
+        metadata={"help": "Training precision: the peak FLOP/s used and the bytes per value.",
+                  "choices": tuple(STATE_BYTES)})
+    deadline_days: float | None = field(
+        default=None, metadata={"help": "Keep only options that finish within this many days."})
+    budget_usd: float | None = field(
+        default=None, metadata={"help": "Keep only options that cost at most this many USD."})
+    spot: bool = field(default=False, metadata={"help": "Spot prices and preemptions."})
+    checkpoint_minutes: float = field(
+        default=60.0, metadata={"help": "Minutes between checkpoints (a failure loses half of one, on average)."})
+    failure_rate: float = field(
+        default=cost.FAILURE_RATE_PER_GPU_HOUR,
+        metadata={"help": "Failures per GPU-hour (default from Llama 3's 54-day report)."})
+    restart_minutes: float = field(
+        default=cost.RESTART_MINUTES,
+        metadata={"help": "Minutes to detect a failure, reschedule and reload a checkpoint (an assumption)."})
+    checkpoint_write_minutes: float = field(
+        default=cost.CHECKPOINT_WRITE_MINUTES,
+        metadata={"help": "Minutes the job stalls per checkpoint save (an assumption)."})
+    preemption_rate: float = field(
+        default=cost.SPOT_PREEMPTIONS_PER_NODE_HOUR,
+        metadata={"help": "Spot preemptions per node-hour, when on spot (an assumption)."})
+    power_fraction: float = field(
+        default=cost.POWER_FRACTION_OF_TDP,
+        metadata={"help": "Average GPU power as a fraction of TDP (an assumption)."})
+    pue: float = field(
+        default=cost.PUE, metadata={"help": "Facility power usage effectiveness (an assumption)."})
+    overlap: float = field(
+        default=perf.DEFAULT_OVERLAP,
+        metadata={"help": "Fraction of the data-parallel communication window hidden behind backward."})
+    top: int = field(default=20, metadata={"help": "Rows of the ranked table."})
+    calibration: dict[str, Any] = field(default_factory=dict, metadata={"set_by": "--calibrate"})
+    # system -> measured Hardware link fields
+    links: dict[str, dict[str, float]] = field(default_factory=dict, metadata={"set_by": "--comm"})
 
 
 def gpu_counts(gpus_per_node: int, max_gpus: int) -> np.ndarray:

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import datetime as dt
 import html
-import json
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from .. import __version__, store
+from .. import __version__, collectives, store
 from . import figures
 
 CSS = """
@@ -96,12 +95,7 @@ def build(runs: list[str | Path], output: str | Path, results_dir: str | Path = 
     paths = [store.resolve_run(r, results_dir) for r in runs]
     manifests = [store.read_manifest(p) for p in paths]
     df = store.load(paths)
-    comm_rows = []
-    for p in paths:
-        f = p / "comm.jsonl"
-        if f.exists():
-            comm_rows += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
-    comm = pd.DataFrame(comm_rows)
+    comm = pd.DataFrame([row for p in paths for row in collectives.load_rows(p)])
 
     m0 = manifests[0]["machine"]
     gpus = m0.get("gpus") or []

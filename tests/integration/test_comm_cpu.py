@@ -12,24 +12,39 @@ FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n -
            "broadcast": lambda n: 1.0, "sendrecv": lambda n: 1.0}
 
 
+def check_rows(out, nproc):
+    """What holds for any measurement: values right, nccl-tests' bandwidth arithmetic."""
+    rows = out["rows"]
+    assert {r["collective"] for r in rows} == set(FACTORS)
+    for r in rows:
+        assert r["wrong"] == 0, r
+        assert r["busbw_factor"] == FACTORS[r["collective"]](nproc)
+        assert r["busbw_gbps"] / r["algbw_gbps"] == pytest.approx(FACTORS[r["collective"]](nproc), rel=1e-12)
+        assert r["algbw_gbps"] == pytest.approx(r["size_bytes"] / r["time_s"] / 1e9)
+    assert "no GPU interconnect" in out["interconnect"]["summary"]
+    assert set(out["fits"]) == {f"{c}:float32:all" for c in FACTORS}
+
+
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_comm_sweep_like_nccl_tests(cli, nproc):
+    p = cli("comm", "--nproc", str(nproc), "--json", "--run-id", f"c{nproc}", "--max-bytes", "262144", "--iters", "10")
+    assert p.returncode == 0, p.stderr
+    check_rows(json.loads(p.stdout), nproc)
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_comm_alpha_beta_fit_holds_on_a_quiet_machine(cli, nproc):
+    """Judges this machine's timing noise: the alpha-beta fit explains the measured times
+    within 25% (best of 3 sweeps; the VM's speed drifts between runs)."""
     best: dict[str, float] = {}
-    for attempt in range(3):  # re-measure: this VM's speed drifts between runs (see test_compare.py)
+    for attempt in range(3):
         t0 = time.monotonic()
         p = cli("comm", "--nproc", str(nproc), "--json", "--run-id", f"c{nproc}-{attempt}")
-        elapsed = time.monotonic() - t0
         assert p.returncode == 0, p.stderr
+        assert time.monotonic() - t0 < 120
         out = json.loads(p.stdout)
-        assert elapsed < 120
-        rows = out["rows"]
-        assert {r["collective"] for r in rows} == set(FACTORS)
-        for r in rows:
-            assert r["wrong"] == 0, r
-            assert r["busbw_factor"] == FACTORS[r["collective"]](nproc)
-            assert r["busbw_gbps"] / r["algbw_gbps"] == pytest.approx(FACTORS[r["collective"]](nproc), rel=1e-12)
-            assert r["algbw_gbps"] == pytest.approx(r["size_bytes"] / r["time_s"] / 1e9)
-        assert "no GPU interconnect" in out["interconnect"]["summary"]
+        check_rows(out, nproc)
         for k, f in out["fits"].items():
             best[k] = min(best.get(k, float("inf")), f["fit_mean_abs_error_pct"])
         if all(e < 25 for e in best.values()):
@@ -49,25 +64,22 @@ def test_comm_table_and_report(cli, tmp_path):
     assert bad.returncode == 2 and "--nproc 99" in bad.stderr
 
 
-@pytest.mark.slow
-def test_profiled_breakdown_adds_up_and_grows_with_world_size(cli, tmp_path):
-    """Tolerances: the parts add up to the profiled step exactly (same intervals); the
-    profiled step may be slower than the timed median because the profiler adds per-op
-    overhead (+7% to +36% seen on this machine), and the two are measured seconds apart
-    on VMs whose speed moves 20-60% in seconds (seen in CI), so the bound is 0.5x to 2.2x:
-    still far from the 3x a window summed over its 3 profiled steps would show."""
-    (tmp_path / "p.toml").write_text("""name = "prof"
+PROFILE_SUITE = """name = "prof"
 [sweep]
 model = "mini"
 strategy = ["ddp", "fsdp"]
-nproc = [2, 4]
+nproc = {nproc}
 micro_batch = 2
 seq_len = 64
 warmup_steps = 2
 measured_steps = 6
 check_steps = 2
 profile = true
-""")
+"""
+
+
+def profiled_records(cli, tmp_path, nproc: str):
+    (tmp_path / "p.toml").write_text(PROFILE_SUITE.format(nproc=nproc))
     p = cli("run", "p.toml", "--run-id", "prof")
     assert p.returncode == 0, p.stderr
     recs = {(r["strategy"], r["nproc"]): r for r in store.read_records(tmp_path / "results" / "prof")}
@@ -77,7 +89,24 @@ profile = true
         assert parts == pytest.approx(r["breakdown_window_s"], rel=1e-9)
         assert r["breakdown_overlapped_comm_s"] + r["breakdown_exposed_comm_s"] == pytest.approx(r["breakdown_comm_s"])
         assert 0 < r["comm_fraction"] < 1
+    return recs
+
+
+def test_profiled_breakdown_adds_up(cli, tmp_path):
+    """The parts add up to the profiled step exactly (same intervals), and the report shows them."""
+    profiled_records(cli, tmp_path, "2")
+    assert "Where the step time goes" in (tmp_path / "reports" / "prof.html").read_text()
+
+
+@pytest.mark.live
+def test_profiled_breakdown_tracks_the_timed_step_and_grows_with_world_size(cli, tmp_path):
+    """Judges timing: the profiled step may be slower than the timed median because the
+    profiler adds per-op overhead (+7% to +36% seen on this machine), and the two are
+    measured seconds apart on VMs whose speed moves 20-60% in seconds (seen in CI), so the
+    bound is 0.5x to 2.2x: still far from the 3x a window summed over its 3 profiled steps
+    would show. Communication's share grows from 2 to 4 ranks."""
+    recs = profiled_records(cli, tmp_path, "[2, 4]")
+    for r in recs.values():
         assert 0.5 * r["step_time_s"] < r["breakdown_window_s"] < 2.2 * r["step_time_s"]
     for strat in ("ddp", "fsdp"):
         assert recs[(strat, 4)]["comm_fraction"] > recs[(strat, 2)]["comm_fraction"], strat
-    assert "Where the step time goes" in (tmp_path / "reports" / "prof.html").read_text()

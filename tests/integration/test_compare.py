@@ -1,8 +1,16 @@
-"""`mgbench compare`: repeated identical runs stay `~`; an injected 30% slowdown is flagged."""
+"""`mgbench compare`: repeated identical runs stay `~`; a 30% slowdown is flagged.
 
+CI runs the plumbing on real records with a slowdown made by hand (deterministic); the
+live test measures a real injected slowdown against this machine's noise (`-m live`)."""
+
+import dataclasses
 import json
 
+import pytest
+
 from mgbench import store
+from mgbench.record import Record
+from mgbench.store import RunDir
 
 # Seeds 0 and 1 of each strategy are identical workloads (throughput does not depend on
 # the seed); the third table is seed 0 again with step time stretched by 30%.
@@ -24,18 +32,50 @@ SUITE = f"""name = "cmp"
 """
 
 
-def split_run(results, source: str, name: str, keep) -> None:
-    """A run folder holding some of another run's records (same manifest, new id)."""
+def split_run(results, source: str, name: str, keep, stretch: float = 1.0) -> None:
+    """A run folder holding some of another run's records (same manifest, new id), their
+    step times optionally stretched by ``stretch``."""
     src = results / source
-    dst = store.create_run_dir(results, name)
-    manifest = store.read_manifest(src)
-    manifest["run_id"] = name
-    store.write_json_atomic(dst / "manifest.json", manifest)
-    for rec in store.read_records(src):
-        if keep(rec):
-            store.append_record(dst, {**rec, "run_id": name})
+    dst = RunDir.create(results, name)
+    store.write_manifest(dst, {**store.read_manifest(src), "run_id": name})
+    for flat in store.read_records(src):
+        if keep(flat):
+            rec = dataclasses.replace(Record.from_dict(flat), run_id=name)
+            if stretch != 1.0:
+                rec = dataclasses.replace(rec, step_times_s=[t * stretch for t in rec.step_times_s],
+                                          repeat_medians_s=[t * stretch for t in rec.repeat_medians_s],
+                                          step_time_s=rec.step_time_s * stretch, tokens_per_s=rec.tokens_per_s / stretch)
+            store.append_record(dst, rec)
 
 
+def test_compare_cli_flags_and_gates_a_slowdown_of_real_records(cli, tmp_path):
+    """The plumbing, deterministic: real records of one run; the "new" run is the same
+    records with every step 30% longer, so the verdicts cannot depend on this VM's noise."""
+    (tmp_path / "c.toml").write_text('name = "cmp"\n[sweep]\nmodel = "tiny"\nstrategy = ["single", "ddp"]\n'
+                                     'seq_len = 32\nwarmup_steps = 1\nmeasured_steps = 3\nrounds = 5\ncheck_steps = 0\n')
+    p = cli("run", "c.toml", "--run-id", "base", "--no-report")
+    assert p.returncode == 0, p.stderr
+    results = tmp_path / "results"
+    split_run(results, "base", "same", lambda r: True)
+    split_run(results, "base", "slow", lambda r: True, stretch=1.3)
+    same = json.loads(cli("compare", "base", "same", "--json").stdout)["rows"]
+    slow = json.loads(cli("compare", "base", "slow", "--json").stdout)["rows"]
+    assert [r["verdict"] for r in same] == ["~", "~"] and all(r["change_pct"] == 0 for r in same)
+    assert [r["verdict"] for r in slow] == ["worse", "worse"]
+    assert all(r["change_pct"] == pytest.approx(100 / 1.3 - 100) and r["p_basis"] == "window medians (5 vs 5)"
+               for r in slow)
+    gate = cli("compare", "base", "slow", "--fail-on", "tokens_per_s:-5%")
+    assert gate.returncode == 1 and "GATE FAILED" in gate.stdout
+    assert cli("compare", "base", "slow", "--fail-on", "tokens_per_s:-90%").returncode == 0
+    bad = cli("compare", "base", "slow", "--fail-on", "speed:-5")
+    assert bad.returncode == 2 and "expected METRIC:-N%" in bad.stderr
+    rep = cli("report", "base", "slow", "-o", "cmp.html")
+    assert rep.returncode == 0, rep.stderr
+    html = (tmp_path / "cmp.html").read_text()
+    assert ">Comparison</h2>" in html and "worse" in html
+
+
+@pytest.mark.live
 def test_compare_flags_a_30_percent_slowdown_and_gates(cli, tmp_path):
     """Real measurements. This VM's speed drifts by 20-40% within seconds, more than the
     effect to detect, so the suite measures in 16 interleaved rounds (every config's round

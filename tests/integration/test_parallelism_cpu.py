@@ -41,6 +41,7 @@ check_steps = 2
     assert recs[(4, 2)]["status"] == "skipped" and "degrees multiply to 8, not 4" in recs[(4, 2)]["skip_reason"]
 
 
+@pytest.mark.live
 def test_measured_pipeline_bubble_matches_theory(cli, tmp_path):
     """2 stages on 2 ranks (one core each, so CPU time is compute time).
 

@@ -38,6 +38,25 @@ def test_plan_json_interface(cli):
         assert k in out["ranked"][0]
 
 
+def test_plan_cost_options_change_the_answer(cli):
+    base = ["plan", "--model", "llama3-8b", "--tokens", "1e12", "--systems", "dgx-h100", "--max-gpus", "64", "--json"]
+
+    def plan(*extra):
+        p = cli(*base, *extra)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
+
+    a, pue = plan(), plan("--pue", "2.4")
+    # PUE does not move the ranking (cost and days), only the energy: twice the PUE, twice the kWh.
+    assert [r["num_gpus"] for r in pue["ranked"]] == [r["num_gpus"] for r in a["ranked"]]
+    for r, q in zip(a["ranked"], pue["ranked"]):
+        assert q["energy_kwh"] == pytest.approx(2 * r["energy_kwh"])
+    slow = plan("--restart-minutes", "600", "--checkpoint-write-minutes", "10", "--overlap", "0.5")
+    assert slow["assumptions"]["overlap"] == 0.5 and slow["assumptions"]["restart_minutes"] == 600
+    assert max(r["goodput"] for r in slow["ranked"]) < min(r["goodput"] for r in a["ranked"])
+    assert len(a["ranked"]) <= 20  # --top's default is PlanOptions', as in `report --plan-model`
+
+
 @pytest.mark.parametrize(
     "args,expected",
     [

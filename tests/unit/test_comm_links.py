@@ -9,14 +9,15 @@ from mgbench.planner.search import PlanOptions, plan
 
 
 def comm_run(root, gpu_name="NVIDIA H100 80GB HBM3", n=8):
-    run = store.create_run_dir(root, "c")
+    run = store.RunDir.create(root, "c")
     gpus = [{"index": 0, "name": gpu_name}] if gpu_name else []
-    store.write_json_atomic(run / "manifest.json", {"run_id": "c", "kind": "comm", "machine": {},
-                                                    "interconnect": {"gpus": gpus}})
+    store.write_json_atomic(run.manifest, {"run_id": "c", "kind": "comm", "machine": {},
+                                           "interconnect": {"gpus": gpus}})
+    # A row without schema_version (written before rows were versioned) still loads.
     rows = [{"collective": "all_reduce", "dtype": "bfloat16", "scope": "all", "nproc": n, "size_bytes": 2**20,
              "time_s": 1e-4}]
-    (run / "comm.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    store.write_json_atomic(run / "comm_fit.json", {"all_reduce:bfloat16:all": {"alpha_s": 28e-6, "bw_gbps": 200.0}})
+    run.comm_rows.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    store.write_json_atomic(run.comm_fit, {"all_reduce:bfloat16:all": {"alpha_s": 28e-6, "bw_gbps": 200.0}})
     return run
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from mgbench.comm.busbw import busbw_factor
+from mgbench.collectives import busbw_factor
 from mgbench.comm.fit import fit
 from mgbench.comm.worker import sizes
 from mgbench.telemetry import breakdown as B

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from mgbench import catalog
@@ -95,3 +97,12 @@ def test_prices_file_and_bad_overrides(tmp_path):
 def test_unknown_system_is_a_clear_error():
     with pytest.raises(MgbenchError, match="unknown system 'dgx-h1000'"):
         plan(catalog.model_shape("llama3-8b"), PlanOptions(tokens=1e12, systems=["dgx-h1000"]))
+
+
+def test_every_planoptions_field_documents_its_option():
+    # mgbench/cli_options.py turns each field into a `plan` option; its help lives here.
+    for f in dataclasses.fields(PlanOptions):
+        assert f.metadata.get("help") or f.metadata.get("set_by"), f"PlanOptions.{f.name}: no help in metadata"
+    defaults = PlanOptions(tokens=1.0)
+    assert (defaults.restart_minutes, defaults.checkpoint_write_minutes, defaults.preemption_rate) == (
+        cost.RESTART_MINUTES, cost.CHECKPOINT_WRITE_MINUTES, cost.SPOT_PREEMPTIONS_PER_NODE_HOUR)

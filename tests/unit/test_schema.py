@@ -105,6 +105,17 @@ def test_run_folder_of_schema_v1_still_loads(tmp_path):
     assert len(df) == 20 and (df["status"] == "ok").sum() == 13
 
 
+def test_v1_records_load_as_typed_records_with_every_field_declared():
+    from mgbench.record import Record
+
+    for flat in store.read_records(FIXTURES / "v1-smoke"):
+        back = Record.from_dict(flat).to_dict()
+        assert {k: back[k] for k in flat} == flat
+        assert all(back[k] is None for k in set(back) - set(flat))  # fields v1 did not have: unknown
+    with pytest.raises(MgbenchError, match="undeclared field"):
+        Record.from_dict({**flat, "tokens_per_sec": 1.0})
+
+
 def test_v1_every_second_block_checkpointing_is_renamed():
     rec = json.loads((FIXTURES / "v1-smoke" / "records.jsonl").read_text().splitlines()[0])
     rec["activation_checkpointing"] = "selective"
