@@ -28,7 +28,7 @@ inject = ["none", "slow@rank=1,factor=2", "slow@rank=0,factor=1.05", "oom@step=2
 
 
 def worker_pids(run_dir) -> list[int]:
-    """Live processes started for this run folder (their command line names its plans)."""
+    """Live processes started for this run folder (their command line names its job files)."""
     out = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():

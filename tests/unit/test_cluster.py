@@ -4,7 +4,7 @@ import pytest
 
 from mgbench.cluster import sbatch_script, slurm_cluster
 from mgbench.errors import MgbenchError
-from mgbench.runner.launch import Cluster, torchrun_argv
+from mgbench.launching import Cluster, torchrun_argv
 
 
 def test_sbatch_script_for_4_nodes_of_8_gpus():
@@ -32,7 +32,7 @@ def test_cpu_cluster_asks_for_cores_not_gpus():
 
 def test_multi_node_torchrun_uses_c10d_rendezvous():
     c = Cluster(nnodes=4, node_rank=2, rdzv_endpoint="node0:29500", nproc_per_node=8, rdzv_prefix="exp1")
-    argv = torchrun_argv(32, Path("plan.json"), Path("logs"), cluster=c, rdzv_id="group-0-n32-a0")
+    argv = torchrun_argv(32, Path("job.json"), Path("logs"), cluster=c, rdzv_id="group-0-n32-a0")
     for arg in ("--nnodes=4", "--nproc-per-node=8", "--rdzv-backend=c10d", "--rdzv-endpoint=node0:29500",
                 "--rdzv-id=exp1-group-0-n32-a0"):
         assert arg in argv

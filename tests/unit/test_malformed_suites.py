@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mgbench.cli import main
-from mgbench.suite import SWEEP_KEYS
+from mgbench.config import SWEEP_KEYS
 
 scalars = st.one_of(st.integers(-10**6, 10**6), st.floats(allow_nan=False, allow_infinity=False), st.booleans(),
                     st.text(max_size=12))

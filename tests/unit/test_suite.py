@@ -48,7 +48,7 @@ def test_explicit_dims_and_config_ids_are_stable():
     text = 'name = "x"\n[sweep]\nmodel = {layers = 1, hidden = 32, heads = 2, ffn_hidden = 64, vocab = 50}\n'
     a = S.expand(S.parse_suite(text, "x"), "cpu", 4)
     b = S.expand(S.parse_suite(text, "x"), "cpu", 4)
-    assert a[0].model["name"] == "custom" and a[0].model["layers"] == 1
+    assert a[0].model.name == "custom" and a[0].model.layers == 1
     assert a[0].config_id == b[0].config_id
 
 
