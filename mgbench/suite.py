@@ -18,11 +18,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import catalog, faults
+from . import faults
 from .config import FIELDS, SWEEP_KEYS, RunConfig, applies, config_id
 from .errors import MgbenchError
-from .model_shape import ModelShape
-from .strategies import PIPELINED, STRATEGIES, dims_for
+from .strategies import PIPELINED, dims_for
 
 TOP_KEYS = {"name", "description", "sweep", "cpu", "gpu"}
 
@@ -179,11 +178,6 @@ def _expand_one(suite: Suite, table: dict[str, list[Any]], device_kind: str, num
     for combo in itertools.product(*(sweep[k] for k in keys)):
         p = dict(zip(keys, combo))
         p["device"] = device_kind if p["device"] == "auto" else p["device"]
-        if p["check_steps"] > p["warmup_steps"] + p["measured_steps"]:
-            raise MgbenchError(
-                f"{suite.path}: check_steps ({p['check_steps']}) exceeds warmup_steps + measured_steps "
-                f"({p['warmup_steps'] + p['measured_steps']}); lower check_steps or add steps"
-            )
         # Keys that only matter to some configs are pinned for the others, so they
         # neither multiply configs nor change ids where they have no effect.
         for k in keys:
@@ -224,6 +218,11 @@ def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | No
         return "DDP cannot replicate tensor-parallel (DTensor) parameters; use dp_mode = \"fsdp\" with tp > 1 and dp > 1"
     if pipelined and p["pp_schedule"] == "interleaved" and p["grad_accum"] % p["pp"]:
         return f"the interleaved schedule needs grad_accum (micro-batches, {p['grad_accum']}) to be a multiple of pp ({p['pp']})"
+    bug = faults.bug_of(p["inject"])
+    if bug and not p["check_steps"]:
+        return f"bug:{bug} acts in the correctness check window, and check_steps = 0 turns the check off"
+    if bug and (why := faults.bug_problem(bug, p["strategy"], p["dp"], p["grad_accum"], p["pp"])):
+        return why
     if p["nproc"] > num_devices:
         what = "GPUs" if p["device"] == "cuda" else "CPU ranks allowed here"
         return f"needs {p['nproc']} ranks but only {num_devices} {what}"

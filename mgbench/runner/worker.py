@@ -37,6 +37,7 @@ from ..telemetry.energy import EnergyMeter
 from ..telemetry.memory import read_peak, reset_peak
 from ..telemetry.machine import cpu_model
 from . import reference
+from .check import compare_check, run_check
 from .inject import Injector
 from .training import rank_batches, train_step
 
@@ -56,10 +57,14 @@ def device_name(device: torch.device) -> str:
     return f"cpu: {cpu_model() or 'unknown'}"
 
 
-def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: bool = True) -> RankFigures:
+def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: bool = True,
+            check: bool = True) -> RankFigures:
     """Build, warm up and time one config (one round of it) on this rank; returns this
-    rank's raw figures. ``profile``: run the profiled window when the config asks for one."""
+    rank's raw figures. ``profile``: run the profiled window when the config asks for
+    one; ``check``: run the correctness window first (a model of its own, on learnable
+    data, before anything is timed, so the throughput figures do not see it)."""
     inject = Injector(cfg.inject, dist.get_rank())
+    checked = run_check(cfg, device) if check and cfg.check_steps else None
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -117,7 +122,7 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
     del prep, batches
     return RankFigures(rank=dist.get_rank(), init_s=init_s, warmup_s=warmup_s, measured_s=measured_s, busy_s=busy_s,
                        busy_steps=busy_steps, windows=windows, losses=loss_values, mem_method=mem_method,
-                       breakdown=breakdown, **mem, **energy)
+                       breakdown=breakdown, check=checked, **mem, **energy)
 
 
 def profile_window(cfg: RunConfig, prep: Any, batches: list, device: torch.device) -> dict[str, float]:
@@ -348,7 +353,8 @@ def measure_round(cfg: RunConfig, device: torch.device, meter: EnergyMeter, run_
     mark_started(cfg, run_dir, round_no, rounds)
     last = round_no == cfg.rounds
     try:
-        mine = measure(cfg, device, meter, profile=last)
+        # Profile in the last round, check in the first (its figures do not change).
+        mine = measure(cfg, device, meter, profile=last, check=round_no == 1)
     except Exception as e:  # every failure leaves the job: see fail_config
         fail_config(cfg, device, run_dir, e)
     gc.collect()
@@ -392,22 +398,24 @@ def finish_config(cfg: RunConfig, mine: RankFigures, device: torch.device, run_d
     if rank != 0:
         return None
     fields = summarize_config(cfg, everyone, device)
-    if cfg.check_steps:
-        try:
-            ref = reference.reference_losses(cfg, device, run_dir)
-            fields.update(reference.compare(fields["losses"][: cfg.check_steps], ref, cfg.precision,
-                                            lossy=cfg.grad_compression != "none"))
-        except torch.OutOfMemoryError:
-            fields.update(correct=None, loss_max_rel_diff=None,
-                          correct_reason="the single-process reference does not fit on one device")
-    else:
-        fields.update(reference.compare([], [], cfg.precision))
+    fields.update(correctness(cfg, mine.check, device, run_dir))
     sample = run_dir.sample(cfg.config_id)
     store.write_json_atomic(sample, {"config_id": cfg.config_id, "per_rank_step_times_s": [r.windows for r in everyone],
                                      "losses": fields["losses"]})
     return Record(cfg, run_id, "ok", started_at=started, finished_at=dt.datetime.now().isoformat(timespec="seconds"),
                   samples_file=run_dir.relative(sample), backend=backend_of(cfg), torch_version=torch.__version__,
                   device_name=fields.pop("device_name"), **fields)
+
+
+def correctness(cfg: RunConfig, checked: dict[str, Any] | None, device: torch.device, run_dir: RunDir) -> dict[str, Any]:
+    """The check window's figures against the single-process reference's, as record fields."""
+    if checked is None:
+        return {"correct": None, "correct_reason": "check_steps = 0: nothing checked"}
+    try:
+        ref = reference.reference_check(cfg, device, run_dir)
+    except torch.OutOfMemoryError:
+        return {"correct": None, "correct_reason": "the single-process reference does not fit on one device"}
+    return compare_check(checked, ref, cfg.precision, lossy=cfg.grad_compression != "none")
 
 
 def run_configs(configs: list[RunConfig], device: torch.device, meter: EnergyMeter, run_dir: RunDir,

@@ -79,10 +79,18 @@ def test_malformed_toml_reports_line_and_column():
         S.parse_suite('name = "t"\n[sweep]\nnproc = [1,,2]\n', "t.toml")
 
 
-def test_check_steps_beyond_the_run_is_an_error():
-    s = S.parse_suite(BASE + "warmup_steps = 0\nmeasured_steps = 2\ncheck_steps = 5\n", "t.toml")
-    with pytest.raises(MgbenchError, match="check_steps"):
-        S.expand(s, "cpu", 4)
+def test_bugs_that_cannot_apply_are_skipped_with_the_reason():
+    """The check has its own window (check_steps need not fit in the timed steps), and a
+    negative control that has nothing to break is a skip that says why, not a pass."""
+    s = S.parse_suite(BASE + 'warmup_steps = 0\nmeasured_steps = 2\ncheck_steps = 5\n'
+                      'inject = ["bug:grad_sum", "bug:drop_micro_batch", "bug:freeze"]\n', "t.toml")
+    got = {(c.strategy, c.nproc, c.inject): c.skip_reason for c in S.expand(s, "cpu", 4)}
+    assert "needs data parallelism (dp > 1)" in got[("ddp", 1, "bug:grad_sum")]
+    assert got[("ddp", 2, "bug:grad_sum")] is None
+    assert "grad_accum > 1" in got[("ddp", 2, "bug:drop_micro_batch")]
+    assert got[("single", 1, "bug:freeze")] is None
+    off = S.parse_suite(BASE + 'check_steps = 0\ninject = "bug:freeze"\n', "t.toml")
+    assert all("check_steps = 0" in c.skip_reason for c in S.expand(off, "cpu", 4) if c.nproc == 1)
 
 
 def test_set_overrides_parse_toml_values_and_bare_words():
