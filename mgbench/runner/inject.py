@@ -1,13 +1,7 @@
-"""Fault injection: make a config misbehave on purpose so recovery paths run for real.
-
-Suite key ``inject``, one of:
-  "none"
-  "oom@step=S,rank=R"       raise torch.OutOfMemoryError on rank R at step S
-  "crash@step=S,rank=R"     raise RuntimeError on rank R at step S (an exception)
-  "kill@step=S,rank=R"      SIGKILL rank R at step S (a rank that dies without a word)
-  "hang@step=S,rank=R"      rank R stops at step S and never returns
-  "slow@rank=R,factor=F"    rank R burns CPU for (F - 1) x its step's wall time, each step
-rank defaults to 0 and step to 0. Steps count from the first warm-up step.
+"""Fault injection on the ranks: make a config misbehave on purpose so recovery paths
+run for real (:class:`Injector`, around the timed steps), and training bugs that the
+correctness check must catch (:func:`apply_bug`, inside the check window only). The
+grammar (suite key ``inject``) lives in :mod:`mgbench.faults`.
 """
 
 from __future__ import annotations
@@ -15,39 +9,13 @@ from __future__ import annotations
 import os
 import signal
 import time
-from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-KINDS = ("oom", "crash", "kill", "hang", "slow")
+from ..faults import BUGS, parse
 
-
-@dataclass(frozen=True)
-class Injection:
-    kind: str
-    step: int = 0
-    rank: int = 0
-    factor: float = 1.0
-
-
-def parse(spec: str) -> Injection | None:
-    """Parse an ``inject`` value; ValueError with the grammar on anything else."""
-    if spec == "none":
-        return None
-    kind, _, args = spec.partition("@")
-    if kind not in KINDS:
-        raise ValueError(f"unknown fault {kind!r}; one of {', '.join(KINDS)} (e.g. \"oom@step=3,rank=1\") or \"none\"")
-    fields: dict[str, str] = {}
-    for part in filter(None, args.split(",")):
-        k, eq, v = part.partition("=")
-        if not eq or k not in ("step", "rank", "factor"):
-            raise ValueError(f"bad fault argument {part!r} in {spec!r}; use step=N, rank=N, factor=X")
-        fields[k] = v
-    try:
-        inj = Injection(kind, int(fields.get("step", 0)), int(fields.get("rank", 0)), float(fields.get("factor", 1.0)))
-    except ValueError:
-        raise ValueError(f"bad number in {spec!r}") from None
-    if inj.step < 0 or inj.rank < 0 or inj.factor < 1.0:
-        raise ValueError(f"{spec!r}: step and rank must be >= 0 and factor >= 1")
-    return inj
+if TYPE_CHECKING:
+    from ..strategies.apply import Prepared
+    from .training import StepHooks
 
 
 class Injector:
@@ -60,7 +28,7 @@ class Injector:
 
     def before_step(self, step: int) -> None:
         inj = self.inj
-        if inj is None or inj.rank != self.rank:
+        if inj is None or inj.kind == "bug" or inj.rank != self.rank:
             return
         self._t0 = time.perf_counter()
         if inj.step != step:
@@ -86,3 +54,123 @@ class Injector:
         end = time.perf_counter() + (time.perf_counter() - self._t0) * (inj.factor - 1.0)
         while time.perf_counter() < end:
             pass
+
+
+def apply_bug(prep: "Prepared", bug: str) -> "StepHooks":
+    """Break a freshly prepared model on purpose (a negative control of the check).
+
+    Changes ``prep`` in place where the bug lives in the optimizer or in the gradient
+    reduction, and returns the :class:`~mgbench.runner.training.StepHooks` the check
+    window must pass to ``train_step`` for the rest. Only for the check window's own
+    model: the timed loop never sees a bug. Raises ValueError where the bug has nothing to
+    break (``faults.bug_problem`` tells a config so beforehand).
+    """
+    from .training import StepHooks
+
+    if bug not in BUGS:
+        raise ValueError(f"unknown bug {bug!r}; one of {', '.join(BUGS)}")
+    hooks = StepHooks()
+    if bug == "freeze":
+        # lr = 0 also stops AdamW's decoupled weight decay (p *= 1 - lr * wd): frozen exactly.
+        # ZeRO-1 copies its param_groups into the local optimizer at every step.
+        for group in prep.optimizer.param_groups:
+            group["lr"] = 0.0
+    elif bug == "no_grad_sync":
+        _skip_grad_sync(prep)
+    elif bug == "grad_sum":
+        if prep.dp_size < 2:
+            raise ValueError("bug:grad_sum needs dp > 1")
+        hooks.before_optimizer.append(_sum_not_mean)
+    elif bug == "drop_micro_batch":
+        if prep.schedule is not None:
+            _drop_first_pipeline_micro_batch(prep.schedule)
+        else:
+            # Forward and backward still run (so every wrapper's hooks fire as usual), but
+            # micro-batch 0 contributes a zero gradient.
+            hooks.backward_loss = lambda i, loss: loss * 0.0 if i == 0 else loss
+    return hooks
+
+
+def _sum_not_mean(prep: "Prepared") -> None:
+    """Gradients reduced by mean over dp ranks, scaled back up to their sum."""
+    from .fingerprint import unique_params
+
+    for p in unique_params(prep.modules):
+        if p.grad is not None:
+            p.grad.mul_(prep.dp_size)
+
+
+def _skip_grad_sync(prep: "Prepared") -> None:
+    """Each data-parallel replica keeps its own gradients: DDP never all-reduces, FSDP
+    takes its own shard of its own unreduced gradient instead of reduce-scattering."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddps = [m for m in prep.modules if isinstance(m, DDP)]
+    fsdps = [s for m in prep.modules for s in m.modules() if isinstance(s, FSDPModule)]
+    if prep.dp_size < 2 or not (ddps or fsdps):
+        raise ValueError("bug:no_grad_sync needs a data-parallel gradient reduction (dp > 1, DDP or FSDP)")
+    if ddps and prep.schedule is None:
+        # The step's last micro-batch is the one that syncs: run it under no_sync too.
+        # (no_sync rather than a comm hook: a compression hook may already be registered.)
+        ddp = ddps[0]
+        prep.no_sync = lambda last: ddp.no_sync()
+    else:
+        # Pipeline stages: the schedule drives DDP's reducer itself, so replace what it
+        # reduces with: nothing.
+        for m in ddps:
+            m.register_comm_hook(None, _local_grads_hook)
+    for m in fsdps:
+        m.set_custom_reduce_scatter(_local_reduce_scatter())
+
+
+def _local_grads_hook(state: Any, bucket: Any) -> Any:
+    """A DDP communication hook that communicates nothing: the bucket keeps this rank's
+    gradients."""
+    import torch
+
+    fut: Any = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def _local_reduce_scatter() -> Any:
+    """An FSDP2 reduce-scatter that keeps this rank's own chunk of its own gradients.
+
+    Built on FSDP2's default implementation (private module, torch >= 2.8) for its
+    buffer allocation; only the call is replaced."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+
+    class LocalReduceScatter(DefaultReduceScatter):
+        def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, op: Any,
+                     async_op: bool = False) -> None:
+            n, r = group.size(), group.rank()
+            mine = input_tensor.view(n, -1)[r]
+            if op == dist.ReduceOp.AVG:
+                output_tensor.copy_(mine)  # the mean of one contribution
+            else:
+                # A SUM that FSDP divides by n around the call (fp16 reductions): undo it.
+                output_tensor.copy_(mine * n)
+            return None
+
+    return LocalReduceScatter()
+
+
+def _drop_first_pipeline_micro_batch(schedule: Any) -> None:
+    """Micro-batch 0 of every step of the schedule contributes no gradient: its loss keeps
+    its value (so the reported loss is unchanged) but backpropagates zero.
+
+    Wraps the schedule's per-micro-batch loss computation (a private method of torch's
+    pipelining schedules, stable from torch 2.4 to 2.13: the last stage appends each
+    micro-batch's loss to ``_internal_losses``, which backward and the reported losses
+    then read)."""
+    original = schedule._maybe_compute_loss
+
+    def compute(stage: Any, output: Any, target_mbs: Any, mb_index: int, *args: Any, **kwargs: Any) -> None:
+        original(stage, output, target_mbs, mb_index, *args, **kwargs)
+        if mb_index == 0 and stage.is_last and schedule._internal_losses:
+            loss = schedule._internal_losses[-1]
+            schedule._internal_losses[-1] = loss.detach() + loss * 0.0
+
+    schedule._maybe_compute_loss = compute

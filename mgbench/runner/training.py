@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
@@ -11,11 +12,31 @@ from ..strategies.apply import AUTOCAST_DTYPES, Prepared
 from ..workloads.gpt import lm_loss, random_batch
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]
+# (seed, step, rows, seq_len, vocab) -> (rows, seq_len + 1) token ids of a step's global
+# batch: random_batch (throughput) or synthetic.learnable_batch (the correctness check).
+BatchSource = Callable[[int, int, int, int, int], torch.Tensor]
+
+
+@dataclass
+class StepHooks:
+    """Optional callbacks into :func:`train_step`, used by the correctness check window
+    (grad-norm capture, injected bugs); the timed loop passes none, so its steps run
+    exactly as before.
+
+    backward_loss(i, loss): the tensor whose gradient micro-batch i contributes (the
+        loss itself when absent); the reported loss is always the true one. Pipelines
+        compute their losses inside the schedule and do not call it.
+    before_optimizer: called in order after every backward and gradient reduction of
+        the step (pipelines: after the schedule), just before the optimizer step.
+    """
+
+    backward_loss: Callable[[int, torch.Tensor], torch.Tensor] | None = None
+    before_optimizer: list[Callable[[Prepared], None]] = field(default_factory=list)
 
 
 def rank_batches(
     seed: int, steps: range, rank: int, micro_batch: int, grad_accum: int, dp_size: int,
-    seq_len: int, vocab: int, device: torch.device,
+    seq_len: int, vocab: int, device: torch.device, source: BatchSource = random_batch,
 ) -> list[list[MicroBatch]]:
     """For each step, this data-parallel rank's micro-batches of the global batch.
 
@@ -23,11 +44,12 @@ def rank_batches(
     micro-batches of mb rows: together the ranks cover the global batch exactly once,
     which is what makes every layout comparable with the single-process reference.
     Built before timing starts, so data generation is not in the measured window.
+    ``source`` makes the global batch (random tokens unless told otherwise).
     """
     rows = micro_batch * grad_accum
     out = []
     for step in steps:
-        g = random_batch(seed, step, rows * dp_size, seq_len, vocab)[rank * rows : (rank + 1) * rows]
+        g = source(seed, step, rows * dp_size, seq_len, vocab)[rank * rows : (rank + 1) * rows]
         g = g.to(device, non_blocking=True)
         out.append([(g[i : i + micro_batch, :-1], g[i : i + micro_batch, 1:]) for i in range(0, rows, micro_batch)])
     return out
@@ -40,27 +62,31 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     return torch.autocast(device.type, dtype=dtype)
 
 
-def train_step(prep: Prepared, micro: list[MicroBatch], device: torch.device, precision: str) -> torch.Tensor:
+def train_step(prep: Prepared, micro: list[MicroBatch], device: torch.device, precision: str,
+               hooks: StepHooks | None = None) -> torch.Tensor:
     """One optimizer step over the micro-batches; returns this rank's mean loss as a
     detached device tensor (no host sync, so step timing is not distorted). On pipeline
-    ranks that do not hold the last stage the loss is zero (their loss_weight is 0)."""
+    ranks that do not hold the last stage the loss is zero (their loss_weight is 0).
+    ``hooks``: see :class:`StepHooks` (the check window's; None in the timed loop)."""
     if prep.schedule is not None:
-        return _pipeline_step(prep, micro, device, precision)
+        return _pipeline_step(prep, micro, device, precision, hooks)
     n = len(micro)
     total = torch.zeros((), device=device)
     for i, (x, y) in enumerate(micro):
         with prep.no_sync(i == n - 1), autocast(device, precision):
             loss = lm_loss(prep.model(x), y) / n
+        grad_loss = hooks.backward_loss(i, loss) if hooks is not None and hooks.backward_loss else loss
         if prep.scaler is not None:
-            prep.scaler.scale(loss).backward()
+            prep.scaler.scale(grad_loss).backward()
         else:
-            loss.backward()
+            grad_loss.backward()
         total += loss.detach()
-    _optimizer_step(prep)
+    _optimizer_step(prep, hooks)
     return total
 
 
-def _pipeline_step(prep: Prepared, micro: list[MicroBatch], device: torch.device, precision: str) -> torch.Tensor:
+def _pipeline_step(prep: Prepared, micro: list[MicroBatch], device: torch.device, precision: str,
+                   hooks: StepHooks | None = None) -> torch.Tensor:
     """One step of the pipeline schedule: the first stage feeds the whole batch (the
     schedule splits it into the micro-batches), the last computes the losses; gradients
     are averaged over micro-batches by the schedule (scale_grads)."""
@@ -76,14 +102,17 @@ def _pipeline_step(prep: Prepared, micro: list[MicroBatch], device: torch.device
             prep.schedule.step(target=y, losses=losses)
         else:
             prep.schedule.step()
-    _optimizer_step(prep)
+    _optimizer_step(prep, hooks)
     if losses:
         return torch.stack([l.detach().float() for l in losses]).mean()
     return torch.zeros((), device=device)
 
 
-def _optimizer_step(prep: Prepared) -> None:
-    """Apply the accumulated gradients (through the loss scaler for fp16) and clear them."""
+def _optimizer_step(prep: Prepared, hooks: StepHooks | None = None) -> None:
+    """Apply the accumulated gradients (through the loss scaler for fp16) and clear them;
+    ``hooks.before_optimizer`` run first, on the step's final (reduced) gradients."""
+    for hook in hooks.before_optimizer if hooks is not None else ():
+        hook(prep)
     if prep.scaler is not None:
         prep.scaler.step(prep.optimizer)
         prep.scaler.update()
