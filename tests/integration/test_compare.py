@@ -49,21 +49,21 @@ def split_run(results, source: str, name: str, keep, stretch: float = 1.0) -> No
 
 
 def test_compare_cli_flags_and_gates_a_slowdown_of_real_records(cli, tmp_path):
-    """The plumbing, deterministic: real records of one run; the "new" run is the same
-    records with every step 30% longer, so the verdicts cannot depend on this VM's noise."""
+    """The plumbing: real records of one run; the "new" run is the same records with every
+    step twice as long. Twice, not 30% longer: the windows of a loaded 2-core VM can differ
+    by more than 30% among themselves, and then 5 vs 5 window medians overlap."""
     (tmp_path / "c.toml").write_text('name = "cmp"\n[sweep]\nmodel = "tiny"\nstrategy = ["single", "ddp"]\n'
                                      'seq_len = 32\nwarmup_steps = 1\nmeasured_steps = 3\nrounds = 5\ncheck_steps = 0\n')
     p = cli("run", "c.toml", "--run-id", "base", "--no-report")
     assert p.returncode == 0, p.stderr
     results = tmp_path / "results"
     split_run(results, "base", "same", lambda r: True)
-    split_run(results, "base", "slow", lambda r: True, stretch=1.3)
+    split_run(results, "base", "slow", lambda r: True, stretch=2.0)
     same = json.loads(cli("compare", "base", "same", "--json").stdout)["rows"]
     slow = json.loads(cli("compare", "base", "slow", "--json").stdout)["rows"]
     assert [r["verdict"] for r in same] == ["~", "~"] and all(r["change_pct"] == 0 for r in same)
     assert [r["verdict"] for r in slow] == ["worse", "worse"]
-    assert all(r["change_pct"] == pytest.approx(100 / 1.3 - 100) and r["p_basis"] == "window medians (5 vs 5)"
-               for r in slow)
+    assert all(r["change_pct"] == pytest.approx(-50) and r["p_basis"] == "window medians (5 vs 5)" for r in slow)
     gate = cli("compare", "base", "slow", "--fail-on", "tokens_per_s:-5%")
     assert gate.returncode == 1 and "GATE FAILED" in gate.stdout
     assert cli("compare", "base", "slow", "--fail-on", "tokens_per_s:-90%").returncode == 0

@@ -18,7 +18,7 @@ def test_parallelism_suite_on_4_ranks_is_ok_and_correct(cli, tmp_path):
     assert ("tp", None, 1, 4, 1) in got and ("tp_sp", None, 1, 4, 1) in got and ("fsdp+tp", None, 2, 2, 1) in got
     for r in recs:
         assert r["status"] == "ok", (r["label"], r.get("error"))
-        assert r["correct"] is True, (r["label"], r["loss_max_rel_diff"])
+        assert r["correct"] is True, (r["label"], r["correct_reason"])
 
 
 def test_impossible_layouts_skip_and_the_rest_runs(cli, tmp_path):
@@ -105,11 +105,11 @@ check_steps = 5
     for strat in ("ddp", "zero1"):
         fp16 = recs[(strat, "tiny", "fp16")]
         assert fp16["status"] == "ok" and fp16["lossy"] is True and fp16["correct"] is True
-        assert fp16["loss_tolerance"] == 5e-2 and recs[(strat, "tiny", "none")]["loss_tolerance"] == 1e-4
+        assert fp16["loss_tolerance"] == 5e-2 and recs[(strat, "tiny", "none")]["loss_tolerance"] < 1e-5
         psgd, exact = recs[(strat, "mini", "powersgd")], recs[(strat, "mini", "none")]
         assert psgd["status"] == "ok" and psgd["lossy"] is True and psgd["correct"] is True
-        # Compression starts at the third step, so the later losses move off the exact run's.
-        assert psgd["loss_max_rel_diff"] > exact["loss_max_rel_diff"]
+        # Compression starts at the third step, so the weights move off the exact run's.
+        assert psgd["param_delta_rel_diff"] > exact["param_delta_rel_diff"]
     assert "DDP communication hook" in recs[("fsdp", "tiny", "fp16")]["skip_reason"]
 
 

@@ -32,9 +32,14 @@ def test_every_strategy_runs_and_matches_the_reference(smoke_run):
                 assert (s, n, ga) in got
     assert ("single", 1, 1) in got
     for r in ok:
-        assert r["correct"] is True, (r["label"], r["loss_max_rel_diff"])
-        assert r["loss_max_rel_diff"] <= r["loss_tolerance"] == 1e-4
-        assert len(r["loss_ref"]) == 3
+        assert r["correct"] is True, (r["label"], r["correct_reason"])
+        assert r["loss_max_rel_diff"] <= r["loss_tolerance"] < 1e-5  # fp32: 10x the measured spread
+        assert len(r["check_losses"]) == len(r["check_losses_ref"]) == 3
+        # Learnable data: the check window's loss falls (by 0.4-1.5% over 3 steps at the
+        # check's lr for these batches; a frozen model's loss moves 0.1-0.4% batch to batch).
+        assert r["check_losses"][-1] < r["check_losses"][0], r["check_losses"]
+        for q in ("grad_norm", "param_norm", "param_delta_norm"):
+            assert r[q] > 0 and r[f"{q}_ref"] > 0
 
 
 def test_skips_are_recorded_not_dropped(smoke_run):

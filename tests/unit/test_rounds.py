@@ -76,3 +76,18 @@ def test_step_idle_fraction_ignores_a_stolen_step():
     assert worker.step_idle_fraction(fig) == pytest.approx(0.4)
     # Lists that do not line up fall back to the window totals.
     assert worker.step_idle_fraction(dataclasses.replace(fig, busy_steps=[0.06])) == pytest.approx(0.7)
+
+
+def test_straggler_rule_on_synthetic_busy_times(monkeypatch):
+    """A rank is a straggler when its median busy time per step exceeds the least busy
+    rank's by STRAGGLER_FACTOR: 5% noise is not, a rank 1.5x busier is; one slow step
+    (a page fault) does not make a rank a straggler."""
+    monkeypatch.setattr(worker, "cores_shared", lambda: None)
+    cpu = type("D", (), {"type": "cpu"})()
+    even = [make_rank_figures(r, busy_steps=[0.10 * (1 + 0.05 * r)] * 6) for r in range(2)]
+    assert worker.rank_spread(None, even, cpu)["straggler_ranks"] == []
+    lagging = even + [make_rank_figures(2, busy_steps=[0.15] * 6)]
+    out = worker.rank_spread(None, lagging, cpu)
+    assert out["straggler_ranks"] == [2] and out["rank_spread_pct"] == pytest.approx(50)
+    spike = even + [make_rank_figures(2, busy_steps=[0.10] * 5 + [1.0])]
+    assert worker.rank_spread(None, spike, cpu)["straggler_ranks"] == []
