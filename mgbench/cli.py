@@ -107,7 +107,7 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
 
         if suite != "default" or overrides or run_id:
             raise MgbenchError("--resume continues a run as it was defined: give no SUITE, --set, --timeout or --run-id")
-        s = suite_mod.suite_from_manifest(store.read_manifest(store.resolve_run(resume, results_dir)), kind)
+        s = suite_mod.suite_from_manifest(store.read_manifest(store.resolve_run(resume, results_dir)))
     else:
         s = suite_mod.load_suite(suite, kind)
     if overrides:

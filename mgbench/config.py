@@ -121,14 +121,17 @@ def _inject(v: Any) -> str | None:
 # --- declarations ---------------------------------------------------------------------
 
 def key(default: Any, check: Check, help: str, role: str = WORKLOAD, applies: Callable[[dict], bool] | None = None,
-        identity: bool | None = None) -> Any:
+        identity: bool | None = None, label_when: str = "changed") -> Any:
     """A suite key: its default, check, help text and role.
 
     ``applies(params)`` says whether the key matters for a config; where it does not, the
     expansion pins it to its default, so it neither multiplies configs nor changes ids.
     ``identity`` overrides the role's rule (workload keys are identity, the rest not).
+    ``label_when``: a workload key outside the label's fixed part is named in the label
+    when it differs from its default ("changed") or only when it varies within the
+    sweep ("varies": for keys whose default is resolved at expansion, such as device).
     """
-    meta = {"check": check, "help": help, "role": role, "applies": applies,
+    meta = {"check": check, "help": help, "role": role, "applies": applies, "label_when": label_when,
             "identity": role == WORKLOAD if identity is None else identity, "suite_key": True}
     return field(default=default, metadata=meta)  # defaults are immutable: str, int, bool
 
@@ -168,7 +171,7 @@ class RunConfig:
         "none", choice(CHECKPOINTING, renamed={"selective": "every_2nd"}),
         "none, every_2nd (every second block recomputed) or full (every block)")
     compile: bool = key(False, boolean, "torch.compile each block")
-    device: str = key("auto", choice(DEVICES), "cpu, cuda, or auto (cuda when present)")
+    device: str = key("auto", choice(DEVICES), "cpu, cuda, or auto (cuda when present)", label_when="varies")
     grad_compression: str = key("none", choice(COMPRESSIONS),
                                 "DDP communication hook compressing gradients (lossy: looser loss tolerance)")
     powersgd_rank: int = key(2, integer(1), "matrix rank of PowerSGD's low-rank gradient approximation",
@@ -229,9 +232,13 @@ class RunConfig:
         return tuple((k, _plain(getattr(self, k))) for k in IDENTITY_KEYS)
 
     def params(self) -> dict[str, Any]:
-        """Every suite key and derived degree (model as a dict): what the id hashes."""
+        """Every suite key and derived degree (model as a dict): what the id hashes. The
+        layout only where it says more than the degrees it resolved to, so `layout =
+        {dp = 2}` and "auto" on 2 data-parallel ranks are one config, not two."""
         d = {k: _plain(getattr(self, k)) for k in SWEEP_KEYS}
         d.update(dp=self.dp, tp=self.tp, pp=self.pp)
+        if self.layout == "auto" or all(getattr(self, k) == v for k, v in self.layout.items()):
+            del d["layout"]
         return d
 
     @property
@@ -247,7 +254,7 @@ class RunConfig:
         core = (f"{self.strategy} n={self.nproc}{lay} {model} mb={self.micro_batch} "
                 f"s={self.seq_len} ga={self.grad_accum} {self.precision}{ac}{comp}")
         extra = [k for k in SWEEP_KEYS if k not in LABEL_CORE and k in IDENTITY_KEYS
-                 and getattr(self, k) != DEFAULTS[k]]
+                 and FIELDS[k].metadata["label_when"] == "changed" and getattr(self, k) != DEFAULTS[k]]
         extra += [k for k in self.label_keys if k not in extra and k not in LABEL_CORE]
         return core + "".join(f" {k}={_plain(getattr(self, k))}" for k in extra)
 
@@ -285,9 +292,10 @@ SWEEP_KEYS: dict[str, tuple[Check, Any, str]] = {
 DEFAULTS = {k: v[1] for k, v in SWEEP_KEYS.items()}
 IDENTITY_KEYS = tuple(name for name, f in FIELDS.items() if f.metadata.get("identity"))
 PROCEDURE_KEYS = tuple(name for name, f in FIELDS.items() if f.metadata.get("role") == PROCEDURE)
-# Fields the label's fixed part shows (everything else is shown by name when it matters).
-LABEL_CORE = ("strategy", "nproc", "dp", "tp", "pp", "pp_schedule", "virtual_stages", "model", "micro_batch", "seq_len",
-              "grad_accum", "precision", "activation_checkpointing", "compile", "device", "layout")
+# Fields the label's fixed part (RunConfig.label) prints; every other key is named in the
+# label when it matters (see key()'s label_when). Layout is printed as its resolved degrees.
+LABEL_CORE = ("strategy", "nproc", "dp", "tp", "pp", "layout", "pp_schedule", "virtual_stages", "model", "micro_batch",
+              "seq_len", "grad_accum", "precision", "activation_checkpointing", "compile")
 # Keys that feed the single-process reference: what it computes depends on these only
 # (the reference runs no strategy and no fault, in one process, on the global batch).
 REFERENCE_KEYS = ("workload", "model", "seq_len", "micro_batch", "precision", "seed", "device")

@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import RunConfig
+from .config import RunConfig, config_id
 from .errors import MgbenchError
 from .model_shape import ModelShape
 
@@ -171,7 +171,7 @@ class Record:
         """The flat JSON form: schema version, parameters (model dims as model_*), figures."""
         cfg = self.config.to_dict()
         out: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
-        out.update({k: v for k, v in cfg.items() if k not in ("model", "skip_reason", "label_keys")})
+        out.update({k: v for k, v in cfg.items() if k not in ("model", "skip_reason")})
         out.update({f"model_{k}": v for k, v in cfg["model"].items()})
         out["label"] = self.config.label
         for f in dataclasses.fields(self):
@@ -213,7 +213,8 @@ RECORD_FIELDS = {f.name: f for f in dataclasses.fields(Record) if f.name != "con
 def config_from_record(rec: dict[str, Any]) -> RunConfig:
     """The config a flat record was measured with (its parameters and model_* dims)."""
     names = {f.name for f in dataclasses.fields(RunConfig)}
-    params = {k: rec[k] for k in names if k in rec and k not in ("model", "label_keys")}
+    params = {k: rec[k] for k in names if k in rec and k != "model"}
+    params["label_keys"] = tuple(rec.get("label_keys") or ())
     shape = {f.name: rec[f"model_{f.name}"] for f in dataclasses.fields(ModelShape) if f"model_{f.name}" in rec}
     return RunConfig(model=ModelShape.from_dict(shape), **params)
 
@@ -233,10 +234,18 @@ def _records_v1_to_v2(rec: dict[str, Any]) -> dict[str, Any]:
     # the planner's name for Korthikanti et al.'s selective recompute.
     if rec.get("activation_checkpointing") == "selective":
         rec["activation_checkpointing"] = "every_2nd"
-    # Labels left out workload fields (two configs differing only in grad_compression
-    # had one label); the label of today's schema names them.
     if "model_layers" in rec and "strategy" in rec:
-        rec["label"] = config_from_record(rec).label
+        cfg = config_from_record(rec)
+        # Labels left out workload fields (two configs differing only in grad_compression
+        # had one label), and ids hashed an unresolved layout: today's schema for both,
+        # so `--resume` of an old folder finds its configs.
+        rec["label"] = cfg.label
+        rec["config_id"] = config_id(cfg.params())
+        rec.setdefault("label_keys", [])
+    if rec.get("correct") is not None and "check_data" not in rec:
+        # Schema 1 compared losses on random tokens only, a check that could not fail
+        # (a model that never trained passed it): say so beside its verdict.
+        rec["check_data"] = "random tokens, loss only (schema 1; could not detect a frozen model)"
     return rec
 
 

@@ -114,16 +114,18 @@ def resolve_suite_path(path: str | Path) -> Path:
     )
 
 
-def suite_from_manifest(manifest: dict[str, Any], device_kind: str) -> Suite:
+def suite_from_manifest(manifest: dict[str, Any]) -> Suite:
     """The suite a run was started with (file text, --set overrides included), for --resume."""
     info = manifest.get("suite", {})
     stored = info.get("sweeps", [info["sweep"]] if "sweep" in info else None)
     if stored is None:
         raise MgbenchError(f"run {manifest.get('run_id')} was written without its sweep; it cannot be resumed")
-    parsed = parse_suite(info["text"], info.get("path", "<suite>"), device_kind)
-    # The stored sweeps are the ones that ran (overrides applied, device section chosen).
-    parsed.sweeps = [_check_table(f"run {manifest.get('run_id')}: stored sweep", t) for t in stored]
-    return parsed
+    # The stored sweeps are the ones that ran (overrides applied, device section chosen,
+    # migrated with the manifest); the file's text is kept as it was, not re-validated,
+    # since an older mgbench may have spelt a value differently.
+    sweeps = [_check_table(f"run {manifest.get('run_id')}: stored sweep", t) for t in stored]
+    return Suite(name=info.get("name") or str(manifest.get("run_id")), description=info.get("description", ""),
+                 path=info.get("path", "<suite>"), text=info.get("text", ""), sweeps=sweeps)
 
 
 def apply_overrides(suite: Suite, overrides: list[str]) -> Suite:
@@ -166,8 +168,10 @@ def expand(suite: Suite, device_kind: str, num_devices: int) -> list[RunConfig]:
         configs += _expand_one(suite, table, device_kind, num_devices)
     # One record per config id: duplicates (e.g. nproc listed twice) collapse.
     configs = list({c.config_id: c for c in configs}.values())
-    varying = tuple(k for k in SWEEP_KEYS if len({repr(c.params()[k]) for c in configs}) > 1)
-    return [replace(c, label_keys=varying) for c in configs]
+    values = [c.to_dict() for c in configs]
+    varying = [k for k in SWEEP_KEYS if len({repr(v[k]) for v in values}) > 1]
+    # Each config's label names the keys that vary in the suite and matter to it.
+    return [replace(c, label_keys=tuple(k for k in varying if applies(k, c.to_dict()))) for c in configs]
 
 
 def _expand_one(suite: Suite, table: dict[str, list[Any]], device_kind: str, num_devices: int) -> list[RunConfig]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import stats, store
-from ..config import identity_of_record
+from ..config import PROCEDURE_KEYS, identity_of_record
 from ..errors import MgbenchError
 
 # Direction of "better" for metrics a gate may name.
@@ -57,9 +57,27 @@ def parse_gate(text: str) -> Gate:
     return Gate(m.group(1), float(m.group(2)))
 
 
-def match_key(rec: dict[str, Any]) -> str:
-    """A record's config identity, hashable."""
-    return json.dumps(identity_of_record(rec), sort_keys=True, default=str)
+def match_key(rec: dict[str, Any], separating: tuple[str, ...] = ()) -> str:
+    """A record's config identity (plus the ``separating`` procedure keys), hashable."""
+    extra = [(k, rec.get(k)) for k in separating]
+    return json.dumps([identity_of_record(rec), extra], sort_keys=True, default=str)
+
+
+def separating_keys(*runs: list[dict[str, Any]]) -> tuple[str, ...]:
+    """Procedure keys that tell apart configs of one workload inside a run (a sweep over
+    seeds, or over injected faults): records are then matched on them too, so that no
+    record of a run hides another. Keys that only differ between runs (a longer
+    measured window in the new run) are not among them: those configs still match."""
+    keys = []
+    for k in PROCEDURE_KEYS:
+        for recs in runs:
+            groups: dict[str, set[str]] = {}
+            for r in recs:
+                groups.setdefault(match_key(r), set()).add(json.dumps(r.get(k), default=str))
+            if any(len(v) > 1 for v in groups.values()):
+                keys.append(k)
+                break
+    return tuple(keys)
 
 
 def compare_runs(base: str, new: str, results_dir: str = "results", metric: str = "tokens_per_s",
@@ -67,8 +85,11 @@ def compare_runs(base: str, new: str, results_dir: str = "results", metric: str 
     """One row per config present in both runs: values, change %, p-value, verdict."""
     if metric not in HIGHER_IS_BETTER:
         raise MgbenchError(f"--metric {metric!r}: one of {', '.join(HIGHER_IS_BETTER)}")
-    b_recs = {match_key(r): r for r in store.latest_records(store.read_records(store.resolve_run(base, results_dir)))}
-    n_recs = {match_key(r): r for r in store.latest_records(store.read_records(store.resolve_run(new, results_dir)))}
+    base_recs = store.latest_records(store.read_records(store.resolve_run(base, results_dir)))
+    new_recs = store.latest_records(store.read_records(store.resolve_run(new, results_dir)))
+    sep = separating_keys(base_recs, new_recs)
+    b_recs = {match_key(r, sep): r for r in base_recs}
+    n_recs = {match_key(r, sep): r for r in new_recs}
     rows = []
     for key, b in b_recs.items():
         n = n_recs.get(key)

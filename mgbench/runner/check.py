@@ -156,14 +156,19 @@ def run_check(cfg: Any, device: torch.device) -> dict[str, Any]:
 
 
 def rel_diff(a: float | None, b: float | None) -> float | None:
-    """|a - b| / |b|; 0 for equal values (infinities included), inf where one is not finite."""
-    if a is None or b is None:
+    """|a - b| / |b|; None when neither side has a finite value to compare (both missing,
+    or both overflowed: nothing is checked), inf where only one side has one."""
+    finite_a = a is not None and math.isfinite(a)
+    finite_b = b is not None and math.isfinite(b)
+    if not finite_a and not finite_b:
         return None
-    if a == b:
-        return 0.0
-    if not (math.isfinite(a) and math.isfinite(b)):
+    if not (finite_a and finite_b):
         return math.inf
-    return abs(a - b) / max(abs(b), 1e-30)
+    return 0.0 if a == b else abs(a - b) / max(abs(b), 1e-30)
+
+
+def _fmt(v: float | None) -> str:
+    return "missing" if v is None else f"{v:.6g}"
 
 
 def tolerances(precision: str, lossy: bool) -> dict[str, float]:
@@ -194,13 +199,17 @@ def compare_check(mine: dict[str, Any], ref: dict[str, Any], precision: str, los
     for q in ("grad_norm", "param_norm", "param_delta_norm"):
         out[q] = mine.get(q)
         out[f"{q}_ref"] = ref.get(q)
-    if n == 0:
+    n_mine, n_ref = len(mine.get("losses") or []), len(ref.get("losses") or [])
+    if n_mine == n_ref == 0:
         out.update(loss_max_rel_diff=None, grad_norm_rel_diff=None, param_norm_rel_diff=None,
                    param_delta_rel_diff=None, param_rel_diff=None, correct=None, check_mismatches=[],
                    correct_reason="check_steps = 0: nothing checked")
         return out
+    # A step the config did not report (or the reference did not) is a mismatch, never a pass.
     step_diffs = [rel_diff(a, b) for a, b in zip(mine["losses"][:n], ref["losses"][:n])]
-    worst_step = max(range(n), key=lambda i: step_diffs[i])
+    step_diffs += [math.inf] * (max(n_mine, n_ref) - n)
+    step_diffs = [math.inf if d is None else d for d in step_diffs]  # a non-finite loss on both sides
+    worst_step = max(range(len(step_diffs)), key=lambda i: step_diffs[i])
     diffs = {
         "loss": step_diffs[worst_step],
         "grad_norm": rel_diff(mine.get("grad_norm"), ref.get("grad_norm")),
@@ -214,7 +223,10 @@ def compare_check(mine: dict[str, Any], ref: dict[str, Any], precision: str, los
 
     reasons, mismatches = [], []
     d = diffs["loss"]
-    if d > tol["loss"]:
+    if worst_step >= n:
+        mismatches.append("loss")
+        reasons.append(f"loss: {n_mine} check step(s) reported against {n_ref} in the single-process reference")
+    elif d > tol["loss"]:
         mismatches.append("loss")
         reasons.append(f"loss differs from the single-process reference by {d:.2e} relative at check step "
                        f"{worst_step + 1} ({mine['losses'][worst_step]:.6g} vs {ref['losses'][worst_step]:.6g}; "
@@ -223,12 +235,12 @@ def compare_check(mine: dict[str, Any], ref: dict[str, Any], precision: str, los
                      ("param_norm", "params (weight L2 norm after the window)"),
                      ("param_delta_norm", "params (L2 norm of the weights' change since init)")):
         d = diffs[q]
-        if d is None:
+        if d is None:  # neither side finite (fp16 overflow in both): this figure says nothing
             continue
         if d > tol[q]:
             mismatches.append("params" if q.startswith("param") else q)
             reasons.append(f"{label} differs from the single-process reference by {d:.2e} relative "
-                           f"({mine[q]:.6g} vs {ref[q]:.6g}; tolerance {tol[q]:.3g})")
+                           f"({_fmt(mine.get(q))} vs {_fmt(ref.get(q))}; tolerance {tol[q]:.3g})")
     out["check_mismatches"] = sorted(set(mismatches), key=["loss", "grad_norm", "params"].index)
     out["correct"] = not reasons
     out["correct_reason"] = "; ".join(reasons) if reasons else None

@@ -127,3 +127,29 @@ def test_configs_differing_in_any_workload_field_stay_apart(tmp_path, field, bas
     rows = {r["label"]: r for r in compare_runs("base", "new", tmp_path, metric="step_time_s")}
     assert len(rows) == 2
     assert rows[a.label]["change_pct"] == pytest.approx(100.0) and rows[b.label]["change_pct"] == pytest.approx(0.0)
+
+
+def test_configs_of_one_workload_swept_over_seeds_and_faults_are_not_merged(tmp_path):
+    """Seed and inject are procedure keys (two runs that differ there still compare), but
+    inside a run they tell configs apart: a clean config must never be compared with a
+    fault-injected one of the same workload."""
+    def run(run_id, slow_seed1):
+        recs = []
+        for seed in (0, 1):
+            for inject in ("none", "bug:freeze"):
+                t = 0.2 if (seed == 1 and slow_seed1 and inject == "none") else 0.1
+                recs.append(make_record(make_config(strategy="ddp", nproc=2, seed=seed, inject=inject), run_id,
+                                        step_times_s=[t] * 10))
+        return make_run(tmp_path, run_id, recs)
+
+    run("a", False)
+    run("b", True)
+    rows = compare_runs("a", "b", tmp_path, metric="step_time_s")
+    assert len(rows) == 4
+    changed = [r for r in rows if r["change_pct"]]
+    assert len(changed) == 1 and changed[0]["change_pct"] == pytest.approx(100.0)
+    # A longer window in the new run is not a separating key: configs still match.
+    make_run(tmp_path, "c", [make_record(make_config(strategy="ddp", nproc=2, measured_steps=30), "c",
+                                         step_times_s=[0.1] * 30)])
+    make_run(tmp_path, "d", [make_record(make_config(strategy="ddp", nproc=2), "d", step_times_s=[0.1] * 10)])
+    assert len(compare_runs("c", "d", tmp_path)) == 1

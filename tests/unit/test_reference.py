@@ -30,7 +30,7 @@ def test_compare_check_lossy_tolerance_and_nothing_checked():
     lossy = check.compare_check(near, FIGS, "fp32", lossy=True)
     assert lossy["correct"] is True and lossy["lossy"] is True
     assert lossy["grad_norm_tolerance"] == check.LOSSY_TOLERANCE
-    none = check.compare_check({"losses": []}, FIGS, "fp32")
+    none = check.compare_check({"losses": []}, {"losses": []}, "fp32")
     assert none["correct"] is None and "check_steps = 0" in none["correct_reason"]
 
 
@@ -47,3 +47,19 @@ def test_reference_check_is_cached_and_reduction_order_stays_within_tolerance(tm
     rev = reference.reference_check(cfg, cpu, tmp_path, reverse_micro_batches=True)
     assert rev != a  # another reduction order rounds differently ...
     assert check.compare_check(rev, a, "fp32")["correct"] is True  # ... within the tolerance
+
+
+def test_missing_or_overflowed_figures_never_pass():
+    """A window that reports fewer steps, or a figure only one side has, is a mismatch;
+    a figure neither side has a finite value for (fp16 overflow in both) is not compared."""
+    short = check.compare_check({**FIGS, "losses": FIGS["losses"][:2]}, FIGS, "fp32")
+    assert short["correct"] is False and "2 check step(s) reported against 3" in short["correct_reason"]
+    empty = check.compare_check({**FIGS, "losses": []}, FIGS, "fp32")
+    assert empty["correct"] is False
+    one_sided = check.compare_check({**FIGS, "grad_norm": None}, FIGS, "fp32")
+    assert one_sided["correct"] is False and "grad_norm" in one_sided["check_mismatches"]
+    assert "missing vs 2" in one_sided["correct_reason"]
+    inf = float("inf")
+    both = check.compare_check({**FIGS, "grad_norm": inf}, {**FIGS, "grad_norm": inf}, "fp16")
+    assert both["correct"] is True and both["grad_norm_rel_diff"] is None
+    assert check.compare_check({**FIGS, "grad_norm": inf}, FIGS, "fp16")["correct"] is False

@@ -53,6 +53,18 @@ def test_labels_are_unique_within_a_sweep():
     labels = [c.label for c in configs]
     assert len(configs) == 48 and len(set(labels)) == len(labels)
     assert any("grad_compression=fp16" in lb and "seed=1" in lb for lb in labels)
+    # Keys that do not apply to a config are not in its label (dp_mode is pp+tp+dp's).
+    assert not any("dp_mode" in lb or "pp_schedule" in lb for lb in labels)
+
+
+def test_device_is_named_when_it_varies_and_a_redundant_layout_is_one_config():
+    s = parse_suite('name = "x"\n[sweep]\nstrategy = "ddp"\nnproc = 2\ndevice = ["cpu", "cuda"]\n'
+                    'layout = ["auto", {dp = 2}]\n')
+    configs = expand(s, "cpu", 4)
+    assert len(configs) == 2  # layout {dp = 2} is what "auto" resolves to on 2 ddp ranks
+    assert sorted(c.label for c in configs) == ["ddp n=2 tiny mb=1 s=128 ga=1 fp32 device=cpu",
+                                                "ddp n=2 tiny mb=1 s=128 ga=1 fp32 device=cuda"]
+    assert "device=" not in expand(parse_suite('name = "x"\n[sweep]\nstrategy = "ddp"\n'), "cpu", 4)[0].label
 
 
 def test_keys_that_do_not_apply_are_pinned():
@@ -70,11 +82,12 @@ def test_config_round_trips_through_the_job_file():
 
 
 def test_record_round_trips_and_identity_matches_config():
-    cfg = make_config(strategy="ddp", nproc=2, grad_compression="fp16")
+    cfg = make_config(strategy="ddp", nproc=2, grad_compression="fp16", seed=1, label_keys=("seed",))
     flat = json.loads(json.dumps(make_record(cfg, step_times_s=[0.1, 0.2, 0.3]).to_dict()))
     assert flat["schema_version"] == SCHEMA_VERSION and flat["model_layers"] == cfg.shape.layers
+    assert flat["label"].endswith("grad_compression=fp16 seed=1")
     assert config.identity_of_record(flat) == cfg.identity()
-    assert config_from_record(flat) == dataclasses.replace(cfg, label_keys=())
+    assert config_from_record(flat) == cfg
     with pytest.raises(TypeError):
         Record(cfg, "r", "ok", not_a_declared_field=1)  # every field is declared once, in Record
 
@@ -114,6 +127,20 @@ def test_v1_records_load_as_typed_records_with_every_field_declared():
         assert all(back[k] is None for k in set(back) - set(flat))  # fields v1 did not have: unknown
     with pytest.raises(MgbenchError, match="undeclared field"):
         Record.from_dict({**flat, "tokens_per_sec": 1.0})
+
+
+def test_a_v1_run_resumes_with_nothing_left_to_run(tmp_path):
+    """Migrated ids are today's ids, so `--resume` of a complete v1 folder runs nothing,
+    and its stored sweep (validated by today's checks) expands to the same configs."""
+    from mgbench.runner.launch import run_suite
+    from mgbench.suite import suite_from_manifest
+
+    shutil.copytree(FIXTURES / "v1-smoke", tmp_path / "v1-smoke")
+    suite = suite_from_manifest(store.read_manifest(tmp_path / "v1-smoke"))
+    said = []
+    run_suite(suite, tmp_path, device_kind="cpu", num_devices=4, progress=said.append, resume="v1-smoke")
+    assert said[0] == "resuming v1-smoke: 20 of 20 configs already recorded"
+    assert len(store.read_records(tmp_path / "v1-smoke")) == 20  # nothing re-recorded
 
 
 def test_v1_every_second_block_checkpointing_is_renamed():
