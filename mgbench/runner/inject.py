@@ -124,9 +124,11 @@ def _skip_grad_sync(prep: "Prepared") -> None:
         m.set_custom_reduce_scatter(_local_reduce_scatter())
 
 
-def _local_grads_hook(state: Any, bucket: Any) -> Any:
+def _local_grads_hook(state, bucket):  # type: ignore[no-untyped-def]
     """A DDP communication hook that communicates nothing: the bucket keeps this rank's
-    gradients."""
+    gradients. Unannotated on purpose: DDP's register_comm_hook rejects a ``bucket``
+    annotated as anything but dist.GradBucket (and with postponed annotations it reads
+    the string)."""
     import torch
 
     fut: Any = torch.futures.Future()

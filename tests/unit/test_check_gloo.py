@@ -123,12 +123,14 @@ def test_bug_grammar_and_where_bugs_apply():
 FOUR_RANK = {
     "fsdp+tp": dict(strategy="fsdp+tp", nproc=4, dp=2, tp=2),
     "pp+tp+dp": dict(strategy="pp+tp+dp", nproc=4, pp=2, dp=2, tp=1, dp_mode="fsdp"),
+    "pp+tp+dp ddp": dict(strategy="pp+tp+dp", nproc=4, pp=2, dp=2, tp=1, dp_mode="ddp"),
 }
+FOUR_RANK_BUGS = ("none", "bug:grad_sum", "bug:no_grad_sync", "bug:drop_micro_batch")
 
 
 @pytest.fixture(scope="module")
 def results4(tmp_path_factory):
-    cases = [(n, i, check_config(**kw, inject=i)) for n, kw in FOUR_RANK.items() for i in ("none", "bug:grad_sum")]
+    cases = [(n, i, check_config(**kw, inject=i, grad_accum=4)) for n, kw in FOUR_RANK.items() for i in FOUR_RANK_BUGS]
     per_rank = run_on_gloo_ranks(run_checks, 4, [c for _, _, c in cases])
     run_dir = tmp_path_factory.mktemp("run4")
     out = {}
@@ -145,3 +147,8 @@ def test_two_dimensional_layouts_on_4_ranks(results4, name):
     summed = results4[(name, "bug:grad_sum")]
     assert summed["correct"] is False and "grad_norm" in summed["check_mismatches"]
     assert summed["grad_norm"] == pytest.approx(2 * summed["grad_norm_ref"], rel=1e-4)
+    # The gradient reduction skipped (DDP hook inside pipeline stages; FSDP's reduce-
+    # scatter on a 2-D mesh) and a micro-batch dropped: both seen in the gradient.
+    for bug in ("bug:no_grad_sync", "bug:drop_micro_batch"):
+        got = results4[(name, bug)]
+        assert got["correct"] is False and "grad_norm" in got["check_mismatches"], (bug, got["correct_reason"])
