@@ -306,7 +306,8 @@ def comm(nproc, device, collectives, dtypes, min_bytes, max_bytes, factor, warmu
     """
     import json as _json
 
-    from .comm.run import load_fits, load_rows, render, run_comm
+    from .comm.run import render, run_comm
+    from .store import load_comm_fits, load_comm_rows
     from .launching import cpu_rank_limit, detect_devices
 
     kind, count = detect_devices()
@@ -334,9 +335,9 @@ def comm(nproc, device, collectives, dtypes, min_bytes, max_bytes, factor, warmu
     if as_json:
         from . import store
 
-        fits = load_fits(run_dir)
+        fits = load_comm_fits(run_dir)
         click.echo(_json.dumps({"run_dir": str(run_dir), "interconnect": store.read_manifest(run_dir)["interconnect"],
-                                "rows": load_rows(run_dir), "fits": fits}, indent=2))
+                                "rows": load_comm_rows(run_dir), "fits": fits}, indent=2))
     else:
         click.echo(render(run_dir, link))
         click.echo(f"\nresults: {run_dir}")

@@ -1,4 +1,4 @@
-"""The collectives `mgbench comm` measures, one registry entry each, and the rows it stores.
+"""The collectives `mgbench comm` measures, one registry entry each.
 
 An entry (nccl-tests' ``struct testColl``) holds every fact about one collective: how a
 nominal message size S becomes per-rank buffers, how to fill the send buffer, how to
@@ -11,24 +11,18 @@ S is the size nccl-tests prints: the per-rank buffer for all_reduce, broadcast a
 sendrecv; the full gathered / scattered / exchanged buffer for the others, i.e. the
 larger of the send and receive buffers. algbw = S / t.
 
-Torch-free at import, so the planner and reports can use the factors and read rows
-without loading torch: the fill / call / expected functions import it when a rank
-calls them.
-
-Rows (one JSON object per collective, dtype, group scope and size in comm.jsonl) carry
-``schema_version``; :func:`load_rows` is the one reader, and brings old rows up to date.
+Torch-free at import, so the planner and reports can use the factors without loading
+torch: the fill / call / expected functions import it when a rank calls them. The rows a
+sweep stores are read and written by :mod:`mgbench.store` (``load_comm_rows``), versioned
+in :mod:`mgbench.record`.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from .errors import MgbenchError
-from .store import RunDir
 
 # --- the registry ---------------------------------------------------------------------
 
@@ -227,61 +221,3 @@ def get(name: str) -> Collective:
 def busbw_factor(name: str, n: int) -> float:
     """nccl-tests' bus-bandwidth factor of a collective on n ranks."""
     return get(name).busbw(n)
-
-
-# --- rows and fits of a comm run --------------------------------------------------------
-
-# 1: rows carry schema_version. Version 0 (no field) rows have the same fields.
-COMM_ROW_VERSION = 1
-
-
-def migrate_row(row: dict[str, Any], where: str = "comm row") -> dict[str, Any]:
-    """Bring a row of any known version up to COMM_ROW_VERSION; refuse newer ones
-    (their fields may mean something this mgbench does not know)."""
-    version = row.get("schema_version", 0)
-    if version > COMM_ROW_VERSION:
-        raise MgbenchError(f"{where}: written by a newer mgbench (row schema {version} > {COMM_ROW_VERSION}); "
-                           "upgrade mgbench")
-    # Version 0 -> 1: only the field was added.
-    row["schema_version"] = COMM_ROW_VERSION
-    return row
-
-
-def load_rows(run_dir: str | Path | RunDir) -> list[dict[str, Any]]:
-    """Every row of a comm run (none if it has no comm.jsonl), migrated to the current
-    version; a corrupt line is an error naming the file and line."""
-    path = RunDir(run_dir).comm_rows
-    if not path.exists():
-        return []
-    out = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise MgbenchError(f"{path}:{i}: corrupt comm row ({e.msg}); remove or repair that line") from None
-        out.append(migrate_row(row, f"{path}:{i}"))
-    return out
-
-
-def append_row(run_dir: str | Path | RunDir, row: dict[str, Any]) -> None:
-    """Append one row, stamped with COMM_ROW_VERSION, and fsync it (a sweep killed
-    later keeps every size measured so far)."""
-    with open(RunDir(run_dir).comm_rows, "a") as f:
-        f.write(json.dumps({"schema_version": COMM_ROW_VERSION, **row}) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def load_fits(run_dir: str | Path | RunDir) -> dict[str, Any]:
-    """The alpha-beta fits of a comm run, keyed "collective:dtype:scope" (null where a
-    series had too few sizes to fit); empty if the run has none yet. Fits are derived
-    from the rows on every run, so they carry no version of their own."""
-    path = RunDir(run_dir).comm_fit
-    if not path.exists():
-        return {}
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise MgbenchError(f"{path}: corrupt comm fits ({e.msg}); repair or delete it") from None

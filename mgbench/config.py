@@ -5,7 +5,8 @@ help text, and its role:
 
 - ``workload``: what is measured (model, strategy, layout, precision, ...). Two configs
   that differ in any workload field are different configs everywhere: `compare` keeps
-  them apart, the single-process reference is recomputed, the label tells them apart.
+  them apart and the label tells them apart. (The single-process reference depends on
+  fewer keys, REFERENCE_KEYS: every strategy of one workload is checked against one.)
 - ``procedure``: how it is measured (steps, rounds, seed, timeouts, fault injection).
   Runs that differ only here still compare config by config.
 - ``derived``: computed by the suite expansion (parallel degrees, id, skip reason);
@@ -183,16 +184,19 @@ class RunConfig:
     rounds: int = key(1, integer(1), "measure each config in this many rounds, interleaved with the other configs of "
                       "its torchrun job (round 1 of every config, then round 2, ...); each round rebuilds the model "
                       "and warms up again. For shared or noisy machines, whose speed drifts over minutes", PROCEDURE)
-    seed: int = key(0, integer(0), "seed of weights and random tokens", PROCEDURE)
-    check_steps: int = key(3, integer(0), "first steps whose loss is checked against the single-process reference "
-                           "(0: no check)", PROCEDURE)
+    seed: int = key(0, integer(0), "seed of the weights, the random tokens and the check window's learnable data",
+                    PROCEDURE)
+    check_steps: int = key(3, integer(0), "steps of the correctness window (a fresh model on learnable data, before "
+                           "the timed steps) whose loss, step-1 gradient norm and final weights are checked against "
+                           "the single-process reference (0: no check)", PROCEDURE)
     timeout_s: int = key(900, integer(1), "seconds a config (each round of it) may take before its job is stopped",
                          PROCEDURE)
     profile: bool = key(False, boolean, "after the timed window, profile a few steps and split them into compute / "
                         "communication / idle", PROCEDURE)
     profile_steps: int = key(3, integer(1), "steps in the profiled window", PROCEDURE, applies=lambda p: p["profile"])
     inject: str = key("none", _inject, "fault injection for testing recovery: oom@step=S,rank=R | crash@... | "
-                      "kill@... | hang@... | slow@rank=R,factor=F", PROCEDURE)
+                      "kill@... | hang@... | slow@rank=R,factor=F; or a training bug the correctness check must "
+                      "catch: bug:freeze | bug:no_grad_sync | bug:grad_sum | bug:drop_micro_batch", PROCEDURE)
     # computed by the expansion
     dp: int = derived(1, "data-parallel degree", identity=True)
     tp: int = derived(1, "tensor-parallel degree", identity=True)
@@ -311,19 +315,6 @@ def config_id(params: dict[str, Any]) -> str:
     """Stable id of a config: its strategy and size, then a hash of every parameter."""
     blob = json.dumps(params, sort_keys=True).encode()
     return f"{params['strategy']}-n{params['nproc']}-{hashlib.sha1(blob).hexdigest()[:10]}"
-
-
-def identity_of_record(rec: dict[str, Any]) -> tuple:
-    """The identity of the config a flat record was measured with (model dims flattened
-    as model_*), equal to :meth:`RunConfig.identity` of that config."""
-    out = []
-    for k in IDENTITY_KEYS:
-        if k == "model":
-            dims = {f.name: rec.get(f"model_{f.name}") for f in dataclasses.fields(ModelShape)}
-            out.append((k, dims))
-        else:
-            out.append((k, rec.get(k, DEFAULTS.get(k))))
-    return tuple(out)
 
 
 def keys_markdown() -> str:

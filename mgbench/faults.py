@@ -18,9 +18,9 @@ config; the check must then read ``correct: false``:
   "bug:no_grad_sync"        the data-parallel gradient reduction is skipped: each replica
                             steps with its own gradients
   "bug:grad_sum"            gradients are summed over data-parallel ranks instead of averaged
-  "bug:drop_micro_batch"    the first micro-batch of each step (gradient accumulation, or
-                            the pipeline schedule's) contributes no gradient (its loss is
-                            still reported)
+  "bug:drop_micro_batch"    on every data-parallel replica, the first micro-batch of each
+                            step (gradient accumulation, or the pipeline schedule's)
+                            contributes no gradient (its loss is still reported)
 :func:`bug_problem` says why a bug cannot apply to a config (the config is then skipped).
 """
 

@@ -50,10 +50,7 @@ class RankFigures:
     energy_method: str
     energy_reason: str | None
     breakdown: dict[str, float] | None = None
-    check: dict[str, Any] | None = None  # the correctness window's figures (rank 0's copy)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    check: dict[str, Any] | None = None  # the correctness window's figures (the same on every rank)
 
 
 @dataclass
@@ -219,6 +216,12 @@ def config_from_record(rec: dict[str, Any]) -> RunConfig:
     return RunConfig(model=ModelShape.from_dict(shape), **params)
 
 
+def identity_of_record(rec: dict[str, Any]) -> tuple:
+    """The workload identity of the config a flat record was measured with: the same as
+    :meth:`RunConfig.identity` of that config."""
+    return config_from_record(rec).identity()
+
+
 def backend_of(cfg: RunConfig) -> str:
     return "nccl" if cfg.device == "cuda" else "gloo"
 
@@ -282,3 +285,21 @@ def migrate_record(rec: dict[str, Any]) -> dict[str, Any]:
 def migrate_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
     """Bring a manifest of any known schema version up to SCHEMA_VERSION."""
     return _migrate(manifest, MANIFEST_MIGRATIONS, "the manifest")
+
+
+# --- comm rows (comm.jsonl of `mgbench comm`) ---------------------------------------
+
+# 1: rows carry schema_version. Version 0 (no field) rows have the same fields.
+COMM_ROW_VERSION = 1
+
+
+def migrate_comm_row(row: dict[str, Any], where: str = "comm row") -> dict[str, Any]:
+    """Bring a row of any known version up to COMM_ROW_VERSION; refuse newer ones
+    (their fields may mean something this mgbench does not know)."""
+    version = row.get("schema_version", 0)
+    if version > COMM_ROW_VERSION:
+        raise MgbenchError(f"{where}: written by a newer mgbench (row schema {version} > {COMM_ROW_VERSION}); "
+                           "upgrade mgbench")
+    # Version 0 -> 1: only the field was added.
+    row["schema_version"] = COMM_ROW_VERSION
+    return row

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .errors import MgbenchError
-from .record import SCHEMA_VERSION, Record, migrate_manifest, migrate_record
+from .record import COMM_ROW_VERSION, SCHEMA_VERSION, Record, migrate_comm_row, migrate_manifest, migrate_record
 
 
 def new_run_id(suite_name: str) -> str:
@@ -182,11 +182,6 @@ class RunDir:
         return self.path / "comm_fit.json"
 
 
-def create_run_dir(results_dir: str | Path, run_id: str) -> Path:
-    """Make results/<run_id>/ (see :meth:`RunDir.create`); returns its path."""
-    return RunDir.create(results_dir, run_id).path
-
-
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write to a temporary file, fsync, then rename over: readers see old or new, never half."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -337,3 +332,45 @@ def load(runs: Iterable[str | Path], results_dir: str | Path = "results") -> "An
                 }
             )
     return pd.DataFrame(rows)
+
+
+# --- mgbench comm: rows and fits, read and written in one place ---------------------
+
+def load_comm_rows(run_dir: "str | Path | RunDir") -> list[dict[str, Any]]:
+    """Every row of a comm run (none if it has no comm.jsonl), migrated to the current
+    version; a corrupt line is an error naming the file and line."""
+    path = RunDir(run_dir).comm_rows
+    if not path.exists():
+        return []
+    out = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise MgbenchError(f"{path}:{i}: corrupt comm row ({e.msg}); remove or repair that line") from None
+        out.append(migrate_comm_row(row, f"{path}:{i}"))
+    return out
+
+
+def append_comm_row(run_dir: "str | Path | RunDir", row: dict[str, Any]) -> None:
+    """Append one row, stamped with COMM_ROW_VERSION, and fsync it (a sweep killed
+    later keeps every size measured so far)."""
+    with open(RunDir(run_dir).comm_rows, "a") as f:
+        f.write(json.dumps({"schema_version": COMM_ROW_VERSION, **row}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def load_comm_fits(run_dir: "str | Path | RunDir") -> dict[str, Any]:
+    """The alpha-beta fits of a comm run, keyed "collective:dtype:scope" (null where a
+    series had too few sizes to fit); empty if the run has none yet. Fits are derived
+    from the rows on every run, so they carry no version of their own."""
+    path = RunDir(run_dir).comm_fit
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise MgbenchError(f"{path}: corrupt comm fits ({e.msg}); repair or delete it") from None

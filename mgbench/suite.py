@@ -230,6 +230,22 @@ def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | No
     if p["nproc"] > num_devices:
         what = "GPUs" if p["device"] == "cuda" else "CPU ranks allowed here"
         return f"needs {p['nproc']} ranks but only {num_devices} {what}"
-    if p["device"] == "cpu" and p["precision"] != "fp32":
-        return f"{p['precision']} on CPU: gloo has no bf16/fp16 reductions; use precision = \"fp32\" on CPU"
+    if p["precision"] == "fp16" and (p["tp"] > 1 or pipelined):
+        # Known defects: the sharded loss scaler mixes DTensor and plain gradients under
+        # tensor parallelism, and pipeline schedules never scale the loss.
+        return "fp16 loss scaling does not work with tensor or pipeline parallelism yet; use precision = \"bf16\""
+    if p["device"] == "cpu" and p["precision"] != "fp32" and _torch_version() < (2, 13):
+        return (f"{p['precision']} on CPU: gloo reduces bf16/fp16 from torch 2.13 on (this is "
+                f"{'.'.join(map(str, _torch_version()))}); use precision = \"fp32\" on CPU")
     return None
+
+
+def _torch_version() -> tuple[int, int]:
+    """Installed torch's (major, minor), read without importing torch."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major, minor = version("torch").split(".")[:2]
+        return int(major), int(minor)
+    except (PackageNotFoundError, ValueError):
+        return (0, 0)

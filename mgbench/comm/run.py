@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import catalog, store
-from ..collectives import NAMES, load_fits, load_rows
+from ..collectives import NAMES
+from ..store import load_comm_fits, load_comm_rows
 from ..errors import MgbenchError
 from ..launching import SHARED_FS_WAIT_S, Cluster, child_env, torchrun_argv
 from ..procs import die_with_parent, kill_tree
@@ -48,12 +49,12 @@ def run_comm(nproc: int, device: str, collectives: list[str], dtypes: list[str],
     manifest = {"run_id": run_id, "kind": "comm", "status": "running",
                 "started_at": dt.datetime.now().isoformat(timespec="seconds"), "argv": sys.argv,
                 "suite": {"name": "comm", "description": "collective microbenchmarks", "text": "", "sha256": ""},
-                "machine": fingerprint(), "interconnect": detect(), "schema_version": store.SCHEMA_VERSION,
+                "machine": fingerprint(), "interconnect": detect(),
                 "comm": {"nproc": nproc if cluster is None else cluster.world, "device": device,
                          "collectives": collectives, "dtypes": dtypes, **sweep}}
     if cluster is not None:
         manifest["cluster"] = cluster.manifest_entry()
-    store.write_json_atomic(run_dir.manifest, manifest)
+    store.write_manifest(run_dir, manifest)
     job = run_dir.job(JOB_TAG)
     store.write_json_atomic(job, {"run_dir": str(run_dir.path.resolve()), "device": device,
                                   "collectives": collectives, "dtypes": dtypes, **sweep})
@@ -69,7 +70,7 @@ def run_comm(nproc: int, device: str, collectives: list[str], dtypes: list[str],
         except subprocess.TimeoutExpired:
             kill_tree(proc.pid)
             rc = None
-    rows = load_rows(run_dir)
+    rows = load_comm_rows(run_dir)
     fits = {}
     for key in sorted({(r["collective"], r["dtype"], r.get("scope", "all")) for r in rows}):
         fits[":".join(key)] = fit([r for r in rows if (r["collective"], r["dtype"], r.get("scope", "all")) == key])
@@ -77,7 +78,7 @@ def run_comm(nproc: int, device: str, collectives: list[str], dtypes: list[str],
     status = "complete" if rc == 0 else ("timeout" if rc is None else "error")
     manifest.update(status=status, finished_at=dt.datetime.now().isoformat(timespec="seconds"),
                     counts={"rows": len(rows), "wrong": sum(r["wrong"] for r in rows)})
-    store.write_json_atomic(run_dir.manifest, manifest)
+    store.write_manifest(run_dir, manifest)
     if status != "complete":
         tail = " | ".join(log.read_text(errors="replace").splitlines()[-3:])
         raise MgbenchError(f"mgbench comm {status} (results so far in {run_dir}): {tail[-400:]}")
@@ -136,8 +137,8 @@ def render(run_dir: Path, link: str | None = None) -> str:
     from tabulate import tabulate
 
     manifest = store.read_manifest(run_dir)
-    rows = load_rows(run_dir)
-    fits = load_fits(run_dir)
+    rows = load_comm_rows(run_dir)
+    fits = load_comm_fits(run_dir)
     peak, why = link_peak(manifest, link)
     out = [f"# {manifest['interconnect']['summary']}", f"# link peak: {peak if peak else '-'} GB/s ({why})"]
     for key in fits:

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from .. import collectives, stats
+from .. import collectives, stats, store
 from ..collectives import Collective
 from ..telemetry.clock import StepClock
 
@@ -135,7 +135,7 @@ def main() -> None:
                         row = measure(name, size, DTYPES[dtype_name], device, job["warmup"], job["iters"],
                                       group, scope)
                         if dist.get_rank() == 0:
-                            collectives.append_row(job["run_dir"], row)
+                            store.append_comm_row(job["run_dir"], row)
     finally:
         dist.destroy_process_group()
 

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from .. import catalog, store
-from ..collectives import busbw_factor, load_fits, load_rows
+from ..collectives import busbw_factor
+from ..store import load_comm_fits, load_comm_rows
 from ..errors import MgbenchError
 from ..strategies import DATA_PARALLEL, ZERO_STAGE
 from ..model_shape import ModelShape
@@ -177,8 +178,8 @@ def comm_links(run: str, results_dir: str = "results") -> dict[str, Any]:
     if acc is None:
         raise MgbenchError(f"--comm {run}: measured on {'CPU ranks' if not gpus else gpus[0]['name']}, not on a "
                            "catalog GPU: its links say nothing about the catalog's systems")
-    fits = load_fits(run_dir)
-    rows = load_rows(run_dir)
+    fits = load_comm_fits(run_dir)
+    rows = load_comm_rows(run_dir)
     out: dict[str, float] = {}
     for scope, prefix in (("all", "intra"), ("intra", "intra"), ("inter", "inter")):
         f = fits.get(f"all_reduce:{_dtype(rows)}:{scope}")

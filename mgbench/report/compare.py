@@ -2,9 +2,10 @@
 when it is statistically significant AND past a threshold (asv's rule), with CI gates.
 
 Configs match on their workload identity, as the config schema declares it
-(:data:`mgbench.config.IDENTITY_KEYS`: model dims, layout, precision, compression, ...; not
-run id, seed, step counts or fault injection), so two runs of one suite compare config by
-config and two configs that differ in any workload field are never merged. Significance is a
+(:data:`mgbench.config.IDENTITY_KEYS`: model dims, resolved parallel degrees, precision,
+compression, ...; not run id, seed, step counts or fault injection), so two runs of one
+suite compare config by config and two configs that differ in any workload field are
+never merged. Procedure keys that a run sweeps over (seeds, faults) separate its configs too. Significance is a
 Mann-Whitney U test (two-sided, p < 0.05) on the medians of the measured windows when each
 run has at least MIN_WINDOWS of them (`rounds` x `repeats`), else on the raw step times.
 
@@ -24,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import stats, store
-from ..config import PROCEDURE_KEYS, identity_of_record
+from ..config import PROCEDURE_KEYS
+from ..record import identity_of_record
 from ..errors import MgbenchError
 
 # Direction of "better" for metrics a gate may name.

@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..config import identity_of_record
+from ..record import identity_of_record
 
 Figure = tuple[go.Figure, str]
 LAYOUT = dict(template="plotly_white", height=420, margin=dict(l=60, r=20, t=50, b=60),

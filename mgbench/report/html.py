@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from .. import __version__, collectives, store
+from .. import __version__, store
 from . import figures
 
 CSS = """
@@ -95,7 +95,7 @@ def build(runs: list[str | Path], output: str | Path, results_dir: str | Path = 
     paths = [store.resolve_run(r, results_dir) for r in runs]
     manifests = [store.read_manifest(p) for p in paths]
     df = store.load(paths)
-    comm = pd.DataFrame([row for p in paths for row in collectives.load_rows(p)])
+    comm = pd.DataFrame([row for p in paths for row in store.load_comm_rows(p)])
 
     m0 = manifests[0]["machine"]
     gpus = m0.get("gpus") or []

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from ..faults import bug_of
 from ..strategies.apply import Prepared, prepare
-from ..workloads.synthetic import learnable_batch
+from ..workloads.synthetic import LEARNABLE_SOURCE, learnable_batch
 from . import fingerprint as fp
 from .inject import apply_bug
 from .training import MicroBatch, StepHooks, rank_batches, train_step
@@ -40,7 +40,7 @@ from .training import MicroBatch, StepHooks, rank_batches, train_step
 # not depend on the value: every strategy and the reference use the same one.
 CHECK_LR = 1e-3
 # Names the data of the check window in records and in the reference cache key.
-CHECK_DATA = "markov1"
+CHECK_DATA = LEARNABLE_SOURCE
 
 # Tolerances, derived from measurement. `python -m mgbench.runner.tolerance` compares the
 # reference with computations that differ from it only in reduction order: micro-batches

@@ -47,7 +47,8 @@ def _fmt_s(s: float) -> str:
 def describe(rec: dict[str, Any]) -> str:
     """One progress line for a finished config."""
     if rec["status"] == "ok":
-        corr = {True: "correct", False: "WRONG LOSS", None: "unchecked"}[rec.get("correct")]
+        wrong = "WRONG: " + "/".join(rec.get("check_mismatches") or ["results"]) + " differ from the reference"
+        corr = {True: "correct", False: wrong, None: "unchecked"}[rec.get("correct")]
         slow = f", straggler rank(s) {rec['straggler_ranks']}" if rec.get("straggler_ranks") else ""
         return f"ok  {rec['tokens_per_s']:,.0f} tok/s, step {rec['step_time_s'] * 1000:.1f} ms, {corr}{slow}"
     return f"{rec['status']}: {rec.get('error') or rec.get('skip_reason')}"

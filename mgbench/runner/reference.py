@@ -35,7 +35,7 @@ def check_key(cfg: RunConfig, device: torch.device) -> str:
     params = cfg.params()
     fields = {k: params[k] for k in REFERENCE_KEYS}
     fields.update(kind="check", data=check.CHECK_DATA, lr=check.CHECK_LR, global_batch=cfg.global_batch,
-                  steps=cfg.check_steps, device=device.type)
+                  steps=cfg.check_steps)
     return "check-" + hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -118,14 +118,13 @@ def _variants(model: str, precision: str, seed: int, steps: int) -> dict[str, An
 
 
 SPREAD_VARIANTS = ("reversed", "ddp2", "tp2")
-FIGURES = ("loss", "grad_norm", "param_norm", "param_delta_norm")
 
 
 def diffs(mine: dict[str, Any], ref: dict[str, Any]) -> dict[str, float]:
-    from .check import rel_diff
+    from .check import QUANTITIES, rel_diff
 
     out = {"loss": max(rel_diff(a, b) or 0.0 for a, b in zip(mine["losses"], ref["losses"]))}
-    for q in FIGURES[1:]:
+    for q in QUANTITIES[1:]:
         out[q] = rel_diff(mine[q], ref[q]) or 0.0
     return out
 
@@ -213,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     print("\n## relative difference from the single-process reference (max over models and seeds)")
-    print(f"{'precision':9s} {'variant':13s} " + " ".join(f"{q:>16s}" for q in FIGURES))
+    print(f"{'precision':9s} {'variant':13s} " + " ".join(f"{q:>16s}" for q in check.QUANTITIES))
     for precision in args.precisions:
         variants = dict.fromkeys(r["variant"] for r in rows)
         for v in variants:
@@ -221,18 +220,18 @@ def main(argv: list[str] | None = None) -> None:
             if not sel:
                 continue
             mark = "*" if v in SPREAD_VARIANTS else " "
-            print(f"{precision:9s} {v + mark:13s} " + " ".join(f"{max(r[q] for r in sel):16.2e}" for q in FIGURES))
+            print(f"{precision:9s} {v + mark:13s} " + " ".join(f"{max(r[q] for r in sel):16.2e}" for q in check.QUANTITIES))
         spread = {q: max(r[q] for r in rows if r["precision"] == precision and r["variant"] in SPREAD_VARIANTS)
-                  for q in FIGURES}
-        print(f"{precision:9s} {'spread':13s} " + " ".join(f"{spread[q]:16.2e}" for q in FIGURES))
+                  for q in check.QUANTITIES}
+        print(f"{precision:9s} {'spread':13s} " + " ".join(f"{spread[q]:16.2e}" for q in check.QUANTITIES))
         print(f"{precision:9s} {'x' + format(check.TOLERANCE_MULTIPLE, 'g'):13s} "
-              + " ".join(f"{spread[q] * check.TOLERANCE_MULTIPLE:16.2e}" for q in FIGURES))
-        print(f"{precision:9s} {'tolerance':13s} " + " ".join(f"{check.TOLERANCES[precision][q]:16.2e}" for q in FIGURES))
+              + " ".join(f"{spread[q] * check.TOLERANCE_MULTIPLE:16.2e}" for q in check.QUANTITIES))
+        print(f"{precision:9s} {'tolerance':13s} " + " ".join(f"{check.TOLERANCES[precision][q]:16.2e}" for q in check.QUANTITIES))
     print("(* reduction-order variants: the spread is their maximum)")
     print("\n# for mgbench/runner/check.py:\nMEASURED_SPREAD = {")
     for precision in args.precisions:
         spread = {q: max(r[q] for r in rows if r["precision"] == precision and r["variant"] in SPREAD_VARIANTS)
-                  for q in FIGURES}
+                  for q in check.QUANTITIES}
         print(f'    "{precision}": {{' + ", ".join(f'"{q}": {v:.2e}' for q, v in spread.items()) + "},")
     print("}")
 

@@ -1,4 +1,4 @@
-"""Rank entry point, started by torchrun: runs every config of one plan file.
+"""Rank entry point, started by torchrun: runs every config of one job file.
 
 One torchrun job per world size runs many configs, so process start-up and process
 group initialisation are paid once per group. Rank 0 appends one record per config to

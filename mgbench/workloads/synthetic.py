@@ -18,6 +18,9 @@ import torch
 # this skew give entropy 1.13 nats (when the successors differ): far below ln(vocab),
 # and not so peaked that one successor per token is all there is to learn.
 SUCCESSOR_PROBS = (0.55, 0.25, 0.12, 0.08)
+# The name records and cached references give this source: change it with the generator,
+# so that no reference computed on other data is reused.
+LEARNABLE_SOURCE = "markov1"
 # Seed offsets, so the table and the token streams are not the streams random_batch
 # draws for the same seed (they would be correlated otherwise).
 _TABLE_SALT = 0x5EED_7AB1

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from mgbench import store
+from mgbench.store import RunDir
 from tests.conftest import REPO
 
 
@@ -72,7 +73,7 @@ def test_slurm_submit_runs_a_smoke_suite(cli, tmp_path):
         if st["slurm_state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") or st["status"] == "complete":
             break
         time.sleep(3)
-    log = "".join(f.read_text() for f in (run / "logs").glob("slurm-*.out"))
+    log = "".join(f.read_text() for f in RunDir(run).slurm_outputs())
     recs = store.read_records(run)
     assert [r["status"] for r in recs] == ["ok"], log
     assert store.read_manifest(run)["slurm"]["job_id"]

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mgbench import collectives
-from mgbench.collectives import COMM_ROW_VERSION, load_fits, load_rows
+from mgbench import collectives, store
+from mgbench.record import COMM_ROW_VERSION
+from mgbench.store import load_comm_fits as load_fits, load_comm_rows as load_rows
 from mgbench.errors import MgbenchError
 from mgbench.store import RunDir
 
@@ -121,7 +122,7 @@ def test_rows_before_versioning_load_as_current(tmp_path):
 def test_rows_from_a_newer_mgbench_are_refused(tmp_path):
     shutil.copytree(FIXTURE, tmp_path / "run")
     run = RunDir(tmp_path / "run")
-    collectives.append_row(run, {"collective": "all_reduce"})  # stamped with today's version: fine
+    store.append_comm_row(run, {"collective": "all_reduce"})  # stamped with today's version: fine
     assert load_rows(run)[-1]["schema_version"] == COMM_ROW_VERSION
     with open(run.comm_rows, "a") as f:
         f.write(json.dumps({"schema_version": 999, "collective": "all_reduce"}) + "\n")

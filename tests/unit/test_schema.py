@@ -1,6 +1,5 @@
 """The declared schema: configs, records, run folders and their migrations."""
 
-import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -10,7 +9,7 @@ import pytest
 from mgbench import config, store
 from mgbench.config import IDENTITY_KEYS, PROCEDURE_KEYS, SWEEP_KEYS, RunConfig
 from mgbench.errors import MgbenchError
-from mgbench.record import RECORD_FIELDS, SCHEMA_VERSION, Record, config_from_record
+from mgbench.record import RECORD_FIELDS, SCHEMA_VERSION, Record, config_from_record, identity_of_record
 from mgbench.report.compare import compare_runs
 from mgbench.suite import expand, parse_suite
 from tests.factories import make_config, make_record, make_run
@@ -86,7 +85,7 @@ def test_record_round_trips_and_identity_matches_config():
     flat = json.loads(json.dumps(make_record(cfg, step_times_s=[0.1, 0.2, 0.3]).to_dict()))
     assert flat["schema_version"] == SCHEMA_VERSION and flat["model_layers"] == cfg.shape.layers
     assert flat["label"].endswith("grad_compression=fp16 seed=1")
-    assert config.identity_of_record(flat) == cfg.identity()
+    assert identity_of_record(flat) == cfg.identity()
     assert config_from_record(flat) == cfg
     with pytest.raises(TypeError):
         Record(cfg, "r", "ok", not_a_declared_field=1)  # every field is declared once, in Record

@@ -68,7 +68,7 @@ def test_resolve_run_errors(tmp_path):
 def test_run_folders_are_never_reused(tmp_path):
     make_run(tmp_path)
     with pytest.raises(MgbenchError, match="already exists"):
-        store.create_run_dir(tmp_path / "results", "r1")
+        store.RunDir.create(tmp_path / "results", "r1")
 
 
 def test_atomic_write_leaves_no_temp_files(tmp_path):
