@@ -321,7 +321,8 @@ def keys_markdown() -> str:
     """README's table of suite keys, generated from the schema."""
     rows = ["| key | default | role | what it sets |", "|---|---|---|---|"]
     for name, (_, default, help_text) in SWEEP_KEYS.items():
-        rows.append(f"| `{name}` | `{json.dumps(default)}` | {FIELDS[name].metadata['role']} | {help_text} |")
+        cell = help_text.replace("|", "\\|")  # a | inside a cell would end it
+        rows.append(f"| `{name}` | `{json.dumps(default)}` | {FIELDS[name].metadata['role']} | {cell} |")
     return "\n".join(rows)
 
 
