@@ -7,7 +7,8 @@ from mgbench import store
 
 @pytest.mark.slow
 def test_parallelism_suite_on_4_ranks_is_ok_and_correct(cli, tmp_path):
-    p = cli("run", "parallelism", "--run-id", "par")
+    # Every layout ok and correct: the timed window only needs to exist.
+    p = cli("run", "parallelism", "--run-id", "par", "--set", "warmup_steps=1", "--set", "measured_steps=2")
     assert p.returncode == 0, p.stderr + p.stdout
     recs = store.read_records(tmp_path / "results" / "par")
     got = {(r["strategy"], r.get("pp_schedule") if r["strategy"] in ("pp", "pp+tp+dp") else None,
