@@ -3,16 +3,12 @@ import pytest
 
 from mgbench.errors import MgbenchError
 from mgbench.planner import calibrate
-
-SHAPE = {"model_layers": 2, "model_hidden": 64, "model_heads": 4, "model_kv_heads": 2, "model_ffn_hidden": 176,
-         "model_vocab": 256, "model_mlp": "swiglu", "model_tie_embeddings": False, "model_head_dim": None,
-         "model_name": "tiny"}
-
+from tests.factories import make_config, make_record
 
 def record(strategy, n, step):
-    return {"status": "ok", "strategy": strategy, "nproc": n, "seq_len": 64, "micro_batch": 2, "grad_accum": 1,
-            "activation_checkpointing": "none", "precision": "fp32", "device": "cpu", "device_name": "cpu: test",
-            "config_id": f"{strategy}-{n}", "label": f"{strategy} n={n}", "step_time_s": step, **SHAPE}
+    """A flat record as the store reads it back, built through the schema."""
+    cfg = make_config(strategy=strategy, nproc=n, seq_len=64, micro_batch=2)
+    return make_record(cfg, step_time_s=step, device_name="cpu: test").to_dict()
 
 
 def synthetic(F=2e10, call=1e-3, alpha=2e-3):
