@@ -178,7 +178,8 @@ class RunConfig:
     powersgd_rank: int = key(2, integer(1), "matrix rank of PowerSGD's low-rank gradient approximation",
                              applies=lambda p: p["grad_compression"] == "powersgd")
     # how it is measured
-    warmup_steps: int = key(3, integer(0), "untimed steps before the measured window", PROCEDURE)
+    warmup_steps: int = key(3, integer(0), "untimed steps before the measured window (the correctness window's "
+                            "steps, on the same model, count among them)", PROCEDURE)
     measured_steps: int = key(10, integer(2), "timed optimizer steps per repeat", PROCEDURE)
     repeats: int = key(1, integer(1), "measured windows per config", PROCEDURE)
     rounds: int = key(1, integer(1), "measure each config in this many rounds, interleaved with the other configs of "
@@ -186,9 +187,10 @@ class RunConfig:
                       "and warms up again. For shared or noisy machines, whose speed drifts over minutes", PROCEDURE)
     seed: int = key(0, integer(0), "seed of the weights, the random tokens and the check window's learnable data",
                     PROCEDURE)
-    check_steps: int = key(3, integer(0), "steps of the correctness window (a fresh model on learnable data, before "
-                           "the timed steps) whose loss, step-1 gradient norm and final weights are checked against "
-                           "the single-process reference (0: no check)", PROCEDURE)
+    check_steps: int = key(3, integer(0), "steps of the correctness window (the fresh model on learnable data, "
+                           "before the timed steps; a model of its own when a bug is injected) whose loss, step-1 "
+                           "gradient norm and final weights are checked against the single-process reference "
+                           "(0: no check)", PROCEDURE)
     timeout_s: int = key(900, integer(1), "seconds a config (each round of it) may take before its job is stopped",
                          PROCEDURE)
     profile: bool = key(False, boolean, "after the timed window, profile a few steps and split them into compute / "

@@ -115,7 +115,13 @@ def check_window(prep: Prepared, batches: Sequence[list[MicroBatch]], device: to
 
     # Runs after any hook a bug added: the norm is that of the gradients the optimizer gets.
     hooks.before_optimizer.append(capture)
-    losses = [train_step(prep, b, device, precision, hooks) for b in batches]
+    losses = []
+    for i, b in enumerate(batches):
+        for f in hooks.before_step:
+            f(i)
+        losses.append(train_step(prep, b, device, precision, hooks))
+        for g in hooks.after_step:
+            g()
     hooks.before_optimizer.remove(capture)
     if losses:
         # Loss-holding ranks' losses, weighted so the sum over ranks is the global mean.
@@ -131,6 +137,26 @@ def check_window(prep: Prepared, batches: Sequence[list[MicroBatch]], device: to
             "param_delta_norm": delta_norm}
 
 
+def check_prepared(cfg: Any, prep: Prepared, device: torch.device, hooks: StepHooks | None = None,
+                   bug: str | None = None) -> dict[str, Any]:
+    """The check window on a freshly prepared model (every rank together): ``cfg.check_steps``
+    steps at CHECK_LR on learnable data split over the data-parallel ranks as
+    ``rank_batches`` splits the timed data, with ``bug`` applied first if given; the
+    model's learning rate is restored after, so the timed steps can follow on the same
+    model (never after a bug). Returns the gathered figures."""
+    lrs = [g["lr"] for g in prep.optimizer.param_groups]
+    set_lr(prep, CHECK_LR)
+    if bug:  # after the check's lr, which bug:freeze overrides
+        hooks = apply_bug(prep, bug)
+    batches = rank_batches(cfg.seed, range(cfg.check_steps), prep.dp_rank, cfg.micro_batch, cfg.grad_accum,
+                           prep.dp_size, cfg.seq_len, cfg.shape.vocab, device, source=learnable_batch)
+    out = check_window(prep, batches, device, cfg.precision, stage_ranks=dist.get_world_size() // max(cfg.pp, 1),
+                       distributed=True, hooks=hooks)
+    for group, lr in zip(prep.optimizer.param_groups, lrs):
+        group["lr"] = lr
+    return out
+
+
 def run_check(cfg: Any, device: torch.device) -> dict[str, Any]:
     """The config's check window on this rank; every rank of the job calls it together.
 
@@ -143,14 +169,7 @@ def run_check(cfg: Any, device: torch.device) -> dict[str, Any]:
     bug = bug_of(cfg.inject)
     if cfg.check_steps == 0:
         return {"losses": [], "grad_norm": None, "param_norm": None, "param_delta_norm": None, "bug": bug}
-    prep = prepare(cfg, device)
-    set_lr(prep, CHECK_LR)
-    hooks = apply_bug(prep, bug) if bug else StepHooks()
-    batches = rank_batches(cfg.seed, range(cfg.check_steps), prep.dp_rank, cfg.micro_batch, cfg.grad_accum,
-                           prep.dp_size, cfg.seq_len, cfg.shape.vocab, device, source=learnable_batch)
-    world = dist.get_world_size()
-    out = check_window(prep, batches, device, cfg.precision, stage_ranks=world // max(cfg.pp, 1),
-                       distributed=True, hooks=hooks)
+    out = check_prepared(cfg, prepare(cfg, device), device, bug=bug)
     out["bug"] = bug
     return out
 

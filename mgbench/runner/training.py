@@ -28,10 +28,14 @@ class StepHooks:
         compute their losses inside the schedule and do not call it.
     before_optimizer: called in order after every backward and gradient reduction of
         the step (pipelines: after the schedule), just before the optimizer step.
+    before_step(i) / after_step(): around each step of a check window (the fault
+        injector, when the window stands in for the first warm-up steps).
     """
 
     backward_loss: Callable[[int, torch.Tensor], torch.Tensor] | None = None
     before_optimizer: list[Callable[[Prepared], None]] = field(default_factory=list)
+    before_step: list[Callable[[int], None]] = field(default_factory=list)
+    after_step: list[Callable[[], None]] = field(default_factory=list)
 
 
 def rank_batches(

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from .. import stats, store
 from ..catalog import peak_tflops
 from ..config import RunConfig
+from ..faults import bug_of
 from ..record import RankFigures, Record, backend_of
 from ..store import RunDir
 from ..strategies.apply import prepare
@@ -37,9 +38,9 @@ from ..telemetry.energy import EnergyMeter
 from ..telemetry.memory import read_peak, reset_peak
 from ..telemetry.machine import cpu_model
 from . import reference
-from .check import compare_check, run_check
+from .check import check_prepared, compare_check, run_check
 from .inject import Injector
-from .training import rank_batches, train_step
+from .training import StepHooks, rank_batches, train_step
 
 # Exit status of a rank that failed a config on purpose (after writing its failure
 # file): the launcher tells it apart from a rank that died without a word.
@@ -61,10 +62,13 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
             check: bool = True) -> RankFigures:
     """Build, warm up and time one config (one round of it) on this rank; returns this
     rank's raw figures. ``profile``: run the profiled window when the config asks for
-    one; ``check``: run the correctness window first (a model of its own, on learnable
-    data, before anything is timed, so the throughput figures do not see it)."""
+    one; ``check``: run the correctness window first, on learnable data before anything
+    is timed, so the throughput figures do not see it."""
     inject = Injector(cfg.inject, dist.get_rank())
-    checked = run_check(cfg, device) if check and cfg.check_steps else None
+    check = check and cfg.check_steps > 0
+    # An injected bug breaks the model it is applied to: its check window gets a model of
+    # its own, so the bug never reaches the timed steps.
+    checked = run_check(cfg, device) if check and bug_of(cfg.inject) else None
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -79,7 +83,14 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
 
     losses: list[torch.Tensor] = []
     t0 = time.perf_counter()
-    for step in range(cfg.warmup_steps):
+    first = 0
+    if check and checked is None:
+        # The check window stands in for the first warm-up steps (same model, untimed,
+        # its own data and lr), so checking costs no more steps than it must.
+        checked = check_prepared(cfg, prep, device, StepHooks(before_step=[inject.before_step],
+                                                              after_step=[inject.after_step]))
+        first = min(cfg.check_steps, cfg.warmup_steps)
+    for step in range(first, cfg.warmup_steps):
         inject.before_step(step)
         losses.append(train_step(prep, batches[step], device, cfg.precision))
         inject.after_step()
