@@ -88,7 +88,7 @@ def test_six_config_fault_suite(cli, tmp_path):
 
 
 def test_sigkill_mid_sweep_then_resume_records_every_config_once(tmp_path, cli):
-    proc = popen_run(tmp_path, "smoke", "--run-id", "k", "--set", "measured_steps=20")
+    proc = popen_run(tmp_path, "smoke", "--run-id", "k", "--set", "measured_steps=20", "--set", "nproc=[1]")
     rec_file = tmp_path / "results" / "k" / "records.jsonl"
     assert wait_for(lambda: rec_file.exists() and len(rec_file.read_text().splitlines()) >= 3)
     proc.send_signal(signal.SIGKILL)
@@ -116,6 +116,7 @@ nproc = 2
 seq_len = 16
 warmup_steps = 1
 measured_steps = 3
+check_steps = 0
 inject = ["slow@rank=1,factor=100", "none"]
 """)
     proc = popen_run(tmp_path, "h.toml", "--run-id", "i")
