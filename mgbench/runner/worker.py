@@ -90,6 +90,10 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
         checked = check_prepared(cfg, prep, device, StepHooks(before_step=[inject.before_step],
                                                               after_step=[inject.after_step]))
         first = min(cfg.check_steps, cfg.warmup_steps)
+        # The window held a copy of the initial weights (for their change): a new peak
+        # window, so the recorded peak is the training steps', not the check's.
+        gc.collect()
+        reset_peak(device)
     for step in range(first, cfg.warmup_steps):
         inject.before_step(step)
         losses.append(train_step(prep, batches[step], device, cfg.precision))
