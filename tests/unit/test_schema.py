@@ -91,6 +91,13 @@ def test_record_round_trips_and_identity_matches_config():
         Record(cfg, "r", "ok", not_a_declared_field=1)  # every field is declared once, in Record
 
 
+def test_a_failure_record_needs_a_failure_status():
+    with pytest.raises(ValueError):
+        Record.failed(make_config(), "r", "ok", "not a failure")
+    rec = Record.failed(make_config(), "r", "timeout", "still running").to_dict()
+    assert rec["status"] == "timeout" and rec["step_time_s"] is None and rec["backend"] == "gloo"
+
+
 def test_every_record_field_has_unit_and_help():
     for name, f in RECORD_FIELDS.items():
         if name in ("run_id", "status"):
@@ -111,6 +118,8 @@ def test_run_folder_of_schema_v1_still_loads(tmp_path):
     new_labels = {r["label"] for r in recs}
     assert len(old_labels) < 20 and len(new_labels) == 20  # v1 merged labels of fp16-compressed configs
     assert store.read_manifest(run)["schema_version"] == SCHEMA_VERSION
+    # The v1 check compared losses on random tokens only: its verdict is kept, and marked.
+    assert all("could not detect a frozen model" in r["check_data"] for r in recs if r.get("correct") is not None)
     rows = compare_runs(str(run), str(run), tmp_path)
     assert len(rows) == 20
     df = store.load([run])
