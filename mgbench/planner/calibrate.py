@@ -122,8 +122,9 @@ def fit_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     flops_per_s = 1.0 / coef[0] if coef[0] > 0 else None
     peak = recs[0].get("peak_tflops")
     rows = [{"config_id": r["config_id"], "label": r["label"], "measured_s": float(m), "fitted_s": float(p),
-             "residual_pct": 100.0 * (p - m) / m, "loo_predicted_s": lo, "loo_error_pct": 100.0 * (lo - m) / m}
+             "residual_pct": 100.0 * (p - m) / m, **_loo_figures(lo, float(m))}
             for r, m, p, lo in zip(recs, y, pred, loo)]
+    loo_errors = [abs(r["loo_error_pct"]) for r in rows if r["loo_error_pct"] is not None]
     return {
         "device_name": device,
         "accelerator": catalog.match_accelerator(device),
@@ -137,8 +138,23 @@ def fit_records(records: list[dict[str, Any]]) -> dict[str, Any]:
         "overlap": overlap,
         "rows": rows,
         "fit_mean_abs_error_pct": float(np.mean([abs(r["residual_pct"]) for r in rows])),
-        "loo_mean_abs_error_pct": float(np.mean([abs(r["loo_error_pct"]) for r in rows])),
+        "loo_mean_abs_error_pct": float(np.mean(loo_errors)) if loo_errors else None,
+        "loo_predicted_configs": len(loo_errors),
     }
+
+
+def _loo_figures(predicted: float, measured: float) -> dict[str, Any]:
+    """A held-out prediction, or null with the reason when the fit on the rest says nothing.
+
+    With few configs the non-negative fit on the others can drop every term (all
+    coefficients zero, or zero up to rounding): its "prediction" of ~0 s is no prediction,
+    not a 100% error.
+    """
+    if predicted <= 1e-6 * measured:
+        return {"loo_predicted_s": None, "loo_error_pct": None,
+                "loo_null_reason": "the fit on the other configs attributes no time to any term"}
+    return {"loo_predicted_s": predicted, "loo_error_pct": 100.0 * (predicted - measured) / measured,
+            "loo_null_reason": None}
 
 
 def fit_run(run: str, results_dir: str = "results") -> dict[str, Any]:

@@ -139,9 +139,13 @@ def _print_calibration(fit: dict[str, Any], as_json: bool) -> None:
     click.echo(f"  latency per ring step {fit['alpha_s_per_step'] * 1e3:.3f} ms, per collective call "
                f"{fit['seconds_per_collective_call'] * 1e3:.3f} ms, overlap {fit['overlap']:.1f}")
     click.echo(tabulate([[r["label"], f"{r['measured_s']:.4f}", f"{r['fitted_s']:.4f}", f"{r['residual_pct']:+.1f}%",
-                          f"{r['loo_predicted_s']:.4f}", f"{r['loo_error_pct']:+.1f}%"] for r in fit["rows"]],
+                          *((f"{r['loo_predicted_s']:.4f}", f"{r['loo_error_pct']:+.1f}%")
+                            if r["loo_predicted_s"] is not None else ("-", "-"))] for r in fit["rows"]],
                         headers=["config", "measured s", "fitted s", "residual", "leave-one-out s", "LOO error"]))
-    click.echo(f"mean |residual| {fit['fit_mean_abs_error_pct']:.1f}%, mean |leave-one-out error| {fit['loo_mean_abs_error_pct']:.1f}%")
+    loo = fit["loo_mean_abs_error_pct"]
+    click.echo(f"mean |residual| {fit['fit_mean_abs_error_pct']:.1f}%, mean |leave-one-out error| "
+               + (f"{loo:.1f}% over {fit['loo_predicted_configs']} of {fit['num_configs']} configs" if loo is not None
+                  else "- (no held-out fit attributed time to any term)"))
 
 
 @deferred_command(lambda: [MODEL.but(required=True), *plan_group(), *PRICES, *CALIBRATION_GROUP, JSON])

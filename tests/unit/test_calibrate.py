@@ -56,3 +56,18 @@ def test_too_few_records():
 def test_cpu_fit_cannot_be_applied_to_a_gpu():
     with pytest.raises(MgbenchError, match="no catalog peak"):
         calibrate.hardware_overrides(calibrate.fit_records(synthetic()))
+
+
+def test_a_held_out_config_no_term_explains_is_null_with_reason():
+    # single-GPU has no comm terms; the two DDP configs alone are fitted by comm terms only
+    # (their step time falls as compute doubles), so the held-out single config gets ~0 s.
+    recs = [record("single", 1, 1.0), record("ddp", 2, 0.5), record("ddp", 4, 0.3)]
+    fit = calibrate.fit_records(recs)
+    single = next(r for r in fit["rows"] if "single" in r["label"])
+    assert single["loo_predicted_s"] is None and single["loo_error_pct"] is None
+    assert "no time" in single["loo_null_reason"]
+    assert fit["loo_predicted_configs"] == 2
+    others = [r for r in fit["rows"] if r is not single]
+    assert fit["loo_mean_abs_error_pct"] == pytest.approx(np.mean([abs(r["loo_error_pct"]) for r in others]))
+    recs[2]["step_time_s"] = 3.0  # now compute is attributed, barely: still not a prediction
+    assert next(r for r in calibrate.fit_records(recs)["rows"] if "single" in r["label"])["loo_predicted_s"] is None
