@@ -36,27 +36,61 @@ def accelerator(key: str) -> dict[str, Any]:
     return acc[key]
 
 
-def match_accelerator(device_name: str) -> str | None:
-    """Catalog id of the accelerator whose ``match`` patterns fit a device name.
+def _fits(patterns: list[str], device_name: str) -> bool:
+    return any(re.search(p, device_name, re.IGNORECASE) for p in patterns)
 
-    Returns None for devices the catalog does not know (a CPU, a new GPU): callers
-    then report peak-based figures such as MFU as null.
+
+def match_accelerator(device_name: str, memory_gib: float | None = None) -> str | None:
+    """Catalog id of the accelerator a device is, from the name torch / NVML report and,
+    where variants share a name, its total memory (GiB, as torch reports it).
+
+    First every entry's ``match`` patterns, in file order (more specific entries come
+    first: "H200 NVL" before "H200"); a name no pattern claims then goes to the entry
+    whose ``match_by_memory`` names fit it and whose ``memory_gib`` range holds the
+    device's memory (a bare "NVIDIA A100": 40 or 80 GB). Returns None for devices the
+    catalog does not know (a CPU, a new GPU) and for a shared name whose memory is not
+    given: callers then report peak-based figures such as MFU as null.
     """
-    for key, acc in accelerators().items():
-        if any(re.search(p, device_name, re.IGNORECASE) for p in acc.get("match", [])):
+    accs = accelerators()
+    for key, acc in accs.items():
+        if _fits(acc.get("match", []), device_name):
             return key
+    if memory_gib is not None:
+        for key, acc in accs.items():
+            by_mem = acc.get("match_by_memory")
+            if by_mem and by_mem["memory_gib"][0] <= memory_gib <= by_mem["memory_gib"][1] \
+                    and _fits(by_mem["names"], device_name):
+                return key
     return None
 
 
-def peak_tflops(device_name: str, precision: str) -> tuple[float | None, str]:
-    """Dense peak TFLOPS of a device at a precision, with the reason when unknown."""
-    key = match_accelerator(device_name)
+def peak_precision(precision: str, fp32_matmul: str = "ieee") -> str:
+    """The catalog peak a config's MFU divides by: its precision, except fp32 whose matmuls
+    ran on TF32 tensor cores (``fp32_matmul = "tf32"``), which reaches the tf32 peak."""
+    return "tf32" if precision == "fp32" and fp32_matmul == "tf32" else precision
+
+
+def peak_tflops(device_name: str, precision: str, memory_gib: float | None = None,
+                fp32_matmul: str = "ieee") -> tuple[float | None, str]:
+    """Dense peak TFLOPS of a device at a precision, with the reason when unknown (or its
+    source when known). ``memory_gib`` tells variants that share a name apart;
+    ``fp32_matmul`` ("ieee" or "tf32") says how fp32 matmuls ran (see peak_precision)."""
+    key = match_accelerator(device_name, memory_gib)
     if key is None:
+        shared = [k for k, a in accelerators().items()
+                  if a.get("match_by_memory") and _fits(a["match_by_memory"]["names"], device_name)]
+        if shared and memory_gib is None:
+            return None, (f"device name {device_name!r} is shared by {', '.join(shared)}, which differ in memory, "
+                          "and the device's memory is unknown")
+        if shared:
+            return None, f"device {device_name!r} with {memory_gib:.1f} GiB fits none of {', '.join(shared)}"
         return None, f"no peak FLOPS in the catalog for device {device_name!r}"
-    value = accelerators()[key].get("tflops", {}).get(precision)
+    kind = peak_precision(precision, fp32_matmul)
+    value = accelerators()[key].get("tflops", {}).get(kind)
     if value is None:
-        return None, f"catalog has no {precision} peak for {key}"
-    return float(value), f"{key} {precision} peak from {accelerators()[key]['source']}"
+        return None, f"catalog has no {kind} peak for {key}"
+    note = " (fp32 matmuls on TF32 tensor cores)" if kind != precision else ""
+    return float(value), f"{key} {kind} peak{note} from {accelerators()[key]['source']}"
 
 
 def links() -> dict[str, dict[str, Any]]:

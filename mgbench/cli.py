@@ -57,12 +57,15 @@ def main(ctx: click.Context, debug: bool) -> None:
 @options(NPROC_PER_NODE)
 @click.option("--from-slurm", is_flag=True, help="Take --nnodes/--node-rank/--rdzv-endpoint from the Slurm allocation (SLURM_*).")
 @click.option("--no-report", is_flag=True, help="Do not write the HTML report at the end.")
+@click.option("--no-projection", is_flag=True,
+              help="Do not close with the projection (catalog hardware, and the model checked against this "
+                   "machine; the default suite probes the machine first when it has no profile).")
 @click.option("--reports-dir", default="reports", show_default=True, help="Where the HTML report goes.")
 @options(JSON)
 def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, ...], device: str,
         timeout: int | None, resume: str | None, dry_run: bool, nnodes: int, node_rank: int,
         rdzv_endpoint: str | None, nproc_per_node: int | None, from_slurm: bool, no_report: bool,
-        reports_dir: str, as_json: bool) -> None:
+        no_projection: bool, reports_dir: str, as_json: bool) -> None:
     """Run a benchmark SUITE (a .toml path or a name in suites/; default: default).
 
     Expands the suite's sweep into configs, runs them through torchrun (one job per
@@ -119,6 +122,8 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
         click.echo(f"{len(configs)} configs, {sum(c.skip_reason is None for c in configs)} runnable on {count} {kind} device(s)")
         return
     click.echo(f"suite {s.name} ({s.path}) on {count} {kind} device(s)", err=as_json)
+    if s.name == "default" and not resume and not no_projection and cluster is None:
+        _probe_once(kind, results_dir, lambda m: click.echo(m, err=as_json))
     run_dir = run_suite(s, results_dir=results_dir, run_id=run_id, device_kind=kind, num_devices=count,
                         progress=lambda m: click.echo(m, err=as_json), resume=resume, cluster=cluster)
     if cluster is not None and not cluster.leader:
@@ -129,6 +134,12 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
     else:
         click.echo("")
         click.echo(render(run_dir, "table"))
+        if not no_projection:
+            from .planner.projection import lines, projection
+
+            click.echo("")
+            for line in lines(projection(run_dir, results_dir)):
+                click.echo(line)
         click.echo(f"\nresults: {run_dir}")
     if not no_report:
         from .report.html import build
@@ -139,6 +150,27 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
 
     if store.read_manifest(run_dir)["status"] == "interrupted":
         sys.exit(130)
+
+
+def _probe_once(kind: str, results_dir: str, progress) -> None:  # type: ignore[no-untyped-def]
+    """Probe this machine before the default run when no profile of it exists yet, so the
+    run can close by checking the model's prediction against what it measured. Done
+    first, so the run stays the newest folder; a failed probe costs only the check."""
+    import socket
+
+    from .store import profiles_dir
+
+    if list(profiles_dir(results_dir).glob(f"{socket.gethostname()}-{kind}-*.json")):
+        return
+    from .probe.profile import write_profile
+    from .probe.run import default_path, probe
+
+    progress("probing this machine first (once; `mgbench probe` redoes it, --no-projection skips it)")
+    try:
+        prof = probe(device=kind, results_dir=results_dir, progress=lambda m: progress(f"  probe: {m}"))
+        progress(f"  profile: {write_profile(prof, default_path(prof, results_dir))}")
+    except MgbenchError as e:
+        progress(f"  probe failed ({e}); the run goes on without the check against this machine")
 
 
 @main.command()
@@ -274,7 +306,9 @@ def compare(base: str, new: str, results_dir: str, metric: str, threshold: float
 
 
 @main.command()
-@click.option("--nproc", type=int, default=2, show_default=True, help="Ranks (GPUs, or CPU ranks without GPUs).")
+@click.option("--nproc", type=int, default=None,
+              help="Ranks (default: every GPU present; 2 CPU ranks without GPUs). One GPU measures copy "
+                   "bandwidth only: collectives need 2 or more ranks.")
 @options(DEVICE)
 @click.option("--collectives", default=",".join(COLLECTIVE_NAMES), show_default=True,
               help="Comma-separated collectives to measure (the registry in mgbench/collectives.py).")
@@ -291,7 +325,9 @@ def compare(base: str, new: str, results_dir: str, metric: str, threshold: float
 @options(JSON)
 def comm(nproc, device, collectives, dtypes, min_bytes, max_bytes, factor, warmup, iters, link, results_dir,
          run_id, timeout, nnodes, node_rank, rdzv_endpoint, as_json) -> None:  # type: ignore[no-untyped-def]
-    """Measure collectives like nccl-tests: time, algbw, busbw, #wrong, alpha-beta fit.
+    """Measure collectives like nccl-tests: time, algbw, busbw, #wrong, alpha-beta fit;
+    on GPUs also copy bandwidth (device to device, host to device and back, pinned and
+    pageable).
 
     Also records the detected interconnect (NVLink, PCIe, InfiniBand, NCCL) in the run's
     manifest, and stores the sweep as a run that reports and the planner can load.
@@ -306,7 +342,7 @@ def comm(nproc, device, collectives, dtypes, min_bytes, max_bytes, factor, warmu
     """
     import json as _json
 
-    from .comm.run import render, run_comm
+    from .comm.run import default_nproc, render, run_comm
     from .store import load_comm_fits, load_comm_rows
     from .launching import cpu_rank_limit, detect_devices
 
@@ -315,6 +351,7 @@ def comm(nproc, device, collectives, dtypes, min_bytes, max_bytes, factor, warmu
         kind, count = "cpu", cpu_rank_limit()
     elif device == "cuda" and kind != "cuda":
         raise MgbenchError("--device cuda: no CUDA device is visible; use --device cpu")
+    nproc = default_nproc(kind, count) if nproc is None else nproc
     if nproc < 1 or nproc > count:
         raise MgbenchError(f"--nproc {nproc}: this machine allows 1 to {count} {kind} rank(s)")
     cluster = None
@@ -350,11 +387,14 @@ def comm(nproc, device, collectives, dtypes, min_bytes, max_bytes, factor, warmu
 @click.option("--partition", default=None)
 @click.option("--time", "time_limit", default=None, help="Slurm time limit, e.g. 02:00:00.")
 @click.option("--account", default=None)
+@click.option("--cpus-per-gpu", type=int, default=None,
+              help="Cores per rank; the job asks for this x --gpus-per-node per node (default: 4 per GPU, 1 per CPU rank).")
+@click.option("--mem", default=None, help="Slurm memory per node, e.g. 256G (default for GPU jobs: 0 = all of it).")
 @options(DEVICE, OVERRIDES, RESULTS_DIR, RUN_ID)
 @click.option("--submit", is_flag=True, help="Submit with sbatch and print the job id.")
 def slurm(suite: str, nodes: int, gpus_per_node: int, partition: str | None, time_limit: str | None,
-          account: str | None, device: str, overrides: tuple[str, ...], results_dir: str, run_id: str | None,
-          submit: bool) -> None:
+          account: str | None, cpus_per_gpu: int | None, mem: str | None, device: str, overrides: tuple[str, ...],
+          results_dir: str, run_id: str | None, submit: bool) -> None:
     """Write (and with --submit, submit) a Slurm batch job that runs SUITE on NODES nodes.
 
     The script runs one `mgbench run --from-slurm` per node through srun; torchrun starts
@@ -376,13 +416,20 @@ def slurm(suite: str, nodes: int, gpus_per_node: int, partition: str | None, tim
 
     if nodes < 1 or gpus_per_node < 1:
         raise MgbenchError("--nodes and --gpus-per-node must be >= 1")
+    if cpus_per_gpu is not None and cpus_per_gpu < 1:
+        raise MgbenchError(f"--cpus-per-gpu {cpus_per_gpu}: give at least 1 core per rank")
+    if mem is not None:
+        from .cluster import check_mem
+
+        check_mem(mem)
     kind = detect_devices()[0] if device == "auto" else device
     s = suite_mod.load_suite(suite, kind)
     if overrides:
         suite_mod.apply_overrides(s, list(overrides))
     run_dir, manifest = create_run(s, results_dir, run_id, kind, nodes * gpus_per_node, status="submitted")
     script = run_dir.sbatch
-    script.write_text(sbatch_script(run_dir.path, s.name, nodes, gpus_per_node, kind, partition, time_limit, account))
+    script.write_text(sbatch_script(run_dir.path, s.name, nodes, gpus_per_node, kind, partition, time_limit, account,
+                                    cpus_per_gpu=cpus_per_gpu, mem=mem))
     manifest["slurm"] = {"nodes": nodes, "gpus_per_node": gpus_per_node, "script": run_dir.relative(script),
                          "job_id": None}
     if submit:
@@ -428,6 +475,7 @@ def status(run: str, results_dir: str, as_json: bool) -> None:
 
 from .config import keys_help  # noqa: E402
 from .planner.commands import memory, plan, predict  # noqa: E402
+from .probe.commands import probe  # noqa: E402
 
 # The suite keys, generated from the config schema (mgbench/config.py), so --help
 # cannot drift from what suites accept. \b keeps click from rewrapping the list.
@@ -436,6 +484,7 @@ run.epilog = "\b\nSuite keys (in a [sweep] table or with --set KEY=VALUE; defaul
 main.add_command(memory)
 main.add_command(predict)
 main.add_command(plan)
+main.add_command(probe)
 
 
 if __name__ == "__main__":

@@ -226,8 +226,12 @@ DIMS = (
     opt("--hidden", type=int, help="Custom model: hidden size."),
     opt("--heads", type=int, help="Custom model: attention heads."),
     opt("--kv-heads", type=int, help="Custom model: key/value heads (grouped-query attention; default: --heads)."),
-    opt("--ffn-hidden", type=int, help="Custom model: MLP hidden size."),
+    opt("--ffn-hidden", type=int,
+        help="Custom model: MLP hidden size (default: 4h for gelu; 8h/3 rounded up to 256 for swiglu, as Llama)."),
     opt("--vocab", type=int, help="Custom model: vocabulary size."),
+    opt("--mlp", type=click.Choice(["swiglu", "gelu"]), help="Custom model: MLP kind (default: swiglu)."),
+    opt("--tie-embeddings", is_flag=True, default=None,
+        help="Custom model: the output projection shares the embedding's weights (GPT-2 style)."),
 )
 DIM_NAMES = tuple(o.flag[2:].replace("-", "_") for o in DIMS)
 
@@ -252,7 +256,8 @@ def layout_group() -> list[Opt]:
         opt("--zero", type=int, default=0, show_default=True, help="ZeRO stage 0-3 over the data-parallel group."),
         plan_field("precision"),
         opt("--recompute", type=click.Choice(list(RECOMPUTE)), default=RECOMPUTE[0], show_default=True,
-            help="Activation recomputation (Korthikanti et al. 2022)."),
+            help="Activation checkpointing, as the runner does it: every_2nd recomputes every second block, "
+                 "full every block."),
         opt("--sequence-parallel", is_flag=True, help="Shard norms and dropout over the tensor-parallel group."),
         opt("--no-flash-attention", is_flag=True,
             help="Attention scores are materialised (5 a s^2 b bytes per layer)."),
@@ -261,6 +266,18 @@ def layout_group() -> list[Opt]:
         opt("--virtual-stages", type=int, default=1, show_default=True,
             help="Model chunks per pipeline rank (interleaved)."),
     ]
+
+
+# `mgbench memory --trace`: run the real model and strategy on fake tensors.
+TRACE = opt("--trace", is_flag=True,
+            help="Also build the model and strategy for real on fake tensors (nothing is allocated) at this world "
+                 "size, train two steps, and report the tracked peak per category next to the model's.")
+LARGEST_LAYER = opt("--largest-layer-params", type=float, default=None, metavar="N",
+                    help="With --params under ZeRO-3: parameters of the largest layer, gathered whole (twice: "
+                         "computed and prefetched) on every GPU; the input DeepSpeed's estimator takes.")
+TRACE_STRATEGY = opt("--strategy", "trace_strategy", default=None, metavar="NAME",
+                     help="With --trace: the runner strategy to trace (default: the one the layout describes, "
+                          "e.g. fsdp for --zero 3).")
 
 
 def overlap_option() -> Opt:
@@ -282,6 +299,12 @@ CALIBRATE = opt("--calibrate", "calibrate_run",
 COMM_RUN = opt("--comm", "comm_run",
                help="A `mgbench comm` run: its measured link bandwidth and latency replace the catalog's for its GPU.")
 
+
+HARDWARE = opt("--hardware", "hardware_profile", metavar="PROFILE",
+               help="A profile written by `mgbench probe`: predict with this machine's measured throughputs "
+                    "instead of catalog constants.")
+AGAINST = opt("--against", "against_run", metavar="RUN",
+              help="With --hardware: predict every ok config of this measured run and report the errors.")
 
 # --calibrate RUN, --comm RUN and the --results-dir they are looked up in.
 CALIBRATION_GROUP = (CALIBRATE, COMM_RUN, RESULTS_DIR)

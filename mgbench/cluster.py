@@ -4,6 +4,7 @@ a Slurm allocation into a multi-node launch."""
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -15,6 +16,23 @@ from .store import RunDir
 from .launching import Cluster
 
 RDZV_PORT = 29500
+# Cores per GPU rank a GPU job asks for unless told (--cpus-per-gpu): the rank's Python
+# thread, CUDA's and NCCL's own threads (the NCCL proxy per communicator) and torch's
+# intra-op pool each want a core, and a site without per-GPU defaults otherwise gives the
+# whole task one core, which all ranks of the node share. 4 fits the smallest common
+# GPU nodes (4 GPUs, 16 cores); DGX-class nodes have 14-16 per GPU.
+DEFAULT_CPUS_PER_GPU = 4
+# Memory of a GPU job unless told (--mem): 0 is Slurm's "all of each node's memory"
+# (sbatch --mem), right for a job that holds every GPU of its nodes.
+DEFAULT_GPU_MEM = "0"
+MEM_FORMAT = re.compile(r"^\d+[KMGT]?$", re.IGNORECASE)
+
+
+def check_mem(mem: str) -> str:
+    """A Slurm --mem value (per node: a number of MB, or with a K/M/G/T suffix; 0 = all)."""
+    if not MEM_FORMAT.match(mem):
+        raise MgbenchError(f"--mem {mem!r}: give Slurm's memory per node, e.g. 0 (all of it), 256G or 512000 (MB)")
+    return mem
 
 
 def slurm_cluster(nproc_per_node: int, rdzv_prefix: str) -> Cluster:
@@ -42,16 +60,26 @@ def head_node(nodelist: str) -> str:
 
 def sbatch_script(run_dir: Path, suite_name: str, nodes: int, gpus_per_node: int, device: str,
                   partition: str | None = None, time_limit: str | None = None, account: str | None = None,
-                  python: str = sys.executable) -> str:
+                  python: str = sys.executable, cpus_per_gpu: int | None = None, mem: str | None = None) -> str:
     """One task per node, each running `mgbench run --resume RUN --from-slurm`: torchrun
-    then starts the ranks on every node and they meet at the head node's rendezvous."""
+    then starts the ranks on every node and they meet at the head node's rendezvous.
+
+    The one task holds every rank of its node, so it asks for their cores together:
+    ``cpus_per_gpu`` per rank (GPU jobs: DEFAULT_CPUS_PER_GPU; CPU ranks: 1) and ``mem``
+    per node (GPU jobs: all of it, DEFAULT_GPU_MEM; CPU jobs: the site's default)."""
     run_dir = run_dir.resolve()
     lines = ["#!/bin/bash", f"#SBATCH --job-name=mgbench-{suite_name}", f"#SBATCH --nodes={nodes}",
              "#SBATCH --ntasks-per-node=1", f"#SBATCH --output={RunDir(run_dir).slurm_output_pattern()}"]
+    if cpus_per_gpu is not None and cpus_per_gpu < 1:
+        raise MgbenchError(f"--cpus-per-gpu {cpus_per_gpu}: give at least 1 core per rank")
     if device == "cuda":
         lines.append(f"#SBATCH --gpus-per-node={gpus_per_node}")
+        lines.append(f"#SBATCH --cpus-per-task={gpus_per_node * (cpus_per_gpu or DEFAULT_CPUS_PER_GPU)}")
+        lines.append(f"#SBATCH --mem={check_mem(mem if mem is not None else DEFAULT_GPU_MEM)}")
     else:
-        lines.append(f"#SBATCH --cpus-per-task={gpus_per_node}")  # CPU ranks: one core each
+        lines.append(f"#SBATCH --cpus-per-task={gpus_per_node * (cpus_per_gpu or 1)}")  # CPU ranks: one core each
+        if mem is not None:
+            lines.append(f"#SBATCH --mem={check_mem(mem)}")
     if partition:
         lines.append(f"#SBATCH --partition={partition}")
     if time_limit:

@@ -40,7 +40,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 # The runner's activation checkpointing modes. "every_2nd" checkpoints every second block
 # (torchtitan's layer-wise selective AC at frequency 2); it is not Korthikanti et al.'s
-# selective recompute, which the planner calls "selective".
+# selective recompute. The planner (`--recompute`, planner/memory.RECOMPUTE) uses these names.
 CHECKPOINTING = ("none", "every_2nd", "full")
 DEVICES = ("auto", "cpu", "cuda")
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
@@ -77,10 +77,10 @@ def boolean(v: Any) -> str | None:
 
 
 def _nproc(v: Any) -> str | None:
-    if v in ("pow2", "all"):
+    if v in ("pow2", "pow2>=2", "all"):
         return None
     err = integer(1)(v)
-    return f"{err} (or \"pow2\" / \"all\" for the detected devices)" if err else None
+    return f"{err} (or \"pow2\" / \"pow2>=2\" / \"all\" for the detected devices)" if err else None
 
 
 def _model(v: Any) -> str | None:
@@ -155,7 +155,8 @@ class RunConfig:
     model: ModelShape | str = key(
         "tiny", _model, "preset name (see models.toml) or {layers, hidden, heads, ffn_hidden, vocab, ...}")
     strategy: str = key("single", choice(tuple(STRATEGIES)), "parallelism strategy")
-    nproc: int = key(1, _nproc, "ranks (devices) per config; \"pow2\" = 1, 2, 4 ... up to the devices found")
+    nproc: int = key(1, _nproc, "ranks (devices) per config; \"pow2\" = 1, 2, 4 ... up to the devices found; "
+                     "\"pow2>=2\" = the same from 2 (none on one device); \"all\" = the devices found")
     micro_batch: int = key(1, integer(1), "sequences per rank per micro-step")
     seq_len: int = key(128, integer(2), "tokens per sequence")
     grad_accum: int = key(1, integer(1), "micro-batches per optimizer step (pipelines: the schedule's micro-batch count)")
@@ -193,6 +194,9 @@ class RunConfig:
                            "(0: no check)", PROCEDURE)
     timeout_s: int = key(900, integer(1), "seconds a config (each round of it) may take before its job is stopped",
                          PROCEDURE)
+    track_memory: bool = key(True, boolean, "after the timed window, one more step under torch's memory tracker: "
+                             "peak bytes by category (CPU and CUDA); false skips it and its ~1.5 s import per "
+                             "launch", PROCEDURE)
     profile: bool = key(False, boolean, "after the timed window, profile a few steps and split them into compute / "
                         "communication / idle", PROCEDURE)
     profile_steps: int = key(3, integer(1), "steps in the profiled window", PROCEDURE, applies=lambda p: p["profile"])

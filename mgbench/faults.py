@@ -8,6 +8,8 @@ One of:
   "kill@step=S,rank=R"      SIGKILL rank R at step S (a rank that dies without a word)
   "hang@step=S,rank=R"      rank R stops at step S and never returns
   "slow@rank=R,factor=F"    rank R burns CPU for (F - 1) x its step's wall time, each step
+                            (a CUDA rank first waits for its step's kernels, so the
+                            step's time is the GPU's and the delay holds up the next step)
 rank defaults to 0 and step to 0. Steps count from the first warm-up step.
 
 Or a deliberate training bug, the negative controls of the correctness check. A bug acts

@@ -15,6 +15,15 @@ from .errors import MgbenchError
 MLP_KINDS = ("swiglu", "gelu")
 
 
+def default_ffn_hidden(hidden: int, mlp: str) -> int:
+    """The MLP width a model of this kind conventionally has: 4 h for a GELU MLP (GPT-2,
+    GPT-3); for SwiGLU, 2/3 of 4 h (the same parameters with three matrices) rounded up to
+    a multiple of 256, Llama's rule (Touvron et al. 2023; e.g. h = 4096 gives 11008)."""
+    if mlp == "gelu":
+        return 4 * hidden
+    return 256 * -(-int(8 * hidden / 3) // 256)
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """Dimensions of a decoder LM (RMSNorm, rotary positions, no biases)."""
@@ -29,11 +38,16 @@ class ModelShape:
     mlp: str = "swiglu"
     tie_embeddings: bool = False
     name: str | None = None
+    # The embedding and output projection are built with the vocabulary rounded up to a
+    # multiple of this (nanoGPT builds GPT-2's 50257 as 50304 = 786 x 64, Megatron pads
+    # to a multiple of 128 x tp): matmuls of a round width run faster. The extra rows
+    # are never a target; parameters and FLOPs count what is built (padded_vocab).
+    vocab_multiple: int = 1
 
     def __post_init__(self) -> None:
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
-        for f in ("layers", "hidden", "heads", "ffn_hidden", "vocab", "kv_heads"):
+        for f in ("layers", "hidden", "heads", "ffn_hidden", "vocab", "kv_heads", "vocab_multiple"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise MgbenchError(f"model dim {f} must be a positive integer, got {v!r}")
@@ -70,7 +84,18 @@ class ModelShape:
         return cls(**{f.name: rec[prefix + f.name] for f in dataclasses.fields(cls) if prefix + f.name in rec})
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if d["vocab_multiple"] == 1:
+            # Left out at its neutral value, so the ids of every config built before this
+            # field existed (which hash these dims) stay what they were.
+            del d["vocab_multiple"]
+        return d
+
+    @property
+    def padded_vocab(self) -> int:
+        """Rows of the embedding and columns of the output projection as built."""
+        m = self.vocab_multiple
+        return -(-self.vocab // m) * m
 
     @property
     def dim_head(self) -> int:
@@ -90,21 +115,21 @@ class ModelShape:
         return attn + mlp + 2 * h
 
     def num_params(self) -> int:
-        """All trainable parameters (embedding counted once when tied)."""
-        emb = self.vocab * self.hidden
+        """All trainable parameters as built (embedding counted once when tied)."""
+        emb = self.padded_vocab * self.hidden
         head = 0 if self.tie_embeddings else emb
         return emb + self.layers * self.params_per_layer() + self.hidden + head
 
     def num_embedding_params(self) -> int:
         """Parameters of the input token-embedding table (a lookup: no FLOPs)."""
-        return self.vocab * self.hidden
+        return self.padded_vocab * self.hidden
 
     def num_matmul_params(self) -> int:
         """Parameters that take part in a matmul per token: every block, the final norm
         and the output projection (counted even when tied to the embedding, because the
         projection is real compute). This is the N of 6N below; it equals torchtitan's
         "params minus embedding" for untied models."""
-        return self.layers * self.params_per_layer() + self.hidden + self.vocab * self.hidden
+        return self.layers * self.params_per_layer() + self.hidden + self.padded_vocab * self.hidden
 
     def flops_per_token(self, seq_len: int) -> float:
         """Model training FLOPs per token, forward + backward, no recompute.

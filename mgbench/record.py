@@ -51,6 +51,15 @@ class RankFigures:
     energy_reason: str | None
     breakdown: dict[str, float] | None = None
     check: dict[str, Any] | None = None  # the correctness window's figures (the same on every rank)
+    energy_steps: int | None = None  # training steps the energy window held (timed + top-up)
+    energy_min_window_s: float | None = None  # the shortest window the meter's method allows
+    energy_update_interval_s: float | None = None  # the meter's counter: observed time between updates
+    energy_device_match: str | None = None  # how the meter found its device (NVML: PCI bus id, UUID, index)
+    mem_init_peak_gib: float | None = None  # peak while building, placing and sharding the model (mem_method)
+    mem_tracked: dict[str, int] | None = None  # tracked step: bytes per category at its peak, and "peak"
+    mem_tracked_method: str | None = None
+    mem_tracked_reason: str | None = None  # why mem_tracked is None
+    mem_tracked_s: float | None = None  # wall time of the tracked step
 
 
 @dataclass
@@ -97,21 +106,73 @@ class Record:
     peak_tflops: float | None = figure("TFLOP/s", "the device's dense peak for this precision (catalog)")
     mfu_pct: float | None = figure("%", "model FLOPs utilisation")
     mfu_reason: str | None = figure("", "why MFU is null")
+    mfu_peak_precision: str | None = figure("", "the catalog peak MFU divides by: the config's precision, or tf32 "
+                                            "for fp32 whose matmuls ran on TF32 tensor cores (tf32_matmul)")
+    tf32_matmul: bool | None = figure("", "fp32 matmuls allowed on TF32 tensor cores (CUDA; None on CPU)")
+    fp32_matmul_setting: str | None = figure("", "the torch setting tf32_matmul was read from, with its value "
+                                             "(torch.backends.cuda.matmul.fp32_precision or "
+                                             "torch.get_float32_matmul_precision())")
+    device_memory_gib: float | None = figure("GiB", "the device's total memory (tells catalog variants that share "
+                                             "a name apart; None on CPU)")
     device_name: str | None = figure("", "device the ranks ran on")
     # memory
-    mem_peak_gib: float | None = figure("GiB", "peak memory of the busiest rank (method: mem_method)")
-    mem_peak_gib_per_rank: list[float | None] | None = figure("GiB", "peak memory per rank")
-    mem_reserved_peak_gib: float | None = figure("GiB", "peak memory the CUDA allocator reserved")
-    mem_method: str | None = figure("", "how memory was read: cuda_max_allocated, cpu_peak_rss_per_rank, ...")
+    mem_peak_gib: float | None = figure("GiB", "training peak of the busiest rank, from the sharded model on "
+                                        "(method: mem_method)")
+    mem_peak_gib_per_rank: list[float | None] | None = figure("GiB", "training peak per rank")
+    mem_reserved_peak_gib: float | None = figure("GiB", "training peak the CUDA allocator reserved")
+    mem_method: str | None = figure("", "how mem_peak_gib / mem_init_peak_gib were read: cuda_max_allocated (the "
+                                    "caching allocator's max allocated bytes); cpu_peak_rss_per_rank (the rank "
+                                    "process's resident set size high-water mark, Linux VmHWM, reset per window: "
+                                    "includes the interpreter, libraries and allocator slack); "
+                                    "cpu_process_lifetime_peak_rss (VmHWM that could not be reset)")
+    mem_init_peak_gib: float | None = figure("GiB", "peak of the busiest rank while the model was built, placed on "
+                                             "the device and sharded (method: mem_method); the training peak "
+                                             "window opens after it")
+    mem_init_peak_gib_per_rank: list[float | None] | None = figure("GiB", "init peak per rank")
+    # tracked memory: one extra untimed step under torch's tensor accounting (telemetry/memory.py)
+    mem_tracked_peak_bytes: int | None = figure("B", "largest sum of live tensor bytes during one training step, "
+                                                "busiest rank (torch MemTracker / FSDPMemTracker)")
+    mem_tracked_peak_bytes_per_rank: list[int] | None = figure("B", "tracked peak per rank")
+    mem_tracked_params_bytes: int | None = figure("B", "parameters (this rank's shards) at the busiest rank's "
+                                                  "tracked peak; the mem_tracked_*_bytes add up to the peak")
+    mem_tracked_gathered_params_bytes: int | None = figure("B", "FSDP's gathered (unsharded) parameters at the "
+                                                           "tracked peak")
+    mem_tracked_grads_bytes: int | None = figure("B", "gradients at the tracked peak")
+    mem_tracked_optimizer_bytes: int | None = figure("B", "optimizer states at the tracked peak (and the optimizer "
+                                                     "step's own temporaries, when the peak falls inside it)")
+    mem_tracked_activations_bytes: int | None = figure("B", "tensors made in forward (and in recomputation) at "
+                                                       "the tracked peak")
+    mem_tracked_temporaries_bytes: int | None = figure("B", "tensors made in backward other than gradients "
+                                                       "(activation gradients, workspaces) at the tracked peak")
+    mem_tracked_comm_bytes: int | None = figure("B", "communication buffers at the tracked peak: FSDP all-gather / "
+                                                "reduce-scatter, DDP gradient buckets, pipeline send/receive")
+    mem_tracked_other_bytes: int | None = figure("B", "module buffers (rotary tables) at the tracked peak")
+    mem_tracked_categories_per_rank: list[dict[str, int]] | None = figure("B", "per rank: bytes per category at "
+                                                                          "its own tracked peak, and the peak")
+    mem_tracked_method: str | None = figure("", "the tracker and what was added to what it saw")
+    mem_tracked_reason: str | None = figure("", "why the tracked figures are null")
+    mem_tracked_s: float | None = figure("s", "wall time of the tracked step, slowest rank: what tracking added to "
+                                         "the config's run time")
     # phases
     init_s: float | None = figure("s", "build and shard the model (slowest rank)")
     warmup_s: float | None = figure("s", "untimed warm-up steps (slowest rank)")
     measured_s: float | None = figure("s", "timed windows (slowest rank)")
     # energy
     energy_j: float | None = figure("J", "energy over the measured windows (method: energy_method)")
-    power_w: float | None = figure("W", "energy_j / energy_window_s, summed over devices")
-    energy_per_token_j: float | None = figure("J/token", "energy per trained token")
+    power_w: float | None = figure("W", "total power of all devices measured (the sum over GPUs, or over CPU "
+                                   "packages), averaged over the window: energy_j / energy_window_s")
+    power_w_per_device: float | None = figure("W", "power_w / the number of GPUs measured (GPU runs only)")
+    energy_per_token_j: float | None = figure("J/token", "energy per trained token (energy_j / tokens of the "
+                                             "num_energy_steps)")
     energy_window_s: float | None = figure("s", "wall time the energy counter covered")
+    num_energy_steps: int | None = figure("count", "training steps inside the energy window: the timed steps plus "
+                                      "untimed ones added to reach energy_min_window_s")
+    energy_min_window_s: float | None = figure("s", "shortest energy window allowed: max(5 s, 50 counter updates) "
+                                               "for NVML, capped at 30 s (telemetry/energy.py says why)")
+    energy_update_interval_s: float | None = figure("s", "observed time between updates of the energy counter "
+                                                    "(slowest rank; None: not probed)")
+    energy_device_match: list[str | None] | None = figure("", "per rank: how its energy meter found its device "
+                                                          "(NVML by PCI bus id, UUID or index)")
     energy_method: str | None = figure("", "nvml_counter | nvml_power_sampling | rapl | none")
     energy_reason: str | None = figure("", "why energy is null")
     # losses and the correctness check
@@ -290,7 +351,9 @@ def migrate_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
 # --- comm rows (comm.jsonl of `mgbench comm`) ---------------------------------------
 
 # 1: rows carry schema_version. Version 0 (no field) rows have the same fields.
-COMM_ROW_VERSION = 1
+# 2: rows carry "kind": "collective", or "copy" for the copy-bandwidth rows (comm/copies.py),
+#    which an older mgbench would read as collectives.
+COMM_ROW_VERSION = 2
 
 
 def migrate_comm_row(row: dict[str, Any], where: str = "comm row") -> dict[str, Any]:
@@ -300,6 +363,7 @@ def migrate_comm_row(row: dict[str, Any], where: str = "comm row") -> dict[str, 
     if version > COMM_ROW_VERSION:
         raise MgbenchError(f"{where}: written by a newer mgbench (row schema {version} > {COMM_ROW_VERSION}); "
                            "upgrade mgbench")
-    # Version 0 -> 1: only the field was added.
+    # Version 0 -> 1: only the field was added. 1 -> 2: every older row is a collective.
+    row.setdefault("kind", "collective")
     row["schema_version"] = COMM_ROW_VERSION
     return row

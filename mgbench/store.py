@@ -303,6 +303,11 @@ def resolve_run(run: str | Path, results_dir: str | Path = "results") -> Path:
     )
 
 
+def profiles_dir(results_dir: str | Path = "results") -> Path:
+    """Where `mgbench probe` keeps hardware profiles: beside the runs, not a run itself."""
+    return Path(results_dir) / "profiles"
+
+
 def latest_run(results_dir: str | Path = "results") -> Path:
     """The newest run folder (run ids sort by time)."""
     root = Path(results_dir)

@@ -150,8 +150,9 @@ def _expand_nproc(values: list[Any], num_devices: int) -> list[int]:
     for v in values:
         if v == "all":
             out.append(num_devices)
-        elif v == "pow2":
-            n = 1
+        elif v in ("pow2", "pow2>=2"):
+            # "pow2>=2": multi-rank strategies, whose one-rank point is the single-process run
+            n = 1 if v == "pow2" else 2
             while n <= num_devices:
                 out.append(n)
                 n *= 2
@@ -230,10 +231,6 @@ def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | No
     if p["nproc"] > num_devices:
         what = "GPUs" if p["device"] == "cuda" else "CPU ranks allowed here"
         return f"needs {p['nproc']} ranks but only {num_devices} {what}"
-    if p["precision"] == "fp16" and (p["tp"] > 1 or pipelined):
-        # Known defects: the sharded loss scaler mixes DTensor and plain gradients under
-        # tensor parallelism, and pipeline schedules never scale the loss.
-        return "fp16 loss scaling does not work with tensor or pipeline parallelism yet; use precision = \"bf16\""
     if p["device"] == "cpu" and p["precision"] != "fp32" and _torch_version() < (2, 13):
         return (f"{p['precision']} on CPU: gloo reduces bf16/fp16 from torch 2.13 on (this is "
                 f"{'.'.join(map(str, _torch_version()))}); use precision = \"fp32\" on CPU")

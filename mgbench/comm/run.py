@@ -17,6 +17,7 @@ from ..procs import die_with_parent, kill_tree
 from ..store import RunDir
 from ..telemetry.interconnect import detect
 from ..telemetry.machine import fingerprint
+from . import copies
 from .fit import fit
 
 JOB_TAG = "comm"  # the one torchrun job of a comm run: jobs/comm.json, logs/comm.log, logs/comm/
@@ -26,6 +27,15 @@ DEFAULTS = {
     "cpu": {"min_bytes": 4 * 1024, "max_bytes": 4 * 2**20, "factor": 2, "warmup": 5, "iters": 50},
     "cuda": {"min_bytes": 8 * 1024, "max_bytes": 1 * 2**30, "factor": 4, "warmup": 5, "iters": 20},
 }
+
+
+CPU_DEFAULT_NPROC = 2  # gloo over loopback: two ranks show every collective at work
+
+
+def default_nproc(device: str, count: int) -> int:
+    """Ranks when --nproc is not given: every GPU present (one GPU: copies only), or two
+    CPU ranks (at most ``count``)."""
+    return count if device == "cuda" else min(CPU_DEFAULT_NPROC, count)
 
 
 def run_comm(nproc: int, device: str, collectives: list[str], dtypes: list[str], results_dir: str,
@@ -42,6 +52,10 @@ def run_comm(nproc: int, device: str, collectives: list[str], dtypes: list[str],
     sweep = {**DEFAULTS[device], **{k: v for k, v in overrides.items() if v is not None}}
     if sweep["min_bytes"] < 1 or sweep["max_bytes"] < sweep["min_bytes"] or sweep["factor"] < 2:
         raise MgbenchError("need 1 <= --min-bytes <= --max-bytes and --factor >= 2")
+    world = nproc if cluster is None else cluster.world
+    if device == "cpu" and world < 2:
+        raise MgbenchError(f"--nproc {nproc}: on CPU, collectives need 2 or more ranks and copy bandwidth needs a "
+                           "GPU, so one rank measures nothing; use --nproc 2")
     if cluster is not None and not cluster.leader:
         return _follow_comm(cluster, RunDir(Path(results_dir) / str(run_id)), device, timeout_s)
     run_id = run_id or store.new_run_id(f"comm-n{nproc}")
@@ -50,15 +64,22 @@ def run_comm(nproc: int, device: str, collectives: list[str], dtypes: list[str],
                 "started_at": dt.datetime.now().isoformat(timespec="seconds"), "argv": sys.argv,
                 "suite": {"name": "comm", "description": "collective microbenchmarks", "text": "", "sha256": ""},
                 "machine": fingerprint(), "interconnect": detect(),
-                "comm": {"nproc": nproc if cluster is None else cluster.world, "device": device,
-                         "collectives": collectives, "dtypes": dtypes, **sweep}}
+                "comm": {"nproc": world, "device": device, "collectives": collectives if world > 1 else [],
+                         "dtypes": dtypes, "copies": list(copies.COPIES) if device == "cuda" else [], **sweep}}
+    if world < 2:
+        manifest["comm"]["collectives_reason"] = ("one rank: a collective moves nothing between devices (its busbw "
+                                                  "would read 0); run on 2 or more GPUs to measure them")
+    if device != "cuda":
+        manifest["comm"]["copies_reason"] = copies.NOT_APPLICABLE
     if cluster is not None:
         manifest["cluster"] = cluster.manifest_entry()
     store.write_manifest(run_dir, manifest)
     job = run_dir.job(JOB_TAG)
     store.write_json_atomic(job, {"run_dir": str(run_dir.path.resolve()), "device": device,
-                                  "collectives": collectives, "dtypes": dtypes, **sweep})
-    progress(f"{', '.join(collectives)} on {nproc} {device} rank(s), {sweep['min_bytes']} to {sweep['max_bytes']} bytes")
+                                  "collectives": manifest["comm"]["collectives"], "dtypes": dtypes,
+                                  "copies": manifest["comm"]["copies"], **sweep})
+    what = manifest["comm"]["collectives"] + (["copies"] if manifest["comm"]["copies"] else [])
+    progress(f"{', '.join(what)} on {nproc} {device} rank(s), {sweep['min_bytes']} to {sweep['max_bytes']} bytes")
     log = run_dir.job_log(JOB_TAG)
     with open(log, "w") as f:
         proc = subprocess.Popen(torchrun_argv(nproc, job, run_dir.rank_logs(JOB_TAG), "mgbench.comm.worker",
@@ -125,11 +146,22 @@ def link_peak(manifest: dict[str, Any], link: str | None) -> tuple[float | None,
         if sysname:
             name = catalog.systems()[sysname]["intra_link"]
             return float(catalog.links()[name]["peak_gbps"]), f"{name} (detected NVLink on {acc})"
-    gen = gpus[0].get("pcie_gen")
+    return pcie_peak(gpus[0])
+
+
+def pcie_peak(gpu: dict[str, Any]) -> tuple[float | None, str]:
+    """Peak GB/s per direction of a GPU's PCIe link at its maximum generation and width
+    (the current ones idle low: Gen1 on an idle H100), scaled from the catalog's x16
+    figure; None with the reason."""
+    gen, width = gpu.get("pcie_gen_max"), gpu.get("pcie_width_max")
+    if gen is None or width is None:
+        return None, ("no maximum PCIe generation and width recorded (a run folder from before they were kept "
+                      "has only the current link, which idles at Gen1): name one with --link")
     name = {4: "pcie4", 5: "pcie5"}.get(gen)
-    if name:
-        return float(catalog.links()[name]["peak_gbps"]), f"{name} (detected PCIe gen {gen})"
-    return None, "detected link not in the catalog; name one with --link"
+    if name is None:
+        return None, f"detected PCIe gen {gen} x{width} is not in the catalog; name a link with --link"
+    return (float(catalog.links()[name]["peak_gbps"]) * width / 16,
+            f"{name} at x{width} (the link's maximum; detected PCIe gen {gen} x{width})")
 
 
 def render(run_dir: Path, link: str | None = None) -> str:
@@ -141,8 +173,14 @@ def render(run_dir: Path, link: str | None = None) -> str:
     fits = load_comm_fits(run_dir)
     peak, why = link_peak(manifest, link)
     out = [f"# {manifest['interconnect']['summary']}", f"# link peak: {peak if peak else '-'} GB/s ({why})"]
+    sweep = manifest.get("comm") or {}
+    if sweep.get("collectives_reason"):
+        out.append(f"# collectives: none measured ({sweep['collectives_reason']})")
+    copy_names = set(copies.COPIES)
     for key in fits:
         coll, dtype, scope = key.split(":")
+        if coll in copy_names:
+            continue
         sel = [r for r in rows if r["collective"] == coll and r["dtype"] == dtype and r.get("scope", "all") == scope]
         table = [[r["size_bytes"], r["count"], dtype, f"{r['time_s'] * 1e6:.1f}", f"{r['algbw_gbps']:.3f}",
                   f"{r['busbw_gbps']:.3f}", r["wrong"],
@@ -156,5 +194,32 @@ def render(run_dir: Path, link: str | None = None) -> str:
             bw = "not resolvable (time did not grow with size)" if f["bw_gbps"] is None else f"{f['bw_gbps']:.3f} GB/s"
             out.append(f"alpha-beta fit (sizes >= {f['fit_min_bytes']} B): alpha {f['alpha_s'] * 1e6:.1f} us, "
                        f"bandwidth {bw}, mean error {f['fit_mean_abs_error_pct']:.1f}%")
+    out.extend(render_copies(manifest, [r for r in rows if copies.is_copy(r)], fits))
     out.append(f"\n# out of bounds values: {sum(r['wrong'] for r in rows)} (must be 0)")
     return "\n".join(out)
+
+
+def render_copies(manifest: dict[str, Any], rows: list[dict[str, Any]], fits: dict[str, Any]) -> list[str]:
+    """The copy bandwidth table (rank 0's GPU), host copies against the PCIe link's peak;
+    or why there is none."""
+    from tabulate import tabulate
+
+    reason = (manifest.get("comm") or {}).get("copies_reason")
+    if not rows:
+        return [f"\n# copy bandwidth: {reason or 'not measured in this run'}"]
+    gpus = (manifest.get("interconnect") or {}).get("gpus") or []
+    peak, why = pcie_peak(gpus[0]) if gpus else (None, "no GPU recorded")
+    out = [f"\ncopy bandwidth (rank 0's GPU; GB/s = bytes copied / s; host copies against PCIe peak "
+           f"{f'{peak:.1f} GB/s' if peak else '-'}: {why})"]
+    table = []
+    for name in copies.COPIES:
+        for r in sorted((r for r in rows if r["collective"] == name), key=lambda r: r["size_bytes"]):
+            host = copies.COPIES[name].src != copies.COPIES[name].dst
+            table.append([name, r["size_bytes"], f"{r['time_s'] * 1e6:.1f}", f"{r['algbw_gbps']:.3f}", r["wrong"],
+                          f"{100 * r['algbw_gbps'] / peak:.1f}" if host and peak else "-"])
+    out.append(tabulate(table, headers=["copy", "size(B)", "time(us)", "GB/s", "#wrong", "% of PCIe"]))
+    for name in copies.COPIES:
+        f = fits.get(f"{name}:uint8:local")
+        if f and f.get("bw_gbps"):
+            out.append(f"{name}: alpha-beta fit alpha {f['alpha_s'] * 1e6:.1f} us, bandwidth {f['bw_gbps']:.3f} GB/s")
+    return out

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from .. import collectives, stats, store
 from ..collectives import Collective
+from . import copies
 from ..telemetry.clock import StepClock
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -89,7 +90,14 @@ def measure(name: str, size: int, dtype: torch.dtype, device: torch.device, warm
     return {"collective": name, "size_bytes": b.size_bytes, "count": b.chunk, "dtype": str(dtype).replace("torch.", ""),
             "nproc": n, "time_s": s["median"], "time_p10_s": s["p10"], "time_p90_s": s["p90"], "times_s": slowest,
             "algbw_gbps": algbw, "busbw_gbps": algbw * coll.busbw(n), "busbw_factor": coll.busbw(n),
-            "wrong": int(w.item()), "device": device.type, "scope": scope}
+            "wrong": int(w.item()), "device": device.type, "scope": scope, "kind": "collective"}
+
+
+def applies(name: str, n: int) -> bool:
+    """Whether a collective is measured on a group of n ranks: never on one rank, where it
+    moves nothing between devices (busbw would read 0 for every size), nor below the
+    collective's own minimum."""
+    return n >= max(2, collectives.get(name).min_ranks)
 
 
 def split_groups() -> list[tuple[str, Any]]:
@@ -129,13 +137,22 @@ def main() -> None:
         for scope, group in split_groups():
             for dtype_name in job["dtypes"]:
                 for name in job["collectives"]:
-                    if dist.get_world_size(group) < collectives.get(name).min_ranks:
+                    if not applies(name, dist.get_world_size(group)):
                         continue
                     for size in sizes(job["min_bytes"], job["max_bytes"], job["factor"]):
                         row = measure(name, size, DTYPES[dtype_name], device, job["warmup"], job["iters"],
                                       group, scope)
                         if dist.get_rank() == 0:
                             store.append_comm_row(job["run_dir"], row)
+        if job.get("copies") and device.type == "cuda":
+            # Rank 0's GPU alone (the others wait): copies from every rank at once would
+            # share the host's memory and PCIe root and measure the contention instead.
+            if dist.get_rank() == 0:
+                for name in job["copies"]:
+                    for size in sizes(job["min_bytes"], job["max_bytes"], job["factor"]):
+                        store.append_comm_row(job["run_dir"], copies.measure(name, size, device, job["warmup"],
+                                                                             job["iters"]))
+            dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -8,10 +8,11 @@ from typing import Any
 import click
 
 from .. import catalog
-from ..cli_options import (CALIBRATION_GROUP, DIM_NAMES, GPU, JSON, MODEL, MODEL_GROUP, PRICES, SYSTEM,
-                           deferred_command, layout_group, overlap_option, plan_group, plan_options_from)
+from ..cli_options import (AGAINST, CALIBRATION_GROUP, HARDWARE, DIM_NAMES, GPU, JSON, MODEL, MODEL_GROUP, PRICES, SYSTEM,
+                           LARGEST_LAYER, TRACE, TRACE_STRATEGY, deferred_command, layout_group, overlap_option, plan_group,
+                           plan_options_from)
 from ..errors import MgbenchError
-from ..model_shape import ModelShape
+from ..model_shape import ModelShape, default_ffn_hidden
 
 GIB = 2**30
 
@@ -19,13 +20,16 @@ GIB = 2**30
 def resolve_shape(model: str | None, params: float | None, dims: dict[str, Any]) -> ModelShape | None:
     given = {k: v for k, v in dims.items() if v is not None}
     if sum(x is not None and x != {} for x in (model, params, given or None)) != 1:
-        raise MgbenchError("give exactly one of --model NAME, --params N, or --layers/--hidden/--heads/--ffn-hidden/--vocab")
+        raise MgbenchError("give exactly one of --model NAME, --params N, or --layers/--hidden/--heads/--vocab "
+                           "(with optional --ffn-hidden/--kv-heads/--mlp/--tie-embeddings)")
     if model:
         return catalog.model_shape(model)
     if params is not None:
         if params <= 0:
             raise MgbenchError("--params must be positive")
         return None
+    if "ffn_hidden" not in given and "hidden" in given:
+        given["ffn_hidden"] = default_ffn_hidden(given["hidden"], given.get("mlp", "swiglu"))
     return ModelShape.from_dict({"name": "custom", **given})
 
 
@@ -49,32 +53,86 @@ def _gb(x: float) -> str:
 
 # Options are made on first use (deferred): the layout's come from the planner's modules,
 # which load numpy, and importing the CLI should not.
-@deferred_command(lambda: [*MODEL_GROUP, *layout_group(), JSON])
-def memory(model, params, as_json, **kw) -> None:  # type: ignore[no-untyped-def]
-    """Memory per GPU: model states per ZeRO stage, activations, allowance.
+@deferred_command(lambda: [*MODEL_GROUP, *layout_group(), LARGEST_LAYER, TRACE, TRACE_STRATEGY, JSON])
+def memory(model, params, as_json, largest_layer_params, trace, trace_strategy, **kw) -> None:  # type: ignore[no-untyped-def]
+    """Memory per GPU: model states per ZeRO stage, activations, transient peaks, allowance.
+
+    With --trace, also run the real workload and strategy code on fake tensors and a fake
+    process group at this world size (nothing is allocated: seconds on a laptop, even for
+    llama3-70b on 64 ranks), train two steps, and compare the tracked peak with the model.
 
     \b
     Examples:
-      mgbench memory --params 7.5e9 --num-gpus 64 --zero 3     # ZeRO paper: 1.9 GB
-      mgbench memory --model llama3-8b --seq-len 8192 --tp 2 --sequence-parallel --recompute selective
+      mgbench memory --params 7.5e9 --num-gpus 64 --zero 3     # ZeRO paper: 1.9 GB of model states
+      mgbench memory --model llama3-8b --seq-len 8192 --tp 2 --sequence-parallel --recompute every_2nd
+      mgbench memory --model llama3-70b --zero 3 --num-gpus 64 --seq-len 8192 --trace
     """
     from .predict import memory as memory_fn
 
     shape = resolve_shape(model, params, _dims(kw))
-    res = memory_fn(shape, _layout(kw), params=params)
+    if trace:
+        _memory_trace(shape, _layout(kw), trace_strategy, as_json)
+        return
+    if trace_strategy:
+        raise MgbenchError("--strategy chooses what --trace runs; add --trace")
+    if largest_layer_params is not None and shape is not None:
+        raise MgbenchError("--largest-layer-params is for --params; with a model shape the layers are known")
+    res = memory_fn(shape, _layout(kw), params=params, largest_layer_params=largest_layer_params)
     if as_json:
         click.echo(json.dumps(res, indent=2))
         return
-    for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "model_states_bytes", "activations_bytes",
-              "allowance_bytes", "total_bytes"):
-        click.echo(f"{k.replace('_bytes', ''):<14} {_gb(res[k]):>14}  ({res[k] / GIB:,.2f} GiB)")
+    if shape is not None:
+        click.echo(_shape_line(shape))
+    rows = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "gathered_params_bytes",
+            "temporaries_bytes", "allowance_bytes")
+    for k in rows:
+        click.echo(f"{k.replace('_bytes', ''):<16} {_gb(res[k]):>14}  ({res[k] / GIB:,.2f} GiB)")
+    click.echo(f"{'= total':<16} {_gb(res['total_bytes']):>14}  ({res['total_bytes'] / GIB:,.2f} GiB)")
     if shape is None:
-        click.echo("(model states only: give --model or dims for activations)")
+        click.echo("(model states and the ZeRO-3 working set only: give --model or dims for activations)")
+    for n in res.get("notes", []):
+        click.echo(f"note: {n}")
 
 
-@deferred_command(lambda: [*MODEL_GROUP, *layout_group(), SYSTEM, GPU, overlap_option(),
+def _shape_line(shape: ModelShape) -> str:
+    """The model as built: vocabulary padding said where it applies."""
+    vocab = (f"vocab {shape.vocab} (built as {shape.padded_vocab}, padded to a multiple of {shape.vocab_multiple})"
+             if shape.padded_vocab != shape.vocab else f"vocab {shape.vocab}")
+    return (f"{shape.name}: {shape.layers} layers, hidden {shape.hidden}, {shape.heads} heads "
+            f"({shape.kv_heads} kv), MLP {shape.ffn_hidden} {shape.mlp}, {vocab}, "
+            f"{shape.num_params() / 1e9:.3g}B parameters")
+
+
+def _memory_trace(shape: ModelShape | None, layout: Any, strategy: str | None, as_json: bool) -> None:
+    from .predict import validate
+    from .trace import runner_config, trace_memory
+
+    if shape is None:
+        raise MgbenchError("--trace builds the model: give --model NAME or its dims, not --params")
+    validate(layout, shape)
+    res = trace_memory(runner_config(shape, layout, strategy))
+    if as_json:
+        click.echo(json.dumps(res, indent=2))
+        return
+    t = res["traced"]
+    click.echo(_shape_line(shape))
+    click.echo(f"traced: {res['config']} (rank 0, two training steps on fake tensors, {t['num_ops']:,} ops, "
+               f"built in {t['build_s']:.1f} s, traced in {t['trace_s']:.1f} s)")
+    click.echo(f"{'':16} {'model':>14} {'traced':>14}")
+    for k in ("params", "grads", "optimizer", "activations", "temporaries"):
+        click.echo(f"{k:<16} {_gb(res[k + '_bytes']):>14} {_gb(t['categories'][k]):>14}")
+    click.echo(f"{'= total':<16} {_gb(res['total_bytes']):>14} {_gb(t['peak_bytes']):>14}   "
+               f"error {res['error_pct']:+.1f}%")
+    click.echo(f"peak: model at {res['analytic_peak_phase'].replace('_', ' ')}; trace at {t['peak_at']}")
+    click.echo(f"the same config on a GPU (model): {_gb(res['cuda_total_bytes'])}")
+    for n in res["notes"]:
+        click.echo(f"  - {n}")
+
+
+@deferred_command(lambda: [*MODEL_GROUP, *layout_group(), SYSTEM, GPU, HARDWARE, AGAINST, overlap_option(),
                            *CALIBRATION_GROUP, JSON])
-def predict(model, params, as_json, system, gpu, overlap, calibrate_run, comm_run, results_dir, **kw) -> None:  # type: ignore[no-untyped-def]
+def predict(model, params, as_json, system, gpu, hardware_profile, against_run, overlap, calibrate_run, comm_run,  # type: ignore[no-untyped-def]
+            results_dir, **kw) -> None:
     """Predict step time, tokens/s, MFU and memory of one layout.
 
     \b
@@ -82,11 +140,34 @@ def predict(model, params, as_json, system, gpu, overlap, calibrate_run, comm_ru
       mgbench predict --model llama3-8b --system dgx-h100 --num-gpus 8 --zero 3 --micro-batch 2 --seq-len 8192
       mgbench predict --model gpt3-175b --gpu a100-sxm-80gb --num-gpus 1024 --tp 8 --pp 8 --global-batch 1536 --recompute full
       mgbench predict --calibrate RUN      # fit to a measured run; residuals and leave-one-out errors
+      mgbench predict --hardware PROFILE --against RUN   # this machine's probe vs a run measured on it
+      mgbench predict --hardware PROFILE --model gpt2-small --num-gpus 1 --micro-batch 8 --seq-len 1024
     """
     from . import calibrate, hardware, perf
     from .predict import predict as predict_fn
 
     dims = _dims(kw)
+    profile = None
+    if hardware_profile:
+        from ..probe.profile import read_profile
+
+        if system or gpu or calibrate_run or comm_run:
+            raise MgbenchError("--hardware PROFILE replaces --system/--gpu/--calibrate/--comm; give one of them")
+        profile = read_profile(hardware_profile)
+        if against_run:
+            from ..probe.profile import write_profile
+            from .against import against_run as against_fn
+            from .against import record_validation
+
+            res = against_fn(profile, against_run, results_dir)
+            entry = record_validation(profile, res)
+            if entry is not None:  # it now sets this profile's prediction intervals
+                write_profile({**profile, "validation": entry}, hardware_profile)
+            res["recorded_in_profile"] = entry is not None
+            _print_against(res, as_json)
+            return
+    elif against_run:
+        raise MgbenchError("--against RUN needs --hardware PROFILE (write one with `mgbench probe`)")
     over: dict[str, Any] = {}
     if calibrate_run:
         fit = calibrate.fit_run(calibrate_run, results_dir)
@@ -94,13 +175,18 @@ def predict(model, params, as_json, system, gpu, overlap, calibrate_run, comm_ru
             # No target hardware: report the fit on the run's own machine.
             _print_calibration(fit, as_json)
             return
-        over = calibrate.hardware_overrides(fit)
+        over = calibrate.hardware_overrides(fit, kw["precision"])
         if gpu is None and system is None:
             gpu = over["gpu"]
     shape = resolve_shape(model, params, dims)
     if shape is None:
         raise MgbenchError("predict needs the model's shape: --model NAME or explicit dims, not --params")
-    hw = hardware.resolve(system=system, gpu=gpu, precision=kw["precision"], **over.get("hardware", {}))
+    if profile is not None:
+        from ..probe.profile import hardware as profile_hardware
+
+        hw = profile_hardware(profile, kw["precision"], ranks=kw["num_gpus"])
+    else:
+        hw = hardware.resolve(system=system, gpu=gpu, precision=kw["precision"], **over.get("hardware", {}))
     if comm_run:
         import dataclasses
 
@@ -108,7 +194,15 @@ def predict(model, params, as_json, system, gpu, overlap, calibrate_run, comm_ru
         if links["gpu"] != hw.gpu:
             raise MgbenchError(f"--comm {comm_run} measured {links['gpu']}, but the prediction is for {hw.gpu}")
         hw = dataclasses.replace(hw, **links["fields"])
+    if overlap is None and profile is not None:
+        from ..probe.profile import overlap as profile_overlap
+
+        overlap = profile_overlap(profile, kw["num_gpus"], perf.DEFAULT_OVERLAP)
     res = predict_fn(shape, hw, _layout(kw), overlap=overlap if overlap is not None else over.get("overlap", perf.DEFAULT_OVERLAP))
+    from . import uncertainty
+
+    reg = (uncertainty.calibrated(fit) if calibrate_run else uncertainty.regime(hw.gpu, kw["pp"] > 1, profile))
+    res.update(uncertainty.intervals(res["step_time_s"], res["tokens_per_s_per_gpu"], reg))
     if as_json:
         click.echo(json.dumps(res, indent=2))
         return
@@ -117,10 +211,32 @@ def predict(model, params, as_json, system, gpu, overlap, calibrate_run, comm_ru
                f"zero={kw['zero']} mb={kw['micro_batch']} gb={res['global_batch']} s={kw['seq_len']}")
     click.echo(f"step time      {res['step_time_s']:.3f} s  (compute {b['compute_s']:.3f}, bubble {b['bubble_s']:.3f}, "
                f"exposed comm {b['exposed_comm_s']:.3f})")
+    lo, hi = res["step_time_s_interval"]
+    click.echo(f"interval       {lo:.3f} to {hi:.3f} s ({res['regime']}: {'; '.join(res['interval_reasons'])})")
     click.echo(f"throughput     {res['tokens_per_s']:,.0f} tokens/s, {res['tokens_per_s_per_gpu']:,.0f} per GPU")
     click.echo(f"per GPU        {res['model_tflops_per_gpu']:.1f} model TFLOP/s, MFU {100 * res['mfu']:.1f}%")
     click.echo(f"memory         {_gb(res['memory']['total_bytes'])} of {_gb(res['device_memory_bytes'])}: "
                f"{'fits' if res['fits'] else 'DOES NOT FIT'}")
+
+
+def _print_against(res: dict[str, Any], as_json: bool) -> None:
+    from tabulate import tabulate
+
+    if as_json:
+        click.echo(json.dumps(res, indent=2))
+        return
+    click.echo(f"run {res['run']} predicted from the profile of {res['profile_device']} ({res['method']})")
+    click.echo(tabulate([[r["label"], f"{r['measured_s']:.4f}"]
+                         + ([f"{r['predicted_s']:.4f}", f"{r['error_pct']:+.1f}%"] if r["predicted_s"] is not None
+                            else ["-", r["reason"]]) for r in res["rows"]],
+                        headers=["config", "measured s", "predicted s", "error"]))
+    if res["mape"] is None:
+        click.echo("no config could be predicted (reasons above)")
+    else:
+        click.echo(f"mean |error| {res['mape']:.1f}% over {res['num_predicted']} of {len(res['rows'])} configs, "
+                   f"max {res['max_abs_error_pct']:.1f}%")
+    click.echo("recorded in the profile: its predictions' intervals now use this error" if res["recorded_in_profile"]
+               else "not recorded in the profile (the run was measured on another machine, or nothing was predicted)")
 
 
 def _print_calibration(fit: dict[str, Any], as_json: bool) -> None:
@@ -129,9 +245,14 @@ def _print_calibration(fit: dict[str, Any], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(fit, indent=2))
         return
-    flops = fit["achieved_flops_per_s"]
     click.echo(f"calibration on {fit['device_name']} from {fit['num_configs']} measured configs")
-    click.echo(f"  achieved compute   {flops / 1e12:.3f} TFLOP/s ({fit['flops_scope']})" if flops else "  achieved compute   -")
+    for g in fit["compute_groups"]:  # one compute rate per (precision, compile) group
+        rate = g["achieved_flops_per_s"]
+        click.echo(f"  achieved compute   {rate / 1e12:.3f} TFLOP/s ({fit['flops_scope']})" if rate else
+                   "  achieved compute   - (the fit attributes no time to compute)",
+                   nl=False)
+        click.echo(f"  [{g['precision']}, compile={g['compile']}, {g['num_configs']} configs]"
+                   if len(fit["compute_groups"]) > 1 else "")
     if fit["compute_eff"] is not None:
         click.echo(f"  compute efficiency {100 * fit['compute_eff']:.1f}% of peak")
     bw = fit["comm_bytes_per_s"]
@@ -166,7 +287,7 @@ def plan(model, prices_file, price_overrides, calibrate_run, comm_run, results_d
     opts = plan_options_from(kw)
     if calibrate_run:
         fit = calibrate.fit_run(calibrate_run, results_dir)
-        opts.calibration = calibrate.plan_overrides(fit, opts.systems)
+        opts.calibration = calibrate.plan_overrides(fit, opts.systems, opts.precision)
     if comm_run:
         from .hardware import systems as all_systems
 

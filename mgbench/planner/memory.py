@@ -1,8 +1,21 @@
-"""Memory per GPU: model states (ZeRO stages), activations (Korthikanti et al.), pipeline
-in-flight micro-batches, and a stated allowance.
+"""Memory per GPU: model states (ZeRO stages), what this workload saves for backward,
+pipeline in-flight micro-batches, the transient peaks of a training step, and (for a
+real GPU) a stated allowance.
 
-Every function accepts numpy arrays (or scalars) for the layout, so `mgbench plan` sizes
-millions of layouts in one call. Bytes throughout; GB = 1e9 bytes.
+Two callers, one model:
+
+- :func:`memory_per_gpu` sizes a layout for `mgbench memory`, `predict` and `plan` (the
+  planner: production mixed precision, ZeRO with a flat partition, fused optimizers),
+  vectorised over numpy arrays so `mgbench plan` sizes millions of layouts in one call.
+- :func:`memory_for_config` sizes a runner config (:class:`mgbench.config.RunConfig`) as
+  mgbench's own runner trains it (fp32 weights under autocast, FSDP2, DDP buckets, torch's
+  AdamW), which `mgbench memory --trace` and the runner's tracked memory check.
+
+Activations are counted tensor by tensor as :mod:`mgbench.workloads.gpt` saves them
+(its docstring lists the choices: bf16 residual stream, fp32 RMSNorm statistics, SDPA's
+own GQA, chunked fp32 cross-entropy), not by Korthikanti et al.'s GPT figure, which
+:func:`korthikanti_bytes_per_layer` keeps for the step-time model's memory traffic.
+Bytes throughout; GB = 1e9 bytes.
 """
 
 from __future__ import annotations
@@ -13,20 +26,50 @@ import numpy as np
 
 from ..model_shape import ModelShape
 
-# Bytes per parameter of (weights, gradients, optimizer states) for Adam.
-# Mixed precision: 16-bit weights and gradients, fp32 master weights + m + v = 12
-# (Rajbhandari et al. 2020, "ZeRO", section 3.1: 2 + 2 + K with K = 12).
-# fp32: weights 4, gradients 4, m + v 8.
+# Bytes per parameter of (weights, gradients, optimizer states) for Adam under the
+# planner's production mixed precision: 16-bit weights and gradients, fp32 master
+# weights + m + v = 12 (Rajbhandari et al. 2020, "ZeRO", section 3.1: 2 + 2 + K with
+# K = 12). fp32: weights 4, gradients 4, m + v 8.
 STATE_BYTES = {"bf16": (2, 2, 12), "fp16": (2, 2, 12), "fp32": (4, 4, 8)}
+# mgbench's runner keeps fp32 weights, fp32 gradients and fp32 AdamW states under every
+# precision (bf16 / fp16 are autocast; FSDP2's MixedPrecisionPolicy casts only the
+# gathered copy): 4 + 4 + 8 bytes per parameter.
+RUNNER_STATE_BYTES = (4, 4, 8)
 
-RECOMPUTE = ("none", "selective", "full")
+# The runner's activation-checkpointing modes (mgbench.config.CHECKPOINTING), one name
+# everywhere: every_2nd checkpoints blocks 0, 2, 4, ... of each model chunk, full every
+# block. (Korthikanti et al.'s selective recompute, which recomputes attention scores
+# only, is not something this workload does, and is not modelled.)
+RECOMPUTE = ("none", "every_2nd", "full")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 
-# Allowance for what no formula above counts: the CUDA caching allocator's
-# fragmentation, cuBLAS / NCCL workspaces and communication buckets. A stated
-# engineering margin (PyTorch's allocator typically reserves 5-10% above allocated
-# memory), not a measurement; `mgbench run` records the measured peak to check it.
+# Allowance for what no tensor count sees on a GPU: the CUDA caching allocator's
+# fragmentation, cuBLAS / NCCL workspaces. A stated engineering margin (PyTorch's
+# allocator typically reserves 5-10% above allocated memory), not a measurement; it is
+# part of the planner's totals, never of memory_for_config's (tracked tensors only).
 ALLOWANCE_FRACTION = 0.08
+
+# Cross-entropy chunks (mgbench.workloads.gpt.LOSS_CHUNKS, repeated here so the planner
+# does not import torch; tests/unit/test_memory_model.py checks they agree).
+LOSS_CHUNKS = 8
+# fp32 per-token scalars RMSNorm keeps: the fp32 norm and its reciprocal square root.
+NORM_SCALAR_BYTES = 8.0
+# SDPA's log-sum-exp, fp32, one per head and token (flash attention on CPU and CUDA).
+LSE_BYTES = 4.0
+
+
+def act_bytes(precision: str) -> float:
+    """Bytes of an activation element: 2 under bf16 / fp16 autocast, 4 in fp32."""
+    return 4.0 if precision == "fp32" else 2.0
+
+
+def stage_layers(layers: int, pp: int, virtual_stages: int = 1) -> int:
+    """Blocks held by pipeline rank 0: the model is cut into pp x v chunks balanced by
+    layer count, the first ones one block longer (strategies/pipeline.chunk_layers), and
+    rank 0 holds chunks 0, pp, 2 pp, ... pp = 1: every block."""
+    chunks = pp * virtual_stages
+    base, extra = divmod(layers, chunks)
+    return sum(base + (1 if c < extra else 0) for c in range(0, chunks, pp))
 
 
 def stage_params(shape: ModelShape, tp: Any, pp: Any) -> Any:
@@ -38,19 +81,20 @@ def stage_params(shape: ModelShape, tp: Any, pp: Any) -> Any:
     heaviest holds one of them.
     """
     tp, pp = np.asarray(tp), np.asarray(pp)
-    emb = shape.vocab * shape.hidden
+    emb = shape.padded_vocab * shape.hidden
     layers_per_stage = np.ceil(shape.layers / pp)
     ends = np.where(pp == 1, emb * (1 if shape.tie_embeddings else 2), emb)
     return (layers_per_stage * shape.params_per_layer() + ends) / tp + shape.hidden
 
 
-def model_states(params: Any, dp: Any, zero: Any, precision: str) -> dict[str, Any]:
+def model_states(params: Any, dp: Any, zero: Any, precision: str,
+                 state_bytes: tuple[float, float, float] | None = None) -> dict[str, Any]:
     """Bytes of weights, gradients and optimizer states per GPU under ZeRO stage 0-3.
 
     Stage 1 shards optimizer states over the data-parallel group, stage 2 also the
     gradients, stage 3 also the weights (ZeRO paper, figure 1).
     """
-    w, g, o = STATE_BYTES[precision]
+    w, g, o = state_bytes or STATE_BYTES[precision]
     dp, zero = np.asarray(dp, dtype=float), np.asarray(zero)
     params = np.asarray(params, dtype=float)
     p_b = params * w / np.where(zero >= 3, dp, 1.0)
@@ -59,46 +103,68 @@ def model_states(params: Any, dp: Any, zero: Any, precision: str) -> dict[str, A
     return {"params_bytes": p_b, "grads_bytes": g_b, "optimizer_bytes": o_b, "model_states_bytes": p_b + g_b + o_b}
 
 
-def activations_per_layer(shape: ModelShape, seq: Any, micro_batch: Any, tp: Any, sp: Any,
-                          recompute: Any, flash: Any, precision: str) -> Any:
-    """Activation bytes one transformer layer stores for one micro-batch.
+def layer_activations(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precision: str,
+                      flash: Any = True, seq: Any = None) -> Any:
+    """Bytes one transformer block of mgbench's workload saves for backward, for
+    ``tokens`` tokens (micro-batch x sequence), per tensor-parallel rank.
 
-    Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-    Models", table 2, for 16-bit activations: s b h (34 + 5 a s / h) without
-    parallelism; with tensor parallelism t the 24 s b h of attention/MLP internals and
-    the 5 a s^2 b of attention scores divide by t, the other 10 s b h (norm inputs,
-    first-linear inputs, dropout masks) only with sequence parallelism. Selective
-    recompute and flash attention both drop the 5 a s^2 b term; full recompute keeps
-    only each layer's input, 2 s b h (/ t with sequence parallelism).
+    Per token, with e bytes an element (2 under bf16 autocast, 4 in fp32), h hidden,
+    q = heads x head dim, k = kv_heads x head dim, F the MLP width, a heads, t the
+    tensor-parallel degree:
 
-    Generalised here to grouped-query attention (K, V are kv_heads / heads as wide) and
-    to an MLP of width F: 4 s b F for a GELU MLP (16 s b h at F = 4h, the paper's
-    value) and 8 s b F for SwiGLU (two input projections, the SiLU output and the
-    product). Both generalisations reduce to the paper's numbers for its GPT shape.
-    ``recompute``: 0 none, 1 selective, 2 full (array or scalar).
+    - each of the two RMSNorms: its input and its normalised output (2 e h, sequence-
+      sharded under sequence parallelism: / t) and two fp32 per-token scalars (8 B); its
+      output, the next matmuls' input, e h (whole on every rank: replicated, or
+      all-gathered under sequence parallelism, as DTensor's plan keeps it);
+    - attention: the rotated q and k, v and SDPA's output (e (2 q + 2 k) / t) and
+      SDPA's fp32 log-sum-exp (4 a / t); its output is read by the output projection
+      as a view;
+    - MLP: SwiGLU keeps w1 x, silu(w1 x), w3 x and their product (4 e F / t), GELU keeps
+      w1 x and its GELU (2 e F / t).
+
+    ``flash=False`` (planner only: an attention kernel that stores its scores) adds
+    Korthikanti et al.'s 5 a s bytes per token (softmax, dropout mask and output) / t.
     """
+    N = np.asarray(tokens, dtype=float)
+    t = np.asarray(tp, dtype=float)
+    sp, flash = np.asarray(sp, dtype=bool), np.asarray(flash, dtype=bool)
+    e = act_bytes(precision)
+    h, a, F = shape.hidden, shape.heads, shape.ffn_hidden
+    q, k = shape.attn_dim, shape.kv_heads * shape.dim_head
+    norm_own = 2.0 * e * h + NORM_SCALAR_BYTES
+    norms = 2.0 * (np.where(sp, norm_own / t, norm_own) + e * h)
+    attn = (e * (2.0 * q + 2.0 * k) + LSE_BYTES * a) / t
+    mlp = (4.0 if shape.mlp == "swiglu" else 2.0) * e * F / t
+    scores = 0.0 if seq is None else np.where(flash, 0.0, 5.0 * a * np.asarray(seq, dtype=float) * e / 2.0 / t)
+    return N * (norms + attn + mlp + scores)
+
+
+def checkpointed_layer(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precision: str) -> Any:
+    """A checkpointed block keeps only its input (the residual stream: e h per token,
+    sequence-sharded under sequence parallelism)."""
+    t = np.asarray(tp, dtype=float)
+    return np.asarray(tokens, dtype=float) * act_bytes(precision) * shape.hidden / np.where(sp, t, 1.0)
+
+
+def korthikanti_bytes_per_layer(shape: ModelShape, seq: Any, micro_batch: Any, tp: Any, sp: Any, flash: Any,
+                                precision: str) -> Any:
+    """Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+    Models", table 2) for 16-bit activations, no recompute: s b h (34 + 5 a s / h), the
+    24 s b h of attention/MLP internals and the 5 a s^2 b of scores divided by t, the
+    other 10 s b h only with sequence parallelism; flash attention drops the scores.
+    Generalised to grouped-query attention and an MLP of width F. Kept for the
+    step-time model, which uses it as the memory traffic of elementwise work."""
     s, b = np.asarray(seq, dtype=float), np.asarray(micro_batch, dtype=float)
     t = np.asarray(tp, dtype=float)
-    sp, flash, rc = np.asarray(sp, dtype=bool), np.asarray(flash, dtype=bool), np.asarray(recompute)
+    sp, flash = np.asarray(sp, dtype=bool), np.asarray(flash, dtype=bool)
     h, a, F = shape.hidden, shape.heads, shape.ffn_hidden
     g = shape.kv_heads / shape.heads
-    hd_ratio = shape.attn_dim / h  # 1 unless head_dim is set apart from hidden / heads
-    replicated = 10.0 * h  # 4 (two norm inputs) + 2 (QKV input) + 2 (MLP input) + 2 (two dropout masks)
+    hd_ratio = shape.attn_dim / h
+    replicated = 10.0 * h
     sharded = (2.0 + 4.0 * g + 2.0) * h * hd_ratio + (8.0 if shape.mlp == "swiglu" else 4.0) * F
-    scores = 5.0 * a * s  # per s b: softmax output 2, dropout mask 1, dropout output 2 (bytes x a s)
-    keep_scores = (rc == 0) & ~flash
-    per_sb = np.where(sp, (replicated + sharded) / t, replicated + sharded / t) + np.where(keep_scores, scores / t, 0.0)
-    full = 2.0 * h * np.where(sp, 1.0 / t, 1.0)
-    per_sb = np.where(rc == 2, full, per_sb)
-    scale = 2.0 if precision == "fp32" else 1.0  # 16-bit activations in the paper
-    return s * b * per_sb * scale
-
-
-def logits_bytes(shape: ModelShape, seq: Any, micro_batch: Any, tp: Any, precision: str) -> Any:
-    """Output-layer activations of one micro-batch: 16-bit logits plus the fp32 copy the
-    cross-entropy keeps (2 + 4 bytes per vocab entry; 4 + 4 in fp32), vocab-parallel over tp."""
-    per = 8.0 if precision == "fp32" else 6.0
-    return np.asarray(seq, dtype=float) * np.asarray(micro_batch) * shape.vocab * per / np.asarray(tp)
+    scores = 5.0 * a * s
+    per_sb = np.where(sp, (replicated + sharded) / t, replicated + sharded / t) + np.where(flash, 0.0, scores / t)
+    return s * b * per_sb * (2.0 if precision == "fp32" else 1.0)
 
 
 def in_flight(pp: Any, num_micro: Any, schedule: str, virtual_stages: int = 1) -> Any:
@@ -118,32 +184,453 @@ def in_flight(pp: Any, num_micro: Any, schedule: str, virtual_stages: int = 1) -
     return np.where(p == 1, 1.0, n)
 
 
+def logits_bytes(shape: ModelShape, tokens: Any, precision: str) -> Any:
+    """The output projection's logits, whole on every tensor-parallel rank (the head's
+    output is gathered for the loss): e bytes per token and vocabulary entry (padded)."""
+    return np.asarray(tokens, dtype=float) * shape.padded_vocab * act_bytes(precision)
+
+
+def loss_backward_bytes(shape: ModelShape, tokens: Any, precision: str) -> Any:
+    """The loss's transient peak in backward, beyond the saved logits.
+
+    Backward takes the chunks last to first; during chunk 0's (a full chunk of
+    c = ceil(N / LOSS_CHUNKS) tokens) the other chunks' logits gradients are held
+    (e (N - c) V) and the chunk's recomputed fp32 log-softmax, its gradient and the
+    gradient of its input exist together (12 c V). The concatenation of the gradients
+    that follows happens after the logits themselves are freed, and is smaller."""
+    N = np.asarray(tokens, dtype=float)
+    c = np.ceil(N / LOSS_CHUNKS)
+    return shape.padded_vocab * (act_bytes(precision) * (N - c) + 12.0 * c)
+
+
 def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2048, micro_batch: Any = 1,
                    num_micro: Any = 1, tp: Any = 1, pp: Any = 1, dp: Any = 1, zero: Any = 0,
                    precision: str = "bf16", recompute: Any = 0, sp: Any = False, flash: Any = True,
-                   schedule: str = "1f1b", virtual_stages: int = 1) -> dict[str, Any]:
-    """Everything one GPU holds, in bytes. With ``shape=None`` and ``params`` given, only
-    model states are counted (activations unknown without the shape)."""
+                   schedule: str = "1f1b", virtual_stages: int = 1,
+                   largest_layer_params: Any = None) -> dict[str, Any]:
+    """Everything one GPU holds at its peak under the planner's production assumptions,
+    in bytes; the components add up to ``total_bytes``.
+
+    Model states per ZeRO stage (mixed precision: 2 + 2 + 12 bytes a parameter); the
+    activations of the heaviest pipeline stage's in-flight micro-batches as this
+    workload saves them; ``gathered_params_bytes``: under ZeRO-3 the full 16-bit weights
+    of the layer being computed and the next one, prefetched (DeepSpeed's estimator
+    adds the largest layer; with the prefetch, two); ``temporaries_bytes``: the
+    transient peak of backward (the loss's logits gradients on the stage that computes
+    the loss, a recomputed block under checkpointing); and the stated allowance.
+
+    With ``shape=None`` and ``params`` given (``--params`` mode) the layers are unknown:
+    model states, and under ZeRO-3 the gathered working set of ``largest_layer_params``
+    (DeepSpeed's estimate_zero3_model_states_mem_needs takes the same input), computed
+    and prefetched: twice its 16-bit weights. Without it that working set is unknown and
+    not counted (``gathered_params_known`` False), never guessed.
+
+    ``recompute``: 0 none, 1 every_2nd, 2 full (index into RECOMPUTE, array or scalar).
+    """
     if shape is None:
         states = model_states(params, dp, zero, precision)
+        w_bytes = STATE_BYTES[precision][0]
+        layer = 0.0 if largest_layer_params is None else np.asarray(largest_layer_params, dtype=float)
+        gathered = np.where(np.asarray(zero) >= 3, 2.0 * layer * w_bytes, 0.0) + 0.0 * states["params_bytes"]
         zero_a = np.zeros_like(states["model_states_bytes"])
-        return {**states, "activations_bytes": zero_a, "allowance_bytes": zero_a,
-                "total_bytes": states["model_states_bytes"]}
+        subtotal = states["model_states_bytes"] + gathered
+        return {**states, "activations_bytes": zero_a, "gathered_params_bytes": gathered,
+                "temporaries_bytes": zero_a, "allowance_bytes": zero_a, "total_bytes": subtotal,
+                "gathered_params_known": largest_layer_params is not None}
+    p_arr = np.asarray(pp)
     states = model_states(stage_params(shape, tp, pp), dp, zero, precision)
-    layer = activations_per_layer(shape, seq, micro_batch, tp, sp, recompute, flash, precision)
-    layers_per_stage = np.ceil(shape.layers / np.asarray(pp, dtype=float))
+    tokens = np.asarray(seq, dtype=float) * np.asarray(micro_batch, dtype=float)
+    rc = np.asarray(recompute)
+    lps = np.ceil(shape.layers / np.asarray(pp, dtype=float))
+    ck = np.where(rc == 2, lps, np.where(rc == 1, np.ceil(lps / 2.0), 0.0))
+    full_l = layer_activations(shape, tokens, tp, sp, precision, flash, seq)
+    ck_l = checkpointed_layer(shape, tokens, tp, sp, precision)
+    blocks = (lps - ck) * full_l + ck * ck_l
+    e = act_bytes(precision)
+    t = np.asarray(tp, dtype=float)
+    # Rotary tables in the stream dtype (once per forward) and, off the last stage, the
+    # stage's output kept for its backward; on the last, the final norm and the logits.
+    rope = np.asarray(seq, dtype=float) * shape.dim_head * e
+    out_first = tokens * e * shape.hidden / np.where(sp, t, 1.0)
+    final_norm = tokens * (np.where(sp, (2.0 * e * shape.hidden + NORM_SCALAR_BYTES) / t,
+                                    2.0 * e * shape.hidden + NORM_SCALAR_BYTES) + e * shape.hidden)
+    logits = logits_bytes(shape, tokens, precision)
     nflight = in_flight(pp, num_micro, schedule, virtual_stages)
-    # Full recompute rebuilds one layer's complete activations during backward.
-    work = np.where(np.asarray(recompute) == 2,
-                    activations_per_layer(shape, seq, micro_batch, tp, sp, 0, flash, precision), 0.0)
-    logits = logits_bytes(shape, seq, micro_batch, tp, precision)
-    first = layer * layers_per_stage * nflight + work
-    last = layer * layers_per_stage + work + logits  # the last stage holds one micro-batch
-    acts = np.where(np.asarray(pp) == 1, first + logits, np.maximum(first, last))
-    # ZeRO-3 gathers one layer's full weights (and prefetches the next): 2 layers' worth.
+    first = (blocks + rope + out_first) * nflight
+    last = blocks + rope + final_norm + logits
+    single = blocks + rope + final_norm + logits
+    acts = np.where(p_arr == 1, single, np.maximum(first, last))
+    # Transient peaks beyond the saved activations: the loss's backward on the stage that
+    # computes it; a checkpointed block rebuilt in backward.
+    loss_t = loss_backward_bytes(shape, tokens, precision)
+    rebuild = np.where(ck > 0, full_l, 0.0)
+    temps = np.where(p_arr == 1, np.maximum(loss_t, rebuild),
+                     np.where(first >= last, rebuild, np.maximum(loss_t, rebuild)))
     w_bytes = STATE_BYTES[precision][0]
-    gathered = np.where(np.asarray(zero) >= 3, 2.0 * shape.params_per_layer() * w_bytes / np.asarray(tp), 0.0)
-    subtotal = states["model_states_bytes"] + acts + gathered
+    gathered = np.where(np.asarray(zero) >= 3, 2.0 * shape.params_per_layer() * w_bytes / t, 0.0)
+    subtotal = states["model_states_bytes"] + acts + gathered + temps
     allowance = ALLOWANCE_FRACTION * subtotal
-    return {**states, "activations_bytes": acts, "gathered_params_bytes": gathered,
+    return {**states, "activations_bytes": acts, "gathered_params_bytes": gathered, "temporaries_bytes": temps,
             "allowance_bytes": allowance, "total_bytes": subtotal + allowance}
+
+
+# --- the runner's own configs ---------------------------------------------------------------
+
+CONFIG_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "temporaries_bytes",
+               "total_bytes")
+
+
+def memory_for_config(cfg: Any) -> dict[str, float]:
+    """Analytic bytes per rank of a runner config (:class:`mgbench.config.RunConfig`) at
+    its peak, by category; the categories add up to ``total_bytes`` exactly. No
+    allowance: these are the workload's tensors, comparable with tracked (allocated)
+    memory. The rank is rank 0 (a pipeline's first stage: see :func:`runner_phases`).
+
+    Keys: params_bytes (weights and buffers), grads_bytes, optimizer_bytes (AdamW's m and
+    v), activations_bytes (what forward saves for backward, autocast's 16-bit weight
+    copies included), temporaries_bytes (what exists only around the peak: gathered FSDP
+    weights, DDP's gradient buckets, the loss's gradients, the optimizer's per-parameter
+    scratch), total_bytes.
+    """
+    phases = runner_phases(cfg)
+    name = max(phases, key=lambda k: phases[k]["total_bytes"])
+    return phases[name]
+
+
+def runner_phases(cfg: Any) -> dict[str, dict[str, float]]:
+    """The candidate peaks of training step 2 of ``cfg`` on rank 0, each by category
+    (step 1 holds no optimizer states until its own optimizer step, so step 2 is the
+    higher). Memory only grows in forward, so each candidate is a moment of backward or
+    of the optimizer step:
+
+    - ``loss_backward``: on the stage that computes the loss, every in-flight
+      micro-batch saved and the loss's gradients being assembled;
+    - ``last_block_backward`` / ``first_block_backward``: the backward of the stage's
+      last block (first in backward: every block's activations still saved, few
+      gradients yet) and of its first block (most gradients made, one block's
+      activations left); between the two, memory changes linearly block by block, so
+      one of them is the highest. Each carries the block's backward scratch and, if the
+      block is checkpointed, its rebuilt activations;
+    - ``optimizer``: weights, full gradients, optimizer states and AdamW's scratch.
+
+    The rank is rank 0: for a pipeline the first stage, which holds the most
+    micro-batches in flight under 1F1B and GPipe (the last holds the logits of one).
+    """
+    from ..strategies import ZERO_STAGE
+
+    shape: ModelShape = cfg.shape
+    st = cfg.strategy
+    fsdp = st in ("fsdp", "fsdp_grad_op", "fsdp+tp") or (st == "pp+tp+dp" and cfg.dp_mode == "fsdp" and cfg.dp > 1)
+    zero = 3 if st == "pp+tp+dp" and fsdp else ZERO_STAGE.get(st, 0)
+    ddp = st in ("ddp", "zero1") or (st == "pp+tp+dp" and cfg.dp_mode == "ddp" and cfg.dp > 1)
+    dp, tp, pp = cfg.dp, cfg.tp, cfg.pp
+    sp = st == "tp_sp"
+    tsp = tp if sp else 1
+    v = cfg.virtual_stages if cfg.pipelined and cfg.pp_schedule == "interleaved" else 1
+    e = act_bytes(cfg.precision)
+    mixed = cfg.precision != "fp32"
+    h, V, F = shape.hidden, shape.padded_vocab, shape.ffn_hidden
+    first, last = True, pp == 1
+    L = stage_layers(shape.layers, pp, v)
+
+    # -- model states: parameters on this rank (tensor-parallel shards) -----------------
+    plist = _rank_params(shape, tp, first, last, L)
+    n_params = sum(n for n, _ in plist)
+    block_p = shape.params_per_layer() / tp + 2 * h * (1 - 1 / tp)  # norms are replicated
+    zshard = float(dp) if zero else 1.0
+    p_div, g_div, o_div = (zshard if zero >= k else 1.0 for k in (3, 2, 1))
+    if fsdp:  # FSDP2 keeps weights sharded at rest under either reshard policy
+        p_div = float(dp)
+    rope_buf = 2.0 * cfg.seq_len * (shape.dim_head // 2) * 4.0  # fp32 cos and sin tables
+    w_b, g_b, o_b = RUNNER_STATE_BYTES
+    params_b = w_b * n_params / p_div + rope_buf
+    grads_b = g_b * n_params / g_div
+    # Under the runner's tensor parallelism the vocabulary-sharded embedding's gradient
+    # comes out whole on every rank (DTensor's embedding backward; seen in the trace):
+    # V h fp32 elements, not V h / t.
+    emb_grad_extra = 4.0 * V * h * (1.0 - 1.0 / tp) if tp > 1 and first else 0.0
+    if not fsdp:
+        grads_b += emb_grad_extra
+    if st == "zero1":
+        owned = _zero1_partition([n for n, _ in plist], dp)
+    elif tp > 1 and not fsdp:
+        # strategies/apply.make_optimizer steps DTensor parameters (every matrix under
+        # tensor parallelism) before the plain ones (the replicated norms).
+        norms = {i for i, (n, mm) in enumerate(plist) if n == h and not mm}
+        owned = [n for i, (n, _) in enumerate(plist) if i not in norms] + [h] * len(norms)
+    else:
+        owned = [n / o_div for n, _ in plist]
+    opt_b = o_b * sum(owned)
+    # strategies/apply.optimizer_kw: fused AdamW on CUDA, except behind torch's sharded
+    # fp16 scaler (tensor parallelism, FSDP), which falls back to the foreach step.
+    if cfg.device == "cpu":
+        step_kind = "single"
+    else:
+        step_kind = "foreach" if cfg.precision == "fp16" and (tp > 1 or fsdp) else "fused"
+    scratch = 4.0 * _adamw_scratch(owned, step_kind)
+
+    # -- activations of one micro-batch ---------------------------------------------------
+    N = float(cfg.micro_batch * cfg.seq_len)
+    every = {"none": 0, "every_2nd": 2, "full": 1}[cfg.activation_checkpointing]
+    chunk = _chunk_sizes(shape.layers, pp, v)
+    ck_flags = [bool(every) and i % every == 0 for n in chunk for i in range(n)]
+    full_l = float(layer_activations(shape, N, tp, sp, cfg.precision))
+    ck_l = float(checkpointed_layer(shape, N, tp, sp, cfg.precision))
+    saved = [ck_l if c else full_l for c in ck_flags]
+    rope = cfg.seq_len * shape.dim_head * e  # the tables in the stream dtype, once per forward
+    logits = float(logits_bytes(shape, N, cfg.precision)) if last else 0.0
+    if last:  # the final norm and the output projection's input
+        rest = N * ((2.0 * e * h + NORM_SCALAR_BYTES) / tsp + e * h)
+    else:  # the stage's output, kept for its backward
+        rest = N * e * h / tsp
+    per_micro = sum(saved) + rope + rest + logits
+    nflight = float(in_flight(pp, cfg.grad_accum, cfg.pp_schedule, v)) if cfg.pipelined else 1.0
+    others = (nflight - 1.0) * per_micro  # micro-batches in flight besides the one in backward
+    # autocast's 16-bit copies of the matmul weights, made once per forward (the cache
+    # lives as long as the autocast region) and kept by backward; FSDP2 gathers 16-bit
+    # weights instead. A checkpointed block makes them again when it is rebuilt.
+    cast_l = 2.0 * (block_p - 2 * h) if mixed and not fsdp else 0.0
+    cast_head = 2.0 * V * h / tp if mixed and not fsdp and last else 0.0
+    # The MLP's backward scratch: the gradient of its product and of one factor (2 e N F,
+    # GELU: one) and one weight's gradient before it is accumulated (16-bit under autocast).
+    bwd_l = N * e * F / tp * (2.0 if shape.mlp == "swiglu" else 1.0) + (2.0 if mixed else 4.0) * F * h / tp
+    dy = N * e * h / tsp  # the gradient flowing into a block
+
+    # -- buffers the strategy holds --------------------------------------------------------
+    buckets = 4.0 * n_params if ddp else 0.0  # DDP's gradient buckets (fp32, a copy of the gradients)
+    # FSDP2's gathered 16-bit weights (wb bytes each). reshard_after_forward (fsdp): the
+    # root's (embedding, final norm, head) and one block's, whose all-gather buffer
+    # outlives the copy-out by one block: at the end of forward the root's weights and
+    # the last block's buffer; during a block's backward the root's, the block's and the
+    # buffer of the next; during the loss's backward nothing (the root reshards after
+    # forward and gathers again when backward reaches it). Without resharding
+    # (fsdp_grad_op) the root and every block stay gathered from forward to backward.
+    g_fwd = g_loss = g_bwd = 0.0
+    if fsdp:
+        wb = 2.0 if mixed else 4.0
+        root = V * h / tp + ((h + (0 if _tied(shape, tp) else V * h / tp)) if last else 0.0)
+        if zero >= 3:
+            g_fwd, g_loss, g_bwd = wb * (root + block_p), 0.0, wb * (root + 2.0 * block_p)
+        else:
+            g_fwd = g_loss = g_bwd = wb * (root + L * block_p)
+    # DDP also keeps each bucket's last averaged gradients (its hook's result) until the
+    # next step's replace them: another gradient-sized buffer from step 2 on.
+    comm = 2.0 * buckets
+
+    g_head = 4.0 * (V * h / tp + h) / g_div if last else 0.0
+    head_p_all = (h + (0 if _tied(shape, tp) else V * h / tp)) if last else 0.0
+    g_block = 4.0 * block_p / g_div
+    # Gradients of earlier micro-batches: with gradient accumulation; in a pipeline once a
+    # micro-batch's backward has run before the peak (1F1B's steady state; GPipe runs
+    # every forward first).
+    if cfg.pipelined:
+        grads_acc = grads_b if cfg.pp_schedule != "gpipe" and cfg.grad_accum > nflight else 0.0
+    else:
+        grads_acc = grads_b if cfg.grad_accum > 1 else 0.0
+    # FSDP2 without gradient sync (every micro-batch but the last) accumulates unsharded
+    # fp32 gradients on every rank; the last micro-batch reduce-scatters them group by group.
+    fsdp_acc = fsdp and grads_acc > 0
+    acc_unsharded = 4.0 * n_params if fsdp_acc else 0.0
+    if fsdp_acc:
+        grads_acc = 0.0
+    base = {"params_bytes": params_b, "optimizer_bytes": opt_b}
+    phases: dict[str, dict[str, float]] = {}
+    # In a pipeline autocast wraps the whole schedule, so its weight copies live through
+    # every micro-batch's backward; otherwise each goes with its block's backward.
+    all_casts = cast_l * (L if cfg.pipelined else ck_flags.count(False)) + cast_head
+    all_saved = others + per_micro + all_casts
+    # End of forward: the loss's fp32 work on one chunk (its upcast and log-softmax), or
+    # under tensor parallelism the head's local logits next to the gathered ones.
+    c = -(-N // LOSS_CHUNKS)
+    loss_fwd = c * V * ((4.0 if mixed else 0.0) + 4.0)
+    head_gather = N * V * e / tp if tp > 1 else 0.0
+    phases["forward_end"] = {**base, "grads_bytes": grads_acc, "activations_bytes": all_saved,
+                             "temporaries_bytes": max(loss_fwd if last else 0.0, head_gather if last else 0.0)
+                             + comm + g_fwd + acc_unsharded}
+    if last:
+        phases["loss_backward"] = {
+            **base, "grads_bytes": grads_acc, "activations_bytes": all_saved,
+            "temporaries_bytes": float(loss_backward_bytes(shape, N, cfg.precision)) + comm + g_loss + acc_unsharded}
+    wb = 2.0 if mixed else 4.0
+    if fsdp and zero >= 3 and last:
+        # Backward reaches the output projection: the loss's gradient of the logits (the
+        # logits themselves freed), and the root gathered again, its all-gather buffer
+        # beside it.
+        root_w = V * h / tp + head_p_all
+        phases["head_backward"] = {
+            **base, "grads_bytes": grads_acc, "activations_bytes": all_saved - logits,
+            "temporaries_bytes": N * V * e + 2.0 * wb * root_w + comm + acc_unsharded}
+    # Under FSDP2 the output projection's 16-bit gradient waits unsharded until the
+    # root's reduce-scatter at the end of backward, and a block's 16-bit gradients
+    # gather unsharded during its backward.
+    root_g = wb * (V * h / tp + h) if fsdp and last else 0.0
+    root_w_all = V * h / tp + head_p_all if fsdp else 0.0
+    cur_g = 0.0  # (the block's own weight gradient at the peak is in its backward scratch)
+    # The first backward of the step, with every in-flight micro-batch saved; and in a
+    # pipeline the last one, with one micro-batch left but every other one's gradients.
+    variants = [("", others, grads_acc)]
+    if cfg.pipelined and cfg.grad_accum > 1:
+        variants.append(("last_micro_", 0.0, grads_b))
+    blocks_at = [("last_block_backward", L - 1), ("first_block_backward", 0)]
+    mid = [i for i in range(1, L - 1) if ck_flags[i]]
+    if fsdp and zero >= 3 and mid:
+        # The last checkpointed block with a block before it to prefetch.
+        blocks_at.insert(1, ("inner_block_backward", mid[-1]))
+    for prefix, held, g_before in variants:
+        for name, i in blocks_at:
+            if L == 0:
+                break
+            done = L - 1 - i  # blocks whose backward is over
+            rebuilt = (full_l + cast_l) if ck_flags[i] else 0.0
+            casts_now = all_casts if cfg.pipelined else cast_l * ck_flags[: i + 1].count(False)
+            r_g, c_g, gath = root_g, cur_g, g_bwd
+            if fsdp and zero >= 3 and i < L - 1 and ck_flags[i]:
+                # Rebuilding a block after the stage's last one, FSDP2 keeps the output projection's
+                # waiting gradient in fp32 and gathers a block's 16-bit gradients
+                # unsharded beside it; the next block is prefetched only if there is one.
+                r_g = 4.0 * (V * h / tp + h) if last else 0.0
+                # The block's 16-bit gradients count at its peak when they outweigh its
+                # activations (the peak is then at the end of its backward; seen in traces).
+                c_g = wb * block_p if wb * block_p > full_l else 0.0
+                gath = wb * (root_w_all + block_p) + (wb * block_p if i > 0 else 0.0)
+            phases[prefix + name] = {
+                **base, "grads_bytes": max(g_before, (0.0 if fsdp else g_head) + done * g_block),
+                "activations_bytes": held + sum(saved[: i + 1]) + rope + casts_now,
+                "temporaries_bytes": rebuilt + bwd_l + dy + r_g + c_g + comm + gath + acc_unsharded}
+    if fsdp:
+        # The end of a block's backward under FSDP2: its gradients copied to fp32 as the
+        # reduce-scatter's input (the 16-bit ones are released as they are copied) and the
+        # output, the block's new gradient shard; the output projection's 16-bit gradient;
+        # the gradient flowing into the block.
+        for name, i in (("last_block_reduce_scatter", L - 1), ("first_block_reduce_scatter", 0)):
+            if L == 0:
+                break
+            done = L - 1 - i
+            phases[name] = {
+                **base, "grads_bytes": max(grads_acc, (done + 1) * g_block),
+                "activations_bytes": others + sum(saved[:i]) + rope + cast_l * ck_flags[:i].count(False),
+                "temporaries_bytes": 4.0 * block_p + root_g + dy + comm + g_bwd
+                + (4.0 * (n_params - done * block_p) if fsdp_acc else 0.0)}
+        # The root's reduce-scatter at the very end of backward: its 16-bit gradients
+        # (embedding and output projection) and their fp32 copy, every block's shard
+        # made; the root's weights stay gathered only without resharding.
+        head_p = (h + (0 if _tied(shape, tp) else V * h / tp)) if last else 0.0
+        if tp == 1:
+            root_t = (wb + 4.0) * (V * h + head_p)
+        else:  # the embedding's gradient whole (see emb_grad_extra), its weights still gathered
+            root_t = wb * V * h + (wb + 4.0) * head_p + wb * (V * h / tp + head_p)
+        phases["root_reduce_scatter"] = {
+            **base, "grads_bytes": L * g_block, "activations_bytes": 0.0,
+            "temporaries_bytes": root_t + comm + (4.0 * (V * h / tp + head_p) if fsdp_acc else 0.0)}
+    if first and L > 0:
+        # The embedding's backward, last of all: its dense gradient (whole under tensor
+        # parallelism), and where a gradient is already there (the tied output
+        # projection's, or an earlier micro-batch's) their sum, made out of place; tied,
+        # the output projection's gradient waits beside them. Under FSDP2 these are
+        # 16-bit and the root's weights are gathered, with the last block's
+        # reduce-scatter buffer not yet released.
+        tied = _tied(shape, tp) and last
+        if fsdp:
+            emb_t = wb * V * h * (1 + 2 * tied) + wb * (V * h / tp + head_p_all) + 4.0 * block_p
+            if tp > 1:  # the output projection's pending gradient and the embedding gradient's shard
+                emb_t += wb * (V * h / tp + head_p_all)
+            g_now = L * g_block
+        elif cfg.pipelined:
+            # Earlier micro-batches' gradients take the dense one in place. Beside it the
+            # trace shows 2 bytes per matmul weight of the stage alive through the
+            # stage's backward under autocast (16-bit gradients of the weight copies the
+            # micro-batches share, by their size; not traced to their holder).
+            emb_t, g_now = 4.0 * V * h + (all_casts - cast_head), grads_b
+        else:
+            existing = tied or cfg.grad_accum > 1
+            emb_t = 4.0 * V * h * (1 + tied + (cfg.grad_accum > 1))
+            # Without a gradient already there, the dense one becomes the embedding's.
+            g_now = grads_b if existing else grads_b - 4.0 * V * h / tp - emb_grad_extra
+        acc_root = 4.0 * (V * h / tp + head_p_all) if fsdp_acc else 0.0  # the blocks' are reduced by now
+        # A pipeline's first stage runs the embedding's backward with later micro-batches
+        # still in flight.
+        held_now = others + all_casts if cfg.pipelined else 0.0
+        phases["embedding_backward"] = {**base, "grads_bytes": g_now, "activations_bytes": held_now,
+                                        "temporaries_bytes": emb_t + comm + acc_root}
+    if ddp:
+        # The end of DDP's backward: the gradients, the buckets, the last step's averages
+        # and for every bucket the new average its all-reduce hook returns (DDP's
+        # built-in hook divides out of place), until the reducer copies them into the
+        # gradients.
+        phases["ddp_finalize"] = {**base, "grads_bytes": grads_b, "activations_bytes": 0.0,
+                                  "temporaries_bytes": comm + buckets}
+    phases["optimizer"] = {**base, "grads_bytes": grads_b, "activations_bytes": 0.0,
+                           "temporaries_bytes": comm + scratch}
+    for ph in phases.values():
+        ph["total_bytes"] = sum(ph[k] for k in CONFIG_KEYS if k != "total_bytes")
+        for k in list(ph):
+            ph[k] = float(ph[k])
+    return phases
+
+
+def _chunk_sizes(layers: int, pp: int, v: int) -> list[int]:
+    chunks = pp * v
+    base, extra = divmod(layers, chunks)
+    return [base + (1 if c < extra else 0) for c in range(0, chunks, pp)]
+
+
+def _zero1_partition(sizes: list[float], dp: int) -> list[float]:
+    """The parameters (numels, in the order rank 0's optimizer steps them) whose states
+    rank 0 holds under torch's ZeroRedundancyOptimizer: whole tensors, largest first,
+    each to the rank holding the fewest elements so far (ties to the lowest rank)."""
+    loads = [0.0] * dp
+    mine = []
+    for n in sorted(sizes, reverse=True):
+        r = min(range(dp), key=lambda i: loads[i])
+        loads[r] += n
+        if r == 0:
+            mine.append(n)
+    return mine
+
+
+def _rank_params(shape: ModelShape, tp: int, first: bool, last: bool, layers: int) -> list[tuple[float, bool]]:
+    """(elements on this tensor-parallel rank, is a matmul weight) of every parameter of
+    the stage, in the order the model registers them (the order a single-tensor optimizer
+    steps them): embedding, per block attn_norm, wq, wk, wv, wo, mlp_norm, w1, w2, (w3),
+    then the final norm and the untied output projection. Tensor parallelism splits the
+    embedding and output projection over the vocabulary and every block matrix over its
+    sharded dimension; norms are replicated."""
+    h, d, F, V = shape.hidden, shape.dim_head, shape.ffn_hidden, shape.padded_vocab
+    q, k = shape.heads * d, shape.kv_heads * d
+    block = [(h, False), (h * q / tp, True), (h * k / tp, True), (h * k / tp, True), (q * h / tp, True), (h, False),
+             (h * F / tp, True), (F * h / tp, True)] + ([(h * F / tp, True)] if shape.mlp == "swiglu" else [])
+    out: list[tuple[float, bool]] = [(V * h / tp, False)] if first else []
+    out += block * layers
+    if last:
+        out.append((h, False))
+        if not _tied(shape, tp):
+            out.append((V * h / tp, True))
+    return out
+
+
+def _tied(shape: ModelShape, tp: int) -> bool:
+    """Whether the output projection shares the embedding's weight on this rank. Under
+    the runner's tensor parallelism it does not: parallelize_module replaces the
+    embedding's weight with a vocabulary-sharded DTensor and then shards the head's
+    reference to the old tensor into a second one (strategies/tensor_parallel.py), so a
+    tied model is trained untied, with two shards. (Reported; the trace sees it.)"""
+    return shape.tie_embeddings and tp == 1
+
+
+def _adamw_scratch(sizes: list[float], kind: str) -> float:
+    """Elements of scratch torch's AdamW allocates at its peak within a step.
+
+    ``single`` (CPU's default) steps one tensor at a time: sqrt(v) and its quotient by
+    the bias correction are new tensors, and the previous tensor's denominator lives
+    until the next one replaces it, so the peak is the largest (previous + 2 x current).
+    ``foreach`` (CUDA's default) makes sqrt(v) for every tensor at once: one copy of
+    all of them. ``fused`` (the runner's choice on CUDA) updates in place: none."""
+    if not sizes or kind == "fused":
+        return 0.0
+    if kind == "foreach":
+        return float(sum(sizes))
+    best, prev = 0.0, 0.0
+    for n in sizes:
+        best = max(best, prev + 2.0 * n)
+        prev = n
+    return best

@@ -51,13 +51,15 @@ def _group_link(span: Any, hw: Hardware) -> tuple[Any, Any]:
 
 
 def hardware_flops_per_token(shape: ModelShape, seq: Any, recompute: Any) -> Any:
-    """Model FLOPs plus recomputation: full recompute repeats the forward (1/3 of 6N +
-    12 L h s); selective (Korthikanti et al.) repeats the attention-score forward, 4 L h s."""
+    """Model FLOPs plus recomputation (memory.RECOMPUTE's modes): full recompute repeats
+    the forward (1/3 of 6N + 12 L h s); every_2nd repeats the forward of every second
+    block, ceil(L / 2) of the L blocks' share of it."""
     s = np.asarray(seq, dtype=float)
     model = shape.flops_per_token(s)
-    attn = 12.0 * shape.layers * shape.attn_dim * s
     rc = np.asarray(recompute)
-    return model + np.where(rc == 2, model / 3.0, np.where(rc == 1, attn / 3.0, 0.0))
+    blocks_fwd = (2.0 * shape.layers * shape.params_per_layer() + 4.0 * shape.layers * shape.attn_dim * s)
+    half = blocks_fwd * np.ceil(shape.layers / 2.0) / shape.layers
+    return model + np.where(rc == 2, model / 3.0, np.where(rc == 1, half, 0.0))
 
 
 def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, micro_batch: Any,
@@ -65,7 +67,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
               schedule: str = "1f1b", virtual_stages: int = 1, overlap: float = DEFAULT_OVERLAP,
               sp: Any = False, flash: Any = True, stage_params: Any = None) -> dict[str, Any]:
     """Predicted step time and its parts, in seconds (arrays broadcast)."""
-    from .memory import activations_per_layer
+    from .memory import korthikanti_bytes_per_layer
     from .memory import stage_params as _stage_params
 
     s = np.asarray(seq, dtype=float)
@@ -80,7 +82,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     tokens = B * s
     hw_flops = hardware_flops_per_token(shape, s, rc) * tokens
     matmul = hw_flops / (n_gpus * hw.peak_tflops * 1e12 * hw.compute_eff)
-    act_per_token = activations_per_layer(shape, s, 1, t, sp, 0, flash, precision) / s
+    act_per_token = korthikanti_bytes_per_layer(shape, s, 1, t, sp, flash, precision) / s
     ew_bytes = hw.elementwise_passes * act_per_token * (tokens / d) * np.ceil(shape.layers / p)
     elementwise = ew_bytes * np.where(rc == 2, 4.0 / 3.0, 1.0) / hw.mem_bw
     compute = matmul + elementwise

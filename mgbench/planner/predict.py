@@ -12,8 +12,9 @@ from . import perf
 from .hardware import Hardware
 from .memory import RECOMPUTE, SCHEDULES, memory_per_gpu
 
+# The components (they add up to total_bytes) and the model-states subtotal.
 MEMORY_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "model_states_bytes", "activations_bytes",
-               "allowance_bytes", "total_bytes")
+               "gathered_params_bytes", "temporaries_bytes", "allowance_bytes", "total_bytes")
 
 
 @dataclass(frozen=True)
@@ -83,15 +84,20 @@ def _floats(d: dict[str, Any]) -> dict[str, Any]:
     return {k: (_floats(v) if isinstance(v, dict) else float(v)) for k, v in d.items()}
 
 
-def memory(shape: ModelShape | None, layout: Layout, params: float | None = None) -> dict[str, Any]:
-    """Bytes per GPU for `mgbench memory` (model states alone when only ``params`` is known)."""
+def memory(shape: ModelShape | None, layout: Layout, params: float | None = None,
+           largest_layer_params: float | None = None) -> dict[str, Any]:
+    """Bytes per GPU for `mgbench memory` (model states, and the ZeRO-3 working set when
+    ``largest_layer_params`` is given, when only ``params`` is known)."""
     validate(layout, shape)
     m = memory_per_gpu(shape, params=params, seq=layout.seq_len, micro_batch=layout.micro_batch,
                        num_micro=layout.num_micro, tp=layout.tp, pp=layout.pp, dp=layout.dp, zero=layout.zero,
                        precision=layout.precision, recompute=RECOMPUTE.index(layout.recompute),
                        sp=layout.sequence_parallel, flash=layout.flash_attention, schedule=layout.schedule,
-                       virtual_stages=layout.virtual_stages)
+                       virtual_stages=layout.virtual_stages, largest_layer_params=largest_layer_params)
     out = {k: float(m[k]) for k in MEMORY_KEYS}
+    if shape is None and layout.zero >= 3 and largest_layer_params is None:
+        out["notes"] = ["ZeRO-3's gathered working set is not counted: the largest layer is unknown with --params; "
+                        "give --largest-layer-params N (DeepSpeed's estimator takes the same)"]
     out["layout"] = {"num_gpus": layout.num_gpus, "tp": layout.tp, "pp": layout.pp, "dp": layout.dp,
                      "zero": layout.zero, "micro_batch": layout.micro_batch, "precision": layout.precision,
                      "recompute": layout.recompute}

@@ -202,7 +202,13 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
 
     ok = [r for r in bests if allowed(r)]
     ranked = sorted(ok, key=lambda r: (r["cost_usd"] is None, r["cost_usd"] or 0.0, r["days"]))
+    for r in ranked[: opts.top]:
+        _add_interval(r, opts)
     rec, reasons = _recommend(ranked, bests, opts)
+    reasons += _distinguishable(ranked[: opts.top])
+    if rec is not None and opts.deadline_days is not None and rec["days_interval"][1] > opts.deadline_days:
+        reasons.append(f"at its interval's upper end ({rec['days_interval'][1]:.1f} days) it would miss the "
+                       f"{opts.deadline_days:g}-day deadline")
     return {
         "model": shape.name, "tokens": opts.tokens, "seq_len": opts.seq_len,
         "global_batch": max(1, opts.global_batch_tokens // opts.seq_len),
@@ -216,6 +222,40 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
             "spot": opts.spot, "overlap": opts.overlap,
         },
     }
+
+
+def _add_interval(r: dict[str, Any], opts: PlanOptions) -> None:
+    """A candidate's intervals (planner/uncertainty.py): on step time and tokens/s per GPU,
+    and, scaled alike, on days and cost (both proportional to step time)."""
+    from . import uncertainty
+
+    reg = uncertainty.regime(r["gpu"], r["pp"] > 1)
+    if opts.calibration and r["system"] in opts.calibration:
+        reg = {**reg, "regime": "calibrated", "reasons": reg["reasons"] + ["efficiency calibrated on a measured run"]}
+    step = max(1, opts.global_batch_tokens // opts.seq_len) * opts.seq_len / r["tokens_per_s"]
+    iv = uncertainty.intervals(step, r["tokens_per_s"] / r["num_gpus"], reg)
+    r.update(step_time_s_interval=iv["step_time_s_interval"],
+             tokens_per_s_per_gpu_interval=iv["tokens_per_s_per_gpu_interval"], regime=reg["regime"],
+             interval_reasons=reg["reasons"])
+    lo, hi = 1.0 - reg["low"], 1.0 + reg["high"]
+    r["days_interval"] = [r["days"] * lo, r["days"] * hi]
+    r["cost_usd_interval"] = None if r["cost_usd"] is None else [r["cost_usd"] * lo, r["cost_usd"] * hi]
+
+
+def _distinguishable(ranked: list[dict[str, Any]]) -> list[str]:
+    """Which runners-up the recommendation cannot be told apart from, given the intervals."""
+    from .uncertainty import overlap
+
+    if len(ranked) < 2:
+        return []
+    best, key = ranked[0], "cost_usd_interval" if ranked[0]["cost_usd"] is not None else "days_interval"
+    close = [r for r in ranked[1:] if r.get(key) and overlap(best[key], r[key])]
+    lines = [f"prediction interval ({best['regime']}): {best['days_interval'][0]:.1f} to {best['days_interval'][1]:.1f} days; "
+             + "; ".join(best["interval_reasons"])]
+    if close:
+        lines.append("not distinguishable from it within the intervals: " + ", ".join(
+            f"{r['num_gpus']}x {r['gpu']} ({r['system']})" for r in close[:5]))
+    return lines
 
 
 def _recommend(ranked: list[dict[str, Any]], all_rows: list[dict[str, Any]], opts: PlanOptions) -> tuple[dict[str, Any] | None, list[str]]:

@@ -89,6 +89,13 @@ def main() -> None:
     for r in rows:
         if r["why"]:
             print(f"{r['id']}: {r['role']}: {r['why']}")
+    from .uncertainty import leave_one_out_coverage
+
+    cov = leave_one_out_coverage()
+    print(f"intervals (uncertainty.py), leave-one-out: {cov['covered']} of {cov['total']} validation rows fall inside "
+          "the interval built from the other rows of their class: "
+          + ", ".join(f"{r['id']} {r['error_pct']:+.1f}% in [{r['interval_pct'][0]:+.1f}, {r['interval_pct'][1]:+.1f}]"
+                      + ("" if r["inside"] else " OUTSIDE") for r in cov["rows"]))
     mm, c = solve_defaults()
     print(f"solved defaults: matmul_eff = {mm:.3f}, elementwise_passes = {c:.2f}")
 

@@ -77,22 +77,41 @@ def scaling_efficiency(df: pd.DataFrame) -> Figure | None:
     ok = ok[_correct(ok)]
     if ok.empty or ok["nproc"].nunique() < 2:
         return None
-    ok["series"] = _series_key(ok)
     fig = go.Figure()
-    for name, g in ok.groupby("series", sort=True):
-        best = g.groupby("nproc")["tokens_per_s"].max().sort_index()
-        if len(best) < 2:
-            continue
-        n0, t0 = best.index[0], best.iloc[0]
-        eff = [100.0 * t / (t0 * n / n0) for n, t in best.items()]
-        fig.add_trace(go.Bar(x=[str(n) for n in best.index], y=eff, name=name))
+    for name, pts in scaling_points(df).items():
+        # Above 100% on CPU ranks that share cores is measurement noise, not super-linear
+        # scaling: hatched and named as such, never drawn like a result.
+        fig.add_trace(go.Bar(x=[str(p["nproc"]) for p in pts], y=[p["efficiency_pct"] for p in pts], name=name,
+                             marker_pattern_shape=["x" if p["noise"] else "" for p in pts],
+                             hovertext=["noise: above 100% on shared CPU cores" if p["noise"] else "" for p in pts]))
     if not fig.data:
         return None
     fig.add_hline(y=100, line_dash="dot", annotation_text="linear scaling")
     fig.update_layout(title="Scaling efficiency", xaxis_title="devices (ranks)", yaxis_title="efficiency (%)",
                       barmode="group", **LAYOUT)
     return fig, ("Throughput per device relative to the same strategy at its smallest device count (100% = linear). "
-                 "On a CPU host, ranks share the cores, so efficiency falls even without communication.")
+                 "On a CPU host, ranks share the cores, so efficiency falls even without communication; a hatched bar "
+                 "above 100% there is noise of this machine under load, not a result.")
+
+
+def scaling_points(df: pd.DataFrame) -> dict[str, list[dict[str, Any]]]:
+    """Per series, each device count's efficiency (%) against its smallest count, and
+    whether it is noise (above 100% on CPU ranks, which share the host's cores)."""
+    ok = _ok(df)
+    ok = ok[_correct(ok)]
+    if ok.empty or ok["nproc"].nunique() < 2:
+        return {}
+    ok["series"] = _series_key(ok)
+    out = {}
+    for name, g in ok.groupby("series", sort=True):
+        best = g.groupby("nproc")["tokens_per_s"].max().sort_index()
+        if len(best) < 2:
+            continue
+        cpu = bool((g["device"] == "cpu").all()) if "device" in g else False
+        n0, t0 = best.index[0], best.iloc[0]
+        out[str(name)] = [{"nproc": int(n), "efficiency_pct": 100.0 * t / (t0 * n / n0),
+                           "noise": cpu and n > n0 and t / (t0 * n / n0) > 1.0} for n, t in best.items()]
+    return out
 
 
 def step_time_distribution(df: pd.DataFrame) -> Figure | None:
@@ -156,11 +175,41 @@ def memory(df: pd.DataFrame, capacity_gib: float | None, capacity_label: str) ->
     if capacity_gib:
         fig.add_hline(y=capacity_gib, line_dash="dash", line_color="red", annotation_text=capacity_label)
     method = ok["mem_method"].dropna().iloc[0] if "mem_method" in ok and ok["mem_method"].notna().any() else "?"
-    fig.update_layout(title=f"Peak memory per device ({method})", yaxis_title="peak memory per rank (GiB)", **LAYOUT)
+    fig.update_layout(title=f"Peak memory per device while training ({method})",
+                      yaxis_title="peak memory per rank (GiB)", **LAYOUT)
     fig.update_xaxes(tickangle=30)
-    return fig, ("Peak memory of the most loaded rank of each config, against the device's capacity (dashed). "
-                 "Sharded strategies (ZeRO, FSDP, TP, PP) should sit lower than DDP for the same model; on CPU "
-                 "this is resident memory of the whole process, framework included.")
+    return fig, ("Training peak of the most loaded rank of each config (from the sharded model on; the build's "
+                 "peak is the record's mem_init_peak_gib), against the device's capacity (dashed). On GPUs this "
+                 "is the caching allocator's max allocated memory; on CPU it is resident memory of the whole "
+                 "process, interpreter and libraries included, so it says little about the model: the tracked "
+                 "figure above does.")
+
+
+def memory_vs_model(df: pd.DataFrame) -> Figure | None:
+    """Tracked memory (one step under torch's tracker, busiest rank) beside the analytic
+    model's prediction for the same config, both stacked by the model's categories."""
+    from .memory_vs_model import MODEL_OF_TRACKED, compare_records
+
+    ok = _ok(df)
+    if ok.empty or "mem_tracked_peak_bytes" not in ok or ok["mem_tracked_peak_bytes"].isna().all():
+        return None
+    rows = [r for r in compare_records(ok.to_dict("records")) if r["reason"] is None]
+    if not rows:
+        return None
+    groups = [f"{str(r['label'])[:40]} ({r['error_pct']:+.0f}%)" for r in rows]
+    x = [[g for g in groups for _ in (0, 1)], ["tracked", "predicted"] * len(rows)]
+    fig = go.Figure()
+    for key in MODEL_OF_TRACKED:
+        y = [v / 2**20 for r in rows for v in (r[f"tracked_{key}"], r[f"predicted_{key}"])]
+        fig.add_trace(go.Bar(x=x, y=y, name=key.replace("_bytes", "")))
+    fig.update_layout(title="Tracked vs predicted memory per rank", yaxis_title="MiB per rank (busiest rank)",
+                      barmode="stack", **{**LAYOUT, "height": 480})
+    fig.update_xaxes(tickangle=30)
+    return fig, ("For each config, left: the tensors torch's memory tracker saw live at the peak of one training "
+                 "step on the busiest rank (untimed, after the measured steps); right: `mgbench memory`'s analytic "
+                 "model for the same config. The percentage is the predicted total's error against the tracked "
+                 "peak. Temporaries include gathered FSDP parameters and communication buffers (DDP gradient "
+                 "buckets, FSDP all-gather / reduce-scatter, pipeline send/receive).")
 
 
 def energy(df: pd.DataFrame) -> Figure | None:
@@ -175,10 +224,13 @@ def energy(df: pd.DataFrame) -> Figure | None:
     fig.update_layout(title="Energy per token (measured window)", yaxis_title="energy per token (mJ)", **LAYOUT)
     fig.update_xaxes(tickangle=30)
     return fig, ("Energy counter difference over the measured window divided by the tokens trained in it; bar "
-                 "labels give the average power. Lower is cheaper to run, whatever the speed.")
+                 "labels give the total power of all devices measured (the sum over GPUs), averaged over the "
+                 "window. Lower is cheaper to run, whatever the speed.")
 
 
 def comm_bandwidth(comm: pd.DataFrame, peak_gbps: float | None = None) -> Figure | None:
+    if comm is not None and "kind" in comm:
+        comm = comm[comm["kind"].fillna("collective") != "copy"]  # copy bandwidth is not a collective's busbw
     if comm is None or comm.empty:
         return None
     fig = go.Figure()

@@ -76,6 +76,12 @@ def warnings(df: pd.DataFrame) -> list[str]:
         strag = r.get("straggler_ranks")
         if isinstance(strag, list) and strag:
             out.append(f"{label}: straggler rank(s) {strag} (per-rank busy time spread {r.get('rank_spread_pct'):.0f}%)")
+    for series, pts in figures.scaling_points(df).items():
+        noisy = [p for p in pts if p["noise"]]
+        if noisy:
+            shared.setdefault("scaling efficiency above 100% on CPU ranks that share the host's cores: noise of this "
+                              "machine under load, not super-linear scaling; rerun with rounds = 5 on a quiet machine",
+                              []).extend(f"{series} at {p['nproc']} ranks ({p['efficiency_pct']:.0f}%)" for p in noisy)
     return out + [f"{what} — {', '.join(who)}" for what, who in shared.items()]
 
 
@@ -85,6 +91,71 @@ def _figure_block(fig_caption: tuple[Any, str] | None, missing: str) -> str:
     fig, caption = fig_caption
     div = fig.to_html(full_html=False, include_plotlyjs=False, config={"displaylogo": False, "responsive": True})
     return f'<div class="figure">{div}</div><p class="caption">{html.escape(caption)}</p>'
+
+
+def memory_section(df: pd.DataFrame, cap: float | None, cap_label: str) -> str:
+    """Tracked vs predicted memory (figure and per-config table), then the device peaks."""
+    from .memory_vs_model import AGREEMENT_PCT, compare_records
+
+    rows = compare_records(df.to_dict("records")) if not df.empty else []
+    shown = [{"label": r["label"],
+              "tracked": r.get("tracked_total_bytes", 0) / 2**20 if r["reason"] is None else None,
+              "predicted": r.get("predicted_total_bytes", 0) / 2**20 if r["reason"] is None else None,
+              "error_pct": r.get("error_pct"),
+              "verdict": r["reason"] or ("agrees" if r["agrees"] else f"off by more than {AGREEMENT_PCT:g}%")}
+             for r in rows]
+    table = _table(shown, [("label", "config"), ("tracked", "tracked MiB"), ("predicted", "predicted MiB"),
+                           ("error_pct", "error %"), ("verdict", "")])
+    return (_figure_block(figures.memory_vs_model(df), "no tracked memory in these runs (runs from before "
+                                                       "tracking, or every config failed)")
+            + "<h3>Tracked peak vs the analytic model, per config</h3>" + table
+            + _figure_block(figures.memory(df, cap, cap_label), "no device memory figures"))
+
+
+def projection_section(run_dir: Path, results_dir: str | Path) -> str:
+    """The closing section: the run's workload on catalog hardware (predicted, with
+    intervals) and the model checked against this machine (planner/projection.py)."""
+    from ..planner.projection import projection
+
+    try:
+        p = projection(run_dir, results_dir)
+    except Exception as e:  # a projection problem must not cost the report
+        return f'<p class="note">no projection: {html.escape(str(e))}</p>'
+    if "null_reason" in p:
+        return f'<p class="note">no projection: {html.escape(p["null_reason"])}</p>'
+    rows = []
+    for r in p["catalog"]:
+        if not r["fits"]:
+            rows.append({"system": r["system"], "layout": r["reason"]})
+            continue
+        lo, hi = r["tokens_per_s_per_gpu_interval"]
+        rows.append({"system": r["system"], "layout": f"{r['num_gpus']} GPUs, tp={r['tp']} pp={r['pp']} dp={r['dp']} "
+                                                      f"ZeRO-{r['zero']} mb={r['micro_batch']}",
+                     "tps": f"{r['tokens_per_s_per_gpu']:,.0f}", "interval": f"{lo:,.0f} to {hi:,.0f}",
+                     "mem": f"{r['memory_per_gpu_bytes'] / 1e9:.2f}",
+                     "usd": "-" if r["usd_per_million_tokens"] is None else f"{r['usd_per_million_tokens']:.3g}",
+                     "regime": r["regime"]})
+    out = (f"<p>{html.escape(p['model'])} at sequence {p['seq_len']} in {p['precision']} on one node of each system: "
+           "predictions of mgbench's planner, not measurements, each with its interval and where the interval comes "
+           "from.</p>" + _table(rows, [("system", "system"), ("layout", "best layout"), ("tps", "tokens/s/GPU"),
+                                       ("interval", "interval"), ("mem", "GB/GPU"), ("usd", "$/M tokens"),
+                                       ("regime", "interval from")]))
+    m = p["this_machine"]
+    if "null_reason" in m:
+        out += f"<h3>This machine</h3><p class='note'>{html.escape(m['null_reason'])}</p>"
+    else:
+        out += ("<h3>This machine: the model against what was just measured</h3>"
+                + (f"<p>mean |error| {m['mape']:.0f}% over {m['num_predicted']} configs (max "
+                   f"{m['max_abs_error_pct']:.0f}%), from the profile {html.escape(Path(m['profile']).name)}</p>"
+                   if m["mape"] is not None else "<p class='note'>no config could be predicted</p>")
+                + _table([{"label": r["label"], "measured": f"{r['measured_s']:.4f}",
+                           "predicted": "-" if r["predicted_s"] is None else f"{r['predicted_s']:.4f}",
+                           "error": r["reason"] if r["predicted_s"] is None else f"{r['error_pct']:+.0f}%"}
+                          for r in m["rows"]], [("label", "config"), ("measured", "measured s"),
+                                                ("predicted", "predicted s"), ("error", "error")]))
+    if p.get("cpu_note"):
+        out += f"<p class='note'>{html.escape(p['cpu_note'])}</p>"
+    return out
 
 
 def build(runs: list[str | Path], output: str | Path, results_dir: str | Path = "results",
@@ -142,7 +213,7 @@ def build(runs: list[str | Path], output: str | Path, results_dir: str | Path = 
     sections.append(("breakdown", "Time breakdown",
                      _figure_block(figures.time_breakdown(df),
                                    "no configs with a measured breakdown (pipeline bubbles or profiled communication)")))
-    sections.append(("memory", "Memory", _figure_block(figures.memory(df, cap, cap_label), "no memory figures")))
+    sections.append(("memory", "Memory", memory_section(df, cap, cap_label)))
     reasons = sorted(set(df["energy_reason"].dropna())) if "energy_reason" in df else []
     sections.append(("energy", "Energy", _figure_block(
         figures.energy(df), "energy not measured: " + ("; ".join(reasons) if reasons else "no configs"))))
@@ -165,6 +236,8 @@ def build(runs: list[str | Path], output: str | Path, results_dir: str | Path = 
             ("p_value", "p"), ("p_basis", "p from"), ("verdict", "verdict")]) + '<p class="caption">A change counts '
             "only when it is significant (Mann-Whitney U, p &lt; 0.05, on window medians when each run has 5 or more, "
             "else on raw step times) and past the threshold; otherwise ~.</p>"))
+
+    sections.append(("projection", "Projection", projection_section(paths[0], results_dir)))
 
     title = "mgbench report: " + ", ".join(m["run_id"] for m in manifests)
     nav = "".join(f'<a href="#{sid}">{html.escape(name)}</a>' for sid, name, _ in sections)

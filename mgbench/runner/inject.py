@@ -19,17 +19,31 @@ if TYPE_CHECKING:
 
 
 class Injector:
-    """Called by the measured loop around each step of one rank."""
+    """Called by the measured loop around each step of one rank. ``device``: the rank's
+    device (a CUDA rank's slow step waits for its GPU; see after_step)."""
 
-    def __init__(self, spec: str, rank: int) -> None:
+    def __init__(self, spec: str, rank: int, device: Any = None) -> None:
         self.inj = parse(spec)
         self.rank = rank
+        self.device = device
         self._t0 = 0.0
+
+    def _slow_here(self) -> bool:
+        return self.inj is not None and self.inj.kind == "slow" and self.inj.rank == self.rank
+
+    def _sync(self) -> None:
+        """Wait for this rank's queued GPU work (nothing to wait for on CPU)."""
+        if self.device is not None and getattr(self.device, "type", None) == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.device)
 
     def before_step(self, step: int) -> None:
         inj = self.inj
         if inj is None or inj.kind == "bug" or inj.rank != self.rank:
             return
+        if self._slow_here():
+            self._sync()  # the step starts with an idle GPU, so its time below is its own
         self._t0 = time.perf_counter()
         if inj.step != step:
             return
@@ -47,8 +61,14 @@ class Injector:
 
     def after_step(self) -> None:
         inj = self.inj
-        if inj is None or inj.rank != self.rank or inj.kind != "slow":
+        if inj is None or not self._slow_here():
             return
+        # A CUDA step returns once its kernels are queued: without waiting for them, the
+        # step's wall time is only the launch time, and a CPU delay while the GPU still
+        # works through the queue delays nothing. Wait, then hold the rank for
+        # (factor - 1) x the whole step; the next step (and the step clock's next event)
+        # is queued only after that, so the rank's measured step grows by that much.
+        self._sync()
         # Burn CPU rather than sleep, so the rank looks like a slower device (busy, not
         # idle), for (factor - 1) x this step's wall time.
         end = time.perf_counter() + (time.perf_counter() - self._t0) * (inj.factor - 1.0)

@@ -92,8 +92,9 @@ def train_step(prep: Prepared, micro: list[MicroBatch], device: torch.device, pr
 def _pipeline_step(prep: Prepared, micro: list[MicroBatch], device: torch.device, precision: str,
                    hooks: StepHooks | None = None) -> torch.Tensor:
     """One step of the pipeline schedule: the first stage feeds the whole batch (the
-    schedule splits it into the micro-batches), the last computes the losses; gradients
-    are averaged over micro-batches by the schedule (scale_grads)."""
+    schedule splits it into the micro-batches), the last computes the losses through
+    ``prep.stage_loss``, which also scales them for fp16 (the schedule runs backward
+    itself); gradients are averaged over micro-batches by the schedule (scale_grads)."""
     x = torch.cat([m[0] for m in micro])
     y = torch.cat([m[1] for m in micro])
     losses: list[torch.Tensor] = []
@@ -106,6 +107,9 @@ def _pipeline_step(prep: Prepared, micro: list[MicroBatch], device: torch.device
             prep.schedule.step(target=y, losses=losses)
         else:
             prep.schedule.step()
+    # What backward ran on is scaled for fp16: report the losses themselves (before the
+    # optimizer step, whose scaler update may change the scale).
+    losses = prep.stage_loss.true_losses(losses)
     _optimizer_step(prep, hooks)
     if losses:
         return torch.stack([l.detach().float() for l in losses]).mean()
@@ -123,3 +127,28 @@ def _optimizer_step(prep: Prepared, hooks: StepHooks | None = None) -> None:
     else:
         prep.optimizer.step()
     prep.optimizer.zero_grad(set_to_none=True)
+
+
+def fp32_matmul_mode() -> tuple[str, str]:
+    """How this process runs fp32 matmuls on CUDA: ("ieee" | "tf32", the setting read).
+
+    fp32 MFU must divide by the peak of the units the matmuls ran on: with TF32 allowed
+    they run on tensor cores, whose tf32 peak is 7x (H100) the fp32 one. torch 2.13 has
+    two APIs for the setting and refuses to answer the legacy one (allow_tf32,
+    get_float32_matmul_precision) when the new one was used to set it, so the new
+    per-backend setting is read first. "medium" runs CUDA matmuls as "high" does (TF32)."""
+    matmul = torch.backends.cuda.matmul
+    try:
+        new = matmul.fp32_precision  # "ieee" | "tf32" | "none" (not set through this API)
+    except (AttributeError, RuntimeError):
+        new = None
+    if new in ("ieee", "tf32"):
+        return new, f"torch.backends.cuda.matmul.fp32_precision = {new!r}"
+    try:
+        prec = torch.get_float32_matmul_precision()
+    except RuntimeError:
+        prec = None
+    if prec is not None:
+        return ("ieee" if prec == "highest" else "tf32"), f"torch.get_float32_matmul_precision() = {prec!r}"
+    tf32 = bool(matmul.allow_tf32)
+    return ("tf32" if tf32 else "ieee"), f"torch.backends.cuda.matmul.allow_tf32 = {tf32}"

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from .. import stats, store
-from ..catalog import peak_tflops
+from ..catalog import peak_precision, peak_tflops
 from ..config import RunConfig
 from ..faults import bug_of
 from ..record import RankFigures, Record, backend_of
@@ -34,13 +34,13 @@ from ..store import RunDir
 from ..strategies.apply import prepare
 from ..strategies.pipeline import theoretical_bubble
 from ..telemetry.clock import StepClock
-from ..telemetry.energy import EnergyMeter
-from ..telemetry.memory import read_peak, reset_peak
+from ..telemetry.energy import EnergyMeter, top_up_steps
+from ..telemetry.memory import read_peak, reset_peak, track_step
 from ..telemetry.machine import cpu_model
 from . import reference
 from .check import check_prepared, compare_check, run_check
 from .inject import Injector
-from .training import StepHooks, rank_batches, train_step
+from .training import StepHooks, fp32_matmul_mode, rank_batches, train_step
 
 # Exit status of a rank that failed a config on purpose (after writing its failure
 # file): the launcher tells it apart from a rank that died without a word.
@@ -59,12 +59,13 @@ def device_name(device: torch.device) -> str:
 
 
 def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: bool = True,
-            check: bool = True) -> RankFigures:
+            check: bool = True, track: bool = True) -> RankFigures:
     """Build, warm up and time one config (one round of it) on this rank; returns this
     rank's raw figures. ``profile``: run the profiled window when the config asks for
     one; ``check``: run the correctness window first, on learnable data before anything
-    is timed, so the throughput figures do not see it."""
-    inject = Injector(cfg.inject, dist.get_rank())
+    is timed, so the throughput figures do not see it; ``track``: run one more step
+    under torch's memory tracker once everything else is done (see track_memory)."""
+    inject = Injector(cfg.inject, dist.get_rank(), device)
     check = check and cfg.check_steps > 0
     # An injected bug breaks the model it is applied to: its check window gets a model of
     # its own, so the bug never reaches the timed steps.
@@ -72,7 +73,7 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    mem_method = reset_peak(device)
+    reset_peak(device)
     t0 = time.perf_counter()
     prep = prepare(cfg, device)  # seeded: identical initial weights on every rank and in the reference
     total_steps = cfg.warmup_steps + cfg.repeats * cfg.measured_steps
@@ -80,6 +81,14 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
                            prep.dp_size, cfg.seq_len, cfg.shape.vocab, device)
     sync(device)
     init_s = time.perf_counter() - t0
+    # Two peak windows: building holds the whole model on every rank before it is placed
+    # and sharded; training holds only this rank's part. One window would report the
+    # unsharded model as every FSDP / TP / pipeline config's training peak.
+    init_peak = read_peak(device)["mem_peak_gib"]
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the unsharded model's freed blocks: not training's reserved memory
+    mem_method = reset_peak(device)
 
     losses: list[torch.Tensor] = []
     t0 = time.perf_counter()
@@ -125,9 +134,18 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
         busy_s += time.thread_time() - cpu0
         measured_s += time.perf_counter() - t0
         windows.append(clock.step_times())
-    energy = meter.stop()
+    # NVML's energy counter moves in ~100 ms steps: a window shorter than the meter's
+    # minimum gets untimed steps added inside it (step times above are untouched).
+    timed = cfg.repeats * cfg.measured_steps
+    extra = top_up_steps(meter, timed, device)
+    for k in range(extra):
+        train_step(prep, batches[k % len(batches)], device, cfg.precision)
+    sync(device)
+    energy = meter.stop(steps=timed + extra)
     mem = read_peak(device)
     breakdown = profile_window(cfg, prep, batches, device) if cfg.profile and profile else None
+    tracked = (track_memory(cfg, prep, batches, device) if cfg.track_memory else
+               {"mem_tracked_reason": "track_memory = false for this config"}) if track else {}
 
     # Global loss per step: the loss-holding ranks' losses, weighted so the sum over all
     # ranks is the mean over data-parallel replicas (equal micro-batch sizes).
@@ -137,7 +155,25 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
     del prep, batches
     return RankFigures(rank=dist.get_rank(), init_s=init_s, warmup_s=warmup_s, measured_s=measured_s, busy_s=busy_s,
                        busy_steps=busy_steps, windows=windows, losses=loss_values, mem_method=mem_method,
-                       breakdown=breakdown, check=checked, **mem, **energy)
+                       mem_init_peak_gib=init_peak, breakdown=breakdown, check=checked, **mem, **tracked, **energy)
+
+
+def track_memory(cfg: RunConfig, prep: Any, batches: list, device: torch.device) -> dict[str, Any]:
+    """One more training step under torch's memory tracker: this rank's tracked peak and
+    its split by category (:func:`mgbench.telemetry.memory.track_step`).
+
+    The tracker hooks every op in Python (a step takes 2-9x as long under it), so it
+    runs after the timed, energy and profiled windows, never inside them: throughput,
+    energy and breakdown figures are those of untracked steps. After the warm-up the
+    optimizer states exist, so the step is a steady-state one. Not in the correctness
+    window: that window holds a copy of the initial weights and runs on a fresh model
+    whose first step creates the optimizer states, neither of which a training step has.
+    Last, because a step that fails under the tracker leaves the model mid-step."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    out = track_step(lambda: train_step(prep, batches[-1], device, cfg.precision), prep.modules, prep.optimizer,
+                     device, prep.schedule)
+    return {**out, "mem_tracked_s": time.perf_counter() - t0}
 
 
 def profile_window(cfg: RunConfig, prep: Any, batches: list, device: torch.device) -> dict[str, float]:
@@ -179,7 +215,6 @@ def summarize_config(cfg: RunConfig, per_rank: list[RankFigures], device: torch.
     tokens_per_s = tokens_per_step / s["median"]
     flops_per_token = cfg.shape.flops_per_token(cfg.seq_len)
     name = device_name(device)
-    peak, peak_reason = peak_tflops(name, cfg.precision)
     model_tflops = flops_per_token * tokens_per_s / world / 1e12
     r0 = per_rank[0]
 
@@ -188,7 +223,7 @@ def summarize_config(cfg: RunConfig, per_rank: list[RankFigures], device: torch.
     readers = [r for r in per_rank if r.energy_method != "none"] if device.type == "cpu" else per_rank
     energies = [r.energy_j for r in readers]
     energy_j = sum(energies) if readers and all(e is not None for e in energies) else None
-    measured_tokens = tokens_per_step * n_steps
+    measured_tokens = tokens_per_step * (r0.energy_steps or n_steps)  # the steps inside the energy window
     mems = [r.mem_peak_gib for r in per_rank]
     return {
         "step_time_s": s["median"],
@@ -212,21 +247,29 @@ def summarize_config(cfg: RunConfig, per_rank: list[RankFigures], device: torch.
         "num_params": cfg.shape.num_params(),
         "flops_per_token": flops_per_token,
         "model_tflops_per_device": model_tflops,
-        "peak_tflops": peak,
-        "mfu_pct": 100.0 * model_tflops / peak if peak else None,
-        "mfu_reason": None if peak else peak_reason,
+        **mfu_fields(cfg.precision, name, device, model_tflops),
         "device_name": name,
         "mem_peak_gib": None if any(m is None for m in mems) else max(mems),
         "mem_peak_gib_per_rank": mems,
         "mem_reserved_peak_gib": max((r.mem_reserved_peak_gib or 0.0) for r in per_rank) if device.type == "cuda" else None,
         "mem_method": r0.mem_method,
+        **memory_fields(per_rank),
         "init_s": max(r.init_s for r in per_rank),
         "warmup_s": max(r.warmup_s for r in per_rank),
         "measured_s": max(r.measured_s for r in per_rank),
         "energy_j": energy_j,
         "power_w": energy_j / r0.window_s if energy_j is not None and r0.window_s > 0 else None,
+        "power_w_per_device": (energy_j / r0.window_s / len(readers) if energy_j is not None and r0.window_s > 0
+                               and device.type == "cuda" else None),
         "energy_per_token_j": energy_j / measured_tokens if energy_j is not None else None,
         "energy_window_s": r0.window_s,
+        "num_energy_steps": r0.energy_steps,
+        "energy_min_window_s": max((r.energy_min_window_s for r in readers if r.energy_method != "none"
+                                    and r.energy_min_window_s is not None), default=None),
+        "energy_update_interval_s": max((r.energy_update_interval_s for r in readers
+                                         if r.energy_update_interval_s is not None), default=None),
+        "energy_device_match": ([r.energy_device_match for r in per_rank]
+                                if any(r.energy_device_match for r in per_rank) else None),
         "energy_method": readers[0].energy_method if readers else "none",
         "energy_reason": None if energy_j is not None else (r0.energy_reason or "no rank could read energy"),
         "losses": r0.losses,
@@ -238,6 +281,53 @@ def summarize_config(cfg: RunConfig, per_rank: list[RankFigures], device: torch.
     }
 
 
+def memory_fields(per_rank: list[RankFigures]) -> dict[str, Any]:
+    """Init peaks and tracked figures as record fields. Over ranks: the max (the rank
+    that must fit); the categories are those of the rank with the largest tracked
+    peak, at that peak, so they add up to it. Tracked figures are null, with the first
+    failing rank's reason, unless every rank has them."""
+    inits = [r.mem_init_peak_gib for r in per_rank]
+    out: dict[str, Any] = {
+        "mem_init_peak_gib": None if any(m is None for m in inits) else max(inits),  # type: ignore[type-var]
+        "mem_init_peak_gib_per_rank": inits,
+        "mem_tracked_s": max((r.mem_tracked_s for r in per_rank if r.mem_tracked_s is not None), default=None),
+    }
+    missing = next((r for r in per_rank if r.mem_tracked is None), None)
+    if missing is not None:
+        reason = missing.mem_tracked_reason or "not tracked in this run"
+        return {**out, "mem_tracked_reason": f"rank {missing.rank}: {reason}" if len(per_rank) > 1 else reason}
+    tracked = [r.mem_tracked for r in per_rank]
+    busiest = max(tracked, key=lambda t: t["peak"])  # type: ignore[index]
+    out.update({f"mem_tracked_{k}_bytes": v for k, v in busiest.items() if k != "peak"})  # type: ignore[union-attr]
+    out.update({
+        "mem_tracked_peak_bytes": busiest["peak"],  # type: ignore[index]
+        "mem_tracked_peak_bytes_per_rank": [t["peak"] for t in tracked],  # type: ignore[index]
+        "mem_tracked_categories_per_rank": tracked,
+        "mem_tracked_method": per_rank[0].mem_tracked_method,
+        "mem_tracked_reason": None,
+    })
+    return out
+
+
+def mfu_fields(precision: str, name: str, device: torch.device, model_tflops: float) -> dict[str, Any]:
+    """MFU against the peak of the units the matmuls ran on: the catalog entry the device
+    name (and, where variants share a name, its memory) picks, at the config's precision,
+    or at tf32 for fp32 with TF32 allowed. A result above 100% means that peak cannot be
+    this device's: null with the reason, never a figure no device can reach."""
+    memory_gib = torch.cuda.get_device_properties(device).total_memory / 2**30 if device.type == "cuda" else None
+    mode, setting = fp32_matmul_mode() if device.type == "cuda" else (None, None)
+    peak, reason = peak_tflops(name, precision, memory_gib, mode or "ieee")
+    mfu = 100.0 * model_tflops / peak if peak else None
+    if mfu is not None and mfu > 100.0:
+        reason = (f"model FLOPs at {mfu:.0f}% of the {peak:g} TFLOPS peak: that peak ({reason}) cannot be this "
+                  "device's; check its catalog entry")
+        mfu = None
+    return {"peak_tflops": peak, "mfu_pct": mfu, "mfu_reason": None if mfu is not None else reason,
+            "mfu_peak_precision": peak_precision(precision, mode or "ieee") if peak else None,
+            "device_memory_gib": memory_gib, "tf32_matmul": None if mode is None else mode == "tf32",
+            "fp32_matmul_setting": setting}
+
+
 def breakdown_fields(per_rank: list[RankFigures]) -> dict[str, Any]:
     """Mean over ranks of the profiled per-step split; comm_fraction = exposed / step."""
     parts = [r.breakdown for r in per_rank if r.breakdown]
@@ -247,7 +337,7 @@ def breakdown_fields(per_rank: list[RankFigures]) -> dict[str, Any]:
     out = {f"breakdown_{k}": v for k, v in mean.items()}
     out["breakdown_per_rank"] = parts
     out["comm_fraction"] = mean["exposed_comm_s"] / mean["window_s"] if mean["window_s"] > 0 else None
-    out["breakdown_method"] = ("torch.profiler: NCCL kernels vs other kernels" if "cuda" in per_rank[0].mem_method
+    out["breakdown_method"] = ("torch.profiler: NCCL kernels vs other kernels, memcpys and memsets" if "cuda" in per_rank[0].mem_method
                                else "torch.profiler: gloo collective work vs top-level ops of the training thread")
     return out
 
@@ -369,7 +459,7 @@ def measure_round(cfg: RunConfig, device: torch.device, meter: EnergyMeter, run_
     last = round_no == cfg.rounds
     try:
         # Profile in the last round, check in the first (its figures do not change).
-        mine = measure(cfg, device, meter, profile=last, check=round_no == 1)
+        mine = measure(cfg, device, meter, profile=last, check=round_no == 1, track=last)
     except Exception as e:  # every failure leaves the job: see fail_config
         fail_config(cfg, device, run_dir, e)
     gc.collect()
@@ -382,13 +472,15 @@ def merge_rounds(parts: list[RankFigures]) -> RankFigures:
     """One rank's figures from several rounds of a config, as if measured in one go.
 
     Step samples, windows and times add up; build and warm-up times are the first
-    round's (later rounds repeat them); memory is the peak over rounds; losses are the
-    first round's (every round restarts from the same seed, so they repeat)."""
+    round's (later rounds repeat them); memory is the peak over rounds (tracked memory:
+    the last round's, the only one tracked); losses are the first round's (every round
+    restarts from the same seed, so they repeat)."""
     if len(parts) == 1:
         return parts[0]
     energies = [p.energy_j for p in parts]
     mems = [p.mem_peak_gib for p in parts]
     reserved = [p.mem_reserved_peak_gib for p in parts]
+    inits = [p.mem_init_peak_gib for p in parts]
     return dataclasses.replace(
         parts[0],
         measured_s=sum(p.measured_s for p in parts),
@@ -398,8 +490,14 @@ def merge_rounds(parts: list[RankFigures]) -> RankFigures:
         breakdown=parts[-1].breakdown,
         mem_peak_gib=None if None in mems else max(mems),  # type: ignore[type-var]
         mem_reserved_peak_gib=None if None in reserved else max(reserved),  # type: ignore[type-var]
+        mem_init_peak_gib=None if None in inits else max(inits),  # type: ignore[type-var]
+        mem_tracked=parts[-1].mem_tracked,  # tracked in the last round only
+        mem_tracked_method=parts[-1].mem_tracked_method,
+        mem_tracked_reason=parts[-1].mem_tracked_reason,
+        mem_tracked_s=parts[-1].mem_tracked_s,
         energy_j=None if None in energies else sum(energies),  # type: ignore[arg-type]
         window_s=sum(p.window_s for p in parts),
+        energy_steps=None if any(p.energy_steps is None for p in parts) else sum(p.energy_steps for p in parts),
         energy_reason=next((p.energy_reason for p in parts if p.energy_reason), None),
     )
 
@@ -488,6 +586,11 @@ def warm_process(cfg: RunConfig, device: torch.device, run_dir: RunDir) -> None:
         sync(device)
         dist.barrier()
         del prep, batches
+        # torch's memory tracker takes 1-2 s to import on a 2-core VM: paid here, once per
+        # job, not by the first config's tracked step (mem_tracked_s).
+        if cfg.track_memory:
+            import torch.distributed._tools.fsdp2_mem_tracker  # noqa: F401
+            import torch.distributed._tools.mem_tracker  # noqa: F401
     except Exception as e:  # as if the first config itself failed: see fail_config
         fail_config(cfg, device, run_dir, e)
     gc.collect()

@@ -8,6 +8,7 @@ which collectives run (see the registry in :mod:`mgbench.strategies`).
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager
 
@@ -24,6 +25,40 @@ AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 # AdamW settings of the benchmark. Values from common LM practice (GPT-3 / Llama):
 # they matter only in that every strategy and the reference use the same ones.
 OPTIMIZER_KW: dict[str, Any] = {"lr": 3e-4, "betas": (0.9, 0.95), "weight_decay": 0.1, "eps": 1e-8}
+# Devices whose AdamW runs fused (one kernel for the whole update, as torchtitan does):
+# on CUDA the foreach path launches several kernels per parameter group and step. CPU
+# keeps torch's default, so the gloo timings and the measured check tolerances stand.
+FUSED_OPTIMIZER_DEVICES: tuple[str, ...] = ("cuda",)
+
+
+def optimizer_kw(device: torch.device, sharded_fp16: bool = False) -> dict[str, Any]:
+    """AdamW's keyword arguments on ``device``: OPTIMIZER_KW, fused where supported.
+
+    ``sharded_fp16``: the step goes through torch's ShardedGradScaler, which hands a fused
+    optimizer a found-inf flag of shape (1,) that the fused step cannot subtract from its
+    0-d step counters ("output with shape [] doesn't match the broadcast shape [1]",
+    torch 2.13, seen on gloo with FSDP, tensor and pipeline parallelism): such steps
+    stay unfused (foreach)."""
+    fused = device.type in FUSED_OPTIMIZER_DEVICES and not sharded_fp16
+    return {**OPTIMIZER_KW, "fused": True} if fused else dict(OPTIMIZER_KW)
+
+
+def make_optimizer(params: Any, device: torch.device, sharded_fp16: bool = False) -> torch.optim.Optimizer:
+    """The benchmark's AdamW over ``params`` on ``device`` (``sharded_fp16``: see
+    :func:`optimizer_kw`).
+
+    DTensor parameters (tensor-parallel and FSDP shards) and plain ones go into separate
+    parameter groups with the same settings: a fused (or foreach) step runs over a
+    group's tensors together, and DTensor refuses a list that mixes both kinds (seen
+    with tensor parallelism, whose norms stay plain tensors). AdamW updates every
+    parameter on its own, so the grouping changes no number. DTensors come first: the
+    fp16 scaler's unscale of a mixed list takes its mesh from the first gradient
+    (see LossScaler)."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(params)
+    groups = [[p for p in params if isinstance(p, DTensor)], [p for p in params if not isinstance(p, DTensor)]]
+    return torch.optim.AdamW([{"params": g} for g in groups if g], **optimizer_kw(device, sharded_fp16))
 
 
 class Checkpointed(nn.Module):
@@ -34,7 +69,10 @@ class Checkpointed(nn.Module):
         self.block = block
 
     def forward(self, *args: torch.Tensor) -> torch.Tensor:
-        return checkpoint(self.block, *args, use_reentrant=False)
+        # No RNG state saved and restored around the recomputation: the workload draws
+        # no random numbers in forward (no dropout), and preserving it costs a device
+        # RNG-state copy per block per step.
+        return checkpoint(self.block, *args, use_reentrant=False, preserve_rng_state=False)
 
 
 def apply_activation_checkpointing(model: DecoderLM, mode: str) -> None:
@@ -61,7 +99,7 @@ class Prepared:
 
     model: nn.Module  # the wrapped model; for pipelines, this rank's first stage module
     optimizer: torch.optim.Optimizer
-    scaler: Any  # GradScaler or None
+    scaler: LossScaler | None  # fp16 only
     no_sync: Callable[[bool], ContextManager[Any]]  # no_sync(is_last_micro_step)
     dp_rank: int = 0
     dp_size: int = 1
@@ -70,6 +108,16 @@ class Prepared:
     is_first: bool = True  # holds the pipeline's first chunk (feeds the tokens)
     is_last: bool = True  # holds the last chunk (computes the loss)
     modules: list[nn.Module] = field(default_factory=list)
+    stage_loss: Any = None  # pipelines: the schedule's loss function (StageLoss: fp16 scaling, true losses)
+
+
+def place(model: nn.Module, device: torch.device) -> nn.Module:
+    """Move ``model`` to ``device`` unless every tensor is already there. (Moving to the
+    same device does nothing, except under FakeTensorMode, where `mgbench memory --trace`
+    builds the model: Module.to would try to swap each fake parameter and fail.)"""
+    if all(t.device == device for t in [*model.parameters(), *model.buffers()]):
+        return model
+    return model.to(device)
 
 
 def _fsdp(model: DecoderLM, mesh: Any, precision: str, reshard: bool) -> None:
@@ -160,7 +208,7 @@ def _data_parallel(strategy: str, model: DecoderLM, device: torch.device, precis
     rank = dist.get_rank() if dist.is_initialized() else 0
     scaler = None
     if strategy in ("single", "ddp", "zero1"):
-        model = model.to(device)
+        model = place(model, device)
         wrapped: nn.Module = model
         if strategy in ("ddp", "zero1"):
             kw = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
@@ -169,12 +217,12 @@ def _data_parallel(strategy: str, model: DecoderLM, device: torch.device, precis
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
             opt: torch.optim.Optimizer = ZeroRedundancyOptimizer(
-                wrapped.parameters(), optimizer_class=torch.optim.AdamW, **OPTIMIZER_KW
+                wrapped.parameters(), optimizer_class=torch.optim.AdamW, **optimizer_kw(device)
             )
         else:
-            opt = torch.optim.AdamW(wrapped.parameters(), **OPTIMIZER_KW)
+            opt = make_optimizer(wrapped.parameters(), device)
         if precision == "fp16":
-            scaler = torch.amp.GradScaler(device.type)
+            scaler = LossScaler(device)
 
         def no_sync(last: bool) -> ContextManager[Any]:
             if last or strategy == "single":
@@ -185,24 +233,100 @@ def _data_parallel(strategy: str, model: DecoderLM, device: torch.device, precis
         return Prepared(wrapped, opt, scaler, no_sync, dp_rank=rank if size > 1 else 0, dp_size=size,
                         loss_weight=1.0 / size, modules=[wrapped])
 
-    from torch.distributed.device_mesh import init_device_mesh
-
-    model = model.to(device)
+    model = place(model, device)
     # An explicit mesh of the device type: on CPU this is what lets FSDP2 use gloo.
-    _fsdp(model, init_device_mesh(device.type, (world,)), precision, reshard=(strategy == "fsdp"))
-    opt = torch.optim.AdamW(model.parameters(), **OPTIMIZER_KW)
+    _fsdp(model, device_mesh(device, (world,)), precision, reshard=(strategy == "fsdp"))
+    opt = make_optimizer(model.parameters(), device, sharded_fp16=precision == "fp16")
     if precision == "fp16":
-        scaler = _sharded_scaler(device)
+        # Gradients are shards: every rank must agree on whether a step overflowed.
+        scaler = LossScaler(device, sharded=True)
     return Prepared(model, opt, scaler, _fsdp_no_sync(model), dp_rank=rank, dp_size=world,
                     loss_weight=1.0 / world, modules=[model])
 
 
-def _sharded_scaler(device: torch.device) -> Any:
-    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+class LossScaler:
+    """fp16 loss scaling for every strategy: torch's GradScaler, or, where ranks hold
+    different gradients (shards, tensor-parallel pieces, pipeline stages), its
+    ShardedGradScaler, which all-reduces found-inf over every rank so that all of them
+    skip an overflowing step together and keep one scale. Adds what the strategies need
+    beyond torch's scalers:
 
-    # Gradients are shards: found-inf must be agreed across ranks, which the sharded
-    # scaler does with an all-reduce.
-    return ShardedGradScaler(device.type)
+    - a scale from the start on every rank (``sharded``): torch creates it in the first
+      ``scale()`` call, and a pipeline rank without the last stage never scales a loss
+      itself (its gradients arrive already scaled from the next stage), so its first
+      ``step`` would fail with "_scale is None";
+    - ``mixed``: under tensor parallelism the gradients mix DTensors with plain tensors
+      (norms are not parallelised) and torch's unscale kernel refuses such a list;
+      unscale and step then run under DTensor's implicit replication, which treats the
+      plain tensors as replicated (they are: every tensor-parallel rank holds them whole).
+    """
+
+    def __init__(self, device: torch.device, sharded: bool = False, mixed: bool = False) -> None:
+        if sharded:
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            self.inner: Any = ShardedGradScaler(device.type)  # found-inf agreed over the default group
+            self.inner.scale(torch.ones((), device=device))  # creates the scale on this rank now
+        else:
+            self.inner = torch.amp.GradScaler(device.type)
+        self.mixed = mixed
+
+    def _replicating(self) -> ContextManager[Any]:
+        if not self.mixed:
+            return contextlib.nullcontext()
+        from torch.distributed.tensor.experimental import implicit_replication
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(implicit_replication())
+        # torch's own found-inf flag has shape (1,), which DTensor warns about when it
+        # replicates it: nothing mgbench can change, said once per step otherwise.
+        stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message="Found a non-scalar tensor with numel=1")
+        return stack
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` times the current scale (what backward runs on)."""
+        return self.inner.scale(loss)
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide the optimizer's gradients by the scale now (and record overflow)."""
+        with self._replicating():
+            self.inner.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Unscale if not yet done, then step unless a gradient overflowed."""
+        with self._replicating():
+            self.inner.step(optimizer)
+
+    def update(self) -> None:
+        """Grow or back off the scale after a step."""
+        self.inner.update()
+
+    def get_scale(self) -> float:
+        return float(self.inner.get_scale())
+
+
+# One device mesh per (device type, shape, dim names) for the life of the process group:
+# init_device_mesh creates new process groups (NCCL communicators on GPUs) for its
+# dimensions every call, and a sweep builds one model per config.
+_MESHES: dict[tuple[Any, ...], Any] = {}
+_MESHES_WORLD: list[Any] = [None]  # the default group the cached meshes belong to
+
+
+def device_mesh(device: torch.device, shape: tuple[int, ...], names: tuple[str, ...] | None = None) -> Any:
+    """The device mesh of this layout, built once per process group and reused by every
+    config with the same layout (a new default group, after destroy and init, starts
+    a new cache: meshes hold groups of the old one)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.group.WORLD
+    if _MESHES_WORLD[0] is not world:
+        _MESHES.clear()
+        _MESHES_WORLD[0] = world
+    key = (device.type, tuple(shape), names)
+    if key not in _MESHES:
+        _MESHES[key] = init_device_mesh(device.type, tuple(shape), mesh_dim_names=names)
+    return _MESHES[key]
 
 
 def _fsdp_no_sync(model: nn.Module) -> Callable[[bool], ContextManager[Any]]:
@@ -216,12 +340,10 @@ def _fsdp_no_sync(model: nn.Module) -> Callable[[bool], ContextManager[Any]]:
 
 def nd_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepared:
     """tp, tp_sp, pp, fsdp+tp and pp+tp+dp on a (pp, dp, tp) device mesh."""
-    from torch.distributed.device_mesh import init_device_mesh
-
     from .pipeline import schedule_class, stage_module
     from .tensor_parallel import apply_tensor_parallel
 
-    mesh = init_device_mesh(device.type, (cfg.pp, cfg.dp, cfg.tp), mesh_dim_names=("pp", "dp", "tp"))
+    mesh = device_mesh(device, (cfg.pp, cfg.dp, cfg.tp), ("pp", "dp", "tp"))
     pp_rank, dp_rank = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
     use_fsdp = cfg.strategy == "fsdp+tp" or (cfg.strategy == "pp+tp+dp" and cfg.dp_mode == "fsdp")
     sequence_parallel = cfg.strategy == "tp_sp"
@@ -234,7 +356,7 @@ def nd_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepa
         num_chunks, chunk_ids, modules = 1, [0], [model]
     wrapped = []
     for mod in modules:
-        mod.to(device)
+        place(mod, device)
         if cfg.tp > 1:
             apply_tensor_parallel(mod, mesh["tp"], sequence_parallel)
         _finish_module(mod, cfg)
@@ -247,10 +369,16 @@ def nd_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepa
                       device_ids=[device.index] if device.type == "cuda" else None)
         wrapped.append(mod)
     params = [p for m in wrapped for p in m.parameters()]
-    opt = torch.optim.AdamW(params, **OPTIMIZER_KW)
+    opt = make_optimizer(params, device, sharded_fp16=cfg.precision == "fp16")
     scaler = None
     if cfg.precision == "fp16":
-        scaler = _sharded_scaler(device) if cfg.tp > 1 or use_fsdp else torch.amp.GradScaler(device.type)
+        from torch.distributed.tensor import DTensor
+
+        # Every rank holds different gradients (pieces, shards or stages): found-inf is
+        # agreed over all of them. Tensor parallelism without FSDP leaves some
+        # parameters plain tensors beside the DTensors.
+        kinds = {isinstance(p, DTensor) for p in params}
+        scaler = LossScaler(device, sharded=True, mixed=len(kinds) > 1)
     holder = (num_chunks - 1) in chunk_ids
     weight = (1.0 / (cfg.dp * cfg.tp)) if holder else 0.0
     if not cfg.pipelined:
@@ -261,13 +389,15 @@ def nd_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepa
 
     from torch.distributed.pipelining import PipelineStage
 
-    from ..workloads.gpt import lm_loss
+    from .pipeline import StageLoss
 
     group = mesh["pp"].get_group()
     stages = [PipelineStage(m, c, num_chunks, device, group=group) for m, c in zip(wrapped, chunk_ids)]
     cls = schedule_class(cfg.pp_schedule)
+    # The schedule calls the loss itself: fp16 scaling happens inside it (StageLoss).
+    loss = StageLoss(scaler)
     sched = cls(stages if cfg.pp_schedule == "interleaved" else stages[0], n_microbatches=cfg.grad_accum,
-                loss_fn=lm_loss)
+                loss_fn=loss)
     return Prepared(wrapped[0], opt, scaler, lambda last: contextlib.nullcontext(), dp_rank=dp_rank,
                     dp_size=cfg.dp, loss_weight=weight, schedule=sched, is_first=0 in chunk_ids,
-                    is_last=holder, modules=wrapped)
+                    is_last=holder, modules=wrapped, stage_loss=loss)

@@ -8,10 +8,12 @@ extra layer when the layers do not divide). Rank r holds chunks r, r + pp, r + 2
 from __future__ import annotations
 
 import copy
+from typing import Any
 
+import torch
 from torch import nn
 
-from ..workloads.gpt import DecoderLM
+from ..workloads.gpt import DecoderLM, lm_loss
 
 
 def chunk_layers(layers: int, chunks: int) -> list[range]:
@@ -39,6 +41,32 @@ def stage_module(model: DecoderLM, chunk: int, num_chunks: int, copy_model: bool
         mod.norm = None
         mod.head = None
     return mod
+
+
+class StageLoss:
+    """The loss function a pipeline schedule calls on the last stage, once per micro-batch
+    (and once more, on the first step, for its shape inference).
+
+    The schedule runs backward on what this returns, so fp16 loss scaling happens here:
+    the loss times the scaler's scale (the gradients every stage then receives are
+    scaled, and the scaler unscales them before the optimizer step). :meth:`true_losses`
+    turns the schedule's list of scaled losses back into the losses themselves."""
+
+    def __init__(self, scaler: Any = None) -> None:
+        self.scaler = scaler
+
+    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss = lm_loss(output, target)
+        return self.scaler.scale(loss) if self.scaler is not None else loss
+
+    def true_losses(self, losses: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The step's losses as the schedule returned them, divided by the scale they were
+        multiplied with (call before the scaler's update). The scale is a power of two,
+        so the division is exact; it stays on the device (no host sync)."""
+        if self.scaler is None or not losses:
+            return losses
+        scale = self.scaler.scale(torch.ones((), device=losses[0].device))
+        return [loss / scale for loss in losses]
 
 
 def schedule_class(name: str) -> type:

@@ -4,8 +4,13 @@ communication hidden behind compute, the exposed part, and idle time.
 From torch.profiler events: communication is the union of collective events (gloo's
 work on its worker threads, or inline on the training thread, on CPU; NCCL kernels on
 GPU); compute is the union of the outermost aten ops on the training thread less the
-time that thread spends inside a collective (CPU), or of the other GPU kernels (GPU);
-Python and framework time between ops counts as idle. Then
+time that thread spends inside a collective (CPU), or of the other GPU kernels, memcpys
+and memsets (GPU); Python and framework time between ops counts as idle. On the GPU
+timeline the profiler also puts ranges that are not work: user annotations
+(``record_function`` ranges mirrored onto the stream, e.g. FSDP2's "FSDP::all_gather",
+which span the wait for a collective), CUDA syncs and profiler ranges. They carry
+DeviceType.CUDA like kernels do, so events are told apart by kineto's activity type.
+Then
 
     overlapped = |compute ∩ comm|     exposed = |comm \\ compute|
     idle       = window - |compute ∪ comm|
@@ -81,9 +86,27 @@ def split(compute: Iterable[Interval], comm: Iterable[Interval], window: Interva
 
 COMM_MARKERS = ("gloo:", "nccl:", "ncclKernel", "ncclDevKernel")
 
+# Kineto activity types (FunctionEvent.activity_type) of work a GPU does: kernels, copies
+# and fills. Not "gpu_user_annotation", "cuda_sync" or "cuda_profiler_range", which
+# torch also reports with DeviceType.CUDA (profiler_kineto.cpp, deviceTypeFromActivity).
+GPU_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+
 
 def is_comm(name: str) -> bool:
     return any(m in name for m in COMM_MARKERS)
+
+
+def is_gpu_work(e: Any) -> bool:
+    """A kernel, memcpy or memset on the GPU timeline (not an annotation range or a wait).
+    Events from a torch without ``activity_type`` fall back to ``is_user_annotation``."""
+    from torch.autograd import DeviceType
+
+    if e.device_type != DeviceType.CUDA:
+        return False
+    kind = getattr(e, "activity_type", None)
+    if kind is not None:
+        return kind in GPU_WORK
+    return not getattr(e, "is_user_annotation", False)
 
 
 def training_thread(events: list[Any]) -> int | None:
@@ -99,8 +122,6 @@ def training_thread(events: list[Any]) -> int | None:
 def from_profile(prof: Any, main_thread: int | None, window_us: Interval, on_gpu: bool) -> dict[str, float]:
     """Apply ``split`` to a finished torch.profiler run (times in microseconds).
     ``main_thread`` None: found with training_thread."""
-    from torch.autograd import DeviceType
-
     if main_thread is None and not on_gpu:
         main_thread = training_thread(prof.events())
     compute: list[Interval] = []
@@ -110,7 +131,7 @@ def from_profile(prof: Any, main_thread: int | None, window_us: Interval, on_gpu
         tr = e.time_range
         iv = (float(tr.start), float(tr.end))
         if on_gpu:
-            if e.device_type == DeviceType.CUDA:
+            if is_gpu_work(e):
                 (comm if is_comm(e.name) else compute).append(iv)
         else:
             if is_comm(e.name) and not e.name.startswith("c10d::"):

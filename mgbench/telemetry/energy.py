@@ -1,39 +1,44 @@
 """Energy over a measured window.
 
 NVIDIA: difference of the NVML total-energy counter (mJ since driver load, Volta and
-newer), read at the synchronised window edges. Where the counter is not supported, a
-background thread samples NVML power and integrates it (trapezoids). CPU: the RAPL
-package counter under /sys/class/powercap when readable (it counts the whole socket,
-not one rank, so only local rank 0 reads it). Anything else: energy is None with the
-reason; never an estimate.
+newer), read at the synchronised window edges, on the NVML device matched to this
+rank's CUDA device (:func:`~mgbench.telemetry.nvml_device.nvml_handle`). Where the
+counter is not supported, a background thread samples NVML power and integrates it
+(trapezoids, with a reading at each window edge so the whole window is covered). CPU:
+the RAPL package counter under /sys/class/powercap when readable (it counts the whole
+socket, not one rank, so only local rank 0 reads it). Anything else: energy is None
+with the reason; never an estimate.
+
+Minimum window. NVML's counter moves in steps of about 100 ms (ml.energy, "Thermally
+Stable Profiling for Accurate GPU Energy Measurement": "approximately every 100 ms"),
+so each window edge is uncertain by up to one step; on A100 and H100 the power sensor
+also averages only 25 ms of every 100 ms (Yang et al., "Part-time Power Measurements:
+nvidia-smi's Lack of Attention", SC24), which only many periods average out. A window
+therefore lasts at least ``max(NVML_MIN_WINDOW_S, WINDOW_UPDATES x the observed update
+interval)`` (capped at MAX_MIN_WINDOW_S): 5 s = 50 steps of 100 ms, an edge error under
+2/50 = 4%. The worker adds untimed training steps inside the window when the timed ones
+are shorter (:func:`top_up_steps`); the record says how many steps the window held.
+RAPL updates about every millisecond, so 50 updates is 50 ms and nothing is added in
+practice. The update interval is probed once per process (:func:`update_interval`) and
+recorded.
 """
 
 from __future__ import annotations
 
 import glob
+import math
 import os
 import re
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
+from .nvml_device import NvmlDeviceUnknown, mig_enabled, nvml_handle
 
-def nvml_handle(nvml: Any, cuda_index: int) -> Any:
-    """The NVML handle of a CUDA device. NVML numbers GPUs its own way and ignores
-    CUDA_VISIBLE_DEVICES, so match by PCI address where torch reports it, else map the
-    index through CUDA_VISIBLE_DEVICES."""
-    try:
-        import torch
-
-        p = torch.cuda.get_device_properties(cuda_index)
-        bus = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
-        return nvml.nvmlDeviceGetHandleByPciBusId_v2(bus)
-    except Exception:  # older torch without PCI fields, or NVML without that call
-        visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-        index = cuda_index
-        if visible and cuda_index < len(visible) and visible[cuda_index].strip().isdigit():
-            index = int(visible[cuda_index])
-        return nvml.nvmlDeviceGetHandleByIndex(index)
+NVML_MIN_WINDOW_S = 5.0  # 50 counter steps of ~100 ms; see the module docstring
+WINDOW_UPDATES = 50  # counter updates a window must span: edge error <= 2 / 50
+MAX_MIN_WINDOW_S = 30.0  # a counter updating once a second would otherwise ask 50 s per config
+TOP_UP_MARGIN = 1.05  # aim 5% past the minimum: top-up steps run at about the timed steps' pace
 
 
 POWERCAP = "/sys/class/powercap"
@@ -48,30 +53,84 @@ def rapl_package_files(root: str = POWERCAP) -> list[str]:
                   if re.fullmatch(r"intel-rapl:\d+", os.path.basename(os.path.dirname(f))))
 
 
-class EnergyMeter:
-    """start() / stop() around a window; stop() returns energy_j, window_s, method, reason."""
+def update_interval(read: Callable[[], Any], timeout_s: float = 2.5, poll_s: float = 0.001) -> float | None:
+    """Median time between changes of a counter or reading, from three changes seen by
+    polling every ``poll_s``; None when it did not change three times in ``timeout_s``."""
+    changes: list[float] = []
+    t_end = time.perf_counter() + timeout_s
+    last = read()
+    while len(changes) < 3 and time.perf_counter() < t_end:
+        time.sleep(poll_s)
+        v = read()
+        if v != last:
+            changes.append(time.perf_counter())
+            last = v
+    if len(changes) < 3:
+        return None
+    gaps = sorted(b - a for a, b in zip(changes, changes[1:]))
+    return gaps[len(gaps) // 2] if len(gaps) % 2 else (gaps[0] + gaps[1]) / 2
 
-    def __init__(self, device_type: str, device_index: int, local_rank: int, power_sample_s: float = 0.1) -> None:
+
+def min_window(method: str, interval_s: float | None) -> float:
+    """The shortest energy window for a method and its counter's update interval."""
+    if method == "none":
+        return 0.0
+    floor = NVML_MIN_WINDOW_S if method.startswith("nvml") else 0.0
+    steps = WINDOW_UPDATES * interval_s if interval_s else 0.0
+    return min(MAX_MIN_WINDOW_S, max(floor, steps))
+
+
+def steps_to_fill(min_window_s: float, elapsed_s: float, steps_done: int) -> int:
+    """More steps at the pace so far (``steps_done`` in ``elapsed_s``) for a window of
+    at least ``min_window_s``."""
+    if steps_done <= 0 or elapsed_s <= 0 or elapsed_s >= min_window_s:
+        return 0
+    return math.ceil((TOP_UP_MARGIN * min_window_s - elapsed_s) / (elapsed_s / steps_done))
+
+
+class EnergyMeter:
+    """start() / stop() around a window; stop() returns energy_j, window_s, method, reason
+    and the window's facts (steps, minimum, counter update interval, device match).
+    ``nvml``: the NVML binding (default: pynvml)."""
+
+    def __init__(self, device_type: str, device_index: int, local_rank: int, power_sample_s: float = 0.1,
+                 nvml: Any = None) -> None:
         self.device_type = device_type
         self.device_index = device_index
         self.local_rank = local_rank
         self.power_sample_s = power_sample_s
         self.method = "none"
         self.reason: str | None = None
+        self.device_match: str | None = None
+        self.interval_s: float | None = None
+        self._nvml = nvml
         self._handle: Any = None
         self._rapl_files: list[str] = []
+        self._t0 = 0.0
         self._setup()
+        if self.method != "none":
+            self.interval_s = update_interval(self._reading)
+        self.min_window_s = min_window(self.method, self.interval_s)
 
     def _setup(self) -> None:
         if self.device_type == "cuda":
             try:
-                import pynvml
+                if self._nvml is None:
+                    import pynvml
 
-                pynvml.nvmlInit()
-                self._nvml = pynvml
-                self._handle = nvml_handle(pynvml, self.device_index)
+                    self._nvml = pynvml
+                self._nvml.nvmlInit()
             except Exception as e:  # no NVML: say so in the record
                 self.reason = f"NVML unavailable: {type(e).__name__}: {e}"
+                return
+            try:
+                self._handle, self.device_match = nvml_handle(self._nvml, self.device_index)
+            except NvmlDeviceUnknown as e:
+                self.reason = f"no NVML device matches CUDA device {self.device_index}: {e}"
+                return
+            if mig_enabled(self._nvml, self._handle):
+                self.reason = ("the GPU is split into MIG instances: NVML's energy and power cover the whole GPU, "
+                               "shared with the other instances, not this rank's")
                 return
             try:
                 self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
@@ -111,6 +170,17 @@ class EnergyMeter:
                 vals.append(int(f.read()))
         return vals
 
+    def _power_w(self) -> float:
+        return self._nvml.nvmlDeviceGetPowerUsage(self._handle) / 1000.0
+
+    def _reading(self) -> Any:
+        """What the method reads (for the update-interval probe)."""
+        if self.method == "nvml_counter":
+            return self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
+        if self.method == "nvml_power_sampling":
+            return self._power_w()
+        return self._read_rapl_uj()
+
     def start(self) -> None:
         self._t0 = time.perf_counter()
         if self.method == "nvml_counter":
@@ -118,20 +188,26 @@ class EnergyMeter:
         elif self.method == "rapl":
             self._e0 = self._read_rapl_uj()
         elif self.method == "nvml_power_sampling":
-            self._samples: list[tuple[float, float]] = []
+            # A reading at the window's first edge, and (in stop) at its last: the
+            # trapezoids then cover the whole window, not just the span between the
+            # background thread's first and last samples.
+            self._samples: list[tuple[float, float]] = [(self._t0, self._power_w())]
             self._stop = threading.Event()
             self._thread = threading.Thread(target=self._sample, daemon=True)
             self._thread.start()
 
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            w = self._nvml.nvmlDeviceGetPowerUsage(self._handle) / 1000.0
-            self._samples.append((time.perf_counter(), w))
-            self._stop.wait(self.power_sample_s)
+    def elapsed(self) -> float:
+        """Seconds since start()."""
+        return time.perf_counter() - self._t0
 
-    def stop(self) -> dict[str, Any]:
-        elapsed = time.perf_counter() - self._t0
+    def _sample(self) -> None:
+        while not self._stop.wait(self.power_sample_s):
+            self._samples.append((time.perf_counter(), self._power_w()))
+
+    def stop(self, steps: int | None = None) -> dict[str, Any]:
+        """End the window; ``steps``: training steps it held (recorded as energy_steps)."""
         energy = None
+        elapsed = time.perf_counter() - self._t0
         if self.method == "nvml_counter":
             energy = (self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle) - self._e0) / 1000.0
         elif self.method == "rapl":
@@ -144,12 +220,29 @@ class EnergyMeter:
             self._stop.set()
             self._thread.join()
             s = self._samples
-            if len(s) >= 2:
-                energy = sum((t1 - t0) * (w0 + w1) / 2 for (t0, w0), (t1, w1) in zip(s, s[1:]))
-                elapsed = s[-1][0] - s[0][0]
+            s.append((time.perf_counter(), self._power_w()))
+            energy = sum((t1 - t0) * (w0 + w1) / 2 for (t0, w0), (t1, w1) in zip(s, s[1:]))
+            elapsed = s[-1][0] - self._t0  # exactly the span integrated
         return {
             "energy_j": energy,
             "window_s": elapsed,
             "energy_method": self.method,
             "energy_reason": None if energy is not None else (self.reason or "counter read failed"),
+            "energy_steps": steps,
+            "energy_min_window_s": self.min_window_s,
+            "energy_update_interval_s": self.interval_s,
+            "energy_device_match": self.device_match,
         }
+
+
+def top_up_steps(meter: EnergyMeter, steps_done: int, device: Any) -> int:
+    """Untimed steps every rank runs inside the energy window so that it lasts at least
+    the meter's minimum: the most any rank needs (collectives need every rank in every
+    step), agreed with one all_reduce."""
+    import torch
+    import torch.distributed as dist
+
+    need = torch.tensor([steps_to_fill(meter.min_window_s, meter.elapsed(), steps_done)], dtype=torch.int64,
+                        device=device)
+    dist.all_reduce(need, op=dist.ReduceOp.MAX)
+    return int(need.item())

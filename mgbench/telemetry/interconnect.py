@@ -1,7 +1,14 @@
 """What connects the GPUs: NVLink per link, PCIe generation and width, the
 `nvidia-smi topo -m` matrix, InfiniBand / RoCE ports, NCCL version and settings.
 On a machine without GPUs it says so. Every probe is allowed to fail: a failure is
-recorded as the reason, never as a guess."""
+recorded as the reason, never as a guess.
+
+Only the GPUs this process can use (CUDA_VISIBLE_DEVICES) are listed, each matched to
+its NVML device (:mod:`mgbench.telemetry.nvml_device`). PCIe: the link trains down to
+Gen1 when the GPU idles, so the current generation says little about the link; the
+maximum the GPU and its slot can run at (nvmlDeviceGetMaxPcieLinkGeneration / Width) is
+the link's, and both are kept.
+"""
 
 from __future__ import annotations
 
@@ -22,22 +29,38 @@ def _nvml() -> tuple[Any, str | None]:
         return None, f"NVML unavailable: {type(e).__name__}: {e}"
 
 
-def gpu_links() -> dict[str, Any]:
-    nv, why = _nvml()
-    if nv is None:
-        return {"gpus": [], "reason": why}
+PCIE_PROBES = {"pcie_gen": "nvmlDeviceGetCurrPcieLinkGeneration", "pcie_width": "nvmlDeviceGetCurrPcieLinkWidth",
+               "pcie_gen_max": "nvmlDeviceGetMaxPcieLinkGeneration",
+               "pcie_width_max": "nvmlDeviceGetMaxPcieLinkWidth"}
+
+
+def gpu_links(nvml: Any = None) -> dict[str, Any]:
+    """Per visible CUDA device: name, how its NVML device was matched, PCIe (current and
+    max), NVLink links with their generation. ``nvml``: the binding (default: pynvml)."""
+    import torch
+
+    from .nvml_device import NvmlDeviceUnknown, nvlink_version, nvml_handle
+
+    if nvml is None:
+        nv, why = _nvml()
+        if nv is None:
+            return {"gpus": [], "reason": why}
+    else:
+        nv = nvml
     out = []
     try:
-        for i in range(nv.nvmlDeviceGetCount()):
-            h = nv.nvmlDeviceGetHandleByIndex(i)
-            g: dict[str, Any] = {"index": i, "name": _s(nv.nvmlDeviceGetName(h))}
+        for i in range(torch.cuda.device_count()):
             try:
-                g["pcie_gen"] = nv.nvmlDeviceGetCurrPcieLinkGeneration(h)
-                g["pcie_width"] = nv.nvmlDeviceGetCurrPcieLinkWidth(h)
-                g["pcie_gen_max"] = nv.nvmlDeviceGetMaxPcieLinkGeneration(h)
-                g["pcie_width_max"] = nv.nvmlDeviceGetMaxPcieLinkWidth(h)
-            except Exception as e:
-                g["pcie_error"] = str(e)
+                h, how = nvml_handle(nv, i)
+            except NvmlDeviceUnknown as e:
+                out.append({"index": i, "name": torch.cuda.get_device_name(i), "nvml_error": str(e)})
+                continue
+            g: dict[str, Any] = {"index": i, "name": _s(nv.nvmlDeviceGetName(h)), "nvml_match": how}
+            for key, fn in PCIE_PROBES.items():
+                try:
+                    g[key] = getattr(nv, fn)(h)
+                except Exception as e:
+                    g.setdefault("pcie_error", f"{fn}: {e}")
             links = []
             for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
                 try:
@@ -46,7 +69,9 @@ def gpu_links() -> dict[str, Any]:
                     continue  # link index not present on this GPU
                 entry: dict[str, Any] = {"link": link, "active": bool(state)}
                 try:
-                    entry["version"] = nv.nvmlDeviceGetNvLinkVersion(h, link)
+                    enum = nv.nvmlDeviceGetNvLinkVersion(h, link)
+                    entry["version"] = nvlink_version(enum)  # NVLink generation, e.g. "4.0"
+                    entry["version_nvml_enum"] = enum
                 except Exception:
                     pass
                 links.append(entry)
@@ -54,11 +79,31 @@ def gpu_links() -> dict[str, Any]:
             g["nvlinks_active"] = sum(1 for x in links if x["active"])
             out.append(g)
     finally:
-        try:
-            nv.nvmlShutdown()
-        except Exception:
-            pass
+        if nvml is None:
+            try:
+                nv.nvmlShutdown()
+            except Exception:
+                pass
     return {"gpus": out, "reason": None}
+
+
+def summary(gpus: list[dict[str, Any]], ib: list[dict[str, Any]]) -> str:
+    """One line: GPUs, active NVLink links and generation, PCIe link (max gen and width,
+    the current one beside it when it differs), RDMA ports."""
+    nv = sum(g.get("nvlinks_active", 0) for g in gpus)
+    versions = sorted({x["version"] for g in gpus for x in g.get("nvlinks", []) if x["active"] and x.get("version")})
+    parts = [f"{len(gpus)} GPU(s)"]
+    gen = f" (NVLink {', '.join(versions)})" if versions else ""
+    parts.append(f"{nv} active NVLink links{gen}" if nv else "no active NVLink")
+    pcie = sorted({(g.get("pcie_gen_max"), g.get("pcie_width_max"), g.get("pcie_gen"), g.get("pcie_width"))
+                   for g in gpus if g.get("pcie_gen_max") is not None}, key=str)
+    if pcie:
+        parts.append("PCIe " + ", ".join(
+            f"gen{gm} x{wm}" + (f" (now gen{gc} x{wc}: idle links train down)" if (gc, wc) != (gm, wm) else "")
+            for gm, wm, gc, wc in pcie))
+    active_ib = [p for p in ib if (p["state"] or "").endswith("ACTIVE")]
+    parts.append(f"{len(active_ib)} active RDMA port(s)" if ib else "no RDMA devices")
+    return "; ".join(parts)
 
 
 def _s(x: Any) -> str:
@@ -109,13 +154,7 @@ def detect() -> dict[str, Any]:
                 "nccl_version": None, "nccl_env": env}
     links = gpu_links()
     gpus = links["gpus"]
-    nv = sum(g.get("nvlinks_active", 0) for g in gpus)
-    pcie = {(g.get("pcie_gen"), g.get("pcie_width")) for g in gpus if "pcie_gen" in g}
-    parts = [f"{len(gpus)} GPU(s)"]
-    parts.append(f"{nv} active NVLink links" if nv else "no active NVLink")
-    if pcie:
-        parts.append("PCIe " + ", ".join(f"gen{g} x{w}" for g, w in sorted(pcie)))
-    active_ib = [p for p in ib if (p["state"] or "").endswith("ACTIVE")]
-    parts.append(f"{len(active_ib)} active RDMA port(s)" if ib else "no RDMA devices")
-    return {"summary": "; ".join(parts), "gpus": gpus, "nvml_reason": links["reason"], "topo": topo_matrix(),
+    return {"summary": summary(gpus, ib), "gpus": gpus, "nvml_reason": links["reason"], "topo": topo_matrix(),
+            # nvidia-smi ignores CUDA_VISIBLE_DEVICES: the matrix shows every GPU of the host.
+            "topo_scope": "every GPU of the host (nvidia-smi ignores CUDA_VISIBLE_DEVICES)",
             "infiniband": ib, "nccl_version": nccl, "nccl_env": env}

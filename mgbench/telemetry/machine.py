@@ -45,15 +45,23 @@ def _git_sha() -> str | None:
 
 
 def gpus() -> list[dict[str, Any]]:
-    """Name and memory of each visible CUDA device (empty on a CPU-only machine)."""
+    """Name, memory and PCI address of each CUDA device this process can use (those of
+    CUDA_VISIBLE_DEVICES; empty on a CPU-only machine), numbered as CUDA numbers them."""
     import torch
+
+    from .nvml_device import pci_bus_id
 
     if not torch.cuda.is_available():
         return []
     out = []
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
-        out.append({"index": i, "name": p.name, "memory_gib": p.total_memory / 2**30})
+        g: dict[str, Any] = {"index": i, "name": p.name, "memory_gib": p.total_memory / 2**30}
+        try:
+            g["pci_bus_id"] = pci_bus_id(p)
+        except AttributeError:  # a torch without the PCI fields
+            pass
+        out.append(g)
     return out
 
 
@@ -100,6 +108,7 @@ def fingerprint() -> dict[str, Any]:
         "ram_gib": _ram_gib(),
         "gpus": gpu_list,
         "gpu_count": len(gpu_list),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "gpu_name": gpu_list[0]["name"] if gpu_list else None,
         "nvidia_driver": nvidia_driver() if gpu_list else None,
         "cuda": torch.version.cuda,

@@ -31,11 +31,12 @@ def test_comm_sweep_like_nccl_tests_its_table_and_report(cli, tmp_path):
     One sweep serves the JSON, the table (the function the command prints) and the report."""
     from mgbench.comm.run import render
 
-    p = cli("comm", "--nproc", "2", "--json", "--run-id", "t", "--max-bytes", "262144", "--iters", "10")
+    p = cli("comm", "--json", "--run-id", "t", "--max-bytes", "262144", "--iters", "10")  # default: 2 CPU ranks
     assert p.returncode == 0, p.stderr
     check_rows(json.loads(p.stdout), 2)
     table = render(tmp_path / "results" / "t", None)
     assert "busbw(GB/s)" in table and "#wrong" in table and "out of bounds values: 0" in table
+    assert "copy bandwidth: copy bandwidth needs a GPU" in table  # said, not measured, on CPU
     rep = cli("report", "t", "-o", "c.html")
     assert rep.returncode == 0, rep.stderr
     assert "Collective bus bandwidth vs message size" in (tmp_path / "c.html").read_text()
@@ -75,6 +76,7 @@ warmup_steps = 2
 measured_steps = 6
 check_steps = 2
 profile = true
+track_memory = false
 """
 
 

@@ -23,6 +23,7 @@ warmup_steps = 1
 measured_steps = 4
 rounds = 16
 check_steps = 0
+track_memory = false
 """
 SUITE = f"""name = "cmp"
 [[sweep]]
@@ -53,7 +54,8 @@ def test_compare_cli_flags_and_gates_a_slowdown_of_real_records(cli, tmp_path):
     step twice as long. Twice, not 30% longer: the windows of a loaded 2-core VM can differ
     by more than 30% among themselves, and then 5 vs 5 window medians overlap."""
     (tmp_path / "c.toml").write_text('name = "cmp"\n[sweep]\nmodel = "tiny"\nstrategy = ["single", "ddp"]\n'
-                                     'seq_len = 32\nwarmup_steps = 1\nmeasured_steps = 3\nrounds = 5\ncheck_steps = 0\n')
+                                     'seq_len = 32\nwarmup_steps = 1\nmeasured_steps = 3\nrounds = 5\ncheck_steps = 0\n'
+                                     'track_memory = false\n')
     p = cli("run", "c.toml", "--run-id", "base", "--no-report")
     assert p.returncode == 0, p.stderr
     results = tmp_path / "results"

@@ -66,7 +66,11 @@ def test_every_injected_bug_is_caught_and_no_clean_config_is_flagged(cli, tmp_pa
     assert (caught, clean) == (7, 4)
     kinds = Counter(r["inject"] for r in recs if r["status"] == "ok" and r["inject"] != "none")
     assert set(kinds) == {"bug:freeze", "bug:no_grad_sync", "bug:grad_sum", "bug:drop_micro_batch"}
+    from tests.memory_checks import assert_tracked_memory
+
     for r in recs:
+        if r["status"] == "ok":  # ddp, fsdp, tp and a 1F1B pipeline: tracked memory too
+            assert_tracked_memory(r)
         if r["status"] == "ok" and r["inject"] != "none":
             assert any(q in r["correct_reason"] for q in ("loss", "grad_norm", "params")), r["correct_reason"]
             assert "tolerance" in r["correct_reason"]

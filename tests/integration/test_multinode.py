@@ -24,7 +24,8 @@ def free_port() -> int:
 def test_two_nodes_on_localhost_make_one_world_and_one_run_folder(tmp_path):
     port = free_port()
     common = ["-m", "mgbench.cli", "run", "smoke", "--run-id", "mn", "--nnodes", "2", "--rdzv-endpoint",
-              f"127.0.0.1:{port}", "--nproc-per-node", "2", "--set", 'strategy=["ddp","fsdp"]', "--set", "nproc=[2,4]"]
+              f"127.0.0.1:{port}", "--nproc-per-node", "2", "--set", 'strategy=["ddp","fsdp"]', "--set", "nproc=[2,4]",
+              "--set", "track_memory=false"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     nodes = [subprocess.Popen([sys.executable, *common, "--node-rank", str(r)], cwd=tmp_path, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
@@ -64,7 +65,7 @@ def test_slurm_submit_runs_a_smoke_suite(cli, tmp_path):
             pytest.fail(f"CI set up Slurm but it is not usable: {why}")
         pytest.skip(why)
     p = cli("slurm", "smoke", "--nodes", "1", "--gpus-per-node", "2", "--device", "cpu", "--run-id", "sl",
-            "--set", 'strategy=["ddp"]', "--set", "nproc=2", "--time", "00:10:00", "--submit")
+            "--set", 'strategy=["ddp"]', "--set", "nproc=2", "--set", "track_memory=false", "--time", "00:10:00", "--submit")
     assert p.returncode == 0, p.stderr
     run = tmp_path / "results" / "sl"
     t0 = time.monotonic()

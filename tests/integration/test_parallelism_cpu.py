@@ -19,9 +19,12 @@ def test_parallelism_suite_on_4_ranks_is_ok_and_correct(cli, tmp_path):
     recs = store.read_records(tmp_path / "results" / "par")
     got = {(r["strategy"], r["dp"], r["tp"], r["pp"]) for r in recs if r["status"] == "ok"}
     assert got == {("pp", 1, 1, 4), ("pp+tp+dp", 1, 2, 2)}
+    from tests.memory_checks import assert_tracked_memory
+
     for r in recs:
         assert r["status"] == "ok", (r["label"], r.get("error"))
         assert r["correct"] is True, (r["label"], r["correct_reason"])
+        assert_tracked_memory(r)
 
 
 def test_impossible_layouts_skip_and_the_rest_runs(cli, tmp_path):
@@ -40,6 +43,9 @@ check_steps = 2
     assert p.returncode == 0, p.stderr
     recs = {(r["dp"], r["tp"]): r for r in store.read_records(tmp_path / "results" / "mixed")}
     assert recs[(2, 2)]["status"] == "ok" and recs[(2, 2)]["correct"] is True
+    from tests.memory_checks import assert_tracked_memory
+
+    assert_tracked_memory(recs[(2, 2)])  # FSDP over tensor parallelism: 2-D sharded parameters
     assert recs[(1, 3)]["status"] == "skipped" and "tp=3 does not divide the 8 attention heads" in recs[(1, 3)]["skip_reason"]
     assert recs[(4, 2)]["status"] == "skipped" and "degrees multiply to 8, not 4" in recs[(4, 2)]["skip_reason"]
 

@@ -22,6 +22,7 @@ warmup_steps = 1
 measured_steps = 4
 check_steps = 2
 timeout_s = 8
+track_memory = false
 inject = ["none", "slow@rank=1,factor=2", "slow@rank=0,factor=1.05", "oom@step=2,rank=1", "hang@step=1,rank=0",
           "crash@step=1,rank=0"]
 """
@@ -88,7 +89,8 @@ def test_six_config_fault_suite(cli, tmp_path):
 
 
 def test_sigkill_mid_sweep_then_resume_records_every_config_once(tmp_path, cli):
-    proc = popen_run(tmp_path, "smoke", "--run-id", "k", "--set", "measured_steps=20", "--set", "nproc=[1]")
+    proc = popen_run(tmp_path, "smoke", "--run-id", "k", "--set", "measured_steps=20", "--set", "nproc=[1]",
+                      "--set", "track_memory=false")
     rec_file = tmp_path / "results" / "k" / "records.jsonl"
     assert wait_for(lambda: rec_file.exists() and len(rec_file.read_text().splitlines()) >= 3)
     proc.send_signal(signal.SIGKILL)
@@ -117,6 +119,7 @@ seq_len = 16
 warmup_steps = 1
 measured_steps = 3
 check_steps = 0
+track_memory = false
 inject = ["slow@rank=1,factor=100", "none"]
 """)
     proc = popen_run(tmp_path, "h.toml", "--run-id", "i")

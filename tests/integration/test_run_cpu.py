@@ -42,6 +42,37 @@ def test_every_strategy_runs_and_matches_the_reference(smoke_run):
             assert r[q] > 0 and r[f"{q}_ref"] > 0
 
 
+def test_tracked_memory_in_every_record(smoke_run):
+    from tests.memory_checks import assert_tracked_memory
+
+    _, run_dir, _ = smoke_run
+    ok = [r for r in store.read_records(run_dir) if r["status"] == "ok"]
+    for r in ok:
+        assert_tracked_memory(r)
+        if r["strategy"] in ("ddp", "zero1"):  # DDP's gradient buckets: every fp32 gradient once
+            assert r["mem_tracked_comm_bytes"] == 4 * r["num_params"]
+        if r["strategy"].startswith("fsdp"):
+            assert "FSDPMemTracker" in r["mem_tracked_method"]
+    # Sharding shows: FSDP on 4 ranks holds a quarter of the parameters and optimizer states.
+    by = {(r["strategy"], r["nproc"], r["grad_accum"]): r for r in ok}
+    full, quarter = by[("single", 1, 1)], by[("fsdp", 4, 1)]
+    assert quarter["mem_tracked_params_bytes"] == full["mem_tracked_params_bytes"] / 4
+    assert quarter["mem_tracked_peak_bytes"] < full["mem_tracked_peak_bytes"]
+
+
+def test_tracked_memory_agrees_with_the_model(smoke_run):
+    """Issue 14: tracked peak vs `mgbench memory` for the same config, within 10% for
+    every config of a real CPU run. The table is printed (pytest -s) per config."""
+    from mgbench.report.memory_vs_model import AGREEMENT_PCT, compare_records, format_table
+
+    _, run_dir, _ = smoke_run
+    rows = compare_records(store.read_records(run_dir))
+    print("\n" + format_table(rows))
+    assert rows and all(r["reason"] is None for r in rows), [r["reason"] for r in rows]
+    off = [(r["label"], round(r["error_pct"], 1)) for r in rows if not r["agrees"]]
+    assert not off, f"predicted total off the tracked peak by more than {AGREEMENT_PCT:g}%: {off}"
+
+
 def test_skips_are_recorded_not_dropped(smoke_run):
     _, run_dir, _ = smoke_run
     skipped = [r for r in store.read_records(run_dir) if r["status"] == "skipped"]
@@ -141,8 +172,10 @@ def test_run_writes_a_self_contained_report(smoke_run):
     assert 'src="http' not in html and "src='http" not in html  # works from file:// offline
     assert html.count("Plotly.newPlot") >= 4  # throughput, efficiency, step times, memory
     assert html.count("plotly.js v") <= 2 and report.stat().st_size < 10 * 2**20
-    for section in ("Summary", "Scaling", "Time breakdown", "Memory", "Energy", "Communication"):
+    for section in ("Summary", "Scaling", "Time breakdown", "Memory", "Energy", "Communication", "Projection"):
         assert f">{section}</h2>" in html
+    assert html.rindex("<h2>") == html.index(">Projection</h2>") - len("<h2")  # the closing section
+    assert "Projection: tiny" in p.stdout and "dgx-h100" in p.stdout  # and `run` closes with it too
     assert "energy not measured" in html  # no RAPL here: said, not plotted
 
 
@@ -157,3 +190,39 @@ def test_report_renders_in_headless_chromium(smoke_run):
     assert len(res["figures"]) >= 4
     for fig in res["figures"]:
         assert fig["with_data"] >= 1, fig
+
+
+def test_probe_profile_predicts_the_measured_run(smoke_run):
+    cwd, _, _ = smoke_run
+    from tests.conftest import run_cli
+
+    p = run_cli("probe", "--model", "tiny", "--layer-tokens", "64", "--no-comm", "-o", "probe.json", cwd=cwd)
+    assert p.returncode == 0, p.stderr
+    assert "profile: probe.json" in p.stdout and "GEMM float32" in p.stdout
+    prof = json.loads((cwd / "probe.json").read_text())
+    assert prof["device"] == "cpu" and prof["gemm"][0]["typical_tflops"] > 0
+    assert prof["comm"]["null_reason"].startswith("skipped")
+    # Without a collective fit only single-rank configs can be priced; the rest say why.
+    res = json.loads(run_cli("predict", "--hardware", "probe.json", "--against", "smoke1", "--json", cwd=cwd).stdout)
+    ok = [r for r in store.read_records(cwd / "results" / "smoke1") if r["status"] == "ok"]
+    assert len(res["rows"]) == len(ok)
+    for r in res["rows"]:
+        if r["nproc"] == 1:
+            assert r["predicted_s"] > 0 and r["error_pct"] == pytest.approx(
+                100 * (r["predicted_s"] - r["measured_s"]) / r["measured_s"])
+        else:
+            assert r["predicted_s"] is None and "no collective fit" in r["reason"]
+    assert res["num_predicted"] == sum(r["nproc"] == 1 for r in ok)
+    # Same machine: the comparison becomes the profile's validation, which sets the
+    # intervals of predictions made with it.
+    assert res["recorded_in_profile"] is True
+    val = json.loads((cwd / "probe.json").read_text())["validation"]
+    assert val["run"] == "smoke1" and val["max_abs_error_pct"] == pytest.approx(res["max_abs_error_pct"])
+    one = json.loads(run_cli("predict", "--hardware", "probe.json", "--model", "tiny", "--num-gpus", "1",
+                             "--seq-len", "64", "--precision", "fp32", "--json", cwd=cwd).stdout)
+    assert one["regime"] == "probed"
+    lo, hi = one["step_time_s_interval"]
+    assert lo == pytest.approx(one["step_time_s"] * (1 - val["max_abs_error_pct"] / 100))
+    assert hi == pytest.approx(one["step_time_s"] * (1 + val["max_abs_error_pct"] / 100))
+    bad = run_cli("predict", "--against", "smoke1", cwd=cwd)
+    assert bad.returncode == 2 and "needs --hardware" in bad.stderr

@@ -39,3 +39,53 @@ def test_every_catalog_entry_cites_a_source():
         assert acc.get("source") and acc.get("retrieved"), key
     for key, m in catalog.model_presets().items():
         assert m.get("source"), key
+
+
+# Issue 15 defect 6: "H200" also matched H200 NVL and GH200, and every A100 that was not
+# a 40 GB PCIe card fell into the SXM 80 GB entry. Names as torch / NVML report them.
+@pytest.mark.parametrize(
+    "name,memory_gib,key,bf16",
+    [
+        ("NVIDIA H200", 139.8, "h200", 989.0),
+        ("NVIDIA H200 NVL", 139.8, "h200-nvl", 835.0),
+        ("NVIDIA GH200 480GB", 95.0, "gh200-96gb", 989.0),
+        ("NVIDIA GH200 144G HBM3e", 142.0, "gh200-144gb", 989.0),
+        ("NVIDIA A100-SXM4-40GB", 39.4, "a100-sxm-40gb", 312.0),
+        ("NVIDIA A100-SXM4-80GB", 79.2, "a100-sxm-80gb", 312.0),
+        ("NVIDIA A100 80GB PCIe", 79.2, "a100-pcie-80gb", 312.0),
+        ("NVIDIA A100-PCIE-40GB", 39.4, "a100-pcie-40gb", 312.0),
+        # a name that does not say which variant: the memory does
+        ("NVIDIA A100", 39.4, "a100-sxm-40gb", 312.0),
+        ("NVIDIA A100", 79.2, "a100-sxm-80gb", 312.0),
+        ("NVIDIA GH200", 142.0, "gh200-144gb", 989.0),
+    ],
+)
+def test_variants_are_told_apart_by_name_then_memory(name, memory_gib, key, bf16):
+    assert catalog.match_accelerator(name, memory_gib) == key
+    value, reason = catalog.peak_tflops(name, "bf16", memory_gib)
+    assert value == bf16 and key in reason
+
+
+def test_a_shared_name_without_memory_has_no_peak_and_says_why():
+    assert catalog.match_accelerator("NVIDIA A100") is None
+    value, reason = catalog.peak_tflops("NVIDIA A100", "bf16")
+    assert value is None and "shared by a100-sxm-40gb, a100-sxm-80gb" in reason and "memory" in reason
+    value, reason = catalog.peak_tflops("NVIDIA A100", "bf16", memory_gib=60.0)
+    assert value is None and "60.0 GiB fits none" in reason
+
+
+def test_fp32_mfu_uses_the_tf32_peak_when_matmuls_ran_on_tf32():
+    assert catalog.peak_tflops("NVIDIA H100 80GB HBM3", "fp32")[0] == 67.0
+    value, reason = catalog.peak_tflops("NVIDIA H100 80GB HBM3", "fp32", fp32_matmul="tf32")
+    assert value == 494.5 and "tf32 peak" in reason and "TF32 tensor cores" in reason
+    # bf16 / fp16 configs are not affected by the fp32 matmul setting
+    assert catalog.peak_tflops("NVIDIA H100 80GB HBM3", "bf16", fp32_matmul="tf32")[0] == 989.0
+    assert catalog.peak_precision("fp32", "tf32") == "tf32" and catalog.peak_precision("bf16", "tf32") == "bf16"
+
+
+def test_every_entry_with_a_memory_match_has_a_range():
+    for key, acc in catalog.accelerators().items():
+        m = acc.get("match_by_memory")
+        if m:
+            lo, hi = m["memory_gib"]
+            assert lo < acc["memory_gb"] <= hi * 1.1 and m["names"], key

@@ -151,7 +151,9 @@ def _all_commands():
 # sweep; show's --json is one of two formats; predict's --overlap is unset by default so
 # a --calibrate fit can supply it (its help still names plan's default).
 DIFFERENT_DEFAULTS = {"--timeout", "--overlap"}
-DIFFERENT_MEANING = {("run", "--timeout"), ("comm", "--timeout"), ("show", "--json")}
+DIFFERENT_MEANING = {("run", "--timeout"), ("comm", "--timeout"), ("show", "--json"),
+                     # probe: a profile file, not report's HTML; the dtypes and model whose GEMMs it times
+                     ("probe", "--output"), ("probe", "--dtype"), ("probe", "--model")}
 
 
 def test_a_shared_option_has_one_help_and_one_default():

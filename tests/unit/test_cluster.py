@@ -51,3 +51,34 @@ def test_slurm_environment(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[01-02]")
     monkeypatch.setenv("MGBENCH_HEAD_NODE", "gpu01")
     assert slurm_cluster(8, "exp") == Cluster(2, 1, "gpu01:29500", 8, "exp-123")
+
+
+# Issue 15 defect 10: GPU jobs asked for no cores or memory; on a site without per-GPU
+# defaults every rank of a node then shared the task's one core.
+def test_gpu_job_asks_for_cores_per_rank_and_the_nodes_memory():
+    lines = sbatch_script(Path("/r/x"), "gpu", 2, 8, "cuda").splitlines()
+    assert "#SBATCH --cpus-per-task=32" in lines  # 8 ranks x 4 cores
+    assert "#SBATCH --mem=0" in lines  # all of each node's memory
+    first_cmd = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+    assert all(not line.startswith("#SBATCH") for line in lines[first_cmd:])
+
+
+def test_cores_and_memory_can_be_overridden():
+    text = sbatch_script(Path("/r/x"), "gpu", 1, 4, "cuda", cpus_per_gpu=12, mem="480G")
+    assert "#SBATCH --cpus-per-task=48" in text and "#SBATCH --mem=480G" in text and "--mem=0" not in text
+    cpu = sbatch_script(Path("/r/x"), "smoke", 1, 4, "cpu", cpus_per_gpu=2, mem="16000")
+    assert "#SBATCH --cpus-per-task=8" in cpu and "#SBATCH --mem=16000" in cpu
+    assert "--mem" not in sbatch_script(Path("/r/x"), "smoke", 1, 4, "cpu")  # CPU jobs: the site's default
+
+
+@pytest.mark.parametrize("kw,match", [(dict(mem="lots"), "--mem 'lots'"), (dict(cpus_per_gpu=0), "at least 1 core")])
+def test_bad_cores_or_memory_is_one_clear_error(kw, match):
+    with pytest.raises(MgbenchError, match=match):
+        sbatch_script(Path("/r/x"), "gpu", 1, 8, "cuda", **kw)
+
+
+def test_cli_rejects_a_bad_mem_in_one_line(cli):
+    p = cli("slurm", "smoke", "--nodes", "1", "--gpus-per-node", "2", "--device", "cpu", "--mem", "2 GB")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert p.stderr.strip() == ("mgbench: error: --mem '2 GB': give Slurm's memory per node, e.g. 0 (all of it), "
+                                "256G or 512000 (MB)")

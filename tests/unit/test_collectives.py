@@ -126,7 +126,7 @@ def test_rows_from_a_newer_mgbench_are_refused(tmp_path):
     assert load_rows(run)[-1]["schema_version"] == COMM_ROW_VERSION
     with open(run.comm_rows, "a") as f:
         f.write(json.dumps({"schema_version": 999, "collective": "all_reduce"}) + "\n")
-    with pytest.raises(MgbenchError, match=r"written by a newer mgbench \(row schema 999 > 1\); upgrade mgbench"):
+    with pytest.raises(MgbenchError, match=rf"written by a newer mgbench \(row schema 999 > {COMM_ROW_VERSION}\); upgrade mgbench"):
         load_rows(run)
 
 

@@ -37,22 +37,6 @@ def test_cpu_peak_rss_resets_per_window():
         assert low < high - 0.04  # the 64 MiB are gone from the new window's peak
 
 
-def test_nvml_index_follows_cuda_visible_devices(monkeypatch):
-    from mgbench.telemetry.energy import nvml_handle
-
-    class FakeNVML:
-        def nvmlDeviceGetHandleByPciBusId_v2(self, bus):
-            raise RuntimeError("no PCI lookup")
-
-        def nvmlDeviceGetHandleByIndex(self, i):
-            return f"nvml-{i}"
-
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
-    assert nvml_handle(FakeNVML(), 1) == "nvml-5"
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    assert nvml_handle(FakeNVML(), 1) == "nvml-1"
-
-
 def test_rapl_reads_packages_not_their_subzones(tmp_path):
     for zone in ("intel-rapl:0", "intel-rapl:0:0", "intel-rapl:0:1", "intel-rapl:1", "intel-rapl:1:0", "intel-rapl-mmio:0"):
         (tmp_path / zone).mkdir()

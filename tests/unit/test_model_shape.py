@@ -19,6 +19,7 @@ def built_params(shape: ModelShape) -> int:
         ModelShape(layers=2, hidden=48, heads=6, kv_heads=2, ffn_hidden=96, vocab=100),
         ModelShape(layers=1, hidden=32, heads=2, ffn_hidden=64, vocab=50, mlp="gelu", tie_embeddings=True),
         ModelShape(layers=1, hidden=32, heads=4, head_dim=16, ffn_hidden=64, vocab=50),
+        ModelShape(layers=1, hidden=32, heads=2, ffn_hidden=64, vocab=50, vocab_multiple=64),  # built with 64 rows
     ],
 )
 def test_formula_param_count_matches_built_model(shape):
@@ -29,7 +30,8 @@ def test_gpt2_small_is_124m_by_hand():
     s = catalog.model_shape("gpt2-small")
     # Per layer: 4 h^2 attention + 2 h (4h) MLP + 2 h norm scales.
     per_layer = 4 * 768**2 + 2 * 768 * 3072 + 2 * 768
-    expected = 12 * per_layer + 768 + 50257 * 768  # tied head
+    expected = 12 * per_layer + 768 + 50304 * 768  # tied head; the vocabulary built padded to 50304
+    assert s.padded_vocab == 50304 and s.vocab == 50257
     assert s.num_params() == expected
     assert 123e6 < expected < 125e6  # "124M" minus GPT-2's 0.8M position embeddings and biases
 

@@ -26,7 +26,7 @@ def test_more_ranks_than_devices_is_skipped_with_reason():
     assert ddp2.skip_reason == "needs 2 ranks but only 1 GPUs"
 
 
-def test_half_precision_on_cpu_runs_with_torch_2_13_and_fp16_skips_tp_and_pipelines(monkeypatch):
+def test_half_precision_on_cpu_runs_with_torch_2_13_and_fp16_runs_with_tp_and_pipelines(monkeypatch):
     s = S.parse_suite(BASE.replace('nproc = [1, 2]', 'nproc = 1\nprecision = "bf16"'), "t.toml")
     monkeypatch.setattr(S, "_torch_version", lambda: (2, 13))
     assert all(c.skip_reason is None for c in S.expand(s, "cpu", 4))
@@ -34,8 +34,12 @@ def test_half_precision_on_cpu_runs_with_torch_2_13_and_fp16_skips_tp_and_pipeli
     assert all("from torch 2.13 on" in c.skip_reason for c in S.expand(s, "cpu", 4))
     fp16 = S.parse_suite('name = "t"\n[sweep]\nstrategy = ["tp", "pp", "ddp"]\nnproc = 2\nprecision = "fp16"\n'
                          'grad_accum = 2\n', "t.toml")
-    got = {c.strategy: c.skip_reason for c in S.expand(fp16, "cuda", 2)}
-    assert got["ddp"] is None and all("fp16 loss scaling" in got[k] for k in ("tp", "pp"))
+    # Issue 15 defect 3: fp16 loss scaling works with tensor and pipeline parallelism
+    # (tests/unit/test_fp16_parallel_gloo.py runs them through the correctness check).
+    monkeypatch.setattr(S, "_torch_version", lambda: (2, 13))
+    for kind in ("cuda", "cpu"):
+        got = {c.strategy: c.skip_reason for c in S.expand(fp16, kind, 2)}
+        assert got == {"tp": None, "pp": None, "ddp": None}
 
 
 def test_cpu_and_gpu_sections_override_the_sweep():

@@ -1,0 +1,83 @@
+"""Predict each config of a measured run from a hardware profile, and compare.
+
+`mgbench predict --hardware PROFILE --against RUN`: no fitting to the run. The profile
+supplies throughputs measured by microbenchmarks; the model's structure (compute +
+exposed communication + bubble, planner/perf.py) turns them into step times. The error
+is therefore a test of the model, unlike `--calibrate`, which fits the run itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import store
+from ..config import RunConfig
+from ..errors import MgbenchError
+from ..record import config_from_record
+from ..strategies import ZERO_STAGE
+
+
+def layout_of_config(cfg: RunConfig) -> "Any":
+    """The planner's Layout of a runner config (degrees, ZeRO stage, batch, knobs)."""
+    from .predict import Layout
+
+    zero = ZERO_STAGE.get(cfg.strategy, 0)
+    if cfg.strategy == "pp+tp+dp" and cfg.dp_mode == "fsdp":
+        zero = 3
+    return Layout(num_gpus=cfg.nproc, tp=cfg.tp, pp=cfg.pp, zero=zero, micro_batch=cfg.micro_batch,
+                  seq_len=cfg.seq_len, global_batch=cfg.micro_batch * cfg.dp * cfg.grad_accum,
+                  precision=cfg.precision, recompute=cfg.activation_checkpointing,
+                  sequence_parallel=cfg.strategy == "tp_sp",
+                  schedule=cfg.pp_schedule, virtual_stages=cfg.virtual_stages if cfg.pp_schedule == "interleaved" else 1)
+
+
+def against_run(profile: dict[str, Any], run: str, results_dir: str = "results") -> dict[str, Any]:
+    """Per ok config of ``run``: measured and predicted step time, error; and the mean
+    absolute percentage error over them."""
+    from ..probe.profile import hardware, overlap
+    from .perf import DEFAULT_OVERLAP
+    from .predict import predict
+
+    recs = [r for r in store.latest_records(store.read_records(store.resolve_run(run, results_dir)))
+            if r["status"] == "ok" and r.get("step_time_s")]
+    if not recs:
+        raise MgbenchError(f"--against {run}: the run has no ok configs with a step time")
+    device = recs[0]["device"]
+    if device != profile["device"]:
+        raise MgbenchError(f"--against {run}: the run measured {device} ranks, the profile a {profile['device']} "
+                           "machine; probe the machine the run was measured on")
+    rows = []
+    for rec in recs:
+        cfg = config_from_record(rec)
+        row = {"config_id": rec["config_id"], "label": rec["label"], "nproc": cfg.nproc,
+               "measured_s": float(rec["step_time_s"]), "predicted_s": None, "error_pct": None, "reason": None}
+        try:
+            hw = hardware(profile, cfg.precision, ranks=cfg.nproc)
+            pred = predict(cfg.shape, hw, layout_of_config(cfg),
+                           overlap=overlap(profile, cfg.nproc, DEFAULT_OVERLAP))
+        except MgbenchError as e:  # a layout the planner cannot price: say why, keep the others
+            row["reason"] = str(e)
+        else:
+            p = float(pred["step_time_s"])
+            row.update(predicted_s=p, error_pct=100.0 * (p - row["measured_s"]) / row["measured_s"],
+                       breakdown=pred["breakdown"])
+        rows.append(row)
+    errs = [abs(r["error_pct"]) for r in rows if r["error_pct"] is not None]
+    host = (store.read_manifest(store.resolve_run(run, results_dir)).get("machine") or {}).get("hostname")
+    return {"run": run, "profile_device": profile["device_name"], "rows": rows, "num_predicted": len(errs),
+            "mape": float(np.mean(errs)) if errs else None, "max_abs_error_pct": float(np.max(errs)) if errs else None,
+            "same_machine": host == profile.get("hostname"),
+            "method": "profile throughputs (no fit to the run) through the planner's step-time model"
+                      + ("; CPU ranks share the host's cores (see mgbench/probe/profile.py)" if device == "cpu" else "")}
+
+
+def record_validation(profile: dict[str, Any], res: dict[str, Any]) -> dict[str, Any] | None:
+    """The profile's validation entry from a comparison (what sets its predictions'
+    intervals, planner/uncertainty.py), or None when the run was measured elsewhere or
+    nothing could be predicted."""
+    if not res["same_machine"] or res["mape"] is None:
+        return None
+    return {"run": res["run"], "mape": res["mape"], "max_abs_error_pct": res["max_abs_error_pct"],
+            "num_configs": res["num_predicted"]}

@@ -1,0 +1,50 @@
+"""Click command `probe` (thin: parsing and printing only)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..cli_options import DEVICE, JSON, RESULTS_DIR, options
+
+
+@click.command()
+@click.option("-o", "--output", default=None, metavar="PROFILE",
+              help="Where to write the profile (default: RESULTS_DIR/profiles/<host>-<device>-<time>.json).")
+@options(DEVICE)
+@click.option("--dtype", "dtypes", default=None,
+              help="Comma-separated GEMM/attention dtypes (default: float32 on CPU; bfloat16,float16,float32 on GPU).")
+@click.option("--model", default=None,
+              help="Preset whose layer GEMM shapes to time (default: the default suite's model: mini on CPU, gpt2-small on GPU).")
+@click.option("--layer-tokens", "tokens", type=int, default=None,
+              help="Tokens per micro-batch for those GEMM shapes (default: the default suite's).")
+@click.option("--no-comm", is_flag=True, help="Skip the short collective run (its fit prices communication).")
+@options(RESULTS_DIR, JSON)
+def probe(output, device, dtypes, model, tokens, no_comm, results_dir, as_json) -> None:  # type: ignore[no-untyped-def]
+    """Measure this machine into a hardware profile for predict/plan/memory --hardware.
+
+    \b
+    Times the GEMMs of a transformer layer (per dtype; on CPU at 1 thread and at every
+    core, since ranks split the cores), an elementwise pass (memory bandwidth), causal
+    attention forward + backward, and a short all-reduce sweep (alpha-beta fit). About a
+    minute on a laptop CPU.
+
+    \b
+    Examples:
+      mgbench probe                                 # writes results/profiles/<host>-...json
+      mgbench predict --hardware PROFILE --against RUN   # the model vs a measured run
+    """
+    from .profile import describe, write_profile
+    from .run import default_path, probe as probe_fn
+
+    prof = probe_fn(device=device, dtypes=dtypes.split(",") if dtypes else None, model=model, tokens=tokens,
+                    comm=not no_comm, results_dir=results_dir,
+                    progress=(lambda m: click.echo(m, err=True)))
+    path = write_profile(prof, output or default_path(prof, results_dir))
+    if as_json:
+        click.echo(json.dumps({"path": str(path), **prof}, indent=2))
+        return
+    for line in describe(prof):
+        click.echo(line)
+    click.echo(f"profile: {path}")

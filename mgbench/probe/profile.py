@@ -1,0 +1,170 @@
+"""A measured hardware profile, and the planner's Hardware made from it.
+
+`mgbench probe` writes one JSON profile per machine; `predict`, `plan` and `memory`
+take it with ``--hardware PROFILE`` in place of catalog constants. Torch-free: reading a
+profile and predicting from it must not load the rank side.
+
+How measured figures become the planner's inputs (planner/hardware.py, Hardware):
+
+- matmul throughput = the probed GEMMs of a transformer layer's shapes (total FLOPs over
+  total median time) at the precision asked. ``peak_tflops`` is the catalog peak when the
+  device is a catalog accelerator (so MFU keeps its usual meaning), else the fastest probed
+  GEMM; ``compute_eff`` is then throughput / peak.
+- memory bandwidth = the probed elementwise add; collective alpha and bus bandwidth = the
+  probe's own `mgbench comm` all-reduce fit (same conversion as ``predict --comm``).
+- CPU ranks share the host: a CPU rank with t threads, one of n ranks on c cores, gets the
+  throughput probed at t threads times min(1, c / (n t)) (its share of the cores), and 1/n
+  of the host's memory bandwidth. The planner's "GPUs per node" is then the rank count.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .. import catalog
+from ..errors import MgbenchError
+from ..planner.hardware import Hardware, planner_defaults
+
+PROFILE_VERSION = 1
+PRECISION_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def read_profile(path: str | Path) -> dict[str, Any]:
+    """A profile written by `mgbench probe`; one clear error for anything else."""
+    p = Path(path)
+    try:
+        prof = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise MgbenchError(f"--hardware {p}: no such file; write one with `mgbench probe -o {p}`") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise MgbenchError(f"--hardware {p}: not a JSON profile ({e})") from None
+    if not isinstance(prof, dict) or "profile_version" not in prof:
+        raise MgbenchError(f"--hardware {p}: not an mgbench hardware profile (no profile_version)")
+    if prof["profile_version"] > PROFILE_VERSION:
+        raise MgbenchError(f"--hardware {p}: profile version {prof['profile_version']} is newer than this "
+                           f"mgbench reads ({PROFILE_VERSION}); upgrade mgbench")
+    return prof
+
+
+def write_profile(profile: dict[str, Any], path: str | Path) -> Path:
+    """Write atomically (a profile is either whole or absent)."""
+    from ..store import write_json_atomic
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(p, profile)
+    return p
+
+
+def matmul_tflops(profile: dict[str, Any], precision: str, threads: int | None = None) -> float:
+    """Typical layer-GEMM TFLOP/s of one process at ``threads`` threads (CPU) or of the device."""
+    dtype = PRECISION_DTYPE.get(precision, precision)
+    runs = [g for g in profile["gemm"] if g["dtype"] == dtype]
+    if not runs:
+        have = sorted({g["dtype"] for g in profile["gemm"]})
+        raise MgbenchError(f"the profile has no {dtype} GEMMs (it has {', '.join(have)}); "
+                           f"re-probe with --dtype {dtype} or predict at another precision")
+    if threads is None:
+        return max(g["typical_tflops"] for g in runs)
+    # The probed thread count closest below (or the smallest above) the one asked for.
+    below = [g for g in runs if g["threads"] <= threads]
+    g = max(below, key=lambda g: g["threads"]) if below else min(runs, key=lambda g: g["threads"])
+    return g["typical_tflops"]
+
+
+def rank_share(profile: dict[str, Any], ranks: int) -> tuple[int, float]:
+    """(threads per rank, fraction of a t-thread process's speed each rank gets) for
+    ``ranks`` CPU ranks on the probed host: mgbench gives each rank cores // ranks threads
+    (at least 1); ranks x threads above the cores time-share them."""
+    cores = profile["cores"]
+    t = max(1, cores // ranks)
+    return t, min(1.0, cores / (ranks * t))
+
+
+def overlap(profile: dict[str, Any], ranks: int, default: float) -> float:
+    """How much data-parallel communication a rank can hide behind its compute. On CPU,
+    gloo reduces with the same cores the ranks compute on: when the ranks' threads
+    already fill every core, communication time-shares them instead of hiding (0).
+    A GPU overlaps on its own copy engines and SMs: the planner's default."""
+    if profile["device"] != "cpu":
+        return default
+    threads, _ = rank_share(profile, ranks)
+    return 0.0 if ranks > 1 and ranks * threads >= profile["cores"] else default
+
+
+def hardware(profile: dict[str, Any], precision: str, ranks: int = 1) -> Hardware:
+    """The planner's Hardware for ``ranks`` processes on the probed machine (one node).
+
+    On a GPU machine one rank is one device; on CPU the ranks share the host (module doc).
+    """
+    cpu = profile["device"] == "cpu"
+    if cpu:
+        threads, share = rank_share(profile, ranks)
+        achieved = matmul_tflops(profile, precision, threads) * share
+        mem_bw = profile["memory"]["bytes_per_s"] / ranks
+        memory_bytes = profile["host_memory_bytes"] / ranks
+    else:
+        achieved = matmul_tflops(profile, precision)
+        mem_bw = profile["memory"]["bytes_per_s"]
+        memory_bytes = profile["device_memory_bytes"]
+    acc = profile.get("accelerator")
+    catalog_peak = catalog.accelerator(acc)["tflops"].get(precision) if acc else None
+    dtype = PRECISION_DTYPE.get(precision, precision)
+    best = max(g["best_tflops"] for g in profile["gemm"] if g["dtype"] == dtype)
+    peak = float(catalog_peak) if catalog_peak else best * (share if cpu else 1.0)
+    link = comm_link(profile, ranks)
+    return Hardware(
+        system=f"probed:{profile['hostname']}",
+        gpu=acc or profile["device_name"],
+        gpus_per_node=max(ranks, profile.get("num_devices", 1)),
+        peak_tflops=peak,
+        memory_bytes=float(memory_bytes),
+        tdp_w=float(catalog.accelerator(acc)["tdp_w"]) if acc else 0.0,
+        intra_bw=link["bw"], intra_alpha_s=link["alpha_s"],
+        inter_bw=link["bw"], inter_alpha_s=link["alpha_s"],
+        max_power_kw=None,
+        compute_eff=achieved / peak,
+        mem_bw=float(mem_bw),
+        elementwise_passes=float(planner_defaults()["elementwise_passes"]),
+    )
+
+
+def comm_link(profile: dict[str, Any], ranks: int) -> dict[str, float]:
+    """Per-ring-step latency and bus bandwidth from the probe's all-reduce fit: the fit
+    t = alpha + S / algbw of an n-rank ring gives alpha / (2 (n - 1)) per step and a bus
+    bandwidth algbw x 2 (n - 1) / n (the same conversion as `predict --comm`)."""
+    comm = profile.get("comm") or {}
+    fit = comm.get("all_reduce")
+    n = comm.get("nproc", 0)
+    if not fit or not fit.get("bw_gbps") or n < 2:
+        if ranks > 1:
+            raise MgbenchError(
+                f"the profile has no collective fit ({comm.get('null_reason', 'none measured')}), so it cannot "
+                f"price communication between {ranks} ranks; probe a machine with 2 or more devices")
+        return {"bw": float("inf"), "alpha_s": 0.0}  # one rank: no collective is ever priced
+    return {"bw": fit["bw_gbps"] * 1e9 * 2.0 * (n - 1) / n, "alpha_s": fit["alpha_s"] / (2.0 * (n - 1))}
+
+
+def describe(profile: dict[str, Any]) -> list[str]:
+    """Human lines summarising a profile (for `mgbench probe`)."""
+    lines = [f"{profile['device_name']} ({profile['device']}, {profile['cores']} cores, "
+             f"{profile.get('num_devices', 1)} device(s)), probed in {profile['probe_s']:.0f} s"]
+    for g in profile["gemm"]:
+        lines.append(f"  GEMM {g['dtype']:<9} {g['threads']:>3} thread(s): typical {g['typical_tflops']:.3f}, "
+                     f"best {g['best_tflops']:.3f} TFLOP/s over {len(g['shapes'])} layer shapes")
+    for a in profile["attention"]:
+        lines.append(f"  attention {a['dtype']}: typical {a['typical_tflops']:.3f} TFLOP/s (causal SDPA, fwd+bwd)")
+    lines.append(f"  memory bandwidth {profile['memory']['bytes_per_s'] / 1e9:.1f} GB/s")
+    cp = profile.get("copies") or {}
+    lines.append("  copies: " + (cp["null_reason"] if "null_reason" in cp else
+                                 ", ".join(f"{k.removeprefix('copy_')} {v:.1f} GB/s" for k, v in cp.items())))
+    comm = profile.get("comm") or {}
+    ar = comm.get("all_reduce")
+    if ar and ar.get("bw_gbps"):
+        lines.append(f"  all_reduce on {comm['nproc']} ranks: alpha {ar['alpha_s'] * 1e6:.1f} us, "
+                     f"algbw {ar['bw_gbps']:.2f} GB/s (fit error {ar['fit_mean_abs_error_pct']:.1f}%)")
+    else:
+        lines.append(f"  collectives: not measured ({comm.get('null_reason', 'no fit')})")
+    return lines

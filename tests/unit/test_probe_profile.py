@@ -1,0 +1,94 @@
+"""Hardware profiles: how measured figures become the planner's inputs."""
+
+import json
+
+import pytest
+
+from mgbench.errors import MgbenchError
+from mgbench.probe import profile as P
+
+
+def make_profile(device="cpu", cores=2, comm=True, **over):
+    """A profile as `mgbench probe` writes it, with round figures for hand calculation."""
+    prof = {
+        "profile_version": 1, "hostname": "box", "device": device, "device_name": "cpu", "accelerator": None,
+        "num_devices": 1, "cores": cores, "host_memory_bytes": 16e9, "probe_s": 10.0,
+        "gemm": [{"dtype": "float32", "threads": 1, "typical_tflops": 0.1, "best_tflops": 0.2, "shapes": []},
+                 {"dtype": "float32", "threads": cores, "typical_tflops": 0.16, "best_tflops": 0.3, "shapes": []}],
+        "attention": [], "memory": {"bytes_per_s": 12e9},
+        "comm": {"nproc": 2, "dtype": "float32",
+                 "all_reduce": {"alpha_s": 400e-6, "bw_gbps": 2.0, "fit_mean_abs_error_pct": 5.0}}
+        if comm else {"null_reason": "skipped (--no-comm)"},
+    }
+    prof.update(over)
+    return prof
+
+
+def test_one_cpu_rank_gets_every_core():
+    hw = P.hardware(make_profile(), "fp32", ranks=1)
+    # peak = the fastest GEMM at the rank's thread count (2); efficiency = typical / that
+    assert hw.peak_tflops * hw.compute_eff == pytest.approx(0.16)
+    assert hw.mem_bw == pytest.approx(12e9)
+
+
+def test_cpu_ranks_share_the_cores():
+    # 2 ranks on 2 cores: 1 thread each, the full 1-thread speed (0.1 TFLOP/s) each
+    hw2 = P.hardware(make_profile(), "fp32", ranks=2)
+    assert hw2.peak_tflops * hw2.compute_eff == pytest.approx(0.1)
+    # 4 ranks on 2 cores: 1 thread each, time-shared: half of it
+    hw4 = P.hardware(make_profile(), "fp32", ranks=4)
+    assert hw4.peak_tflops * hw4.compute_eff == pytest.approx(0.05)
+    assert hw4.mem_bw == pytest.approx(3e9)  # the host's bandwidth over 4 ranks
+    assert P.rank_share(make_profile(cores=16), 4) == (4, 1.0)
+
+
+def test_allreduce_fit_becomes_ring_step_latency_and_bus_bandwidth():
+    link = P.comm_link(make_profile(), ranks=2)
+    # n = 2: alpha / (2 (n - 1)) per ring step; busbw = algbw x 2 (n - 1) / n
+    assert link["alpha_s"] == pytest.approx(200e-6)
+    assert link["bw"] == pytest.approx(2.0e9)
+
+
+def test_multi_rank_prediction_without_a_collective_fit_is_refused():
+    with pytest.raises(MgbenchError, match="no collective fit"):
+        P.hardware(make_profile(comm=False), "fp32", ranks=2)
+    P.hardware(make_profile(comm=False), "fp32", ranks=1)  # one rank prices no collective
+
+
+def test_missing_dtype_names_what_the_profile_has():
+    with pytest.raises(MgbenchError, match="no bfloat16 GEMMs.*float32"):
+        P.hardware(make_profile(), "bf16", ranks=1)
+
+
+def test_catalog_gpu_keeps_the_catalog_peak_for_mfu():
+    prof = make_profile(device="cuda", device_name="NVIDIA H100 80GB HBM3", accelerator="h100-sxm",
+                        device_memory_bytes=80e9,
+                        gemm=[{"dtype": "bfloat16", "threads": 1, "typical_tflops": 600.0, "best_tflops": 750.0,
+                               "shapes": []}])
+    hw = P.hardware(prof, "bf16", ranks=1)
+    assert hw.peak_tflops == 989.0  # catalog dense bf16 peak, so MFU means what it usually means
+    assert hw.compute_eff == pytest.approx(600.0 / 989.0)
+
+
+def test_read_profile_errors_are_one_clear_line(tmp_path):
+    with pytest.raises(MgbenchError, match="no such file.*mgbench probe"):
+        P.read_profile(tmp_path / "none.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(MgbenchError, match="not a JSON profile"):
+        P.read_profile(bad)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"hello": 1}))
+    with pytest.raises(MgbenchError, match="not an mgbench hardware profile"):
+        P.read_profile(other)
+    newer = tmp_path / "newer.json"
+    newer.write_text(json.dumps(make_profile(profile_version=99)))
+    with pytest.raises(MgbenchError, match="newer"):
+        P.read_profile(newer)
+
+
+def test_cpu_ranks_that_fill_the_cores_hide_no_communication():
+    assert P.overlap(make_profile(), ranks=2, default=1.0) == 0.0  # 2 ranks x 1 thread on 2 cores
+    assert P.overlap(make_profile(), ranks=1, default=1.0) == 1.0  # nothing to hide
+    assert P.overlap(make_profile(cores=16), ranks=2, default=1.0) == 0.0  # 2 x 8 threads fill 16 cores
+    assert P.overlap(make_profile(device="cuda"), ranks=8, default=1.0) == 1.0

@@ -1,0 +1,61 @@
+"""Prediction intervals: derived from validation residuals, widened where a figure is assumed."""
+
+import pytest
+
+from mgbench.planner import uncertainty as U
+from mgbench.planner.validation import predict_run, published_runs
+
+
+def test_bounds_read_throughput_errors_as_time_ratios():
+    # e = (pred - true) / true on throughput: true time = predicted time x (1 + e)
+    assert U._bounds([-0.10, 0.05]) == (pytest.approx(0.10), pytest.approx(0.05))
+    assert U._bounds([]) == (0.0, 0.0)
+
+
+def test_catalog_gpu_interval_is_its_validation_residuals():
+    dense = [predict_run(r)["error_pct"] / 100 for r in published_runs() if r["role"] == "validation" and r["pp"] == 1]
+    reg = U.regime("a100-sxm-80gb", pipelined=False)
+    assert reg["regime"] == "catalog-validated"
+    assert reg["low"] == pytest.approx(max(0.0, -min(dense))) and reg["high"] == pytest.approx(max(0.0, max(dense)))
+    assert reg["low"] + reg["high"] < 0.1  # the Megatron rows are within a few percent
+
+
+def test_assumed_efficiency_gets_a_wide_interval_and_says_why():
+    other = U.regime("h100-sxm", pipelined=False)
+    assumed = U.regime("mi300x", pipelined=False)
+    assert other["regime"] == "catalog-other-gpu" and assumed["regime"] == "catalog-assumed"
+    assert assumed["high"] >= U.ASSUMED_SLOWDOWN > other["high"] > U.regime("a100-sxm-80gb", False)["high"]
+    assert any("by assumption" in r for r in assumed["reasons"])
+    assert not any("by assumption" in r for r in other["reasons"])
+
+
+def test_intervals_bracket_the_prediction():
+    iv = U.intervals(2.0, 1000.0, {"regime": "x", "low": 0.25, "high": 0.5, "reasons": []})
+    assert iv["step_time_s_interval"] == [pytest.approx(1.5), pytest.approx(3.0)]
+    # throughput is the reciprocal image: 1000 x 2 / 3 to 1000 x 2 / 1.5
+    assert iv["tokens_per_s_per_gpu_interval"] == [pytest.approx(666.67, rel=1e-4), pytest.approx(1333.33, rel=1e-4)]
+
+
+def test_probed_profile_uses_its_recorded_validation():
+    reg = U.regime("cpu", False, {"validation": {"run": "r", "max_abs_error_pct": 12.0, "num_configs": 9}})
+    assert reg["regime"] == "probed" and reg["low"] == reg["high"] == pytest.approx(0.12)
+    assert U.regime("cpu", False, {})["regime"] == "probed-unvalidated"
+
+
+def test_calibrated_regime_uses_leave_one_out_errors():
+    fit = {"num_configs": 3, "rows": [{"loo_error_pct": -8.0}, {"loo_error_pct": 20.0}, {"loo_error_pct": None}]}
+    reg = U.calibrated(fit)
+    assert reg["high"] == pytest.approx(0.2)
+
+
+def test_not_distinguishable_fires_only_when_intervals_overlap():
+    from mgbench.planner.search import _distinguishable
+
+    def row(cost, name):
+        return {"cost_usd": cost, "cost_usd_interval": [cost * 0.9, cost * 1.1], "days_interval": [1.0, 2.0],
+                "num_gpus": 8, "gpu": name, "system": name, "regime": "catalog-validated", "interval_reasons": []}
+
+    close = _distinguishable([row(100.0, "a"), row(105.0, "b"), row(200.0, "c")])
+    assert any("not distinguishable" in line and "b" in line and "(c)" not in line for line in close)
+    apart = _distinguishable([row(100.0, "a"), row(200.0, "c")])
+    assert not any("not distinguishable" in line for line in apart)
