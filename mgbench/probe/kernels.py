@@ -65,7 +65,7 @@ def layer_gemms(shape: ModelShape, tokens: int) -> list[dict[str, Any]]:
 
 
 def gemm(device: torch.device, dtype: str, shapes: list[dict[str, Any]], repeats: int = 5,
-         min_time_s: float = 0.02) -> dict[str, Any]:
+         min_time_s: float = 0.01) -> dict[str, Any]:
     """TFLOP/s of each (m, k, n) product; ``typical`` is total FLOPs over total median
     time (what a layer of these shapes achieves), ``best`` the fastest shape's best."""
     dt = DTYPES[dtype]

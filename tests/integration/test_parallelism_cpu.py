@@ -97,6 +97,7 @@ grad_compression = ["none", "fp16"]
 warmup_steps = 2
 measured_steps = 3
 check_steps = 4
+track_memory = false
 [[sweep]]
 model = "mini"
 strategy = ["ddp", "zero1"]
@@ -106,6 +107,7 @@ grad_compression = ["none", "powersgd"]
 warmup_steps = 2
 measured_steps = 3
 check_steps = 5
+track_memory = false
 """)
     p = cli("run", "g.toml", "--run-id", "gc", "--no-report")
     assert p.returncode == 0, p.stderr
@@ -135,6 +137,7 @@ activation_checkpointing = ["full", "every_2nd"]
 warmup_steps = 2
 measured_steps = 3
 check_steps = 2
+track_memory = false
 """)
     p = cli("run", "c.toml", "--run-id", "cc", "--no-report")
     assert p.returncode == 0, p.stderr
