@@ -129,22 +129,28 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
     if cluster is not None and not cluster.leader:
         click.echo(f"node {cluster.node_rank} done; node 0 writes the results: {run_dir}", err=as_json)
         return
+    proj = None
+    if not no_projection:  # once, for the terminal and the report
+        from .planner.projection import projection
+
+        proj = projection(run_dir, results_dir)
     if as_json:
         click.echo(render(run_dir, "json"))
     else:
         click.echo("")
         click.echo(render(run_dir, "table"))
-        if not no_projection:
-            from .planner.projection import lines, projection
+        if proj is not None:
+            from .planner.projection import lines
 
             click.echo("")
-            for line in lines(projection(run_dir, results_dir)):
+            for line in lines(proj):
                 click.echo(line)
         click.echo(f"\nresults: {run_dir}")
     if not no_report:
         from .report.html import build
 
-        path = build([run_dir], Path(reports_dir) / f"{run_dir.name}.html")
+        path = build([run_dir], Path(reports_dir) / f"{run_dir.name}.html", results_dir,
+                     projection=proj if proj is not None else False)
         click.echo(f"report: {path}", err=as_json)
     from . import store
 

@@ -31,7 +31,7 @@ from typing import Any, Callable
 from . import catalog, faults
 from .errors import MgbenchError
 from .model_shape import ModelShape
-from .strategies import PIPELINED, STRATEGIES
+from .strategies import PIPELINED, STRATEGIES, ZERO_STAGE
 
 Check = Callable[[Any], "str | None"]
 WORKLOAD, PROCEDURE, DERIVED = "workload", "procedure", "derived"
@@ -236,6 +236,14 @@ class RunConfig:
     @property
     def pipelined(self) -> bool:
         return self.strategy in PIPELINED
+
+    @property
+    def zero_stage(self) -> int:
+        """ZeRO stage of the data parallelism: the strategy's (registry), or 3 for
+        pp+tp+dp whose replicas are FSDP-sharded (dp_mode = "fsdp")."""
+        if self.strategy == "pp+tp+dp" and self.dp_mode == "fsdp":
+            return 3
+        return ZERO_STAGE.get(self.strategy, 0)
 
     def identity(self) -> tuple:
         """What makes two configs the same workload (compare matches on this)."""

@@ -59,6 +59,12 @@ def cpu_rank_limit() -> int:
     return max(4, os.cpu_count() or 1)
 
 
+def threads_per_rank(nproc: int, cores: int | None = None) -> int:
+    """Threads each of ``nproc`` CPU ranks gets on a host of ``cores`` cores (this one by
+    default): an equal share, at least one."""
+    return max(1, (cores or os.cpu_count() or 1) // nproc)
+
+
 def torchrun_argv(nproc: int, job_path: Path, log_dir: Path, module: str = "mgbench.runner.worker",
                   cluster: Cluster | None = None, rdzv_id: str = "") -> list[str]:
     """torchrun (torch.distributed.run): on this host with a free local port, or, for a
@@ -86,7 +92,7 @@ def child_env(nproc: int, device: str, tag: str) -> dict[str, str]:
     if device == "cpu":
         # Share the cores between ranks instead of letting each rank spawn one thread
         # per core (which oversubscribes and measures contention, not the strategy).
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+        env["OMP_NUM_THREADS"] = str(threads_per_rank(nproc))
     else:
         # A failed or timed-out NCCL collective aborts the communicator and ends the
         # process, instead of leaving a rank blocked forever: the launcher then records

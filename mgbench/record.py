@@ -167,10 +167,10 @@ class Record:
     energy_window_s: float | None = figure("s", "wall time the energy counter covered")
     num_energy_steps: int | None = figure("count", "training steps inside the energy window: the timed steps plus "
                                       "untimed ones added to reach energy_min_window_s")
-    energy_min_window_s: float | None = figure("s", "shortest energy window allowed: max(5 s, 50 counter updates) "
-                                               "for NVML, capped at 30 s (telemetry/energy.py says why)")
+    energy_min_window_s: float | None = figure("s", "shortest energy window allowed (telemetry/energy.py "
+                                               "min_window: its floor, updates per window and cap, and why)")
     energy_update_interval_s: float | None = figure("s", "observed time between updates of the energy counter "
-                                                    "(slowest rank; None: not probed)")
+                                                    "(slowest rank; None: not probed, or it did not change while probed)")
     energy_device_match: list[str | None] | None = figure("", "per rank: how its energy meter found its device "
                                                           "(NVML by PCI bus id, UUID or index)")
     energy_method: str | None = figure("", "nvml_counter | nvml_power_sampling | rapl | none")

@@ -139,29 +139,17 @@ def predicted_step(rec: dict[str, Any]) -> tuple[float | None, str]:
     """`mgbench predict`'s step time for a record's config on its device's catalog entry,
     or None with the reason."""
     from .planner import hardware
-    from .planner.predict import Layout, predict
+    from .planner.predict import layout_of, predict
     from .record import config_from_record
-    from .strategies import ZERO_STAGE
 
     acc = catalog.match_accelerator(rec.get("device_name") or "", rec.get("device_memory_gib"))
     if acc is None:
         return None, f"no catalog entry for {rec.get('device_name')!r}"
     cfg = config_from_record(rec)
-    if cfg.activation_checkpointing == "every_2nd":
-        return None, "the planner models no recompute or full recompute, not every second block"
-    if cfg.strategy not in ZERO_STAGE or cfg.tp > 1 or cfg.pp > 1:
-        return None, f"{cfg.strategy}: the comparison covers data-parallel configs"
-    precision = cfg.precision if not (cfg.precision == "fp32" and rec.get("tf32_matmul")) else "tf32"
     try:
-        hw = hardware.resolve(gpu=acc, precision=precision if precision != "tf32" else "fp32")
-        if precision == "tf32":
-            import dataclasses
-
-            hw = dataclasses.replace(hw, peak_tflops=float(catalog.accelerator(acc)["tflops"]["tf32"]))
-        layout = Layout(num_gpus=cfg.nproc, zero=ZERO_STAGE[cfg.strategy], micro_batch=cfg.micro_batch,
-                        seq_len=cfg.seq_len, global_batch=cfg.global_batch,
-                        precision=cfg.precision, recompute=cfg.activation_checkpointing)
-        return float(predict(cfg.shape, hw, layout)["step_time_s"]), f"{acc}, {hw.system}"
+        # The peak the run's MFU used (tf32 for fp32 with TF32 on: catalog.peak_precision).
+        hw = hardware.resolve(gpu=acc, precision=rec.get("mfu_peak_precision") or cfg.precision)
+        return float(predict(cfg.shape, hw, layout_of(cfg))["step_time_s"]), f"{acc}, {hw.system}"
     except (MgbenchError, KeyError) as e:
         return None, str(e)
 
@@ -240,6 +228,11 @@ def comm_lines(run_dir: Path) -> list[str]:
     return out
 
 
+def comm_correct(comm_dir: Any) -> bool:
+    """Whether every copy and collective of the comm run returned the right values."""
+    return not any(r["wrong"] for r in store.load_comm_rows(comm_dir))
+
+
 def verdict(records: list[dict[str, Any]], comm_ok: bool) -> tuple[int, str]:
     """Exit status and the closing line: 0 when every runnable config ran ok and matched
     its reference and the comm sweep completed."""
@@ -249,7 +242,7 @@ def verdict(records: list[dict[str, Any]], comm_ok: bool) -> tuple[int, str]:
     tail = f" ({skipped} skipped: they need more GPUs)" if skipped else ""
     if bad or not comm_ok or not ran:
         what = ([f"{len(bad)} config(s) failed or differ: {'; '.join(bad)}"] if bad else []) + \
-               ([] if comm_ok else ["the comm sweep did not complete"]) + ([] if ran else ["no config could run"])
+               ([] if comm_ok else ["the comm sweep did not complete or returned wrong values"]) + ([] if ran else ["no config could run"])
         return 1, "selftest FAILED: " + "; ".join(what) + tail
     return 0, f"selftest passed: {len(ran)} configs ok and matching their references, comm complete{tail}"
 
@@ -275,6 +268,7 @@ def run(device: str, results_dir: str, progress: Callable[[str], None] = print) 
         dtypes = ["bfloat16"] if kind == "cuda" else ["float32"]
         comm_dir = run_comm(nproc, kind, collectives, dtypes, results_dir, progress=progress)
         comm_out = comm_lines(comm_dir)
+        comm_ok = comm_correct(comm_dir)
     except MgbenchError as e:
         comm_ok, comm_out = False, [f"comm: {e}"]
     progress("")

@@ -215,8 +215,8 @@ def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | No
         return "tensor parallelism with tied embeddings is not supported; use a model with tie_embeddings = false"
     if p["grad_compression"] != "none" and p["strategy"] not in ("ddp", "zero1"):
         return f"grad_compression is a DDP communication hook: it applies to ddp and zero1, not {p['strategy']}"
-    if p["grad_compression"] == "bf16" and p["device"] == "cpu":
-        return "bf16 gradient compression on CPU: gloo cannot all-reduce bf16; use fp16"
+    if p["grad_compression"] == "bf16" and p["device"] == "cpu" and not gloo_reduces_half():
+        return "bf16 gradient compression on CPU: gloo reduces bf16 from torch 2.13 on; use fp16"
     if pipelined and shape.tie_embeddings and p["pp"] > 1:
         return "pipeline parallelism with tied embeddings is not supported (embedding and head sit on different stages)"
     if p["strategy"] == "pp+tp+dp" and p["dp_mode"] == "ddp" and p["tp"] > 1 and p["dp"] > 1:
@@ -231,10 +231,15 @@ def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | No
     if p["nproc"] > num_devices:
         what = "GPUs" if p["device"] == "cuda" else "CPU ranks allowed here"
         return f"needs {p['nproc']} ranks but only {num_devices} {what}"
-    if p["device"] == "cpu" and p["precision"] != "fp32" and _torch_version() < (2, 13):
+    if p["device"] == "cpu" and p["precision"] != "fp32" and not gloo_reduces_half():
         return (f"{p['precision']} on CPU: gloo reduces bf16/fp16 from torch 2.13 on (this is "
                 f"{'.'.join(map(str, _torch_version()))}); use precision = \"fp32\" on CPU")
     return None
+
+
+def gloo_reduces_half() -> bool:
+    """Whether gloo all-reduces bf16 and fp16 here (torch 2.13 on: measured)."""
+    return _torch_version() >= (2, 13)
 
 
 def _torch_version() -> tuple[int, int]:

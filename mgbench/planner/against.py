@@ -13,24 +13,8 @@ from typing import Any
 import numpy as np
 
 from .. import store
-from ..config import RunConfig
 from ..errors import MgbenchError
 from ..record import config_from_record
-from ..strategies import ZERO_STAGE
-
-
-def layout_of_config(cfg: RunConfig) -> "Any":
-    """The planner's Layout of a runner config (degrees, ZeRO stage, batch, knobs)."""
-    from .predict import Layout
-
-    zero = ZERO_STAGE.get(cfg.strategy, 0)
-    if cfg.strategy == "pp+tp+dp" and cfg.dp_mode == "fsdp":
-        zero = 3
-    return Layout(num_gpus=cfg.nproc, tp=cfg.tp, pp=cfg.pp, zero=zero, micro_batch=cfg.micro_batch,
-                  seq_len=cfg.seq_len, global_batch=cfg.micro_batch * cfg.dp * cfg.grad_accum,
-                  precision=cfg.precision, recompute=cfg.activation_checkpointing,
-                  sequence_parallel=cfg.strategy == "tp_sp",
-                  schedule=cfg.pp_schedule, virtual_stages=cfg.virtual_stages if cfg.pp_schedule == "interleaved" else 1)
 
 
 def against_run(profile: dict[str, Any], run: str, results_dir: str = "results") -> dict[str, Any]:
@@ -38,7 +22,7 @@ def against_run(profile: dict[str, Any], run: str, results_dir: str = "results")
     absolute percentage error over them."""
     from ..probe.profile import hardware, overlap
     from .perf import DEFAULT_OVERLAP
-    from .predict import predict
+    from .predict import layout_of, predict
 
     recs = [r for r in store.latest_records(store.read_records(store.resolve_run(run, results_dir)))
             if r["status"] == "ok" and r.get("step_time_s")]
@@ -55,7 +39,7 @@ def against_run(profile: dict[str, Any], run: str, results_dir: str = "results")
                "measured_s": float(rec["step_time_s"]), "predicted_s": None, "error_pct": None, "reason": None}
         try:
             hw = hardware(profile, cfg.precision, ranks=cfg.nproc)
-            pred = predict(cfg.shape, hw, layout_of_config(cfg),
+            pred = predict(cfg.shape, hw, layout_of(cfg),
                            overlap=overlap(profile, cfg.nproc, DEFAULT_OVERLAP))
         except MgbenchError as e:  # a layout the planner cannot price: say why, keep the others
             row["reason"] = str(e)

@@ -288,6 +288,9 @@ def plan(model, prices_file, price_overrides, calibrate_run, comm_run, results_d
     if calibrate_run:
         fit = calibrate.fit_run(calibrate_run, results_dir)
         opts.calibration = calibrate.plan_overrides(fit, opts.systems, opts.precision)
+        from .uncertainty import calibrated
+
+        opts.calibration_regime = calibrated(fit)
     if comm_run:
         from .hardware import systems as all_systems
 

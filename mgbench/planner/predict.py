@@ -48,6 +48,15 @@ class Layout:
         return self.batch // (self.micro_batch * self.dp)
 
 
+def layout_of(cfg: Any) -> Layout:
+    """The planner's Layout of a runner config (:class:`mgbench.config.RunConfig`)."""
+    return Layout(num_gpus=cfg.nproc, tp=cfg.tp, pp=cfg.pp, zero=cfg.zero_stage, micro_batch=cfg.micro_batch,
+                  seq_len=cfg.seq_len, global_batch=cfg.global_batch, precision=cfg.precision,
+                  recompute=cfg.activation_checkpointing, sequence_parallel=cfg.strategy == "tp_sp",
+                  schedule=cfg.pp_schedule,
+                  virtual_stages=cfg.virtual_stages if cfg.pp_schedule == "interleaved" else 1)
+
+
 def validate(layout: Layout, shape: ModelShape | None) -> None:
     """One check for every degree: each problem names the degrees and the GPU count."""
     L = layout

@@ -78,6 +78,8 @@ class PlanOptions:
         metadata={"help": "Fraction of the data-parallel communication window hidden behind backward."})
     top: int = field(default=20, metadata={"help": "Rows of the ranked table."})
     calibration: dict[str, Any] = field(default_factory=dict, metadata={"set_by": "--calibrate"})
+    # The calibrated systems' interval regime (uncertainty.calibrated of the same fit).
+    calibration_regime: dict[str, Any] = field(default_factory=dict, metadata={"set_by": "--calibrate"})
     # system -> measured Hardware link fields
     links: dict[str, dict[str, float]] = field(default_factory=dict, metadata={"set_by": "--comm"})
 
@@ -230,8 +232,8 @@ def _add_interval(r: dict[str, Any], opts: PlanOptions) -> None:
     from . import uncertainty
 
     reg = uncertainty.regime(r["gpu"], r["pp"] > 1)
-    if opts.calibration and r["system"] in opts.calibration:
-        reg = {**reg, "regime": "calibrated", "reasons": reg["reasons"] + ["efficiency calibrated on a measured run"]}
+    if opts.calibration_regime and r["system"] in opts.calibration:
+        reg = opts.calibration_regime
     step = max(1, opts.global_batch_tokens // opts.seq_len) * opts.seq_len / r["tokens_per_s"]
     iv = uncertainty.intervals(step, r["tokens_per_s"] / r["num_gpus"], reg)
     r.update(step_time_s_interval=iv["step_time_s_interval"],

@@ -15,9 +15,9 @@ measured residuals, never chosen:
   fraction by assumption. No measurement bounds that, so the interval is widened by a
   stated convention (ASSUMED_SLOWDOWN: the step may take up to twice as long), and the
   reasons name the assumption.
-- ``probed``: a hardware profile of the machine; the half-width is the error of that
-  profile's own `predict --against` validation when the profile records one, otherwise
-  the ``probed-unvalidated`` regime with the CPU default suite's measured error.
+- ``probed``: a hardware profile of the machine; the half-width is the largest error of
+  that profile's own `predict --against` validation when the profile records one,
+  otherwise (``probed-unvalidated``) x0 to x2 by stated convention.
 
 Intervals are [prediction x (1 - low), prediction x (1 + high)] on time; throughput's
 interval is its reciprocal image.
@@ -63,7 +63,8 @@ def regime(gpu: str, pipelined: bool, profile: dict[str, Any] | None = None) -> 
     if profile is not None:
         v = profile.get("validation")
         if v:
-            return {"regime": "probed", "low": v["max_abs_error_pct"] / 100.0, "high": v["max_abs_error_pct"] / 100.0,
+            w = v["max_abs_error_pct"] / 100.0
+            return {"regime": "probed", "low": min(w, 1.0), "high": w,
                     "reasons": [f"probed profile, validated against run {v['run']}: max |error| "
                                 f"{v['max_abs_error_pct']:.0f}% over {v['num_configs']} configs"]}
         return {"regime": "probed-unvalidated", "low": 1.0, "high": 1.0,

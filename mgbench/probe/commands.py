@@ -16,7 +16,7 @@ from ..cli_options import DEVICE, JSON, RESULTS_DIR, options
 @click.option("--dtype", "dtypes", default=None,
               help="Comma-separated GEMM/attention dtypes (default: float32 on CPU; bfloat16,float16,float32 on GPU).")
 @click.option("--model", default=None,
-              help="Preset whose layer GEMM shapes to time (default: the default suite's model: mini on CPU, gpt2-small on GPU).")
+              help="Preset whose layer GEMM shapes to time (default: the default suite's model on this device).")
 @click.option("--layer-tokens", "tokens", type=int, default=None,
               help="Tokens per micro-batch for those GEMM shapes (default: the default suite's).")
 @click.option("--no-comm", is_flag=True, help="Skip the short collective run (its fit prices communication).")
@@ -25,10 +25,10 @@ def probe(output, device, dtypes, model, tokens, no_comm, results_dir, as_json) 
     """Measure this machine into a hardware profile for predict/plan/memory --hardware.
 
     \b
-    Times the GEMMs of a transformer layer (per dtype; on CPU at 1 thread and at every
-    core, since ranks split the cores), an elementwise pass (memory bandwidth), causal
-    attention forward + backward, and a short all-reduce sweep (alpha-beta fit). About a
-    minute on a laptop CPU.
+    Times the GEMMs of a transformer layer (per dtype; on CPU at each thread count a rank
+    gets at 1, 2, 4 ... ranks, since ranks split the cores), an elementwise pass (memory
+    bandwidth), causal attention forward + backward, copies on GPUs, and a short
+    all-reduce sweep (alpha-beta fit). 15-20 s on a 2-core VM.
 
     \b
     Examples:

@@ -2,8 +2,8 @@
 
 Each returns plain dicts of measured figures. Timing: a few warm-up calls, then the
 best and the median of timed repeats (best is what the hardware can do, the median what
-a training step sees). CUDA work is timed with events around a synchronised span; CPU
-work with perf_counter (CPU ops are synchronous). FLOP counts are the textbook ones:
+a training step sees). Each span is timed with perf_counter between device
+synchronisations (CUDA) or directly (CPU ops are synchronous). FLOP counts are the textbook ones:
 2 m n k for a GEMM, 4 b h s^2 d for attention's two matmuls (halved when causal).
 """
 

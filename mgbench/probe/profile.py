@@ -10,7 +10,7 @@ How measured figures become the planner's inputs (planner/hardware.py, Hardware)
   total median time) at the precision asked. ``peak_tflops`` is the catalog peak when the
   device is a catalog accelerator (so MFU keeps its usual meaning), else the fastest probed
   GEMM; ``compute_eff`` is then throughput / peak.
-- memory bandwidth = the probed elementwise add; collective alpha and bus bandwidth = the
+- memory bandwidth = the probed elementwise add (median span); collective alpha and bus bandwidth = the
   probe's own `mgbench comm` all-reduce fit (same conversion as ``predict --comm``).
 - CPU ranks share the host: a CPU rank with t threads, one of n ranks on c cores, gets the
   throughput probed at t threads times min(1, c / (n t)) (its share of the cores), and 1/n
@@ -58,8 +58,9 @@ def write_profile(profile: dict[str, Any], path: str | Path) -> Path:
     return p
 
 
-def matmul_tflops(profile: dict[str, Any], precision: str, threads: int | None = None) -> float:
-    """Typical layer-GEMM TFLOP/s of one process at ``threads`` threads (CPU) or of the device."""
+def gemm_row(profile: dict[str, Any], precision: str, threads: int | None = None) -> dict[str, Any]:
+    """The probed layer GEMMs at a precision, at exactly ``threads`` threads (CPU) or of
+    the device (``threads`` None: its fastest row)."""
     dtype = PRECISION_DTYPE.get(precision, precision)
     runs = [g for g in profile["gemm"] if g["dtype"] == dtype]
     if not runs:
@@ -67,19 +68,22 @@ def matmul_tflops(profile: dict[str, Any], precision: str, threads: int | None =
         raise MgbenchError(f"the profile has no {dtype} GEMMs (it has {', '.join(have)}); "
                            f"re-probe with --dtype {dtype} or predict at another precision")
     if threads is None:
-        return max(g["typical_tflops"] for g in runs)
-    # The probed thread count closest below (or the smallest above) the one asked for.
-    below = [g for g in runs if g["threads"] <= threads]
-    g = max(below, key=lambda g: g["threads"]) if below else min(runs, key=lambda g: g["threads"])
-    return g["typical_tflops"]
+        return max(runs, key=lambda g: g["typical_tflops"])
+    row = next((g for g in runs if g["threads"] == threads), None)
+    if row is None:  # a thread count never measured is unknown, not its neighbour's speed
+        raise MgbenchError(f"the profile has no {dtype} GEMMs at {threads} thread(s) (it has "
+                           f"{', '.join(str(g['threads']) for g in runs)}); re-probe this host with `mgbench probe`")
+    return row
 
 
 def rank_share(profile: dict[str, Any], ranks: int) -> tuple[int, float]:
     """(threads per rank, fraction of a t-thread process's speed each rank gets) for
     ``ranks`` CPU ranks on the probed host: mgbench gives each rank cores // ranks threads
     (at least 1); ranks x threads above the cores time-share them."""
+    from ..launching import threads_per_rank
+
     cores = profile["cores"]
-    t = max(1, cores // ranks)
+    t = threads_per_rank(ranks, cores)
     return t, min(1.0, cores / (ranks * t))
 
 
@@ -102,18 +106,18 @@ def hardware(profile: dict[str, Any], precision: str, ranks: int = 1) -> Hardwar
     cpu = profile["device"] == "cpu"
     if cpu:
         threads, share = rank_share(profile, ranks)
-        achieved = matmul_tflops(profile, precision, threads) * share
-        mem_bw = profile["memory"]["bytes_per_s"] / ranks
+        row = gemm_row(profile, precision, threads)
+        mem_bw = profile["memory"]["median_bytes_per_s"] / ranks
         memory_bytes = profile["host_memory_bytes"] / ranks
     else:
-        achieved = matmul_tflops(profile, precision)
-        mem_bw = profile["memory"]["bytes_per_s"]
+        row, share = gemm_row(profile, precision), 1.0
+        mem_bw = profile["memory"]["median_bytes_per_s"]
         memory_bytes = profile["device_memory_bytes"]
     acc = profile.get("accelerator")
     catalog_peak = catalog.accelerator(acc)["tflops"].get(precision) if acc else None
-    dtype = PRECISION_DTYPE.get(precision, precision)
-    best = max(g["best_tflops"] for g in profile["gemm"] if g["dtype"] == dtype)
-    peak = float(catalog_peak) if catalog_peak else best * (share if cpu else 1.0)
+    # Median-based throughput (what training steps see) against the same row's best.
+    achieved = row["typical_tflops"] * share
+    peak = float(catalog_peak) if catalog_peak else row["best_tflops"] * share
     link = comm_link(profile, ranks)
     return Hardware(
         system=f"probed:{profile['hostname']}",
@@ -121,7 +125,9 @@ def hardware(profile: dict[str, Any], precision: str, ranks: int = 1) -> Hardwar
         gpus_per_node=max(ranks, profile.get("num_devices", 1)),
         peak_tflops=peak,
         memory_bytes=float(memory_bytes),
-        tdp_w=float(catalog.accelerator(acc)["tdp_w"]) if acc else 0.0,
+        # Unknown without a catalog entry; predict prices no energy, so NaN (not 0 W) is
+        # never printed, and any future use of it shows up as NaN rather than as free power.
+        tdp_w=float(catalog.accelerator(acc)["tdp_w"]) if acc else float("nan"),
         intra_bw=link["bw"], intra_alpha_s=link["alpha_s"],
         inter_bw=link["bw"], inter_alpha_s=link["alpha_s"],
         max_power_kw=None,

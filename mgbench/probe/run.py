@@ -13,10 +13,6 @@ from ..errors import MgbenchError
 from ..model_shape import ModelShape
 from .profile import PROFILE_VERSION
 
-# What a transformer layer of the default workload runs on each device kind: the default
-# suite's model and tokens per micro-batch (suites/default.toml), so that predicting that
-# suite from the profile uses GEMMs of the shapes it really runs.
-DEFAULT_WORKLOAD = {"cpu": ("mini", 4 * 128), "cuda": ("gpt2-small", 8 * 1024)}
 DEFAULT_DTYPES = {"cpu": ["float32"], "cuda": ["bfloat16", "float16", "float32"]}
 MEMORY_OPERAND_BYTES = {"cpu": 64 * 2**20, "cuda": 1 * 2**30}
 
@@ -42,7 +38,7 @@ def probe(device: str = "auto", dtypes: list[str] | None = None, model: str | No
     for d in dtypes:
         if d not in kernels.DTYPES:
             raise MgbenchError(f"--dtype {d}: choose from {', '.join(kernels.DTYPES)}")
-    name, default_tokens = DEFAULT_WORKLOAD[kind]
+    name, default_tokens = default_workload(kind)
     shape: ModelShape = catalog.model_shape(model or name)
     tokens = tokens or default_tokens
     cores = os.cpu_count() or 1
@@ -67,8 +63,12 @@ def probe(device: str = "auto", dtypes: list[str] | None = None, model: str | No
     ram = machine.get("ram_gib")
     prof["host_memory_bytes"] = ram * 2**30 if ram else None
 
-    # GEMMs at each thread count a rank may get on CPU (1 and all cores); the device's own on GPU.
-    thread_counts = sorted({1, cores}) if kind == "cpu" else [torch.get_num_threads()]
+    if kind == "cpu":  # each count a rank gets at 1, 2, 4 ... ranks (launching.threads_per_rank)
+        from ..launching import cpu_rank_limit, threads_per_rank
+
+        thread_counts = sorted({threads_per_rank(n, cores) for n in _pow2_upto(cpu_rank_limit())})
+    else:
+        thread_counts = [torch.get_num_threads()]
     saved = torch.get_num_threads()
     prof["gemm"] = []
     shapes = kernels.layer_gemms(shape, tokens)
@@ -94,6 +94,20 @@ def probe(device: str = "auto", dtypes: list[str] | None = None, model: str | No
         else {"null_reason": "skipped (--no-comm)"}
     prof["probe_s"] = time.monotonic() - t_start
     return prof
+
+
+def _pow2_upto(n: int) -> list[int]:
+    return [2**i for i in range(n.bit_length()) if 2**i <= n]
+
+
+def default_workload(kind: str) -> tuple[str, int]:
+    """The default suite's model and tokens per micro-batch on this device kind
+    (suites/default.toml), so that predicting that suite from the profile uses GEMMs of
+    the shapes it really runs."""
+    from ..suite import load_suite
+
+    sweep = load_suite("default", kind).sweeps[0]
+    return sweep["model"][0], sweep["micro_batch"][0] * sweep["seq_len"][0]
 
 
 def _copies(dev: Any) -> dict[str, Any]:

@@ -112,13 +112,14 @@ def memory_section(df: pd.DataFrame, cap: float | None, cap_label: str) -> str:
             + _figure_block(figures.memory(df, cap, cap_label), "no device memory figures"))
 
 
-def projection_section(run_dir: Path, results_dir: str | Path) -> str:
+def projection_section(run_dir: Path, results_dir: str | Path, p: dict[str, Any] | None = None) -> str:
     """The closing section: the run's workload on catalog hardware (predicted, with
-    intervals) and the model checked against this machine (planner/projection.py)."""
+    intervals) and the model checked against this machine (planner/projection.py);
+    ``p`` when the caller already has it."""
     from ..planner.projection import projection
 
     try:
-        p = projection(run_dir, results_dir)
+        p = p if p is not None else projection(run_dir, results_dir)
     except Exception as e:  # a projection problem must not cost the report
         return f'<p class="note">no projection: {html.escape(str(e))}</p>'
     if "null_reason" in p:
@@ -159,8 +160,11 @@ def projection_section(run_dir: Path, results_dir: str | Path) -> str:
 
 
 def build(runs: list[str | Path], output: str | Path, results_dir: str | Path = "results",
-          plan: dict[str, Any] | None = None, compare_rows: list[dict[str, Any]] | None = None) -> Path:
-    """Write the report for one or many runs (and optionally a plan and a comparison)."""
+          plan: dict[str, Any] | None = None, compare_rows: list[dict[str, Any]] | None = None,
+          projection: "dict[str, Any] | bool" = True) -> Path:
+    """Write the report for one or many runs (and optionally a plan and a comparison).
+    ``projection``: the first run's closing projection as `run` computed it, True to
+    compute it here, False for none."""
     from plotly.offline import get_plotlyjs
 
     paths = [store.resolve_run(r, results_dir) for r in runs]
@@ -237,7 +241,9 @@ def build(runs: list[str | Path], output: str | Path, results_dir: str | Path = 
             "only when it is significant (Mann-Whitney U, p &lt; 0.05, on window medians when each run has 5 or more, "
             "else on raw step times) and past the threshold; otherwise ~.</p>"))
 
-    sections.append(("projection", "Projection", projection_section(paths[0], results_dir)))
+    if projection is not False:
+        sections.append(("projection", "Projection",
+                         projection_section(paths[0], results_dir, None if projection is True else projection)))
 
     title = "mgbench report: " + ", ".join(m["run_id"] for m in manifests)
     nav = "".join(f'<a href="#{sid}">{html.escape(name)}</a>' for sid, name, _ in sections)

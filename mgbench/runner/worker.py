@@ -70,10 +70,7 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
     # An injected bug breaks the model it is applied to: its check window gets a model of
     # its own, so the bug never reaches the timed steps.
     checked = run_check(cfg, device) if check and bug_of(cfg.inject) else None
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    reset_peak(device)
+    new_peak_window(device)
     t0 = time.perf_counter()
     prep = prepare(cfg, device)  # seeded: identical initial weights on every rank and in the reference
     total_steps = cfg.warmup_steps + cfg.repeats * cfg.measured_steps
@@ -85,13 +82,9 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
     # and sharded; training holds only this rank's part. One window would report the
     # unsharded model as every FSDP / TP / pipeline config's training peak.
     init_peak = read_peak(device)["mem_peak_gib"]
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()  # the unsharded model's freed blocks: not training's reserved memory
-    mem_method = reset_peak(device)
+    mem_method = new_peak_window(device)  # the unsharded model's freed blocks are not training's
 
     losses: list[torch.Tensor] = []
-    t0 = time.perf_counter()
     first = 0
     if check and checked is None:
         # The check window stands in for the first warm-up steps (same model, untimed,
@@ -101,8 +94,8 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
         first = min(cfg.check_steps, cfg.warmup_steps)
         # The window held a copy of the initial weights (for their change): a new peak
         # window, so the recorded peak is the training steps', not the check's.
-        gc.collect()
-        reset_peak(device)
+        new_peak_window(device)
+    t0 = time.perf_counter()  # warm-up time: the steps after the check window
     for step in range(first, cfg.warmup_steps):
         inject.before_step(step)
         losses.append(train_step(prep, batches[step], device, cfg.precision))
@@ -156,6 +149,15 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
     return RankFigures(rank=dist.get_rank(), init_s=init_s, warmup_s=warmup_s, measured_s=measured_s, busy_s=busy_s,
                        busy_steps=busy_steps, windows=windows, losses=loss_values, mem_method=mem_method,
                        mem_init_peak_gib=init_peak, breakdown=breakdown, check=checked, **mem, **tracked, **energy)
+
+
+def new_peak_window(device: torch.device) -> str:
+    """Free what the previous phase left (and, on CUDA, the cached blocks it reserved), then
+    start a new peak window; returns the method of the matching read."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return reset_peak(device)
 
 
 def track_memory(cfg: RunConfig, prep: Any, batches: list, device: torch.device) -> dict[str, Any]:

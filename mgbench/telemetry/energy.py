@@ -76,6 +76,10 @@ def min_window(method: str, interval_s: float | None) -> float:
     if method == "none":
         return 0.0
     floor = NVML_MIN_WINDOW_S if method.startswith("nvml") else 0.0
+    if interval_s is None and method.startswith("nvml"):
+        # The counter did not change 3 times while probed: it updates slower than the probe
+        # could see, so the edge error is unknown and only the longest window bounds it.
+        return MAX_MIN_WINDOW_S
     steps = WINDOW_UPDATES * interval_s if interval_s else 0.0
     return min(MAX_MIN_WINDOW_S, max(floor, steps))
 

@@ -15,7 +15,7 @@ def make_profile(device="cpu", cores=2, comm=True, **over):
         "num_devices": 1, "cores": cores, "host_memory_bytes": 16e9, "probe_s": 10.0,
         "gemm": [{"dtype": "float32", "threads": 1, "typical_tflops": 0.1, "best_tflops": 0.2, "shapes": []},
                  {"dtype": "float32", "threads": cores, "typical_tflops": 0.16, "best_tflops": 0.3, "shapes": []}],
-        "attention": [], "memory": {"bytes_per_s": 12e9},
+        "attention": [], "memory": {"bytes_per_s": 15e9, "median_bytes_per_s": 12e9},
         "comm": {"nproc": 2, "dtype": "float32",
                  "all_reduce": {"alpha_s": 400e-6, "bw_gbps": 2.0, "fit_mean_abs_error_pct": 5.0}}
         if comm else {"null_reason": "skipped (--no-comm)"},
@@ -40,6 +40,11 @@ def test_cpu_ranks_share_the_cores():
     assert hw4.peak_tflops * hw4.compute_eff == pytest.approx(0.05)
     assert hw4.mem_bw == pytest.approx(3e9)  # the host's bandwidth over 4 ranks
     assert P.rank_share(make_profile(cores=16), 4) == (4, 1.0)
+
+
+def test_a_thread_count_never_probed_is_unknown_not_its_neighbours_speed():
+    with pytest.raises(MgbenchError, match="no float32 GEMMs at 4 thread"):
+        P.hardware(make_profile(cores=16), "fp32", ranks=4)  # probed at 1 and 16 threads only
 
 
 def test_allreduce_fit_becomes_ring_step_latency_and_bus_bandwidth():

@@ -84,3 +84,15 @@ def test_cpu_variant_runs_the_whole_flow(tmp_path):
     for what in ("MFU - (no peak FLOPS", "energy ", "`mgbench memory` models", "`mgbench predict`: - (",
                  "copy bandwidth: - (copy bandwidth needs a GPU", "all_reduce float32:"):
         assert what in out, what
+
+
+def test_a_wrong_comm_result_fails_the_selftest(tmp_path):
+    from mgbench.store import RunDir, append_comm_row
+
+    rd = RunDir.create(tmp_path, "c")
+    row = {"collective": "all_reduce", "kind": "collective", "size_bytes": 1024, "count": 256, "dtype": "float32",
+           "nproc": 2, "time_s": 1e-4, "algbw_gbps": 1.0, "busbw_gbps": 1.0, "busbw_factor": 1.0, "wrong": 0}
+    append_comm_row(rd, row)
+    assert selftest.comm_correct(rd.path)
+    append_comm_row(rd, {**row, "size_bytes": 2048, "wrong": 1})  # one wrong element
+    assert not selftest.comm_correct(rd.path)
