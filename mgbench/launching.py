@@ -2,7 +2,7 @@
 job runs (devices, cluster), the torchrun command line and the environment of its ranks.
 
 Torch-free at import: the launcher never loads the rank side (torch is imported inside
-:func:`detect_devices` only, where it is needed).
+:func:`detect_devices` only, and only on a host with a GPU driver).
 """
 
 from __future__ import annotations
@@ -47,6 +47,10 @@ def detect_devices() -> tuple[str, int]:
     tests need 4 ranks even on a 2-core machine; beyond that oversubscription only
     measures the scheduler.
     """
+    from .telemetry.machine import gpu_device_nodes
+
+    if not gpu_device_nodes():  # no GPU driver: CPU, without importing torch
+        return "cpu", cpu_rank_limit()
     import torch
 
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:

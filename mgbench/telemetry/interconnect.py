@@ -139,16 +139,20 @@ def infiniband(root: str = "/sys/class/infiniband") -> list[dict[str, Any]]:
     return ports
 
 
-def detect() -> dict[str, Any]:
-    """Everything above, plus a one-line summary."""
+def _cuda_available() -> bool:
     import torch
 
-    from .machine import nccl_version
+    return torch.cuda.is_available()
+
+
+def detect() -> dict[str, Any]:
+    """Everything above, plus a one-line summary."""
+    from .machine import gpu_device_nodes, nccl_version
 
     nccl = nccl_version()
     env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
     ib = infiniband()
-    if not torch.cuda.is_available():
+    if not gpu_device_nodes() or not _cuda_available():
         summary = "no GPU interconnect: no CUDA device; CPU ranks talk over loopback TCP (gloo)"
         return {"summary": summary, "gpus": [], "nvml_reason": None, "topo": None, "infiniband": ib,
                 "nccl_version": None, "nccl_env": env}

@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+import glob
+import importlib.metadata
 import os
 import platform
 import socket
 import subprocess
 from typing import Any
+
+# Device nodes a GPU driver creates (NVIDIA's, AMD ROCm's KFD, WSL's GPU paravirtualisation),
+# also inside containers given GPUs. With none of them no CUDA/HIP device can be visible, so
+# the launcher can say "CPU" without importing torch (2 s of CPU per `mgbench run`).
+GPU_DEVICE_NODES = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dxg")
+
+
+def gpu_device_nodes() -> bool:
+    """Whether this host has a GPU driver's device node (see GPU_DEVICE_NODES). False means
+    no GPU for certain; True means torch must be asked."""
+    return any(glob.glob(pattern) for pattern in GPU_DEVICE_NODES)
+
+
+def torch_version() -> str | None:
+    """The installed torch's version, read from its package metadata (no import)."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def cpu_model() -> str | None:
@@ -47,6 +68,8 @@ def _git_sha() -> str | None:
 def gpus() -> list[dict[str, Any]]:
     """Name, memory and PCI address of each CUDA device this process can use (those of
     CUDA_VISIBLE_DEVICES; empty on a CPU-only machine), numbered as CUDA numbers them."""
+    if not gpu_device_nodes():
+        return []
     import torch
 
     from .nvml_device import pci_bus_id
@@ -81,6 +104,8 @@ def nvidia_driver() -> str | None:
 
 def nccl_version() -> str | None:
     """NCCL version torch was built with, when CUDA is present."""
+    if not gpu_device_nodes():
+        return None
     import torch
 
     if not torch.cuda.is_available():
@@ -91,10 +116,16 @@ def nccl_version() -> str | None:
         return None
 
 
-def fingerprint() -> dict[str, Any]:
-    """Hostname, CPU, RAM, GPUs, driver, CUDA/torch/NCCL versions and interconnect summary."""
+def _torch_cuda() -> str | None:
     import torch
 
+    return torch.version.cuda
+
+
+def fingerprint() -> dict[str, Any]:
+    """Hostname, CPU, RAM, GPUs, driver, CUDA/torch/NCCL versions and interconnect summary.
+    On a host without GPU device nodes torch is not imported: its version comes from its
+    package metadata, and the CUDA version it was built for is null (no CUDA here)."""
     from .. import __version__
 
     gpu_list = gpus()
@@ -111,8 +142,8 @@ def fingerprint() -> dict[str, Any]:
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "gpu_name": gpu_list[0]["name"] if gpu_list else None,
         "nvidia_driver": nvidia_driver() if gpu_list else None,
-        "cuda": torch.version.cuda,
-        "torch": torch.__version__,
+        "cuda": _torch_cuda() if gpu_list else None,
+        "torch": torch_version(),
         "nccl": nccl,
         "mgbench": __version__,
         "git_sha": _git_sha(),

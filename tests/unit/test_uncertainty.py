@@ -13,7 +13,8 @@ def test_bounds_read_throughput_errors_as_time_ratios():
 
 
 def test_catalog_gpu_interval_is_its_validation_residuals():
-    dense = [predict_run(r)["error_pct"] / 100 for r in published_runs() if r["role"] == "validation" and r["pp"] == 1]
+    dense = [predict_run(r)["error_pct"] / 100 for r in published_runs()
+             if r["role"] == "validation" and r["pp"] == 1 and r.get("stack", "megatron-lm") == "megatron-lm"]
     reg = U.regime("a100-sxm-80gb", pipelined=False)
     assert reg["regime"] == "catalog-validated"
     assert reg["low"] == pytest.approx(max(0.0, -min(dense))) and reg["high"] == pytest.approx(max(0.0, max(dense)))
@@ -40,6 +41,10 @@ def test_probed_profile_uses_its_recorded_validation():
     reg = U.regime("cpu", False, {"validation": {"run": "r", "max_abs_error_pct": 12.0, "num_configs": 9}})
     assert reg["regime"] == "probed" and reg["low"] == reg["high"] == pytest.approx(0.12)
     assert U.regime("cpu", False, {})["regime"] == "probed-unvalidated"
+    # A validation error above 100% would put the interval's low end below 0 s: clamped to 0.
+    big = U.regime("cpu", False, {"validation": {"run": "r", "max_abs_error_pct": 140.0, "num_configs": 9}})
+    assert big["low"] == 1.0 and big["high"] == pytest.approx(1.4)
+    assert U.intervals(2.0, 100.0, big)["step_time_s_interval"] == [0.0, pytest.approx(4.8)]
 
 
 def test_calibrated_regime_uses_leave_one_out_errors():
