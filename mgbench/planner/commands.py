@@ -9,8 +9,8 @@ import click
 
 from .. import catalog
 from ..cli_options import (AGAINST, CALIBRATION_GROUP, HARDWARE, DIM_NAMES, GPU, JSON, MODEL, MODEL_GROUP, PRICES, SYSTEM,
-                           LARGEST_LAYER, TRACE, TRACE_STRATEGY, deferred_command, layout_group, overlap_option, plan_group,
-                           plan_options_from)
+                           LARGEST_LAYER, TRACE, TRACE_STRATEGY, deferred_command, layout_group, overlap_option, plan_field,
+                           plan_group, plan_options_from)
 from ..errors import MgbenchError
 from ..model_shape import ModelShape, default_ffn_hidden
 
@@ -53,8 +53,8 @@ def _gb(x: float) -> str:
 
 # Options are made on first use (deferred): the layout's come from the planner's modules,
 # which load numpy, and importing the CLI should not.
-@deferred_command(lambda: [*MODEL_GROUP, *layout_group(), LARGEST_LAYER, TRACE, TRACE_STRATEGY, JSON])
-def memory(model, params, as_json, largest_layer_params, trace, trace_strategy, **kw) -> None:  # type: ignore[no-untyped-def]
+@deferred_command(lambda: [*MODEL_GROUP, *layout_group(), LARGEST_LAYER, HARDWARE, TRACE, TRACE_STRATEGY, JSON])
+def memory(model, params, as_json, largest_layer_params, hardware_profile, trace, trace_strategy, **kw) -> None:  # type: ignore[no-untyped-def]
     """Memory per GPU: model states per ZeRO stage, activations, transient peaks, allowance.
 
     With --trace, also run the real workload and strategy code on fake tensors and a fake
@@ -66,10 +66,13 @@ def memory(model, params, as_json, largest_layer_params, trace, trace_strategy, 
       mgbench memory --params 7.5e9 --num-gpus 64 --zero 3     # ZeRO paper: 1.9 GB of model states
       mgbench memory --model llama3-8b --seq-len 8192 --tp 2 --sequence-parallel --recompute every_2nd
       mgbench memory --model llama3-70b --zero 3 --num-gpus 64 --seq-len 8192 --trace
+      mgbench memory --model gpt2-small --micro-batch 8 --seq-len 1024 --hardware PROFILE   # fits this machine?
     """
     from .predict import memory as memory_fn
 
     shape = resolve_shape(model, params, _dims(kw))
+    if trace and hardware_profile:
+        raise MgbenchError("--trace compares the model with a traced run; --hardware checks the fit on a machine: give one")
     if trace:
         _memory_trace(shape, _layout(kw), trace_strategy, as_json)
         return
@@ -78,6 +81,11 @@ def memory(model, params, as_json, largest_layer_params, trace, trace_strategy, 
     if largest_layer_params is not None and shape is not None:
         raise MgbenchError("--largest-layer-params is for --params; with a model shape the layers are known")
     res = memory_fn(shape, _layout(kw), params=params, largest_layer_params=largest_layer_params)
+    if hardware_profile:
+        from ..probe.profile import memory_budget, read_profile
+
+        res.update(memory_budget(read_profile(hardware_profile), kw["num_gpus"]))
+        res["fits"] = None if res["device_memory_bytes"] is None else res["total_bytes"] <= res["device_memory_bytes"]
     if as_json:
         click.echo(json.dumps(res, indent=2))
         return
@@ -90,6 +98,11 @@ def memory(model, params, as_json, largest_layer_params, trace, trace_strategy, 
     click.echo(f"{'= total':<16} {_gb(res['total_bytes']):>14}  ({res['total_bytes'] / GIB:,.2f} GiB)")
     if shape is None:
         click.echo("(model states and the ZeRO-3 working set only: give --model or dims for activations)")
+    if res.get("fits") is not None:
+        click.echo(f"budget           {_gb(res['device_memory_bytes']):>14}  ({res['budget_source']}): "
+                   f"{'fits' if res['fits'] else 'DOES NOT FIT'}")
+    elif "budget_source" in res:
+        click.echo(f"budget           {res['budget_source']}: fit not known")
     for n in res.get("notes", []):
         click.echo(f"note: {n}")
 
@@ -130,8 +143,8 @@ def _memory_trace(shape: ModelShape | None, layout: Any, strategy: str | None, a
 
 
 @deferred_command(lambda: [*MODEL_GROUP, *layout_group(), SYSTEM, GPU, HARDWARE, AGAINST, overlap_option(),
-                           *CALIBRATION_GROUP, JSON])
-def predict(model, params, as_json, system, gpu, hardware_profile, against_run, overlap, calibrate_run, comm_run,  # type: ignore[no-untyped-def]
+                           plan_field("stack"), *CALIBRATION_GROUP, JSON])
+def predict(model, params, as_json, system, gpu, hardware_profile, against_run, overlap, stack, calibrate_run, comm_run,  # type: ignore[no-untyped-def]
             results_dir, **kw) -> None:
     """Predict step time, tokens/s, MFU and memory of one layout.
 
@@ -142,17 +155,21 @@ def predict(model, params, as_json, system, gpu, hardware_profile, against_run, 
       mgbench predict --calibrate RUN      # fit to a measured run; residuals and leave-one-out errors
       mgbench predict --hardware PROFILE --against RUN   # this machine's probe vs a run measured on it
       mgbench predict --hardware PROFILE --model gpt2-small --num-gpus 1 --micro-batch 8 --seq-len 1024
+      mgbench predict --model llama3-70b --gpu a100-sxm-80gb --num-gpus 64 --zero 3 --seq-len 8192 --stack torchtitan
     """
     from . import calibrate, hardware, perf
+    from . import stack as stacks
     from .predict import predict as predict_fn
 
     dims = _dims(kw)
     profile = None
+    stack = None if stack == stacks.DEFAULT_STACK else stack  # given only when it is another
     if hardware_profile:
         from ..probe.profile import read_profile
 
-        if system or gpu or calibrate_run or comm_run:
-            raise MgbenchError("--hardware PROFILE replaces --system/--gpu/--calibrate/--comm; give one of them")
+        if system or gpu or calibrate_run or comm_run or stack:
+            raise MgbenchError("--hardware PROFILE replaces --system/--gpu/--calibrate/--comm/--stack (a profile "
+                               "measures this machine's kernels; a stack scales the catalog's efficiency): give one of them")
         profile = read_profile(hardware_profile)
         if against_run:
             from ..probe.profile import write_profile
@@ -187,6 +204,10 @@ def predict(model, params, as_json, system, gpu, hardware_profile, against_run, 
         hw = profile_hardware(profile, kw["precision"], ranks=kw["num_gpus"])
     else:
         hw = hardware.resolve(system=system, gpu=gpu, precision=kw["precision"], **over.get("hardware", {}))
+        if not calibrate_run:  # a fit to a run already holds that run's stack
+            hw = stacks.apply(hw, stack)
+        elif stack:
+            raise MgbenchError("--calibrate RUN fits the efficiency of the stack that measured RUN; drop --stack")
     if comm_run:
         import dataclasses
 
@@ -201,7 +222,8 @@ def predict(model, params, as_json, system, gpu, hardware_profile, against_run, 
     res = predict_fn(shape, hw, _layout(kw), overlap=overlap if overlap is not None else over.get("overlap", perf.DEFAULT_OVERLAP))
     from . import uncertainty
 
-    reg = (uncertainty.calibrated(fit) if calibrate_run else uncertainty.regime(hw.gpu, kw["pp"] > 1, profile))
+    reg = (uncertainty.calibrated(fit) if calibrate_run
+           else uncertainty.regime(hw.gpu, kw["pp"] > 1, profile, stack=stack or stacks.DEFAULT_STACK))
     res.update(uncertainty.intervals(res["step_time_s"], res["tokens_per_s_per_gpu"], reg))
     if as_json:
         click.echo(json.dumps(res, indent=2))
@@ -215,6 +237,8 @@ def predict(model, params, as_json, system, gpu, hardware_profile, against_run, 
     click.echo(f"interval       {lo:.3f} to {hi:.3f} s ({res['regime']}: {'; '.join(res['interval_reasons'])})")
     click.echo(f"throughput     {res['tokens_per_s']:,.0f} tokens/s, {res['tokens_per_s_per_gpu']:,.0f} per GPU")
     click.echo(f"per GPU        {res['model_tflops_per_gpu']:.1f} model TFLOP/s, MFU {100 * res['mfu']:.1f}%")
+    if profile is None and not calibrate_run:
+        click.echo(f"stack          {hw.stack} (efficiency {hw.stack_eff:.3f} of the calibration stack's; --stack)")
     click.echo(f"memory         {_gb(res['memory']['total_bytes'])} of {_gb(res['device_memory_bytes'])}: "
                f"{'fits' if res['fits'] else 'DOES NOT FIT'}")
 
@@ -269,8 +293,8 @@ def _print_calibration(fit: dict[str, Any], as_json: bool) -> None:
                   else "- (no held-out fit attributed time to any term)"))
 
 
-@deferred_command(lambda: [MODEL.but(required=True), *plan_group(), *PRICES, *CALIBRATION_GROUP, JSON])
-def plan(model, prices_file, price_overrides, calibrate_run, comm_run, results_dir, as_json, **kw) -> None:  # type: ignore[no-untyped-def]
+@deferred_command(lambda: [MODEL.but(required=True), *plan_group(), *PRICES, HARDWARE, *CALIBRATION_GROUP, JSON])
+def plan(model, prices_file, price_overrides, hardware_profile, calibrate_run, comm_run, results_dir, as_json, **kw) -> None:  # type: ignore[no-untyped-def]
     """Recommend hardware, GPU count and layout to train MODEL on TOKENS: time, cost, energy.
 
     \b
@@ -278,6 +302,8 @@ def plan(model, prices_file, price_overrides, calibrate_run, comm_run, results_d
       mgbench plan --model llama3-70b --tokens 1.5e13 --deadline-days 60
       mgbench plan --model llama3-8b --tokens 1e12 --systems dgx-a100,dgx-h100 --max-gpus 512 --price h100-sxm=2.1
       mgbench plan --model llama3-8b --tokens 1e12 --spot --preemption-rate 0.05 --restart-minutes 30 --json
+      mgbench plan --model llama3-8b --tokens 1e12 --stack torchtitan      # an FSDP2 stack's published efficiency
+      mgbench plan --model gpt2-small --tokens 1e9 --seq-len 1024 --hardware PROFILE   # this machine, 1..N ranks
     """
     from tabulate import tabulate
 
@@ -285,6 +311,17 @@ def plan(model, prices_file, price_overrides, calibrate_run, comm_run, results_d
     from .search import plan as plan_fn
 
     opts = plan_options_from(kw)
+    if hardware_profile:
+        from ..probe.profile import read_profile
+
+        if opts.systems or calibrate_run or comm_run:
+            raise MgbenchError("--hardware PROFILE plans on the probed machine: drop --systems/--calibrate/--comm")
+        from .stack import DEFAULT_STACK
+
+        if opts.stack != DEFAULT_STACK:
+            raise MgbenchError("--hardware PROFILE replaces --stack (a profile measures this machine's kernels; a stack "
+                               "scales the catalog's efficiency): give one of them")
+        opts.profile = read_profile(hardware_profile)
     if calibrate_run:
         fit = calibrate.fit_run(calibrate_run, results_dir)
         opts.calibration = calibrate.plan_overrides(fit, opts.systems, opts.precision)
@@ -303,7 +340,8 @@ def plan(model, prices_file, price_overrides, calibrate_run, comm_run, results_d
     rows = [[r["system"], r["num_gpus"], f"{r['tp']}/{r['pp']}/{r['dp']}", r["zero"], r["micro_batch"], r["recompute"],
              f"{r['days']:.1f}", f"{r['gpu_hours']:,.0f}", "-" if r["cost_usd"] is None else f"{r['cost_usd']:,.0f}",
              "-" if r["usd_per_million_tokens"] is None else f"{r['usd_per_million_tokens']:.3f}",
-             f"{r['energy_kwh']:,.0f}", f"{100 * r['mfu']:.0f}", f"{r['memory_per_gpu_bytes'] / 1e9:.0f}"]
+             "-" if r["energy_kwh"] is None else f"{r['energy_kwh']:,.0f}", f"{100 * r['mfu']:.0f}",
+             f"{r['memory_per_gpu_bytes'] / 1e9:.0f}"]
             for r in res["ranked"]]
     click.echo(tabulate(rows, headers=["system", "GPUs", "tp/pp/dp", "ZeRO", "mb", "recompute", "days", "GPU-h",
                                        "USD", "USD/Mtok", "kWh", "MFU%", "GB/GPU"]))

@@ -31,6 +31,10 @@ class Hardware:
     compute_eff: float  # achievable fraction of peak for training matmuls (see planner_defaults)
     mem_bw: float  # bytes/s of device memory
     elementwise_passes: float  # memory passes over activation bytes per step (see planner_defaults)
+    # The software stack's achieved fraction of what the calibration stack (Megatron-LM)
+    # gets from the same kernels (planner/stack.py, data/stacks.toml): compute time / this.
+    stack_eff: float = 1.0
+    stack: str = "megatron-lm"
 
 
 def planner_defaults() -> dict[str, Any]:

@@ -9,7 +9,16 @@ compute   matmuls + memory-bound elementwise work (a two-term roofline):
           norms, softmax, activations and dropout read and write about that much
           memory several times per step. Small models are dominated by the second
           term, large ones by the first, which is why MFU grows with model size.
-bubble    compute x (p - 1) / (m v)  (GPipe/1F1B bubble; interleaving divides by v)
+bubble    (p - 1) x one micro-batch of a block stage / v  (GPipe/1F1B fill and drain;
+          interleaving divides by v)
+
+Pipeline stages are not equal: Megatron-LM gives every stage ceil(L / p) blocks and the
+last one the output layer too (the first has the embedding, a lookup with no FLOPs: not
+priced). In 1F1B the slowest stage sets the pace: with t_L one micro-batch of a block
+stage and t_H that of the output layer (its 6 h V FLOPs per token, never recomputed, all
+on the last stage), a step takes (m - 1)(t_L + t_H) + sum of every stage's t =
+m (t_L + t_H) + (p - 1) t_L. So ``compute`` is the last stage's busy time
+m (t_L + t_H) and the bubble (p - 1) t_L. With p = 1 this is the even split.
 tp_comm   4 all-reduces per layer per micro-batch (2 forward, 2 backward; 6 with full
           recompute) of s b h 16-bit activations over the tensor-parallel group, not
           overlapped (Megatron-LM, Narayanan et al. 2021, section 3.3)
@@ -50,16 +59,25 @@ def _group_link(span: Any, hw: Hardware) -> tuple[Any, Any]:
     return np.where(inside, hw.intra_bw, hw.inter_bw), np.where(inside, hw.intra_alpha_s, hw.inter_alpha_s)
 
 
+def head_flops_per_token(shape: ModelShape) -> float:
+    """FLOPs of the output projection per token, forward + backward: 6 h V (2 per weight
+    forward, 4 backward), padded vocabulary as built. Never recomputed."""
+    return 6.0 * shape.hidden * shape.padded_vocab
+
+
 def hardware_flops_per_token(shape: ModelShape, seq: Any, recompute: Any) -> Any:
     """Model FLOPs plus recomputation (memory.RECOMPUTE's modes): full recompute repeats
-    the forward (1/3 of 6N + 12 L h s); every_2nd repeats the forward of every second
-    block, ceil(L / 2) of the L blocks' share of it."""
+    every block's forward (2 FLOPs a block weight + 4 L h s of attention); every_2nd
+    repeats the forward of every second block, ceil(L / 2) of the L blocks' share of it.
+    The output layer is not recomputed: Megatron-LM's count with full recompute,
+    96 B s l h^2 (1 + s / 6h + V / (16 l h)) (Narayanan et al. 2021, eq. 3), has 6 B s h V
+    for it, the same as without."""
     s = np.asarray(seq, dtype=float)
     model = shape.flops_per_token(s)
     rc = np.asarray(recompute)
     blocks_fwd = (2.0 * shape.layers * shape.params_per_layer() + 4.0 * shape.layers * shape.attn_dim * s)
     half = blocks_fwd * np.ceil(shape.layers / 2.0) / shape.layers
-    return model + np.where(rc == 2, model / 3.0, np.where(rc == 1, half, 0.0))
+    return model + np.where(rc == 2, blocks_fwd, np.where(rc == 1, half, 0.0))
 
 
 def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, micro_batch: Any,
@@ -80,13 +98,21 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     v = virtual_stages if schedule == "interleaved" else 1
 
     tokens = B * s
-    hw_flops = hardware_flops_per_token(shape, s, rc) * tokens
-    matmul = hw_flops / (n_gpus * hw.peak_tflops * 1e12 * hw.compute_eff)
+    rate = hw.peak_tflops * 1e12 * hw.compute_eff
+    head_tok = head_flops_per_token(shape)
+    stage_layers = np.ceil(shape.layers / p)
+    # The busiest GPU: ceil(L / p) blocks of its pipeline's 1 / (t d) share of the tokens,
+    # and (on the last stage; every GPU when p = 1) the output layer.
+    blocks_mm = (hardware_flops_per_token(shape, s, rc) - head_tok) * tokens * stage_layers / shape.layers / (t * d) / rate
+    head_mm = head_tok * tokens / (t * d) / rate
     act_per_token = korthikanti_bytes_per_layer(shape, s, 1, t, sp, flash, precision) / s
-    ew_bytes = hw.elementwise_passes * act_per_token * (tokens / d) * np.ceil(shape.layers / p)
+    ew_bytes = hw.elementwise_passes * act_per_token * (tokens / d) * stage_layers
     elementwise = ew_bytes * np.where(rc == 2, 4.0 / 3.0, 1.0) / hw.mem_bw
-    compute = matmul + elementwise
-    bubble = compute * (p - 1.0) / (m * v)
+    blocks = (blocks_mm + elementwise) / hw.stack_eff
+    head = head_mm / hw.stack_eff
+    matmul = blocks_mm + head_mm
+    compute = blocks + head
+    bubble = blocks * (p - 1.0) / (m * v)
 
     act_bytes = s * b * shape.hidden * (4.0 if precision == "fp32" else 2.0)
     tp_bw, tp_alpha = _group_link(t, hw)
@@ -126,6 +152,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
             "compute_s": compute,
             "matmul_s": matmul,
             "elementwise_s": elementwise,
+            "head_s": head,
             "bubble_s": bubble,
             "tp_comm_s": tp_comm,
             "pp_comm_s": pp_comm,

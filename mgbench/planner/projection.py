@@ -24,7 +24,9 @@ PROJECTION_TOKENS = 1e9  # for $/M tokens only (a ratio, the same at any token c
 
 def _workload(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The run's most measured model, its sequence length and precision (ok configs)."""
-    ok = [r for r in records if r["status"] == "ok"]
+    # A user's command (workload = "command") has no model mgbench knows, and the planner
+    # models decoder LMs only (not the vision workload): nothing to project for either.
+    ok = [r for r in records if r["status"] == "ok" and r.get("workload", "gpt") == "gpt"]
     if not ok:
         return None
     name = Counter(r["model_name"] for r in ok).most_common(1)[0][0]

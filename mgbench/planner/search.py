@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import MgbenchError
 from ..model_shape import ModelShape
-from . import cost, hardware, perf
+from . import cost, hardware, perf, stack
 from .memory import RECOMPUTE, STATE_BYTES, memory_per_gpu
 
 TP_CHOICES = (1, 2, 4, 8)
@@ -77,6 +77,13 @@ class PlanOptions:
         default=perf.DEFAULT_OVERLAP,
         metadata={"help": "Fraction of the data-parallel communication window hidden behind backward."})
     top: int = field(default=20, metadata={"help": "Rows of the ranked table."})
+    stack: str = field(
+        default=stack.DEFAULT_STACK,
+        metadata={"help": "Software stack whose published runs set the achieved efficiency "
+                          "(mgbench/data/stacks.toml; a stack with no measured run is refused with the reason).",
+                  "choices": tuple(stack.stacks())})
+    # A hardware profile (`mgbench probe`): plan on the probed machine instead of catalog systems.
+    profile: dict[str, Any] = field(default_factory=dict, metadata={"set_by": "--hardware"})
     calibration: dict[str, Any] = field(default_factory=dict, metadata={"set_by": "--calibrate"})
     # The calibrated systems' interval regime (uncertainty.calibrated of the same fit).
     calibration_regime: dict[str, Any] = field(default_factory=dict, metadata={"set_by": "--calibrate"})
@@ -99,10 +106,46 @@ def evaluate_system(shape: ModelShape, system: str, opts: PlanOptions, prices: c
     hw = hardware.resolve(system=system, precision=opts.precision, **opts.calibration.get(system, {}))
     if system in opts.links:
         hw = dataclasses.replace(hw, **opts.links[system])
+    hw = stack.apply(hw, opts.stack)
+    return evaluate_hardware(shape, hw, gpu_counts(hw.gpus_per_node, opts.max_gpus), opts, prices, opts.overlap)
+
+
+def profile_counts(profile: dict[str, Any], max_gpus: int) -> list[int]:
+    """Rank counts a probed machine can run: powers of two and its device count, up to its
+    devices (GPU) or cores (CPU: more ranks than cores only time-share them)."""
+    top = min(max_gpus, profile["cores"] if profile["device"] == "cpu" else profile.get("num_devices", 1))
+    return sorted({n for n in (1, 2, 4, 8, 16, 32, 64, 128) if n <= top} | ({top} if top >= 1 else set()))
+
+
+def evaluate_profile(shape: ModelShape, opts: PlanOptions, prices: cost.Prices) -> tuple[list[dict[str, Any]], int, list[str]]:
+    """Candidates on the probed machine of ``opts.profile``, one rank count at a time (on
+    CPU each count has its own share of the cores); counts the profile cannot price are
+    skipped with the reason."""
+    from ..probe import profile as P
+
+    pieces, evaluated, notes = [], 0, []
+    for n in profile_counts(opts.profile, opts.max_gpus):
+        try:
+            hw = P.hardware(opts.profile, opts.precision, ranks=n)
+        except MgbenchError as e:
+            notes.append(f"{n} rank(s) not considered: {e}")
+            continue
+        hw = dataclasses.replace(hw, gpus_per_node=n)
+        cols, k = evaluate_hardware(shape, hw, np.array([n], dtype=np.int64), opts, prices,
+                                    min(opts.overlap, P.overlap(opts.profile, n, opts.overlap)))
+        pieces.append(cols)
+        evaluated += k
+    return pieces, evaluated, notes
+
+
+def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarray, opts: PlanOptions,
+                      prices: cost.Prices, overlap: float) -> tuple[dict[str, np.ndarray], int]:
+    """All candidates on ``hw`` at these GPU counts (columns of the feasible ones) and the count evaluated."""
+    system = hw.system
     B = max(1, opts.global_batch_tokens // opts.seq_len)
     tps_ = np.array([t for t in TP_CHOICES if t <= hw.gpus_per_node])
     pps = np.array([p for p in PP_CHOICES if p <= shape.layers])
-    N, T, P, Z, MB, RC = _grid(gpu_counts(hw.gpus_per_node, opts.max_gpus), tps_, pps,
+    N, T, P, Z, MB, RC = _grid(counts, tps_, pps,
                                np.array(ZERO_CHOICES), np.array(MICRO_BATCH_CHOICES), np.arange(len(RECOMPUTE)))
     evaluated = N.size
     heads_ok = (shape.heads % T == 0) & ((shape.kv_heads % T == 0) | (T % shape.kv_heads == 0))
@@ -120,7 +163,7 @@ def evaluate_system(shape: ModelShape, system: str, opts: PlanOptions, prices: c
     N, T, P, Z, MB, RC, D, M, sp = (a[fits] for a in (N, T, P, Z, MB, RC, D, M, sp))
     mem_total = mem["total_bytes"][fits]
     out = perf.step_time(shape, hw, seq=opts.seq_len, global_batch=B, micro_batch=MB, tp=T, pp=P, dp=D, zero=Z,
-                         recompute=RC, precision=opts.precision, overlap=opts.overlap, sp=sp, flash=True)
+                         recompute=RC, precision=opts.precision, overlap=overlap, sp=sp, flash=True)
     tps = out["tokens_per_s"]
     good = cost.goodput(N, hw.gpus_per_node, opts.checkpoint_minutes, opts.failure_rate, opts.restart_minutes,
                         opts.checkpoint_write_minutes, opts.spot, opts.preemption_rate)
@@ -179,10 +222,19 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
             raise MgbenchError(f"--systems: unknown system {s!r}; known: {', '.join(hardware.systems())}")
     if opts.tokens <= 0:
         raise MgbenchError("--tokens must be positive (e.g. 1.5e13)")
-    evaluated, feasible, bests, price_notes = 0, 0, [], {}
-    for s in names:
-        cols, n = evaluate_system(shape, s, opts, prices)
-        evaluated += n
+    evaluated, feasible, bests, price_notes, notes = 0, 0, [], {}, []
+    if opts.profile:
+        pieces, evaluated, notes = evaluate_profile(shape, opts, prices)
+        if not pieces:
+            raise MgbenchError("the profile cannot price any rank count: " + "; ".join(notes))
+    else:
+        pieces = []
+        for s in names:
+            cols, n = evaluate_system(shape, s, opts, prices)
+            evaluated += n
+            pieces.append(cols)
+    for cols in pieces:
+        s = cols["_meta"]["system"]
         k = cols["num_gpus"].size
         feasible += k
         price_notes[s] = cols["_meta"]["price_source"]
@@ -207,6 +259,7 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
     for r in ranked[: opts.top]:
         _add_interval(r, opts)
     rec, reasons = _recommend(ranked, bests, opts)
+    reasons += notes
     reasons += _distinguishable(ranked[: opts.top])
     if rec is not None and opts.deadline_days is not None and rec["days_interval"][1] > opts.deadline_days:
         reasons.append(f"at its interval's upper end ({rec['days_interval'][1]:.1f} days) it would miss the "
@@ -221,7 +274,8 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
         "assumptions": {
             "failure_rate_per_gpu_hour": opts.failure_rate, "checkpoint_minutes": opts.checkpoint_minutes,
             "restart_minutes": opts.restart_minutes, "power_fraction_of_tdp": opts.power_fraction, "pue": opts.pue,
-            "spot": opts.spot, "overlap": opts.overlap,
+            "spot": opts.spot, "overlap": opts.overlap, "stack": None if opts.profile else opts.stack,
+            "hardware_profile": opts.profile.get("hostname") if opts.profile else None,
         },
     }
 
@@ -231,7 +285,8 @@ def _add_interval(r: dict[str, Any], opts: PlanOptions) -> None:
     and, scaled alike, on days and cost (both proportional to step time)."""
     from . import uncertainty
 
-    reg = uncertainty.regime(r["gpu"], r["pp"] > 1)
+    reg = uncertainty.regime(r["gpu"], r["pp"] > 1, opts.profile or None,
+                             stack=stack.DEFAULT_STACK if opts.profile else opts.stack)
     if opts.calibration_regime and r["system"] in opts.calibration:
         reg = opts.calibration_regime
     step = max(1, opts.global_batch_tokens // opts.seq_len) * opts.seq_len / r["tokens_per_s"]

@@ -5,12 +5,14 @@ A regime is where a prediction's numbers come from. Each regime's relative half-
 measured residuals, never chosen:
 
 - ``catalog-validated``: catalog constants on the GPU they were calibrated on (A100),
-  for a stack like the published runs' (Megatron-LM). Half-width: the largest |error| of
-  the validation rows of published_runs.toml in the same dense / pipelined class.
+  for the software stack asked (``--stack``, planner/stack.py). Half-width: the largest
+  |error| of that stack's validation rows of published_runs.toml in the same dense /
+  pipelined class.
 - ``catalog-other-gpu``: catalog constants carried to another GPU by its measured
   best-GEMM fraction (MAMF). Widened on both sides by the worst published cross-generation
-  |residual| (the Llama 3 405B H100 rows, informational in the table because their
-  pipeline schedule is assumed).
+  |residual| (the informational H100 rows: Llama 3 405B, whose pipeline schedule is
+  assumed, and torchtitan's Llama 3 8B on 500 W H100s, predicted 45% too fast: the
+  A100 -> H100 ratio the model gets too high).
 - ``catalog-assumed``: a GPU with no MAMF figure: its matmul efficiency is the A100's
   fraction by assumption. No measurement bounds that, so the interval is widened by a
   stated convention (ASSUMED_SLOWDOWN: the step may take up to twice as long), and the
@@ -38,13 +40,15 @@ ASSUMED_SLOWDOWN = 1.0
 
 @lru_cache(maxsize=1)
 def _residuals() -> dict[str, list[float]]:
-    from .validation import published_runs, predict_run
+    """Validation residuals keyed "<stack>:dense" / "<stack>:pipelined", and "cross_gpu"
+    (informational rows on another GPU than the calibrated one, any stack)."""
+    from .validation import published_runs, predict_run, stack_of
 
-    out: dict[str, list[float]] = {"dense": [], "pipelined": [], "cross_gpu": []}
+    out: dict[str, list[float]] = {"cross_gpu": []}
     for run in published_runs():
         err = predict_run(run)["error_pct"] / 100.0
         if run["role"] == "validation":
-            out["pipelined" if run["pp"] > 1 else "dense"].append(err)
+            out.setdefault(f"{stack_of(run)}:{'pipelined' if run['pp'] > 1 else 'dense'}", []).append(err)
         elif run["role"] == "informational" and hardware.resolve(system=run["system"]).gpu != \
                 hardware.planner_defaults()["calibrated_gpu"]:
             out["cross_gpu"].append(err)
@@ -58,8 +62,12 @@ def _bounds(errs: list[float]) -> tuple[float, float]:
     return max([0.0] + [-e for e in errs]), max([0.0] + list(errs))
 
 
-def regime(gpu: str, pipelined: bool, profile: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The regime of a prediction and its half-widths on step time, with the reasons."""
+def regime(gpu: str, pipelined: bool, profile: dict[str, Any] | None = None,
+           stack: str = "megatron-lm") -> dict[str, Any]:
+    """The regime of a prediction and its half-widths on step time, with the reasons.
+    Catalog predictions use the residuals of their software stack's published rows in the
+    same dense / pipelined class; a class the stack has no rows for borrows the
+    calibration stack's rows of that class, widened by the stack's own, and says so."""
     if profile is not None:
         v = profile.get("validation")
         if v:
@@ -70,19 +78,29 @@ def regime(gpu: str, pipelined: bool, profile: dict[str, Any] | None = None) -> 
         return {"regime": "probed-unvalidated", "low": 1.0, "high": 1.0,
                 "reasons": ["probed profile not validated against a run on its machine: an interval of x0 to x2 "
                             "(a convention) until `mgbench predict --hardware PROFILE --against RUN` records one"]}
+    from .stack import DEFAULT_STACK
+
     res = _residuals()
     cls = "pipelined" if pipelined else "dense"
-    low, high = _bounds(res[cls])
     calibrated = hardware.planner_defaults()["calibrated_gpu"]
-    reasons = [f"{cls} layouts: published Megatron-LM runs on {calibrated} predicted within "
-               f"{100 * max(low, high):.0f}% (published_runs.toml validation rows)"]
+    own = res.get(f"{stack}:{cls}")
+    if own:
+        low, high = _bounds(own)
+        reasons = [f"{cls} layouts: published {stack} runs on {calibrated} predicted within "
+                   f"{100 * max(low, high):.0f}% (published_runs.toml validation rows)"]
+    else:
+        mine = [e for k, v in res.items() if k.startswith(f"{stack}:") for e in v]
+        low, high = _bounds(res[f"{DEFAULT_STACK}:{cls}"] + mine)
+        reasons = [f"{cls} layouts: no published {stack} run of this class; {DEFAULT_STACK}'s {cls} rows and "
+                   f"{stack}'s other rows on {calibrated} were predicted within {100 * max(low, high):.0f}%"]
     if gpu == calibrated:
         return {"regime": "catalog-validated", "low": low, "high": high, "reasons": reasons}
     # Few cross-GPU rows, each with an assumed schedule: widen both sides by the worst.
     cross = max([0.0] + [abs(e) for e in res["cross_gpu"]])
     low, high = max(low, cross), max(high, cross)
     reasons.append(f"{gpu}: efficiency carried from {calibrated} by GEMM fractions; published runs on another GPU "
-                   f"(Llama 3 405B on H100, schedule assumed) were predicted within {100 * cross:.0f}%")
+                   f"(published_runs.toml informational rows: Llama 3 405B on H100 with its schedule assumed, "
+                   f"torchtitan Llama 3 8B on 500 W H100s) were predicted within {100 * cross:.0f}%")
     if gpu not in hardware.planner_defaults()["mamf_fraction"]:
         high = max(high, ASSUMED_SLOWDOWN)
         reasons.append(f"{gpu}: no measured GEMM fraction: its matmul efficiency is {calibrated}'s by assumption; "
@@ -119,14 +137,16 @@ def overlap(a: list[float], b: list[float]) -> bool:
 
 def leave_one_out_coverage() -> dict[str, Any]:
     """How many validation rows fall inside an interval built from the OTHER rows of
-    their class (dense / pipelined): the intervals' out-of-sample coverage."""
+    their class (stack x dense / pipelined): the intervals' out-of-sample coverage."""
     from .validation import predict_run, published_runs
+
+    from .validation import stack_of
 
     rows = [(r, predict_run(r)["error_pct"] / 100.0) for r in published_runs() if r["role"] == "validation"]
     inside = []
     for i, (run, e) in enumerate(rows):
-        cls = run["pp"] > 1
-        low, high = _bounds([e2 for j, (r2, e2) in enumerate(rows) if j != i and (r2["pp"] > 1) == cls])
+        cls = (stack_of(run), run["pp"] > 1)
+        low, high = _bounds([e2 for j, (r2, e2) in enumerate(rows) if j != i and (stack_of(r2), r2["pp"] > 1) == cls])
         # true time = predicted x (1 + e): inside when -low <= e <= high
         inside.append({"id": run["id"], "error_pct": 100.0 * e, "interval_pct": [-100.0 * low, 100.0 * high],
                        "inside": -low <= e <= high})

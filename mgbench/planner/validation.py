@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import catalog
 from ..model_shape import ModelShape
-from . import hardware, perf
+from . import hardware, perf, stack
 from .memory import RECOMPUTE
 
 
@@ -18,9 +18,21 @@ def published_runs() -> list[dict[str, Any]]:
     return catalog.load("published_runs.toml")["runs"]
 
 
+def stack_of(run: dict[str, Any]) -> str:
+    """The software stack a published run used (Megatron-LM where the row names none)."""
+    return run.get("stack", stack.DEFAULT_STACK)
+
+
+# What each row's metric is called in the model's output, and its published field.
+METRICS = {"hardware": ("hardware_tflops_per_gpu", "published_tflops_per_gpu", "TFLOP/s/GPU (hardware)"),
+           "model": ("model_tflops_per_gpu", "published_tflops_per_gpu", "TFLOP/s/GPU (model)"),
+           "tokens": ("tokens_per_s_per_gpu", "published_tokens_per_s_per_gpu", "tokens/s/GPU")}
+
+
 def predict_run(run: dict[str, Any], matmul_eff: float | None = None,
-                elementwise_passes: float | None = None) -> dict[str, Any]:
-    """The planner's TFLOP/s per GPU for one published run, on the metric it reports."""
+                elementwise_passes: float | None = None, stack_eff: float | None = None) -> dict[str, Any]:
+    """The planner's prediction for one published run, on the metric it reports, with
+    the run's stack (``stack_eff`` overrides the stored factor, for solving it)."""
     shape = catalog.model_shape(run["model"]) if "model" in run else ModelShape(**run["shape"])
     hw = hardware.resolve(system=run["system"], precision="bf16")
     if matmul_eff is not None:
@@ -29,6 +41,8 @@ def predict_run(run: dict[str, Any], matmul_eff: float | None = None,
         hw = dataclasses.replace(hw, compute_eff=matmul_eff * scale)
     if elementwise_passes is not None:
         hw = dataclasses.replace(hw, elementwise_passes=elementwise_passes)
+    name = stack_of(run)
+    hw = dataclasses.replace(hw, stack=name, stack_eff=stack_eff if stack_eff is not None else stack.efficiency(name))
     dp = run["num_gpus"] // (run["tp"] * run["pp"])
     out = perf.step_time(
         shape, hw, seq=run["seq"], global_batch=run["global_batch"], micro_batch=run["micro_batch"],
@@ -36,11 +50,11 @@ def predict_run(run: dict[str, Any], matmul_eff: float | None = None,
         recompute=RECOMPUTE.index(run["recompute"]), schedule=run.get("schedule", "1f1b"),
         flash=run.get("flash", True),
     )
-    key = "hardware_tflops_per_gpu" if run["metric"] == "hardware" else "model_tflops_per_gpu"
+    key, field, unit = METRICS[run["metric"]]
     predicted = float(out[key])
-    published = float(run["published_tflops_per_gpu"])
-    return {"id": run["id"], "source": run["source"], "published": published, "predicted": predicted,
-            "error_pct": 100.0 * (predicted - published) / published, "role": run["role"],
+    published = float(run[field])
+    return {"id": run["id"], "source": run["source"], "stack": name, "unit": unit, "published": published,
+            "predicted": predicted, "error_pct": 100.0 * (predicted - published) / published, "role": run["role"],
             "why": run.get("why")}
 
 
@@ -62,7 +76,7 @@ def solve_defaults() -> tuple[float, float]:
     The small-model row pins the elementwise term for a given matmul efficiency; the
     large-model row, dominated by matmuls, then pins the matmul efficiency.
     """
-    small, large = [r for r in published_runs() if r["role"] == "calibration"]
+    small, large = [r for r in published_runs() if r["role"] == "calibration" and stack_of(r) == stack.DEFAULT_STACK]
 
     def passes_for(mm: float) -> float:
         return _bisect(lambda c: predict_run(small, mm, c)["error_pct"], 0.0, 100.0)
@@ -71,21 +85,39 @@ def solve_defaults() -> tuple[float, float]:
     return mm, passes_for(mm)
 
 
+def solve_stack(name: str) -> float:
+    """The stack efficiency that reproduces the stack's calibration row exactly."""
+    (row,) = [r for r in published_runs() if r["role"] == "calibration" and stack_of(r) == name]
+    return _bisect(lambda e: predict_run(row, stack_eff=e)["error_pct"], 0.2, 2.0)
+
+
 def error_table() -> tuple[list[dict[str, Any]], float]:
-    """Every published run's prediction, and the mean absolute % error of the validation rows."""
+    """Every published run's prediction, and the mean absolute % error of the default
+    stack's validation rows (:func:`stack_errors` has every stack's)."""
     rows = [predict_run(r) for r in published_runs()]
-    scored = [abs(r["error_pct"]) for r in rows if r["role"] == "validation"]
-    return rows, sum(scored) / len(scored)
+    return rows, stack_errors(rows)[stack.DEFAULT_STACK]
+
+
+def stack_errors(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean absolute % error of each stack's validation rows."""
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        if r["role"] == "validation":
+            out.setdefault(r["stack"], []).append(abs(r["error_pct"]))
+    return {k: sum(v) / len(v) for k, v in out.items()}
 
 
 def main() -> None:
     from tabulate import tabulate
 
-    rows, mae = error_table()
-    print(tabulate([[r["id"], r["published"], f"{r['predicted']:.1f}", f"{r['error_pct']:+.1f}%", r["role"],
-                     r["source"]] for r in rows],
-                   headers=["run", "published TFLOP/s/GPU", "predicted", "error", "role", "source"]))
-    print(f"\nmean absolute error over validation rows: {mae:.1f}%")
+    rows, _ = error_table()
+    print(tabulate([[r["id"], r["stack"], r["unit"], r["published"], f"{r['predicted']:.1f}", f"{r['error_pct']:+.1f}%",
+                     r["role"], r["source"]] for r in rows],
+                   headers=["run", "stack", "metric", "published", "predicted", "error", "role", "source"]))
+    for name, mae in stack_errors(rows).items():
+        n = sum(r["role"] == "validation" and r["stack"] == name for r in rows)
+        print(f"{name}: mean absolute error over {n} validation rows: {mae:.1f}% "
+              f"(stack efficiency {stack.efficiency(name):.3f}, solved {solve_stack(name) if name != stack.DEFAULT_STACK else 1.0:.3f})")
     for r in rows:
         if r["why"]:
             print(f"{r['id']}: {r['role']}: {r['why']}")

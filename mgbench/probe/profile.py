@@ -137,6 +137,18 @@ def hardware(profile: dict[str, Any], precision: str, ranks: int = 1) -> Hardwar
     )
 
 
+def memory_budget(profile: dict[str, Any], ranks: int) -> dict[str, Any]:
+    """What one rank may use on the probed machine, for `memory --hardware`: a GPU's
+    device memory, or on CPU the host's RAM split over the ranks (they share it)."""
+    if profile["device"] == "cpu":
+        if not profile.get("host_memory_bytes"):
+            return {"device_memory_bytes": None, "budget_source": "unknown: the profile has no host RAM figure"}
+        return {"device_memory_bytes": float(profile["host_memory_bytes"]) / ranks,
+                "budget_source": f"host RAM of {profile['hostname']} / {ranks} rank(s)"}
+    return {"device_memory_bytes": float(profile["device_memory_bytes"]),
+            "budget_source": f"device memory of {profile['device_name']} on {profile['hostname']}"}
+
+
 def comm_link(profile: dict[str, Any], ranks: int) -> dict[str, float]:
     """Per-ring-step latency and bus bandwidth from the probe's all-reduce fit: the fit
     t = alpha + S / algbw of an n-rank ring gives alpha / (2 (n - 1)) per step and a bus

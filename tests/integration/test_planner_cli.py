@@ -79,3 +79,22 @@ def test_planner_bad_input(cli, args, expected):
 def test_planner_help_has_examples(cli, cmd):
     p = cli(cmd, "--help")
     assert p.returncode == 0 and "Example" in p.stdout
+
+
+def test_memory_and_plan_take_a_hardware_profile(cli, tmp_path):
+    from tests.unit.test_probe_profile import make_profile
+
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps(make_profile(host_memory_bytes=4e9)))
+    p = cli("memory", "--model", "gpt2-small", "--micro-batch", "8", "--seq-len", "1024", "--precision", "fp32",
+            "--num-gpus", "2", "--hardware", str(prof), "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["device_memory_bytes"] == 2e9 and out["fits"] is False  # 4 GB of RAM over 2 ranks
+    p = cli("memory", "--model", "gpt2-small", "--micro-batch", "8", "--seq-len", "1024", "--precision", "fp32",
+            "--num-gpus", "2", "--hardware", str(prof))
+    assert "DOES NOT FIT" in p.stdout and "host RAM of box / 2 rank(s)" in p.stdout
+    bad = cli("plan", "--model", "gpt2-small", "--tokens", "1e9", "--hardware", str(prof), "--systems", "dgx-a100")
+    assert bad.returncode == 2 and "drop --systems" in bad.stderr and "Traceback" not in bad.stderr
+    stack = cli("predict", "--model", "llama3-8b", "--gpu", "a100-sxm-80gb", "--stack", "mgbench")
+    assert stack.returncode == 2 and "no GPU run of mgbench" in stack.stderr and "Traceback" not in stack.stderr

@@ -24,22 +24,68 @@ def test_hardware_flops_with_recompute():
     shape = catalog.model_shape("gpt2-small")
     model = shape.flops_per_token(1024)
     assert float(perf.hardware_flops_per_token(shape, 1024, 0)) == model
-    assert float(perf.hardware_flops_per_token(shape, 1024, 2)) == pytest.approx(model * 4 / 3)
-    # every_2nd: the forward of 6 of the 12 blocks again (2 FLOPs a weight, 4 L h s of attention).
+    # full: every block's forward again (2 FLOPs a weight, 4 L h s of attention), not the
+    # output layer (Megatron-LM's eq. 3 counts it 6 h V with or without recompute).
     blocks_fwd = 2 * shape.layers * shape.params_per_layer() + 4 * shape.layers * shape.attn_dim * 1024
+    assert float(perf.hardware_flops_per_token(shape, 1024, 2)) == pytest.approx(model + blocks_fwd)
+    # every_2nd: the forward of 6 of the 12 blocks again.
     assert float(perf.hardware_flops_per_token(shape, 1024, 1)) == pytest.approx(model + blocks_fwd / 2)
 
 
-def test_pipeline_bubble_is_p_minus_1_over_m():
+def test_pipeline_bubble_is_p_minus_1_block_stage_micro_batches():
     shape = catalog.model_shape("llama3-8b")
     hw = hardware.resolve(system="dgx-h100")
     out = perf.step_time(shape, hw, seq=4096, global_batch=64, micro_batch=1, tp=1, pp=4, dp=2, zero=1, recompute=2)
     b = out["breakdown"]
     m = 64 / 2
-    assert float(b["bubble_s"]) == pytest.approx(float(b["compute_s"]) * 3 / m)
+    # The last stage's busy time includes the output layer; fill and drain run block stages only.
+    assert float(b["bubble_s"]) == pytest.approx((float(b["compute_s"]) - float(b["head_s"])) * 3 / m)
     inter = perf.step_time(shape, hw, seq=4096, global_batch=64, micro_batch=1, tp=1, pp=4, dp=2, zero=1,
                            recompute=2, schedule="interleaved", virtual_stages=2)
     assert float(inter["breakdown"]["bubble_s"]) == pytest.approx(float(b["bubble_s"]) / 2)
+
+
+def test_output_layer_sits_on_the_last_pipeline_stage_by_hand():
+    # llama3-8b, 8 GPUs as pp=8 (4 blocks a stage), 8 micro-batches of 1 x 4096 tokens.
+    shape = catalog.model_shape("llama3-8b")
+    hw = dataclasses.replace(hardware.resolve(system="dgx-h100"), elementwise_passes=0.0)
+    kw = dict(seq=4096, global_batch=8, micro_batch=1, tp=1, dp=1, zero=0, recompute=0)
+    out = perf.step_time(shape, hw, pp=8, **kw)["breakdown"]
+    rate = hw.peak_tflops * 1e12 * hw.compute_eff
+    tokens = 8 * 4096
+    head = 6 * 4096 * 128256 * tokens / rate  # 6 h V per token, all on the last stage
+    blocks = (shape.flops_per_token(4096) - 6 * 4096 * 128256) * tokens * (4 / 32) / rate
+    assert float(out["head_s"]) == pytest.approx(head)
+    assert float(out["compute_s"]) == pytest.approx(blocks + head)
+    assert float(out["bubble_s"]) == pytest.approx(7 * blocks / 8)
+    # The even split (the model before this term) would have had every stage at 1/8 of the whole.
+    even = (blocks * 8 + head) / 8
+    assert float(out["compute_s"]) > even * 1.4  # a 128K vocabulary's head is ~2 blocks of llama3-8b
+    # One stage: the same work, no bubble, the head on the only stage.
+    one = perf.step_time(shape, hw, pp=1, **kw)["breakdown"]
+    assert float(one["compute_s"]) == pytest.approx(blocks * 8 + head) and float(one["bubble_s"]) == 0.0
+
+
+def test_stack_efficiency_divides_compute_time():
+    from mgbench.planner import stack
+
+    shape = catalog.model_shape("llama3-8b")
+    hw = hardware.resolve(system="dgx-a100")
+    kw = dict(seq=8192, global_batch=64, micro_batch=1, tp=1, pp=1, dp=64, zero=3, recompute=1)
+    base = perf.step_time(shape, hw, **kw)["breakdown"]
+    tt = perf.step_time(shape, stack.apply(hw, "torchtitan"), **kw)["breakdown"]
+    assert float(tt["compute_s"]) == pytest.approx(float(base["compute_s"]) / stack.efficiency("torchtitan"))
+    assert stack.efficiency("megatron-lm") == 1.0  # the calibration stack, by construction
+
+
+def test_a_stack_without_measured_runs_is_refused_with_its_reason():
+    from mgbench.errors import MgbenchError
+    from mgbench.planner import stack
+
+    with pytest.raises(MgbenchError, match="no efficiency yet.*no GPU run of mgbench"):
+        stack.efficiency("mgbench")
+    with pytest.raises(MgbenchError, match="unknown --stack 'nope'"):
+        stack.efficiency("nope")
 
 
 def test_more_bandwidth_never_hurts_and_compute_scales_with_peak():
@@ -55,10 +101,24 @@ def test_more_bandwidth_never_hurts_and_compute_scales_with_peak():
 
 def test_predictions_match_published_megatron_runs_within_15_percent():
     rows, mae = validation.error_table()
-    scored = [r for r in rows if r["role"] == "validation"]
+    scored = [r for r in rows if r["role"] == "validation" and r["stack"] == "megatron-lm"]
     assert len(scored) == 8
     assert mae < 15.0, rows
     assert all(abs(r["error_pct"]) < 15.0 for r in scored)
+
+
+def test_torchtitan_stack_predicts_its_other_published_runs_within_10_percent():
+    rows, _ = validation.error_table()
+    scored = [r for r in rows if r["role"] == "validation" and r["stack"] == "torchtitan"]
+    assert len(scored) == 5 and all(r["unit"] == "tokens/s/GPU" for r in scored)
+    assert all(abs(r["error_pct"]) < 10.0 for r in scored), scored
+    assert validation.stack_errors(rows)["torchtitan"] < 10.0
+
+
+def test_stored_stack_efficiency_is_the_solved_one():
+    from mgbench.planner import stack
+
+    assert stack.efficiency("torchtitan") == pytest.approx(validation.solve_stack("torchtitan"), abs=0.001)
 
 
 def test_stored_defaults_are_the_solved_ones():

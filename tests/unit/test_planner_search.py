@@ -106,3 +106,59 @@ def test_every_planoptions_field_documents_its_option():
     defaults = PlanOptions(tokens=1.0)
     assert (defaults.restart_minutes, defaults.checkpoint_write_minutes, defaults.preemption_rate) == (
         cost.RESTART_MINUTES, cost.CHECKPOINT_WRITE_MINUTES, cost.SPOT_PREEMPTIONS_PER_NODE_HOUR)
+
+
+# --- plan --hardware PROFILE: the probed machine instead of catalog systems -------------
+
+def _probed_plan(profile, **over):
+    opts = PlanOptions(tokens=1e9, seq_len=1024, global_batch_tokens=8 * 1024, precision="fp32", **over)
+    opts.profile = profile
+    return plan(catalog.model_shape("gpt2-small"), opts)
+
+
+def test_plan_on_a_cpu_profile_ranks_its_rank_counts_with_the_profiles_speeds():
+    from mgbench.planner.predict import Layout, predict
+    from mgbench.probe import profile as P
+    from tests.unit.test_probe_profile import make_profile
+
+    prof = make_profile(cores=2)
+    res = _probed_plan(prof)
+    assert {r["num_gpus"] for r in res["ranked"]} == {1, 2}  # up to the cores: more only time-share them
+    assert all(r["system"] == "probed:box" and r["regime"] == "probed-unvalidated" for r in res["ranked"])
+    assert res["assumptions"]["hardware_profile"] == "box" and res["assumptions"]["stack"] is None
+    # The one-rank row is predict's answer for that layout on the profile's one-rank Hardware.
+    one = next(r for r in res["ranked"] if r["num_gpus"] == 1)
+    lay = Layout(num_gpus=1, micro_batch=one["micro_batch"], seq_len=1024, global_batch=8, precision="fp32",
+                 recompute=one["recompute"])
+    want = predict(catalog.model_shape("gpt2-small"), P.hardware(prof, "fp32", 1), lay)
+    assert one["tokens_per_s"] == pytest.approx(want["tokens_per_s"])
+    # Two CPU ranks on two cores: gloo shares the cores, so nothing overlaps (probe/profile.overlap).
+    assert P.overlap(prof, 2, 1.0) == 0.0
+
+
+def test_plan_on_a_profile_skips_rank_counts_it_cannot_price_and_says_why():
+    from tests.unit.test_probe_profile import make_profile
+
+    res = _probed_plan(make_profile(cores=2, comm=False))
+    assert {r["num_gpus"] for r in res["ranked"]} == {1}
+    assert any("2 rank(s) not considered" in line and "no collective fit" in line for line in res["reasons"])
+
+
+def test_plan_on_a_profile_that_prices_nothing_is_refused():
+    from tests.unit.test_probe_profile import make_profile
+
+    # Probed at 2 threads only: one rank gets 2 threads (probed), two ranks 1 (not probed, no comm).
+    prof = make_profile(cores=2, comm=False)
+    prof["gemm"] = [g for g in prof["gemm"] if g["threads"] == 2]
+    prof["gemm"][0]["dtype"] = "bfloat16"  # and not at the plan's precision either
+    with pytest.raises(MgbenchError, match="cannot price any rank count"):
+        _probed_plan(prof)
+
+
+def test_stack_option_scales_every_candidate():
+    shape = catalog.model_shape("llama3-8b")
+    kw = dict(tokens=1e12, systems=["dgx-a100"], max_gpus=64)
+    mega, tt = plan(shape, PlanOptions(**kw)), plan(shape, PlanOptions(**kw, stack="torchtitan"))
+    assert tt["assumptions"]["stack"] == "torchtitan"
+    assert tt["recommendation"]["days"] > mega["recommendation"]["days"]
+    assert any("torchtitan" in line for line in tt["reasons"])  # the interval comes from its rows

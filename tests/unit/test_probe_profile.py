@@ -97,3 +97,11 @@ def test_cpu_ranks_that_fill_the_cores_hide_no_communication():
     assert P.overlap(make_profile(), ranks=1, default=1.0) == 1.0  # nothing to hide
     assert P.overlap(make_profile(cores=16), ranks=2, default=1.0) == 0.0  # 2 x 8 threads fill 16 cores
     assert P.overlap(make_profile(device="cuda"), ranks=8, default=1.0) == 1.0
+
+
+def test_memory_budget_is_device_memory_or_a_share_of_host_ram():
+    assert P.memory_budget(make_profile(), 4)["device_memory_bytes"] == pytest.approx(4e9)  # 16 GB over 4 ranks
+    gpu = make_profile(device="cuda", device_name="H100", device_memory_bytes=80e9)
+    assert P.memory_budget(gpu, 8)["device_memory_bytes"] == 80e9  # one device per rank
+    unknown = P.memory_budget(make_profile(host_memory_bytes=None), 1)
+    assert unknown["device_memory_bytes"] is None and "unknown" in unknown["budget_source"]

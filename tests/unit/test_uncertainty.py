@@ -64,3 +64,17 @@ def test_not_distinguishable_fires_only_when_intervals_overlap():
     assert any("not distinguishable" in line and "b" in line and "(c)" not in line for line in close)
     apart = _distinguishable([row(100.0, "a"), row(200.0, "c")])
     assert not any("not distinguishable" in line for line in apart)
+
+
+def test_a_stacks_interval_comes_from_its_own_published_rows():
+    from mgbench.planner.validation import stack_of
+
+    tt = [predict_run(r)["error_pct"] / 100 for r in published_runs()
+          if r["role"] == "validation" and stack_of(r) == "torchtitan" and r["pp"] == 1]
+    reg = U.regime("a100-sxm-80gb", pipelined=False, stack="torchtitan")
+    assert reg["low"] == pytest.approx(max(0.0, -min(tt))) and reg["high"] == pytest.approx(max(0.0, max(tt)))
+    assert "torchtitan" in reg["reasons"][0]
+    # No pipelined torchtitan row: it borrows Megatron-LM's pipelined rows with its own, and says so.
+    pipe = U.regime("a100-sxm-80gb", pipelined=True, stack="torchtitan")
+    assert "no published torchtitan run of this class" in pipe["reasons"][0]
+    assert pipe["high"] >= U.regime("a100-sxm-80gb", pipelined=True)["high"]

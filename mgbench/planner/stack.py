@@ -1,0 +1,48 @@
+"""The software stack as an explicit input of the performance model (``--stack``).
+
+The same kernels on the same GPUs give different step times under different frameworks
+(Megatron-Core vs FSDP-based stacks: fusion, overlap, memory layout). The planner's
+constants (hardware.toml [planner]) are solved from Megatron-LM's published runs, so the
+``megatron-lm`` stack is 1 by construction; another stack's efficiency is the factor its
+own published runs need (compute time / factor), solved from its calibration row of
+published_runs.toml and scored on its validation rows (``python -m
+mgbench.planner.validation`` prints the error per stack). A stack whose factor has no
+measured run behind it is null with the reason, and predicting with it is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .. import catalog
+from ..errors import MgbenchError
+from .hardware import Hardware
+
+# The stack the planner's constants were calibrated on and validated against (8 published
+# Megatron-LM rows): the one with the most evidence behind it, so the default. Users of
+# another stack say so with --stack; its interval then comes from that stack's rows.
+DEFAULT_STACK = "megatron-lm"
+
+
+def stacks() -> dict[str, dict[str, Any]]:
+    """Every stack of data/stacks.toml, keyed by name."""
+    return catalog.load("stacks.toml")["stacks"]
+
+
+def efficiency(name: str) -> float:
+    """The stack's factor on compute time (1 for the calibration stack)."""
+    known = stacks()
+    if name not in known:
+        raise MgbenchError(f"unknown --stack {name!r}; known: {', '.join(known)}")
+    eff = known[name].get("efficiency")
+    if eff is None:
+        raise MgbenchError(f"--stack {name}: no efficiency yet ({known[name]['null_reason']}); "
+                           f"use one of {', '.join(k for k, v in known.items() if v.get('efficiency') is not None)}")
+    return float(eff)
+
+
+def apply(hw: Hardware, name: str | None) -> Hardware:
+    """``hw`` with the stack's efficiency (``None``: the default stack)."""
+    name = name or DEFAULT_STACK
+    return dataclasses.replace(hw, stack_eff=efficiency(name), stack=name)
