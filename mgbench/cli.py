@@ -482,6 +482,7 @@ def status(run: str, results_dir: str, as_json: bool) -> None:
 from .config import keys_help  # noqa: E402
 from .planner.commands import memory, plan, predict  # noqa: E402
 from .probe.commands import probe  # noqa: E402
+from .data_commands import data  # noqa: E402
 
 # The suite keys, generated from the config schema (mgbench/config.py), so --help
 # cannot drift from what suites accept. \b keeps click from rewrapping the list.
@@ -491,6 +492,7 @@ main.add_command(memory)
 main.add_command(predict)
 main.add_command(plan)
 main.add_command(probe)
+main.add_command(data)
 
 
 if __name__ == "__main__":

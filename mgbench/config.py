@@ -28,22 +28,28 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import catalog, faults
+from . import faults
 from .errors import MgbenchError
 from .model_shape import ModelShape
-from .strategies import PIPELINED, STRATEGIES, ZERO_STAGE
+from .strategies import PIPELINED, STRATEGIES, ZERO_STAGE, schedules
 
 Check = Callable[[Any], "str | None"]
 WORKLOAD, PROCEDURE, DERIVED = "workload", "procedure", "derived"
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+# Each workload's implementation: gpt in workloads/gpt.py (and workloads/hf.py for
+# Hugging Face configs), vision in workloads/vision.py, command in runner/command.py.
+WORKLOADS = ("gpt", "vision", "command")
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+# torchao float8 scaling recipes (precision = "fp8"; strategies/fp8.py).
+FP8_RECIPES = ("tensorwise", "rowwise")
+SCHEDULES = schedules.NAMES  # the pipeline schedule registry (strategies/schedules.py)
 # The runner's activation checkpointing modes. "every_2nd" checkpoints every second block
 # (torchtitan's layer-wise selective AC at frequency 2); it is not Korthikanti et al.'s
 # selective recompute. The planner (`--recompute`, planner/memory.RECOMPUTE) uses these names.
 CHECKPOINTING = ("none", "every_2nd", "full")
 DEVICES = ("auto", "cpu", "cuda")
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
+DATA_SOURCES = ("random", "disk")
 
 
 # --- checks: each returns None when a suite value is acceptable, else why not ---------
@@ -84,15 +90,9 @@ def _nproc(v: Any) -> str | None:
 
 
 def _model(v: Any) -> str | None:
-    if isinstance(v, str):
-        return choice(tuple(catalog.model_presets()))(v)
-    if isinstance(v, dict):
-        try:
-            ModelShape.from_dict(v)
-        except MgbenchError as e:
-            return str(e)
-        return None
-    return f"must be a preset name or a table of dims, got {v!r}"
+    from .workloads import check_model  # presets, dims, hf: configs and vision models
+
+    return check_model(v)
 
 
 def _layout(v: Any) -> str | None:
@@ -101,9 +101,9 @@ def _layout(v: Any) -> str | None:
     if not isinstance(v, dict) or not v:
         return f"must be a table of degrees such as {{dp = 2, tp = 2}}, got {v!r}"
     for k, d in v.items():
-        if k not in ("dp", "tp", "pp"):
-            hint = difflib.get_close_matches(k, ("dp", "tp", "pp"), n=1)
-            return f"unknown degree {k!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "") + "; allowed: dp, tp, pp"
+        if k not in ("dp", "tp", "pp", "ep"):
+            hint = difflib.get_close_matches(k, ("dp", "tp", "pp", "ep"), n=1)
+            return f"unknown degree {k!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "") + "; allowed: dp, tp, pp, ep"
         if not isinstance(d, int) or isinstance(d, bool) or d < 1:
             return f"degree {k} must be a positive integer, got {d!r}"
     return None
@@ -146,29 +146,123 @@ def _pipelined(p: dict) -> bool:
     return p["strategy"] in PIPELINED
 
 
+def _hsdp(p: dict) -> bool:
+    return p["strategy"] == "hsdp" or (p["strategy"] == "pp+tp+dp" and p["dp_mode"] == "hsdp")
+
+
+# Strategies whose FSDP2 wrapping takes a CPUOffloadPolicy (offload = true).
+OFFLOADABLE = ("fsdp", "fsdp_grad_op", "hsdp")
+
+
+def _is_command(p: dict) -> bool:
+    return p["workload"] == "command"
+
+
+def _moe(p: dict) -> bool:
+    """Whether the config's model has routed experts (the moe_* keys apply)."""
+    from .workloads import model_spec
+
+    if p["workload"] != "gpt":
+        return False
+    try:
+        return bool(getattr(model_spec(p["workload"], p["model"]), "experts", 0))
+    except MgbenchError:
+        return False
+
+
+def _capacity(v: Any) -> str | None:
+    if v == "dropless" or (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
+        return None
+    return f"must be \"dropless\" or a capacity factor > 0 such as 1.25, got {v!r}"
+
+
+def _non_negative(v: Any) -> str | None:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0:
+        return None
+    return f"must be a number >= 0, got {v!r}"
+
+
+def _shell_words(v: Any) -> str | None:
+    """A command line or its arguments: a string shlex can split (quotes balanced)."""
+    import shlex
+
+    if not isinstance(v, str):
+        return f"must be a string, got {v!r}"
+    try:
+        shlex.split(v)
+    except ValueError as e:
+        return f"cannot split {v!r} into words ({e}); balance its quotes"
+    return None
+
+
+def _regex(v: Any) -> str | None:
+    import re
+
+    if not isinstance(v, str):
+        return f"must be a regular expression string, got {v!r}"
+    try:
+        re.compile(v)
+    except re.error as e:
+        return f"{v!r} is not a valid regular expression ({e})"
+    return None
+
+
+def _reads_tokens(p: dict) -> bool:
+    return p["workload"] not in ("command", "vision")  # a command reads its own data; vision reads images
+
+
+def _disk(p: dict) -> bool:
+    return _reads_tokens(p) and p["data"] == "disk"
+
+
+def _disk_workers(p: dict) -> bool:
+    return _disk(p) and p["num_workers"] > 0
+
+
+def _text(v: Any) -> str | None:
+    return None if isinstance(v, str) else f"must be a string (a folder path), got {v!r}"
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """One point of a sweep: everything a rank needs to run it, one field per fact."""
 
     # what is measured
-    workload: str = key("gpt", choice(("gpt",)), "training workload (decoder LM)")
+    workload: str = key("gpt", choice(WORKLOADS), "training workload: gpt (decoder LM: a preset, dims or a Hugging "
+                        "Face config), vision (image classifier) or command (the user's own training launch line)")
     model: ModelShape | str = key(
-        "tiny", _model, "preset name (see models.toml) or {layers, hidden, heads, ffn_hidden, vocab, ...}")
+        "tiny", _model, "preset name (see models.toml) or {layers, hidden, heads, ffn_hidden, vocab, ...}; "
+        "\"hf:PATH/config.json\" (a Hugging Face config, PATH relative to the suite file's folder) or {hf = "
+        "\"llama\", layers, hidden, ...} (needs mgbench[hf]); vision: resnet50, vit_b_16, resnet_tiny, vit_tiny")
     strategy: str = key("single", choice(tuple(STRATEGIES)), "parallelism strategy")
     nproc: int = key(1, _nproc, "ranks (devices) per config; \"pow2\" = 1, 2, 4 ... up to the devices found; "
                      "\"pow2>=2\" = the same from 2 (none on one device); \"all\" = the devices found")
     micro_batch: int = key(1, integer(1), "sequences per rank per micro-step")
-    seq_len: int = key(128, integer(2), "tokens per sequence")
+    seq_len: int = key(128, integer(2), "tokens per sequence", applies=lambda p: p["workload"] != "vision")
+    image_size: int = key(224, integer(8), "vision: images are image_size x image_size pixels, 3 channels",
+                          applies=lambda p: p["workload"] == "vision")
     grad_accum: int = key(1, integer(1), "micro-batches per optimizer step (pipelines: the schedule's micro-batch count)")
     layout: Any = key("auto", _layout, "parallel degrees, e.g. {dp = 2, tp = 2}; \"auto\": the strategy's default",
                       identity=False)  # resolved into dp, tp, pp, which are identity
-    dp_mode: str = key("ddp", choice(("ddp", "fsdp")), "data parallelism inside pp+tp+dp: ddp or fsdp",
+    dp_mode: str = key("ddp", choice(("ddp", "fsdp", "hsdp")), "data parallelism inside pp+tp+dp: ddp, fsdp, or "
+                       "hsdp (FSDP sharded within groups of dp / replicas ranks, replicated across the groups)",
                        applies=lambda p: p["strategy"] == "pp+tp+dp")
-    pp_schedule: str = key("1f1b", choice(SCHEDULES), "pipeline schedule: gpipe, 1f1b or interleaved (1F1B)",
+    replicas: int = key(2, integer(1), "hsdp: data-parallel replicas (the replicate dimension of the 2-D mesh); each "
+                        "shards the model over dp / replicas ranks", applies=_hsdp)
+    offload: bool = key(False, boolean, "FSDP2 CPUOffloadPolicy: parameters, gradients and optimizer state in host "
+                        "memory, copied to the device per use (fsdp, fsdp_grad_op, hsdp); on CPU ranks nothing moves",
+                        applies=lambda p: p["strategy"] in OFFLOADABLE)
+    pp_schedule: str = key("1f1b", choice(SCHEDULES), "pipeline schedule: gpipe, 1f1b, interleaved (1F1B), "
+                           "interleaved_zb (zero bubble ZB1P), zbv (zero bubble ZB-V) or dualpipev (DualPipeV); zbv "
+                           "and dualpipev hold two chunks per rank in a V",
                            applies=_pipelined)
-    virtual_stages: int = key(2, integer(1), "model chunks per rank for the interleaved schedule",
-                              applies=lambda p: _pipelined(p) and p["pp_schedule"] == "interleaved")
-    precision: str = key("fp32", choice(PRECISIONS), "fp32, bf16 (autocast) or fp16 (autocast + loss scaling)")
+    virtual_stages: int = key(2, integer(1), "model chunks per rank for the interleaved schedules",
+                              applies=lambda p: _pipelined(p) and p["pp_schedule"] in schedules.VIRTUAL)
+    precision: str = key("fp32", choice(PRECISIONS), "fp32, bf16 (autocast), fp16 (autocast + loss scaling) or fp8 "
+                         "(torchao float8 linears under bf16 autocast; needs mgbench[fp8])")
+    fp8_recipe: str = key("tensorwise", choice(FP8_RECIPES), "fp8 scaling: tensorwise (one scale per tensor; FSDP "
+                          "all-gathers weights in fp8) or rowwise (one scale per row)",
+                          applies=lambda p: p["precision"] == "fp8")
     activation_checkpointing: str = key(
         "none", choice(CHECKPOINTING, renamed={"selective": "every_2nd"}),
         "none, every_2nd (every second block recomputed) or full (every block)")
@@ -178,6 +272,41 @@ class RunConfig:
                                 "DDP communication hook compressing gradients (lossy: looser loss tolerance)")
     powersgd_rank: int = key(2, integer(1), "matrix rank of PowerSGD's low-rank gradient approximation",
                              applies=lambda p: p["grad_compression"] == "powersgd")
+    # MoE models (workloads/moe.py)
+    moe_capacity_factor: Any = key("dropless", _capacity, "MoE routing: \"dropless\" (every token reaches its top_k "
+                                   "experts) or a capacity factor c: each expert takes at most ceil(c x tokens x "
+                                   "top_k / experts) of a micro-batch's assignments, first choices first; the rest "
+                                   "are dropped (the token keeps its residual)", applies=_moe)
+    moe_aux_loss_coef: float = key(0.01, _non_negative, "MoE: weight of the load-balancing loss E x sum f_e P_e "
+                                   "(Switch Transformer; 0.01 there) added to the training gradient; the reported "
+                                   "loss is the LM loss", applies=_moe)
+    # workload = "command": the user's own training launch (runner/command.py, README "Your own training script")
+    command: str = key("", _shell_words, "workload = \"command\": the launch line, run as given when it starts with "
+                       "torchrun / accelerate / deepspeed, or (a plain `python script.py ...`) run under torchrun with "
+                       "nproc ranks", applies=_is_command)
+    args: str = key("", _shell_words, "arguments appended to command (a sweep axis: [\"--bs 8\", \"--bs 16\"])",
+                    applies=_is_command)
+    tokens_per_step: int = key(0, integer(0), "tokens one optimizer step trains, all ranks, for command configs whose "
+                               "step events carry no tokens (0: not given)", applies=_is_command)
+    step_pattern: str = key("", _regex, "regex matching one line of the command's output per finished step (when "
+                            "the script cannot call mgbench.step()); a named group (?P<tokens>...) gives that step's "
+                            "tokens", PROCEDURE, applies=_is_command)
+    # data = "disk": the timed steps read a token dataset through a DataLoader (runner/data_loading.py)
+    data: str = key("random", choice(DATA_SOURCES), "where the timed steps' tokens come from: random (made in "
+                    "device memory before timing) or disk (a token dataset read through a torch DataLoader each "
+                    "step; records data_wait_s and input_bound)", applies=_reads_tokens)
+    data_path: str = key("", _text, "data = \"disk\": folder of a dataset made by `mgbench data make`; \"\": "
+                         "mgbench generates one of the size the config reads into RESULTS_DIR/datasets/, once per "
+                         "(seed, vocab, size)", PROCEDURE, applies=_disk)
+    num_workers: int = key(0, integer(0), "data = \"disk\": DataLoader worker processes (0: read in the training "
+                           "process)", applies=_disk)
+    pin_memory: bool = key(False, boolean, "data = \"disk\": DataLoader pins batches in page-locked memory "
+                           "(no effect without CUDA)", applies=_disk)
+    prefetch_factor: int = key(2, integer(1), "data = \"disk\", num_workers > 0: batches each worker reads ahead",
+                               applies=_disk_workers)
+    persistent_workers: bool = key(False, boolean, "data = \"disk\", num_workers > 0: keep the workers between "
+                                   "passes over the dataset (else each pass starts them again)",
+                                   applies=_disk_workers)
     # how it is measured
     warmup_steps: int = key(3, integer(0), "untimed steps before the measured window (the correctness window's "
                             "steps, on the same model, count among them)", PROCEDURE)
@@ -207,26 +336,31 @@ class RunConfig:
     dp: int = derived(1, "data-parallel degree", identity=True)
     tp: int = derived(1, "tensor-parallel degree", identity=True)
     pp: int = derived(1, "pipeline-parallel degree", identity=True)
+    ep: int = derived(1, "expert-parallel degree (carved out of dp: experts sharded over ep ranks, replicated over "
+                      "dp / ep)", identity=True)
     label_keys: tuple[str, ...] = derived((), "procedure keys that vary within the sweep, shown in the label")
     skip_reason: str | None = derived(None, "why this config cannot run here (None: it can)")
     config_id: str = derived("", "stable id: strategy, ranks and a hash of every parameter")
 
     def __post_init__(self) -> None:
-        # A suite names a preset or gives dims; a config always holds the typed shape.
-        if isinstance(self.model, str):
-            object.__setattr__(self, "model", catalog.model_shape(self.model))
-        elif isinstance(self.model, dict):
-            object.__setattr__(self, "model", ModelShape.from_dict({"name": "custom", **self.model}))
+        # A suite names a preset or gives dims; a config always holds the typed model:
+        # a ModelShape, or an HFModel / VisionModel (mgbench/workloads/__init__.py).
+        from .workloads import model_spec
+
+        object.__setattr__(self, "model", model_spec(self.workload, self.model))
 
     # -- derived facts ------------------------------------------------------------------
     @property
     def shape(self) -> ModelShape:
-        assert isinstance(self.model, ModelShape)
-        return self.model
+        """The decoder shape (a Hugging Face model's where its config maps onto one)."""
+        shape = self.model if isinstance(self.model, ModelShape) else getattr(self.model, "shape", None)
+        if shape is None:
+            raise MgbenchError(f"model {self.model_name} is not a decoder LM: it has no ModelShape")
+        return shape
 
     @property
     def model_name(self) -> str:
-        return self.shape.name or "custom"
+        return getattr(self.model, "name", None) or "custom"
 
     @property
     def global_batch(self) -> int:
@@ -241,7 +375,7 @@ class RunConfig:
     def zero_stage(self) -> int:
         """ZeRO stage of the data parallelism: the strategy's (registry), or 3 for
         pp+tp+dp whose replicas are FSDP-sharded (dp_mode = "fsdp")."""
-        if self.strategy == "pp+tp+dp" and self.dp_mode == "fsdp":
+        if self.strategy == "pp+tp+dp" and self.dp_mode in ("fsdp", "hsdp"):
             return 3
         return ZERO_STAGE.get(self.strategy, 0)
 
@@ -255,6 +389,8 @@ class RunConfig:
         {dp = 2}` and "auto" on 2 data-parallel ranks are one config, not two."""
         d = {k: _plain(getattr(self, k)) for k in SWEEP_KEYS}
         d.update(dp=self.dp, tp=self.tp, pp=self.pp)
+        if self.ep != 1:  # only where set, so the ids of configs without experts stay as they were
+            d["ep"] = self.ep
         if self.layout == "auto" or all(getattr(self, k) == v for k, v in self.layout.items()):
             del d["layout"]
         return d
@@ -263,17 +399,33 @@ class RunConfig:
     def label(self) -> str:
         """Short, readable and unique within a sweep: the core fields, then every other
         identity field away from its default, then the procedure keys that vary."""
+        if self.workload == "command":
+            return self._command_label()
         ac = "" if self.activation_checkpointing == "none" else f" ac={self.activation_checkpointing}"
         comp = " compile" if self.compile else ""
         lay = f" [dp={self.dp} tp={self.tp} pp={self.pp}]" if self.tp > 1 or self.pp > 1 else ""
+        lay += f" [dp={self.dp} ep={self.ep}]" if self.ep > 1 else ""
+        if _hsdp(self.to_dict()):
+            lay += f" {self.replicas}x{self.dp // self.replicas}"  # hsdp: replicas x shard
         if self.pipelined:
-            lay += f" {self.pp_schedule}" + (f" v={self.virtual_stages}" if self.pp_schedule == "interleaved" else "")
+            lay += f" {self.pp_schedule}" + (f" v={self.virtual_stages}" if self.pp_schedule in schedules.VIRTUAL
+                                             else "")
         model = self.model_name if self.model_name != "custom" else _dims_label(self.shape)
+        size = f"img={self.image_size}" if self.workload == "vision" else f"s={self.seq_len}"
         core = (f"{self.strategy} n={self.nproc}{lay} {model} mb={self.micro_batch} "
-                f"s={self.seq_len} ga={self.grad_accum} {self.precision}{ac}{comp}")
+                f"{size} ga={self.grad_accum} {self.precision}{ac}{comp}")
         extra = [k for k in SWEEP_KEYS if k not in LABEL_CORE and k in IDENTITY_KEYS
                  and FIELDS[k].metadata["label_when"] == "changed" and getattr(self, k) != DEFAULTS[k]]
         extra += [k for k in self.label_keys if k not in extra and k not in LABEL_CORE]
+        return core + "".join(f" {k}={_label_value(k, getattr(self, k))}" for k in extra)
+
+    def _command_label(self) -> str:
+        """A command config's label: its launch line and args, then what else sets it apart."""
+        core = f"command n={self.nproc}: {' '.join((self.command + ' ' + self.args).split())}"
+        shown = ("workload", "nproc", "command", "args")
+        extra = [k for k in COMMAND_KEYS if k not in shown and k in IDENTITY_KEYS
+                 and FIELDS[k].metadata["label_when"] == "changed" and getattr(self, k) != DEFAULTS[k]]
+        extra += [k for k in self.label_keys if k not in extra and k not in shown and k in COMMAND_KEYS]
         return core + "".join(f" {k}={_plain(getattr(self, k))}" for k in extra)
 
     # -- serialisation --------------------------------------------------------------------
@@ -298,8 +450,13 @@ def _dims_label(s: ModelShape) -> str:
     return f"custom({' '.join(parts)})"
 
 
+def _label_value(k: str, v: Any) -> Any:
+    # A dataset folder by its name: its full path would swamp the label.
+    return v.rstrip("/").rsplit("/", 1)[-1] if k == "data_path" and v else _plain(v)
+
+
 def _plain(v: Any) -> Any:
-    return v.to_dict() if isinstance(v, ModelShape) else v
+    return v.to_dict() if hasattr(v, "to_dict") else v  # a model spec (ModelShape, HFModel, VisionModel)
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
@@ -313,14 +470,24 @@ PROCEDURE_KEYS = tuple(name for name, f in FIELDS.items() if f.metadata.get("rol
 # Fields the label's fixed part (RunConfig.label) prints; every other key is named in the
 # label when it matters (see key()'s label_when). Layout is printed as its resolved degrees.
 LABEL_CORE = ("strategy", "nproc", "dp", "tp", "pp", "layout", "pp_schedule", "virtual_stages", "model", "micro_batch",
-              "seq_len", "grad_accum", "precision", "activation_checkpointing", "compile")
+              "seq_len", "image_size", "grad_accum", "precision", "activation_checkpointing", "compile")
 # Keys that feed the single-process reference: what it computes depends on these only
 # (the reference runs no strategy and no fault, in one process, on the global batch).
-REFERENCE_KEYS = ("workload", "model", "seq_len", "micro_batch", "precision", "seed", "device")
+REFERENCE_KEYS = ("workload", "model", "seq_len", "image_size", "micro_batch", "precision", "seed", "device",
+                  "moe_capacity_factor", "moe_aux_loss_coef")
+
+
+# The keys that matter to a command config (workload = "command"): the user's command
+# picks its own model, parallelism and precision, so every other key is pinned to its
+# default there (it neither multiplies command configs nor changes their ids).
+COMMAND_KEYS = ("workload", "command", "args", "tokens_per_step", "step_pattern", "nproc", "device", "warmup_steps",
+                "timeout_s")
 
 
 def applies(name: str, params: dict[str, Any]) -> bool:
     """Whether key ``name`` matters for a config with these parameters."""
+    if params.get("workload") == "command" and name not in COMMAND_KEYS:
+        return False
     rule = FIELDS[name].metadata.get("applies")
     return rule is None or rule(params)
 
@@ -328,7 +495,8 @@ def applies(name: str, params: dict[str, Any]) -> bool:
 def config_id(params: dict[str, Any]) -> str:
     """Stable id of a config: its strategy and size, then a hash of every parameter."""
     blob = json.dumps(params, sort_keys=True).encode()
-    return f"{params['strategy']}-n{params['nproc']}-{hashlib.sha1(blob).hexdigest()[:10]}"
+    kind = "command" if params.get("workload") == "command" else params["strategy"]
+    return f"{kind}-n{params['nproc']}-{hashlib.sha1(blob).hexdigest()[:10]}"
 
 
 def keys_markdown() -> str:

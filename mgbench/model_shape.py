@@ -43,6 +43,17 @@ class ModelShape:
     # to a multiple of 128 x tp): matmuls of a round width run faster. The extra rows
     # are never a target; parameters and FLOPs count what is built (padded_vocab).
     vocab_multiple: int = 1
+    # Mixture of experts (0 experts: a dense model; workloads/moe.py builds the rest).
+    # Each MoE layer's MLP is ``experts`` routed SwiGLU experts of width
+    # ``expert_ffn_hidden`` (default ffn_hidden), of which each token uses ``top_k``, plus
+    # ``shared_experts`` experts every token uses (one SwiGLU of width shared_experts x
+    # expert_ffn_hidden, DeepSeek's layout). The first ``dense_layers`` layers keep a dense
+    # MLP of width ffn_hidden (DeepSeek-V3: 3).
+    experts: int = 0
+    top_k: int = 0
+    expert_ffn_hidden: int | None = None
+    shared_experts: int = 0
+    dense_layers: int = 0
 
     def __post_init__(self) -> None:
         if self.kv_heads is None:
@@ -63,6 +74,31 @@ class ModelShape:
             )
         if self.dim_head % 2:
             raise MgbenchError(f"head dim {self.dim_head} must be even for rotary embeddings")
+        self._check_moe()
+
+    def _check_moe(self) -> None:
+        """MoE dims: all neutral for a dense model, consistent for an MoE one."""
+        for f in ("experts", "top_k", "shared_experts", "dense_layers"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise MgbenchError(f"model dim {f} must be an integer >= 0, got {v!r}")
+        e = self.expert_ffn_hidden
+        if e is not None and (not isinstance(e, int) or isinstance(e, bool) or e <= 0):
+            raise MgbenchError(f"model dim expert_ffn_hidden must be a positive integer, got {e!r}")
+        if not self.experts:
+            extra = [f for f in ("top_k", "shared_experts", "dense_layers") if getattr(self, f)]
+            extra += ["expert_ffn_hidden"] if e is not None else []
+            if extra:
+                raise MgbenchError(f"model dim(s) {', '.join(extra)} apply to MoE models only: set experts > 0 "
+                                   "or leave them out")
+            return
+        if not 1 <= self.top_k <= self.experts:
+            raise MgbenchError(f"model top_k must be between 1 and experts ({self.experts}), got {self.top_k}")
+        if self.dense_layers >= self.layers:
+            raise MgbenchError(f"model dense_layers ({self.dense_layers}) must be fewer than layers "
+                               f"({self.layers}), or the model has no MoE layer")
+        if self.mlp != "swiglu":
+            raise MgbenchError(f"MoE experts are SwiGLU MLPs: set mlp = \"swiglu\", not {self.mlp!r}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelShape":
@@ -89,7 +125,59 @@ class ModelShape:
             # Left out at its neutral value, so the ids of every config built before this
             # field existed (which hash these dims) stay what they were.
             del d["vocab_multiple"]
+        for f, neutral in (("experts", 0), ("top_k", 0), ("expert_ffn_hidden", None), ("shared_experts", 0),
+                           ("dense_layers", 0)):
+            if d[f] == neutral:  # the same, for the MoE dims of a dense model
+                del d[f]
         return d
+
+    # -- mixture of experts ----------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def moe_ffn_hidden(self) -> int:
+        """Width of one routed (and one shared) expert."""
+        return self.expert_ffn_hidden if self.expert_ffn_hidden is not None else self.ffn_hidden
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is routed experts (0 for a dense model)."""
+        return self.layers - self.dense_layers if self.is_moe else 0
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether block ``index`` (from 0) has routed experts."""
+        return self.is_moe and index >= self.dense_layers
+
+    def expert_params(self) -> int:
+        """Weights of one routed expert (SwiGLU: three hidden x width matrices)."""
+        return 3 * self.hidden * self.moe_ffn_hidden
+
+    def _attn_params(self) -> int:
+        h, d = self.hidden, self.dim_head
+        return h * self.heads * d + 2 * h * self.kv_heads * d + self.heads * d * h
+
+    def _moe_mlp_params(self, active: bool) -> int:
+        """One MoE layer's MLP: router, routed experts (all, or the top_k a token uses) and shared experts."""
+        routed = self.top_k if active else self.experts
+        return self.hidden * self.experts + (routed + self.shared_experts) * self.expert_params()
+
+    def _block_params(self, active: bool) -> int:
+        """Weights of all blocks (active: only the experts a token uses)."""
+        dense_mlp = (3 if self.mlp == "swiglu" else 2) * self.hidden * self.ffn_hidden
+        base = self._attn_params() + 2 * self.hidden
+        dense = self.layers - self.moe_layers
+        return dense * (base + dense_mlp) + self.moe_layers * (base + self._moe_mlp_params(active))
+
+    def num_expert_params(self) -> int:
+        """Parameters of every routed expert of every layer: what expert parallelism shards."""
+        return self.moe_layers * self.experts * self.expert_params()
+
+    def num_active_params(self) -> int:
+        """Parameters one token uses: num_params with each MoE layer's routed experts cut to
+        its top_k (Mixtral 8x7B: 12.9B of 46.7B). Equals num_params for a dense model."""
+        return self.num_params() - self._block_params(active=False) + self._block_params(active=True)
 
     @property
     def padded_vocab(self) -> int:
@@ -107,8 +195,12 @@ class ModelShape:
         """Width of the concatenated attention heads (heads x head dim)."""
         return self.heads * self.dim_head
 
-    def params_per_layer(self) -> int:
-        """Weights of one block: q, k, v, o projections, the MLP and two RMSNorm scales."""
+    def params_per_layer(self) -> int | float:
+        """Weights of one block: q, k, v, o projections, the MLP and two RMSNorm scales.
+        For an MoE model, whose dense and MoE layers differ, the mean over its blocks, with
+        every expert counted (a float)."""
+        if self.is_moe:
+            return self._block_params(active=False) / self.layers
         h, d = self.hidden, self.dim_head
         attn = h * self.heads * d + 2 * h * self.kv_heads * d + self.heads * d * h
         mlp = (3 if self.mlp == "swiglu" else 2) * h * self.ffn_hidden
@@ -118,7 +210,7 @@ class ModelShape:
         """All trainable parameters as built (embedding counted once when tied)."""
         emb = self.padded_vocab * self.hidden
         head = 0 if self.tie_embeddings else emb
-        return emb + self.layers * self.params_per_layer() + self.hidden + head
+        return emb + self._block_params(active=False) + self.hidden + head
 
     def num_embedding_params(self) -> int:
         """Parameters of the input token-embedding table (a lookup: no FLOPs)."""
@@ -128,8 +220,10 @@ class ModelShape:
         """Parameters that take part in a matmul per token: every block, the final norm
         and the output projection (counted even when tied to the embedding, because the
         projection is real compute). This is the N of 6N below; it equals torchtitan's
-        "params minus embedding" for untied models."""
-        return self.layers * self.params_per_layer() + self.hidden + self.padded_vocab * self.hidden
+        "params minus embedding" for untied models. For an MoE model only the ACTIVE
+        parameters count: each MoE layer's router, top_k routed experts and shared experts
+        (a token's matmuls touch no other expert)."""
+        return self._block_params(active=True) + self.hidden + self.padded_vocab * self.hidden
 
     def flops_per_token(self, seq_len: int) -> float:
         """Model training FLOPs per token, forward + backward, no recompute.

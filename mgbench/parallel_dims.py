@@ -15,27 +15,38 @@ class ParallelDims:
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    # Expert parallelism is carved out of dp (as in Megatron-Core and torchtitan): the dp
+    # ranks are split into groups of ep neighbours, each group holding every expert once
+    # (experts / ep per rank); the dp / ep groups replicate them. It adds no ranks.
+    ep: int = 1
 
     @property
     def world(self) -> int:
         return self.dp * self.tp * self.pp
 
     def describe(self) -> str:
-        return f"dp={self.dp} x tp={self.tp} x pp={self.pp}"
+        ep = f" (ep={self.ep})" if self.ep > 1 else ""
+        return f"dp={self.dp}{ep} x tp={self.tp} x pp={self.pp}"
 
     def problems(self, world: int, *, layers: int | None = None, heads: int | None = None,
                  kv_heads: int | None = None, ffn_hidden: int | None = None, vocab: int | None = None,
-                 virtual_stages: int = 1, num_microbatches: int | None = None) -> list[str]:
+                 virtual_stages: int = 1, num_microbatches: int | None = None,
+                 experts: int | None = None) -> list[str]:
         """Everything that stops this layout from running on ``world`` ranks ([] when none)."""
         where = f"layout {self.describe()} on world size {world}"
         out = []
-        for name in ("dp", "tp", "pp"):
+        for name in ("dp", "tp", "pp", "ep"):
             if getattr(self, name) < 1:
                 out.append(f"{where}: {name} must be >= 1")
         if out:
             return out
         if self.world != world:
             out.append(f"{where}: degrees multiply to {self.world}, not {world}")
+        if self.dp % self.ep:
+            out.append(f"{where}: ep={self.ep} does not divide dp={self.dp} (experts are sharded over ep of the "
+                       "data-parallel ranks)")
+        if experts is not None and self.ep > 1 and experts % self.ep:
+            out.append(f"{where}: ep={self.ep} does not divide the {experts} experts")
         if heads is not None and heads % self.tp:
             out.append(f"{where}: tp={self.tp} does not divide the {heads} attention heads")
         if kv_heads is not None and kv_heads % self.tp:

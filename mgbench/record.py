@@ -20,8 +20,13 @@ from typing import Any
 from .config import RunConfig, config_id
 from .errors import MgbenchError
 from .model_shape import ModelShape
+from .workloads import SPEC_RECORD_KEYS
 
 SCHEMA_VERSION = 2
+# A config key whose name is also a record figure is stored under another name in the
+# flat record: the suite's tokens_per_step (what a user's command says one step trains)
+# beside the measured tokens_per_step figure.
+CONFIG_RENAMED = {"tokens_per_step": "config_tokens_per_step"}
 STATUSES = ("ok", "oom", "timeout", "error", "skipped", "interrupted")
 
 
@@ -60,6 +65,9 @@ class RankFigures:
     mem_tracked_method: str | None = None
     mem_tracked_reason: str | None = None  # why mem_tracked is None
     mem_tracked_s: float | None = None  # wall time of the tracked step
+    data_waits: list[float] | None = None  # data = "disk": time waited for each measured step's batch
+    data_method: str | None = None  # data = "disk": how the batches were read
+    moe: dict[str, Any] | None = None  # MoE models: routing figures of the timed window (workloads/moe.finish_log)
 
 
 @dataclass
@@ -99,13 +107,24 @@ class Record:
     tokens_per_step: int | None = figure("tokens", "tokens per optimizer step")
     tokens_per_s: float | None = figure("tokens/s", "tokens per second, all ranks")
     tokens_per_s_per_device: float | None = figure("tokens/s", "tokens per second per rank")
-    samples_per_s: float | None = figure("sequences/s", "sequences per second")
+    samples_per_s: float | None = figure("sequences/s", "sequences per second (vision: images per second)")
+    tokens_reason: str | None = figure("", "why the token figures are null (the vision workload counts images)")
+    images_per_s: float | None = figure("images/s", "vision: images per second, all ranks")
+    images_per_s_per_device: float | None = figure("images/s", "vision: images per second per rank")
+    flops_per_image: float | None = figure("FLOP", "vision: model FLOPs per image, forward + backward (3 x the "
+                                           "forward's 2 x multiply-accumulates of its convolutions and matmuls)")
     num_params: int | None = figure("count", "trainable parameters")
     flops_per_token: float | None = figure("FLOP", "model FLOPs per token, forward + backward (6N + 12Lhs)")
     model_tflops_per_device: float | None = figure("TFLOP/s", "model FLOPs per second per device")
     peak_tflops: float | None = figure("TFLOP/s", "the device's dense peak for this precision (catalog)")
     mfu_pct: float | None = figure("%", "model FLOPs utilisation")
     mfu_reason: str | None = figure("", "why MFU is null")
+    hfu_pct: float | None = figure("%", "fp8 configs: model FLOPs against the device's dense fp8 peak (MFU uses the "
+                                   "bf16 peak); no recomputation added")
+    hfu_peak_tflops: float | None = figure("TFLOP/s", "the fp8 dense peak hfu_pct divides by (catalog)")
+    hfu_reason: str | None = figure("", "why hfu_pct is null")
+    fp8_speed_reason: str | None = figure("", "fp8 configs on CPU: why their speed says nothing about fp8 hardware")
+    offload_reason: str | None = figure("", "offload = true: why no host-device transfer was measured (CPU ranks)")
     mfu_peak_precision: str | None = figure("", "the catalog peak MFU divides by: the config's precision, or tf32 "
                                             "for fp32 whose matmuls ran on TF32 tensor cores (tf32_matmul)")
     tf32_matmul: bool | None = figure("", "fp32 matmuls allowed on TF32 tensor cores (CUDA; None on CPU)")
@@ -204,16 +223,42 @@ class Record:
     param_delta_tolerance: float | None = figure("ratio", "its tolerance")
     param_rel_diff: float | None = figure("ratio", "the larger of the two parameter differences")
     loss_ref: list[float] | None = figure("nats", "schema 1: the reference's losses over the checked steps")
+    # mixture of experts (MoE models; timed window, whole global batch)
+    moe_tokens_dropped_per_step: list[float] | None = figure("count", "per timed step: token-expert assignments "
+                                                             "dropped by the capacity limit, all MoE layers (0 when "
+                                                             "dropless)")
+    moe_tokens_dropped_pct: float | None = figure("%", "dropped assignments / routed assignments over the timed "
+                                                  "window")
+    moe_load_imbalance_per_step: list[float] | None = figure("ratio", "per timed step: max / mean assignments per "
+                                                             "expert (before drops), the mean over MoE layers; 1 is "
+                                                             "perfectly balanced")
+    moe_load_imbalance: float | None = figure("ratio", "max / mean assignments per expert, mean over timed steps and "
+                                              "MoE layers")
+    moe_load_imbalance_max: float | None = figure("ratio", "the worst MoE layer and step")
+    moe_expert_compute: str | None = figure("", "how the experts' matmuls ran: grouped_mm (torch._grouped_mm) or "
+                                            "loop (one matmul chain per local expert), with why")
     # pipelines
     pp_bubble_theoretical: float | None = figure("fraction", "schedule's idle fraction in theory")
     pp_bubble_measured: float | None = figure("fraction", "measured idle fraction (CPU ranks with cores of their own)")
     pp_bubble_per_rank: list[float] | None = figure("fraction", "measured idle fraction per rank")
     pp_bubble_reason: str | None = figure("", "why the measured bubble is null")
+    pp_bubble_theoretical_reason: str | None = figure("", "why the theoretical bubble is null")
     # rank spread
     per_rank_busy_s: list[float] | None = figure("s", "median busy (main-thread CPU) time per step, per rank")
     rank_spread_pct: float | None = figure("%", "busiest vs least busy rank")
     straggler_ranks: list[int] | None = figure("", "ranks busier than 1.2x the least busy")
     rank_spread_reason: str | None = figure("", "why the spread is null")
+    # data loading (data = "disk"; runner/data_loading.py)
+    data_wait_s: float | None = figure("s", "time the training loop waited for a step's batch: inside next() on the "
+                                       "DataLoader plus the host->device copy as the host sees it; median over "
+                                       "measured steps, slowest rank")
+    data_wait_steps_s: list[float] | None = figure("s", "data wait of every measured step (max over ranks)")
+    data_wait_per_rank_s: list[float] | None = figure("s", "each rank's median data wait per step")
+    data_wait_fraction: float | None = figure("fraction", "data_wait_s / step_time_s")
+    input_bound: bool | None = figure("", "data_wait_fraction above INPUT_BOUND_FRACTION (0.1): the loader, not "
+                                      "the model, sets the pace (None: data = random)")
+    data_method: str | None = figure("", "how the batches were read: DataLoader settings, dataset, passes over it")
+    data_reason: str | None = figure("", "why the data-wait figures are null")
     # profiled breakdown (profile = true)
     breakdown_window_s: float | None = figure("s", "profiled step time")
     breakdown_compute_s: float | None = figure("s", "compute per profiled step")
@@ -224,12 +269,27 @@ class Record:
     breakdown_per_rank: list[dict[str, float]] | None = figure("", "the split per rank")
     comm_fraction: float | None = figure("fraction", "exposed communication / step")
     breakdown_method: str | None = figure("", "what was counted as compute and as communication")
+    # the user's own command (workload = "command", runner/command.py), measured from outside
+    command_argv: list[str] | None = figure("", "the argv mgbench ran: the command and args, under torchrun when "
+                                            "mgbench launched a plain python script")
+    exit_code: int | None = figure("", "the command's exit status (negative: ended by that signal)")
+    wall_s: float | None = figure("s", "the command's wall time, launch to exit")
+    step_source: str | None = figure("", "where step ends came from: step_file (mgbench.step() events) or "
+                                     "step_pattern (log lines matching the regex, timed as the launcher read them)")
+    num_steps_seen: int | None = figure("count", "finished steps the command reported, warm-up included")
+    step_file_malformed: int | None = figure("count", "step file lines that could not be read (left out)")
+    tokens_reason: str | None = figure("", "why tokens_per_s is null")
+    log_file: str | None = figure("path", "the command's stdout and stderr, relative to the run folder")
+    stderr_tail: str | None = figure("", "the last lines of the command's stderr")
+    mem_reason: str | None = figure("", "why mem_peak_gib is null")
+    gpu_devices: list[str] | None = figure("", "the GPUs (NVML) a command's memory, power and energy were read "
+                                           "from, and how they were tied to it")
 
     def to_dict(self) -> dict[str, Any]:
         """The flat JSON form: schema version, parameters (model dims as model_*), figures."""
         cfg = self.config.to_dict()
         out: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
-        out.update({k: v for k, v in cfg.items() if k not in ("model", "skip_reason")})
+        out.update({CONFIG_RENAMED.get(k, k): v for k, v in cfg.items() if k not in ("model", "skip_reason")})
         out.update({f"model_{k}": v for k, v in cfg["model"].items()})
         out["label"] = self.config.label
         for f in dataclasses.fields(self):
@@ -242,8 +302,9 @@ class Record:
         """A record read back (migrate it first): its config and its declared figures;
         anything undeclared is an error, so a misspelt field cannot pass silently."""
         cfg = config_from_record(flat)
-        config_keys = ({f.name for f in dataclasses.fields(RunConfig)} - {"skip_reason"}) | {"label", "schema_version"}
-        config_keys |= {f"model_{f.name}" for f in dataclasses.fields(ModelShape)}
+        config_keys = ({CONFIG_RENAMED.get(f.name, f.name) for f in dataclasses.fields(RunConfig)} - {"skip_reason"}) \
+            | {"label", "schema_version"}
+        config_keys |= {f"model_{f.name}" for f in dataclasses.fields(ModelShape)} | set(SPEC_RECORD_KEYS)
         figures = {k: v for k, v in flat.items() if k not in config_keys}
         unknown = sorted(set(figures) - set(RECORD_FIELDS))
         if unknown:
@@ -253,7 +314,7 @@ class Record:
     @classmethod
     def skipped(cls, cfg: RunConfig, run_id: str) -> "Record":
         """The record of a config that cannot run here."""
-        return cls(cfg, run_id, "skipped", skip_reason=cfg.skip_reason, global_batch=cfg.global_batch,
+        return cls(cfg, run_id, "skipped", skip_reason=cfg.skip_reason, global_batch=batch_of(cfg),
                    backend=backend_of(cfg))
 
     @classmethod
@@ -261,8 +322,8 @@ class Record:
         """The record of a config whose job did not finish it (error, oom, timeout, interrupted)."""
         if status not in STATUSES or status in ("ok", "skipped"):
             raise ValueError(status)
-        return cls(cfg, run_id, status, error=error, global_batch=cfg.global_batch, backend=backend_of(cfg),
-                   **figures)
+        return cls(cfg, run_id, status, error=error, **{"global_batch": batch_of(cfg), "backend": backend_of(cfg),
+                                                        **figures})
 
 
 RECORD_FIELDS = {f.name: f for f in dataclasses.fields(Record) if f.name != "config"}
@@ -271,10 +332,11 @@ RECORD_FIELDS = {f.name: f for f in dataclasses.fields(Record) if f.name != "con
 def config_from_record(rec: dict[str, Any]) -> RunConfig:
     """The config a flat record was measured with (its parameters and model_* dims)."""
     names = {f.name for f in dataclasses.fields(RunConfig)}
-    params = {k: rec[k] for k in names if k in rec and k != "model"}
+    params = {k: rec[CONFIG_RENAMED.get(k, k)] for k in names if CONFIG_RENAMED.get(k, k) in rec and k != "model"}
     params["label_keys"] = tuple(rec.get("label_keys") or ())
-    shape = {f.name: rec[f"model_{f.name}"] for f in dataclasses.fields(ModelShape) if f"model_{f.name}" in rec}
-    return RunConfig(model=ModelShape.from_dict(shape), **params)
+    from .workloads import spec_from_record  # model_* dims, or a Hugging Face / vision model
+
+    return RunConfig(model=spec_from_record(rec), **params)
 
 
 def identity_of_record(rec: dict[str, Any]) -> tuple:
@@ -283,8 +345,16 @@ def identity_of_record(rec: dict[str, Any]) -> tuple:
     return config_from_record(rec).identity()
 
 
-def backend_of(cfg: RunConfig) -> str:
+def backend_of(cfg: RunConfig) -> str | None:
+    """The torch.distributed backend mgbench's ranks use (None: the user's command picks its own)."""
+    if cfg.workload == "command":
+        return None
     return "nccl" if cfg.device == "cuda" else "gloo"
+
+
+def batch_of(cfg: RunConfig) -> int | None:
+    """Sequences per optimizer step (None for a user's command: mgbench does not know them)."""
+    return None if cfg.workload == "command" else cfg.global_batch
 
 
 # --- migrations: each brings version N-1 to N; applied in order on read ---------------

@@ -15,12 +15,15 @@ TABLE_COLUMNS = [
     ("seq_len", "seq"), ("precision", "prec"), ("status", "status"), ("step_time_s", "step s"),
     ("tokens_per_s", "tok/s"), ("tokens_per_s_per_device", "tok/s/dev"), ("mfu_pct", "MFU %"),
     ("mem_peak_gib", "peak GiB"), ("energy_per_token_j", "J/tok"), ("loss_max_rel_diff", "loss diff"),
-    ("_bubble", "bubble meas/theory"), ("correct", "correct"),
+    ("_bubble", "bubble meas/theory"), ("_data", "data wait"), ("correct", "correct"),
 ]
 
 
 def _derived(r: dict[str, Any]) -> dict[str, Any]:
     """Cells computed from several record fields."""
+    if r.get("workload") == "command":  # the user's own command: mgbench knows none of its model's keys
+        return {"strategy": "command", "_layout": None, "model_name": None, "micro_batch": None, "grad_accum": None,
+                "seq_len": None, "precision": None, "_bubble": None}
     lay = f"{r.get('dp', r.get('nproc'))}/{r.get('tp', 1)}/{r.get('pp', 1)}"
     if r.get("strategy") in ("pp", "pp+tp+dp"):
         lay += f" {r.get('pp_schedule')}"
@@ -28,7 +31,27 @@ def _derived(r: dict[str, Any]) -> dict[str, Any]:
     if r.get("pp_bubble_theoretical") is not None:
         meas = r.get("pp_bubble_measured")
         bubble = f"{'-' if meas is None else f'{meas:.2f}'}/{r['pp_bubble_theoretical']:.2f}"
-    return {"_layout": lay, "_bubble": bubble}
+    return {"_layout": lay, "_bubble": bubble, "_data": data_wait_cell(r)}
+
+
+def data_wait_cell(r: dict[str, Any]) -> str | None:
+    """data = "disk": the median wait per step, its share of the step, and the flag."""
+    wait, frac = r.get("data_wait_s"), r.get("data_wait_fraction")
+    if wait is None or frac is None:
+        return None
+    return f"{_ms(wait)} ms {100 * frac:.0f}%" + (" INPUT-BOUND" if r.get("input_bound") else "")
+
+
+def _ms(seconds: float) -> str:
+    ms = seconds * 1000
+    return f"{ms:.3g}" if ms < 100 else f"{ms:,.0f}"  # 0.251, 19, 805, 1,474: never 1.47e+03
+
+
+def input_bound_note(r: dict[str, Any]) -> str:
+    """What an input-bound config means and what to try."""
+    return (f"input-bound: waits {_ms(r['data_wait_s'])} ms per step for data, {100 * r['data_wait_fraction']:.0f}% "
+            f"of the {_ms(r['step_time_s'])} ms step: the loader sets the pace, not the model; try more "
+            "num_workers, prefetch_factor, persistent_workers (short passes), pin_memory on GPUs, or faster storage")
 
 
 def _cell(v: Any) -> Any:
@@ -67,6 +90,7 @@ def render(run_dir: Path, fmt: str = "table") -> str:
     notes = [f"  {r['config_id']}: {r['status']}: {r.get('error') or r.get('skip_reason')}"
              for r in records if r["status"] != "ok"]
     notes += [f"  {r['config_id']}: {r['correct_reason']}" for r in records if r.get("correct") is False]
+    notes += [f"  {r['config_id']}: {input_bound_note(r)}" for r in records if r.get("input_bound")]
     notes += [f"  {r['config_id']}: straggler rank(s) {r['straggler_ranks']}: busy "
               + ", ".join(f"{b * 1000:.1f}" for b in r["per_rank_busy_s"]) + " ms/step per rank "
               f"(spread {r['rank_spread_pct']:.0f}%)" for r in records if r.get("straggler_ranks")]

@@ -40,6 +40,7 @@ class RunDir:
       progress/<tag>.json       which config a job runs now, since when, which round
       logs/<tag>.log            a job's torchrun output; logs/<tag>/ its ranks' own files
       logs/fail-<config>-rank<r>.json, logs/<config>.rank<r>.stderr.txt, logs/<config>.traceback.txt
+      logs/<config>.command.log, logs/<config>.steps.txt   a command config's output and step events
       nodes/node-<n>.json       each node's fingerprint (multi-node runs)
       reference/<key>.json      cached single-process reference trajectories
       comm.jsonl, comm_fit.json rows and alpha-beta fits of `mgbench comm`
@@ -115,6 +116,14 @@ class RunDir:
 
     def stderr_tail(self, config_id: str, rank: int) -> Path:
         return self.logs_dir / f"{config_id}.rank{rank}.stderr.txt"
+
+    def command_log(self, config_id: str) -> Path:
+        """A command config's full stdout and stderr, as the command wrote them."""
+        return self.logs_dir / f"{config_id}.command.log"
+
+    def step_file(self, config_id: str) -> Path:
+        """Where a command config's mgbench.step() events go (MGBENCH_STEP_FILE)."""
+        return self.logs_dir / f"{config_id}.steps.txt"
 
     def traceback(self, config_id: str) -> Path:
         return self.logs_dir / f"{config_id}.traceback.txt"
@@ -306,6 +315,12 @@ def resolve_run(run: str | Path, results_dir: str | Path = "results") -> Path:
 def profiles_dir(results_dir: str | Path = "results") -> Path:
     """Where `mgbench probe` keeps hardware profiles: beside the runs, not a run itself."""
     return Path(results_dir) / "profiles"
+
+
+def datasets_dir(results_dir: str | Path = "results") -> Path:
+    """Where `data = "disk"` configs without a data_path get their generated token
+    datasets (mgbench.dataset.cached): beside the runs, shared by them, not a run itself."""
+    return Path(results_dir) / "datasets"
 
 
 def latest_run(results_dir: str | Path = "results") -> Path:

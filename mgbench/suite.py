@@ -21,7 +21,7 @@ from typing import Any
 from . import faults
 from .config import FIELDS, SWEEP_KEYS, RunConfig, applies, config_id
 from .errors import MgbenchError
-from .strategies import PIPELINED, dims_for
+from .strategies import PIPELINED, dims_for, moe_problem, schedules
 
 TOP_KEYS = {"name", "description", "sweep", "cpu", "gpu"}
 
@@ -88,6 +88,13 @@ def parse_suite(text: str, path: str = "<suite>", device_kind: str = "cpu") -> S
             if kind == section:
                 for sweep in sweeps:
                     sweep.update(overrides)
+    # hf:PATH in a suite file is relative to the file's folder (made absolute here, so the
+    # run's stored sweeps and --resume find it from anywhere).
+    from .workloads import resolve_hf_path
+
+    for sweep in sweeps:
+        if "model" in sweep:
+            sweep["model"] = [resolve_hf_path(v, Path(path).parent) for v in sweep["model"]]
     name = data.get("name", Path(path).stem)
     if not isinstance(name, str) or not name:
         raise MgbenchError(f"{path}: name must be a non-empty string")
@@ -188,9 +195,16 @@ def _expand_one(suite: Suite, table: dict[str, list[Any]], device_kind: str, num
         for k in keys:
             if not applies(k, p):
                 p[k] = FIELDS[k].default
-        dims, problem = dims_for(p["strategy"], p["nproc"], None if p["layout"] == "auto" else p["layout"])
+        if p["workload"] == "command":
+            # The user's command picks its own parallelism: no degrees to resolve.
+            if not p["command"].strip():
+                raise MgbenchError(f"{suite.path}: workload = \"command\" needs command = \"...\", the launch line "
+                                   "(e.g. \"python train.py\" or \"torchrun --nproc-per-node 2 train.py\")")
+            dims, problem = None, None
+        else:
+            dims, problem = dims_for(p["strategy"], p["nproc"], None if p["layout"] == "auto" else p["layout"])
         if dims is not None:
-            p.update(dp=dims.dp, tp=dims.tp, pp=dims.pp)
+            p.update(dp=dims.dp, tp=dims.tp, pp=dims.pp, ep=dims.ep)
         cfg = RunConfig(**p)
         reason = problem or _skip_reason(cfg, device_kind, num_devices)
         configs.append(replace(cfg, skip_reason=reason, config_id=config_id(cfg.params())))
@@ -200,15 +214,31 @@ def _expand_one(suite: Suite, table: dict[str, list[Any]], device_kind: str, num
 def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | None:
     from .parallel_dims import ParallelDims
 
-    p, shape = cfg.params(), cfg.shape
+    from .workloads import skip_reason as workload_skip_reason
+
+    p = cfg.params()
     if p["device"] == "cuda" and device_kind != "cuda":
         return "config asks for cuda but no CUDA device was found"
-    dims = ParallelDims(dp=p["dp"], tp=p["tp"], pp=p["pp"])
+    if p["workload"] == "command":
+        if p["nproc"] > num_devices:
+            what = "GPUs" if p["device"] == "cuda" else "CPU ranks allowed here"
+            return f"needs {p['nproc']} ranks but only {num_devices} {what}"
+        return None
+    why = workload_skip_reason(cfg)  # strategies and sizes a Hugging Face or vision model takes
+    if why:
+        return why
+    shape = cfg.shape if p["workload"] != "vision" else None  # vision: data parallel only, no dims to divide
+    dims = ParallelDims(dp=p["dp"], tp=p["tp"], pp=p["pp"], ep=cfg.ep)
+    experts = getattr(shape, "experts", 0)
+    if (why := moe_problem(p["strategy"], experts)):
+        return why
     pipelined = p["strategy"] in PIPELINED
+    sizes = {} if shape is None else dict(layers=shape.layers, heads=shape.heads, kv_heads=shape.kv_heads,
+                                          ffn_hidden=shape.ffn_hidden, vocab=shape.vocab)
     problems = dims.problems(
-        p["nproc"], layers=shape.layers, heads=shape.heads, kv_heads=shape.kv_heads, ffn_hidden=shape.ffn_hidden,
-        vocab=shape.vocab, virtual_stages=p["virtual_stages"] if pipelined and p["pp_schedule"] == "interleaved" else 1,
-        num_microbatches=p["grad_accum"] if pipelined else None)
+        p["nproc"], **sizes,
+        virtual_stages=schedules.chunks_per_rank(p["pp_schedule"], p["virtual_stages"]) if pipelined else 1,
+        num_microbatches=p["grad_accum"] if pipelined else None, experts=experts or None)
     if problems:
         return "; ".join(problems)
     if p["tp"] > 1 and shape.tie_embeddings:
@@ -221,8 +251,12 @@ def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | No
         return "pipeline parallelism with tied embeddings is not supported (embedding and head sit on different stages)"
     if p["strategy"] == "pp+tp+dp" and p["dp_mode"] == "ddp" and p["tp"] > 1 and p["dp"] > 1:
         return "DDP cannot replicate tensor-parallel (DTensor) parameters; use dp_mode = \"fsdp\" with tp > 1 and dp > 1"
-    if pipelined and p["pp_schedule"] == "interleaved" and p["grad_accum"] % p["pp"]:
-        return f"the interleaved schedule needs grad_accum (micro-batches, {p['grad_accum']}) to be a multiple of pp ({p['pp']})"
+    dp_mode = p["dp_mode"] if p["strategy"] == "pp+tp+dp" and p["dp"] > 1 else None
+    if pipelined and (why := schedules.schedule_problem(p["pp_schedule"], p["pp"], p["grad_accum"], p["compile"],
+                                                        dp_mode)):
+        return why
+    if (why := _hsdp_fp8_problem(p)):
+        return why
     bug = faults.bug_of(p["inject"])
     if bug and not p["check_steps"]:
         return f"bug:{bug} acts in the correctness check window, and check_steps = 0 turns the check off"
@@ -234,6 +268,25 @@ def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | No
     if p["device"] == "cpu" and p["precision"] != "fp32" and not gloo_reduces_half():
         return (f"{p['precision']} on CPU: gloo reduces bf16/fp16 from torch 2.13 on (this is "
                 f"{'.'.join(map(str, _torch_version()))}); use precision = \"fp32\" on CPU")
+    return None
+
+
+def _hsdp_fp8_problem(p: dict[str, Any]) -> str | None:
+    """Why an hsdp, offload or fp8 config cannot run (None when it can)."""
+    if p["strategy"] == "hsdp" or (p["strategy"] == "pp+tp+dp" and p["dp_mode"] == "hsdp"):
+        if p["dp"] % p["replicas"]:
+            return (f"hsdp: replicas = {p['replicas']} does not divide the data-parallel degree dp = {p['dp']}; "
+                    "set replicas to a divisor of dp")
+    if p["precision"] == "fp8":
+        from importlib.util import find_spec
+
+        if find_spec("torchao") is None:
+            return "precision = \"fp8\" needs torchao's float8 training: install mgbench[fp8]"
+        if p["strategy"] in PIPELINED or p["tp"] > 1:
+            # torchao has float8 tensor-parallel styles (Float8ColwiseParallel, ...);
+            # mgbench's tensor-parallel plan and pipeline stages do not use them yet.
+            return ("fp8 runs with data parallelism only here (single, ddp, zero1, fsdp, fsdp_grad_op, hsdp): float8 "
+                    "tensor parallelism and float8 pipeline stages are not built yet")
     return None
 
 

@@ -40,7 +40,7 @@ def against_run(profile: dict[str, Any], run: str, results_dir: str = "results")
         try:
             hw = hardware(profile, cfg.precision, ranks=cfg.nproc)
             pred = predict(cfg.shape, hw, layout_of(cfg),
-                           overlap=overlap(profile, cfg.nproc, DEFAULT_OVERLAP))
+                           overlap=overlap(profile, cfg.nproc, DEFAULT_OVERLAP), host_ops=counted_ops(cfg, hw))
         except MgbenchError as e:  # a layout the planner cannot price: say why, keep the others
             row["reason"] = str(e)
         else:
@@ -54,7 +54,32 @@ def against_run(profile: dict[str, Any], run: str, results_dir: str = "results")
             "mape": float(np.mean(errs)) if errs else None, "max_abs_error_pct": float(np.max(errs)) if errs else None,
             "same_machine": host == profile.get("hostname"),
             "method": "profile throughputs (no fit to the run) through the planner's step-time model"
+                      + ("; each config's non-matmul ops counted by tracing one step (planner/opcount.py)"
+                         if device == "cpu" and any(r.get("breakdown", {}).get("attention_s") for r in rows) else "")
                       + ("; CPU ranks share the host's cores (see mgbench/probe/profile.py)" if device == "cpu" else "")}
+
+
+def counted_ops(cfg: Any, hw: Any) -> dict[str, float] | None:
+    """The config's counted non-matmul ops (one traced step of rank 0, planner/opcount.py)
+    when ``hw`` prices them (a probed CPU profile), else None. Configs that differ only
+    in what the count cannot see share one trace (cached per run of the planner)."""
+    if hw.ew_bw is None:
+        return None
+    return _count(cfg)
+
+
+def _count(cfg: Any) -> dict[str, float]:
+    from .opcount import count_step, host_ops
+
+    key = repr(sorted((k, v) for k, v in cfg.params().items() if k not in _NOT_COUNTED))
+    if key not in _COUNTS:
+        _COUNTS[key] = host_ops(count_step(cfg))
+    return _COUNTS[key]
+
+
+_COUNTS: dict[str, dict[str, float]] = {}
+# Keys that change how long or how often a config runs, not what one step dispatches.
+_NOT_COUNTED = {"seed", "warmup_steps", "measured_steps", "check_steps"}
 
 
 def record_validation(profile: dict[str, Any], res: dict[str, Any]) -> dict[str, Any] | None:

@@ -219,7 +219,9 @@ def predict(model, params, as_json, system, gpu, hardware_profile, against_run, 
         from ..probe.profile import overlap as profile_overlap
 
         overlap = profile_overlap(profile, kw["num_gpus"], perf.DEFAULT_OVERLAP)
-    res = predict_fn(shape, hw, _layout(kw), overlap=overlap if overlap is not None else over.get("overlap", perf.DEFAULT_OVERLAP))
+    host_ops = _counted_ops(shape, _layout(kw), hw)
+    res = predict_fn(shape, hw, _layout(kw), overlap=overlap if overlap is not None else over.get("overlap", perf.DEFAULT_OVERLAP),
+                     host_ops=host_ops)
     from . import uncertainty
 
     reg = (uncertainty.calibrated(fit) if calibrate_run
@@ -241,6 +243,18 @@ def predict(model, params, as_json, system, gpu, hardware_profile, against_run, 
         click.echo(f"stack          {hw.stack} (efficiency {hw.stack_eff:.3f} of the calibration stack's; --stack)")
     click.echo(f"memory         {_gb(res['memory']['total_bytes'])} of {_gb(res['device_memory_bytes'])}: "
                f"{'fits' if res['fits'] else 'DOES NOT FIT'}")
+
+
+def _counted_ops(shape: Any, layout: Any, hw: Any) -> dict[str, float] | None:
+    """A probed CPU profile prices a step's non-matmul ops one by one: count them by
+    tracing one step of the runner config the layout describes (planner/opcount.py).
+    None when the hardware does not price them (catalog, GPU or older profiles)."""
+    if hw.ew_bw is None:
+        return None
+    from .against import counted_ops
+    from .trace import runner_config
+
+    return counted_ops(runner_config(shape, layout), hw)
 
 
 def _print_against(res: dict[str, Any], as_json: bool) -> None:

@@ -35,6 +35,12 @@ class Hardware:
     # gets from the same kernels (planner/stack.py, data/stacks.toml): compute time / this.
     stack_eff: float = 1.0
     stack: str = "megatron-lm"
+    # Probed CPU profiles only (probe/profile.py): a step's unfused non-matmul work priced
+    # op by op (planner/perf.py, host terms). None/0 elsewhere: the catalog's two-term
+    # roofline (elementwise_passes) stands.
+    op_overhead_s: float = 0.0  # fixed cost per aten op (dispatch, autograd, allocation)
+    ew_bw: float | None = None  # bytes/s unfused elementwise ops get at the workload's sizes
+    attn_points: tuple[tuple[float, float], ...] | None = None  # (seq, causal SDPA fwd+bwd FLOP/s), by seq
 
 
 def planner_defaults() -> dict[str, Any]:

@@ -25,12 +25,17 @@ from typing import Any
 import numpy as np
 
 from ..model_shape import ModelShape
+from ..strategies.schedules import NAMES as _SCHEDULE_NAMES
+from ..strategies.schedules import VIRTUAL as _VIRTUAL
 
 # Bytes per parameter of (weights, gradients, optimizer states) for Adam under the
 # planner's production mixed precision: 16-bit weights and gradients, fp32 master
 # weights + m + v = 12 (Rajbhandari et al. 2020, "ZeRO", section 3.1: 2 + 2 + K with
 # K = 12). fp32: weights 4, gradients 4, m + v 8.
-STATE_BYTES = {"bf16": (2, 2, 12), "fp16": (2, 2, 12), "fp32": (4, 4, 8)}
+# fp8 (torchao float8 training) keeps the same states: its Float8Linear holds the
+# high-precision weight and casts it to float8 on every forward (dynamic scaling); the
+# optimizer and gradients are untouched.
+STATE_BYTES = {"bf16": (2, 2, 12), "fp16": (2, 2, 12), "fp32": (4, 4, 8), "fp8": (2, 2, 12)}
 # mgbench's runner keeps fp32 weights, fp32 gradients and fp32 AdamW states under every
 # precision (bf16 / fp16 are autocast; FSDP2's MixedPrecisionPolicy casts only the
 # gathered copy): 4 + 4 + 8 bytes per parameter.
@@ -41,7 +46,11 @@ RUNNER_STATE_BYTES = (4, 4, 8)
 # block. (Korthikanti et al.'s selective recompute, which recomputes attention scores
 # only, is not something this workload does, and is not modelled.)
 RECOMPUTE = ("none", "every_2nd", "full")
-SCHEDULES = ("1f1b", "gpipe", "interleaved")
+# The runner's pipeline schedules (strategies/schedules.py, the one registry), 1F1B first
+# (the planner's default).
+SCHEDULES = tuple(sorted(_SCHEDULE_NAMES, key=lambda n: n != "1f1b"))
+# Schedules whose chunks per rank are --virtual-stages (the others hold one, or two in a V).
+VIRTUAL_SCHEDULES = _VIRTUAL
 
 # Allowance for what no tensor count sees on a GPU: the CUDA caching allocator's
 # fragmentation, cuBLAS / NCCL workspaces. A stated engineering margin (PyTorch's
@@ -85,6 +94,69 @@ def stage_params(shape: ModelShape, tp: Any, pp: Any) -> Any:
     layers_per_stage = np.ceil(shape.layers / pp)
     ends = np.where(pp == 1, emb * (1 if shape.tie_embeddings else 2), emb)
     return (layers_per_stage * shape.params_per_layer() + ends) / tp + shape.hidden
+
+
+def stage_param_split(shape: ModelShape, tp: Any, pp: Any, ep: Any = 1) -> tuple[Any, Any]:
+    """(dense, expert) parameters one GPU of the heaviest pipeline stage holds, before
+    ZeRO sharding; their sum is :func:`stage_params` when ep = 1 and the stage's layers
+    are all MoE layers.
+
+    Routed experts are sharded over the ep ranks (experts / ep each) and not over tp:
+    the runner's expert parallelism does not combine with tensor parallelism (Megatron's
+    expert tensor-parallel degree 1). The heaviest stage is taken to hold
+    min(ceil(L / p), MoE layers) MoE layers. Everything else (attention, norms, router,
+    shared experts, dense MLPs, embedding, head) follows :func:`stage_params`. A dense
+    model: (stage_params, 0)."""
+    if not shape.is_moe:
+        dense = stage_params(shape, tp, pp)
+        return dense, 0.0 * dense
+    tp, pp = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
+    lps = np.ceil(shape.layers / pp)
+    per_layer_experts = shape.experts * shape.expert_params()
+    emb = shape.padded_vocab * shape.hidden
+    ends = np.where(pp == 1, emb * (1 if shape.tie_embeddings else 2), emb)
+    non_expert = shape.params_per_layer() - shape.num_expert_params() / shape.layers  # mean over blocks
+    dense = (lps * non_expert + ends) / tp + shape.hidden
+    expert = np.minimum(lps, shape.moe_layers) * per_layer_experts / np.asarray(ep, dtype=float)
+    return dense, expert
+
+
+def moe_mlp_extra(shape: ModelShape, tokens: Any, tp: Any, precision: str) -> Any:
+    """Bytes an MoE block saves for backward beyond a dense block of width ffn_hidden
+    (what :func:`layer_activations` counts), for ``tokens`` tokens. Zero for a dense model.
+
+    Per token, e bytes an element: each of its top_k routed rows keeps the dispatched
+    input and the expert's output (2 e h: the routing buffers expert parallelism sends
+    and receives) and a SwiGLU's four F_e-wide tensors (4 e F_e); the shared experts'
+    SwiGLU, split over tp like a dense MLP, 4 e (shared x F_e) / t; the router's logits
+    (e E) and fp32 probabilities (4 E). On average over balanced ranks a rank computes
+    as many routed rows as its own tokens send out, so the count holds under expert
+    parallelism; load imbalance raises it on the busiest rank (not modelled)."""
+    if not shape.is_moe:
+        return 0.0 * np.asarray(tokens, dtype=float)
+    e = act_bytes(precision)
+    t = np.asarray(tp, dtype=float)
+    h, fe = shape.hidden, shape.moe_ffn_hidden
+    routed = shape.top_k * (2.0 * e * h + 4.0 * e * fe)
+    shared = 4.0 * e * shape.shared_experts * fe / t
+    router = (e + 4.0) * shape.experts
+    dense_mlp = (4.0 if shape.mlp == "swiglu" else 2.0) * e * shape.ffn_hidden / t
+    return np.asarray(tokens, dtype=float) * (routed + shared + router - dense_mlp)
+
+
+def cp_kv_bytes(shape: ModelShape, seq: Any, micro_batch: Any, tp: Any, cp: Any, precision: str) -> Any:
+    """Context parallelism's transient peak: the all-gathered K and V of the block being
+    computed, for the whole sequence (2 e s b k / t, k = kv heads x head dim), and in its
+    backward their gradients before the reduce-scatter (as much again): 4 e s b k / t.
+    Zero when cp = 1. (Ring attention holds two of the cp chunks instead; the
+    all-gather form is what runs on CPU and what is counted.)"""
+    k = shape.kv_heads * shape.dim_head
+    full = np.asarray(seq, dtype=float) * np.asarray(micro_batch, dtype=float) * k
+    return np.where(np.asarray(cp) > 1, 4.0 * act_bytes(precision) * full / np.asarray(tp, dtype=float), 0.0)
+
+
+def _add_states(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    return {k: a[k] + b[k] for k in a}
 
 
 def model_states(params: Any, dp: Any, zero: Any, precision: str,
@@ -170,16 +242,24 @@ def korthikanti_bytes_per_layer(shape: ModelShape, seq: Any, micro_batch: Any, t
 def in_flight(pp: Any, num_micro: Any, schedule: str, virtual_stages: int = 1) -> Any:
     """How many micro-batches' activations the first pipeline stage holds at its peak.
 
-    GPipe keeps all m; 1F1B keeps p (at most m); interleaved 1F1B with v virtual stages
-    keeps p (1 + (p - 1) / (p v)) (Korthikanti et al. 2022, section 4.2.3). pp = 1: one.
+    In units of one micro-batch through a whole stage (ceil(L / p) blocks). GPipe keeps
+    all m; 1F1B keeps p (at most m); interleaved 1F1B with v virtual stages keeps
+    p (1 + (p - 1) / (p v)) (Korthikanti et al. 2022, section 4.2.3), and so does its
+    zero-bubble form (interleaved_zb: the weight passes fill the bubble, the warm-up is
+    interleaved 1F1B's); ZB-V keeps 1F1B's p (Qi et al. 2023, section 6: "the same peak
+    memory as 1F1B"); DualPipe keeps p + 1 (DeepSeek-V3 report; table of
+    github.com/deepseek-ai/DualPipe), and DualPipeV, the same schedule folded into a V,
+    is taken to keep the same. pp = 1: one.
     """
     p = np.asarray(pp, dtype=float)
     m = np.asarray(num_micro, dtype=float)
     if schedule == "gpipe":
         n = m
-    elif schedule == "interleaved":
+    elif schedule in ("interleaved", "interleaved_zb"):
         n = np.minimum(p * (1.0 + (p - 1.0) / (p * virtual_stages)), m)
-    else:
+    elif schedule == "dualpipev":
+        n = np.minimum(p + 1.0, m)
+    else:  # 1f1b, zbv
         n = np.minimum(p, m)
     return np.where(p == 1, 1.0, n)
 
@@ -207,7 +287,8 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
                    num_micro: Any = 1, tp: Any = 1, pp: Any = 1, dp: Any = 1, zero: Any = 0,
                    precision: str = "bf16", recompute: Any = 0, sp: Any = False, flash: Any = True,
                    schedule: str = "1f1b", virtual_stages: int = 1,
-                   largest_layer_params: Any = None) -> dict[str, Any]:
+                   largest_layer_params: Any = None, ep: Any = 1, cp: Any = 1, replicas: Any = 1,
+                   offload: bool = False) -> dict[str, Any]:
     """Everything one GPU holds at its peak under the planner's production assumptions,
     in bytes; the components add up to ``total_bytes``.
 
@@ -226,31 +307,57 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     not counted (``gathered_params_known`` False), never guessed.
 
     ``recompute``: 0 none, 1 every_2nd, 2 full (index into RECOMPUTE, array or scalar).
+
+    The axes of issue 17:
+
+    - ``ep``: routed experts sharded over ep ranks (:func:`stage_param_split`); their
+      ZeRO group is the data-parallel group / ep (the expert data-parallel ranks);
+      MoE blocks' activations by :func:`moe_mlp_extra`;
+    - ``cp``: each rank holds s / cp tokens of each sequence, so every per-token
+      activation is divided by cp; ZeRO shards over dp x cp (the cp ranks hold the same
+      weights: torchtitan's FSDP mesh); plus :func:`cp_kv_bytes`;
+    - ``replicas`` (HSDP): ZeRO shards over dp x cp / replicas ranks, replicated across;
+    - ``offload`` (FSDP2 CPUOffloadPolicy, ZeRO-3): weights, gradients and optimizer
+      states live in host memory (``host_bytes``, not in the device total); the device
+      keeps the gathered working set;
+    - ``precision = "fp8"`` (torchao float8): the same states and saved activations as
+      bf16 (torchao's float8 matmul saves its high-precision input and weight for
+      backward and casts again there), plus one block's float8 weight casts (1 byte a
+      weight) as a temporary; under ZeRO-3 the weights are all-gathered in float8
+      (tensorwise recipe), 1 byte a weight instead of 2.
     """
+    c = np.asarray(cp, dtype=float)
+    zgroup = np.asarray(dp, dtype=float) * c / np.asarray(replicas, dtype=float)
     if shape is None:
-        states = model_states(params, dp, zero, precision)
+        states = model_states(params, zgroup, zero, precision)
         w_bytes = STATE_BYTES[precision][0]
         layer = 0.0 if largest_layer_params is None else np.asarray(largest_layer_params, dtype=float)
         gathered = np.where(np.asarray(zero) >= 3, 2.0 * layer * w_bytes, 0.0) + 0.0 * states["params_bytes"]
         zero_a = np.zeros_like(states["model_states_bytes"])
+        states, host = _offloaded(states, offload)
         subtotal = states["model_states_bytes"] + gathered
         return {**states, "activations_bytes": zero_a, "gathered_params_bytes": gathered,
                 "temporaries_bytes": zero_a, "allowance_bytes": zero_a, "total_bytes": subtotal,
-                "gathered_params_known": largest_layer_params is not None}
+                "host_bytes": host, "gathered_params_known": largest_layer_params is not None}
     p_arr = np.asarray(pp)
-    states = model_states(stage_params(shape, tp, pp), dp, zero, precision)
-    tokens = np.asarray(seq, dtype=float) * np.asarray(micro_batch, dtype=float)
+    dense_p, expert_p = stage_param_split(shape, tp, pp, ep)
+    states = _add_states(model_states(dense_p, zgroup, zero, precision),
+                         model_states(expert_p, zgroup / np.asarray(ep, dtype=float), zero, precision))
+    states, host = _offloaded(states, offload)
+    tokens = np.asarray(seq, dtype=float) * np.asarray(micro_batch, dtype=float) / c
     rc = np.asarray(recompute)
     lps = np.ceil(shape.layers / np.asarray(pp, dtype=float))
     ck = np.where(rc == 2, lps, np.where(rc == 1, np.ceil(lps / 2.0), 0.0))
     full_l = layer_activations(shape, tokens, tp, sp, precision, flash, seq)
+    if shape.is_moe:  # the mean block of the stage: its MoE blocks save more
+        full_l = full_l + moe_mlp_extra(shape, tokens, tp, precision) * np.minimum(lps, shape.moe_layers) / lps
     ck_l = checkpointed_layer(shape, tokens, tp, sp, precision)
     blocks = (lps - ck) * full_l + ck * ck_l
     e = act_bytes(precision)
     t = np.asarray(tp, dtype=float)
     # Rotary tables in the stream dtype (once per forward) and, off the last stage, the
     # stage's output kept for its backward; on the last, the final norm and the logits.
-    rope = np.asarray(seq, dtype=float) * shape.dim_head * e
+    rope = np.asarray(seq, dtype=float) / c * shape.dim_head * e
     out_first = tokens * e * shape.hidden / np.where(sp, t, 1.0)
     final_norm = tokens * (np.where(sp, (2.0 * e * shape.hidden + NORM_SCALAR_BYTES) / t,
                                     2.0 * e * shape.hidden + NORM_SCALAR_BYTES) + e * shape.hidden)
@@ -266,12 +373,31 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     rebuild = np.where(ck > 0, full_l, 0.0)
     temps = np.where(p_arr == 1, np.maximum(loss_t, rebuild),
                      np.where(first >= last, rebuild, np.maximum(loss_t, rebuild)))
-    w_bytes = STATE_BYTES[precision][0]
-    gathered = np.where(np.asarray(zero) >= 3, 2.0 * shape.params_per_layer() * w_bytes / t, 0.0)
+    # One block's weights on this GPU: routed experts / ep, the rest / tp.
+    layer_experts = shape.experts * shape.expert_params() if shape.is_moe else 0.0
+    layer_p = (shape.params_per_layer() - shape.num_expert_params() / shape.layers) / t \
+        + layer_experts / np.asarray(ep, dtype=float)
+    z3 = np.asarray(zero) >= 3
+    # Gathered 16-bit weights; float8 ones under fp8 (torchao's float8 all-gather).
+    w_bytes = 1.0 if precision == "fp8" else STATE_BYTES[precision][0]
+    gathered = np.where(z3, 2.0 * layer_p * w_bytes, 0.0)
+    temps = temps + cp_kv_bytes(shape, seq, micro_batch, tp, cp, precision)
+    if precision == "fp8":  # a block's float8 weight casts (under ZeRO-3 the gathered ones are the casts)
+        temps = temps + np.where(z3, 0.0, layer_p)
     subtotal = states["model_states_bytes"] + acts + gathered + temps
     allowance = ALLOWANCE_FRACTION * subtotal
     return {**states, "activations_bytes": acts, "gathered_params_bytes": gathered, "temporaries_bytes": temps,
-            "allowance_bytes": allowance, "total_bytes": subtotal + allowance}
+            "allowance_bytes": allowance, "total_bytes": subtotal + allowance, "host_bytes": host}
+
+
+def _offloaded(states: dict[str, Any], offload: bool) -> tuple[dict[str, Any], Any]:
+    """Model states moved to host memory by CPU offload: (device states, host bytes). The
+    host keeps the sharded weights, gradients and optimizer states (FSDP2's
+    CPUOffloadPolicy; the optimizer steps there)."""
+    host = states["model_states_bytes"]
+    if not offload:
+        return states, 0.0 * host
+    return {k: 0.0 * v for k, v in states.items()}, host
 
 
 # --- the runner's own configs ---------------------------------------------------------------

@@ -13,6 +13,8 @@ bandwidth, with matmuls and SDPA priced apart at their own probed rates.
 - ``view`` (ops whose output aliases an input: view, t, transpose, expand, slice ...):
   an overhead each, no bytes;
 - ``collective`` (c10d ops): priced by the alpha-beta communication model, not here;
+- ``ignored`` (``prim::`` queries such as ``prim::device``): fake tensors dispatch them,
+  a real run reads them as attributes;
 - ``compute`` (everything else): an overhead each, and the bytes of every tensor it reads
   or writes (inputs and outputs counted apart, so an in-place ``add_`` of n bytes counts
   3 n, as the bandwidth probe's ``add`` does).
@@ -30,7 +32,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-KINDS = ("matmul", "attention", "view", "compute", "collective")
+KINDS = ("matmul", "attention", "view", "compute", "collective", "ignored")
 PHASES = ("forward", "backward", "optimizer")
 MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "_addmm_activation", "addbmm", "dot", "vdot"}
 # Ops that only read metadata or make an alias (the schema does not always mark them as views).
@@ -44,6 +46,8 @@ def op_kind(func: Any) -> str:
     name = func._schema.name.split("::")[-1]
     if ns in ("c10d", "_c10d_functional", "c10d_functional", "_dtensor"):
         return "collective"
+    if ns == "prim":  # prim::device and kin: FakeTensor's own queries, attribute reads in a real run
+        return "ignored"
     if name in MATMUL_OPS:
         return "matmul"
     if "scaled_dot_product" in name or name.startswith("_flash_attention") or name.startswith("_efficient_attention"):
@@ -172,3 +176,10 @@ def _fake_ddp_hook(module: Any) -> None:
     from .trace import StorageTracker, _ddp_in_place
 
     _ddp_in_place(module, StorageTracker())
+
+
+def host_ops(summary: dict[str, Any]) -> dict[str, float]:
+    """What perf.step_time prices op by op (``host_ops``): the compute and view ops of a
+    :meth:`OpCounter.summary` and the bytes compute ops touch. Matmuls and SDPA are
+    priced by their own probed rates, whose timings include their dispatch."""
+    return {"ops": float(summary["compute_ops"] + summary["view_ops"]), "bytes": float(summary["bytes"])}

@@ -80,11 +80,54 @@ def hardware_flops_per_token(shape: ModelShape, seq: Any, recompute: Any) -> Any
     return model + np.where(rc == 2, blocks_fwd, np.where(rc == 1, half, 0.0))
 
 
+def attention_flops_per_token(shape: ModelShape, seq: Any, recompute: Any) -> Any:
+    """Attention scores and values FLOPs per token (12 L h s forward + backward, as in
+    ModelShape.flops_per_token, plus the recomputed forward's 4 L h s: all of it with
+    full recompute, half the blocks with every_2nd), not halved for causal masking."""
+    s = np.asarray(seq, dtype=float)
+    rc = np.asarray(recompute)
+    fwd = 4.0 * shape.layers * shape.attn_dim * s
+    return 12.0 * shape.layers * shape.attn_dim * s + np.where(rc == 2, fwd, np.where(
+        rc == 1, fwd * np.ceil(shape.layers / 2.0) / shape.layers, 0.0))
+
+
+def host_terms(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any, rank_tokens: Any,
+               host_ops: dict[str, float]) -> tuple[Any, Any, Any]:
+    """The probed CPU terms of one rank's step: (attention seconds the matmul term had
+    priced at the GEMM rate, the same FLOPs at the probed SDPA rate, the non-matmul ops).
+
+    attention  SDPA runs its own kernel, not the layer GEMMs: its FLOPs (halved for the
+               causal mask, as the probe counts them) over the causal SDPA forward +
+               backward rate probed at the nearest sequence length;
+    ops        ops x per-op overhead + bytes / elementwise bandwidth: every aten op of
+               the step that is neither a matmul nor SDPA (compute and view ops) pays
+               the probed fixed cost, and the bytes compute ops read and write stream at
+               the bandwidth probed on operands of the workload's activation size.
+
+    ``rank_tokens``: the tokens whose blocks this rank computes per step (its share of
+    the layers)."""
+    attn_hw_flops = attention_flops_per_token(shape, seq, recompute) * rank_tokens
+    attn_mm = attn_hw_flops / (hw.peak_tflops * 1e12 * hw.compute_eff)
+    pts = sorted(hw.attn_points or ())
+    if pts:
+        rate = np.interp(np.asarray(seq, dtype=float), [p[0] for p in pts], [p[1] for p in pts])
+        attention = 0.5 * attn_hw_flops / rate
+    else:  # no SDPA probed: keep the GEMM rate
+        attention = attn_mm
+    ops = host_ops["ops"] * hw.op_overhead_s + host_ops["bytes"] / hw.ew_bw
+    return attn_mm, attention, ops
+
+
 def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, micro_batch: Any,
               tp: Any, pp: Any, dp: Any, zero: Any, recompute: Any, precision: str = "bf16",
               schedule: str = "1f1b", virtual_stages: int = 1, overlap: float = DEFAULT_OVERLAP,
-              sp: Any = False, flash: Any = True, stage_params: Any = None) -> dict[str, Any]:
-    """Predicted step time and its parts, in seconds (arrays broadcast)."""
+              sp: Any = False, flash: Any = True, stage_params: Any = None,
+              host_ops: dict[str, float] | None = None) -> dict[str, Any]:
+    """Predicted step time and its parts, in seconds (arrays broadcast).
+
+    ``host_ops`` (``ops``, ``bytes``: what one rank's step dispatches besides matmuls and
+    SDPA, planner/opcount.py) with a probed CPU Hardware (``ew_bw`` set) prices the
+    non-matmul work op by op instead of by elementwise passes (see :func:`host_terms`)."""
     from .memory import korthikanti_bytes_per_layer
     from .memory import stage_params as _stage_params
 
@@ -108,7 +151,12 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     act_per_token = korthikanti_bytes_per_layer(shape, s, 1, t, sp, flash, precision) / s
     ew_bytes = hw.elementwise_passes * act_per_token * (tokens / d) * stage_layers
     elementwise = ew_bytes * np.where(rc == 2, 4.0 / 3.0, 1.0) / hw.mem_bw
-    blocks = (blocks_mm + elementwise) / hw.stack_eff
+    attention = 0.0
+    if hw.ew_bw is not None and host_ops is not None:
+        attn_mm, attention, elementwise = host_terms(shape, hw, s, rc, tokens * stage_layers / shape.layers / (t * d),
+                                                     host_ops)
+        blocks_mm = blocks_mm - attn_mm
+    blocks = (blocks_mm + attention + elementwise) / hw.stack_eff
     head = head_mm / hw.stack_eff
     matmul = blocks_mm + head_mm
     compute = blocks + head
@@ -152,6 +200,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
             "compute_s": compute,
             "matmul_s": matmul,
             "elementwise_s": elementwise,
+            "attention_s": attention,
             "head_s": head,
             "bubble_s": bubble,
             "tp_comm_s": tp_comm,

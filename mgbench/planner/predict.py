@@ -113,14 +113,16 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
     return out
 
 
-def predict(shape: ModelShape, hw: Hardware, layout: Layout, overlap: float = perf.DEFAULT_OVERLAP) -> dict[str, Any]:
-    """Step time, throughput, MFU, memory and whether it fits, for `mgbench predict`."""
+def predict(shape: ModelShape, hw: Hardware, layout: Layout, overlap: float = perf.DEFAULT_OVERLAP,
+            host_ops: dict[str, float] | None = None) -> dict[str, Any]:
+    """Step time, throughput, MFU, memory and whether it fits, for `mgbench predict`
+    (``host_ops``: the layout's counted non-matmul ops, for a probed CPU Hardware)."""
     validate(layout, shape)
     out = perf.step_time(shape, hw, seq=layout.seq_len, global_batch=layout.batch, micro_batch=layout.micro_batch,
                          tp=layout.tp, pp=layout.pp, dp=layout.dp, zero=layout.zero,
                          recompute=RECOMPUTE.index(layout.recompute), precision=layout.precision,
                          schedule=layout.schedule, virtual_stages=layout.virtual_stages, overlap=overlap,
-                         sp=layout.sequence_parallel, flash=layout.flash_attention)
+                         sp=layout.sequence_parallel, flash=layout.flash_attention, host_ops=host_ops)
     res = _floats(out)
     mem = memory(shape, layout)
     res["memory"] = mem
@@ -130,4 +132,7 @@ def predict(shape: ModelShape, hw: Hardware, layout: Layout, overlap: float = pe
     res["global_batch"] = layout.batch
     res["assumptions"] = {"matmul_eff": hw.compute_eff, "elementwise_passes": hw.elementwise_passes,
                           "overlap": overlap, "peak_tflops": hw.peak_tflops}
+    if hw.ew_bw is not None and host_ops is not None:
+        res["assumptions"].update(op_overhead_s=hw.op_overhead_s, elementwise_bytes_per_s=hw.ew_bw,
+                                  host_ops=host_ops["ops"], host_bytes=host_ops["bytes"])
     return res

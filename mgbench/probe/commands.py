@@ -27,8 +27,9 @@ def probe(output, device, dtypes, model, tokens, no_comm, results_dir, as_json) 
     \b
     Times the GEMMs of a transformer layer (per dtype; on CPU at each thread count a rank
     gets at 1, 2, 4 ... ranks, since ranks split the cores), an elementwise pass (memory
-    bandwidth), causal attention forward + backward, copies on GPUs, and a short
-    all-reduce sweep (alpha-beta fit). 15-20 s on a 2-core VM.
+    bandwidth), causal attention forward + backward, on CPU the per-op overhead and the
+    elementwise bandwidth at the workload's sizes (per thread count), copies on GPUs,
+    and a short all-reduce sweep (alpha-beta fit). About 20 s on a quiet 2-core VM.
 
     \b
     Examples:

@@ -113,3 +113,47 @@ def attention(device: torch.device, dtype: str, shapes: list[dict[str, Any]], re
                      "tflops_median": flops / statistics.median(times) / 1e12})
     return {"dtype": dtype, "shapes": rows, "best_tflops": max(r["tflops_best"] for r in rows),
             "typical_tflops": sum(r["flops"] for r in rows) / sum(r["flops"] / r["tflops_median"] for r in rows)}
+
+
+def op_overhead(device: torch.device, links: int = 32, repeats: int = 5) -> dict[str, Any]:
+    """Seconds of fixed cost per aten op in a training step: a chain of tiny (2 x 2)
+    autograd ops, forward and backward, whose data costs nothing, timed and divided by
+    the aten ops it dispatches (counted by the planner's own OpCounter, so the ops priced
+    and the ops probed are counted alike). Each link is a multiply, a transpose (a view:
+    a step dispatches about one view per two compute ops) and an add, as in a step."""
+    from ..planner.opcount import OpCounter
+
+    x = torch.rand(2, 2, device=device, requires_grad=True)
+    c = torch.rand(2, 2, device=device)
+
+    def chain() -> None:
+        y = x
+        for _ in range(links):
+            y = (y * c).t() + c
+        y.sum().backward()
+
+    chain()
+    with OpCounter() as counter:
+        chain()
+    s = counter.summary()
+    ops = s["compute_ops"] + s["view_ops"]
+    times = _timer(device, chain, repeats, 0.02)
+    return {"op_overhead_s": statistics.median(times) / ops, "best_op_overhead_s": min(times) / ops,
+            "ops_per_chain": ops,
+            "method": f"{links}-link chain of tiny autograd ops (mul, t, add) forward + backward, per aten op"}
+
+
+def elementwise(device: torch.device, operand_bytes: int, repeats: int = 5) -> dict[str, Any]:
+    """Bytes/s that a step's unfused elementwise ops get on operands of ``operand_bytes``
+    (the workload's activation size, not a DRAM-sized buffer: on a CPU those stay in
+    cache). ``torch.add(a, b)`` allocating its result, as a step's ops do, timed at that
+    size and on a tiny operand; the difference removes the per-op overhead, leaving
+    3 x operand bytes (2 reads, 1 write) over the data's own time."""
+    n = max(1, operand_bytes // 4)
+    a, b = torch.rand(n, device=device), torch.rand(n, device=device)
+    ta, tb = torch.rand(1, device=device), torch.rand(1, device=device)
+    big = statistics.median(_timer(device, lambda: torch.add(a, b), repeats, 0.02))
+    tiny = statistics.median(_timer(device, lambda: torch.add(ta, tb), repeats, 0.02))
+    moved = 3.0 * n * 4
+    return {"bytes_per_s": moved / max(big - tiny, 1e-9), "operand_bytes": n * 4, "op_s": big, "tiny_op_s": tiny,
+            "method": "torch.add(a, b) at the operand size minus the same on one element: 2 reads + 1 write"}

@@ -134,7 +134,25 @@ def hardware(profile: dict[str, Any], precision: str, ranks: int = 1) -> Hardwar
         compute_eff=achieved / peak,
         mem_bw=float(mem_bw),
         elementwise_passes=float(planner_defaults()["elementwise_passes"]),
+        **(host_rates(profile, precision, threads, share) if cpu else {}),
     )
+
+
+def host_rates(profile: dict[str, Any], precision: str, threads: int, share: float) -> dict[str, Any]:
+    """The probed CPU terms of Hardware for a rank with ``threads`` threads and ``share``
+    of their speed (rank_share): per-op overhead / share (a rank's ops run serially on
+    its time-shared cores), elementwise bandwidth x share and SDPA rate x share (the
+    workload's operands are cache-sized, so a rank's cores, not the host's memory bus,
+    bound them; they are timed at the rank's thread count, as the GEMMs). Empty for a
+    profile without those probes (written before them): the roofline terms stand."""
+    dtype = PRECISION_DTYPE.get(precision, precision)
+    rows = profile.get("host_ops")
+    row = next((r for r in rows if r["threads"] == threads), None) if isinstance(rows, list) else None
+    attn = next((a for a in profile.get("attention", []) if a["dtype"] == dtype and a.get("threads") == threads), None)
+    if row is None or attn is None:
+        return {}
+    return {"op_overhead_s": row["op_overhead_s"] / share, "ew_bw": row["elementwise"]["bytes_per_s"] * share,
+            "attn_points": tuple((float(a["seq"]), a["tflops_median"] * 1e12 * share) for a in attn["shapes"])}
 
 
 def memory_budget(profile: dict[str, Any], ranks: int) -> dict[str, Any]:
@@ -173,7 +191,11 @@ def describe(profile: dict[str, Any]) -> list[str]:
         lines.append(f"  GEMM {g['dtype']:<9} {g['threads']:>3} thread(s): typical {g['typical_tflops']:.3f}, "
                      f"best {g['best_tflops']:.3f} TFLOP/s over {len(g['shapes'])} layer shapes")
     for a in profile["attention"]:
-        lines.append(f"  attention {a['dtype']}: typical {a['typical_tflops']:.3f} TFLOP/s (causal SDPA, fwd+bwd)")
+        at = f" {a['threads']:>3} thread(s)" if "threads" in a else ""
+        lines.append(f"  attention {a['dtype']}{at}: typical {a['typical_tflops']:.3f} TFLOP/s (causal SDPA, fwd+bwd)")
+    for h in profile.get("host_ops") if isinstance(profile.get("host_ops"), list) else []:
+        lines.append(f"  ops {h['threads']:>3} thread(s): {h['op_overhead_s'] * 1e6:.1f} us per op, elementwise "
+                     f"{h['elementwise']['bytes_per_s'] / 1e9:.1f} GB/s on {h['elementwise']['operand_bytes'] / 2**10:.0f} KiB operands")
     lines.append(f"  memory bandwidth {profile['memory']['bytes_per_s'] / 1e9:.1f} GB/s")
     cp = profile.get("copies") or {}
     lines.append("  copies: " + (cp["null_reason"] if "null_reason" in cp else

@@ -83,17 +83,45 @@ def probe(device: str = "auto", dtypes: list[str] | None = None, model: str | No
 
     progress("memory bandwidth")
     prof["memory"] = kernels.memory_bandwidth(dev, MEMORY_OPERAND_BYTES[kind])
+    prof["host_ops"] = _host_ops(dev, thread_counts, tokens * shape.hidden * 4, progress) if kind == "cpu" else \
+        {"null_reason": "CPU only: a GPU runs ops asynchronously, so their dispatch overlaps the kernels"}
     attn_shapes = [{"batch": max(1, tokens // s), "heads": shape.heads, "seq": s, "head_dim": shape.dim_head}
                    for s in sorted({min(tokens, 128 if kind == "cpu" else 1024), min(tokens, 512 if kind == "cpu" else 4096)})]
     prof["attention"] = []
-    for dtype in dtypes:
-        progress(f"attention {dtype}")
-        prof["attention"].append(kernels.attention(dev, dtype, attn_shapes))
+    try:
+        for dtype in dtypes:
+            for t in thread_counts:  # on CPU, at each thread count a rank gets (as the GEMMs)
+                torch.set_num_threads(t)
+                progress(f"attention {dtype}, {t} thread(s)")
+                prof["attention"].append({**kernels.attention(dev, dtype, attn_shapes), "threads": t})
+    finally:
+        torch.set_num_threads(saved)
     prof["copies"] = _copies(dev)
     prof["comm"] = _comm(kind, count, dtypes[0] if kind == "cuda" else "float32", results_dir, progress) if comm \
         else {"null_reason": "skipped (--no-comm)"}
     prof["probe_s"] = time.monotonic() - t_start
     return prof
+
+
+def _host_ops(dev: Any, thread_counts: list[int], operand_bytes: int,
+              progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Per thread count a CPU rank gets: the per-op overhead and the elementwise
+    bandwidth at the workload's activation size (fp32), which the probed CPU
+    prediction prices a step's non-matmul ops with (planner/perf.py)."""
+    import torch
+
+    from . import kernels
+
+    saved = torch.get_num_threads()
+    out = []
+    try:
+        for t in thread_counts:
+            torch.set_num_threads(t)
+            progress(f"per-op overhead and elementwise ops, {t} thread(s)")
+            out.append({"threads": t, **kernels.op_overhead(dev), "elementwise": kernels.elementwise(dev, operand_bytes)})
+    finally:
+        torch.set_num_threads(saved)
+    return out
 
 
 def _pow2_upto(n: int) -> list[int]:

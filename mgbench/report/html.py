@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from .. import __version__, store
+from ..show import input_bound_note
 from . import figures
 
 CSS = """
@@ -73,6 +74,8 @@ def warnings(df: pd.DataFrame) -> list[str]:
         if r.get("energy_j") is not None and pd.notna(r.get("energy_j")) and window is not None and window < 5:
             shared.setdefault("energy measured over less than 5 s: the NVML counter updates in coarse steps; raise "
                               "measured_steps for a steadier energy per token", []).append(f"{label} ({window:.1f} s)")
+        if r.get("input_bound") == True:  # noqa: E712 (pandas may hand numpy bools; NaN: not a disk config)
+            out.append(f"{label}: {input_bound_note(r)}")
         strag = r.get("straggler_ranks")
         if isinstance(strag, list) and strag:
             out.append(f"{label}: straggler rank(s) {strag} (per-rank busy time spread {r.get('rank_spread_pct'):.0f}%)")
@@ -184,6 +187,8 @@ def build(runs: list[str | Path], output: str | Path, results_dir: str | Path = 
     best = []
     if not ok.empty:
         good = ok[ok["correct"].fillna(True).astype(bool)] if "correct" in ok else ok
+        # Token workloads only: vision records count images (images_per_s), not tokens.
+        good = good[good["tokens_per_s"].notna()] if "tokens_per_s" in good else good
         for strat, g in good.groupby("strategy"):
             r = g.loc[g["tokens_per_s"].idxmax()]
             best.append({"strategy": strat, "label": r.get("label"), "tokens_per_s": r["tokens_per_s"],

@@ -28,6 +28,14 @@ import torch.distributed as dist
 from torch import nn
 
 Piece = tuple[torch.Tensor, int]  # (this rank's local tensor, pieces the whole is cut into)
+# Set on expert weights by expert parallelism (strategies/expert_parallel.py): the tensor
+# is one of this many expert slices, a cut no placement shows (each rank holds a plain or
+# FSDP-sharded tensor of its own experts).
+EXPERT_SHARDS_ATTR = "_mgbench_expert_shards"
+
+
+def _expert_shards(p: nn.Parameter) -> int:
+    return getattr(p, EXPERT_SHARDS_ATTR, 1)
 
 
 def unique_params(modules: Sequence[nn.Module]) -> list[nn.Parameter]:
@@ -84,11 +92,16 @@ def global_norms(per_quantity: Sequence[Iterable[Piece]], stage_ranks: int, dist
 
 def grad_pieces(params: Sequence[nn.Parameter]) -> list[Piece]:
     """Local pieces of the gradients (parameters without a gradient count as zero)."""
-    return [local_piece(p.grad) for p in params if p.grad is not None]
+    return [_times(local_piece(p.grad), _expert_shards(p)) for p in params if p.grad is not None]
 
 
 def param_pieces(params: Sequence[nn.Parameter]) -> list[Piece]:
-    return [local_piece(p.detach()) for p in params]
+    return [_times(local_piece(p.detach()), _expert_shards(p)) for p in params]
+
+
+def _times(piece: Piece, shards: int) -> Piece:
+    """A piece of a tensor that is itself one of ``shards`` expert slices."""
+    return piece[0], piece[1] * shards
 
 
 def snapshot(params: Sequence[nn.Parameter]) -> list[torch.Tensor]:

@@ -122,7 +122,9 @@ def _sum_not_mean(prep: "Prepared") -> None:
 
 def _skip_grad_sync(prep: "Prepared") -> None:
     """Each data-parallel replica keeps its own gradients: DDP never all-reduces, FSDP
-    takes its own shard of its own unreduced gradient instead of reduce-scattering."""
+    takes its own shard of its own unreduced gradient instead of reduce-scattering. (HSDP:
+    FSDP2 has no custom hook for its all-reduce across replicas, which still averages the
+    replicas' unreduced shards: a gradient of half the batch at 2 x 2, caught all the same.)"""
     from torch.distributed.fsdp import FSDPModule
     from torch.nn.parallel import DistributedDataParallel as DDP
 

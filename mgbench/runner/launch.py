@@ -26,9 +26,11 @@ from typing import Any, Callable, Iterator
 
 from .. import store
 from ..config import RunConfig
+from ..dataset import prepare_configs
 from ..errors import MgbenchError
 from ..launching import SHARED_FS_WAIT_S, Cluster, child_env, detect_devices, torchrun_argv
 from ..procs import die_with_parent, kill_tree
+from .command import run_command_config
 from ..record import SCHEMA_VERSION, Record
 from ..store import RunDir
 from ..suite import Suite, expand
@@ -46,11 +48,16 @@ def _fmt_s(s: float) -> str:
 
 def describe(rec: dict[str, Any]) -> str:
     """One progress line for a finished config."""
+    if rec["status"] == "ok" and rec.get("workload") == "command":
+        tps = f"{rec['tokens_per_s']:,.0f} tok/s, " if rec.get("tokens_per_s") is not None else ""
+        return f"ok  {tps}step {rec['step_time_s'] * 1000:.1f} ms over {rec['num_steps_measured']} steps"
     if rec["status"] == "ok":
         wrong = "WRONG: " + "/".join(rec.get("check_mismatches") or ["results"]) + " differ from the reference"
         corr = {True: "correct", False: wrong, None: "unchecked"}[rec.get("correct")]
         slow = f", straggler rank(s) {rec['straggler_ranks']}" if rec.get("straggler_ranks") else ""
-        return f"ok  {rec['tokens_per_s']:,.0f} tok/s, step {rec['step_time_s'] * 1000:.1f} ms, {corr}{slow}"
+        rate = (f"{rec['images_per_s']:,.1f} images/s" if rec.get("tokens_per_s") is None
+                and rec.get("images_per_s") is not None else f"{rec['tokens_per_s']:,.0f} tok/s")
+        return f"ok  {rate}, step {rec['step_time_s'] * 1000:.1f} ms, {corr}{slow}"
     return f"{rec['status']}: {rec.get('error') or rec.get('skip_reason')}"
 
 
@@ -91,13 +98,13 @@ def run_suite(
         repaired = store.repair_tail(run_dir)
         if repaired:
             progress(f"records.jsonl: dropped a half-written last line ({repaired} bytes) left by the kill")
-        configs = expand(suite, device_kind, num_devices)
+        configs = with_data(expand(suite, device_kind, num_devices), results_dir, progress)
         done = {r["config_id"] for r in store.latest_records(store.read_records(run_dir)) if r["status"] != "interrupted"}
         todo = [c for c in configs if c.config_id not in done]
         progress(f"resuming {run_id}: {len(configs) - len(todo)} of {len(configs)} configs already recorded")
         manifest.update(status="running", resumed_at=dt.datetime.now().isoformat(timespec="seconds"))
     else:
-        configs = expand(suite, device_kind, num_devices)
+        configs = with_data(expand(suite, device_kind, num_devices), results_dir, progress)
         todo = configs
         run_dir, manifest = create_run(suite, results_dir, run_id, device_kind, num_devices, argv,
                                        num_configs=len(configs))
@@ -156,11 +163,19 @@ def create_run(suite: Suite, results_dir: str | Path, run_id: str | None, device
     return run_dir, manifest
 
 
+def with_data(configs: list[RunConfig], results_dir: str | Path, progress: Progress) -> list[RunConfig]:
+    """Every data = "disk" config with its dataset checked or generated (once, in the
+    results folder's datasets/), before any run folder or rank exists."""
+    return prepare_configs(configs, store.datasets_dir(results_dir), progress)
+
+
 def _only_world(configs: list[RunConfig], cluster: Cluster) -> list[RunConfig]:
     """A multi-node launch has one world size: configs for any other are skipped, said so."""
     why = (f"this launch has world size {cluster.world} ({cluster.nnodes} nodes x {cluster.nproc_per_node}); "
            "run other world sizes in another launch")
-    return [c if c.skip_reason or c.nproc == cluster.world else replace(c, skip_reason=why) for c in configs]
+    own = "workload = \"command\" runs the user's launch line on one node: run it without a multi-node launch"
+    return [c if c.skip_reason else replace(c, skip_reason=own) if c.workload == "command"
+            else c if c.nproc == cluster.world else replace(c, skip_reason=why) for c in configs]
 
 
 def _follow(suite: Suite, results_dir: str | Path, run: str | None, device_kind: str, num_devices: int,
@@ -177,7 +192,7 @@ def _follow(suite: Suite, results_dir: str | Path, run: str | None, device_kind:
                                f"{SHARED_FS_WAIT_S}s: --results-dir must be on a filesystem all nodes share")
         time.sleep(1)
     manifest = store.read_manifest(path)
-    configs = _only_world(expand(suite, device_kind, num_devices), cluster)
+    configs = _only_world(with_data(expand(suite, device_kind, num_devices), results_dir, progress), cluster)
     done = {r["config_id"] for r in store.latest_records(store.read_records(path)) if r["status"] != "interrupted"}
     todo = [c for c in configs if c.config_id not in done]
     stop = StopFlag()
@@ -204,9 +219,21 @@ def _run_configs(run_dir: RunDir, run_id: str, configs: list[RunConfig], todo: l
     runnable = [c for c in todo if c.skip_reason is None]
     groups: dict[tuple[int, str], list[RunConfig]] = defaultdict(list)
     for cfg in runnable:
-        groups[(cfg.nproc, cfg.device)].append(cfg)
+        if cfg.workload != "command":  # the user's own commands run below, one launch each
+            groups[(cfg.nproc, cfg.device)].append(cfg)
     t_start = time.monotonic()
     finished = 0
+    for cfg in (c for c in runnable if c.workload == "command"):
+        if stop.signal:
+            return
+        progress(f"running the command of {cfg.label}")
+        record = run_command_config(run_dir, run_id, cfg, lambda: stop.signal is not None)
+        store.append_record(run_dir, record)
+        rec = record.to_dict()
+        done, finished = done + 1, finished + 1
+        elapsed = time.monotonic() - t_start
+        progress(f"[{done}/{total}] {cfg.label}: {describe(rec)}  (elapsed {_fmt_s(elapsed)}, "
+                 f"ETA {_fmt_s(elapsed / finished * (len(runnable) - finished))})")
     for gi, ((nproc, device), group) in enumerate(sorted(groups.items())):
         if stop.signal:
             return

@@ -23,9 +23,8 @@ import torch
 from ..config import REFERENCE_KEYS, RunConfig
 from ..store import RunDir, write_json_atomic
 from ..strategies.apply import prepare_reference
-from ..workloads.synthetic import learnable_batch
 from . import check
-from .training import rank_batches
+from .training import batches_for
 
 
 def check_key(cfg: RunConfig, device: torch.device) -> str:
@@ -56,8 +55,8 @@ def reference_check(cfg: RunConfig, device: torch.device, run_dir: "str | Path |
         return {"losses": [], "grad_norm": None, "param_norm": None, "param_delta_norm": None}
     prep = prepare_reference(cfg, device)
     check.set_lr(prep, check.CHECK_LR)
-    batches = rank_batches(cfg.seed, range(cfg.check_steps), 0, cfg.micro_batch, cfg.global_batch // cfg.micro_batch,
-                           1, cfg.seq_len, cfg.shape.vocab, device, source=learnable_batch)
+    batches = batches_for(cfg, range(cfg.check_steps), 0, 1, device, learnable=True,
+                          grad_accum=cfg.global_batch // cfg.micro_batch)
     if reverse_micro_batches:
         batches = [list(reversed(b)) for b in batches]
     figures = check.check_window(prep, batches, device, cfg.precision)

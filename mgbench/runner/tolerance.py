@@ -105,6 +105,12 @@ def _variants(model: str, precision: str, seed: int, steps: int) -> dict[str, An
         "pp_1f1b": check_config("pp", grad_accum=4, pp_schedule="1f1b", **common),
         "pp_gpipe": check_config("pp", grad_accum=4, pp_schedule="gpipe", **common),
     }
+    if precision == "fp8":
+        # fp8 runs with data parallelism here (tensor parallelism and pipelines of float8
+        # linears are skipped by the suite; see strategies/fp8.py).
+        out = {k: v for k, v in out.items() if k in ("ddp2", "zero1", "fsdp", "fsdp_grad_op")}
+        out["fsdp_rowwise"] = check_config("fsdp", grad_accum=2, fp8_recipe="rowwise", **common)
+        return out
     if catalog.model_shape(model).layers >= 4:
         out["pp_interleaved"] = check_config("pp", grad_accum=4, pp_schedule="interleaved", virtual_stages=2,
                                              **common)

@@ -59,6 +59,25 @@ def rank_batches(
     return out
 
 
+def batches_for(cfg: Any, steps: range, rank: int, dp_size: int, device: torch.device, learnable: bool = False,
+                grad_accum: int | None = None) -> list[list[MicroBatch]]:
+    """``cfg``'s workload's micro-batches for each step on this data-parallel rank, split
+    as :func:`rank_batches` splits tokens: random data for the timed steps, learnable
+    data (``learnable``) for the correctness check. Token batches for decoder LMs
+    (mgbench's own and Hugging Face models), (images, labels) for the vision workload.
+    ``grad_accum``: micro-batches per rank and step (the config's unless given: the
+    reference takes the whole global batch as micro-batches on one rank)."""
+    ga = cfg.grad_accum if grad_accum is None else grad_accum
+    if cfg.workload == "vision":
+        from ..workloads.vision import rank_batches as image_batches
+
+        return image_batches(cfg, steps, rank, ga, dp_size, device, learnable)
+    from ..workloads.synthetic import learnable_batch
+
+    return rank_batches(cfg.seed, steps, rank, cfg.micro_batch, ga, dp_size, cfg.seq_len, cfg.shape.vocab, device,
+                        source=learnable_batch if learnable else random_batch)
+
+
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[Any]:
     dtype = AUTOCAST_DTYPES[precision]
     if dtype is None:
@@ -80,6 +99,12 @@ def train_step(prep: Prepared, micro: list[MicroBatch], device: torch.device, pr
         with prep.no_sync(i == n - 1), autocast(device, precision):
             loss = lm_loss(prep.model(x), y) / n
         grad_loss = hooks.backward_loss(i, loss) if hooks is not None and hooks.backward_loss else loss
+        if prep.moe_layers:
+            # MoE: the load-balancing loss joins the gradient, not the reported loss.
+            from ..workloads.moe import aux_loss
+
+            aux = aux_loss(prep.moe_layers)
+            grad_loss = grad_loss if aux is None else grad_loss + aux / n
         if prep.scaler is not None:
             prep.scaler.scale(grad_loss).backward()
         else:

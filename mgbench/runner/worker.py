@@ -31,16 +31,19 @@ from ..config import RunConfig
 from ..faults import bug_of
 from ..record import RankFigures, Record, backend_of
 from ..store import RunDir
+from ..workloads import moe, throughput
 from ..strategies.apply import prepare
-from ..strategies.pipeline import theoretical_bubble
+from ..strategies.fp8 import fp8_fields  # noqa: F401 (tests reach it as worker.fp8_fields)
+from ..strategies.pipeline import bubble_unknown_reason, theoretical_bubble
 from ..telemetry.clock import StepClock
 from ..telemetry.energy import EnergyMeter, top_up_steps
 from ..telemetry.memory import read_peak, reset_peak, track_step
 from ..telemetry.machine import cpu_model
 from . import reference
 from .check import check_prepared, compare_check, run_check
+from .data_loading import data_fields, measured_waits, step_feed
 from .inject import Injector
-from .training import StepHooks, fp32_matmul_mode, rank_batches, train_step
+from .training import StepHooks, batches_for, fp32_matmul_mode, train_step
 
 # Exit status of a rank that failed a config on purpose (after writing its failure
 # file): the launcher tells it apart from a rank that died without a word.
@@ -74,8 +77,8 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
     t0 = time.perf_counter()
     prep = prepare(cfg, device)  # seeded: identical initial weights on every rank and in the reference
     total_steps = cfg.warmup_steps + cfg.repeats * cfg.measured_steps
-    batches = rank_batches(cfg.seed, range(total_steps), prep.dp_rank, cfg.micro_batch, cfg.grad_accum,
-                           prep.dp_size, cfg.seq_len, cfg.shape.vocab, device)
+    # Random tokens are built here, before timing; a dataset on disk is read step by step.
+    feed = step_feed(cfg, prep.dp_rank, prep.dp_size, device, total_steps)
     sync(device)
     init_s = time.perf_counter() - t0
     # Two peak windows: building holds the whole model on every rank before it is placed
@@ -91,14 +94,15 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
         # its own data and lr), so checking costs no more steps than it must.
         checked = check_prepared(cfg, prep, device, StepHooks(before_step=[inject.before_step],
                                                               after_step=[inject.after_step]))
-        first = min(cfg.check_steps, cfg.warmup_steps)
+        # A DataLoader needs a warm-up read of its own, so its workers start before timing.
+        first = max(0, min(cfg.check_steps, cfg.warmup_steps - feed.warmup_reads))
         # The window held a copy of the initial weights (for their change): a new peak
         # window, so the recorded peak is the training steps', not the check's.
         new_peak_window(device)
     t0 = time.perf_counter()  # warm-up time: the steps after the check window
     for step in range(first, cfg.warmup_steps):
         inject.before_step(step)
-        losses.append(train_step(prep, batches[step], device, cfg.precision))
+        losses.append(train_step(prep, feed.step(step), device, cfg.precision))
         inject.after_step()
     sync(device)
     warmup_s = time.perf_counter() - t0
@@ -108,6 +112,8 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
     measured_s = 0.0
     busy_s = 0.0
     dist.barrier()  # ranks enter the window together
+    if prep.moe_layers:
+        moe.start_log(prep.moe_layers)  # MoE routing figures of the timed steps
     meter.start()
     for r in range(cfg.repeats):
         clock = StepClock(device)
@@ -119,7 +125,7 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
             step = cfg.warmup_steps + r * cfg.measured_steps + i
             inject.before_step(step)
             c0 = time.thread_time()
-            losses.append(train_step(prep, batches[step], device, cfg.precision))
+            losses.append(train_step(prep, feed.step(step), device, cfg.precision))
             inject.after_step()
             busy_steps.append(time.thread_time() - c0)
             clock.mark()
@@ -127,17 +133,19 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
         busy_s += time.thread_time() - cpu0
         measured_s += time.perf_counter() - t0
         windows.append(clock.step_times())
+    routing = moe.stop_log(prep.moe_layers) if prep.moe_layers else None
     # NVML's energy counter moves in ~100 ms steps: a window shorter than the meter's
     # minimum gets untimed steps added inside it (step times above are untouched).
     timed = cfg.repeats * cfg.measured_steps
     extra = top_up_steps(meter, timed, device)
     for k in range(extra):
-        train_step(prep, batches[k % len(batches)], device, cfg.precision)
+        train_step(prep, feed.replay[k % len(feed.replay)], device, cfg.precision)
     sync(device)
     energy = meter.stop(steps=timed + extra)
+    moe_figures = moe.log_fields(routing, timed) if routing is not None else None  # a collective: after the window
     mem = read_peak(device)
-    breakdown = profile_window(cfg, prep, batches, device) if cfg.profile and profile else None
-    tracked = (track_memory(cfg, prep, batches, device) if cfg.track_memory else
+    breakdown = profile_window(cfg, prep, feed.replay, device) if cfg.profile and profile else None
+    tracked = (track_memory(cfg, prep, feed.replay, device) if cfg.track_memory else
                {"mem_tracked_reason": "track_memory = false for this config"}) if track else {}
 
     # Global loss per step: the loss-holding ranks' losses, weighted so the sum over all
@@ -145,10 +153,13 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
     loss_t = torch.stack(losses).float() * prep.loss_weight
     dist.all_reduce(loss_t)
     loss_values = loss_t.tolist()
-    del prep, batches
+    data_waits, data_method = measured_waits(feed, range(cfg.warmup_steps, total_steps)), feed.method
+    feed.close()
+    del prep, feed
     return RankFigures(rank=dist.get_rank(), init_s=init_s, warmup_s=warmup_s, measured_s=measured_s, busy_s=busy_s,
                        busy_steps=busy_steps, windows=windows, losses=loss_values, mem_method=mem_method,
-                       mem_init_peak_gib=init_peak, breakdown=breakdown, check=checked, **mem, **tracked, **energy)
+                       mem_init_peak_gib=init_peak, breakdown=breakdown, check=checked, data_waits=data_waits,
+                       data_method=data_method, moe=moe_figures, **mem, **tracked, **energy)
 
 
 def new_peak_window(device: torch.device) -> str:
@@ -213,11 +224,10 @@ def summarize_config(cfg: RunConfig, per_rank: list[RankFigures], device: torch.
     n_steps = len(step_times)
     flat = [[t for w in r.windows for t in w] for r in per_rank]
     s = stats.summarize(step_times)
-    tokens_per_step = cfg.global_batch * cfg.seq_len
-    tokens_per_s = tokens_per_step / s["median"]
-    flops_per_token = cfg.shape.flops_per_token(cfg.seq_len)
+    units = throughput(cfg, s["median"], world)  # tokens and FLOPs per token, or images for vision
+    tokens_per_step = units["tokens_per_step"]
     name = device_name(device)
-    model_tflops = flops_per_token * tokens_per_s / world / 1e12
+    model_tflops = units["model_tflops_per_device"]
     r0 = per_rank[0]
 
     # Energy: each GPU rank reads its own device; on CPU only local rank 0 reads the
@@ -225,7 +235,8 @@ def summarize_config(cfg: RunConfig, per_rank: list[RankFigures], device: torch.
     readers = [r for r in per_rank if r.energy_method != "none"] if device.type == "cpu" else per_rank
     energies = [r.energy_j for r in readers]
     energy_j = sum(energies) if readers and all(e is not None for e in energies) else None
-    measured_tokens = tokens_per_step * (r0.energy_steps or n_steps)  # the steps inside the energy window
+    # The tokens of the steps inside the energy window (None: the workload counts images).
+    measured_tokens = tokens_per_step * (r0.energy_steps or n_steps) if tokens_per_step else None
     mems = [r.mem_peak_gib for r in per_rank]
     return {
         "step_time_s": s["median"],
@@ -242,13 +253,8 @@ def summarize_config(cfg: RunConfig, per_rank: list[RankFigures], device: torch.
         "repeat_medians_s": [stats.summarize(w)["median"] for w in windows],
         "per_rank_step_time_median_s": [stats.summarize(f)["median"] for f in flat],
         "global_batch": cfg.global_batch,
-        "tokens_per_step": tokens_per_step,
-        "tokens_per_s": tokens_per_s,
-        "tokens_per_s_per_device": tokens_per_s / world,
+        **units,
         "samples_per_s": cfg.global_batch / s["median"],
-        "num_params": cfg.shape.num_params(),
-        "flops_per_token": flops_per_token,
-        "model_tflops_per_device": model_tflops,
         **mfu_fields(cfg.precision, name, device, model_tflops),
         "device_name": name,
         "mem_peak_gib": None if any(m is None for m in mems) else max(mems),
@@ -263,7 +269,7 @@ def summarize_config(cfg: RunConfig, per_rank: list[RankFigures], device: torch.
         "power_w": energy_j / r0.window_s if energy_j is not None and r0.window_s > 0 else None,
         "power_w_per_device": (energy_j / r0.window_s / len(readers) if energy_j is not None and r0.window_s > 0
                                and device.type == "cuda" else None),
-        "energy_per_token_j": energy_j / measured_tokens if energy_j is not None else None,
+        "energy_per_token_j": energy_j / measured_tokens if energy_j is not None and measured_tokens else None,
         "energy_window_s": r0.window_s,
         "num_energy_steps": r0.energy_steps,
         "energy_min_window_s": max((r.energy_min_window_s for r in readers if r.energy_method != "none"
@@ -280,7 +286,24 @@ def summarize_config(cfg: RunConfig, per_rank: list[RankFigures], device: torch.
         **pipeline_bubble(cfg, per_rank, device),
         **rank_spread(cfg, per_rank, device),
         **breakdown_fields(per_rank),
+        **fp8_fields(cfg.precision, device.type),
+        **offload_fields(cfg, device),
+        **(r0.moe or {}),
+        **data_fields(cfg, [r.data_waits for r in per_rank], [r.data_method for r in per_rank], s["median"]),
     }
+
+
+def offload_fields(cfg: RunConfig, device: torch.device) -> dict[str, Any]:
+    """What CPU offload did (offload = true): on CPU ranks the parameters, gradients and
+    optimizer state already live in host memory, so CPUOffloadPolicy copies nothing and
+    the run measures no transfer: said here rather than implied by the figures."""
+    if not cfg.offload:
+        return {}
+    reason = None
+    if device.type == "cpu":
+        reason = ("offload on CPU ranks is a no-op in effect: parameters, gradients and optimizer state are already "
+                  "in host memory, so no host-device copy was made or timed")
+    return {"offload_reason": reason}
 
 
 def memory_fields(per_rank: list[RankFigures]) -> dict[str, Any]:
@@ -318,6 +341,10 @@ def mfu_fields(precision: str, name: str, device: torch.device, model_tflops: fl
     this device's: null with the reason, never a figure no device can reach."""
     memory_gib = torch.cuda.get_device_properties(device).total_memory / 2**30 if device.type == "cuda" else None
     mode, setting = fp32_matmul_mode() if device.type == "cuda" else (None, None)
+    hfu = hfu_fields(precision, name, memory_gib, model_tflops)
+    # fp8's MFU divides by the bf16 dense peak (the convention torchtitan and Megatron
+    # report; an "fp8 MFU" against the fp8 peak is hfu_pct, beside it).
+    precision = MFU_PRECISION.get(precision, precision)
     peak, reason = peak_tflops(name, precision, memory_gib, mode or "ieee")
     mfu = 100.0 * model_tflops / peak if peak else None
     if mfu is not None and mfu > 100.0:
@@ -327,7 +354,26 @@ def mfu_fields(precision: str, name: str, device: torch.device, model_tflops: fl
     return {"peak_tflops": peak, "mfu_pct": mfu, "mfu_reason": None if mfu is not None else reason,
             "mfu_peak_precision": peak_precision(precision, mode or "ieee") if peak else None,
             "device_memory_gib": memory_gib, "tf32_matmul": None if mode is None else mode == "tf32",
-            "fp32_matmul_setting": setting}
+            "fp32_matmul_setting": setting, **hfu}
+
+
+# The catalog peak MFU divides by, where it is not the config's precision.
+MFU_PRECISION = {"fp8": "bf16"}
+
+
+def hfu_fields(precision: str, name: str, memory_gib: float | None, model_tflops: float) -> dict[str, Any]:
+    """fp8 configs: model FLOPs against the device's dense fp8 peak (hfu_pct), the peak of
+    the units the float8 linears run on. The same FLOPs as MFU (recomputation is not
+    added), and not every matmul runs in fp8 (attention's, the output head), so it is a
+    lower bound of the fp8 units' use. Null with the reason otherwise."""
+    if precision != "fp8":
+        return {"hfu_pct": None, "hfu_peak_tflops": None,
+                "hfu_reason": "recorded for fp8 configs only: MFU's peak is already that of the units the matmuls ran on"}
+    peak, reason = peak_tflops(name, "fp8", memory_gib)
+    hfu = 100.0 * model_tflops / peak if peak else None
+    if hfu is not None and hfu > 100.0:
+        reason, hfu = f"model FLOPs at {hfu:.0f}% of the {peak:g} TFLOPS fp8 peak ({reason}): check its catalog entry", None
+    return {"hfu_pct": hfu, "hfu_peak_tflops": peak, "hfu_reason": None if hfu is not None else reason}
 
 
 def breakdown_fields(per_rank: list[RankFigures]) -> dict[str, Any]:
@@ -406,7 +452,9 @@ def pipeline_bubble(cfg: RunConfig, per_rank: list[RankFigures], device: torch.d
         return {}
     theory = theoretical_bubble(cfg.pp, cfg.grad_accum, cfg.pp_schedule, cfg.virtual_stages)
     out: dict[str, Any] = {"pp_bubble_theoretical": theory, "pp_bubble_measured": None,
-                           "pp_bubble_per_rank": None, "pp_bubble_reason": None}
+                           "pp_bubble_per_rank": None, "pp_bubble_reason": None,
+                           "pp_bubble_theoretical_reason": bubble_unknown_reason(cfg.pp, cfg.grad_accum,
+                                                                                 cfg.pp_schedule)}
     crowded = cores_shared()
     if device.type != "cpu":
         out["pp_bubble_reason"] = "measured from thread CPU time, which only works on CPU ranks"
@@ -501,6 +549,7 @@ def merge_rounds(parts: list[RankFigures]) -> RankFigures:
         window_s=sum(p.window_s for p in parts),
         energy_steps=None if any(p.energy_steps is None for p in parts) else sum(p.energy_steps for p in parts),
         energy_reason=next((p.energy_reason for p in parts if p.energy_reason), None),
+        data_waits=None if any(p.data_waits is None for p in parts) else [w for p in parts for w in p.data_waits or ()],
     )
 
 
@@ -530,7 +579,12 @@ def correctness(cfg: RunConfig, checked: dict[str, Any] | None, device: torch.de
         ref = reference.reference_check(cfg, device, run_dir)
     except torch.OutOfMemoryError:
         return {"correct": None, "correct_reason": "the single-process reference does not fit on one device"}
-    return compare_check(checked, ref, cfg.precision, lossy=cfg.grad_compression != "none")
+    out = compare_check(checked, ref, cfg.precision, lossy=cfg.grad_compression != "none")
+    if cfg.workload == "vision":  # the check window's data: class patterns, not Markov tokens
+        from ..workloads.vision import LEARNABLE_IMAGES
+
+        out["check_data"] = LEARNABLE_IMAGES
+    return out
 
 
 def run_configs(configs: list[RunConfig], device: torch.device, meter: EnergyMeter, run_dir: RunDir,
@@ -581,8 +635,7 @@ def warm_process(cfg: RunConfig, device: torch.device, run_dir: RunDir) -> None:
     try:
         prep = prepare(cfg, device)
         steps = max(2, min(cfg.warmup_steps, 5))
-        batches = rank_batches(cfg.seed, range(steps), prep.dp_rank, cfg.micro_batch, cfg.grad_accum, prep.dp_size,
-                               cfg.seq_len, cfg.shape.vocab, device)
+        batches = batches_for(cfg, range(steps), prep.dp_rank, prep.dp_size, device)
         for b in batches:
             train_step(prep, b, device, cfg.precision)
         sync(device)

@@ -39,6 +39,20 @@ REGISTRY: tuple[Strategy, ...] = (
              zero_stage=3),
     Strategy("fsdp_grad_op", "FSDP2 fully_shard without reshard after forward: grads and optimizer sharded "
              "(ZeRO-2-like)", None, zero_stage=2),
+    # HSDP is its own entry rather than an fsdp option: it is one more data-parallel
+    # strategy (dp = every rank) with its own ZeRO stage and build path, and a registry
+    # entry is what the planner, the docs and --help already enumerate; the replica count
+    # is the `replicas` key (pp+tp+dp reaches the same through dp_mode = "hsdp").
+    Strategy("hsdp", "HSDP: FSDP2 on a 2-D (replicate x shard) mesh: sharded within groups of dp / replicas ranks, "
+             "gradients all-reduced across the replicas (ZeRO-3 within a group)", None, zero_stage=3),
+    # Expert parallelism (MoE models): ep is carved out of dp (layout {ep = E}, default
+    # ep = dp); strategies/expert_parallel.py builds both.
+    Strategy("ep", "expert parallel (MoE models): experts sharded over ep ranks (layout {ep}; default every rank) and "
+             "replicated over dp / ep, tokens sent to them by all-to-all; everything else DDP over every rank",
+             ("dp", "ep"), fills="dp", zero_stage=0, prepare="expert_parallel"),
+    Strategy("fsdp+ep", "expert parallel with FSDP2: experts sharded over ep ranks and FSDP-sharded over the dp / ep "
+             "ranks that share them; everything else FSDP over every rank", ("dp", "ep"), fills="dp", zero_stage=3,
+             prepare="expert_parallel"),
     Strategy("tp", "tensor parallel (DTensor): Megatron column/row splits of attention and MLP", ("tp",), fills="tp",
              prepare="nd_parallel"),
     Strategy("tp_sp", "tensor parallel + sequence parallel: norms and residual stream sharded over the sequence",
@@ -74,14 +88,33 @@ def dims_for(strategy: str, nproc: int, layout: dict[str, int] | None) -> tuple[
     extra = set(lay) - set(s.degrees)
     if extra:
         return None, f"strategy {strategy} takes degrees {', '.join(s.degrees)}; layout also names {', '.join(sorted(extra))}"
-    deg = {"dp": 1, "tp": 1, "pp": 1, **dict(s.defaults), **lay}
+    deg = {"dp": 1, "tp": 1, "pp": 1, "ep": 1, **dict(s.defaults), **lay}
     if s.fills not in lay:
         others = 1
         for k in s.degrees:
-            if k != s.fills:
+            if k not in (s.fills, "ep"):  # ep is carved out of dp: it adds no ranks
                 others *= deg[k]
         deg[s.fills] = max(1, nproc // others)
-    return ParallelDims(dp=deg["dp"], tp=deg["tp"], pp=deg["pp"]), None
+    if "ep" in s.degrees and "ep" not in lay:
+        deg["ep"] = deg["dp"]  # every data-parallel rank holds its own share of the experts
+    return ParallelDims(dp=deg["dp"], tp=deg["tp"], pp=deg["pp"], ep=deg["ep"]), None
+
+
+EXPERT_PARALLEL = tuple(s.name for s in REGISTRY if s.prepare == "expert_parallel")
+# Strategies an MoE model runs under: the data-parallel ones (every rank holds every
+# expert) and expert parallelism. Tensor and pipeline parallelism do not split experts.
+MOE_STRATEGIES = ("single", "ddp", "zero1", "fsdp", "fsdp_grad_op") + EXPERT_PARALLEL
+
+
+def moe_problem(strategy: str, experts: int) -> str | None:
+    """Why a config's strategy cannot run its model's experts (None when it can)."""
+    if strategy in EXPERT_PARALLEL and not experts:
+        return (f"strategy {strategy} shards experts: it needs an MoE model (experts > 0), e.g. model = "
+                "\"tiny-moe\"")
+    if experts and strategy not in MOE_STRATEGIES:
+        return (f"MoE models run under {', '.join(MOE_STRATEGIES)}; {strategy} does not split experts (tensor and "
+                "pipeline parallelism of MoE layers are not built)")
+    return None
 
 
 def builder(strategy: str) -> Callable[..., object]:

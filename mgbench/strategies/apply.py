@@ -20,7 +20,8 @@ from torch.utils.checkpoint import checkpoint
 from ..config import RunConfig
 from ..workloads.gpt import DecoderLM
 
-AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# fp8: torchao float8 linears (strategies/fp8.py), everything else under bf16 autocast.
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 
 # AdamW settings of the benchmark. Values from common LM practice (GPT-3 / Llama):
 # they matter only in that every strategy and the reference use the same ones.
@@ -68,11 +69,18 @@ class Checkpointed(nn.Module):
         super().__init__()
         self.block = block
 
-    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+    def forward(self, *args: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         # No RNG state saved and restored around the recomputation: the workload draws
         # no random numbers in forward (no dropout), and preserving it costs a device
-        # RNG-state copy per block per step.
-        return checkpoint(self.block, *args, use_reentrant=False, preserve_rng_state=False)
+        # RNG-state copy per block per step. (Keyword arguments: Hugging Face layers.)
+        return checkpoint(self.block, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
+
+
+def block_keys(model: nn.Module) -> list[Any]:
+    """Keys of ``model.blocks``: names of a ModuleDict (mgbench's models), indices of a
+    ModuleList (a Hugging Face model's decoder layers, workloads/hf.py)."""
+    blocks = model.blocks
+    return list(blocks.keys()) if isinstance(blocks, nn.ModuleDict) else list(range(len(blocks)))
 
 
 def apply_activation_checkpointing(model: DecoderLM, mode: str) -> None:
@@ -81,7 +89,7 @@ def apply_activation_checkpointing(model: DecoderLM, mode: str) -> None:
     if mode == "none":
         return
     every = {"every_2nd": 2, "full": 1}[mode]
-    for i, key in enumerate(list(model.blocks.keys())):
+    for i, key in enumerate(block_keys(model)):
         if i % every == 0:
             model.blocks[key] = Checkpointed(model.blocks[key])
 
@@ -89,7 +97,7 @@ def apply_activation_checkpointing(model: DecoderLM, mode: str) -> None:
 def apply_compile(model: DecoderLM) -> None:
     """Compile each block separately (as torchtitan does): smaller graphs, and FSDP
     hooks stay between them."""
-    for key in list(model.blocks.keys()):
+    for key in block_keys(model):
         model.blocks[key].compile()
 
 
@@ -109,6 +117,7 @@ class Prepared:
     is_last: bool = True  # holds the last chunk (computes the loss)
     modules: list[nn.Module] = field(default_factory=list)
     stage_loss: Any = None  # pipelines: the schedule's loss function (StageLoss: fp16 scaling, true losses)
+    moe_layers: list[nn.Module] = field(default_factory=list)  # MoE layers, whose aux losses join the gradient
 
 
 def place(model: nn.Module, device: torch.device) -> nn.Module:
@@ -120,15 +129,21 @@ def place(model: nn.Module, device: torch.device) -> nn.Module:
     return model.to(device)
 
 
-def _fsdp(model: DecoderLM, mesh: Any, precision: str, reshard: bool) -> None:
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+def _fsdp(model: DecoderLM, mesh: Any, precision: str, reshard: bool, offload: bool = False) -> None:
+    """FSDP2 over ``mesh``: a 1-D mesh shards over all its ranks; a 2-D (replicate,
+    shard) mesh is HSDP. ``offload``: CPUOffloadPolicy (parameters, gradients and the
+    optimizer step on the host; each use copies to the device)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     dtype = AUTOCAST_DTYPES[precision]
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
-    for block in model.blocks.values():
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+    # Pinned host memory needs an accelerator (torch refuses it on CPU-only ranks, where
+    # the offloaded states stay where they are anyway).
+    kw = {"offload_policy": CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda") if offload else OffloadPolicy()}
+    for key in block_keys(model):
+        fully_shard(model.blocks[key], mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, **kw)
     # The root holds embedding, final norm and head; it is resharded only at the end.
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, **kw)
 
 
 def _finish_module(model: DecoderLM, cfg: RunConfig) -> None:
@@ -142,20 +157,51 @@ def _finish_module(model: DecoderLM, cfg: RunConfig) -> None:
 def build_model(cfg: RunConfig) -> DecoderLM:
     """The full model with the config's seed: identical on every rank and in the reference."""
     torch.manual_seed(cfg.seed)
-    return DecoderLM(cfg.shape, max_seq_len=cfg.seq_len)
+    from ..workloads import implementation
+
+    impl = implementation(cfg)  # a Hugging Face or vision model (workloads/); None: the DecoderLM
+    if impl is not None:
+        return impl.build(cfg)
+    model = DecoderLM(cfg.shape, max_seq_len=cfg.seq_len)
+    if cfg.shape.is_moe:
+        from ..workloads.moe import configure
+
+        configure(model, cfg.moe_capacity_factor, cfg.moe_aux_loss_coef)  # routing keys of the config
+    return model
 
 
 def prepare(cfg: RunConfig, device: torch.device) -> Prepared:
     """Build the config's model and wrap it for its strategy and layout."""
     from . import builder
 
-    return builder(cfg.strategy)(cfg, build_model(cfg), device)
+    return _with_moe(builder(cfg.strategy)(cfg, _converted(cfg, build_model(cfg), sharded=cfg.zero_stage >= 2),
+                                           device))
+
+
+def _with_moe(prep: Prepared) -> Prepared:
+    """``prep`` with its MoE layers listed (none for a dense model)."""
+    from ..workloads.moe import moe_layers
+
+    prep.moe_layers = list(moe_layers(prep.modules))
+    return prep
+
+
+def _converted(cfg: RunConfig, model: nn.Module, sharded: bool) -> nn.Module:
+    """The model with fp8's float8 linears swapped in (precision = "fp8"), else as built.
+    Before any wrapper, as torchtitan orders it: FSDP2 then shards the float8 weights
+    (``sharded``: tensorwise all-gathers them in float8)."""
+    if cfg.precision == "fp8":
+        from . import fp8
+
+        fp8.convert(model, cfg.fp8_recipe, fsdp=sharded)
+    return model
 
 
 def data_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepared:
     """single, ddp, zero1, fsdp, fsdp_grad_op: every rank holds (a shard of) the whole model."""
     _finish_module(model, cfg)
-    prep = _data_parallel(cfg.strategy, model, device, cfg.precision, _bucket_cap_mb(cfg, model, device))
+    prep = _data_parallel(cfg.strategy, model, device, cfg.precision, _bucket_cap_mb(cfg, model, device),
+                          replicas=cfg.replicas, offload=cfg.offload)
     if cfg.grad_compression != "none":
         register_compression(prep.model, cfg.grad_compression, cfg.powersgd_rank)
     return prep
@@ -183,7 +229,8 @@ def register_compression(ddp_model: nn.Module, kind: str, rank: int) -> None:
 def prepare_reference(cfg: RunConfig, device: torch.device) -> Prepared:
     """The single-process reference: same seed and weights, no wrapper, no checkpointing
     or compilation (neither changes the mathematics)."""
-    return _data_parallel("single", build_model(cfg), device, cfg.precision)
+    return _with_moe(_data_parallel("single", _converted(cfg, build_model(cfg), sharded=False), device,
+                                    cfg.precision))
 
 
 def _bucket_cap_mb(cfg: RunConfig, model: nn.Module, device: torch.device) -> float | None:
@@ -201,7 +248,7 @@ def _bucket_cap_mb(cfg: RunConfig, model: nn.Module, device: torch.device) -> fl
 
 
 def _data_parallel(strategy: str, model: DecoderLM, device: torch.device, precision: str,
-                   bucket_cap_mb: float | None = None) -> Prepared:
+                   bucket_cap_mb: float | None = None, replicas: int = 1, offload: bool = False) -> Prepared:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -234,9 +281,14 @@ def _data_parallel(strategy: str, model: DecoderLM, device: torch.device, precis
                         loss_weight=1.0 / size, modules=[wrapped])
 
     model = place(model, device)
-    # An explicit mesh of the device type: on CPU this is what lets FSDP2 use gloo.
-    _fsdp(model, device_mesh(device, (world,)), precision, reshard=(strategy == "fsdp"))
-    opt = make_optimizer(model.parameters(), device, sharded_fp16=precision == "fp16")
+    # An explicit mesh of the device type: on CPU this is what lets FSDP2 use gloo. HSDP:
+    # replicas x shard, rank-major, so a shard group is neighbouring ranks (one node first).
+    mesh = (device_mesh(device, (replicas, world // replicas), ("replicate", "shard")) if strategy == "hsdp"
+            else device_mesh(device, (world,)))
+    _fsdp(model, mesh, precision, reshard=(strategy != "fsdp_grad_op"), offload=offload)
+    # Offloaded parameters live on the host: so does their optimizer step.
+    opt = make_optimizer(model.parameters(), torch.device("cpu") if offload else device,
+                         sharded_fp16=precision == "fp16")
     if precision == "fp16":
         # Gradients are shards: every rank must agree on whether a step overflowed.
         scaler = LossScaler(device, sharded=True)
@@ -340,18 +392,28 @@ def _fsdp_no_sync(model: nn.Module) -> Callable[[bool], ContextManager[Any]]:
 
 def nd_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepared:
     """tp, tp_sp, pp, fsdp+tp and pp+tp+dp on a (pp, dp, tp) device mesh."""
-    from .pipeline import schedule_class, stage_module
+    from .pipeline import build_schedule, rank_chunks, stage_module
     from .tensor_parallel import apply_tensor_parallel
 
-    mesh = device_mesh(device, (cfg.pp, cfg.dp, cfg.tp), ("pp", "dp", "tp"))
-    pp_rank, dp_rank = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
-    use_fsdp = cfg.strategy == "fsdp+tp" or (cfg.strategy == "pp+tp+dp" and cfg.dp_mode == "fsdp")
+    use_fsdp = cfg.strategy == "fsdp+tp" or (cfg.strategy == "pp+tp+dp" and cfg.dp_mode in ("fsdp", "hsdp"))
+    if cfg.strategy == "pp+tp+dp" and cfg.dp_mode == "hsdp":
+        # dp split into replicas x shard: FSDP2 shards within dp_shard and all-reduces
+        # across dp_replicate. The data-parallel rank is the flattened (replicate, shard)
+        # index, the same rank order as the 1-D dp dimension of the other modes.
+        shard = cfg.dp // cfg.replicas
+        mesh = device_mesh(device, (cfg.pp, cfg.replicas, shard, cfg.tp), ("pp", "dp_replicate", "dp_shard", "tp"))
+        dp_mesh = mesh["dp_replicate", "dp_shard"]
+        dp_rank = mesh.get_local_rank("dp_replicate") * shard + mesh.get_local_rank("dp_shard")
+    else:
+        mesh = device_mesh(device, (cfg.pp, cfg.dp, cfg.tp), ("pp", "dp", "tp"))
+        dp_mesh, dp_rank = mesh["dp"], mesh.get_local_rank("dp")
+    pp_rank = mesh.get_local_rank("pp")
     sequence_parallel = cfg.strategy == "tp_sp"
     if cfg.pipelined:
-        v = cfg.virtual_stages if cfg.pp_schedule == "interleaved" else 1
-        num_chunks = cfg.pp * v
-        chunk_ids = [pp_rank + k * cfg.pp for k in range(v)]
-        modules = [stage_module(model, c, num_chunks, copy_model=v > 1) for c in chunk_ids]
+        # The schedule registry places the chunks (loop or V; strategies/schedules.py).
+        chunk_ids = rank_chunks(cfg.pp_schedule, pp_rank, cfg.pp, cfg.virtual_stages)
+        num_chunks = cfg.pp * len(chunk_ids)
+        modules = [stage_module(model, c, num_chunks, copy_model=len(chunk_ids) > 1) for c in chunk_ids]
     else:
         num_chunks, chunk_ids, modules = 1, [0], [model]
     wrapped = []
@@ -361,7 +423,7 @@ def nd_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepa
             apply_tensor_parallel(mod, mesh["tp"], sequence_parallel)
         _finish_module(mod, cfg)
         if cfg.dp > 1 and use_fsdp:
-            _fsdp(mod, mesh["dp"], cfg.precision, reshard=True)
+            _fsdp(mod, dp_mesh, cfg.precision, reshard=True)
         elif cfg.dp > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -393,11 +455,16 @@ def nd_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepa
 
     group = mesh["pp"].get_group()
     stages = [PipelineStage(m, c, num_chunks, device, group=group) for m, c in zip(wrapped, chunk_ids)]
-    cls = schedule_class(cfg.pp_schedule)
     # The schedule calls the loss itself: fp16 scaling happens inside it (StageLoss).
     loss = StageLoss(scaler)
-    sched = cls(stages if cfg.pp_schedule == "interleaved" else stages[0], n_microbatches=cfg.grad_accum,
-                loss_fn=loss)
+    sched = build_schedule(cfg.pp_schedule, stages, cfg.grad_accum, loss)
     return Prepared(wrapped[0], opt, scaler, lambda last: contextlib.nullcontext(), dp_rank=dp_rank,
                     dp_size=cfg.dp, loss_weight=weight, schedule=sched, is_first=0 in chunk_ids,
                     is_last=holder, modules=wrapped, stage_loss=loss)
+
+
+def expert_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepared:
+    """ep and fsdp+ep (MoE models): see strategies/expert_parallel.py."""
+    from .expert_parallel import prepare_expert_parallel
+
+    return prepare_expert_parallel(cfg, model, device)

@@ -1,8 +1,10 @@
 """Pipeline parallelism: split the decoder into stages and drive a torch schedule.
 
 The model is cut into pp x v chunks balanced by layer count (the first chunks take one
-extra layer when the layers do not divide). Rank r holds chunks r, r + pp, r + 2 pp ...
-(v > 1 only for the interleaved schedule), as torch's interleaved 1F1B expects.
+extra layer when the layers do not divide). Which chunks a rank holds, and the bubble a
+schedule leaves in theory, are the schedule registry's (:mod:`.schedules`, torch-free):
+rank r holds chunks r, r + pp, r + 2 pp ... (v > 1 for the interleaved schedules), or
+r and 2 pp - 1 - r for the V-shaped ZB-V and DualPipeV.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 from torch import nn
 
 from ..workloads.gpt import DecoderLM, lm_loss
+from .schedules import BY_NAME, bubble_unknown_reason, rank_chunks, theoretical_bubble  # noqa: F401 (re-exported)
 
 
 def chunk_layers(layers: int, chunks: int) -> list[range]:
@@ -70,17 +73,20 @@ class StageLoss:
 
 
 def schedule_class(name: str) -> type:
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+    """The torch.distributed.pipelining class of a registered schedule."""
+    import torch.distributed.pipelining as pipelining
 
-    return {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}[name]
+    return getattr(pipelining, BY_NAME[name].torch_class)
 
 
-def theoretical_bubble(pp: int, num_micro: int, schedule: str, virtual_stages: int) -> float:
-    """Idle fraction of each stage: (p - 1) / (m + p - 1) for GPipe and 1F1B; the
-    interleaved schedule shrinks the bubble v-fold: (p - 1) / (v m + p - 1)
-    (Narayanan et al. 2021, sections 2.2.1-2.2.2)."""
-    v = virtual_stages if schedule == "interleaved" else 1
-    return (pp - 1) / (v * num_micro + pp - 1)
+def build_schedule(name: str, stages: list[Any], num_micro: int, loss: "StageLoss") -> Any:
+    """The torch schedule over this rank's stages. Single-stage schedules (GPipe, 1F1B)
+    take one stage; the others the list. Every one averages gradients over the
+    micro-batches (scale_grads, torch's default): zero-bubble schedules too, after their
+    split weight-gradient passes (checked by the correctness window)."""
+    cls = schedule_class(name)
+    multi = BY_NAME[name].fixed_chunks != 1
+    return cls(stages if multi else stages[0], n_microbatches=num_micro, loss_fn=loss)
 
 
 def count_params(modules: list[nn.Module]) -> int:

@@ -108,12 +108,17 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, shape: ModelShape) -> None:
+    def __init__(self, shape: ModelShape, index: int = 0) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(shape.hidden)
         self.attn = Attention(shape)
         self.mlp_norm = RMSNorm(shape.hidden)
-        self.mlp = MLP(shape)
+        if shape.is_moe_layer(index):
+            from .moe import MoE  # routed experts in place of the dense MLP
+
+            self.mlp: nn.Module = MoE(shape)
+        else:
+            self.mlp = MLP(shape)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin)
@@ -129,7 +134,7 @@ class DecoderLM(nn.Module):
         self.tok_emb = nn.Embedding(shape.padded_vocab, shape.hidden)
         # A ModuleDict keyed by index (not a ModuleList) so pipeline stages can delete
         # blocks and keep the original parameter names.
-        self.blocks = nn.ModuleDict({str(i): Block(shape) for i in range(shape.layers)})
+        self.blocks = nn.ModuleDict({str(i): Block(shape, i) for i in range(shape.layers)})
         self.norm = RMSNorm(shape.hidden)
         self.head = nn.Linear(shape.hidden, shape.padded_vocab, bias=False)
         if shape.tie_embeddings:
@@ -146,7 +151,7 @@ class DecoderLM(nn.Module):
             if p.dim() < 2:
                 continue
             std = 0.02
-            if name.endswith("wo.weight") or name.endswith("w2.weight"):
+            if name.endswith(("wo.weight", "w2.weight", "experts.w2")):
                 std = 0.02 / (2 * self.shape.layers) ** 0.5
             nn.init.normal_(p, mean=0.0, std=std)
 

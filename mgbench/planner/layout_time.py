@@ -1,0 +1,250 @@
+"""Step time of a full layout: :func:`mgbench.planner.perf.step_time`'s terms, plus the
+axes of issue 17 (expert parallelism, context parallelism, FP8, HSDP, CPU offload and
+the pipeline schedule's own bubble).
+
+    step = compute + bubble + tp_comm + pp_comm + exposed_dp_comm
+           + ep_comm + cp_comm + offload
+
+compute   perf's; with context parallelism each of the cp ranks computes s / cp tokens
+          of every sequence (queries) against the whole sequence (keys): perf is called
+          with micro-batch b / cp and data-parallel degree dp x cp, which gives exactly
+          that split of tokens, the same micro-batch count and the gradient reduction
+          over dp x cp ranks that torchtitan's FSDP mesh does. Under fp8 the blocks'
+          linear layers (every block matmul but attention's scores and values) run at
+          the FP8 peak with the same fraction of it as bf16 matmuls get of theirs
+          (:data:`FP8_EFF_NOTE`); the output projection stays bf16 (torchao / torchtitan
+          leave it out, strategies/fp8.py). MFU stays against the bf16 peak.
+bubble    the schedule's theoretical idle fraction f (strategies/schedules.py's
+          :func:`theoretical_bubble`, the one place for it): bubble = blocks x f / (1 - f),
+          which for 1F1B is perf's (p - 1) / m blocks.
+ep_comm   4 uneven all-to-alls per MoE layer and micro-batch (dispatch and combine,
+          forward and backward; 2 more per recomputed MoE layer), each moving
+          tokens x top_k x h x e x (ep - 1) / ep bytes per rank, on NVLink when the ep
+          group fits in a node, else the NIC share; not overlapped (DualPipe-style
+          overlap of all-to-all with compute is not modelled).
+cp_comm   the all-gather form of context parallelism: per block and micro-batch an
+          all-gather of K and V (s b 2 k e / t bytes in all, k = kv heads x head dim)
+          and a reduce-scatter of their gradients (ring collectives over cp ranks, plus
+          one all-gather per recomputed block); not overlapped.
+dp_comm   perf's rule per parameter group: dense weights over dp x cp ranks (HSDP: the
+          reduce-scatter / all-gathers inside dp x cp / replicas ranks, then an
+          all-reduce of the shard across the replicas), routed experts (/ ep) over the
+          expert data-parallel group of dp x cp / ep ranks; under fp8 with ZeRO-3 the
+          weight all-gathers carry 1 byte a weight (torchao's float8 all-gather).
+offload   FSDP2 CPU offload: every all-gather first copies the fp32 shard host to
+          device (2 per micro-batch: forward and backward), every reduce-scatter
+          copies the fp32 gradient shard back; the two directions run concurrently on
+          the host link (PCIe / C2C of the system, hardware.toml ``host_link``), not
+          overlapped with compute. The optimizer step on the host CPU is not priced
+          (no host memory bandwidth in the catalog): said in the result's notes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import catalog
+from ..errors import MgbenchError
+from ..model_shape import ModelShape
+from ..strategies.schedules import bubble_unknown_reason, theoretical_bubble
+from . import perf
+from .hardware import GB, Hardware
+from .memory import VIRTUAL_SCHEDULES, stage_param_split
+
+FP8_EFF_NOTE = ("FP8 linears at the bf16 matmul efficiency's fraction of the FP8 peak (an assumption: no FP8 "
+                "best-GEMM (MAMF) figure is recorded; casts and scaling are not priced)")
+OFFLOAD_NOTE = "CPU offload: the optimizer step on the host CPU is not priced (no host memory bandwidth in the catalog)"
+
+
+def hardware_precision(precision: str) -> str:
+    """The precision whose peak a Hardware is resolved at: fp8 training keeps bf16 for
+    everything but the blocks' linears, and MFU is quoted against the bf16 peak."""
+    return "bf16" if precision == "fp8" else precision
+
+
+def fp8_peak_tflops(hw: Hardware) -> float:
+    """The catalog's dense FP8 peak of ``hw``'s GPU; MgbenchError where it has none."""
+    try:
+        peak = catalog.accelerator(hw.gpu)["tflops"].get("fp8")
+    except MgbenchError:
+        peak = None
+    if peak is None:
+        raise MgbenchError(f"--precision fp8: the catalog has no FP8 peak for {hw.gpu} (FP8 tensor cores: H100, "
+                           "H200, B200, MI300X, L40S, RTX 4090); choose bf16")
+    return float(peak)
+
+
+def host_link_bw(hw: Hardware) -> float:
+    """Bytes/s one GPU moves to or from host memory (one direction): the system's
+    ``host_link`` in hardware.toml at its measured fraction. MgbenchError where unknown."""
+    system = catalog.systems().get(hw.system, {})
+    name = system.get("host_link")
+    if name is None:
+        raise MgbenchError(f"--offload: the host link of {hw.system!r} is not in the catalog (hardware.toml "
+                           "systems.*.host_link); offload cannot be priced there")
+    link = catalog.links()[name]
+    return float(link["peak_gbps"]) * GB * float(link["bw_eff"])
+
+
+def bubble_fraction(pp: Any, num_micro: Any, schedule: str, virtual_stages: int) -> Any:
+    """:func:`theoretical_bubble` over arrays; NaN where the schedule's paper gives no
+    figure (ZB-V with fewer than 2 p micro-batches), 0 for pp = 1."""
+    p = np.asarray(pp, dtype=float)
+    m = np.asarray(num_micro, dtype=float)
+
+    def one(pi: float, mi: float) -> float:
+        f = theoretical_bubble(int(pi), int(mi), schedule, virtual_stages)
+        return np.nan if f is None else float(f)
+
+    return np.where(p == 1, 0.0, np.vectorize(one, otypes=[float])(p, np.maximum(m, 1.0)))
+
+
+def ep_all_to_all_s(shape: ModelShape, hw: Hardware, *, tokens: Any, ep: Any, span: Any, precision: str,
+                    moe_layers: Any, num_micro: Any, recompute: Any, layers: Any) -> Any:
+    """Seconds of expert-parallel all-to-all per step (see the module docstring).
+    ``tokens``: one rank's tokens per micro-batch; ``moe_layers`` of the ``layers``
+    blocks of its stage; ``span``: consecutive GPUs the ep group covers."""
+    e = 4.0 if precision == "fp32" else 2.0
+    n = np.asarray(ep, dtype=float)
+    nbytes = np.asarray(tokens, dtype=float) * shape.top_k * shape.hidden * e * (n - 1.0) / np.maximum(n, 1.0)
+    bw, alpha = perf._group_link(span, hw)
+    one = np.where(n > 1, (n - 1.0) * alpha + nbytes / bw, 0.0)
+    rc = np.asarray(recompute)
+    lay = np.asarray(layers, dtype=float)
+    recomputed = np.where(rc == 2, 1.0, np.where(rc == 1, np.ceil(lay / 2.0) / lay, 0.0))
+    return (4.0 + 2.0 * recomputed) * np.asarray(moe_layers, dtype=float) * np.asarray(num_micro, dtype=float) * one
+
+
+def cp_kv_exchange_s(shape: ModelShape, hw: Hardware, *, seq: Any, micro_batch: Any, tp: Any, cp: Any, span: Any,
+                     precision: str, layers: Any, num_micro: Any, recompute: Any) -> Any:
+    """Seconds of context-parallel K/V exchange per step (see the module docstring):
+    ``micro_batch`` whole sequences of ``seq`` tokens, ``layers`` blocks on the stage."""
+    e = 4.0 if precision == "fp32" else 2.0
+    k = shape.kv_heads * shape.dim_head
+    nbytes = np.asarray(seq, dtype=float) * np.asarray(micro_batch, dtype=float) * 2.0 * k * e / np.asarray(tp, dtype=float)
+    bw, alpha = perf._group_link(span, hw)
+    one = perf.ring_time(nbytes, cp, bw, alpha, 1.0)
+    rc = np.asarray(recompute)
+    lay = np.asarray(layers, dtype=float)
+    recomputed = np.where(rc == 2, 1.0, np.where(rc == 1, np.ceil(lay / 2.0) / lay, 0.0))
+    return (2.0 + recomputed) * lay * np.asarray(num_micro, dtype=float) * one
+
+
+def linear_fraction(shape: ModelShape, seq: Any, recompute: Any) -> Any:
+    """The share of the blocks' hardware FLOPs in linear layers (what fp8 speeds up):
+    all but attention's scores and values."""
+    blocks = perf.hardware_flops_per_token(shape, seq, recompute) - perf.head_flops_per_token(shape)
+    return 1.0 - perf.attention_flops_per_token(shape, seq, recompute) / blocks
+
+
+def dp_comm_s(hw: Hardware, *, dense: Any, expert: Any, tp: Any, dpc: Any, ep: Any, replicas: Any, zero: Any,
+              num_micro: Any, precision: str) -> Any:
+    """Seconds of data-parallel traffic per step before overlap (see the module
+    docstring); ``dense``/``expert``: parameters on this GPU before sharding; ``dpc``:
+    the data-parallel ranks (dp x cp)."""
+    g = 4.0 if precision == "fp32" else 2.0  # gradient bytes (perf's)
+    w = 1.0 if precision == "fp8" else g  # gathered weight bytes
+    z = np.asarray(zero)
+    m = np.asarray(num_micro, dtype=float)
+    t, d = np.asarray(tp, dtype=float), np.asarray(dpc, dtype=float)
+
+    def group(params: Any, n: Any, r: Any) -> Any:
+        shard = n / r  # ranks a copy is sharded over
+        bw_s, a_s = perf._group_link(t * shard, hw)
+        bw_all, a_all = perf._group_link(t * n, hw)
+        gb = np.asarray(params, dtype=float) * g
+        allreduce = perf.ring_time(gb, n, bw_all, a_all, 2.0)
+        z3 = 2.0 * m * perf.ring_time(np.asarray(params, dtype=float) * w, shard, bw_s, a_s, 1.0) \
+            + perf.ring_time(gb, shard, bw_s, a_s, 1.0) + perf.ring_time(gb / shard, r, bw_all, a_all, 2.0)
+        return np.where(z >= 3, z3, allreduce)
+
+    return group(dense, d, np.asarray(replicas, dtype=float)) + group(expert, d / np.asarray(ep, dtype=float), 1.0)
+
+
+def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, micro_batch: Any, tp: Any, pp: Any,
+              dp: Any, zero: Any, recompute: Any, precision: str = "bf16", schedule: str = "1f1b",
+              virtual_stages: int = 1, overlap: float = perf.DEFAULT_OVERLAP, sp: Any = False, flash: Any = True,
+              ep: Any = 1, cp: Any = 1, replicas: Any = 1, offload: bool = False,
+              host_ops: dict[str, float] | None = None) -> dict[str, Any]:
+    """Predicted step time and its parts for a layout with every axis (arrays
+    broadcast); perf.step_time's keys, the new terms in ``breakdown`` and ``notes``.
+    ``hw`` is resolved at :func:`hardware_precision` (bf16 for fp8)."""
+    c = np.asarray(cp, dtype=float)
+    d = np.asarray(dp, dtype=float)
+    dense_p, expert_p = stage_param_split(shape, tp, pp, ep)
+    virtual = schedule in VIRTUAL_SCHEDULES
+    v = virtual_stages if virtual else 1
+    out = perf.step_time(shape, hw, seq=seq, global_batch=global_batch, micro_batch=np.asarray(micro_batch) / c,
+                         tp=tp, pp=pp, dp=d * c, zero=zero, recompute=recompute,
+                         precision=hardware_precision(precision), schedule="interleaved" if virtual else "1f1b",
+                         virtual_stages=v, overlap=overlap, sp=sp, flash=flash, stage_params=dense_p + expert_p,
+                         host_ops=host_ops)
+    b = out["breakdown"]
+    m = out["num_micro_batches"]
+    s = np.asarray(seq, dtype=float)
+    rc = np.asarray(recompute)
+    t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
+    notes: list[str] = []
+    blocks = b["compute_s"] - b["head_s"]
+    if precision == "fp8":
+        if host_ops is not None and hw.ew_bw is not None:
+            raise MgbenchError("--precision fp8 is priced on catalog GPUs only (a probed CPU has no FP8 units)")
+        ratio = hw.peak_tflops / fp8_peak_tflops(hw)
+        blocks_mm = b["matmul_s"] - b["head_s"] * hw.stack_eff
+        blocks = blocks - blocks_mm * linear_fraction(shape, s, rc) * (1.0 - ratio) / hw.stack_eff
+        notes.append(FP8_EFF_NOTE)
+    compute = blocks + b["head_s"]
+    f = bubble_fraction(p, m, schedule, v)
+    if np.any(np.isnan(f)):
+        bad = np.argwhere(np.isnan(np.broadcast_to(f, np.broadcast(p, m).shape)))[0]
+        pi = int(np.broadcast_to(p, f.shape)[tuple(bad)])
+        mi = int(np.broadcast_to(m, f.shape)[tuple(bad)])
+        notes.append(bubble_unknown_reason(pi, mi, schedule) or "bubble unknown")
+    bubble = blocks * f / (1.0 - f)
+
+    lps = np.ceil(shape.layers / p)
+    tokens_micro = s * np.asarray(micro_batch, dtype=float) / c
+    span_ep = t * c * np.asarray(ep, dtype=float)
+    ep_comm = 0.0 * compute
+    if shape.is_moe:
+        ep_comm = ep_all_to_all_s(shape, hw, tokens=tokens_micro, ep=ep, span=span_ep, precision=precision,
+                                  moe_layers=np.minimum(lps, shape.moe_layers), num_micro=m, recompute=rc, layers=lps)
+    cp_comm = cp_kv_exchange_s(shape, hw, seq=s, micro_batch=micro_batch, tp=t, cp=c, span=t * c,
+                               precision=precision, layers=lps, num_micro=m, recompute=rc)
+
+    dpc = d * c
+    dp_comm = dp_comm_s(hw, dense=dense_p, expert=expert_p, tp=t, dpc=dpc, ep=ep, replicas=replicas, zero=zero,
+                        num_micro=m, precision=precision)
+    z = np.asarray(zero)
+    window = np.where(z >= 3, compute, compute / m * 2.0 / 3.0)  # perf.step_time's overlap window
+    exposed_dp = np.maximum(dp_comm - overlap * window, 0.0)
+
+    offload_s = 0.0 * compute
+    if offload:
+        shard = dense_p / (dpc / np.asarray(replicas, dtype=float)) + expert_p / (dpc / np.asarray(ep, dtype=float))
+        bw = host_link_bw(hw)
+        # Host to device (2 m fp32 shard copies) is the larger direction; the m gradient
+        # copies back run concurrently the other way.
+        offload_s = 2.0 * m * 4.0 * shard / bw
+        notes.append(OFFLOAD_NOTE)
+
+    total = compute + bubble + b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s
+    n_gpus = t * p * dpc
+    tokens = np.asarray(global_batch, dtype=float) * s
+    tps = tokens / total
+    model_flops = shape.flops_per_token(s)
+    res = dict(out)
+    res.update({
+        "step_time_s": total, "tokens_per_s": tps, "tokens_per_s_per_gpu": tps / n_gpus,
+        "model_tflops_per_gpu": model_flops * tps / n_gpus / 1e12,
+        "hardware_tflops_per_gpu": perf.hardware_flops_per_token(shape, s, rc) * tps / n_gpus / 1e12,
+        "mfu": model_flops * tps / n_gpus / (hw.peak_tflops * 1e12),
+    })
+    res["breakdown"] = {**b, "compute_s": compute, "bubble_s": bubble, "bubble_fraction": f, "dp_comm_s": dp_comm,
+                        "exposed_dp_comm_s": exposed_dp, "ep_comm_s": ep_comm, "cp_comm_s": cp_comm,
+                        "offload_s": offload_s,
+                        "exposed_comm_s": b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s}
+    res["notes"] = notes
+    return res

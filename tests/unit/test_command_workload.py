@@ -1,0 +1,233 @@
+"""workload = "command": the step-event protocol, its parsing, the figures made from it,
+the launch line, the suite keys, and the GPU figures read from outside (fake NVML)."""
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+import mgbench
+from mgbench import step_events
+from mgbench.errors import MgbenchError
+from mgbench.runner import command
+from mgbench.step_events import StepEnds, match_log, read_step_file
+from mgbench.store import RunDir
+from mgbench.suite import expand, parse_suite
+from mgbench.telemetry import gpu_watch
+from tests.unit.nvml_fake import FakeNVML, host
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "fixtures" / "scripts"
+
+
+def command_config(text: str, **kw):
+    """The one command config of a suite sweep written as TOML lines."""
+    [cfg] = expand(parse_suite(f'[sweep]\nworkload = "command"\n{text}'), "cpu", 4)
+    return replace(cfg, **kw) if kw else cfg
+
+
+# --- the protocol: mgbench.step() ------------------------------------------------------
+
+def test_step_appends_protocol_lines_and_is_a_no_op_without_the_variable(tmp_path, monkeypatch):
+    path = tmp_path / "steps.txt"
+    monkeypatch.delenv(step_events.STEP_FILE_ENV, raising=False)
+    mgbench.step(tokens=5)  # no variable: nothing written, no error
+    monkeypatch.setenv(step_events.STEP_FILE_ENV, str(path))
+    monkeypatch.setenv("RANK", "3")
+    t0 = time.time_ns()
+    mgbench.step(tokens=512)
+    mgbench.step()
+    lines = path.read_text().splitlines()
+    assert [ln.split()[1:] for ln in lines] == [["512", "3"], ["-", "3"]]
+    assert all(t0 <= int(ln.split()[0]) <= time.time_ns() for ln in lines)
+    with pytest.raises(TypeError):
+        mgbench.step(tokens=1.5)  # tokens are a count
+
+
+def test_importing_mgbench_does_not_load_torch():
+    code = "import mgbench, sys; mgbench.step(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# --- parsing ----------------------------------------------------------------------------
+
+def test_step_file_ranks_merge_and_malformed_lines_are_counted():
+    lines = ["100 8 0", "110 8 1", "garbage", "200 8 0", "205 - 1", "1 2", "", "300 8 0", "x 8 0", "280 8 1",
+             "400 8 0"]  # rank 0 reported a 4th step that rank 1 has not: left out
+    ends = read_step_file(lines)
+    assert ends.ends_ns == [110, 205, 300]  # the slowest rank ends each step
+    assert ends.tokens == [16, 8, 16]  # summed over the ranks that gave them
+    assert ends.malformed == 3 and ends.ranks == 2
+
+
+def test_log_regex_with_and_without_a_tokens_group():
+    lines = [(10, "step 1 loss 2.0 tokens 1,024"), (20, "eval 3"), (30, "step 2 loss 1.9 tokens 2048"),
+             (40, "step 3 loss 1.8 tokens n/a")]
+    ends = match_log(lines, r"step \d+ loss \S+ tokens (?P<tokens>\S+)")
+    assert ends.ends_ns == [10, 30, 40] and ends.tokens == [1024, 2048, None] and ends.malformed == 1
+    plain = match_log(lines, r"^step \d+")
+    assert plain.ends_ns == [10, 30, 40] and plain.tokens == [None] * 3
+
+
+def test_step_figures_drop_the_warmup_and_take_tokens_from_events_or_the_suite():
+    ms = 1_000_000
+    ends = StepEnds(ends_ns=[0, 500 * ms, 600 * ms, 700 * ms, 800 * ms], tokens=[100] * 5)
+    f, problem = command.step_figures(ends, warmup_steps=2, tokens_per_step=None, nproc=2)
+    assert problem is None
+    assert f["step_times_s"] == pytest.approx([0.1, 0.1, 0.1])  # the 0.5 s warm-up step is gone
+    assert f["num_steps_seen"] == 5 and f["num_steps_measured"] == 3
+    assert f["tokens_per_s"] == pytest.approx(1000) and f["tokens_per_s_per_device"] == pytest.approx(500)
+    no_tokens = replace(ends, tokens=[None] * 5)
+    f, _ = command.step_figures(no_tokens, 2, tokens_per_step=50, nproc=1)
+    assert f["tokens_per_s"] == pytest.approx(500) and f["tokens_per_step"] == 50
+    f, _ = command.step_figures(no_tokens, 2, tokens_per_step=None, nproc=1)
+    assert f.get("tokens_per_s") is None
+    assert "mgbench.step(tokens=N)" in f["tokens_reason"]
+    _, problem = command.step_figures(replace(ends, ends_ns=ends.ends_ns[:3]), 2, None, 1)
+    assert "1 timed step(s)" in problem and "at least 2" in problem
+
+
+# --- the launch line ----------------------------------------------------------------------
+
+def test_a_python_script_runs_under_torchrun_and_a_launch_line_as_given():
+    cfg = command_config('command = "python3 train.py --lr 1"\nargs = "--bs 8"\nnproc = 2')
+    assert command.command_argv(cfg) == ["python3", "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+                                         "--nproc-per-node=2", "train.py", "--lr", "1", "--bs", "8"]
+    given = command_config('command = "torchrun --nproc-per-node 4 train.py"\nnproc = 4')
+    assert command.command_argv(given) == ["torchrun", "--nproc-per-node", "4", "train.py"]
+    mod = command_config('command = "python -m torch.distributed.run --standalone x.py"')
+    assert command.command_argv(mod)[:3] == ["python", "-m", "torch.distributed.run"]
+    with pytest.raises(command.CommandLineError, match="cannot pass through torchrun"):
+        command.command_argv(command_config('command = "python -c pass"'))
+
+
+def test_stderr_tail_names_the_exception_not_torchruns_summary():
+    tail = ["Traceback (most recent call last):", '  File "x.py", line 3', "RuntimeError: boom", "",
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", "=" * 60]
+    assert command._error_line(tail) == "RuntimeError: boom"
+
+
+# --- suite keys -----------------------------------------------------------------------------
+
+def test_keys_of_other_workloads_neither_multiply_nor_confuse_command_configs():
+    suite = parse_suite('[sweep]\nworkload = "command"\ncommand = "python t.py"\nargs = ["--bs 8", "--bs 16"]\n'
+                        'strategy = ["ddp", "fsdp"]\nprecision = ["fp32", "bf16"]\nnproc = 2')
+    configs = expand(suite, "cpu", 4)
+    assert len(configs) == 2  # args varies; strategy and precision do not apply
+    assert [c.label for c in configs] == ["command n=2: python t.py --bs 8", "command n=2: python t.py --bs 16"]
+    assert all(c.config_id.startswith("command-n2-") and c.skip_reason is None for c in configs)
+    assert configs[0].identity() != configs[1].identity()
+    # gpt configs are not changed by the command keys: pinned to their defaults there
+    [gpt] = expand(parse_suite('[sweep]\nargs = "--bs 8"\nstep_pattern = "x"\n'), "cpu", 4)
+    assert gpt.args == "" and gpt.step_pattern == "" and gpt.workload == "gpt"
+
+
+@pytest.mark.parametrize("sweep, message", [
+    ('workload = "command"\ncommand = "python t.py"\nstep_pattern = "step (\\\\d+"', "not a valid regular expression"),
+    ('workload = "command"\n', 'needs command = "..."'),
+    ('workload = "command"\ncommand = "python \'t.py"', "balance its quotes"),
+])
+def test_bad_command_suites_fail_with_one_line(sweep, message):
+    with pytest.raises(MgbenchError, match=message):
+        expand(parse_suite(f"[sweep]\n{sweep}\n"), "cpu", 4)
+
+
+def test_bad_regex_through_the_cli_exits_2_with_one_line(cli):
+    p = cli("run", "--set", "workload=\"command\"", "--set", "command=\"python t.py\"",
+            "--set", "step_pattern=\"step (\\\\d+\"", "smoke")
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "step_pattern" in lines[0] and "regular expression" in lines[0], p.stderr
+
+
+# --- running: the no-match, interrupt and command-not-found paths (as-given commands: no torchrun) --
+
+def _run_dir(tmp_path) -> RunDir:
+    return RunDir.create(tmp_path, "r")
+
+
+def test_a_pattern_that_never_matches_is_an_error_saying_so(tmp_path):
+    cfg = command_config("command = \"/bin/sh -c 'echo hello; echo world'\"\nstep_pattern = 'step \\d+'")
+    rec = command.run_command_config(_run_dir(tmp_path), "r", cfg, lambda: False)
+    assert rec.status == "error" and rec.exit_code == 0
+    assert "matched no line of the command's output" in rec.error and "step \\d+" in rec.error
+    assert rec.correct is None and rec.correct_reason == "not checked: the user's own command"
+    assert (tmp_path / "r" / rec.log_file).read_text() == "hello\nworld\n"
+
+
+def test_a_signal_stops_the_command_tree_and_records_interrupted(tmp_path):
+    cfg = command_config(f'command = "{SCRIPTS / "hang.py"}"\nstep_pattern = "step"')
+    run_dir, t0 = _run_dir(tmp_path), time.monotonic()
+    log = run_dir.command_log(cfg.config_id)
+    # The "signal" arrives once the script has logged its step (or after 20 s on a slow machine).
+    rec = command.run_command_config(run_dir, "r", cfg, lambda: "step 1" in log.read_text()
+                                     or time.monotonic() - t0 > 20)
+    assert rec.status == "interrupted" and rec.exit_code is not None and rec.exit_code < 0
+    assert rec.num_steps_seen == 1 and time.monotonic() - t0 < 25
+
+
+def test_a_missing_program_is_an_error_naming_it(tmp_path):
+    cfg = command_config('command = "/no/such/trainer --x"')
+    rec = command.run_command_config(_run_dir(tmp_path), "r", cfg, lambda: False)
+    assert rec.status == "error" and "/no/such/trainer" in rec.error
+
+
+# --- GPU figures from outside: NVML's real function names, a fake host -----------------------
+
+@dataclass
+class _Proc:  # what nvmlDeviceGetComputeRunningProcesses lists: pid and usedGpuMemory
+    pid: int
+    usedGpuMemory: int
+
+
+class ProcNVML(FakeNVML):
+    """The fake host, with processes on its GPUs and an energy counter on a settable clock."""
+
+    procs: dict = {}
+    now_ns: int = 0
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return self.procs.get(h, [])
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        return int(self.now_ns / 1e9 * self.gpus[h].power_w * 1000)  # mJ at the clock's time
+
+
+def test_gpu_watch_reads_the_gpus_the_command_runs_on(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    nv = ProcNVML(host(4, power_w=250.0))
+    me = os.getpid()
+    nv.procs = {1: [_Proc(me, 3 * 2**30), _Proc(1, 5 * 2**30)], 2: [_Proc(me, 2**30)]}  # pid 1: not the command's
+    clock = iter(range(0, 20_000_000_000, 1_000_000_000))
+    watch = gpu_watch.GpuWatch(nproc=2, nvml=nv)
+    watch.method, watch.update_s = "nvml_counter", 0.1
+    monkeypatch.setattr(gpu_watch.time, "time_ns", lambda: nv.now_ns)
+    for _ in range(10):
+        nv.now_ns = next(clock)
+        watch.sample(me)
+    f = watch.figures(1_500_000_000, 7_500_000_000, tokens=6000.0, steps=6)
+    assert [d.split(":")[0] for d in f["gpu_devices"]] == ["NVML index 1", "NVML index 2"]
+    assert f["mem_peak_gib"] == pytest.approx(3.0)  # the command's process only
+    assert f["energy_j"] == pytest.approx(2 * 250.0 * 6.0) and f["power_w"] == pytest.approx(500.0)
+    assert f["power_w_per_device"] == pytest.approx(250.0) and f["energy_per_token_j"] == pytest.approx(0.5)
+    short = watch.figures(1_000_000_000, 2_000_000_000, tokens=10.0, steps=2)
+    assert short["energy_j"] is None and "shorter than the 5.0 s" in short["energy_reason"]
+
+
+def test_gpu_watch_figures_are_null_when_the_command_cannot_be_tied_to_gpus(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    nv = ProcNVML(host(4))
+    nv.procs = {}
+    watch = gpu_watch.GpuWatch(nproc=2, nvml=nv)
+    watch.method = "nvml_counter"
+    watch.sample(os.getpid())
+    f = watch.figures(0, 10**10, tokens=None, steps=3)
+    assert f["energy_j"] is None and "which GPUs the command used is unknown" in f["energy_reason"]
+    assert "mem_peak_gib" not in f and f["mem_reason"] == f["energy_reason"]
+    everyone = gpu_watch.GpuWatch(nproc=4, nvml=nv)  # all visible GPUs are the nproc it uses
+    everyone.method = "nvml_counter"
+    assert len(everyone.figures(None, None, None, 0)["gpu_devices"]) == 4

@@ -1,0 +1,144 @@
+"""Token datasets on disk (mgbench.dataset, `mgbench data make`): sizes, determinism,
+the index, refusals, the cache, and the launcher's preparation of data = "disk" configs."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from mgbench import dataset
+from mgbench.cli import main
+from mgbench.errors import MgbenchError
+from tests.factories import make_config
+
+
+def shard_arrays(folder, index):
+    return [np.load(folder / s["file"]) for s in index["shards"]]
+
+
+def test_generate_writes_the_asked_size_in_shards_with_its_index(tmp_path):
+    folder = tmp_path / "d"
+    index = dataset.generate(folder, tokens=1000, vocab=300, seed=7, shard_tokens=300)
+    assert [s["tokens"] for s in index["shards"]] == [300, 300, 300, 100]
+    on_disk = json.loads((folder / "index.json").read_text())
+    assert on_disk == index
+    assert (on_disk["format"], on_disk["vocab"], on_disk["dtype"], on_disk["tokens"], on_disk["seed"],
+            on_disk["shard_tokens"]) == ("mgbench-tokens", 300, "uint16", 1000, 7, 300)
+    arrays = shard_arrays(folder, index)
+    assert [a.shape for a in arrays] == [(300,), (300,), (300,), (100,)]
+    assert all(a.dtype == np.uint16 for a in arrays)
+    allv = np.concatenate(arrays)
+    assert allv.max() < 300 and allv.min() >= 0 and len(np.unique(allv)) > 200  # uniform over the vocab
+    # memory-mapped reading works on the shards as written
+    assert np.array_equal(np.load(folder / "shard-00000.npy", mmap_mode="r")[:10], arrays[0][:10])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]  # no partial folder left beside it
+    assert dataset.generate(tmp_path / "big", tokens=10, vocab=70000)["dtype"] == "uint32"
+
+
+def test_same_seed_same_tokens_another_seed_others(tmp_path):
+    a = dataset.generate(tmp_path / "a", 1000, 256, seed=1, shard_tokens=300)
+    dataset.generate(tmp_path / "b", 1000, 256, seed=1, shard_tokens=300)
+    dataset.generate(tmp_path / "c", 1000, 256, seed=2, shard_tokens=300)
+    dataset.generate(tmp_path / "small", 400, 256, seed=1, shard_tokens=300)
+    sa, sb, sc = (np.concatenate(shard_arrays(tmp_path / n, a)) for n in "abc")
+    assert np.array_equal(sa, sb)
+    assert not np.array_equal(sa, sc)
+    # A shard's tokens depend on (seed, shard) only: a smaller dataset is a prefix.
+    assert np.array_equal(np.load(tmp_path / "small" / "shard-00000.npy"), np.load(tmp_path / "a" / "shard-00000.npy"))
+
+
+def test_refuses_a_folder_that_is_not_a_dataset_and_keeps_it(tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("keep me")
+    with pytest.raises(MgbenchError, match="not an mgbench dataset"):
+        dataset.generate(folder, 100, 10)
+    with pytest.raises(MgbenchError, match="not an mgbench dataset"):
+        dataset.generate(folder, 100, 10, force=True)  # force never replaces a non-dataset
+    assert [p.name for p in folder.iterdir()] == ["notes.txt"]
+    (tmp_path / "empty").mkdir()
+    dataset.generate(tmp_path / "empty", 100, 10)  # an empty folder is fine
+    assert dataset.is_dataset(tmp_path / "empty")
+
+
+def test_an_existing_dataset_is_reused_refused_or_replaced(tmp_path):
+    folder = tmp_path / "d"
+    dataset.generate(folder, 100, 10)
+    stamp = (folder / "shard-00000.npy").stat().st_mtime_ns
+    dataset.generate(folder, 100, 10)  # the same dataset: nothing written
+    assert (folder / "shard-00000.npy").stat().st_mtime_ns == stamp
+    with pytest.raises(MgbenchError, match=r"another dataset \(tokens 100 \(asked 200\)"):
+        dataset.generate(folder, 200, 10)
+    assert dataset.generate(folder, 200, 10, force=True)["tokens"] == 200
+    assert dataset.read_index(folder)["tokens"] == 200
+
+
+@pytest.mark.parametrize("samples, seq_len, shard", [(1, 8, 100), (12, 8, 100), (13, 8, 100), (40, 16, 64), (7, 3, 4)])
+def test_tokens_for_samples_is_the_least_that_holds_them(tmp_path, samples, seq_len, shard):
+    tokens = dataset.tokens_for_samples(samples, seq_len, shard)
+    have = dataset.describe_index(tokens, 10, 0, shard)
+    fewer = dataset.describe_index(tokens - 1, 10, 0, shard)
+    assert sum(dataset.sample_counts(have, seq_len)) >= samples > sum(dataset.sample_counts(fewer, seq_len))
+
+
+def test_read_index_names_what_is_wrong(tmp_path):
+    with pytest.raises(MgbenchError, match="not found"):
+        dataset.read_index(tmp_path / "nope")
+    (tmp_path / "x").mkdir()
+    with pytest.raises(MgbenchError, match="no index.json"):
+        dataset.read_index(tmp_path / "x")
+    dataset.generate(tmp_path / "d", 100, 10)
+    os.remove(tmp_path / "d" / "shard-00000.npy")
+    with pytest.raises(MgbenchError, match="shard-00000.npy .* missing"):
+        dataset.read_index(tmp_path / "d")
+
+
+def test_cache_generates_once_per_size(tmp_path):
+    said = []
+    a = dataset.cached(tmp_path, samples=10, seq_len=8, vocab=256, seed=0, progress=said.append)
+    stamp = (a / "index.json").stat().st_mtime_ns
+    b = dataset.cached(tmp_path, samples=10, seq_len=8, vocab=256, seed=0, progress=said.append)
+    c = dataset.cached(tmp_path, samples=10, seq_len=8, vocab=256, seed=1, progress=said.append)
+    assert a == b != c and (a / "index.json").stat().st_mtime_ns == stamp
+    assert len(said) == 2 and "generating" in said[0]
+    assert sum(dataset.sample_counts(dataset.read_index(a), 8)) >= 10
+
+
+def test_prepare_configs_generates_or_checks_each_disk_dataset(tmp_path):
+    disk = make_config(data="disk", seq_len=16, micro_batch=2, warmup_steps=1, measured_steps=4)
+    random_cfg = make_config()
+    out = dataset.prepare_configs([disk, random_cfg], tmp_path / "datasets")
+    assert out[1] == random_cfg
+    got = out[0]
+    assert got.config_id == disk.config_id and got.data_path.startswith(str((tmp_path / "datasets").resolve()))
+    index = dataset.read_index(got.data_path)
+    assert index["vocab"] == disk.shape.vocab and sum(dataset.sample_counts(index, 16)) >= 5 * 2
+    # a given dataset is checked, not regenerated
+    dataset.generate(tmp_path / "wide", 1000, vocab=disk.shape.vocab + 1)
+    dataset.generate(tmp_path / "short", 20, vocab=10)
+    with pytest.raises(MgbenchError, match="embeds 256"):
+        dataset.prepare_configs([make_config(data="disk", data_path=str(tmp_path / "wide"))], tmp_path)
+    with pytest.raises(MgbenchError, match="fewer than one global batch"):
+        dataset.prepare_configs([make_config(data="disk", seq_len=16, micro_batch=2,
+                                             data_path=str(tmp_path / "short"))], tmp_path)
+    with pytest.raises(MgbenchError, match="not found"):
+        dataset.prepare_configs([make_config(data="disk", data_path=str(tmp_path / "typo"))], tmp_path)
+
+
+def test_cli_make_json_and_bad_input_is_one_line_exit_2(tmp_path):
+    runner = CliRunner()
+    r = runner.invoke(main, ["data", "make", str(tmp_path / "d"), "--tokens", "2k", "--vocab", "256", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["tokens"] == 2000 and out["bytes"] > 4000 and out["shards"][0]["file"] == "shard-00000.npy"
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "a").write_text("x")
+    for args in (["--tokens", "1", "--vocab", "10"], ["--tokens", "100", "--vocab", "1"]):
+        r = runner.invoke(main, ["data", "make", str(tmp_path / "e"), *args])
+        assert r.exit_code == 2 and r.output.count("\n") == 1 and "mgbench: error:" in r.output, r.output
+    r = runner.invoke(main, ["data", "make", str(tmp_path / "junk"), "--tokens", "100", "--vocab", "10"])
+    assert r.exit_code == 2 and "not an mgbench dataset" in r.output
+    r = runner.invoke(main, ["data", "make", str(tmp_path / "e"), "--tokens", "lots", "--vocab", "10"])
+    assert r.exit_code == 2 and "not a count" in r.output

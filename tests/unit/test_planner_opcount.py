@@ -1,0 +1,78 @@
+"""The op counter (planner/opcount.py) on modules whose aten ops are known exactly."""
+
+import pytest
+import torch
+
+from mgbench.planner.opcount import OpCounter, host_ops, op_kind
+from tests.factories import make_config
+
+F32 = 4  # bytes
+
+
+def test_elementwise_module_counts_every_op_and_byte_by_phase():
+    w = torch.nn.Parameter(torch.ones(4, 8))
+    x = torch.rand(4, 8)
+    opt = torch.optim.SGD([w], lr=0.1, foreach=False)
+    with OpCounter() as c:
+        (x * w).sum().backward()
+        opt.step()
+    s = c.summary()
+    n = 4 * 8 * F32
+    # forward: mul (reads x, w; writes x*w), sum (reads it, writes 1 element), and
+    # backward()'s ones_like for the seed gradient (reads and writes 1 element); the
+    # optimizer's record_function enter/exit (no tensors) run before its pre-hook.
+    assert s["by_phase"]["forward"]["compute"] == 5
+    assert s["by_phase"]["forward"]["bytes"] == 3 * n + (n + F32) + 2 * F32
+    # backward: sum's backward expands the seed (a view), mul's multiplies it by x, and
+    # the gradient is stored detached (a view): 1 compute op of 3 operands
+    assert s["by_phase"]["backward"]["compute"] == 1 and s["by_phase"]["backward"]["view"] == 2
+    assert s["by_phase"]["backward"]["bytes"] == 3 * n
+    # SGD without foreach: one add_ (reads w and its gradient, writes w: in place counts 3 n)
+    assert s["by_phase"]["optimizer"]["compute"] == 1 and s["by_phase"]["optimizer"]["bytes"] == 3 * n
+    assert s["matmul_ops"] == 0 and s["bytes"] == 10 * n + 3 * F32
+    assert host_ops(s) == {"ops": 9.0, "bytes": float(10 * n + 3 * F32)}
+
+
+def test_matmuls_are_counted_apart_with_their_flops_and_no_bytes():
+    lin = torch.nn.Linear(8, 3, bias=False)
+    x = torch.rand(4, 8)
+    with OpCounter() as c:
+        lin(x).sum().backward()
+    s = c.summary()
+    # forward x @ W.t (t: a view) and the weight gradient grad.t @ x (x needs no gradient)
+    assert s["matmul_ops"] == 2 and s["matmul_flops"] == 2 * (2.0 * 4 * 8 * 3)
+    assert s["compute_ops"] == 2  # sum, ones_like: matmul operands are not in the bytes
+    assert s["bytes"] == (4 * 3 * F32 + F32) + 2 * F32
+    assert c.by_name["t"] == 4
+
+
+def test_sdpa_and_collectives_are_their_own_kinds():
+    assert op_kind(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default) == "attention"
+    assert op_kind(torch.ops.aten.mm.default) == "matmul"
+    assert op_kind(torch.ops.aten.transpose.int) == "view"
+    assert op_kind(torch.ops.aten.add.Tensor) == "compute"
+    assert op_kind(torch.ops.prim.device.default) == "ignored"
+
+
+def test_a_traced_step_under_fake_tensors_counts_what_a_real_step_runs():
+    """count_step (fake tensors, the runner's own build and step) against the same
+    step counted on real tensors: the same ops and bytes."""
+    from mgbench import catalog
+    from mgbench.planner.opcount import count_step
+    from mgbench.runner.training import rank_batches, train_step
+    from mgbench.strategies.apply import prepare
+
+    shape = catalog.model_shape("mini")
+    cfg = make_config(strategy="single", nproc=1, model=shape, micro_batch=2, seq_len=32, precision="fp32")
+    traced = count_step(cfg)
+    dev = torch.device("cpu")
+    prep = prepare(cfg, dev)
+    batches = rank_batches(cfg.seed, range(2), 0, 2, 1, 1, 32, shape.vocab, dev)
+    train_step(prep, batches[0], dev, "fp32")
+    with OpCounter() as real:
+        train_step(prep, batches[1], dev, "fp32")
+    r = real.summary()
+    for k in ("compute_ops", "view_ops", "matmul_ops", "attention_ops", "bytes", "matmul_flops"):
+        assert traced[k] == r[k], k
+    assert traced["attention_ops"] == 2 * shape.layers  # one SDPA forward and backward per block
+    assert traced["by_phase"]["optimizer"]["compute"] > 0
