@@ -232,6 +232,9 @@ DIMS = (
     opt("--mlp", type=click.Choice(["swiglu", "gelu"]), help="Custom model: MLP kind (default: swiglu)."),
     opt("--tie-embeddings", is_flag=True, default=None,
         help="Custom model: the output projection shares the embedding's weights (GPT-2 style)."),
+    opt("--experts", type=int, help="Custom MoE model: routed SwiGLU experts per layer (with --top-k; "
+                                    "expert width --ffn-hidden)."),
+    opt("--top-k", type=int, help="Custom MoE model: experts each token is routed to."),
 )
 DIM_NAMES = tuple(o.flag[2:].replace("-", "_") for o in DIMS)
 
@@ -264,7 +267,15 @@ def layout_group() -> list[Opt]:
         opt("--schedule", type=click.Choice(list(SCHEDULES)), default=SCHEDULES[0], show_default=True,
             help="Pipeline schedule."),
         opt("--virtual-stages", type=int, default=1, show_default=True,
-            help="Model chunks per pipeline rank (interleaved)."),
+            help="Model chunks per pipeline rank (interleaved, interleaved_zb; zbv and dualpipev hold two)."),
+        opt("--ep", type=int, default=1, show_default=True,
+            help="Expert-parallel degree (MoE models): routed experts sharded over ep of the data-parallel ranks."),
+        opt("--cp", type=int, default=1, show_default=True,
+            help="Context-parallel degree: each sequence split over cp ranks (K/V all-gathered per layer)."),
+        opt("--hsdp", "replicas", type=int, default=1, show_default=True, metavar="REPLICAS",
+            help="HSDP (with --zero 3): shard over dp x cp / REPLICAS ranks, replicate across REPLICAS groups."),
+        opt("--offload", is_flag=True,
+            help="FSDP2 CPU offload (with --zero 3): weights, gradients and optimizer states in host memory."),
     ]
 
 

@@ -21,7 +21,7 @@ def resolve_shape(model: str | None, params: float | None, dims: dict[str, Any])
     given = {k: v for k, v in dims.items() if v is not None}
     if sum(x is not None and x != {} for x in (model, params, given or None)) != 1:
         raise MgbenchError("give exactly one of --model NAME, --params N, or --layers/--hidden/--heads/--vocab "
-                           "(with optional --ffn-hidden/--kv-heads/--mlp/--tie-embeddings)")
+                           "(with optional --ffn-hidden/--kv-heads/--mlp/--tie-embeddings/--experts/--top-k)")
     if model:
         return catalog.model_shape(model)
     if params is not None:
@@ -40,7 +40,8 @@ def _layout(kw: dict[str, Any]):
                   seq_len=kw["seq_len"], global_batch=kw["global_batch"], precision=kw["precision"],
                   recompute=kw["recompute"], sequence_parallel=kw["sequence_parallel"],
                   flash_attention=not kw["no_flash_attention"], schedule=kw["schedule"],
-                  virtual_stages=kw["virtual_stages"])
+                  virtual_stages=kw["virtual_stages"], ep=kw["ep"], cp=kw["cp"], replicas=kw["replicas"],
+                  offload=kw["offload"])
 
 
 def _dims(kw: dict[str, Any]) -> dict[str, Any]:
@@ -103,6 +104,9 @@ def memory(model, params, as_json, largest_layer_params, hardware_profile, trace
                    f"{'fits' if res['fits'] else 'DOES NOT FIT'}")
     elif "budget_source" in res:
         click.echo(f"budget           {res['budget_source']}: fit not known")
+    if res.get("host_bytes"):
+        click.echo(f"{'host (offload)':<16} {_gb(res['host_bytes']):>14}  ({res['host_bytes'] / GIB:,.2f} GiB), "
+                   "not in the device total")
     for n in res.get("notes", []):
         click.echo(f"note: {n}")
 
@@ -203,7 +207,11 @@ def predict(model, params, as_json, system, gpu, hardware_profile, against_run, 
 
         hw = profile_hardware(profile, kw["precision"], ranks=kw["num_gpus"])
     else:
-        hw = hardware.resolve(system=system, gpu=gpu, precision=kw["precision"], **over.get("hardware", {}))
+        from .layout_time import hardware_precision
+
+        # fp8: the bf16 peak (MFU's); the FP8 peak prices the blocks' linears (layout_time.py).
+        hw = hardware.resolve(system=system, gpu=gpu, precision=hardware_precision(kw["precision"]),
+                              **over.get("hardware", {}))
         if not calibrate_run:  # a fit to a run already holds that run's stack
             hw = stacks.apply(hw, stack)
         elif stack:
@@ -243,6 +251,14 @@ def predict(model, params, as_json, system, gpu, hardware_profile, against_run, 
         click.echo(f"stack          {hw.stack} (efficiency {hw.stack_eff:.3f} of the calibration stack's; --stack)")
     click.echo(f"memory         {_gb(res['memory']['total_bytes'])} of {_gb(res['device_memory_bytes'])}: "
                f"{'fits' if res['fits'] else 'DOES NOT FIT'}")
+    extra = {k: b[k] for k in ("ep_comm_s", "cp_comm_s", "offload_s") if b.get(k)}
+    if extra:
+        click.echo("new axes       " + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.3f} s"
+                                                  for k, v in extra.items()))
+    if res["memory"].get("host_bytes"):
+        click.echo(f"host memory    {_gb(res['memory']['host_bytes'])} per GPU (offloaded model states)")
+    for n in res.get("notes", []):
+        click.echo(f"note: {n}")
 
 
 def _counted_ops(shape: Any, layout: Any, hw: Any) -> dict[str, float] | None:

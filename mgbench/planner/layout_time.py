@@ -91,14 +91,12 @@ def host_link_bw(hw: Hardware) -> float:
 def bubble_fraction(pp: Any, num_micro: Any, schedule: str, virtual_stages: int) -> Any:
     """:func:`theoretical_bubble` over arrays; NaN where the schedule's paper gives no
     figure (ZB-V with fewer than 2 p micro-batches), 0 for pp = 1."""
-    p = np.asarray(pp, dtype=float)
-    m = np.asarray(num_micro, dtype=float)
-
-    def one(pi: float, mi: float) -> float:
-        f = theoretical_bubble(int(pi), int(mi), schedule, virtual_stages)
-        return np.nan if f is None else float(f)
-
-    return np.where(p == 1, 0.0, np.vectorize(one, otypes=[float])(p, np.maximum(m, 1.0)))
+    p, m = np.broadcast_arrays(np.asarray(pp, dtype=float), np.maximum(np.asarray(num_micro, dtype=float), 1.0))
+    # One call per distinct (p, m): a plan has millions of rows but few pairs.
+    pairs, inverse = np.unique(np.stack([p.ravel(), m.ravel()]), axis=1, return_inverse=True)
+    values = np.array([np.nan if (f := theoretical_bubble(int(a), int(b), schedule, virtual_stages)) is None
+                       else float(f) for a, b in pairs.T])
+    return np.where(p == 1, 0.0, values[inverse.ravel()].reshape(p.shape))
 
 
 def ep_all_to_all_s(shape: ModelShape, hw: Hardware, *, tokens: Any, ep: Any, span: Any, precision: str,

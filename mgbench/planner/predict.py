@@ -8,9 +8,10 @@ from typing import Any
 from ..errors import MgbenchError
 from ..model_shape import ModelShape
 from ..parallel_dims import ParallelDims
-from . import perf
+from ..strategies.schedules import chunks_per_rank, schedule_problem
+from . import layout_time, perf
 from .hardware import Hardware
-from .memory import RECOMPUTE, SCHEDULES, memory_per_gpu
+from .memory import RECOMPUTE, SCHEDULES, VIRTUAL_SCHEDULES, memory_per_gpu
 
 # The components (they add up to total_bytes) and the model-states subtotal.
 MEMORY_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "model_states_bytes", "activations_bytes",
@@ -34,10 +35,14 @@ class Layout:
     flash_attention: bool = True
     schedule: str = "1f1b"
     virtual_stages: int = 1
+    ep: int = 1  # expert parallelism, carved out of dp
+    cp: int = 1  # context parallelism: each sequence split over cp ranks
+    replicas: int = 1  # HSDP: ZeRO-3 shards over dp x cp / replicas ranks, replicated across (1: plain)
+    offload: bool = False  # FSDP2 CPU offload of weights, gradients and optimizer states (ZeRO-3)
 
     @property
     def dp(self) -> int:
-        return self.num_gpus // (self.tp * self.pp)
+        return self.num_gpus // (self.tp * self.pp * self.cp)
 
     @property
     def batch(self) -> int:
@@ -54,13 +59,15 @@ def layout_of(cfg: Any) -> Layout:
                   seq_len=cfg.seq_len, global_batch=cfg.global_batch, precision=cfg.precision,
                   recompute=cfg.activation_checkpointing, sequence_parallel=cfg.strategy == "tp_sp",
                   schedule=cfg.pp_schedule,
-                  virtual_stages=cfg.virtual_stages if cfg.pp_schedule == "interleaved" else 1)
+                  virtual_stages=cfg.virtual_stages if cfg.pp_schedule in VIRTUAL_SCHEDULES else 1,
+                  ep=cfg.ep, replicas=cfg.replicas if cfg.dp_mode == "hsdp" or cfg.strategy == "hsdp" else 1,
+                  offload=bool(cfg.offload))
 
 
 def validate(layout: Layout, shape: ModelShape | None) -> None:
     """One check for every degree: each problem names the degrees and the GPU count."""
     L = layout
-    for name in ("num_gpus", "tp", "pp", "micro_batch", "seq_len", "virtual_stages"):
+    for name in ("num_gpus", "tp", "pp", "micro_batch", "seq_len", "virtual_stages", "ep", "cp", "replicas"):
         if getattr(L, name) < 1:
             raise MgbenchError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(L, name)}")
     if L.zero not in (0, 1, 2, 3):
@@ -69,16 +76,18 @@ def validate(layout: Layout, shape: ModelShape | None) -> None:
         raise MgbenchError(f"--recompute must be one of {', '.join(RECOMPUTE)}, got {L.recompute!r}")
     if L.schedule not in SCHEDULES:
         raise MgbenchError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {L.schedule!r}")
-    if L.num_gpus % (L.tp * L.pp):
+    if L.num_gpus % (L.tp * L.pp * L.cp):
         raise MgbenchError(
-            f"tp ({L.tp}) x pp ({L.pp}) = {L.tp * L.pp} does not divide the {L.num_gpus} GPUs; "
+            f"tp ({L.tp}) x pp ({L.pp}) x cp ({L.cp}) = {L.tp * L.pp * L.cp} does not divide the {L.num_gpus} GPUs; "
             "choose degrees whose product divides --num-gpus")
+    _check_new_axes(L, shape)
     if shape is not None:
         # The runner's degree validator; kv heads are checked apart because the planner,
         # like Megatron, lets tp exceed the kv heads (they are then replicated).
-        problems = ParallelDims(dp=L.dp, tp=L.tp, pp=L.pp).problems(
-            L.num_gpus, layers=shape.layers, heads=shape.heads,
-            virtual_stages=L.virtual_stages if L.schedule == "interleaved" else 1)
+        problems = ParallelDims(dp=L.dp, tp=L.tp, pp=L.pp, ep=L.ep).problems(
+            L.num_gpus // L.cp, layers=shape.layers, heads=shape.heads,
+            virtual_stages=chunks_per_rank(L.schedule, L.virtual_stages) if L.pp > 1 else 1,
+            experts=shape.experts if shape.is_moe else None)
         if shape.kv_heads % L.tp and L.tp % shape.kv_heads:
             problems.append(f"tp={L.tp} neither divides nor is a multiple of the {shape.kv_heads} kv heads")
         if problems:
@@ -87,6 +96,35 @@ def validate(layout: Layout, shape: ModelShape | None) -> None:
         raise MgbenchError(
             f"global batch {L.batch} is not a multiple of micro-batch {L.micro_batch} x dp {L.dp} "
             f"(dp = {L.num_gpus} GPUs / (tp {L.tp} x pp {L.pp}))")
+
+
+def _check_new_axes(L: Layout, shape: ModelShape | None) -> None:
+    """Expert / context parallelism, HSDP, offload and the pipeline schedule: one line
+    each naming the option to change."""
+    if L.ep > 1 and (shape is None or not shape.is_moe):
+        raise MgbenchError(f"--ep {L.ep} shards routed experts: give an MoE model (--model mixtral-8x7b, "
+                           "qwen3-30b-a3b, deepseek-v3, or --experts/--top-k with dims)")
+    if L.cp > 1:
+        if shape is None:
+            raise MgbenchError("--cp splits each sequence's activations: give --model NAME or dims, not --params")
+        if L.seq_len % (2 * L.cp):
+            raise MgbenchError(f"--cp {L.cp}: the sequence ({L.seq_len}) must split into 2 x cp = {2 * L.cp} equal "
+                               "chunks (causal load balancing); choose a --seq-len that is a multiple of it")
+    if (L.replicas > 1 or L.offload) and L.zero != 3:
+        raise MgbenchError(f"{'--hsdp' if L.replicas > 1 else '--offload'} is FSDP2's (ZeRO-3): add --zero 3")
+    if L.replicas > 1:
+        if (L.dp * L.cp) % L.replicas or L.dp * L.cp == L.replicas:
+            raise MgbenchError(f"--hsdp {L.replicas} must divide the {L.dp * L.cp} data-parallel ranks (dp x cp) and "
+                               "leave at least 2 to shard over")
+        if L.ep > 1:
+            raise MgbenchError("--hsdp with --ep is not modelled: give one of them")
+    if L.pp > 1:
+        problem = schedule_problem(L.schedule, L.pp, L.num_micro, compile=False)
+        if problem is not None:
+            raise MgbenchError(problem.replace("grad_accum", "micro-batches per step (--global-batch)"))
+        if L.schedule == "zbv" and L.num_micro < 2 * L.pp:
+            raise MgbenchError(f"--schedule zbv: ZB-V's bubble is known (zero, Qi et al. 2023) only with >= 2 x pp = "
+                               f"{2 * L.pp} micro-batches per step, not {L.num_micro}: raise --global-batch")
 
 
 def _floats(d: dict[str, Any]) -> dict[str, Any]:
@@ -102,14 +140,18 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
                        num_micro=layout.num_micro, tp=layout.tp, pp=layout.pp, dp=layout.dp, zero=layout.zero,
                        precision=layout.precision, recompute=RECOMPUTE.index(layout.recompute),
                        sp=layout.sequence_parallel, flash=layout.flash_attention, schedule=layout.schedule,
-                       virtual_stages=layout.virtual_stages, largest_layer_params=largest_layer_params)
+                       virtual_stages=layout.virtual_stages, largest_layer_params=largest_layer_params,
+                       ep=layout.ep, cp=layout.cp, replicas=layout.replicas, offload=layout.offload)
     out = {k: float(m[k]) for k in MEMORY_KEYS}
+    # Offloaded model states: in host memory, not in the device total.
+    out["host_bytes"] = float(m["host_bytes"])
     if shape is None and layout.zero >= 3 and largest_layer_params is None:
         out["notes"] = ["ZeRO-3's gathered working set is not counted: the largest layer is unknown with --params; "
                         "give --largest-layer-params N (DeepSpeed's estimator takes the same)"]
     out["layout"] = {"num_gpus": layout.num_gpus, "tp": layout.tp, "pp": layout.pp, "dp": layout.dp,
                      "zero": layout.zero, "micro_batch": layout.micro_batch, "precision": layout.precision,
-                     "recompute": layout.recompute}
+                     "recompute": layout.recompute, "ep": layout.ep, "cp": layout.cp, "hsdp_replicas": layout.replicas,
+                     "offload": layout.offload, "schedule": layout.schedule}
     return out
 
 
@@ -118,12 +160,16 @@ def predict(shape: ModelShape, hw: Hardware, layout: Layout, overlap: float = pe
     """Step time, throughput, MFU, memory and whether it fits, for `mgbench predict`
     (``host_ops``: the layout's counted non-matmul ops, for a probed CPU Hardware)."""
     validate(layout, shape)
-    out = perf.step_time(shape, hw, seq=layout.seq_len, global_batch=layout.batch, micro_batch=layout.micro_batch,
-                         tp=layout.tp, pp=layout.pp, dp=layout.dp, zero=layout.zero,
-                         recompute=RECOMPUTE.index(layout.recompute), precision=layout.precision,
-                         schedule=layout.schedule, virtual_stages=layout.virtual_stages, overlap=overlap,
-                         sp=layout.sequence_parallel, flash=layout.flash_attention, host_ops=host_ops)
+    out = layout_time.step_time(shape, hw, seq=layout.seq_len, global_batch=layout.batch,
+                                micro_batch=layout.micro_batch, tp=layout.tp, pp=layout.pp, dp=layout.dp,
+                                zero=layout.zero, recompute=RECOMPUTE.index(layout.recompute),
+                                precision=layout.precision, schedule=layout.schedule,
+                                virtual_stages=layout.virtual_stages, overlap=overlap, sp=layout.sequence_parallel,
+                                flash=layout.flash_attention, ep=layout.ep, cp=layout.cp, replicas=layout.replicas,
+                                offload=layout.offload, host_ops=host_ops)
+    notes = out.pop("notes")
     res = _floats(out)
+    res["notes"] = notes
     mem = memory(shape, layout)
     res["memory"] = mem
     res["fits"] = mem["total_bytes"] <= hw.memory_bytes
@@ -131,7 +177,10 @@ def predict(shape: ModelShape, hw: Hardware, layout: Layout, overlap: float = pe
     res["system"], res["gpu"] = hw.system, hw.gpu
     res["global_batch"] = layout.batch
     res["assumptions"] = {"matmul_eff": hw.compute_eff, "elementwise_passes": hw.elementwise_passes,
-                          "overlap": overlap, "peak_tflops": hw.peak_tflops}
+                          "overlap": overlap, "peak_tflops": hw.peak_tflops, "mfu_peak": f"{hw.peak_tflops:g} TFLOP/s "
+                          f"({layout_time.hardware_precision(layout.precision)})"}
+    if layout.precision == "fp8":
+        res["assumptions"]["fp8_peak_tflops"] = layout_time.fp8_peak_tflops(hw)
     if hw.ew_bw is not None and host_ops is not None:
         res["assumptions"].update(op_overhead_s=hw.op_overhead_s, elementwise_bytes_per_s=hw.ew_bw,
                                   host_ops=host_ops["ops"], host_bytes=host_ops["bytes"])
