@@ -247,7 +247,7 @@ def layout_group() -> list[Opt]:
     """The parallel layout of `memory` and `predict`: degrees, batch, precision, recompute.
     --seq-len and --precision are plan's (PlanOptions fields); the choices are the
     planner's own constants."""
-    from .planner.memory import RECOMPUTE, SCHEDULES
+    from .planner.memory import RECOMPUTE
 
     return [
         plan_field("seq_len"),
@@ -264,18 +264,15 @@ def layout_group() -> list[Opt]:
         opt("--sequence-parallel", is_flag=True, help="Shard norms and dropout over the tensor-parallel group."),
         opt("--no-flash-attention", is_flag=True,
             help="Attention scores are materialised (5 a s^2 b bytes per layer)."),
-        opt("--schedule", type=click.Choice(list(SCHEDULES)), default=SCHEDULES[0], show_default=True,
-            help="Pipeline schedule."),
-        opt("--virtual-stages", type=int, default=1, show_default=True,
-            help="Model chunks per pipeline rank (interleaved, interleaved_zb; zbv and dualpipev hold two)."),
+        plan_field("schedule"),
+        plan_field("virtual_stages"),
         opt("--ep", type=int, default=1, show_default=True,
             help="Expert-parallel degree (MoE models): routed experts sharded over ep of the data-parallel ranks."),
         opt("--cp", type=int, default=1, show_default=True,
             help="Context-parallel degree: each sequence split over cp ranks (K/V all-gathered per layer)."),
         opt("--hsdp", "replicas", type=int, default=1, show_default=True, metavar="REPLICAS",
             help="HSDP (with --zero 3): shard over dp x cp / REPLICAS ranks, replicate across REPLICAS groups."),
-        opt("--offload", is_flag=True,
-            help="FSDP2 CPU offload (with --zero 3): weights, gradients and optimizer states in host memory."),
+        plan_field("offload"),
     ]
 
 

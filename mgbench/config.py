@@ -101,9 +101,10 @@ def _layout(v: Any) -> str | None:
     if not isinstance(v, dict) or not v:
         return f"must be a table of degrees such as {{dp = 2, tp = 2}}, got {v!r}"
     for k, d in v.items():
-        if k not in ("dp", "tp", "pp", "ep"):
-            hint = difflib.get_close_matches(k, ("dp", "tp", "pp", "ep"), n=1)
-            return f"unknown degree {k!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "") + "; allowed: dp, tp, pp, ep"
+        if k not in ("dp", "tp", "pp", "ep", "cp"):
+            hint = difflib.get_close_matches(k, ("dp", "tp", "pp", "ep", "cp"), n=1)
+            return (f"unknown degree {k!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                    + "; allowed: dp, tp, pp, ep, cp")
         if not isinstance(d, int) or isinstance(d, bool) or d < 1:
             return f"degree {k} must be a positive integer, got {d!r}"
     return None
@@ -338,6 +339,8 @@ class RunConfig:
     pp: int = derived(1, "pipeline-parallel degree", identity=True)
     ep: int = derived(1, "expert-parallel degree (carved out of dp: experts sharded over ep ranks, replicated over "
                       "dp / ep)", identity=True)
+    cp: int = derived(1, "context-parallel degree (each sample's sequence split over cp ranks; adds ranks: dp x cp)",
+                      identity=True)
     label_keys: tuple[str, ...] = derived((), "procedure keys that vary within the sweep, shown in the label")
     skip_reason: str | None = derived(None, "why this config cannot run here (None: it can)")
     config_id: str = derived("", "stable id: strategy, ranks and a hash of every parameter")
@@ -391,6 +394,8 @@ class RunConfig:
         d.update(dp=self.dp, tp=self.tp, pp=self.pp)
         if self.ep != 1:  # only where set, so the ids of configs without experts stay as they were
             d["ep"] = self.ep
+        if self.cp != 1:  # likewise
+            d["cp"] = self.cp
         if self.layout == "auto" or all(getattr(self, k) == v for k, v in self.layout.items()):
             del d["layout"]
         return d
@@ -405,6 +410,7 @@ class RunConfig:
         comp = " compile" if self.compile else ""
         lay = f" [dp={self.dp} tp={self.tp} pp={self.pp}]" if self.tp > 1 or self.pp > 1 else ""
         lay += f" [dp={self.dp} ep={self.ep}]" if self.ep > 1 else ""
+        lay += f" [dp={self.dp} cp={self.cp}]" if self.cp > 1 else ""
         if _hsdp(self.to_dict()):
             lay += f" {self.replicas}x{self.dp // self.replicas}"  # hsdp: replicas x shard
         if self.pipelined:
@@ -493,8 +499,12 @@ def applies(name: str, params: dict[str, Any]) -> bool:
 
 
 def config_id(params: dict[str, Any]) -> str:
-    """Stable id of a config: its strategy and size, then a hash of every parameter."""
-    blob = json.dumps(params, sort_keys=True).encode()
+    """Stable id of a config: its strategy and size, then a hash of every parameter that
+    is not at its declared default. A key added later with a default that keeps the old
+    behaviour leaves every existing id as it was, so `--resume` of an older run folder
+    finds its configs without a migration."""
+    kept = {k: v for k, v in params.items() if k not in DEFAULTS or v != DEFAULTS[k]}
+    blob = json.dumps(kept, sort_keys=True).encode()
     kind = "command" if params.get("workload") == "command" else params["strategy"]
     return f"{kind}-n{params['nproc']}-{hashlib.sha1(blob).hexdigest()[:10]}"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,11 @@ class Count(click.ParamType):
         scale = _SUFFIXES.get(text[-1:].lower(), 1)
         number = text[:-1] if scale != 1 else text
         try:
-            n = float(number) * scale
+            # An integer exactly (a float would round counts above 2**53); 2.5G through float.
+            n: float = int(number) * scale if number.lstrip("+-").isdigit() else float(number) * scale
         except ValueError:
             self.fail(f"{value!r} is not a count: give an integer, or one with k / M / G (e.g. 50M)", param, ctx)
-        if n != int(n):
+        if not math.isfinite(n) or n != int(n):  # inf and nan are not counts (int() of them would raise)
             self.fail(f"{value!r} is not a whole number of tokens", param, ctx)
         return int(n)
 

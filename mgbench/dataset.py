@@ -106,7 +106,14 @@ def read_index(path: str | Path) -> dict[str, Any]:
     if index.get("version") != VERSION:
         raise MgbenchError(f"{folder}: dataset format version {index.get('version')}, this mgbench reads "
                            f"{VERSION}; regenerate it with `mgbench data make`")
-    for shard in index["shards"]:
+    # A hand-edited or truncated index: one line naming the field, not a KeyError later.
+    shards = index.get("shards")
+    fields_ok = isinstance(index.get("vocab"), int) and isinstance(shards, list) and shards and all(
+        isinstance(s, dict) and isinstance(s.get("file"), str) and isinstance(s.get("tokens"), int) for s in shards)
+    if not fields_ok:
+        raise MgbenchError(f"{folder / INDEX} lacks a valid vocab or shards list ([{{\"file\", \"tokens\"}}, ...]); "
+                           "regenerate the dataset with `mgbench data make`")
+    for shard in shards:
         if not (folder / shard["file"]).is_file():
             raise MgbenchError(f"{folder}: shard {shard['file']} listed in {INDEX} is missing; regenerate the dataset")
     return index

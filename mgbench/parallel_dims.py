@@ -19,23 +19,27 @@ class ParallelDims:
     # ranks are split into groups of ep neighbours, each group holding every expert once
     # (experts / ep per rank); the dp / ep groups replicate them. It adds no ranks.
     ep: int = 1
+    # Context parallelism (strategy cp): each sample's sequence split over cp neighbouring
+    # ranks (strategies/context_parallel.py). Unlike ep it adds ranks: dp x cp.
+    cp: int = 1
 
     @property
     def world(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
     def describe(self) -> str:
         ep = f" (ep={self.ep})" if self.ep > 1 else ""
-        return f"dp={self.dp}{ep} x tp={self.tp} x pp={self.pp}"
+        cp = f" x cp={self.cp}" if self.cp > 1 else ""
+        return f"dp={self.dp}{ep} x tp={self.tp} x pp={self.pp}{cp}"
 
     def problems(self, world: int, *, layers: int | None = None, heads: int | None = None,
                  kv_heads: int | None = None, ffn_hidden: int | None = None, vocab: int | None = None,
                  virtual_stages: int = 1, num_microbatches: int | None = None,
-                 experts: int | None = None) -> list[str]:
+                 experts: int | None = None, seq_len: int | None = None) -> list[str]:
         """Everything that stops this layout from running on ``world`` ranks ([] when none)."""
         where = f"layout {self.describe()} on world size {world}"
         out = []
-        for name in ("dp", "tp", "pp", "ep"):
+        for name in ("dp", "tp", "pp", "ep", "cp"):
             if getattr(self, name) < 1:
                 out.append(f"{where}: {name} must be >= 1")
         if out:
@@ -47,6 +51,9 @@ class ParallelDims:
                        "data-parallel ranks)")
         if experts is not None and self.ep > 1 and experts % self.ep:
             out.append(f"{where}: ep={self.ep} does not divide the {experts} experts")
+        if seq_len is not None and self.cp > 1 and seq_len % (2 * self.cp):
+            out.append(f"{where}: cp={self.cp} needs seq_len divisible by 2 x cp = {2 * self.cp} (each rank takes "
+                       f"two of 2 x cp equal chunks, for causal load balance); seq_len is {seq_len}")
         if heads is not None and heads % self.tp:
             out.append(f"{where}: tp={self.tp} does not divide the {heads} attention heads")
         if kv_heads is not None and kv_heads % self.tp:

@@ -22,7 +22,7 @@ from .errors import MgbenchError
 from .model_shape import ModelShape
 from .workloads import SPEC_RECORD_KEYS
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # A config key whose name is also a record figure is stored under another name in the
 # flat record: the suite's tokens_per_step (what a user's command says one step trains)
 # beside the measured tokens_per_step figure.
@@ -108,7 +108,8 @@ class Record:
     tokens_per_s: float | None = figure("tokens/s", "tokens per second, all ranks")
     tokens_per_s_per_device: float | None = figure("tokens/s", "tokens per second per rank")
     samples_per_s: float | None = figure("sequences/s", "sequences per second (vision: images per second)")
-    tokens_reason: str | None = figure("", "why the token figures are null (the vision workload counts images)")
+    tokens_reason: str | None = figure("", "why the token figures are null (the vision workload counts images; a "
+                                       "command that reported no tokens per step)")
     images_per_s: float | None = figure("images/s", "vision: images per second, all ranks")
     images_per_s_per_device: float | None = figure("images/s", "vision: images per second per rank")
     flops_per_image: float | None = figure("FLOP", "vision: model FLOPs per image, forward + backward (3 x the "
@@ -278,7 +279,6 @@ class Record:
                                      "step_pattern (log lines matching the regex, timed as the launcher read them)")
     num_steps_seen: int | None = figure("count", "finished steps the command reported, warm-up included")
     step_file_malformed: int | None = figure("count", "step file lines that could not be read (left out)")
-    tokens_reason: str | None = figure("", "why tokens_per_s is null")
     log_file: str | None = figure("path", "the command's stdout and stderr, relative to the run folder")
     stderr_tail: str | None = figure("", "the last lines of the command's stderr")
     mem_reason: str | None = figure("", "why mem_peak_gib is null")
@@ -368,14 +368,10 @@ def _records_v1_to_v2(rec: dict[str, Any]) -> dict[str, Any]:
     # the planner's name for Korthikanti et al.'s selective recompute.
     if rec.get("activation_checkpointing") == "selective":
         rec["activation_checkpointing"] = "every_2nd"
-    if "model_layers" in rec and "strategy" in rec:
-        cfg = config_from_record(rec)
-        # Labels left out workload fields (two configs differing only in grad_compression
-        # had one label), and ids hashed an unresolved layout: today's schema for both,
-        # so `--resume` of an old folder finds its configs.
-        rec["label"] = cfg.label
-        rec["config_id"] = config_id(cfg.params())
-        rec.setdefault("label_keys", [])
+    # Labels left out workload fields (two configs differing only in grad_compression had
+    # one label), and ids hashed an unresolved layout.
+    _today_identity(rec)
+    rec.setdefault("label_keys", [])
     if rec.get("correct") is not None and "check_data" not in rec:
         # Schema 1 compared losses on random tokens only, a check that could not fail
         # (a model that never trained passed it): say so beside its verdict.
@@ -383,7 +379,23 @@ def _records_v1_to_v2(rec: dict[str, Any]) -> dict[str, Any]:
     return rec
 
 
-RECORD_MIGRATIONS = {1: _records_v0_to_v1, 2: _records_v1_to_v2}
+def _records_v2_to_v3(rec: dict[str, Any]) -> dict[str, Any]:
+    # Ids hashed every suite key, so each key added since changed every id; they now hash
+    # the keys away from their defaults (config.config_id).
+    return _today_identity(rec)
+
+
+def _today_identity(rec: dict[str, Any]) -> dict[str, Any]:
+    """Today's label and id of a record's config, so that `--resume` of an old folder
+    finds its configs (records of a user's command or without a model are left as they are)."""
+    if "model_layers" in rec and "strategy" in rec:
+        cfg = config_from_record(rec)
+        rec["label"] = cfg.label
+        rec["config_id"] = config_id(cfg.params())
+    return rec
+
+
+RECORD_MIGRATIONS = {1: _records_v0_to_v1, 2: _records_v1_to_v2, 3: _records_v2_to_v3}
 
 
 def _manifest_v1_to_v2(m: dict[str, Any]) -> dict[str, Any]:
@@ -394,7 +406,7 @@ def _manifest_v1_to_v2(m: dict[str, Any]) -> dict[str, Any]:
     return m
 
 
-MANIFEST_MIGRATIONS = {1: lambda m: m, 2: _manifest_v1_to_v2}
+MANIFEST_MIGRATIONS = {1: lambda m: m, 2: _manifest_v1_to_v2, 3: lambda m: m}
 
 
 def _migrate(obj: dict[str, Any], migrations: dict[int, Any], what: str) -> dict[str, Any]:

@@ -97,7 +97,9 @@ def match_log(lines: Iterable[tuple[int, str]], pattern: str) -> StepEnds:
     (1,024 and 1_024 read as 1024), gives that step's tokens."""
     rx = re.compile(pattern)
     out = StepEnds()
-    for t, text in lines:
+    # By time: stdout and stderr are read by two threads, whose appends can land out of
+    # order (a step logged on each stream would otherwise give a negative step time).
+    for t, text in sorted(lines, key=lambda line: line[0]):
         m = rx.search(text)
         if not m:
             continue

@@ -28,3 +28,25 @@ def cli(tmp_path):
 @pytest.fixture
 def suites_dir():
     return REPO / "suites"
+
+
+# CPU seconds per test (this process and every child it waited for), for keeping CI under
+# its time budget on a shared machine, where wall times say little:
+#   MGBENCH_TEST_CPU=cpu.tsv python -m pytest ...   then   sort -t$'\t' -k2 -rn cpu.tsv
+_CPU_LOG = os.environ.get("MGBENCH_TEST_CPU")
+
+
+def _cpu_s() -> float:
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+if _CPU_LOG:
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):  # type: ignore[no-untyped-def]
+        t0 = _cpu_s()
+        yield
+        with open(_CPU_LOG, "a") as f:
+            f.write(f"{item.nodeid}\t{_cpu_s() - t0:.1f}\n")

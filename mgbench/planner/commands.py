@@ -240,7 +240,11 @@ def predict(model, params, as_json, system, gpu, hardware_profile, against_run, 
         return
     b = res["breakdown"]
     click.echo(f"{shape.name} on {kw['num_gpus']}x {hw.gpu} ({hw.system}), tp={kw['tp']} pp={kw['pp']} "
-               f"zero={kw['zero']} mb={kw['micro_batch']} gb={res['global_batch']} s={kw['seq_len']}")
+               f"zero={kw['zero']} mb={kw['micro_batch']} gb={res['global_batch']} s={kw['seq_len']}"
+               + "".join(f" {k}={kw[k]}" for k in ("cp", "ep") if kw[k] > 1)
+               + (f" hsdp={kw['replicas']}" if kw["replicas"] > 1 else "") + (" offload" if kw["offload"] else "")
+               + (f" {kw['precision']}" if kw["precision"] == "fp8" else "")
+               + (f" schedule={kw['schedule']}" if kw["pp"] > 1 else ""))
     click.echo(f"step time      {res['step_time_s']:.3f} s  (compute {b['compute_s']:.3f}, bubble {b['bubble_s']:.3f}, "
                f"exposed comm {b['exposed_comm_s']:.3f})")
     lo, hi = res["step_time_s_interval"]
@@ -367,13 +371,14 @@ def plan(model, prices_file, price_overrides, hardware_profile, calibrate_run, c
     if as_json:
         click.echo(json.dumps(res, indent=2, default=float))
         return
-    rows = [[r["system"], r["num_gpus"], f"{r['tp']}/{r['pp']}/{r['dp']}", r["zero"], r["micro_batch"], r["recompute"],
+    rows = [[r["system"], r["num_gpus"], f"{r['tp']}/{r['pp']}/{r['dp']}/{r['cp']}/{r['ep']}",
+             f"{r['zero']}{'+off' if r['offload'] else ''}", r["micro_batch"], r["recompute"],
              f"{r['days']:.1f}", f"{r['gpu_hours']:,.0f}", "-" if r["cost_usd"] is None else f"{r['cost_usd']:,.0f}",
              "-" if r["usd_per_million_tokens"] is None else f"{r['usd_per_million_tokens']:.3f}",
              "-" if r["energy_kwh"] is None else f"{r['energy_kwh']:,.0f}", f"{100 * r['mfu']:.0f}",
              f"{r['memory_per_gpu_bytes'] / 1e9:.0f}"]
             for r in res["ranked"]]
-    click.echo(tabulate(rows, headers=["system", "GPUs", "tp/pp/dp", "ZeRO", "mb", "recompute", "days", "GPU-h",
+    click.echo(tabulate(rows, headers=["system", "GPUs", "tp/pp/dp/cp/ep", "ZeRO", "mb", "recompute", "days", "GPU-h",
                                        "USD", "USD/Mtok", "kWh", "MFU%", "GB/GPU"]))
     click.echo(f"\n{res['num_candidates']:,} candidate layouts evaluated in {res['elapsed_s']:.2f} s, "
                f"{res['num_feasible']:,} fit and divide, {res['num_meeting_constraints']} (system, GPUs) options meet the constraints")

@@ -158,7 +158,9 @@ def dp_comm_s(hw: Hardware, *, dense: Any, expert: Any, tp: Any, dpc: Any, ep: A
             + perf.ring_time(gb, shard, bw_s, a_s, 1.0) + perf.ring_time(gb / shard, r, bw_all, a_all, 2.0)
         return np.where(z >= 3, z3, allreduce)
 
-    return group(dense, d, np.asarray(replicas, dtype=float)) + group(expert, d / np.asarray(ep, dtype=float), 1.0)
+    # (A dense model has no expert group: not even its latency terms.)
+    experts = np.where(np.asarray(expert) > 0, group(expert, d / np.asarray(ep, dtype=float), 1.0), 0.0)
+    return group(dense, d, np.asarray(replicas, dtype=float)) + experts
 
 
 def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, micro_batch: Any, tp: Any, pp: Any,

@@ -26,11 +26,12 @@ rank 0 costs about 0.1 ms an op to trace and allocates nothing.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 KINDS = ("matmul", "attention", "view", "compute", "collective", "ignored")
 PHASES = ("forward", "backward", "optimizer")
@@ -57,6 +58,33 @@ def op_kind(func: Any) -> str:
     return "compute"
 
 
+@dataclass(frozen=True)
+class TensorSpec:
+    """What a recorded op's tensor argument was: enough to make one like it (same shape,
+    strides and dtype, so broadcasts and strided views run as they did)."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+
+    def make(self, device: torch.device) -> torch.Tensor:
+        """A tensor of this layout: random floats, zero integers (valid as indices)."""
+        # One storage the strides address (broadcast dims have stride 0), then the view.
+        n = 1 + sum((size - 1) * stride for size, stride in zip(self.shape, self.stride)) if all(self.shape) else 0
+        base = torch.empty(n, dtype=self.dtype, device=device)
+        base = base.uniform_() if base.is_floating_point() else base.zero_()
+        return base.as_strided(self.shape, self.stride)
+
+
+def _spec(x: Any) -> Any:
+    return TensorSpec(tuple(x.shape), tuple(x.stride()), x.dtype) if isinstance(x, torch.Tensor) else x
+
+
+def materialize(spec: Any, device: torch.device) -> Any:
+    """A recorded op's arguments with a fresh tensor for each TensorSpec."""
+    return tree_map(lambda x: x.make(device) if isinstance(x, TensorSpec) else x, spec)
+
+
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -81,8 +109,10 @@ class OpCounter(TorchDispatchMode):
     ``backward`` while autograd's engine runs a graph task, else ``forward``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, record: bool = False) -> None:
         super().__init__()
+        self.record = record
+        self.recorded: list[tuple[Any, Any, int]] = []  # (op, args/kwargs with TensorSpecs, bytes)
         self.ops = {p: dict.fromkeys(KINDS, 0) for p in PHASES}
         self.bytes = dict.fromkeys(PHASES, 0)
         self.matmul_flops = 0.0
@@ -105,7 +135,10 @@ class OpCounter(TorchDispatchMode):
         if kind == "compute":
             flat_in, _ = tree_flatten((args, kwargs or {}))
             flat_out, _ = tree_flatten(out)
-            self.bytes[phase] += sum(_nbytes(t) for t in flat_in + flat_out if isinstance(t, torch.Tensor))
+            nbytes = sum(_nbytes(t) for t in flat_in + flat_out if isinstance(t, torch.Tensor))
+            self.bytes[phase] += nbytes
+            if self.record and any(isinstance(t, torch.Tensor) for t in flat_in):
+                self.recorded.append((func, tree_map(_spec, (args, kwargs or {})), nbytes))
         elif kind == "matmul":
             self.matmul_flops += _mm_flops(name, args, out)
         return out
@@ -140,10 +173,12 @@ class OpCounter(TorchDispatchMode):
                 "by_phase": {p: {**self.ops[p], "bytes": self.bytes[p]} for p in PHASES}}
 
 
-def count_step(cfg: Any) -> dict[str, Any]:
+def count_step(cfg: Any, record: bool = False) -> dict[str, Any]:
     """What rank 0 of runner config ``cfg`` runs in one training step (its second: the
     first also creates the optimizer states), counted under fake tensors on a fake
-    process group (:func:`OpCounter.summary`), plus the time the count took."""
+    process group (:func:`OpCounter.summary`), plus the time the count took; with
+    ``record``, also ``recorded``: each compute op with tensor inputs, as (op, argument
+    specs, bytes), for the probe to replay on real tensors."""
     import time
 
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -155,7 +190,7 @@ def count_step(cfg: Any) -> dict[str, Any]:
     cfg, notes = traced_config(cfg)
     device = torch.device("cpu")
     t0 = time.perf_counter()
-    counter = OpCounter()
+    counter = OpCounter(record=record)
     with fake_world(cfg.nproc), FakeTensorMode(allow_non_fake_inputs=True):
         batches = rank_batches(cfg.seed, range(2), 0, cfg.micro_batch, cfg.grad_accum, cfg.dp, cfg.seq_len,
                                cfg.shape.vocab, device)
@@ -167,7 +202,10 @@ def count_step(cfg: Any) -> dict[str, Any]:
             with counter:
                 train_step(prep, batches[1], device, cfg.precision)
             del prep, batches
-    return {**counter.summary(), "count_s": time.perf_counter() - t0, "notes": notes}
+    out = {**counter.summary(), "count_s": time.perf_counter() - t0, "notes": notes}
+    if record:
+        out["recorded"] = counter.recorded
+    return out
 
 
 def _fake_ddp_hook(module: Any) -> None:

@@ -75,7 +75,9 @@ def hardware_flops_per_token(shape: ModelShape, seq: Any, recompute: Any) -> Any
     s = np.asarray(seq, dtype=float)
     model = shape.flops_per_token(s)
     rc = np.asarray(recompute)
-    blocks_fwd = (2.0 * shape.layers * shape.params_per_layer() + 4.0 * shape.layers * shape.attn_dim * s)
+    # The blocks' matmul weights a token uses (an MoE block's active experts only).
+    block_weights = shape.num_matmul_params() - shape.hidden - shape.padded_vocab * shape.hidden
+    blocks_fwd = (2.0 * block_weights + 4.0 * shape.layers * shape.attn_dim * s)
     half = blocks_fwd * np.ceil(shape.layers / 2.0) / shape.layers
     return model + np.where(rc == 2, blocks_fwd, np.where(rc == 1, half, 0.0))
 

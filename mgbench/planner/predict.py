@@ -60,7 +60,8 @@ def layout_of(cfg: Any) -> Layout:
                   recompute=cfg.activation_checkpointing, sequence_parallel=cfg.strategy == "tp_sp",
                   schedule=cfg.pp_schedule,
                   virtual_stages=cfg.virtual_stages if cfg.pp_schedule in VIRTUAL_SCHEDULES else 1,
-                  ep=cfg.ep, replicas=cfg.replicas if cfg.dp_mode == "hsdp" or cfg.strategy == "hsdp" else 1,
+                  ep=cfg.ep, replicas=cfg.replicas if cfg.strategy == "hsdp" or (
+                      cfg.strategy == "pp+tp+dp" and cfg.dp_mode == "hsdp") else 1,
                   offload=bool(cfg.offload))
 
 
@@ -111,7 +112,8 @@ def _check_new_axes(L: Layout, shape: ModelShape | None) -> None:
             raise MgbenchError(f"--cp {L.cp}: the sequence ({L.seq_len}) must split into 2 x cp = {2 * L.cp} equal "
                                "chunks (causal load balancing); choose a --seq-len that is a multiple of it")
     if (L.replicas > 1 or L.offload) and L.zero != 3:
-        raise MgbenchError(f"{'--hsdp' if L.replicas > 1 else '--offload'} is FSDP2's (ZeRO-3): add --zero 3")
+        raise MgbenchError(f"{'--hsdp' if L.replicas > 1 else '--offload'} is modelled for FSDP2's ZeRO-3 sharding: "
+                           "add --zero 3")
     if L.replicas > 1:
         if (L.dp * L.cp) % L.replicas or L.dp * L.cp == L.replicas:
             raise MgbenchError(f"--hsdp {L.replicas} must divide the {L.dp * L.cp} data-parallel ranks (dp x cp) and "

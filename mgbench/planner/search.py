@@ -1,4 +1,6 @@
-"""`mgbench plan`: search system x GPUs x TP x PP x DP x ZeRO x micro-batch x recompute.
+"""`mgbench plan`: search system x GPUs x TP x PP x DP x ZeRO x micro-batch x recompute
+x context parallelism (long sequences) x expert parallelism (MoE models) x CPU offload
+(with --offload).
 
 Every candidate is evaluated at once with numpy (memory.py and perf.py take arrays),
 one system at a time. Layouts that do not divide or do not fit in memory are dropped;
@@ -17,13 +19,20 @@ import numpy as np
 
 from ..errors import MgbenchError
 from ..model_shape import ModelShape
-from . import cost, hardware, perf, stack
-from .memory import RECOMPUTE, STATE_BYTES, memory_per_gpu
+from . import cost, hardware, layout_time, perf, stack
+from .memory import RECOMPUTE, SCHEDULES, STATE_BYTES, memory_per_gpu
 
 TP_CHOICES = (1, 2, 4, 8)
 PP_CHOICES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128)
 ZERO_CHOICES = (0, 1, 2, 3)
 MICRO_BATCH_CHOICES = (1, 2, 4, 8)
+# Context parallelism is searched from this sequence length on: below it a K/V all-gather
+# per layer buys activation memory the other axes already free (torchtitan's CP tables
+# start at 32K tokens). A search-cost choice, stated in the output.
+CP_MIN_SEQ = 16384
+CP_CHOICES = (1, 2, 4, 8, 16)
+# Expert-parallel degrees for MoE models (DeepSeek-V3 trained with 64).
+EP_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 
 
 @dataclass
@@ -49,6 +58,15 @@ class PlanOptions:
         default="bf16",
         metadata={"help": "Training precision: the peak FLOP/s used and the bytes per value.",
                   "choices": tuple(STATE_BYTES)})
+    schedule: str = field(
+        default=SCHEDULES[0], metadata={"help": "Pipeline schedule (plan: of every pipelined candidate, not searched); "
+                                                "zero-bubble: interleaved_zb, zbv, dualpipev.",
+                                        "choices": SCHEDULES})
+    virtual_stages: int = field(default=1, metadata={
+        "help": "Model chunks per pipeline rank (interleaved, interleaved_zb; zbv and dualpipev hold two)."})
+    offload: bool = field(default=False, metadata={
+        "help": "FSDP2 CPU offload with ZeRO-3: weights, gradients and optimizer states in host memory, copied over "
+                "the host link (plan: considered beside no offload for ZeRO-3 layouts)."})
     deadline_days: float | None = field(
         default=None, metadata={"help": "Keep only options that finish within this many days."})
     budget_usd: float | None = field(
@@ -97,13 +115,28 @@ def gpu_counts(gpus_per_node: int, max_gpus: int) -> np.ndarray:
     return np.array(small + list(range(gpus_per_node, max_gpus + 1, gpus_per_node)), dtype=np.int64)
 
 
+def extra_axes(shape: ModelShape, opts: PlanOptions) -> tuple[list[int], list[int], list[bool]]:
+    """The values of the axes searched beyond the classic ones: context-parallel degrees
+    (from CP_MIN_SEQ tokens on, those splitting the sequence into 2 cp equal chunks),
+    expert-parallel degrees (MoE models: those dividing the experts) and offload (with
+    --offload)."""
+    cps = [c for c in CP_CHOICES if c == 1 or (opts.seq_len >= CP_MIN_SEQ and opts.seq_len % (2 * c) == 0)]
+    eps = [e for e in EP_CHOICES if e == 1 or (shape.is_moe and shape.experts % e == 0)]
+    return cps, eps, [False, True] if opts.offload else [False]
+
+
 def _grid(*axes: np.ndarray) -> list[np.ndarray]:
     return [g.ravel() for g in np.meshgrid(*axes, indexing="ij")]
 
 
 def evaluate_system(shape: ModelShape, system: str, opts: PlanOptions, prices: cost.Prices) -> tuple[dict[str, np.ndarray], int]:
     """All candidates of one system; returns the feasible ones (columns) and the count evaluated."""
-    hw = hardware.resolve(system=system, precision=opts.precision, **opts.calibration.get(system, {}))
+    hw = hardware.resolve(system=system, precision=layout_time.hardware_precision(opts.precision),
+                          **opts.calibration.get(system, {}))
+    if opts.precision == "fp8":
+        layout_time.fp8_peak_tflops(hw)  # refuses GPUs without FP8 units
+    if opts.offload:
+        layout_time.host_link_bw(hw)
     if system in opts.links:
         hw = dataclasses.replace(hw, **opts.links[system])
     hw = stack.apply(hw, opts.stack)
@@ -147,24 +180,46 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
     pps = np.array([p for p in PP_CHOICES if p <= shape.layers])
     N, T, P, Z, MB, RC = _grid(counts, tps_, pps,
                                np.array(ZERO_CHOICES), np.array(MICRO_BATCH_CHOICES), np.arange(len(RECOMPUTE)))
-    evaluated = N.size
+    cps, eps, offs = extra_axes(shape, opts)
+    evaluated = N.size * len(cps) * len(eps) * len(offs)
     heads_ok = (shape.heads % T == 0) & ((shape.kv_heads % T == 0) | (T % shape.kv_heads == 0))
     ok = heads_ok & (N % (T * P) == 0)
-    D = np.where(ok, N // np.maximum(T * P, 1), 1)
-    ok &= B % (MB * D) == 0
-    # ZeRO stages only differ with data parallelism: keep stage 0 alone when dp = 1.
-    ok &= (D > 1) | (Z == 0)
-    N, T, P, Z, MB, RC, D = (a[ok] for a in (N, T, P, Z, MB, RC, D))
+    # ZeRO stages only differ with data parallelism (dp x cp > 1): keep stage 0 alone without it.
+    ok &= (N // np.maximum(T * P, 1) > 1) | (Z == 0)
+    N, T, P, Z, MB, RC = (a[ok] for a in (N, T, P, Z, MB, RC))
+    # The added axes, crossed with the rows that survive the checks above only, one value
+    # at a time (a full cross product of millions of rows costs more in allocation).
+    picked: list[tuple[np.ndarray, int, int, bool]] = []
+    for cp in cps:
+        ok_cp = N % (T * P * cp) == 0
+        D_cp = np.where(ok_cp, N // np.maximum(T * P * cp, 1), 1)
+        ok_cp &= (B % (MB * D_cp) == 0) & ((D_cp * cp > 1) | (Z == 0))
+        if opts.schedule != "1f1b":
+            M0 = B // (MB * D_cp)
+            ok_cp &= (P == 1) | ((M0 % P == 0) if opts.schedule in ("interleaved", "interleaved_zb") else (M0 >= 2 * P))
+        for ep in eps:
+            ok_ep = ok_cp & (D_cp % ep == 0)
+            for off in offs:
+                idx = np.flatnonzero(ok_ep & (Z == 3) if off else ok_ep)
+                picked.append((idx, cp, ep, off))
+    idx = np.concatenate([x[0] for x in picked])
+    CP, EP, OFF = (np.repeat(np.array([x[j] for x in picked]), [x[0].size for x in picked]) for j in (1, 2, 3))
+    N, T, P, Z, MB, RC = (a[idx] for a in (N, T, P, Z, MB, RC))
+    D = N // (T * P * CP)
     M = B // (MB * D)
-    sp = T > 1
-    mem = memory_per_gpu(shape, seq=opts.seq_len, micro_batch=MB, num_micro=M, tp=T, pp=P, dp=D, zero=Z,
-                         precision=opts.precision, recompute=RC, sp=sp, flash=True)
-    fits = mem["total_bytes"] <= hw.memory_bytes
-    N, T, P, Z, MB, RC, D, M, sp = (a[fits] for a in (N, T, P, Z, MB, RC, D, M, sp))
-    mem_total = mem["total_bytes"][fits]
-    out = perf.step_time(shape, hw, seq=opts.seq_len, global_batch=B, micro_batch=MB, tp=T, pp=P, dp=D, zero=Z,
-                         recompute=RC, precision=opts.precision, overlap=overlap, sp=sp, flash=True)
-    tps = out["tokens_per_s"]
+    names = ("num_gpus", "tp", "pp", "zero", "micro_batch", "recompute", "dp", "cp", "ep", "num_micro_batches")
+    rows = dict(zip(names, (N, T, P, Z, MB, RC, D, CP, EP, M)))
+    parts = [_evaluate_rows(shape, hw, opts, overlap, B, {k: a[OFF == off] for k, a in rows.items()}, bool(off))
+             for off in np.unique(OFF)]  # offload is one flag per call of the models
+    if parts:
+        got = {k: np.concatenate([x[k] for x in parts]) for k in parts[0]}
+    else:
+        got = {k: np.zeros(0, dtype=a.dtype) for k, a in rows.items()} | {
+            k: np.zeros(0) for k in ("offload", "memory_per_gpu_bytes", "host_memory_per_gpu_bytes",
+                                     "tokens_per_s", "mfu")}
+    N, T, P, Z, MB, RC, D, CP, EP, M = (got[k] for k in names)
+    OFF, mem_total, host, tps, mfu = (got[k] for k in ("offload", "memory_per_gpu_bytes", "host_memory_per_gpu_bytes",
+                                                       "tokens_per_s", "mfu"))
     good = cost.goodput(N, hw.gpus_per_node, opts.checkpoint_minutes, opts.failure_rate, opts.restart_minutes,
                         opts.checkpoint_write_minutes, opts.spot, opts.preemption_rate)
     hours = opts.tokens / tps / 3600.0 / good
@@ -172,16 +227,34 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
     price, price_source = prices.lookup(system, hw.gpu, opts.spot)
     usd = gpu_hours * price if price is not None else np.full(N.shape, np.nan)
     cols = {
-        "num_gpus": N, "tp": T, "pp": P, "dp": D, "zero": Z, "micro_batch": MB, "recompute": RC,
-        "num_micro_batches": M, "tokens_per_s": tps, "mfu": out["mfu"], "goodput": good, "days": hours / 24.0,
+        "num_gpus": N, "tp": T, "pp": P, "dp": D, "cp": CP, "ep": EP, "offload": OFF, "zero": Z, "micro_batch": MB,
+        "recompute": RC, "num_micro_batches": M, "tokens_per_s": tps, "mfu": mfu, "goodput": good, "days": hours / 24.0,
         "gpu_hours": gpu_hours, "cost_usd": usd, "usd_per_million_tokens": usd / (opts.tokens / 1e6),
         "energy_kwh": cost.energy_kwh(N, hw.tdp_w, hours, opts.power_fraction, opts.pue),
-        "memory_per_gpu_bytes": mem_total,
+        "memory_per_gpu_bytes": mem_total, "host_memory_per_gpu_bytes": host,
     }
     cols["_meta"] = {"system": system, "gpu": hw.gpu, "price_usd_per_gpu_hour": price, "price_source": price_source,
                      "device_memory_bytes": hw.memory_bytes, "max_power_kw": hw.max_power_kw,
                      "gpus_per_node": hw.gpus_per_node, "tdp_w": hw.tdp_w}  # type: ignore[assignment]
     return cols, evaluated
+
+
+def _evaluate_rows(shape: ModelShape, hw: hardware.Hardware, opts: PlanOptions, overlap: float, B: int,
+                   rows: dict[str, np.ndarray], offload: bool) -> dict[str, np.ndarray]:
+    """Memory of the candidate ``rows``; the ones that fit, with their throughput."""
+    sp = rows["tp"] > 1
+    common = dict(seq=opts.seq_len, micro_batch=rows["micro_batch"], tp=rows["tp"], pp=rows["pp"], dp=rows["dp"],
+                  zero=rows["zero"], precision=opts.precision, recompute=rows["recompute"], sp=sp, flash=True,
+                  schedule=opts.schedule, virtual_stages=opts.virtual_stages, ep=rows["ep"], cp=rows["cp"],
+                  offload=offload)
+    mem = memory_per_gpu(shape, num_micro=rows["num_micro_batches"], **common)
+    fits = mem["total_bytes"] <= hw.memory_bytes
+    kept = {k: a[fits] for k, a in rows.items()}
+    common = {k: (v[fits] if isinstance(v, np.ndarray) else v) for k, v in common.items()}
+    out = layout_time.step_time(shape, hw, global_batch=B, overlap=overlap, **common)
+    return {**kept, "offload": np.full(fits.sum(), offload), "memory_per_gpu_bytes": mem["total_bytes"][fits],
+            "host_memory_per_gpu_bytes": np.broadcast_to(mem["host_bytes"], fits.shape)[fits],
+            "tokens_per_s": out["tokens_per_s"], "mfu": out["mfu"]}
 
 
 def _row(cols: dict[str, Any], i: int) -> dict[str, Any]:
@@ -230,9 +303,19 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
     else:
         pieces = []
         for s in names:
-            cols, n = evaluate_system(shape, s, opts, prices)
+            try:
+                cols, n = evaluate_system(shape, s, opts, prices)
+            except MgbenchError as e:  # e.g. --precision fp8 on a GPU without FP8 units
+                if opts.systems:
+                    raise
+                notes.append(f"{s} not considered: {e}")
+                continue
             evaluated += n
             pieces.append(cols)
+        if not pieces:
+            raise MgbenchError("no system can be considered: " + "; ".join(notes))
+        if max(extra_axes(shape, opts)[0]) == 1 and opts.seq_len < CP_MIN_SEQ:
+            notes.append(f"context parallelism searched from --seq-len {CP_MIN_SEQ} on (cp = 1 here)")
     for cols in pieces:
         s = cols["_meta"]["system"]
         k = cols["num_gpus"].size
@@ -326,8 +409,11 @@ def _recommend(ranked: list[dict[str, Any]], all_rows: list[dict[str, Any]], opt
     r = ranked[0]
     priced = r["cost_usd"] is not None
     reasons = [
-        f"{r['num_gpus']}x {r['gpu']} ({r['system']}) with tp={r['tp']} pp={r['pp']} dp={r['dp']}, ZeRO-{r['zero']}, "
-        f"micro-batch {r['micro_batch']}, recompute {r['recompute']}",
+        f"{r['num_gpus']}x {r['gpu']} ({r['system']}) with tp={r['tp']} pp={r['pp']} dp={r['dp']}"
+        + (f" cp={r['cp']}" if r["cp"] > 1 else "") + (f" ep={r['ep']}" if r["ep"] > 1 else "")
+        + f", ZeRO-{r['zero']}" + (" with CPU offload" if r["offload"] else "")
+        + f", micro-batch {r['micro_batch']}, recompute {r['recompute']}"
+        + (f", schedule {opts.schedule}" if r["pp"] > 1 else ""),
         (f"cheapest of {len(ranked)} (system, GPU count) options meeting the constraints: "
          f"USD {r['cost_usd']:,.0f} ({r['usd_per_million_tokens']:.3f} per million tokens)" if priced
          else "no price known for any option meeting the constraints; ranked by time (pass --price)"),

@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import catalog
 from ..model_shape import ModelShape
-from . import hardware, perf, stack
+from . import hardware, layout_time, stack
 from .memory import RECOMPUTE
 
 
@@ -43,12 +43,14 @@ def predict_run(run: dict[str, Any], matmul_eff: float | None = None,
         hw = dataclasses.replace(hw, elementwise_passes=elementwise_passes)
     name = stack_of(run)
     hw = dataclasses.replace(hw, stack=name, stack_eff=stack_eff if stack_eff is not None else stack.efficiency(name))
-    dp = run["num_gpus"] // (run["tp"] * run["pp"])
-    out = perf.step_time(
+    cp = run.get("cp", 1)
+    dp = run["num_gpus"] // (run["tp"] * run["pp"] * cp)
+    out = layout_time.step_time(
         shape, hw, seq=run["seq"], global_batch=run["global_batch"], micro_batch=run["micro_batch"],
         tp=run["tp"], pp=run["pp"], dp=dp, zero=run.get("zero", 0),
         recompute=RECOMPUTE.index(run["recompute"]), schedule=run.get("schedule", "1f1b"),
-        flash=run.get("flash", True),
+        virtual_stages=run.get("virtual_stages", 1), flash=run.get("flash", True), ep=run.get("ep", 1), cp=cp,
+        precision=run.get("precision", "bf16"),
     )
     key, field, unit = METRICS[run["metric"]]
     predicted = float(out[key])

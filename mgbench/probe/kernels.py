@@ -143,17 +143,71 @@ def op_overhead(device: torch.device, links: int = 32, repeats: int = 5) -> dict
             "method": f"{links}-link chain of tiny autograd ops (mul, t, add) forward + backward, per aten op"}
 
 
-def elementwise(device: torch.device, operand_bytes: int, repeats: int = 5) -> dict[str, Any]:
-    """Bytes/s that a step's unfused elementwise ops get on operands of ``operand_bytes``
-    (the workload's activation size, not a DRAM-sized buffer: on a CPU those stay in
-    cache). ``torch.add(a, b)`` allocating its result, as a step's ops do, timed at that
-    size and on a tiny operand; the difference removes the per-op overhead, leaving
-    3 x operand bytes (2 reads, 1 write) over the data's own time."""
-    n = max(1, operand_bytes // 4)
-    a, b = torch.rand(n, device=device), torch.rand(n, device=device)
-    ta, tb = torch.rand(1, device=device), torch.rand(1, device=device)
-    big = statistics.median(_timer(device, lambda: torch.add(a, b), repeats, 0.02))
-    tiny = statistics.median(_timer(device, lambda: torch.add(ta, tb), repeats, 0.02))
-    moved = 3.0 * n * 4
-    return {"bytes_per_s": moved / max(big - tiny, 1e-9), "operand_bytes": n * 4, "op_s": big, "tiny_op_s": tiny,
-            "method": "torch.add(a, b) at the operand size minus the same on one element: 2 reads + 1 write"}
+def elementwise(device: torch.device, recorded: list[tuple[Any, Any, int]], repeats: int = 3) -> dict[str, Any]:
+    """Bytes/s that the workload's own non-matmul ops get: each compute op of one traced
+    step (``recorded`` by planner/opcount.py: norms, rotary, SiLU, the loss, AdamW's
+    per-tensor updates ...) run on fresh tensors of its recorded shapes and strides, and
+    timed; the median of ``repeats`` calls of each op, summed. The same call on a
+    one-element tensor, times the op count, is taken off (that is per-op overhead, priced
+    apart), leaving the bytes the ops read and write over their data's own time.
+
+    Before each timed call the core's private (L2) cache is overwritten: a step's working
+    set (weights, gradients, optimizer states, activations kept for backward) is far
+    larger than it, so an op's operands arrive from the shared cache or memory, not hot
+    from having just been made, as fresh replay inputs would be (on this project's 2-core
+    VM the default model's ops take 20 ms hot, 31 ms so, 33 ms in the real step). Denormal
+    floats are flushed while replaying: ops repeated in place on random data would
+    otherwise drift into them, which a training step's data does not."""
+    tiny = torch.rand(1, device=device)
+    tiny_s = statistics.median(_timer(device, lambda: torch.ops.aten.add.Tensor(tiny, tiny), 5, 0.02))
+    from ..planner.opcount import materialize
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    evict = torch.empty(private_cache_bytes() * torch.get_num_threads() // 4)
+    total_s, total_bytes, failed = 0.0, 0, 0
+    flushed = torch.set_flush_denormal(True)
+    try:
+        for func, spec, nbytes in recorded:
+            try:
+                args, kwargs = materialize(spec, device)
+                func(*args, **kwargs)  # warm-up (and a check that the op takes these arguments)
+            except Exception:  # an op whose arguments random data cannot stand for: left out, counted
+                failed += 1
+                continue
+            times = []
+            for _ in range(repeats):
+                evict.fill_(1.0)
+                sync()
+                t0 = time.perf_counter()
+                func(*args, **kwargs)
+                sync()
+                times.append(time.perf_counter() - t0)
+            total_s += statistics.median(times)
+            total_bytes += nbytes
+    finally:
+        if flushed:
+            torch.set_flush_denormal(False)
+    n = len(recorded) - failed
+    data_s = max(total_s - n * tiny_s, 1e-9)
+    return {"bytes_per_s": total_bytes / data_s, "bytes": total_bytes, "ops": n, "ops_failed": failed,
+            "replay_s": total_s, "tiny_op_s": tiny_s, "evicted_bytes": evict.numel() * 4,
+            "method": "the workload's compute ops of one step replayed on random tensors of their shapes; "
+                      "bytes over (time - ops x one-element add)"}
+
+
+def private_cache_bytes(default: int = 2 * 2**20) -> int:
+    """Bytes of one core's largest private cache (L2 on x86 and most ARM servers), from
+    Linux sysfs; ``default`` where that cannot be read."""
+    from pathlib import Path
+
+    best = 0
+    for idx in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level = int((idx / "level").read_text())
+            shared = (idx / "shared_cpu_list").read_text().strip()
+            size = (idx / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        if level >= 2 and shared in ("0", "") and size.endswith("K"):
+            best = max(best, int(size[:-1]) * 1024)
+    return best or default

@@ -194,8 +194,8 @@ def describe(profile: dict[str, Any]) -> list[str]:
         at = f" {a['threads']:>3} thread(s)" if "threads" in a else ""
         lines.append(f"  attention {a['dtype']}{at}: typical {a['typical_tflops']:.3f} TFLOP/s (causal SDPA, fwd+bwd)")
     for h in profile.get("host_ops") if isinstance(profile.get("host_ops"), list) else []:
-        lines.append(f"  ops {h['threads']:>3} thread(s): {h['op_overhead_s'] * 1e6:.1f} us per op, elementwise "
-                     f"{h['elementwise']['bytes_per_s'] / 1e9:.1f} GB/s on {h['elementwise']['operand_bytes'] / 2**10:.0f} KiB operands")
+        lines.append(f"  ops {h['threads']:>3} thread(s): {h['op_overhead_s'] * 1e6:.1f} us per op; the step's "
+                     f"{h['elementwise']['ops']} non-matmul ops get {h['elementwise']['bytes_per_s'] / 1e9:.1f} GB/s")
     lines.append(f"  memory bandwidth {profile['memory']['bytes_per_s'] / 1e9:.1f} GB/s")
     cp = profile.get("copies") or {}
     lines.append("  copies: " + (cp["null_reason"] if "null_reason" in cp else

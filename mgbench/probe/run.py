@@ -83,7 +83,7 @@ def probe(device: str = "auto", dtypes: list[str] | None = None, model: str | No
 
     progress("memory bandwidth")
     prof["memory"] = kernels.memory_bandwidth(dev, MEMORY_OPERAND_BYTES[kind])
-    prof["host_ops"] = _host_ops(dev, thread_counts, tokens * shape.hidden * 4, progress) if kind == "cpu" else \
+    prof["host_ops"] = _host_ops(dev, thread_counts, shape, tokens, progress) if kind == "cpu" else \
         {"null_reason": "CPU only: a GPU runs ops asynchronously, so their dispatch overlaps the kernels"}
     attn_shapes = [{"batch": max(1, tokens // s), "heads": shape.heads, "seq": s, "head_dim": shape.dim_head}
                    for s in sorted({min(tokens, 128 if kind == "cpu" else 1024), min(tokens, 512 if kind == "cpu" else 4096)})]
@@ -103,25 +103,44 @@ def probe(device: str = "auto", dtypes: list[str] | None = None, model: str | No
     return prof
 
 
-def _host_ops(dev: Any, thread_counts: list[int], operand_bytes: int,
+def _host_ops(dev: Any, thread_counts: list[int], shape: ModelShape, tokens: int,
               progress: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Per thread count a CPU rank gets: the per-op overhead and the elementwise
-    bandwidth at the workload's activation size (fp32), which the probed CPU
-    prediction prices a step's non-matmul ops with (planner/perf.py)."""
+    """Per thread count a CPU rank gets: the per-op overhead, and the bandwidth the
+    workload's own non-matmul ops get (one fp32 single-process step of the probed model
+    at the probed tokens, traced once and replayed), which the probed CPU prediction
+    prices a step's non-matmul ops with (planner/perf.py)."""
     import torch
 
+    from ..planner.opcount import count_step
     from . import kernels
 
+    progress(f"tracing one training step of {shape.name} for its non-matmul ops")
+    recorded = count_step(workload_config(shape, tokens), record=True)["recorded"]
     saved = torch.get_num_threads()
     out = []
     try:
         for t in thread_counts:
             torch.set_num_threads(t)
-            progress(f"per-op overhead and elementwise ops, {t} thread(s)")
-            out.append({"threads": t, **kernels.op_overhead(dev), "elementwise": kernels.elementwise(dev, operand_bytes)})
+            progress(f"per-op overhead and the step's {len(recorded)} non-matmul ops, {t} thread(s)")
+            out.append({"threads": t, **kernels.op_overhead(dev), "elementwise": kernels.elementwise(dev, recorded)})
     finally:
         torch.set_num_threads(saved)
     return out
+
+
+def workload_config(shape: ModelShape, tokens: int) -> Any:
+    """The single-process fp32 CPU config whose step the probe replays: the default
+    suite's micro-batch and sequence length when ``tokens`` is theirs, else one
+    sequence of ``tokens``."""
+    from ..config import RunConfig
+    from ..suite import load_suite
+
+    sweep = load_suite("default", "cpu").sweeps[0]
+    mb, seq = sweep["micro_batch"][0], sweep["seq_len"][0]
+    if mb * seq != tokens:
+        mb, seq = 1, tokens
+    return RunConfig(model=shape, strategy="single", nproc=1, micro_batch=mb, seq_len=seq, precision="fp32",
+                     device="cpu")
 
 
 def _pow2_upto(n: int) -> list[int]:

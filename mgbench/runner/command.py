@@ -235,7 +235,7 @@ def run_command_config(run_dir: RunDir, run_id: str, cfg: RunConfig, stopped: Ca
                              + (f": {last.strip()[:300]}" if last else "") + f" (log: {common['log_file']})",
                              error_type="CommandFailed", **common)
     if not ends.ends_ns:
-        problem = _no_steps(cfg)
+        problem = _no_steps(cfg, ends, source)
     if problem:
         return Record.failed(cfg, run_id, "error", problem + f" (log: {common['log_file']})",
                              error_type="NoSteps", **common)
@@ -253,7 +253,10 @@ def _error_line(lines: Any) -> str:
     return (exc or words or [""])[-1]
 
 
-def _no_steps(cfg: RunConfig) -> str:
+def _no_steps(cfg: RunConfig, ends: StepEnds, source: str) -> str:
+    if source == "step_file":  # it wrote one (which wins over step_pattern), but no line of it reads as a step
+        return (f"the step file {STEP_FILE_ENV} names holds no step: {ends.malformed} line(s) of it are not "
+                "'<time_ns> <tokens or -> <rank>' (write them through mgbench.step())")
     if cfg.step_pattern:
         return (f"step_pattern '{cfg.step_pattern}' matched no line of the command's output, and it wrote no step "
                 "file: check the pattern against the log")

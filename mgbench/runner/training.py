@@ -96,6 +96,8 @@ def train_step(prep: Prepared, micro: list[MicroBatch], device: torch.device, pr
     n = len(micro)
     total = torch.zeros((), device=device)
     for i, (x, y) in enumerate(micro):
+        if prep.shard_batch is not None:  # context parallelism: this rank's tokens of each sample
+            x, y = prep.shard_batch(x, y)
         with prep.no_sync(i == n - 1), autocast(device, precision):
             loss = lm_loss(prep.model(x), y) / n
         grad_loss = hooks.backward_loss(i, loss) if hooks is not None and hooks.backward_loss else loss

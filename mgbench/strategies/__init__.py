@@ -53,6 +53,12 @@ REGISTRY: tuple[Strategy, ...] = (
     Strategy("fsdp+ep", "expert parallel with FSDP2: experts sharded over ep ranks and FSDP-sharded over the dp / ep "
              "ranks that share them; everything else FSDP over every rank", ("dp", "ep"), fills="dp", zero_stage=3,
              prepare="expert_parallel"),
+    # Context parallelism: cp ranks per sample, DDP over every rank (dp x cp); the one
+    # entry for "cp=2 x dp=2" (strategies/context_parallel.py).
+    Strategy("cp", "context parallel: each sample's sequence split over cp ranks (causal load balance: 2 x cp "
+             "chunks, rank r takes chunks r and 2cp-1-r), K and V all-gathered over them; DDP over dp x cp "
+             "(layout {dp, cp}; default cp = 2)", ("dp", "cp"), fills="dp", defaults=(("cp", 2),), zero_stage=0,
+             prepare="context_parallel"),
     Strategy("tp", "tensor parallel (DTensor): Megatron column/row splits of attention and MLP", ("tp",), fills="tp",
              prepare="nd_parallel"),
     Strategy("tp_sp", "tensor parallel + sequence parallel: norms and residual stream sharded over the sequence",
@@ -88,7 +94,7 @@ def dims_for(strategy: str, nproc: int, layout: dict[str, int] | None) -> tuple[
     extra = set(lay) - set(s.degrees)
     if extra:
         return None, f"strategy {strategy} takes degrees {', '.join(s.degrees)}; layout also names {', '.join(sorted(extra))}"
-    deg = {"dp": 1, "tp": 1, "pp": 1, "ep": 1, **dict(s.defaults), **lay}
+    deg = {"dp": 1, "tp": 1, "pp": 1, "ep": 1, "cp": 1, **dict(s.defaults), **lay}
     if s.fills not in lay:
         others = 1
         for k in s.degrees:
@@ -97,7 +103,7 @@ def dims_for(strategy: str, nproc: int, layout: dict[str, int] | None) -> tuple[
         deg[s.fills] = max(1, nproc // others)
     if "ep" in s.degrees and "ep" not in lay:
         deg["ep"] = deg["dp"]  # every data-parallel rank holds its own share of the experts
-    return ParallelDims(dp=deg["dp"], tp=deg["tp"], pp=deg["pp"], ep=deg["ep"]), None
+    return ParallelDims(dp=deg["dp"], tp=deg["tp"], pp=deg["pp"], ep=deg["ep"], cp=deg["cp"]), None
 
 
 EXPERT_PARALLEL = tuple(s.name for s in REGISTRY if s.prepare == "expert_parallel")

@@ -118,6 +118,8 @@ class Prepared:
     modules: list[nn.Module] = field(default_factory=list)
     stage_loss: Any = None  # pipelines: the schedule's loss function (StageLoss: fp16 scaling, true losses)
     moe_layers: list[nn.Module] = field(default_factory=list)  # MoE layers, whose aux losses join the gradient
+    # Context parallelism: (inputs, targets) of a micro-batch -> this rank's tokens of them.
+    shard_batch: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 def place(model: nn.Module, device: torch.device) -> nn.Module:
@@ -461,6 +463,13 @@ def nd_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepa
     return Prepared(wrapped[0], opt, scaler, lambda last: contextlib.nullcontext(), dp_rank=dp_rank,
                     dp_size=cfg.dp, loss_weight=weight, schedule=sched, is_first=0 in chunk_ids,
                     is_last=holder, modules=wrapped, stage_loss=loss)
+
+
+def context_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepared:
+    """cp: see strategies/context_parallel.py."""
+    from .context_parallel import prepare_context_parallel
+
+    return prepare_context_parallel(cfg, model, device)
 
 
 def expert_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepared:

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..procs import descendants
 from .energy import min_window, update_interval
-from .nvml_device import visible_entries
+from .nvml_device import NvmlDeviceUnknown, _by_uuid_prefix, visible_entries
 
 GIB = 2**30
 
@@ -63,12 +63,14 @@ class GpuWatch:
         self._used: set[int] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._inited = False  # nvmlInit succeeded: stop() pairs it with nvmlShutdown
         try:
             if self._nvml is None:
                 import pynvml
 
                 self._nvml = pynvml
             self._nvml.nvmlInit()
+            self._inited = True
             self._handles = self._visible()
         except Exception as e:  # no NVML, or a device it cannot name: say so in the record
             self.reason = f"NVML unavailable: {type(e).__name__}: {e}"
@@ -81,7 +83,13 @@ class GpuWatch:
             return [(f"NVML index {i}", nv.nvmlDeviceGetHandleByIndex(i)) for i in range(nv.nvmlDeviceGetCount())]
         out = []
         for e in entries:
-            h = nv.nvmlDeviceGetHandleByIndex(int(e)) if e.isdigit() else nv.nvmlDeviceGetHandleByUUID(e)
+            if e.isdigit():
+                h = nv.nvmlDeviceGetHandleByIndex(int(e))
+            elif e.startswith("GPU-"):  # a full UUID or the unambiguous prefix CUDA accepts
+                h = _by_uuid_prefix(nv, e)
+            else:  # MIG-...: NVML's power and energy are the whole GPU's, shared with other instances
+                raise NvmlDeviceUnknown(f"CUDA_VISIBLE_DEVICES entry {e!r} is not a GPU index or GPU-UUID (a MIG "
+                                        "instance?): the whole GPU's power and energy would not be the command's")
             out.append((f"NVML {'index' if e.isdigit() else 'UUID'} {e} (CUDA_VISIBLE_DEVICES)", h))
         return out
 
@@ -134,9 +142,16 @@ class GpuWatch:
                 self._peak[i] = max(self._peak.get(i, 0), used)
 
     def stop(self) -> None:
+        """End sampling and release NVML (each nvmlInit is counted; a sweep makes one per config)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._inited:
+            self._inited = False
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:  # nothing to release then; the figures are already sampled
+                pass
 
     def figures(self, t0_ns: int | None, t1_ns: int | None, tokens: float | None, steps: int) -> dict[str, Any]:
         """Record fields: memory over the whole run, energy and power over [t0, t1]."""

@@ -23,6 +23,8 @@ one by one, and `mgbench memory --trace` checks it):
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -76,6 +78,9 @@ class Attention(nn.Module):
         self.wk = nn.Linear(shape.hidden, shape.kv_heads * shape.dim_head, bias=False)
         self.wv = nn.Linear(shape.hidden, shape.kv_heads * shape.dim_head, bias=False)
         self.wo = nn.Linear(shape.heads * shape.dim_head, shape.hidden, bias=False)
+        # (q, k, v) -> attention output in place of causal SDPA over the local sequence:
+        # context parallelism sets it (strategies/context_parallel.py); None otherwise.
+        self.attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -88,7 +93,10 @@ class Attention(nn.Module):
         k = apply_rotary(self.wk(x).view(b, s, -1, self.dim_head), cos, sin).transpose(1, 2)
         v = self.wv(x).view(b, s, -1, self.dim_head).transpose(1, 2)
         # Grouped-query attention inside SDPA: K and V stay kv_heads wide.
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+        if self.attend is not None:
+            out = self.attend(q, k, v)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -143,6 +151,10 @@ class DecoderLM(nn.Module):
         # Non-persistent buffers: not parameters, not in state_dict, moved with .to().
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        # Global positions of the input's tokens where they are not 0..seq-1 (context
+        # parallelism: this rank's chunks of the sequence); a plain attribute, not a
+        # buffer, so DDP's buffer broadcast does not give every rank rank 0's positions.
+        self.positions: torch.Tensor | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -163,7 +175,9 @@ class DecoderLM(nn.Module):
         # The rotary tables in the stream's dtype, cut to the sequence length (of the input:
         # under sequence parallelism x holds a slice of it): once per forward, shared by
         # every block.
-        cos, sin = (t[: tokens.shape[1]].to(x.dtype) for t in (self.rope_cos, self.rope_sin))
+        pos = self.positions
+        cos, sin = ((t[: tokens.shape[1]] if pos is None else t[pos]).to(x.dtype)
+                    for t in (self.rope_cos, self.rope_sin))
         for block in self.blocks.values():
             x = block(x, cos, sin)
         x = self.norm(x) if self.norm is not None else x

@@ -1,5 +1,5 @@
 """suites/modern.toml end to end on 4 gloo ranks (issue 17's acceptance): FP8 under FSDP,
-HSDP 2 x 2, FSDP with CPU offload and each zero-bubble schedule run ok and compute what
+HSDP 2 x 2, FSDP with CPU offload, each zero-bubble schedule and cp = 2 x dp = 2 run ok and compute what
 the single-process reference computes, and every injected bug in the suite is caught.
 One `mgbench run` (one torchrun launch for every 4-rank row)."""
 
@@ -31,6 +31,9 @@ def test_modern_suite_is_correct_and_catches_its_bugs(cli, tmp_path):
     kinds = {(r["strategy"], r["pp_schedule"] if r["strategy"] == "pp" else None, r.get("offload")) for r in clean}
     assert {("hsdp", None, False), ("fsdp", None, True)} <= kinds
     assert {s for k, s, _ in kinds if k == "pp"} == {"interleaved_zb", "zbv", "dualpipev"}
+    # Context parallelism cp = 2 x dp = 2, and both negative controls caught on it.
+    assert [(r["dp"], r["cp"]) for r in clean if r["strategy"] == "cp"] == [(2, 2)]
+    assert sorted(r["inject"] for r in bugs if r["strategy"] == "cp") == ["bug:grad_sum", "bug:no_grad_sync"]
     for r in clean:
         if r["strategy"] == "pp":  # the theory beside the (here unmeasurable) measured bubble
             expected = {"interleaved_zb": 3 / 51, "zbv": 0.0, "dualpipev": 6 / 54}[r["pp_schedule"]]

@@ -71,6 +71,9 @@ def test_log_regex_with_and_without_a_tokens_group():
     assert ends.ends_ns == [10, 30, 40] and ends.tokens == [1024, 2048, None] and ends.malformed == 1
     plain = match_log(lines, r"^step \d+")
     assert plain.ends_ns == [10, 30, 40] and plain.tokens == [None] * 3
+    # stdout's and stderr's reader threads may append out of time order: ends are sorted
+    swapped = match_log([lines[2], lines[0], lines[3]], r"^step \d+")
+    assert swapped.ends_ns == [10, 30, 40]
 
 
 def test_step_figures_drop_the_warmup_and_take_tokens_from_events_or_the_suite():
@@ -159,6 +162,16 @@ def test_a_pattern_that_never_matches_is_an_error_saying_so(tmp_path):
     assert (tmp_path / "r" / rec.log_file).read_text() == "hello\nworld\n"
 
 
+def test_a_step_file_of_malformed_lines_is_an_error_saying_so(tmp_path):
+    # The step file wins over step_pattern; one with no readable line must say so, not
+    # blame the pattern (which did match) or claim no file was written.
+    cfg = command_config("""command = '''/bin/sh -c 'echo garbage >> "$MGBENCH_STEP_FILE"; echo step 1; echo step 2' '''
+step_pattern = 'step \\d+'""")
+    rec = command.run_command_config(_run_dir(tmp_path), "r", cfg, lambda: False)
+    assert rec.status == "error" and rec.step_source == "step_file" and rec.step_file_malformed == 1
+    assert "step file MGBENCH_STEP_FILE names holds no step: 1 line(s)" in rec.error, rec.error
+
+
 def test_a_signal_stops_the_command_tree_and_records_interrupted(tmp_path):
     cfg = command_config(f'command = "{SCRIPTS / "hang.py"}"\nstep_pattern = "step"')
     run_dir, t0 = _run_dir(tmp_path), time.monotonic()
@@ -231,3 +244,47 @@ def test_gpu_watch_figures_are_null_when_the_command_cannot_be_tied_to_gpus(monk
     everyone = gpu_watch.GpuWatch(nproc=4, nvml=nv)  # all visible GPUs are the nproc it uses
     everyone.method = "nvml_counter"
     assert len(everyone.figures(None, None, None, 0)["gpu_devices"]) == 4
+
+
+def test_every_record_figure_is_declared_once():
+    # A dataclass takes a second declaration of a name silently (the last help text wins):
+    # tokens_reason was once declared by the vision and the command workloads both.
+    import ast
+    import inspect
+
+    from mgbench import record
+
+    body = next(n for n in ast.parse(inspect.getsource(record)).body
+                if isinstance(n, ast.ClassDef) and n.name == "Record").body
+    names = [n.target.id for n in body if isinstance(n, ast.AnnAssign)]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+def test_gpu_watch_names_gpus_as_cuda_visible_devices_does(monkeypatch):
+    # CUDA accepts a UUID prefix (GPU-xxxx) in CUDA_VISIBLE_DEVICES: resolved like the
+    # built-in workloads' NVML lookup, not refused as an unknown full UUID.
+    nv = ProcNVML(host(4))
+    third = nv.gpus[2].uuid
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{third[:12]},1")
+    watch = gpu_watch.GpuWatch(nproc=2, nvml=nv)
+    assert watch.reason is None and [h for _, h in watch._handles] == [2, 1]
+    # A MIG instance: the GPU's power is not the command's alone, so the figures are null
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-0123")
+    mig = gpu_watch.GpuWatch(nproc=1, nvml=nv)
+    assert mig.figures(0, 10**10, None, 3)["energy_j"] is None and "MIG" in mig.reason
+
+
+def test_gpu_watch_releases_nvml_when_stopped():
+    calls = []
+
+    class Counted(ProcNVML):
+        def nvmlInit(self):
+            calls.append("init")
+
+        def nvmlShutdown(self):
+            calls.append("shutdown")
+
+    for _ in range(3):  # one watch per command config of a sweep
+        watch = gpu_watch.GpuWatch(nproc=1, nvml=Counted(host(1)))
+        watch.stop()
+    assert calls == ["init", "shutdown"] * 3

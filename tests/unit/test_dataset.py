@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from mgbench import dataset
 from mgbench.cli import main
+from mgbench.data_commands import Count
 from mgbench.errors import MgbenchError
 from tests.factories import make_config
 
@@ -93,6 +94,12 @@ def test_read_index_names_what_is_wrong(tmp_path):
     os.remove(tmp_path / "d" / "shard-00000.npy")
     with pytest.raises(MgbenchError, match="shard-00000.npy .* missing"):
         dataset.read_index(tmp_path / "d")
+    # a truncated or hand-edited index: one line, not a KeyError when the shards are read
+    (tmp_path / "y").mkdir()
+    for broken in ({}, {"shards": [{"file": "shard-00000.npy"}]}, {"vocab": 10, "shards": "x"}):
+        (tmp_path / "y" / "index.json").write_text(json.dumps({"format": "mgbench-tokens", "version": 1, **broken}))
+        with pytest.raises(MgbenchError, match="lacks a valid vocab or shards list"):
+            dataset.read_index(tmp_path / "y")
 
 
 def test_cache_generates_once_per_size(tmp_path):
@@ -142,3 +149,16 @@ def test_cli_make_json_and_bad_input_is_one_line_exit_2(tmp_path):
     assert r.exit_code == 2 and "not an mgbench dataset" in r.output
     r = runner.invoke(main, ["data", "make", str(tmp_path / "e"), "--tokens", "lots", "--vocab", "10"])
     assert r.exit_code == 2 and "not a count" in r.output
+    for count in ("inf", "nan", "1.5"):  # float() reads the first two: not counts, and no OverflowError traceback
+        r = runner.invoke(main, ["data", "make", str(tmp_path / "e"), "--tokens", count, "--vocab", "10"])
+        assert r.exit_code == 2 and "not a whole number" in r.output, r.output
+    assert Count().convert("9007199254740993", None, None) == 9007199254740993  # exact, not rounded through float
+
+
+def test_a_disk_config_without_a_warm_up_step_is_skipped_saying_why():
+    # The loader's start-up (workers, first reads) belongs in a warm-up step, not the timed window.
+    from mgbench.suite import expand, parse_suite
+
+    configs = expand(parse_suite('[sweep]\ndata = "disk"\nwarmup_steps = [0, 1]\n'), "cpu", 4)
+    why = {c.warmup_steps: c.skip_reason for c in configs}
+    assert "needs warmup_steps >= 1" in why[0] and why[1] is None

@@ -47,7 +47,8 @@ def test_capacity_drops_second_choices_first_counted_by_hand():
     r = moe.route(logits, top_k=2, capacity_factor=0.5)
     assert r.counts.tolist() == [2, 2] and int((r.routed - r.counts).sum()) == 4
     # A second choice never displaces a first choice: 3 tokens -> expert 0 first, one
-    # token prefers 1; capacity 2 each with top-2 of 2 experts at factor 2/3.
+    # token prefers 1; capacity ceil(0.5 x 4 x 2 / 2) = 2 each: expert 1 keeps token 3's
+    # first choice and token 0's second, not tokens 0 and 1 (token order would).
     logits = torch.tensor([[2.0, 0.0], [2.0, 0.0], [2.0, 0.0], [0.0, 2.0]])
     r = moe.route(logits, top_k=2, capacity_factor=0.5)
     kept = set(zip(r.token_of.tolist(), r.expert_of.tolist()))

@@ -76,3 +76,22 @@ def test_a_traced_step_under_fake_tensors_counts_what_a_real_step_runs():
         assert traced[k] == r[k], k
     assert traced["attention_ops"] == 2 * shape.layers  # one SDPA forward and backward per block
     assert traced["by_phase"]["optimizer"]["compute"] > 0
+
+
+def test_recorded_ops_replay_with_their_shapes_strides_and_bytes():
+    from mgbench.planner.opcount import TensorSpec
+    from mgbench.probe import kernels
+
+    x = torch.rand(4, 1).expand(4, 8)  # a broadcast operand: stride 0 along the row
+    y = torch.rand(4, 8)
+    with OpCounter(record=True) as c:
+        torch.mul(x, y)
+    assert c.by_name == {"mul": 1}
+    (func, (args, kwargs), nbytes), = c.recorded
+    assert args[0] == TensorSpec((4, 8), (1, 0), torch.float32) and nbytes == 3 * 4 * 8 * F32
+    assert args[0].make(torch.device("cpu")).stride() == (1, 0)
+    # an op random data cannot stand for (mismatched matmul shapes) is left out and counted
+    bad = (torch.ops.aten.mm.default, ((TensorSpec((2, 3), (3, 1), torch.float32),
+                                        TensorSpec((4, 5), (5, 1), torch.float32)), {}), 0)
+    res = kernels.elementwise(torch.device("cpu"), c.recorded + [bad], repeats=1)
+    assert res["ops"] == 1 and res["ops_failed"] == 1 and res["bytes"] == nbytes and res["bytes_per_s"] > 0

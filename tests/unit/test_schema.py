@@ -159,6 +159,32 @@ def test_a_v1_run_resumes_with_nothing_left_to_run(tmp_path):
     assert len(store.read_records(tmp_path / "v1-smoke")) == 20  # nothing re-recorded
 
 
+def test_a_v2_run_folder_loads_and_resumes_with_nothing_left_to_run(tmp_path):
+    """A folder written by the previous release (schema 2, committed fixture), whose ids
+    hashed every suite key of its day: migrated ids are today's, so resume runs nothing."""
+    from mgbench.runner.launch import run_suite
+    from mgbench.suite import suite_from_manifest
+
+    shutil.copytree(FIXTURES / "v2-smoke", tmp_path / "v2-smoke")
+    raw = [json.loads(line) for line in (tmp_path / "v2-smoke" / "records.jsonl").read_text().splitlines()]
+    assert {r["schema_version"] for r in raw} == {2}
+    recs = store.read_records(tmp_path / "v2-smoke")
+    assert len(recs) == 8 and {r["schema_version"] for r in recs} == {SCHEMA_VERSION}
+    assert {r["config_id"] for r in recs}.isdisjoint({r["config_id"] for r in raw})  # ids were recomputed
+    suite = suite_from_manifest(store.read_manifest(tmp_path / "v2-smoke"))
+    said = []
+    run_suite(suite, tmp_path, device_kind="cpu", num_devices=4, progress=said.append, resume="v2-smoke")
+    assert said[0] == "resuming v2-smoke: 8 of 8 configs already recorded"
+    assert len(store.read_records(tmp_path / "v2-smoke")) == 8
+
+
+def test_a_key_at_its_default_does_not_change_the_id():
+    """So adding a suite key (whose default keeps the old behaviour) leaves old ids valid."""
+    p = make_config(strategy="ddp", nproc=2).params()
+    assert config.config_id(p) == config.config_id({k: v for k, v in p.items() if k != "offload"})
+    assert config.config_id(p) != config.config_id({**p, "offload": True})
+
+
 def test_v1_every_second_block_checkpointing_is_renamed():
     rec = json.loads((FIXTURES / "v1-smoke" / "records.jsonl").read_text().splitlines()[0])
     rec["activation_checkpointing"] = "selective"

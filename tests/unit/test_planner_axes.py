@@ -1,0 +1,268 @@
+"""The planner's terms for issue 17's axes (expert and context parallelism, FP8, HSDP, CPU
+offload, zero-bubble schedules), each against a hand calculation, and the options of
+`memory` / `predict` / `plan` that reach them."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from mgbench import catalog
+from mgbench.cli import main
+from mgbench.planner import hardware, layout_time, perf
+from mgbench.planner import memory as M
+from mgbench.planner.search import PlanOptions, plan
+from mgbench.strategies.schedules import theoretical_bubble
+
+MIXTRAL = catalog.model_shape("mixtral-8x7b")
+LLAMA8 = catalog.model_shape("llama3-8b")
+H100 = hardware.resolve(system="dgx-h100")
+
+
+def mem(shape, **kw):
+    return {k: float(np.asarray(v)) for k, v in M.memory_per_gpu(shape, **kw).items()}
+
+
+# --- memory ---------------------------------------------------------------------------------
+
+def test_expert_states_are_sharded_by_ep_then_by_the_expert_data_parallel_group():
+    expert = 32 * 8 * 3 * 4096 * 14336  # Mixtral: 32 MoE layers x 8 experts x SwiGLU(4096, 14336)
+    dense = MIXTRAL.num_params() - expert
+    assert MIXTRAL.num_expert_params() == expert
+    got = mem(MIXTRAL, seq=1024, dp=16, zero=3, ep=8)
+    # bf16 weights, 2 bytes: dense over the 16 data-parallel ranks, experts / 8 over 16 / 8 = 2.
+    assert got["params_bytes"] == pytest.approx(2 * dense / 16 + 2 * expert / 8 / 2, rel=1e-12)
+    # ZeRO-1: weights whole (experts / ep), optimizer states sharded alike.
+    z1 = mem(MIXTRAL, seq=1024, dp=16, zero=1, ep=8)
+    assert z1["params_bytes"] == pytest.approx(2 * dense + 2 * expert / 8, rel=1e-12)
+    assert z1["optimizer_bytes"] == pytest.approx(12 * dense / 16 + 12 * expert / 8 / 2, rel=1e-12)
+
+
+def test_a_dense_model_is_unchanged_by_the_new_defaults():
+    a = M.memory_per_gpu(LLAMA8, seq=4096, tp=2, pp=2, dp=2, zero=1, num_micro=4, recompute=1)
+    b = M.memory_per_gpu(LLAMA8, seq=4096, tp=2, pp=2, dp=2, zero=1, num_micro=4, recompute=1, ep=1, cp=1,
+                         replicas=1, offload=False)
+    assert all(float(a[k]) == float(b[k]) for k in a)
+
+
+def test_moe_block_activations_by_hand():
+    tokens, e, h, fe = 1000, 2.0, 4096, 14336
+    # Mixtral: top-2 routed rows (input + output 2 e h, SwiGLU 4 e F), router logits + fp32
+    # probabilities (e + 4) x 8, minus the dense SwiGLU of width ffn_hidden counted by layer_activations.
+    per_token = 2 * (2 * e * h + 4 * e * fe) + (e + 4) * 8 - 4 * e * 14336
+    assert float(M.moe_mlp_extra(MIXTRAL, tokens, 1, "bf16")) == pytest.approx(tokens * per_token, rel=1e-12)
+
+
+def test_context_parallelism_divides_activations_and_adds_the_gathered_kv():
+    S = 16384
+    cp2 = mem(LLAMA8, seq=S, micro_batch=1, dp=4, cp=2)
+    half = mem(LLAMA8, seq=S // 2, micro_batch=1, dp=4)
+    # s / cp tokens a rank: the same saved activations as a sequence of s / 2 on one rank.
+    assert cp2["activations_bytes"] == pytest.approx(half["activations_bytes"], rel=1e-12)
+    # K and V of the whole sequence and their gradients: 4 e s b k, k = 8 kv heads x 128.
+    kv = 4 * 2.0 * S * 1 * 8 * 128
+    assert float(M.cp_kv_bytes(LLAMA8, S, 1, 1, 2, "bf16")) == kv
+    assert cp2["temporaries_bytes"] - half["temporaries_bytes"] == pytest.approx(kv, rel=1e-9)
+    # ZeRO shards over dp x cp ranks (the cp ranks hold the same weights).
+    z3 = mem(LLAMA8, seq=S, dp=4, cp=2, zero=3)
+    assert z3["params_bytes"] == pytest.approx(2 * LLAMA8.num_params() / 8, rel=1e-9)
+
+
+def test_fp8_keeps_bf16_states_and_activations_and_gathers_weights_in_one_byte():
+    bf, f8 = mem(LLAMA8, seq=2048, dp=8, zero=3), mem(LLAMA8, seq=2048, dp=8, zero=3, precision="fp8")
+    for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "temporaries_bytes"):
+        assert f8[k] == bf[k], k
+    assert f8["gathered_params_bytes"] == pytest.approx(bf["gathered_params_bytes"] / 2)
+    # Without ZeRO-3 a block's float8 weight casts (1 byte a weight) are a temporary.
+    bf0, f80 = mem(LLAMA8, seq=2048), mem(LLAMA8, seq=2048, precision="fp8")
+    assert f80["temporaries_bytes"] - bf0["temporaries_bytes"] == pytest.approx(LLAMA8.params_per_layer())
+
+
+def test_offload_moves_model_states_to_the_host():
+    on, off = mem(LLAMA8, seq=2048, dp=8, zero=3, offload=True), mem(LLAMA8, seq=2048, dp=8, zero=3)
+    assert on["host_bytes"] == pytest.approx(off["model_states_bytes"]) and off["host_bytes"] == 0
+    assert on["params_bytes"] == on["grads_bytes"] == on["optimizer_bytes"] == 0
+    assert on["gathered_params_bytes"] == off["gathered_params_bytes"]  # the working set stays on the device
+
+
+def test_hsdp_shards_inside_a_replica():
+    got = mem(LLAMA8, seq=2048, dp=16, zero=3, replicas=4)
+    assert got["model_states_bytes"] == pytest.approx(16 * LLAMA8.num_params() / 4, rel=1e-9)
+
+
+@pytest.mark.parametrize("schedule,expected", [("interleaved_zb", 4 * (1 + 3 / 8)), ("zbv", 4.0),
+                                               ("dualpipev", 5.0), ("1f1b", 4.0)])
+def test_in_flight_micro_batches_of_the_new_schedules(schedule, expected):
+    assert float(M.in_flight(4, 16, schedule, virtual_stages=2)) == pytest.approx(expected)
+
+
+# --- time -----------------------------------------------------------------------------------
+
+def test_plain_layouts_price_exactly_as_perf():
+    kw = dict(seq=4096, global_batch=64, micro_batch=1, tp=2, pp=4, dp=8, zero=1, recompute=1)
+    a, b = perf.step_time(LLAMA8, H100, **kw), layout_time.step_time(LLAMA8, H100, **kw)
+    assert float(a["step_time_s"]) == pytest.approx(float(b["step_time_s"]), rel=1e-12)
+
+
+def test_ep_all_to_all_by_hand_intra_and_inter_node():
+    tokens, ep, e, h, k = 4096, 8, 2.0, 4096, 2
+    nbytes = tokens * k * h * e * (ep - 1) / ep
+    got = layout_time.ep_all_to_all_s(MIXTRAL, H100, tokens=tokens, ep=ep, span=8, precision="bf16", moe_layers=32,
+                                      num_micro=3, recompute=0, layers=32)
+    assert float(got) == pytest.approx(4 * 32 * 3 * ((ep - 1) * H100.intra_alpha_s + nbytes / H100.intra_bw))
+    inter = layout_time.ep_all_to_all_s(MIXTRAL, H100, tokens=tokens, ep=ep, span=16, precision="bf16",
+                                        moe_layers=32, num_micro=3, recompute=0, layers=32)
+    assert float(inter) == pytest.approx(4 * 32 * 3 * ((ep - 1) * H100.inter_alpha_s + nbytes / H100.inter_bw))
+    assert float(inter) > 5 * float(got)  # NIC share against NVLink
+
+
+def test_cp_kv_exchange_by_hand():
+    s, cp = 65536, 4
+    nbytes = s * 1 * 2 * (8 * 128) * 2.0  # K and V of the whole sequence, bf16
+    ring = (cp - 1) * H100.intra_alpha_s + (cp - 1) / cp * nbytes / H100.intra_bw
+    got = layout_time.cp_kv_exchange_s(LLAMA8, H100, seq=s, micro_batch=1, tp=1, cp=cp, span=cp, precision="bf16",
+                                       layers=32, num_micro=2, recompute=0)
+    assert float(got) == pytest.approx(2 * 32 * 2 * ring)  # all-gather forward, reduce-scatter backward
+
+
+def test_fp8_speeds_up_the_blocks_linears_by_the_peak_ratio():
+    kw = dict(seq=8192, global_batch=8, micro_batch=1, tp=1, pp=1, dp=8, zero=3, recompute=0)
+    bf = layout_time.step_time(LLAMA8, H100, **kw)
+    f8 = layout_time.step_time(LLAMA8, H100, precision="fp8", **kw)
+    b = bf["breakdown"]
+    blocks_mm = float(b["matmul_s"] - b["head_s"] * H100.stack_eff)
+    frac = float(layout_time.linear_fraction(LLAMA8, 8192, 0))
+    saved = blocks_mm * frac * (1 - 989.0 / 1979.0) / H100.stack_eff
+    assert float(b["compute_s"] - f8["breakdown"]["compute_s"]) == pytest.approx(saved, rel=1e-9)
+    assert float(f8["mfu"]) == pytest.approx(float(f8["model_tflops_per_gpu"]) / 989.0)  # bf16 peak
+
+
+def test_offload_transfer_over_the_host_link_by_hand():
+    kw = dict(seq=4096, global_batch=16, micro_batch=1, tp=1, pp=1, dp=8, zero=3, recompute=2)
+    r = layout_time.step_time(LLAMA8, H100, offload=True, **kw)
+    shard = float(M.stage_params(LLAMA8, 1, 1)) / 8
+    pcie5 = 63.0e9 * 0.87  # hardware.toml links.pcie5, dgx-h100's host_link
+    m = 16 / 8
+    assert float(r["breakdown"]["offload_s"]) == pytest.approx(2 * m * 4 * shard / pcie5, rel=1e-9)
+    assert any("host CPU is not priced" in n for n in r["notes"])
+
+
+def test_hsdp_reduces_inside_replicas_and_all_reduces_across():
+    d, R, m, params = 32, 4, 2, 1e9
+    got = layout_time.dp_comm_s(H100, dense=params, expert=0.0, tp=1, dpc=d, ep=1, replicas=R, zero=3, num_micro=m,
+                                precision="bf16")
+    gb = 2 * params
+    shard = d // R  # 8 ranks: one node
+    inside = perf.ring_time(gb, shard, H100.intra_bw, H100.intra_alpha_s, 1.0)
+    across = perf.ring_time(gb / shard, R, H100.inter_bw, H100.inter_alpha_s, 2.0)
+    assert float(got) == pytest.approx((2 * m + 1) * float(inside) + float(across))
+
+
+@pytest.mark.parametrize("schedule", ["interleaved_zb", "zbv", "dualpipev"])
+def test_zero_bubble_schedules_take_the_registry_bubble(schedule):
+    kw = dict(seq=4096, global_batch=32, micro_batch=1, tp=1, pp=4, dp=2, zero=1, recompute=0)
+    r = layout_time.step_time(LLAMA8, H100, schedule=schedule, virtual_stages=2, **kw)
+    f = theoretical_bubble(4, 16, schedule, 2)
+    blocks = float(r["breakdown"]["compute_s"] - r["breakdown"]["head_s"])
+    assert float(r["breakdown"]["bubble_s"]) == pytest.approx(blocks * f / (1 - f))
+
+
+def test_zbv_with_too_few_micro_batches_has_no_bubble_figure():
+    assert np.isnan(layout_time.bubble_fraction(4, 4, "zbv", 2))
+
+
+# --- commands -------------------------------------------------------------------------------
+
+def _run(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_memory_and_predict_accept_every_new_option():
+    r = _run("memory", "--model", "mixtral-8x7b", "--num-gpus", "16", "--ep", "8", "--zero", "3", "--cp", "2",
+             "--seq-len", "8192", "--precision", "fp8", "--offload", "--hsdp", "1", "--json")
+    assert r.exit_code == 0, r.output
+    r = _run("predict", "--model", "llama3-70b", "--system", "dgx-h100", "--num-gpus", "64", "--pp", "4",
+             "--zero", "3", "--hsdp", "2", "--schedule", "interleaved_zb", "--virtual-stages", "2",
+             "--global-batch", "64", "--precision", "fp8", "--json")
+    assert r.exit_code == 0, r.output
+    r = _run("memory", "--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1000", "--experts", "8",
+             "--top-k", "2", "--num-gpus", "4", "--ep", "4")
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("args,says", [
+    (["memory", "--model", "llama3-8b", "--num-gpus", "2", "--ep", "2"], "--ep 2 shards routed experts"),
+    (["memory", "--model", "llama3-8b", "--num-gpus", "8", "--offload"], "--offload is modelled for FSDP2's ZeRO-3"),
+    (["memory", "--model", "llama3-8b", "--num-gpus", "8", "--zero", "3", "--hsdp", "3"], "--hsdp 3 must divide"),
+    (["memory", "--model", "llama3-8b", "--num-gpus", "8", "--cp", "4", "--seq-len", "4100"], "--cp 4: the sequence"),
+    (["memory", "--model", "mixtral-8x7b", "--num-gpus", "8", "--ep", "8", "--zero", "3", "--hsdp", "2"],
+     "--hsdp with --ep"),
+    (["predict", "--model", "llama3-8b", "--system", "dgx-a100", "--precision", "fp8"], "no FP8 peak for a100"),
+    (["predict", "--model", "llama3-8b", "--system", "dgx-h100", "--num-gpus", "4", "--pp", "4", "--schedule", "zbv",
+      "--global-batch", "4"], "ZB-V's bubble is known"),
+    (["predict", "--model", "llama3-8b", "--system", "a100-pcie-8", "--num-gpus", "8", "--zero", "3", "--offload"],
+     None),
+])
+def test_bad_new_options_are_one_line_exit_2(args, says):
+    r = _run(*args)
+    if says is None:  # a catalog system with a host link prices offload
+        assert r.exit_code == 0, r.output
+        return
+    assert r.exit_code == 2, r.output
+    assert says in r.output and "Traceback" not in r.output
+
+
+def test_a_system_without_a_host_link_cannot_price_offload():
+    hw = dataclasses.replace(H100, system="nowhere")
+    with pytest.raises(Exception, match="host link of 'nowhere'"):
+        layout_time.host_link_bw(hw)
+
+
+# --- plan -----------------------------------------------------------------------------------
+
+def test_plan_searches_expert_parallelism_for_moe_presets():
+    res = plan(catalog.model_shape("qwen3-30b-a3b"), PlanOptions(tokens=1e12, systems=["dgx-h100"], max_gpus=512))
+    assert res["num_candidates"] >= 1_000_000
+    assert res["recommendation"] is not None
+    assert {r["ep"] for r in res["ranked"]} - {1}, "no ranked layout uses expert parallelism"
+
+
+def test_plan_searches_context_parallelism_for_long_sequences():
+    res = plan(LLAMA8, PlanOptions(tokens=1e10, seq_len=262144, global_batch_tokens=262144 * 8,
+                                   systems=["dgx-h100"], max_gpus=64))
+    assert res["recommendation"] is not None and res["recommendation"]["cp"] > 1
+    short = plan(LLAMA8, PlanOptions(tokens=1e10, systems=["dgx-h100"], max_gpus=64))
+    assert {r["cp"] for r in short["ranked"]} == {1}
+    assert any("context parallelism searched from" in x for x in short["reasons"])
+
+
+def test_plan_fp8_skips_gpus_without_fp8_and_offload_is_considered():
+    res = plan(LLAMA8, PlanOptions(tokens=1e11, systems=None, max_gpus=64, precision="fp8", offload=True))
+    assert any("dgx-a100 not considered" in x and "FP8" in x for x in res["reasons"])
+    assert all(r["gpu"] != "a100-sxm-80gb" for r in res["ranked"])
+    with pytest.raises(Exception, match="no FP8 peak"):
+        plan(LLAMA8, PlanOptions(tokens=1e11, systems=["dgx-a100"], max_gpus=64, precision="fp8"))
+
+
+def test_recompute_flops_of_an_moe_model_count_active_experts_only():
+    s = 4096
+    fwd = 2.0 * (MIXTRAL.num_active_params() - MIXTRAL.padded_vocab * MIXTRAL.hidden * 2 - MIXTRAL.hidden) \
+        + 4.0 * MIXTRAL.layers * MIXTRAL.attn_dim * s  # every block's forward, once more
+    got = perf.hardware_flops_per_token(MIXTRAL, s, 2) - perf.hardware_flops_per_token(MIXTRAL, s, 0)
+    assert float(got) == pytest.approx(fwd, rel=1e-12)
+
+
+def test_axes_rows_are_predicted_but_neither_scored_nor_in_the_intervals():
+    from mgbench.planner import uncertainty, validation
+
+    runs = [r for r in validation.published_runs() if r["role"] == "axes"]
+    assert {r.get("precision") for r in runs} >= {"fp8"} and any(r.get("cp", 1) > 1 for r in runs)
+    assert any(r.get("ep", 1) > 1 for r in runs)
+    for r in runs:
+        p = validation.predict_run(r)
+        assert np.isfinite(p["predicted"]) and p["predicted"] > 0, r["id"]
+    rows, _ = validation.error_table()
+    assert "axes" not in {r["role"] for r in rows if r["role"] == "validation"}
+    n_cross = sum(r["role"] == "informational" and r["system"] != "dgx-a100" for r in validation.published_runs())
+    assert len(uncertainty._residuals()["cross_gpu"]) == n_cross
