@@ -70,6 +70,17 @@ def peak_precision(precision: str, fp32_matmul: str = "ieee") -> str:
     return "tf32" if precision == "fp32" and fp32_matmul == "tf32" else precision
 
 
+# fp8 training's MFU divides by the bf16 dense peak: only the blocks' linears run in
+# float8 (torchao, strategies/fp8.py), and torchtitan and Megatron report fp8 MFU this way.
+# The fp8 peak is the runner's HFU (hfu_pct) and prices the planner's float8 linears.
+MFU_PEAK_OF = {"fp8": "bf16"}
+
+
+def mfu_precision(precision: str) -> str:
+    """The precision whose dense peak a config's MFU divides by (bf16 for fp8)."""
+    return MFU_PEAK_OF.get(precision, precision)
+
+
 def peak_tflops(device_name: str, precision: str, memory_gib: float | None = None,
                 fp32_matmul: str = "ieee") -> tuple[float | None, str]:
     """Dense peak TFLOPS of a device at a precision, with the reason when unknown (or its

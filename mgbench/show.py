@@ -25,6 +25,8 @@ def _derived(r: dict[str, Any]) -> dict[str, Any]:
         return {"strategy": "command", "_layout": None, "model_name": None, "micro_batch": None, "grad_accum": None,
                 "seq_len": None, "precision": None, "_bubble": None}
     lay = f"{r.get('dp', r.get('nproc'))}/{r.get('tp', 1)}/{r.get('pp', 1)}"
+    # Degrees beyond dp/tp/pp, named where they are not 1 (expert and context parallelism).
+    lay += "".join(f" {k}={r[k]}" for k in ("ep", "cp") if (r.get(k) or 1) != 1)
     if r.get("strategy") in ("pp", "pp+tp+dp"):
         lay += f" {r.get('pp_schedule')}"
     bubble = None

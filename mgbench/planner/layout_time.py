@@ -61,7 +61,7 @@ OFFLOAD_NOTE = "CPU offload: the optimizer step on the host CPU is not priced (n
 def hardware_precision(precision: str) -> str:
     """The precision whose peak a Hardware is resolved at: fp8 training keeps bf16 for
     everything but the blocks' linears, and MFU is quoted against the bf16 peak."""
-    return "bf16" if precision == "fp8" else precision
+    return catalog.mfu_precision(precision)
 
 
 def fp8_peak_tflops(hw: Hardware) -> float:

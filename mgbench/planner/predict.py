@@ -8,7 +8,7 @@ from typing import Any
 from ..errors import MgbenchError
 from ..model_shape import ModelShape
 from ..parallel_dims import ParallelDims
-from ..strategies.schedules import chunks_per_rank, schedule_problem
+from ..strategies.schedules import bubble_unknown_reason, chunks_per_rank, schedule_problem
 from . import layout_time, perf
 from .hardware import Hardware
 from .memory import RECOMPUTE, SCHEDULES, VIRTUAL_SCHEDULES, memory_per_gpu
@@ -124,9 +124,10 @@ def _check_new_axes(L: Layout, shape: ModelShape | None) -> None:
         problem = schedule_problem(L.schedule, L.pp, L.num_micro, compile=False)
         if problem is not None:
             raise MgbenchError(problem.replace("grad_accum", "micro-batches per step (--global-batch)"))
-        if L.schedule == "zbv" and L.num_micro < 2 * L.pp:
-            raise MgbenchError(f"--schedule zbv: ZB-V's bubble is known (zero, Qi et al. 2023) only with >= 2 x pp = "
-                               f"{2 * L.pp} micro-batches per step, not {L.num_micro}: raise --global-batch")
+        unknown = bubble_unknown_reason(L.pp, L.num_micro, L.schedule)  # the registry's (ZB-V with m < 2 p)
+        if unknown is not None:
+            raise MgbenchError(f"--schedule {L.schedule}: {unknown.replace('grad_accum', 'micro-batches per step')}; "
+                               "raise --global-batch")
 
 
 def _floats(d: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import MgbenchError
 from ..model_shape import ModelShape
+from ..strategies.schedules import schedule_problem, theoretical_bubble
 from . import cost, hardware, layout_time, perf, stack
 from .memory import RECOMPUTE, SCHEDULES, STATE_BYTES, memory_per_gpu
 
@@ -125,6 +126,21 @@ def extra_axes(shape: ModelShape, opts: PlanOptions) -> tuple[list[int], list[in
     return cps, eps, [False, True] if opts.offload else [False]
 
 
+def schedule_runs(schedule: str, pp: np.ndarray, num_micro: np.ndarray, virtual_stages: int) -> np.ndarray:
+    """Rows whose pipeline can run ``schedule`` with a known theoretical bubble (the
+    schedule registry's rules, strategies/schedules.py: e.g. interleaved needs m a
+    multiple of p, DualPipeV m >= 2 p, ZB-V's bubble is known from m >= 2 p; GPipe takes
+    any m); every row without a pipeline."""
+    p, m = np.asarray(pp, dtype=np.int64), np.asarray(num_micro, dtype=np.int64)
+    # One registry call per distinct (p, m): a plan has millions of rows but few pairs.
+    key = p * (int(m.max(initial=0)) + 1) + m
+    keys, first, inverse = np.unique(key.ravel(), return_index=True, return_inverse=True)
+    runs = np.array([pi == 1 or (schedule_problem(schedule, int(pi), int(mi), compile=False) is None
+                                 and theoretical_bubble(int(pi), int(mi), schedule, virtual_stages) is not None)
+                     for pi, mi in zip(p.ravel()[first], m.ravel()[first])], dtype=bool)
+    return runs[inverse.ravel()].reshape(p.shape)
+
+
 def _grid(*axes: np.ndarray) -> list[np.ndarray]:
     return [g.ravel() for g in np.meshgrid(*axes, indexing="ij")]
 
@@ -195,8 +211,7 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
         D_cp = np.where(ok_cp, N // np.maximum(T * P * cp, 1), 1)
         ok_cp &= (B % (MB * D_cp) == 0) & ((D_cp * cp > 1) | (Z == 0))
         if opts.schedule != "1f1b":
-            M0 = B // (MB * D_cp)
-            ok_cp &= (P == 1) | ((M0 % P == 0) if opts.schedule in ("interleaved", "interleaved_zb") else (M0 >= 2 * P))
+            ok_cp &= schedule_runs(opts.schedule, P, B // (MB * D_cp), opts.virtual_stages)
         for ep in eps:
             ok_ep = ok_cp & (D_cp % ep == 0)
             for off in offs:

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from .. import stats, store
-from ..catalog import peak_precision, peak_tflops
+from ..catalog import mfu_precision, peak_precision, peak_tflops
 from ..config import RunConfig
 from ..faults import bug_of
 from ..record import RankFigures, Record, backend_of
@@ -342,9 +342,9 @@ def mfu_fields(precision: str, name: str, device: torch.device, model_tflops: fl
     memory_gib = torch.cuda.get_device_properties(device).total_memory / 2**30 if device.type == "cuda" else None
     mode, setting = fp32_matmul_mode() if device.type == "cuda" else (None, None)
     hfu = hfu_fields(precision, name, memory_gib, model_tflops)
-    # fp8's MFU divides by the bf16 dense peak (the convention torchtitan and Megatron
-    # report; an "fp8 MFU" against the fp8 peak is hfu_pct, beside it).
-    precision = MFU_PRECISION.get(precision, precision)
+    # fp8's MFU divides by the bf16 dense peak (catalog.mfu_precision; an "fp8 MFU"
+    # against the fp8 peak is hfu_pct, beside it).
+    precision = mfu_precision(precision)
     peak, reason = peak_tflops(name, precision, memory_gib, mode or "ieee")
     mfu = 100.0 * model_tflops / peak if peak else None
     if mfu is not None and mfu > 100.0:
@@ -355,10 +355,6 @@ def mfu_fields(precision: str, name: str, device: torch.device, model_tflops: fl
             "mfu_peak_precision": peak_precision(precision, mode or "ieee") if peak else None,
             "device_memory_gib": memory_gib, "tf32_matmul": None if mode is None else mode == "tf32",
             "fp32_matmul_setting": setting, **hfu}
-
-
-# The catalog peak MFU divides by, where it is not the config's precision.
-MFU_PRECISION = {"fp8": "bf16"}
 
 
 def hfu_fields(precision: str, name: str, memory_gib: float | None, model_tflops: float) -> dict[str, Any]:

@@ -394,9 +394,12 @@ def _fsdp_no_sync(model: nn.Module) -> Callable[[bool], ContextManager[Any]]:
 
 def nd_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepared:
     """tp, tp_sp, pp, fsdp+tp and pp+tp+dp on a (pp, dp, tp) device mesh."""
+    from ..workloads import HFModel, hf_tp
     from .pipeline import build_schedule, rank_chunks, stage_module
     from .tensor_parallel import apply_tensor_parallel
 
+    # A Hugging Face model splits by its own plan (workloads/hf_tp.py).
+    split = hf_tp.apply_tensor_parallel if isinstance(cfg.model, HFModel) else apply_tensor_parallel
     use_fsdp = cfg.strategy == "fsdp+tp" or (cfg.strategy == "pp+tp+dp" and cfg.dp_mode in ("fsdp", "hsdp"))
     if cfg.strategy == "pp+tp+dp" and cfg.dp_mode == "hsdp":
         # dp split into replicas x shard: FSDP2 shards within dp_shard and all-reduces
@@ -422,7 +425,7 @@ def nd_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepa
     for mod in modules:
         place(mod, device)
         if cfg.tp > 1:
-            apply_tensor_parallel(mod, mesh["tp"], sequence_parallel)
+            split(mod, mesh["tp"], sequence_parallel)
         _finish_module(mod, cfg)
         if cfg.dp > 1 and use_fsdp:
             _fsdp(mod, dp_mesh, cfg.precision, reshard=True)

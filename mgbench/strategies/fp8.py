@@ -27,8 +27,9 @@ from torch import nn
 # torchao requires both dims of a float8 matmul's weight to be multiples of 16
 # (torch._scaled_mm's alignment rule).
 FP8_ALIGN = 16
-# Linears left in bf16 (see the module docstring).
-SKIPPED_LINEARS = ("head",)
+# Linears left in bf16 (see the module docstring): the output projection, named head in
+# mgbench's decoder and ViT, lm_head in Hugging Face causal LMs.
+SKIPPED_LINEARS = ("head", "lm_head")
 INSTALL_HINT = "install mgbench[fp8] (torchao) for precision = \"fp8\""
 
 

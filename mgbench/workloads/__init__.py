@@ -48,9 +48,9 @@ HF_DIM_KEYS: dict[str, dict[str, str]] = {
     "gpt2": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "ffn_hidden": "n_inner",
              "vocab": "vocab_size", "positions": "n_positions", "tie_embeddings": "tie_word_embeddings"},
 }
-# Strategies a Hugging Face model runs under: every data-parallel one. Tensor
-# parallelism goes through mgbench's own plan for its DecoderLM and is not wired to the
-# models' base_model_tp_plan; pipelines would need the model split into stages.
+# Strategies a Hugging Face model runs under: every data-parallel one, and tp / fsdp+tp
+# where its config has a tensor-parallel plan (workloads/hf_tp.py applies it);
+# pipelines would need the model split into stages.
 HF_STRATEGIES = ("single", "ddp", "zero1", "fsdp", "fsdp_grad_op")
 
 
@@ -361,21 +361,42 @@ def implementation(cfg: Any) -> Any:
     return None
 
 
+def fp8_problem(spec: Any) -> str | None:
+    """Why ``precision = "fp8"`` would run none of a model's block matmuls in float8 (None
+    when it would): torchao's float8 training swaps ``nn.Linear`` layers only, and the
+    output projection stays bf16 (strategies/fp8.py)."""
+    if isinstance(spec, VisionModel) and spec.dims["kind"] == "resnet":
+        return (f"precision = \"fp8\": {spec.name}'s blocks are convolutions and torchao float8 training converts "
+                "nn.Linear layers only (nothing would run in fp8); use bf16 or a ViT")
+    if isinstance(spec, HFModel) and spec.arch == "gpt2":
+        # transformers builds GPT-2's attention and MLP from its own Conv1D, not nn.Linear.
+        return ("precision = \"fp8\": GPT-2's blocks are transformers Conv1D layers and torchao float8 training "
+                "converts nn.Linear layers only (nothing but the output head would run in fp8); use bf16")
+    return None
+
+
 def skip_reason(cfg: Any) -> str | None:
     """Why the workload cannot run this config (None when it can): strategies it lacks,
     sizes it cannot take, an optional package that is missing."""
     import importlib.util
 
     spec = cfg.model
+    if cfg.precision == "fp8" and (why := fp8_problem(spec)):
+        return why
     if isinstance(spec, VisionModel):
         if cfg.strategy not in VISION_STRATEGIES:
             return f"the vision workload runs the data-parallel strategies ({', '.join(VISION_STRATEGIES)}), " \
                    f"not {cfg.strategy}"
         return spec.problem(cfg.image_size)
     if isinstance(spec, HFModel):
-        if cfg.strategy not in HF_STRATEGIES:
-            return f"Hugging Face models run the data-parallel strategies ({', '.join(HF_STRATEGIES)}); " \
+        from .hf_tp import TP_STRATEGIES, plan_problem
+
+        if cfg.strategy not in HF_STRATEGIES + TP_STRATEGIES:
+            return f"Hugging Face models run the data-parallel strategies ({', '.join(HF_STRATEGIES)}) and " \
+                   f"{' / '.join(TP_STRATEGIES)} where the model has a tensor-parallel plan; " \
                    f"{cfg.strategy} is not wired to them"
+        if cfg.strategy in TP_STRATEGIES and (why := plan_problem(spec)):
+            return why
         if cfg.compile:
             return "compile = true is not wired to Hugging Face models"
         positions = spec.config.get("n_positions") if spec.arch == "gpt2" else None

@@ -64,6 +64,13 @@ seq_len = 32
 micro_batch = 2
 measured_steps = 2
 inject = "bug:no_grad_sync"
+[[sweep]]
+model = ["hf:models/tiny-llama/config.json", "hf:models/tiny-gpt2/config.json"]
+strategy = "tp"
+nproc = 2
+seq_len = 32
+micro_batch = 2
+measured_steps = 2
 """
 
 
@@ -91,7 +98,7 @@ def _ok(rec):
 
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason=NO_TRANSFORMERS)
 def test_hf_llama_and_gpt2_under_ddp_and_fsdp_are_ok_and_correct(run):
-    hf = [r for r in run.values() if r.get("model_hf") and r["inject"] == "none"]
+    hf = [r for r in run.values() if r.get("model_hf") and r["inject"] == "none" and r["strategy"] != "tp"]
     assert {(r["model_hf"], r["strategy"]) for r in hf} == {(a, s) for a in ("llama", "gpt2") for s in ("ddp", "fsdp")}
     for r in hf:
         _ok(r)
@@ -110,6 +117,22 @@ def test_hf_llama_and_gpt2_under_ddp_and_fsdp_are_ok_and_correct(run):
     # its head tied to the token embedding.
     per_layer = 2 * 64 + (64 * 192 + 192) + (64 * 64 + 64) + 2 * 64 + (64 * 256 + 256) + (256 * 64 + 64)
     assert gpt2["num_params"] == 256 * 64 + 64 * 64 + 2 * per_layer + 2 * 64
+
+
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason=NO_TRANSFORMERS)
+def test_hf_llama_under_tp_by_its_plan_is_ok_and_correct_and_gpt2_without_one_is_skipped(run):
+    """tp = 2 splits the Llama by its config's base_model_tp_plan (workloads/hf_tp.py) and
+    matches the single-process reference; GPT-2's config has no plan."""
+    tp = {r["model_hf"]: r for r in run.values() if r.get("model_hf") and r["strategy"] == "tp"}
+    assert set(tp) == {"llama", "gpt2"}
+    _ok(tp["llama"])
+    assert tp["llama"]["tp"] == 2 and tp["llama"]["dp"] == 1 and tp["llama"]["tokens_per_s"] > 0
+    ddp = next(r for r in run.values() if r.get("model_hf") == "llama" and r["strategy"] == "ddp"
+               and r["inject"] == "none")
+    # Same model and seed: the same weights before the window, counted whole.
+    assert tp["llama"]["num_params"] == ddp["num_params"]
+    assert tp["gpt2"]["status"] == "skipped"
+    assert "gpt2 configs have no tensor-parallel plan" in tp["gpt2"]["skip_reason"]
 
 
 def test_vision_models_under_single_ddp_fsdp_are_ok_and_correct(run):

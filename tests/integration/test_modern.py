@@ -43,5 +43,17 @@ def test_modern_suite_is_correct_and_catches_its_bugs(cli, tmp_path):
         if r["precision"] == "fp8":
             assert "says nothing about fp8 hardware" in r["fp8_speed_reason"]
             assert r["mfu_pct"] is None and r["hfu_pct"] is None and r["hfu_reason"]
+    # MoE rows: routing figures over the timed steps; dropless drops nothing, capacity 1.0
+    # drops some assignments and the check still holds (drops are decided per micro-batch,
+    # as in the reference).
+    moe = [r for r in recs if r["strategy"] in ("ep", "fsdp+ep")]
+    assert {(r["strategy"], r["ep"]) for r in moe if r["inject"] == "none"} == {("ep", 2), ("ep", 4), ("fsdp+ep", 2)}
+    for r in moe:
+        assert r["moe_expert_compute"].startswith(("grouped_mm", "loop: ")), r["moe_expert_compute"]
+        assert len(r["moe_load_imbalance_per_step"]) == 2 and r["moe_load_imbalance"] >= 1.0
+        if r["moe_capacity_factor"] == "dropless":
+            assert r["moe_tokens_dropped_per_step"] == [0.0, 0.0]
+        else:
+            assert r["moe_tokens_dropped_pct"] > 0 and min(r["moe_tokens_dropped_per_step"]) > 0
     if HAS_TORCHAO:
         assert {r["fp8_recipe"] for r in fp8 if r["inject"] == "none"} == {"tensorwise"}

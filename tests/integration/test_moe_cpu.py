@@ -2,6 +2,8 @@
 over FSDP, dropless and with a capacity, checked against the single-process reference;
 and a negative control that the check catches on an expert-parallel config."""
 
+import pytest
+
 from mgbench import store
 
 SUITE = """name = "moe"
@@ -31,6 +33,7 @@ track_memory = false
 """
 
 
+@pytest.mark.extended  # CI runs MoE through suites/modern.toml (tests/integration/test_modern.py)
 def test_moe_single_and_expert_parallel_on_4_ranks_are_ok_and_correct(cli, tmp_path):
     (tmp_path / "moe.toml").write_text(SUITE)
     p = cli("run", "moe.toml", "--run-id", "moe", "--no-report")

@@ -200,7 +200,7 @@ def test_memory_and_predict_accept_every_new_option():
      "--hsdp with --ep"),
     (["predict", "--model", "llama3-8b", "--system", "dgx-a100", "--precision", "fp8"], "no FP8 peak for a100"),
     (["predict", "--model", "llama3-8b", "--system", "dgx-h100", "--num-gpus", "4", "--pp", "4", "--schedule", "zbv",
-      "--global-batch", "4"], "ZB-V's bubble is known"),
+      "--global-batch", "4"], "ZB-V's zero bubble (Qi et al. 2023, section 6) needs micro-batches per step >= 2 x pp = 8"),
     (["predict", "--model", "llama3-8b", "--system", "a100-pcie-8", "--num-gpus", "8", "--zero", "3", "--offload"],
      None),
 ])
@@ -266,3 +266,21 @@ def test_axes_rows_are_predicted_but_neither_scored_nor_in_the_intervals():
     assert "axes" not in {r["role"] for r in rows if r["role"] == "validation"}
     n_cross = sum(r["role"] == "informational" and r["system"] != "dgx-a100" for r in validation.published_runs())
     assert len(uncertainty._residuals()["cross_gpu"]) == n_cross
+
+
+def test_plan_keeps_the_layouts_each_schedule_can_run():
+    """The search filters pipelined rows by the schedule registry's own rules: GPipe takes
+    any micro-batch count (it was held to DualPipeV's m >= 2 p), DualPipeV needs m >= 2 p."""
+    from mgbench.planner import cost
+    from mgbench.planner.search import evaluate_system
+
+    def rows(schedule):
+        opts = PlanOptions(tokens=1e10, seq_len=4096, global_batch_tokens=4096 * 8, systems=["dgx-h100"],
+                           max_gpus=8, schedule=schedule)
+        cols, _ = evaluate_system(LLAMA8, "dgx-h100", opts, cost.Prices())
+        return cols["pp"], cols["num_micro_batches"]
+
+    p, m = rows("gpipe")
+    assert np.any((p > 1) & (m < 2 * p))
+    p, m = rows("dualpipev")
+    assert np.any(p > 1) and not np.any((p > 1) & (m < 2 * p))

@@ -135,7 +135,7 @@ nproc = 2
 """
     got = {c.label: c.skip_reason for c in expand(parse_suite(text), "cpu", 2)}
     reasons = list(got.values())
-    assert sum("tp is not wired to them" in (r or "") for r in reasons) == 1
+    assert sum("gpt2 configs have no tensor-parallel plan" in (r or "") for r in reasons) == 1
     assert sum("learned positions for 16 tokens: seq_len 32" in (r or "") for r in reasons) == 1
     assert sum("vision workload runs the data-parallel strategies" in (r or "") for r in reasons) == 2
     assert [r for r in reasons if r and "not a multiple of 8" in r] == [
@@ -174,3 +174,44 @@ def test_hf_configs_are_skipped_without_transformers(monkeypatch):
     text = '[sweep]\nmodel = { hf = "llama", layers = 2, hidden = 32, heads = 4, ffn_hidden = 64, vocab = 64 }\n'
     (cfg,) = expand(parse_suite(text), "cpu", 1)
     assert cfg.skip_reason == "Hugging Face models need transformers: pip install 'mgbench[hf]'"
+
+
+def test_fp8_is_skipped_for_models_with_no_linear_blocks():
+    """torchao's float8 converts nn.Linear only: ResNet's convolutions and GPT-2's Conv1D
+    blocks would run nothing in fp8 (ResNet: an error on the rank; GPT-2: only its head)."""
+    text = """
+[[sweep]]
+workload = "vision"
+model = ["resnet_tiny", "vit_tiny"]
+image_size = 32
+strategy = "ddp"
+nproc = 2
+precision = "fp8"
+[[sweep]]
+model = [{ hf = "gpt2", layers = 2, hidden = 32, heads = 2, vocab = 64, positions = 16 },
+         { hf = "llama", layers = 2, hidden = 32, heads = 4, ffn_hidden = 64, vocab = 64 }]
+strategy = "ddp"
+nproc = 2
+seq_len = 16
+precision = "fp8"
+"""
+    got = {c.model_name: c.skip_reason or "" for c in expand(parse_suite(text), "cpu", 2)}
+    assert "resnet_tiny's blocks are convolutions" in got["resnet_tiny"]
+    assert "GPT-2's blocks are transformers Conv1D" in next(r for n, r in got.items() if "gpt2" in n)
+    assert "nn.Linear" not in got["vit_tiny"]
+    assert "nn.Linear" not in next(r for n, r in got.items() if "llama" in n)
+
+
+@pytest.mark.skipif(not HAS_TRANSFORMERS or importlib.util.find_spec("torchao") is None,
+                    reason="needs transformers and torchao (the extras mgbench[hf] and mgbench[fp8])")
+def test_fp8_keeps_a_hugging_face_lm_head_in_bf16():
+    from torchao.float8.float8_linear import Float8Linear
+
+    from mgbench.strategies import fp8
+    from mgbench.strategies.apply import build_model
+
+    cfg = make_config(model={"hf": "llama", "layers": 1, "hidden": 32, "heads": 2, "ffn_hidden": 64, "vocab": 64},
+                      seq_len=16, precision="fp8")
+    model = build_model(cfg)
+    assert fp8.convert(model, "tensorwise", fsdp=False) == 7  # q, k, v, o, gate, up, down
+    assert not isinstance(model.lm.lm_head, Float8Linear)
