@@ -17,6 +17,19 @@ def run_cli(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedPr
     )
 
 
+# Test files that run the longest torchrun jobs, scheduled first: with two pytest workers
+# (README's test command), a long file that starts last would leave one worker alone at
+# the end. Measured CPU seconds per file (MGBENCH_TEST_CPU below) decide the list.
+LONGEST_FIRST = ("test_run_cpu.py", "test_modern.py", "test_check_gloo.py", "test_hf_vision_cpu.py",
+                 "test_reliability.py", "test_parallelism_cpu.py", "test_correctness.py", "test_multinode.py",
+                 "test_comm_cpu.py", "test_command_workload.py")
+
+
+def pytest_collection_modifyitems(session, config, items):  # type: ignore[no-untyped-def]
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))  # stable: file order kept
+
+
 @pytest.fixture
 def cli(tmp_path):
     def _run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:

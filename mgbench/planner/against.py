@@ -73,7 +73,11 @@ def _count(cfg: Any) -> dict[str, float]:
 
     key = repr(sorted((k, v) for k, v in cfg.params().items() if k not in _NOT_COUNTED))
     if key not in _COUNTS:
-        _COUNTS[key] = host_ops(count_step(cfg))
+        try:
+            _COUNTS[key] = host_ops(count_step(cfg))
+        except Exception as e:  # a config the fake-tensor trace cannot run: no prediction, and why
+            raise MgbenchError(f"its ops could not be counted by tracing one step under fake tensors "
+                               f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     return _COUNTS[key]
 
 

@@ -51,8 +51,9 @@ def split_run(results, source: str, name: str, keep, stretch: float = 1.0) -> No
 
 def test_compare_cli_flags_and_gates_a_slowdown_of_real_records(cli, tmp_path):
     """The plumbing: real records of one run; the "new" run is the same records with every
-    step twice as long. Twice, not 30% longer: the windows of a loaded 2-core VM can differ
-    by more than 30% among themselves, and then 5 vs 5 window medians overlap."""
+    step ten times as long. Ten times, not 30% longer: the windows of a loaded 2-core VM
+    (CI runs two test files at once) can differ by more than 2x among themselves, and then
+    5 vs 5 window medians overlap."""
     (tmp_path / "c.toml").write_text('name = "cmp"\n[sweep]\nmodel = "tiny"\nstrategy = ["single", "ddp"]\n'
                                      'seq_len = 32\nwarmup_steps = 1\nmeasured_steps = 3\nrounds = 5\ncheck_steps = 0\n'
                                      'track_memory = false\n')
@@ -60,15 +61,15 @@ def test_compare_cli_flags_and_gates_a_slowdown_of_real_records(cli, tmp_path):
     assert p.returncode == 0, p.stderr
     results = tmp_path / "results"
     split_run(results, "base", "same", lambda r: True)
-    split_run(results, "base", "slow", lambda r: True, stretch=2.0)
+    split_run(results, "base", "slow", lambda r: True, stretch=10.0)
     same = json.loads(cli("compare", "base", "same", "--json").stdout)["rows"]
     slow = json.loads(cli("compare", "base", "slow", "--json").stdout)["rows"]
     assert [r["verdict"] for r in same] == ["~", "~"] and all(r["change_pct"] == 0 for r in same)
     assert [r["verdict"] for r in slow] == ["worse", "worse"]
-    assert all(r["change_pct"] == pytest.approx(-50) and r["p_basis"] == "window medians (5 vs 5)" for r in slow)
+    assert all(r["change_pct"] == pytest.approx(-90) and r["p_basis"] == "window medians (5 vs 5)" for r in slow)
     gate = cli("compare", "base", "slow", "--fail-on", "tokens_per_s:-5%")
     assert gate.returncode == 1 and "GATE FAILED" in gate.stdout
-    assert cli("compare", "base", "slow", "--fail-on", "tokens_per_s:-90%").returncode == 0
+    assert cli("compare", "base", "slow", "--fail-on", "tokens_per_s:-95%").returncode == 0
     bad = cli("compare", "base", "slow", "--fail-on", "speed:-5")
     assert bad.returncode == 2 and "expected METRIC:-N%" in bad.stderr
     rep = cli("report", "base", "slow", "-o", "cmp.html")
@@ -108,7 +109,7 @@ def test_compare_flags_a_30_percent_slowdown_and_gates(cli, tmp_path):
         raise AssertionError(f"2 measurements, (identical changes %, slowed changes %): {seen}")
     gate = cli("compare", a, slow_id, "--fail-on", "tokens_per_s:-5%")
     assert gate.returncode == 1 and "GATE FAILED" in gate.stdout
-    assert cli("compare", a, slow_id, "--fail-on", "tokens_per_s:-90%").returncode == 0
+    assert cli("compare", a, slow_id, "--fail-on", "tokens_per_s:-95%").returncode == 0
     bad = cli("compare", a, slow_id, "--fail-on", "speed:-5")
     assert bad.returncode == 2 and "expected METRIC:-N%" in bad.stderr
     # A report of two runs of one suite carries the comparison.

@@ -82,7 +82,7 @@ def run(tmp_path_factory):
     bench = cwd / "bench"
     shutil.copytree(FIXTURES, bench / "models")
     (bench / "suite.toml").write_text(SUITE)
-    p = run_cli("run", "bench/suite.toml", "--run-id", "hfv", cwd=cwd)
+    p = run_cli("run", "bench/suite.toml", "--run-id", "hfv", "--no-report", "--no-projection", cwd=cwd)
     assert p.returncode == 0, p.stderr[-3000:] + p.stdout[-3000:]
     return {r["label"]: r for r in store.read_records(cwd / "results" / "hfv")}
 

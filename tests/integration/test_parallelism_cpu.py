@@ -5,31 +5,9 @@ import pytest
 from mgbench import store
 
 
-@pytest.mark.slow
-def test_parallelism_suite_on_4_ranks_is_ok_and_correct(cli, tmp_path):
-    """The shipped suite's 4-rank layouts that no faster test runs: 4 pipeline stages and
-    3D pp 2 x tp 2. (Every strategy and schedule on 2 ranks: tests/unit/test_check_gloo.py
-    and tests/integration/test_correctness.py; fsdp+tp and pp+tp+dp over FSDP/DDP replicas
-    on 4 ranks: the 4-rank unit checks and test_impossible_layouts below. `mgbench run
-    parallelism` runs them all: 9 layouts, about a minute and a half on 2 cores.)
-    Correctness only, so the timed window is the shortest there is."""
-    p = cli("run", "parallelism", "--run-id", "par", "--set", 'strategy=["pp", "pp+tp+dp"]',
-            "--set", 'pp_schedule="1f1b"', "--set", "warmup_steps=1", "--set", "measured_steps=2")
-    assert p.returncode == 0, p.stderr + p.stdout
-    recs = store.read_records(tmp_path / "results" / "par")
-    got = {(r["strategy"], r["dp"], r["tp"], r["pp"]) for r in recs if r["status"] == "ok"}
-    assert got == {("pp", 1, 1, 4), ("pp+tp+dp", 1, 2, 2)}
-    from tests.memory_checks import assert_tracked_memory
-
-    for r in recs:
-        assert r["status"] == "ok", (r["label"], r.get("error"))
-        assert r["correct"] is True, (r["label"], r["correct_reason"])
-        assert_tracked_memory(r)
-
-
-def test_impossible_layouts_skip_and_the_rest_runs(cli, tmp_path):
-    (tmp_path / "s.toml").write_text("""name = "mixed"
-[sweep]
+# Layouts a 4-rank suite may name that cannot run: each is kept, skipped with its reason.
+MIXED_LAYOUTS = """
+[[sweep]]
 model = { layers = 4, hidden = 64, heads = 8, kv_heads = 8, ffn_hidden = 96, vocab = 256 }
 strategy = "fsdp+tp"
 nproc = 4
@@ -38,10 +16,45 @@ seq_len = 16
 warmup_steps = 1
 measured_steps = 2
 check_steps = 2
-""")
-    p = cli("run", "s.toml", "--run-id", "mixed")
-    assert p.returncode == 0, p.stderr
-    recs = {(r["dp"], r["tp"]): r for r in store.read_records(tmp_path / "results" / "mixed")}
+"""
+
+
+@pytest.fixture(scope="module")
+def four_rank_run(tmp_path_factory):
+    """One 4-rank torchrun job for both tests below: the shipped suite's 4-rank layouts
+    that no faster test runs (4 pipeline stages and 3D pp 2 x tp 2; every strategy and
+    schedule on 2 ranks: tests/unit/test_check_gloo.py and test_correctness.py; fsdp+tp
+    and pp+tp+dp over FSDP/DDP replicas on 4 ranks: the 4-rank unit checks), restricted by
+    the same --set a user would give, plus MIXED_LAYOUTS. `mgbench run parallelism` runs
+    them all: 9 layouts, about a minute and a half on 2 cores. Correctness only, so the
+    timed window is the shortest there is."""
+    from tests.conftest import REPO, run_cli
+
+    cwd = tmp_path_factory.mktemp("par")
+    shipped = (REPO / "suites" / "parallelism.toml").read_text()
+    assert shipped.count("\n[sweep]\n") == 1
+    (cwd / "par.toml").write_text(shipped.replace("\n[sweep]\n", "\n[[sweep]]\n") + MIXED_LAYOUTS)
+    p = run_cli("run", "par.toml", "--run-id", "par", "--set", 'strategy=["pp", "pp+tp+dp", "fsdp+tp"]',
+                "--set", 'pp_schedule="1f1b"', "--no-report", "--no-projection", cwd=cwd)
+    assert p.returncode == 0, p.stderr + p.stdout
+    return store.read_records(cwd / "results" / "par")
+
+
+@pytest.mark.slow
+def test_parallelism_suite_on_4_ranks_is_ok_and_correct(four_rank_run):
+    recs = [r for r in four_rank_run if r["model_layers"] == 8]
+    got = {(r["strategy"], r["dp"], r["tp"], r["pp"]) for r in recs if r["status"] == "ok"}
+    assert got == {("pp", 1, 1, 4), ("pp+tp+dp", 1, 2, 2), ("fsdp+tp", 2, 2, 1)}
+    from tests.memory_checks import assert_tracked_memory
+
+    for r in recs:
+        assert r["status"] == "ok", (r["label"], r.get("error"))
+        assert r["correct"] is True, (r["label"], r["correct_reason"])
+        assert_tracked_memory(r)
+
+
+def test_impossible_layouts_skip_and_the_rest_runs(four_rank_run):
+    recs = {(r["dp"], r["tp"]): r for r in four_rank_run if r["model_layers"] == 4}
     assert recs[(2, 2)]["status"] == "ok" and recs[(2, 2)]["correct"] is True
     from tests.memory_checks import assert_tracked_memory
 

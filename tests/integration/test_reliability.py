@@ -63,7 +63,7 @@ def test_six_config_fault_suite(cli, tmp_path):
     """3 ok, one each of oom / timeout / error, under 3 minutes, nothing left running."""
     (tmp_path / "f.toml").write_text(FAULTS)
     t0 = time.monotonic()
-    p = cli("run", "f.toml", "--run-id", "faults")
+    p = cli("run", "f.toml", "--run-id", "faults", "--no-report", "--no-projection")
     elapsed = time.monotonic() - t0
     assert p.returncode == 0, p.stdout + p.stderr
     run = tmp_path / "results" / "faults"
@@ -100,7 +100,7 @@ def test_sigkill_mid_sweep_then_resume_records_every_config_once(tmp_path, cli):
     # A writer killed mid-line leaves a partial line: --resume must repair it.
     with open(rec_file, "a") as f:
         f.write('{"config_id": "half-writ')
-    p = cli("run", "--resume", "k")
+    p = cli("run", "--resume", "k", "--no-report", "--no-projection")
     assert p.returncode == 0, p.stdout + p.stderr
     assert "dropped a half-written last line" in p.stdout
     lines = rec_file.read_text().splitlines()

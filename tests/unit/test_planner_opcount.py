@@ -95,3 +95,16 @@ def test_recorded_ops_replay_with_their_shapes_strides_and_bytes():
                                         TensorSpec((4, 5), (5, 1), torch.float32)), {}), 0)
     res = kernels.elementwise(torch.device("cpu"), c.recorded + [bad], repeats=1)
     assert res["ops"] == 1 and res["ops_failed"] == 1 and res["bytes"] == nbytes and res["bytes_per_s"] > 0
+
+
+def test_a_config_the_trace_cannot_run_gets_a_reason_not_a_crash():
+    import dataclasses
+
+    from mgbench import catalog
+    from mgbench.errors import MgbenchError
+    from mgbench.planner.against import _count
+
+    cfg = make_config(model=dataclasses.replace(catalog.model_shape("tiny")))
+    object.__setattr__(cfg.shape, "kv_heads", 3)  # past ModelShape's checks: SDPA refuses 4 heads over 3
+    with pytest.raises(MgbenchError, match="could not be counted by tracing one step.*RuntimeError"):
+        _count(cfg)
