@@ -12,6 +12,8 @@ hybrids on 4, in-process; the full suite (2 and 4 ranks, 3 seeds, 300 configs:
 
 from collections import Counter
 
+import pytest
+
 from mgbench import store
 
 LAYERS4 = "{ layers = 4, hidden = 64, heads = 4, kv_heads = 4, ffn_hidden = 176, vocab = 256 }"
@@ -54,6 +56,11 @@ def verdicts(records):
     return len(bugs) - len(missed), len(bugs), len(alarms), len(clean), missed, alarms
 
 
+# CI runs the same matrix in-process on real gloo ranks (tests/unit/test_check_gloo.py: every
+# strategy and schedule with every applicable bug, seed 0) and injected bugs end to end through
+# `mgbench run` in tests/integration/test_modern.py and test_hf_vision_cpu.py; this run of the
+# shipped suite's reduced form is extended, to keep CI under 6 minutes.
+@pytest.mark.extended
 def test_every_injected_bug_is_caught_and_no_clean_config_is_flagged(cli, tmp_path):
     (tmp_path / "c.toml").write_text(SUITE)
     p = cli("run", "c.toml", "--run-id", "corr", "--no-report")

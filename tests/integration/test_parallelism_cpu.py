@@ -35,7 +35,8 @@ def four_rank_run(tmp_path_factory):
     assert shipped.count("\n[sweep]\n") == 1
     (cwd / "par.toml").write_text(shipped.replace("\n[sweep]\n", "\n[[sweep]]\n") + MIXED_LAYOUTS)
     p = run_cli("run", "par.toml", "--run-id", "par", "--set", 'strategy=["pp", "pp+tp+dp", "fsdp+tp"]',
-                "--set", 'pp_schedule="1f1b"', "--no-report", "--no-projection", cwd=cwd)
+                "--set", 'pp_schedule="1f1b"', "--set", "warmup_steps=1", "--set", "measured_steps=2",
+                "--no-report", "--no-projection", cwd=cwd)
     assert p.returncode == 0, p.stderr + p.stdout
     return store.read_records(cwd / "results" / "par")
 
