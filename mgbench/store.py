@@ -44,6 +44,7 @@ class RunDir:
       nodes/node-<n>.json       each node's fingerprint (multi-node runs)
       reference/<key>.json      cached single-process reference trajectories
       comm.jsonl, comm_fit.json rows and alpha-beta fits of `mgbench comm`
+      op_counts.json            each config's traced ops per step (predict --against, the projection)
       job.sbatch                the Slurm batch script of `mgbench slurm`
     """
 
@@ -189,6 +190,11 @@ class RunDir:
     @property
     def comm_fit(self) -> Path:
         return self.path / "comm_fit.json"
+
+    # the planner's op counts of the run's configs (planner/against.py)
+    @property
+    def op_counts(self) -> Path:
+        return self.path / "op_counts.json"
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

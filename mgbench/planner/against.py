@@ -32,6 +32,10 @@ def against_run(profile: dict[str, Any], run: str, results_dir: str = "results")
     if device != profile["device"]:
         raise MgbenchError(f"--against {run}: the run measured {device} ranks, the profile a {profile['device']} "
                            "machine; probe the machine the run was measured on")
+    # Counts traced for this run before (the run's closing projection, an earlier
+    # --against) are reused: each costs a traced step, about a CPU-second a config.
+    run_dir = store.RunDir(store.resolve_run(run, results_dir))
+    known = len(_load_counts(run_dir))
     rows = []
     for rec in recs:
         cfg = config_from_record(rec)
@@ -48,6 +52,8 @@ def against_run(profile: dict[str, Any], run: str, results_dir: str = "results")
             row.update(predicted_s=p, error_pct=100.0 * (p - row["measured_s"]) / row["measured_s"],
                        breakdown=pred["breakdown"])
         rows.append(row)
+    if len(_COUNTS) > known:
+        _save_counts(run_dir)
     errs = [abs(r["error_pct"]) for r in rows if r["error_pct"] is not None]
     host = (store.read_manifest(store.resolve_run(run, results_dir)).get("machine") or {}).get("hostname")
     return {"run": run, "profile_device": profile["device_name"], "rows": rows, "num_predicted": len(errs),
@@ -82,6 +88,31 @@ def _count(cfg: Any) -> dict[str, float]:
 
 
 _COUNTS: dict[str, dict[str, float]] = {}
+
+
+def _load_counts(run_dir: Any) -> dict[str, dict[str, float]]:
+    """Merge the run folder's stored op counts into the cache (a missing or unreadable
+    file is no cache: the counts are traced again)."""
+    import json
+
+    try:
+        stored = json.loads(run_dir.op_counts.read_text())
+    except (OSError, ValueError):
+        return _COUNTS
+    if isinstance(stored, dict) and stored.get("opcount_version") == OPCOUNT_VERSION:
+        _COUNTS.update(stored.get("counts") or {})
+    return _COUNTS
+
+
+def _save_counts(run_dir: Any) -> None:
+    try:
+        store.write_json_atomic(run_dir.op_counts, {"opcount_version": OPCOUNT_VERSION, "counts": _COUNTS})
+    except OSError:  # a read-only run folder: the counts stay in memory only
+        pass
+
+
+# Bump when what a count holds changes: stored counts of another version are traced again.
+OPCOUNT_VERSION = 1
 # Keys that change how long or how often a config runs, not what one step dispatches.
 _NOT_COUNTED = {"seed", "warmup_steps", "measured_steps", "check_steps"}
 

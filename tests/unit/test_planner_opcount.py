@@ -108,3 +108,32 @@ def test_a_config_the_trace_cannot_run_gets_a_reason_not_a_crash():
     object.__setattr__(cfg.shape, "kv_heads", 3)  # past ModelShape's checks: SDPA refuses 4 heads over 3
     with pytest.raises(MgbenchError, match="could not be counted by tracing one step.*RuntimeError"):
         _count(cfg)
+
+
+def test_op_counts_are_kept_in_the_run_folder_and_reused(tmp_path, monkeypatch):
+    """A config's traced count is stored beside its run (RunDir.op_counts), so the run's
+    closing projection and a later `predict --against` trace it once; another version's
+    file is not trusted."""
+    import json
+
+    from mgbench import store
+    from mgbench.planner import against as A
+    from mgbench.planner import opcount
+    from tests.factories import make_config
+
+    traced = []
+    monkeypatch.setattr(opcount, "count_step", lambda cfg: traced.append(cfg) or {})
+    monkeypatch.setattr(opcount, "host_ops", lambda counts: {"ops": 7.0})
+    monkeypatch.setattr(A, "_COUNTS", {})
+    run = store.RunDir(tmp_path)
+    cfg = make_config(strategy="single")
+    assert A._count(cfg) == {"ops": 7.0} and len(traced) == 1
+    A._save_counts(run)
+    monkeypatch.setattr(A, "_COUNTS", {})  # a new process
+    A._load_counts(run)
+    assert A._count(cfg) == {"ops": 7.0} and len(traced) == 1  # read back, not traced again
+    run.op_counts.write_text(json.dumps({"opcount_version": A.OPCOUNT_VERSION + 1, "counts": A._COUNTS}))
+    monkeypatch.setattr(A, "_COUNTS", {})
+    A._load_counts(run)
+    A._count(cfg)
+    assert len(traced) == 2
