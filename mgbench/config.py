@@ -147,7 +147,8 @@ def _pipelined(p: dict) -> bool:
     return p["strategy"] in PIPELINED
 
 
-def _hsdp(p: dict) -> bool:
+def is_hsdp(p: dict) -> bool:
+    """Whether a config's data parallelism is HSDP (strategy hsdp, or pp+tp+dp with dp_mode hsdp)."""
     return p["strategy"] == "hsdp" or (p["strategy"] == "pp+tp+dp" and p["dp_mode"] == "hsdp")
 
 
@@ -249,9 +250,9 @@ class RunConfig:
                        "hsdp (FSDP sharded within groups of dp / replicas ranks, replicated across the groups)",
                        applies=lambda p: p["strategy"] == "pp+tp+dp")
     replicas: int = key(2, integer(1), "hsdp: data-parallel replicas (the replicate dimension of the 2-D mesh); each "
-                        "shards the model over dp / replicas ranks", applies=_hsdp)
+                        "shards the model over dp / replicas ranks", applies=is_hsdp)
     offload: bool = key(False, boolean, "FSDP2 CPUOffloadPolicy: parameters, gradients and optimizer state in host "
-                        "memory, copied to the device per use (fsdp, fsdp_grad_op, hsdp); on CPU ranks nothing moves",
+                        f"memory, copied to the device per use ({', '.join(OFFLOADABLE)}); on CPU ranks nothing moves",
                         applies=lambda p: p["strategy"] in OFFLOADABLE)
     pp_schedule: str = key("1f1b", choice(SCHEDULES), "pipeline schedule: gpipe, 1f1b, interleaved (1F1B), "
                            "interleaved_zb (zero bubble ZB1P), zbv (zero bubble ZB-V) or dualpipev (DualPipeV); zbv "
@@ -411,7 +412,7 @@ class RunConfig:
         lay = f" [dp={self.dp} tp={self.tp} pp={self.pp}]" if self.tp > 1 or self.pp > 1 else ""
         lay += f" [dp={self.dp} ep={self.ep}]" if self.ep > 1 else ""
         lay += f" [dp={self.dp} cp={self.cp}]" if self.cp > 1 else ""
-        if _hsdp(self.to_dict()):
+        if is_hsdp(self.to_dict()):
             lay += f" {self.replicas}x{self.dp // self.replicas}"  # hsdp: replicas x shard
         if self.pipelined:
             lay += f" {self.pp_schedule}" + (f" v={self.virtual_stages}" if self.pp_schedule in schedules.VIRTUAL

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from . import faults
-from .config import FIELDS, SWEEP_KEYS, RunConfig, applies, config_id
+from .config import FIELDS, SWEEP_KEYS, RunConfig, applies, config_id, is_hsdp
 from .errors import MgbenchError
-from .strategies import PIPELINED, dims_for, moe_problem, schedules
+from .strategies import DATA_PARALLEL, PIPELINED, dims_for, moe_problem, schedules
 
 TOP_KEYS = {"name", "description", "sweep", "cpu", "gpu"}
 
@@ -280,7 +280,7 @@ def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | No
 
 def _hsdp_fp8_problem(p: dict[str, Any]) -> str | None:
     """Why an hsdp, offload or fp8 config cannot run (None when it can)."""
-    if p["strategy"] == "hsdp" or (p["strategy"] == "pp+tp+dp" and p["dp_mode"] == "hsdp"):
+    if is_hsdp(p):
         if p["dp"] % p["replicas"]:
             return (f"hsdp: replicas = {p['replicas']} does not divide the data-parallel degree dp = {p['dp']}; "
                     "set replicas to a divisor of dp")
@@ -292,7 +292,7 @@ def _hsdp_fp8_problem(p: dict[str, Any]) -> str | None:
         if p["strategy"] in PIPELINED or p["tp"] > 1:
             # torchao has float8 tensor-parallel styles (Float8ColwiseParallel, ...);
             # mgbench's tensor-parallel plan and pipeline stages do not use them yet.
-            return ("fp8 runs with data parallelism only here (single, ddp, zero1, fsdp, fsdp_grad_op, hsdp): float8 "
+            return (f"fp8 runs with data parallelism only here ({', '.join(('single',) + DATA_PARALLEL)}): float8 "
                     "tensor parallelism and float8 pipeline stages are not built yet")
     return None
 

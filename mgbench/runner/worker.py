@@ -33,8 +33,8 @@ from ..record import RankFigures, Record, backend_of
 from ..store import RunDir
 from ..workloads import moe, throughput
 from ..strategies.apply import prepare
-from ..strategies.fp8 import fp8_fields  # noqa: F401 (tests reach it as worker.fp8_fields)
-from ..strategies.pipeline import bubble_unknown_reason, theoretical_bubble
+from ..strategies.fp8 import fp8_fields
+from ..strategies.schedules import bubble_unknown_reason, theoretical_bubble
 from ..telemetry.clock import StepClock
 from ..telemetry.energy import EnergyMeter, top_up_steps
 from ..telemetry.memory import read_peak, reset_peak, track_step

@@ -109,7 +109,7 @@ def dims_for(strategy: str, nproc: int, layout: dict[str, int] | None) -> tuple[
 EXPERT_PARALLEL = tuple(s.name for s in REGISTRY if s.prepare == "expert_parallel")
 # Strategies an MoE model runs under: the data-parallel ones (every rank holds every
 # expert) and expert parallelism. Tensor and pipeline parallelism do not split experts.
-MOE_STRATEGIES = ("single", "ddp", "zero1", "fsdp", "fsdp_grad_op") + EXPERT_PARALLEL
+MOE_STRATEGIES = ("single",) + tuple(s for s in DATA_PARALLEL if s != "hsdp") + EXPERT_PARALLEL
 
 
 def moe_problem(strategy: str, experts: int) -> str | None:

@@ -395,7 +395,8 @@ def _fsdp_no_sync(model: nn.Module) -> Callable[[bool], ContextManager[Any]]:
 def nd_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepared:
     """tp, tp_sp, pp, fsdp+tp and pp+tp+dp on a (pp, dp, tp) device mesh."""
     from ..workloads import HFModel, hf_tp
-    from .pipeline import build_schedule, rank_chunks, stage_module
+    from .pipeline import build_schedule, stage_module
+    from .schedules import rank_chunks
     from .tensor_parallel import apply_tensor_parallel
 
     # A Hugging Face model splits by its own plan (workloads/hf_tp.py).

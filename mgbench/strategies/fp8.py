@@ -19,7 +19,6 @@ training computes, not whether fp8 training matches bf16 (it does not, by design
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 from torch import nn
@@ -30,12 +29,6 @@ FP8_ALIGN = 16
 # Linears left in bf16 (see the module docstring): the output projection, named head in
 # mgbench's decoder and ViT, lm_head in Hugging Face causal LMs.
 SKIPPED_LINEARS = ("head", "lm_head")
-INSTALL_HINT = "install mgbench[fp8] (torchao) for precision = \"fp8\""
-
-
-def available() -> bool:
-    """Whether torchao is installed (checked without importing it: its import is slow)."""
-    return importlib.util.find_spec("torchao") is not None
 
 
 def _convertible(module: nn.Module, fqn: str) -> bool:

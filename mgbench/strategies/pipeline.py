@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..workloads.gpt import DecoderLM, lm_loss
-from .schedules import BY_NAME, bubble_unknown_reason, rank_chunks, theoretical_bubble  # noqa: F401 (re-exported)
+from .schedules import BY_NAME
 
 
 def chunk_layers(layers: int, chunks: int) -> list[range]:

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..procs import descendants
 from .energy import min_window, update_interval
-from .nvml_device import NvmlDeviceUnknown, _by_uuid_prefix, visible_entries
+from .nvml_device import NvmlDeviceUnknown, _by_uuid_prefix, handle_by_cuda_number, visible_entries
 
 GIB = 2**30
 
@@ -83,8 +83,8 @@ class GpuWatch:
             return [(f"NVML index {i}", nv.nvmlDeviceGetHandleByIndex(i)) for i in range(nv.nvmlDeviceGetCount())]
         out = []
         for e in entries:
-            if e.isdigit():
-                h = nv.nvmlDeviceGetHandleByIndex(int(e))
+            if e.isdigit():  # CUDA's number for it: NVML's only where the two orders agree
+                h = handle_by_cuda_number(nv, int(e), f"CUDA_VISIBLE_DEVICES entry {e}:")
             elif e.startswith("GPU-"):  # a full UUID or the unambiguous prefix CUDA accepts
                 h = _by_uuid_prefix(nv, e)
             else:  # MIG-...: NVML's power and energy are the whole GPU's, shared with other instances

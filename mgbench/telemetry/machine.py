@@ -143,6 +143,8 @@ def fingerprint() -> dict[str, Any]:
         "gpu_name": gpu_list[0]["name"] if gpu_list else None,
         "nvidia_driver": nvidia_driver() if gpu_list else None,
         "cuda": _torch_cuda() if gpu_list else None,
+        "cuda_reason": None if gpu_list else "no CUDA device here: the CUDA version torch was built for is not read "
+                                             "(torch is not imported on a host without GPU device nodes)",
         "torch": torch_version(),
         "nccl": nccl,
         "mgbench": __version__,

@@ -85,12 +85,20 @@ def nvml_handle(nvml: Any, cuda_index: int) -> tuple[Any, str]:
         raise NvmlDeviceUnknown(f"CUDA device {cuda_index}: CUDA_VISIBLE_DEVICES={','.join(visible)} does not "
                                 f"name it by number or UUID ({'; '.join(tried)})")
     index = int(entry) if entry is not None else cuda_index
+    handle = handle_by_cuda_number(nvml, index, f"CUDA device {cuda_index}: PCI and UUID lookups failed "
+                                                f"({'; '.join(tried)}) and")
+    how = "NVML index {} ({})".format(index, "CUDA_VISIBLE_DEVICES entry" if entry is not None else "CUDA index")
+    return handle, f"{how}; PCI and UUID lookups failed: {'; '.join(tried)}"
+
+
+def handle_by_cuda_number(nvml: Any, index: int, context: str) -> Any:
+    """NVML's handle for a GPU CUDA numbers ``index``, where CUDA's order is known to be
+    NVML's (CUDA_DEVICE_ORDER = PCI_BUS_ID, or a single GPU); otherwise NvmlDeviceUnknown
+    (CUDA numbers fastest first by default, NVML by PCI address). Torch-free."""
     ordered = os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID"
     if not ordered and nvml.nvmlDeviceGetCount() > 1:
-        raise NvmlDeviceUnknown(f"CUDA device {cuda_index}: PCI and UUID lookups failed ({'; '.join(tried)}) and "
-                                "CUDA may number GPUs unlike NVML (set CUDA_DEVICE_ORDER=PCI_BUS_ID)")
-    how = "NVML index {} ({})".format(index, "CUDA_VISIBLE_DEVICES entry" if entry is not None else "CUDA index")
-    return nvml.nvmlDeviceGetHandleByIndex(index), f"{how}; PCI and UUID lookups failed: {'; '.join(tried)}"
+        raise NvmlDeviceUnknown(f"{context} CUDA may number GPUs unlike NVML (set CUDA_DEVICE_ORDER=PCI_BUS_ID)")
+    return nvml.nvmlDeviceGetHandleByIndex(index)
 
 
 def mig_enabled(nvml: Any, handle: Any) -> bool:

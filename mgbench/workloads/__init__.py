@@ -32,6 +32,7 @@ from typing import Any
 
 from ..errors import MgbenchError
 from ..model_shape import ModelShape
+from ..strategies import DATA_PARALLEL
 
 # --- Hugging Face models ---------------------------------------------------------------
 
@@ -48,10 +49,12 @@ HF_DIM_KEYS: dict[str, dict[str, str]] = {
     "gpt2": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "ffn_hidden": "n_inner",
              "vocab": "vocab_size", "positions": "n_positions", "tie_embeddings": "tie_word_embeddings"},
 }
-# Strategies a Hugging Face model runs under: every data-parallel one, and tp / fsdp+tp
-# where its config has a tensor-parallel plan (workloads/hf_tp.py applies it);
-# pipelines would need the model split into stages.
-HF_STRATEGIES = ("single", "ddp", "zero1", "fsdp", "fsdp_grad_op")
+# Strategies the Hugging Face and vision models run under: one process, and the registry's
+# data-parallel entries, which need nothing of a model but its blocks (hsdp excepted: not
+# yet checked with them). HF models add tp / fsdp+tp where their config has a
+# tensor-parallel plan (workloads/hf_tp.py); pipelines would need stage splits.
+WHOLE_MODEL_STRATEGIES = ("single",) + tuple(s for s in DATA_PARALLEL if s != "hsdp")
+HF_STRATEGIES = WHOLE_MODEL_STRATEGIES
 
 
 def _hf_shape(arch: str, cfg: dict[str, Any], name: str) -> ModelShape:
@@ -165,9 +168,9 @@ VISION_PRESETS: dict[str, dict[str, Any]] = {
     "vit_tiny": {"kind": "vit", "layers": 2, "hidden": 32, "mlp": 64, "heads": 2, "patch": 8, "classes": 10},
 }
 RESNET_EXPANSION = 4
-# Data-parallel strategies only: the blocks are convolutions or encoder layers that
-# mgbench's tensor-parallel plan does not cover, and a pipeline would need stage splits.
-VISION_STRATEGIES = ("single", "ddp", "zero1", "fsdp", "fsdp_grad_op")
+# The blocks are convolutions or encoder layers that mgbench's tensor-parallel plan does
+# not cover: the whole-model strategies only.
+VISION_STRATEGIES = WHOLE_MODEL_STRATEGIES
 
 
 @dataclass(frozen=True)

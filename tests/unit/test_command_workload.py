@@ -266,7 +266,11 @@ def test_gpu_watch_names_gpus_as_cuda_visible_devices_does(monkeypatch):
     nv = ProcNVML(host(4))
     third = nv.gpus[2].uuid
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{third[:12]},1")
-    watch = gpu_watch.GpuWatch(nproc=2, nvml=nv)
+    # A number is CUDA's, fastest GPU first by default: NVML's index only in PCI order.
+    unordered = gpu_watch.GpuWatch(nproc=2, nvml=nv)
+    assert unordered._handles == [] and "CUDA_DEVICE_ORDER=PCI_BUS_ID" in unordered.reason
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    watch = gpu_watch.GpuWatch(nproc=2, nvml=ProcNVML(host(4)))
     assert watch.reason is None and [h for _, h in watch._handles] == [2, 1]
     # A MIG instance: the GPU's power is not the command's alone, so the figures are null
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-0123")

@@ -11,7 +11,7 @@ import torch
 
 from mgbench.runner import worker
 from mgbench.strategies import schedules
-from mgbench.strategies.pipeline import bubble_unknown_reason, theoretical_bubble
+from mgbench.strategies.schedules import bubble_unknown_reason, theoretical_bubble
 from mgbench.suite import expand, parse_suite
 from tests.factories import make_config
 

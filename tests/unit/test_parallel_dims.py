@@ -3,7 +3,8 @@ import pytest
 from mgbench import suite as S
 from mgbench.parallel_dims import ParallelDims
 from mgbench.strategies import dims_for
-from mgbench.strategies.pipeline import chunk_layers, stage_module, theoretical_bubble
+from mgbench.strategies.pipeline import chunk_layers, stage_module
+from mgbench.strategies.schedules import theoretical_bubble
 from mgbench.workloads.gpt import DecoderLM
 from mgbench.model_shape import ModelShape
 

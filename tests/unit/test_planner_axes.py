@@ -203,6 +203,7 @@ def test_memory_and_predict_accept_every_new_option():
       "--global-batch", "4"], "ZB-V's zero bubble (Qi et al. 2023, section 6) needs micro-batches per step >= 2 x pp = 8"),
     (["predict", "--model", "llama3-8b", "--system", "a100-pcie-8", "--num-gpus", "8", "--zero", "3", "--offload"],
      None),
+    (["memory", "--params", "8e9", "--num-gpus", "8", "--cp", "2"], "give --model NAME or dims, not --params"),
 ])
 def test_bad_new_options_are_one_line_exit_2(args, says):
     r = _run(*args)

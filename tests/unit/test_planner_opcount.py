@@ -137,3 +137,23 @@ def test_op_counts_are_kept_in_the_run_folder_and_reused(tmp_path, monkeypatch):
     A._load_counts(run)
     A._count(cfg)
     assert len(traced) == 2
+
+
+def test_against_refuses_a_profile_of_another_kind_of_device(tmp_path):
+    """A GPU profile cannot predict a CPU run (and a run with nothing measured cannot be
+    compared): one clear error each, naming the fix."""
+    import shutil
+    from pathlib import Path
+
+    import pytest
+
+    from mgbench.errors import MgbenchError
+    from mgbench.planner.against import against_run
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "v2-smoke"
+    shutil.copytree(fixture, tmp_path / "v2-smoke")
+    with pytest.raises(MgbenchError, match="probe the machine the run was measured on"):
+        against_run({"device": "cuda", "device_name": "H100"}, "v2-smoke", str(tmp_path))
+    (tmp_path / "v2-smoke" / "records.jsonl").write_text("")
+    with pytest.raises(MgbenchError, match="no ok configs with a step time"):
+        against_run({"device": "cpu", "device_name": "cpu"}, "v2-smoke", str(tmp_path))
