@@ -25,26 +25,24 @@ from typing import Any
 import numpy as np
 
 from .. import catalog, store
-from ..collectives import busbw_factor
 from ..store import load_comm_fits, load_comm_rows
 from ..errors import MgbenchError
 from ..config import CHECKPOINTING
 from ..strategies import DATA_PARALLEL, ZERO_STAGE
 from ..model_shape import ModelShape
+from .memory import RECOMPUTE, act_bytes, recomputed_share
+from .perf import dp_window_fraction, link_from_all_reduce_fit
 
 # Calibration fits data-parallel runs only (one model replica or shard per rank).
 ZERO_OF = {name: ZERO_STAGE[name] for name in ("single", *DATA_PARALLEL)}
 OVERLAP_GRID = np.linspace(0.0, 1.0, 11)
-# Blocks the runner checkpoints under each activation_checkpointing mode (strategies/apply.py):
-# every block, every second one (blocks 0, 2, 4 ...: ceil(L / 2) of L), or none.
-CHECKPOINT_EVERY = {"none": 0, "every_2nd": 2, "full": 1}
-assert set(CHECKPOINT_EVERY) == set(CHECKPOINTING), "a checkpointing mode the fit does not know"
+assert set(RECOMPUTE) == set(CHECKPOINTING), "a checkpointing mode the fit does not know"
 
 
 def recompute_share(mode: str, layers: int) -> float:
-    """Fraction of the blocks whose forward runs again in backward under ``mode``."""
-    every = CHECKPOINT_EVERY[mode]
-    return 0.0 if every == 0 else -(-layers // every) / layers
+    """Fraction of the blocks whose forward runs again in backward under the runner's
+    activation_checkpointing ``mode`` (memory.recomputed_blocks: the one rule)."""
+    return float(recomputed_share(layers, RECOMPUTE.index(mode)))
 
 
 def group_of(rec: dict[str, Any]) -> tuple[str, bool]:
@@ -63,7 +61,7 @@ def features(rec: dict[str, Any]) -> dict[str, float]:
     tokens_per_rank = rec["micro_batch"] * rec["grad_accum"] * s
     flops = fwd_bwd * (1.0 + share / 3.0) * tokens_per_rank
     zero = ZERO_OF[rec["strategy"]]
-    bytes_per_param = 4.0 if rec["precision"] == "fp32" else 2.0
+    bytes_per_param = act_bytes(rec["precision"])
     p_bytes = shape.num_params() * bytes_per_param
     ga, units = rec["grad_accum"], shape.layers + 1  # FSDP shards each block and the root
     if rec["strategy"] == "single":
@@ -83,7 +81,7 @@ def features(rec: dict[str, Any]) -> dict[str, float]:
     steps = k * (n - 1)
     shared = float(n) if rec["device"] == "cpu" else 1.0
     return {"compute": shared * flops, "comm_bytes": comm_bytes, "comm_steps": steps, "comm_calls": calls,
-            "window_frac": (2.0 / 3.0) / rec["grad_accum"] if zero < 3 else 1.0}
+            "window_frac": float(dp_window_fraction(rec["grad_accum"], zero))}
 
 
 def _nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -282,8 +280,8 @@ def comm_links(run: str, results_dir: str = "results") -> dict[str, Any]:
         n = next((r["nproc"] for r in rows if r["collective"] == "all_reduce" and r.get("scope", "all") == scope), 0)
         if not f or not f.get("bw_gbps") or n < 2:
             continue
-        out[f"{prefix}_bw"] = f["bw_gbps"] * 1e9 * busbw_factor("all_reduce", n)
-        out[f"{prefix}_alpha_s"] = f["alpha_s"] / (2 * (n - 1))
+        link = link_from_all_reduce_fit(f["alpha_s"], f["bw_gbps"] * 1e9, n)
+        out[f"{prefix}_bw"], out[f"{prefix}_alpha_s"] = link["bw"], link["alpha_s"]
     if not out:
         raise MgbenchError(f"--comm {run}: no all_reduce fit with a bandwidth on 2 or more ranks to use")
     return {"gpu": acc, "fields": out}

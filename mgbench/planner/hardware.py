@@ -35,6 +35,10 @@ class Hardware:
     # gets from the same kernels (planner/stack.py, data/stacks.toml): compute time / this.
     stack_eff: float = 1.0
     stack: str = "megatron-lm"
+    # Fraction of peak the flash-attention kernel reaches on this GPU's generation
+    # (hardware.toml [planner] flash_attention_fraction); None: not recorded, attention's
+    # scores and values are priced as layer GEMMs (planner/perf.py flash_attention_s).
+    attn_eff: float | None = None
     # Probed CPU profiles only (probe/profile.py): a step's unfused non-matmul work priced
     # op by op (planner/perf.py, host terms). None/0 elsewhere: the catalog's two-term
     # roofline (elementwise_passes) stands.
@@ -55,6 +59,13 @@ def compute_efficiency(gpu: str) -> float:
     d = planner_defaults()
     mamf = d["mamf_fraction"]
     return float(d["matmul_eff"]) * mamf.get(gpu, mamf[d["calibrated_gpu"]]) / mamf[d["calibrated_gpu"]]
+
+
+def attention_efficiency(gpu: str) -> float | None:
+    """The flash-attention kernel's fraction of dense peak on ``gpu`` (hardware.toml
+    [planner] flash_attention_fraction); None where no figure is recorded."""
+    frac = planner_defaults().get("flash_attention_fraction", {}).get(gpu)
+    return None if frac is None else float(frac)
 
 
 def _link(name: str) -> dict[str, Any]:
@@ -98,4 +109,5 @@ def resolve(system: str | None = None, gpu: str | None = None, precision: str = 
         compute_eff=compute_eff if compute_eff is not None else compute_efficiency(s["gpu"]),
         mem_bw=float(acc["mem_bw_tbps"]) * 1e12,
         elementwise_passes=float(planner_defaults()["elementwise_passes"]),
+        attn_eff=attention_efficiency(s["gpu"]),
     )

@@ -14,9 +14,9 @@ compute   perf's; with context parallelism each of the cp ranks computes s / cp 
           the FP8 peak with the same fraction of it as bf16 matmuls get of theirs
           (:data:`FP8_EFF_NOTE`); the output projection stays bf16 (torchao / torchtitan
           leave it out, strategies/fp8.py). MFU stays against the bf16 peak.
-bubble    the schedule's theoretical idle fraction f (strategies/schedules.py's
-          :func:`theoretical_bubble`, the one place for it): bubble = blocks x f / (1 - f),
-          which for 1F1B is perf's (p - 1) / m blocks.
+bubble    perf's: the schedule's theoretical idle fraction f (strategies/schedules.py's
+          :func:`theoretical_bubble`, the one place for it), bubble = blocks x f / (1 - f),
+          on the blocks' compute after the fp8 speed-up.
 ep_comm   4 uneven all-to-alls per MoE layer and micro-batch (dispatch and combine,
           forward and backward; 2 more per recomputed MoE layer), each moving
           tokens x top_k x h x e x (ep - 1) / ep bytes per rank, on NVLink when the ep
@@ -48,10 +48,10 @@ import numpy as np
 from .. import catalog
 from ..errors import MgbenchError
 from ..model_shape import ModelShape
-from ..strategies.schedules import bubble_unknown_reason, theoretical_bubble
+from ..strategies.schedules import bubble_unknown_reason
 from . import perf
 from .hardware import GB, Hardware
-from .memory import VIRTUAL_SCHEDULES, stage_param_split
+from .memory import VIRTUAL_SCHEDULES, act_bytes, recomputed_share, stage_param_split
 
 FP8_EFF_NOTE = ("FP8 linears at the bf16 matmul efficiency's fraction of the FP8 peak (an assumption: no FP8 "
                 "best-GEMM (MAMF) figure is recorded; casts and scaling are not priced)")
@@ -71,8 +71,9 @@ def fp8_peak_tflops(hw: Hardware) -> float:
     except MgbenchError:
         peak = None
     if peak is None:
-        raise MgbenchError(f"--precision fp8: the catalog has no FP8 peak for {hw.gpu} (FP8 tensor cores: H100, "
-                           "H200, B200, MI300X, L40S, RTX 4090); choose bf16")
+        with_fp8 = [k for k, a in catalog.accelerators().items() if a["tflops"].get("fp8") is not None]
+        raise MgbenchError(f"--precision fp8: the catalog has no FP8 peak for {hw.gpu} (GPUs with one in "
+                           f"hardware.toml: {', '.join(with_fp8)}); choose bf16")
     return float(peak)
 
 
@@ -88,15 +89,8 @@ def host_link_bw(hw: Hardware) -> float:
     return float(link["peak_gbps"]) * GB * float(link["bw_eff"])
 
 
-def bubble_fraction(pp: Any, num_micro: Any, schedule: str, virtual_stages: int) -> Any:
-    """:func:`theoretical_bubble` over arrays; NaN where the schedule's paper gives no
-    figure (ZB-V with fewer than 2 p micro-batches), 0 for pp = 1."""
-    p, m = np.broadcast_arrays(np.asarray(pp, dtype=float), np.maximum(np.asarray(num_micro, dtype=float), 1.0))
-    # One call per distinct (p, m): a plan has millions of rows but few pairs.
-    pairs, inverse = np.unique(np.stack([p.ravel(), m.ravel()]), axis=1, return_inverse=True)
-    values = np.array([np.nan if (f := theoretical_bubble(int(a), int(b), schedule, virtual_stages)) is None
-                       else float(f) for a, b in pairs.T])
-    return np.where(p == 1, 0.0, values[inverse.ravel()].reshape(p.shape))
+# The schedule's bubble over arrays is perf's (one rule); named here too for callers of this module.
+bubble_fraction = perf.bubble_fraction
 
 
 def ep_all_to_all_s(shape: ModelShape, hw: Hardware, *, tokens: Any, ep: Any, span: Any, precision: str,
@@ -104,14 +98,12 @@ def ep_all_to_all_s(shape: ModelShape, hw: Hardware, *, tokens: Any, ep: Any, sp
     """Seconds of expert-parallel all-to-all per step (see the module docstring).
     ``tokens``: one rank's tokens per micro-batch; ``moe_layers`` of the ``layers``
     blocks of its stage; ``span``: consecutive GPUs the ep group covers."""
-    e = 4.0 if precision == "fp32" else 2.0
+    e = act_bytes(precision)
     n = np.asarray(ep, dtype=float)
     nbytes = np.asarray(tokens, dtype=float) * shape.top_k * shape.hidden * e * (n - 1.0) / np.maximum(n, 1.0)
     bw, alpha = perf._group_link(span, hw)
     one = np.where(n > 1, (n - 1.0) * alpha + nbytes / bw, 0.0)
-    rc = np.asarray(recompute)
-    lay = np.asarray(layers, dtype=float)
-    recomputed = np.where(rc == 2, 1.0, np.where(rc == 1, np.ceil(lay / 2.0) / lay, 0.0))
+    recomputed = recomputed_share(layers, recompute)
     return (4.0 + 2.0 * recomputed) * np.asarray(moe_layers, dtype=float) * np.asarray(num_micro, dtype=float) * one
 
 
@@ -119,14 +111,13 @@ def cp_kv_exchange_s(shape: ModelShape, hw: Hardware, *, seq: Any, micro_batch: 
                      precision: str, layers: Any, num_micro: Any, recompute: Any) -> Any:
     """Seconds of context-parallel K/V exchange per step (see the module docstring):
     ``micro_batch`` whole sequences of ``seq`` tokens, ``layers`` blocks on the stage."""
-    e = 4.0 if precision == "fp32" else 2.0
+    e = act_bytes(precision)
     k = shape.kv_heads * shape.dim_head
     nbytes = np.asarray(seq, dtype=float) * np.asarray(micro_batch, dtype=float) * 2.0 * k * e / np.asarray(tp, dtype=float)
     bw, alpha = perf._group_link(span, hw)
     one = perf.ring_time(nbytes, cp, bw, alpha, 1.0)
-    rc = np.asarray(recompute)
     lay = np.asarray(layers, dtype=float)
-    recomputed = np.where(rc == 2, 1.0, np.where(rc == 1, np.ceil(lay / 2.0) / lay, 0.0))
+    recomputed = recomputed_share(lay, recompute)
     return (2.0 + recomputed) * lay * np.asarray(num_micro, dtype=float) * one
 
 
@@ -142,7 +133,7 @@ def dp_comm_s(hw: Hardware, *, dense: Any, expert: Any, tp: Any, dpc: Any, ep: A
     """Seconds of data-parallel traffic per step before overlap (see the module
     docstring); ``dense``/``expert``: parameters on this GPU before sharding; ``dpc``:
     the data-parallel ranks (dp x cp)."""
-    g = 4.0 if precision == "fp32" else 2.0  # gradient bytes (perf's)
+    g = act_bytes(precision)  # gradient bytes (perf's)
     w = 1.0 if precision == "fp8" else g  # gathered weight bytes
     z = np.asarray(zero)
     m = np.asarray(num_micro, dtype=float)
@@ -178,8 +169,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     v = virtual_stages if virtual else 1
     out = perf.step_time(shape, hw, seq=seq, global_batch=global_batch, micro_batch=np.asarray(micro_batch) / c,
                          tp=tp, pp=pp, dp=d * c, zero=zero, recompute=recompute,
-                         precision=hardware_precision(precision), schedule="interleaved" if virtual else "1f1b",
-                         virtual_stages=v, overlap=overlap, sp=sp, flash=flash, stage_params=dense_p + expert_p,
+                         precision=hardware_precision(precision), schedule=schedule, virtual_stages=v, overlap=overlap, sp=sp, flash=flash, stage_params=dense_p + expert_p,
                          host_ops=host_ops)
     b = out["breakdown"]
     m = out["num_micro_batches"]
@@ -192,11 +182,10 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         if host_ops is not None and hw.ew_bw is not None:
             raise MgbenchError("--precision fp8 is priced on catalog GPUs only (a probed CPU has no FP8 units)")
         ratio = hw.peak_tflops / fp8_peak_tflops(hw)
-        blocks_mm = b["matmul_s"] - b["head_s"] * hw.stack_eff
-        blocks = blocks - blocks_mm * linear_fraction(shape, s, rc) * (1.0 - ratio) / hw.stack_eff
+        blocks = blocks - b["linear_s"] * (1.0 - ratio) / hw.stack_eff
         notes.append(FP8_EFF_NOTE)
     compute = blocks + b["head_s"]
-    f = bubble_fraction(p, m, schedule, v)
+    f = b["bubble_fraction"]
     if np.any(np.isnan(f)):
         bad = np.argwhere(np.isnan(np.broadcast_to(f, np.broadcast(p, m).shape)))[0]
         pi = int(np.broadcast_to(p, f.shape)[tuple(bad)])
@@ -218,8 +207,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     dp_comm = dp_comm_s(hw, dense=dense_p, expert=expert_p, tp=t, dpc=dpc, ep=ep, replicas=replicas, zero=zero,
                         num_micro=m, precision=precision)
     z = np.asarray(zero)
-    window = np.where(z >= 3, compute, compute / m * 2.0 / 3.0)  # perf.step_time's overlap window
-    exposed_dp = np.maximum(dp_comm - overlap * window, 0.0)
+    exposed_dp = np.maximum(dp_comm - overlap * compute * perf.dp_window_fraction(m, z), 0.0)
 
     offload_s = 0.0 * compute
     if offload:

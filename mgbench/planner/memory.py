@@ -46,6 +46,22 @@ RUNNER_STATE_BYTES = (4, 4, 8)
 # block. (Korthikanti et al.'s selective recompute, which recomputes attention scores
 # only, is not something this workload does, and is not modelled.)
 RECOMPUTE = ("none", "every_2nd", "full")
+
+
+def recomputed_blocks(blocks: Any, recompute: Any) -> Any:
+    """How many of ``blocks`` blocks run their forward again in backward under
+    ``recompute`` (an index into RECOMPUTE, array or scalar): every one under full,
+    every second one starting with the first (ceil(n / 2) of n) under every_2nd, none
+    otherwise. The one statement of the rule: FLOPs (perf), memory, communication
+    repeated by recomputation (layout_time) and the fit (calibrate) all count it here."""
+    n = np.asarray(blocks, dtype=float)
+    rc = np.asarray(recompute)
+    return np.where(rc == 2, n, np.where(rc == 1, np.ceil(n / 2.0), 0.0))
+
+
+def recomputed_share(blocks: Any, recompute: Any) -> Any:
+    """:func:`recomputed_blocks` as a fraction of ``blocks``."""
+    return recomputed_blocks(blocks, recompute) / np.asarray(blocks, dtype=float)
 # The runner's pipeline schedules (strategies/schedules.py, the one registry), 1F1B first
 # (the planner's default).
 SCHEDULES = tuple(sorted(_SCHEDULE_NAMES, key=lambda n: n != "1f1b"))
@@ -236,7 +252,7 @@ def korthikanti_bytes_per_layer(shape: ModelShape, seq: Any, micro_batch: Any, t
     sharded = (2.0 + 4.0 * g + 2.0) * h * hd_ratio + (8.0 if shape.mlp == "swiglu" else 4.0) * F
     scores = 5.0 * a * s
     per_sb = np.where(sp, (replicated + sharded) / t, replicated + sharded / t) + np.where(flash, 0.0, scores / t)
-    return s * b * per_sb * (2.0 if precision == "fp32" else 1.0)
+    return s * b * per_sb * act_bytes(precision) / 2.0  # the counts above are at 2 bytes an element
 
 
 def in_flight(pp: Any, num_micro: Any, schedule: str, virtual_stages: int = 1) -> Any:
@@ -347,7 +363,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     tokens = np.asarray(seq, dtype=float) * np.asarray(micro_batch, dtype=float) / c
     rc = np.asarray(recompute)
     lps = np.ceil(shape.layers / np.asarray(pp, dtype=float))
-    ck = np.where(rc == 2, lps, np.where(rc == 1, np.ceil(lps / 2.0), 0.0))
+    ck = recomputed_blocks(lps, rc)
     full_l = layer_activations(shape, tokens, tp, sp, precision, flash, seq)
     if shape.is_moe:  # the mean block of the stage: its MoE blocks save more
         full_l = full_l + moe_mlp_extra(shape, tokens, tp, precision) * np.minimum(lps, shape.moe_layers) / lps

@@ -9,8 +9,15 @@ compute   matmuls + memory-bound elementwise work (a two-term roofline):
           norms, softmax, activations and dropout read and write about that much
           memory several times per step. Small models are dominated by the second
           term, large ones by the first, which is why MFU grows with model size.
-bubble    (p - 1) x one micro-batch of a block stage / v  (GPipe/1F1B fill and drain;
-          interleaving divides by v)
+          With flash attention, attention's scores and values do not run as layer GEMMs
+          but in the fused kernel, at the fraction of peak that kernel reaches on the
+          GPU's generation (hardware.toml [planner] flash_attention_fraction, FlashAttention-2
+          on A100 and H100): the causal half of their FLOPs at that rate (see
+          :func:`attention_terms`).
+bubble    the schedule's theoretical idle fraction f (strategies/schedules.py's
+          :func:`theoretical_bubble`, the one place for it): bubble = blocks x f / (1 - f),
+          for 1F1B (p - 1) / m of a block stage's micro-batches, interleaving over v
+          chunks (p - 1) / (v m)
 
 Pipeline stages are not equal: Megatron-LM gives every stage ceil(L / p) blocks and the
 last one the output layer too (the first has the embedding, a lookup with no FLOPs: not
@@ -27,6 +34,7 @@ pp_comm   one send forward and one backward per micro-batch and stage boundary, 
 dp_comm   gradient all-reduce (ZeRO 0/1), reduce-scatter + all-gather (ZeRO 2), or
           all-gather twice per micro-batch + reduce-scatter (ZeRO 3), overlapped with
           backward compute by the ``overlap`` fraction of the window it can hide in
+          (:func:`dp_window_fraction`)
 
 Collectives follow the alpha-beta model of ring algorithms: an all-reduce on n ranks
 takes 2 (n - 1) alpha + 2 (n - 1) / n x bytes / bandwidth; all-gather and
@@ -42,7 +50,9 @@ from typing import Any
 import numpy as np
 
 from ..model_shape import ModelShape
+from ..strategies.schedules import theoretical_bubble
 from .hardware import Hardware
+from .memory import act_bytes, recomputed_share
 
 DEFAULT_OVERLAP = 1.0
 
@@ -51,6 +61,34 @@ def ring_time(nbytes: Any, n: Any, bw: Any, alpha: Any, factor: float) -> Any:
     """Alpha-beta ring collective: factor 2 for all-reduce, 1 for all-gather/reduce-scatter."""
     n = np.asarray(n, dtype=float)
     return np.where(n > 1, factor * (n - 1) * alpha + factor * (n - 1) / n * nbytes / bw, 0.0)
+
+
+def link_from_all_reduce_fit(alpha_s: float, algbw: float, n: int) -> dict[str, float]:
+    """The alpha-beta ring's link figures from a measured all-reduce fit t = alpha + S /
+    algbw on ``n`` ranks (``mgbench comm``, ``mgbench probe``): a ring all-reduce takes
+    2 (n - 1) steps (:func:`ring_time`), so the per-step latency is alpha / (2 (n - 1)),
+    and moves 2 (n - 1) / n of the bytes over each link, so the link's (bus) bandwidth
+    is algbw x 2 (n - 1) / n. ``bw`` in the unit of ``algbw``."""
+    return {"bw": algbw * 2.0 * (n - 1) / n, "alpha_s": alpha_s / (2.0 * (n - 1))}
+
+
+def dp_window_fraction(num_micro: Any, zero: Any) -> Any:
+    """The share of a step's compute that data-parallel traffic can hide behind: the
+    last micro-batch's backward (2/3 of its compute: 1 / m of the step's) for ZeRO 0-2,
+    where gradients are reduced once per step; for ZeRO-3 the gathers prefetch through
+    the whole step's compute."""
+    return np.where(np.asarray(zero) >= 3, 1.0, (2.0 / 3.0) / np.asarray(num_micro, dtype=float))
+
+
+def bubble_fraction(pp: Any, num_micro: Any, schedule: str, virtual_stages: int) -> Any:
+    """:func:`theoretical_bubble` over arrays; NaN where the schedule's paper gives no
+    figure (ZB-V with fewer than 2 p micro-batches), 0 for pp = 1."""
+    p, m = np.broadcast_arrays(np.asarray(pp, dtype=float), np.maximum(np.asarray(num_micro, dtype=float), 1.0))
+    # One call per distinct (p, m): a plan has millions of rows but few pairs.
+    pairs, inverse = np.unique(np.stack([p.ravel(), m.ravel()]), axis=1, return_inverse=True)
+    values = np.array([np.nan if (f := theoretical_bubble(int(a), int(b), schedule, virtual_stages)) is None
+                       else float(f) for a, b in pairs.T])
+    return np.where(p == 1, 0.0, values[inverse.ravel()].reshape(p.shape))
 
 
 def _group_link(span: Any, hw: Hardware) -> tuple[Any, Any]:
@@ -74,12 +112,10 @@ def hardware_flops_per_token(shape: ModelShape, seq: Any, recompute: Any) -> Any
     for it, the same as without."""
     s = np.asarray(seq, dtype=float)
     model = shape.flops_per_token(s)
-    rc = np.asarray(recompute)
     # The blocks' matmul weights a token uses (an MoE block's active experts only).
     block_weights = shape.num_matmul_params() - shape.hidden - shape.padded_vocab * shape.hidden
     blocks_fwd = (2.0 * block_weights + 4.0 * shape.layers * shape.attn_dim * s)
-    half = blocks_fwd * np.ceil(shape.layers / 2.0) / shape.layers
-    return model + np.where(rc == 2, blocks_fwd, np.where(rc == 1, half, 0.0))
+    return model + blocks_fwd * recomputed_share(shape.layers, recompute)
 
 
 def attention_flops_per_token(shape: ModelShape, seq: Any, recompute: Any) -> Any:
@@ -87,10 +123,23 @@ def attention_flops_per_token(shape: ModelShape, seq: Any, recompute: Any) -> An
     ModelShape.flops_per_token, plus the recomputed forward's 4 L h s: all of it with
     full recompute, half the blocks with every_2nd), not halved for causal masking."""
     s = np.asarray(seq, dtype=float)
-    rc = np.asarray(recompute)
     fwd = 4.0 * shape.layers * shape.attn_dim * s
-    return 12.0 * shape.layers * shape.attn_dim * s + np.where(rc == 2, fwd, np.where(
-        rc == 1, fwd * np.ceil(shape.layers / 2.0) / shape.layers, 0.0))
+    return 12.0 * shape.layers * shape.attn_dim * s + fwd * recomputed_share(shape.layers, recompute)
+
+
+def flash_attention_s(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any, rank_tokens: Any) -> Any:
+    """Seconds attention's scores and values take in the flash-attention kernel for one
+    rank's ``rank_tokens`` (its share of the layers); None where the GPU has no recorded
+    kernel fraction (``hw.attn_eff``): the GEMM term then prices them, as it always has.
+
+    The fused kernel is not a layer GEMM, and its fraction of peak differs by generation
+    far more than the GEMMs' does: FlashAttention-2 reaches up to 73% of an A100's peak
+    but about 34% of an H100's (Dao 2023, arXiv:2307.08691, section 4.1), where best
+    GEMMs reach 87% and 80% (MAMF). Its FLOPs are counted halved for the causal mask, as
+    that paper counts them."""
+    if hw.attn_eff is None:
+        return None
+    return 0.5 * attention_flops_per_token(shape, seq, recompute) * rank_tokens / (hw.peak_tflops * 1e12 * hw.attn_eff)
 
 
 def host_terms(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any, rank_tokens: Any,
@@ -127,10 +176,12 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
               host_ops: dict[str, float] | None = None) -> dict[str, Any]:
     """Predicted step time and its parts, in seconds (arrays broadcast).
 
+    ``schedule``: any pipeline schedule of strategies/schedules.py (its theoretical
+    bubble; ``bubble_fraction`` in the breakdown, NaN where unknown).
     ``host_ops`` (``ops``, ``bytes``: what one rank's step dispatches besides matmuls and
     SDPA, planner/opcount.py) with a probed CPU Hardware (``ew_bw`` set) prices the
     non-matmul work op by op instead of by elementwise passes (see :func:`host_terms`)."""
-    from .memory import korthikanti_bytes_per_layer
+    from .memory import VIRTUAL_SCHEDULES, korthikanti_bytes_per_layer
     from .memory import stage_params as _stage_params
 
     s = np.asarray(seq, dtype=float)
@@ -140,7 +191,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     z, rc = np.asarray(zero), np.asarray(recompute)
     n_gpus = t * p * d
     m = B / (b * d)  # micro-batches per pipeline per step
-    v = virtual_stages if schedule == "interleaved" else 1
+    v = virtual_stages if schedule in VIRTUAL_SCHEDULES else 1
 
     tokens = B * s
     rate = hw.peak_tflops * 1e12 * hw.compute_eff
@@ -153,39 +204,41 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     act_per_token = korthikanti_bytes_per_layer(shape, s, 1, t, sp, flash, precision) / s
     ew_bytes = hw.elementwise_passes * act_per_token * (tokens / d) * stage_layers
     elementwise = ew_bytes * np.where(rc == 2, 4.0 / 3.0, 1.0) / hw.mem_bw
-    attention = 0.0
+    rank_tokens = tokens * stage_layers / shape.layers / (t * d)
+    # The block linears: every block GEMM but attention's scores and values (what fp8 speeds up).
+    linear = blocks_mm - attention_flops_per_token(shape, s, rc) * rank_tokens / rate
+    attention = 0.0 * linear
     if hw.ew_bw is not None and host_ops is not None:
-        attn_mm, attention, elementwise = host_terms(shape, hw, s, rc, tokens * stage_layers / shape.layers / (t * d),
-                                                     host_ops)
-        blocks_mm = blocks_mm - attn_mm
+        _, attention, elementwise = host_terms(shape, hw, s, rc, rank_tokens, host_ops)
+        blocks_mm = linear
+    elif (fused := flash_attention_s(shape, hw, s, rc, rank_tokens)) is not None:
+        on = np.asarray(flash, dtype=bool)
+        attention = np.where(on, fused, 0.0)
+        blocks_mm = np.where(on, linear, blocks_mm)
     blocks = (blocks_mm + attention + elementwise) / hw.stack_eff
     head = head_mm / hw.stack_eff
     matmul = blocks_mm + head_mm
     compute = blocks + head
-    bubble = blocks * (p - 1.0) / (m * v)
+    f = bubble_fraction(p, m, schedule, v)
+    bubble = blocks * f / (1.0 - f)
 
-    act_bytes = s * b * shape.hidden * (4.0 if precision == "fp32" else 2.0)
+    act = s * b * shape.hidden * act_bytes(precision)
     tp_bw, tp_alpha = _group_link(t, hw)
     n_tp = np.where(rc == 2, 6.0, 4.0)
-    tp_comm = n_tp * np.ceil(shape.layers / p) * m * ring_time(act_bytes, t, tp_bw, tp_alpha, 2.0)
+    tp_comm = n_tp * np.ceil(shape.layers / p) * m * ring_time(act, t, tp_bw, tp_alpha, 2.0)
 
     # Pipeline neighbours are t * d ranks apart: same node only if that fits in one.
     pp_bw, pp_alpha = _group_link(t * d + 1, hw)
-    p2p = pp_alpha + act_bytes / t / pp_bw  # scatter-gather: each TP rank sends 1/t
+    p2p = pp_alpha + act / t / pp_bw  # scatter-gather: each TP rank sends 1/t
     pp_comm = np.where(p > 1, 2.0 * (m + p - 1.0) * p2p, 0.0)
 
     params = _stage_params(shape, t, p) if stage_params is None else stage_params
-    grad_bytes = params * (4.0 if precision == "fp32" else 2.0)
+    grad_bytes = params * act_bytes(precision)  # gradients in the training dtype
     dp_bw, dp_alpha = _group_link(t * d, hw)
     allreduce = ring_time(grad_bytes, d, dp_bw, dp_alpha, 2.0)
     gather = ring_time(grad_bytes, d, dp_bw, dp_alpha, 1.0)  # same bytes: 16-bit weights
     dp_comm = np.where(z >= 3, (2.0 * m + 1.0) * gather, allreduce)
-    # The window DP traffic can hide in: the last micro-batch's backward (2/3 of its
-    # compute) for ZeRO 0-2, where gradients are reduced once per step; for ZeRO-3 the
-    # gathers prefetch through the whole step's compute.
-    per_micro = compute / m
-    window = np.where(z >= 3, compute, per_micro * 2.0 / 3.0)
-    exposed_dp = np.maximum(dp_comm - overlap * window, 0.0)
+    exposed_dp = np.maximum(dp_comm - overlap * compute * dp_window_fraction(m, z), 0.0)
 
     total = compute + bubble + tp_comm + pp_comm + exposed_dp
     model_flops = shape.flops_per_token(s)
@@ -204,7 +257,9 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
             "elementwise_s": elementwise,
             "attention_s": attention,
             "head_s": head,
+            "linear_s": linear,
             "bubble_s": bubble,
+            "bubble_fraction": f,
             "tp_comm_s": tp_comm,
             "pp_comm_s": pp_comm,
             "dp_comm_s": dp_comm,

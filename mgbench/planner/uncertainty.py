@@ -11,8 +11,8 @@ measured residuals, never chosen:
 - ``catalog-other-gpu``: catalog constants carried to another GPU by its measured
   best-GEMM fraction (MAMF). Widened on both sides by the worst published cross-generation
   |residual| (the informational H100 rows: Llama 3 405B, whose pipeline schedule is
-  assumed, and torchtitan's Llama 3 8B on 500 W H100s, predicted 45% too fast: the
-  A100 -> H100 ratio the model gets too high).
+  assumed, and torchtitan's Llama 3 8B on 500 W H100s, predicted 32% too fast: part of
+  it their 500 W HBM2e H100s, part the A100 -> H100 ratio the model still gets too high).
 - ``catalog-assumed``: a GPU with no MAMF figure: its matmul efficiency is the A100's
   fraction by assumption. No measurement bounds that, so the interval is widened by a
   stated convention (ASSUMED_SLOWDOWN: the step may take up to twice as long), and the

@@ -131,9 +131,13 @@ def test_fp8_speeds_up_the_blocks_linears_by_the_peak_ratio():
     bf = layout_time.step_time(LLAMA8, H100, **kw)
     f8 = layout_time.step_time(LLAMA8, H100, precision="fp8", **kw)
     b = bf["breakdown"]
-    blocks_mm = float(b["matmul_s"] - b["head_s"] * H100.stack_eff)
+    # The blocks' linears at the bf16 GEMM rate: their share of the blocks' FLOPs (flash
+    # attention runs in its own kernel, perf.flash_attention_s, and fp8 leaves it alone).
+    blocks_flops = (perf.hardware_flops_per_token(LLAMA8, 8192, 0) - perf.head_flops_per_token(LLAMA8)) * 8 * 8192 / 8
     frac = float(layout_time.linear_fraction(LLAMA8, 8192, 0))
-    saved = blocks_mm * frac * (1 - 989.0 / 1979.0) / H100.stack_eff
+    linears = blocks_flops * frac / (H100.peak_tflops * 1e12 * H100.compute_eff)
+    assert float(b["linear_s"]) == pytest.approx(linears, rel=1e-9)
+    saved = linears * (1 - 989.0 / 1979.0) / H100.stack_eff
     assert float(b["compute_s"] - f8["breakdown"]["compute_s"]) == pytest.approx(saved, rel=1e-9)
     assert float(f8["mfu"]) == pytest.approx(float(f8["model_tflops_per_gpu"]) / 989.0)  # bf16 peak
 
@@ -285,3 +289,15 @@ def test_plan_keeps_the_layouts_each_schedule_can_run():
     assert np.any((p > 1) & (m < 2 * p))
     p, m = rows("dualpipev")
     assert np.any(p > 1) and not np.any((p > 1) & (m < 2 * p))
+
+
+def test_fp8_on_a_gpu_without_fp8_names_the_catalogs_fp8_gpus():
+    from mgbench.errors import MgbenchError
+
+    a100 = hardware.resolve(system="dgx-a100")
+    with pytest.raises(MgbenchError) as err:
+        layout_time.step_time(LLAMA8, a100, seq=4096, global_batch=8, micro_batch=1, tp=1, pp=1, dp=8, zero=3,
+                              recompute=0, precision="fp8")
+    listed = str(err.value).split("hardware.toml: ")[1].split(")")[0].split(", ")
+    assert set(listed) == {k for k, a in catalog.accelerators().items() if a["tflops"].get("fp8") is not None}
+    assert "a100-sxm-80gb" not in listed and "h100-sxm" in listed

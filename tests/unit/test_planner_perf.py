@@ -49,7 +49,9 @@ def test_output_layer_sits_on_the_last_pipeline_stage_by_hand():
     # llama3-8b, 8 GPUs as pp=8 (4 blocks a stage), 8 micro-batches of 1 x 4096 tokens.
     shape = catalog.model_shape("llama3-8b")
     hw = dataclasses.replace(hardware.resolve(system="dgx-h100"), elementwise_passes=0.0)
-    kw = dict(seq=4096, global_batch=8, micro_batch=1, tp=1, dp=1, zero=0, recompute=0)
+    # Without flash attention every block FLOP is a GEMM at one rate (flash attention's
+    # own kernel rate is test_flash_attention_runs_at_its_generations_fraction's).
+    kw = dict(seq=4096, global_batch=8, micro_batch=1, tp=1, dp=1, zero=0, recompute=0, flash=False)
     out = perf.step_time(shape, hw, pp=8, **kw)["breakdown"]
     rate = hw.peak_tflops * 1e12 * hw.compute_eff
     tokens = 8 * 4096
@@ -139,3 +141,53 @@ def test_predict_reports_fit_and_breakdown():
     assert res["tokens_per_s_per_gpu"] == pytest.approx(res["tokens_per_s"] / 8)
     assert res["mfu"] == pytest.approx(res["model_tflops_per_gpu"] / 989.0)
     assert res["hardware_tflops_per_gpu"] > res["model_tflops_per_gpu"]  # recompute counts in HFU only
+
+
+def test_flash_attention_runs_at_its_generations_fraction():
+    # llama3-8b, one GPU, 2 x 8192 tokens, no recompute: attention's scores and values are
+    # 12 L h s FLOPs a token, counted halved for the causal mask in the fused kernel.
+    shape = catalog.model_shape("llama3-8b")
+    kw = dict(seq=8192, global_batch=2, micro_batch=1, tp=1, pp=1, dp=1, zero=0, recompute=0)
+    attn_flops = 12 * 32 * 4096 * 8192 * 2 * 8192
+    for system, frac in (("dgx-a100", 0.656), ("dgx-h100", 0.339)):
+        hw = hardware.resolve(system=system)
+        assert hw.attn_eff == frac  # hardware.toml [planner] flash_attention_fraction
+        b = perf.step_time(shape, hw, **kw)["breakdown"]
+        assert float(b["attention_s"]) == pytest.approx(0.5 * attn_flops / (hw.peak_tflops * 1e12 * frac))
+        gemm = perf.step_time(shape, hw, flash=False, **kw)["breakdown"]
+        # Without flash attention (or with no recorded fraction) the GEMM term prices them.
+        assert float(gemm["attention_s"]) == 0.0
+        assert float(gemm["matmul_s"] - b["matmul_s"]) == pytest.approx(attn_flops / (hw.peak_tflops * 1e12 * hw.compute_eff))
+        unknown = perf.step_time(shape, dataclasses.replace(hw, attn_eff=None), **kw)["breakdown"]
+        assert float(unknown["matmul_s"]) == pytest.approx(float(gemm["matmul_s"]))
+
+
+def test_a100_to_h100_speedup_falls_with_attention_share():
+    # The GEMMs gain 989 x 0.803 / (312 x 0.869) = 2.93x, FlashAttention-2 0.339 x 989 /
+    # (0.656 x 312) = 1.64x: the longer the sequence, the smaller the H100's lead (as
+    # llm-foundry's same-software A100 and H100 tables show: about 2.3x at 2k, 1.9x at 64k).
+    shape = catalog.model_shape("llama3-8b")
+    ratio = {}
+    for seq in (2048, 65536):
+        kw = dict(seq=seq, global_batch=8 * 65536 // seq, micro_batch=1, tp=1, pp=1, dp=8, zero=3, recompute=2)
+        a100 = perf.step_time(shape, hardware.resolve(system="dgx-a100"), **kw)["tokens_per_s_per_gpu"]
+        h100 = perf.step_time(shape, hardware.resolve(system="dgx-h100"), **kw)["tokens_per_s_per_gpu"]
+        ratio[seq] = float(h100 / a100)
+    assert ratio[65536] < ratio[2048] - 0.4
+    assert ratio[2048] < 989 * 0.803 / (312 * 0.869)  # never above the GEMMs' own gain
+
+
+def test_shared_rules_are_stated_once():
+    from mgbench.planner import calibrate, memory
+
+    # every_2nd recomputes blocks 0, 2, 4: ceil(n / 2) of n; full every block.
+    assert list(memory.recomputed_blocks([5, 4, 1], 1)) == [3, 2, 1]
+    assert float(memory.recomputed_blocks(5, 2)) == 5 and float(memory.recomputed_blocks(5, 0)) == 0
+    assert calibrate.recompute_share("every_2nd", 5) == pytest.approx(3 / 5)
+    assert calibrate.recompute_share("full", 7) == 1.0 and calibrate.recompute_share("none", 7) == 0.0
+    # The overlap window: the last micro-batch's backward (2/3 of 1/m) below ZeRO-3, all of it at 3.
+    assert float(perf.dp_window_fraction(4, 1)) == pytest.approx(2 / 12)
+    assert float(perf.dp_window_fraction(4, 3)) == 1.0
+    # An all-reduce fit on 8 ranks: 14 ring steps, 2 x 7/8 of the bytes over each link.
+    link = perf.link_from_all_reduce_fit(28e-6, 100e9, 8)
+    assert link == pytest.approx({"bw": 175e9, "alpha_s": 2e-6})
