@@ -71,6 +71,33 @@ def update_interval(read: Callable[[], Any], timeout_s: float = 2.5, poll_s: flo
     return gaps[len(gaps) // 2] if len(gaps) % 2 else (gaps[0] + gaps[1]) / 2
 
 
+def nvml_method(nvml: Any, handle: Any) -> tuple[str | None, str | None]:
+    """How energy is read on an NVML device: ``("nvml_counter", None)`` where the GPU
+    has the total-energy counter (Volta and later), ``("nvml_power_sampling", None)``
+    where it only reports power, ``(None, reason)`` where it has neither."""
+    try:
+        nvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+        return "nvml_counter", None
+    except Exception:
+        try:
+            nvml.nvmlDeviceGetPowerUsage(handle)
+            return "nvml_power_sampling", None
+        except Exception as e:
+            return None, f"NVML has neither energy counter nor power reading: {e}"
+
+
+def power_figures(energy_j: float | None, window_s: float | None, devices: int | None,
+                  tokens: float | None) -> dict[str, float | None]:
+    """What follows from energy over a window: mean power (all devices, and per device
+    where ``devices`` is known) and energy per token. Null where an input is."""
+    ok = energy_j is not None and window_s is not None and window_s > 0
+    return {
+        "power_w": energy_j / window_s if ok else None,  # type: ignore[operator]
+        "power_w_per_device": energy_j / window_s / devices if ok and devices else None,  # type: ignore[operator]
+        "energy_per_token_j": energy_j / tokens if energy_j is not None and tokens else None,
+    }
+
+
 def min_window(method: str, interval_s: float | None) -> float:
     """The shortest energy window for a method and its counter's update interval."""
     if method == "none":
@@ -136,15 +163,11 @@ class EnergyMeter:
                 self.reason = ("the GPU is split into MIG instances: NVML's energy and power cover the whole GPU, "
                                "shared with the other instances, not this rank's")
                 return
-            try:
-                self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
-                self.method = "nvml_counter"
-            except Exception:
-                try:
-                    self._nvml.nvmlDeviceGetPowerUsage(self._handle)
-                    self.method = "nvml_power_sampling"
-                except Exception as e:
-                    self.reason = f"NVML has neither energy counter nor power reading: {e}"
+            method, reason = nvml_method(self._nvml, self._handle)
+            if method is None:
+                self.reason = reason
+            else:
+                self.method = method
             return
         if self.local_rank != 0:
             self.reason = "RAPL counts the whole CPU package; read by local rank 0 only"

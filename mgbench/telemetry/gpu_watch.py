@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from ..procs import descendants
-from .energy import min_window, update_interval
+from .energy import min_window, nvml_method, power_figures, update_interval
 from .nvml_device import NvmlDeviceUnknown, _by_uuid_prefix, handle_by_cuda_number, visible_entries
 
 GIB = 2**30
@@ -54,6 +54,7 @@ class GpuWatch:
         self.nproc = nproc
         self.interval_s = interval_s
         self.reason: str | None = None
+        self.energy_reason: str | None = None  # NVML is there, but neither energy nor power
         self._nvml = nvml
         self._handles: list[tuple[str, Any]] = []  # (how it is named, handle) of every GPU the command may see
         self.method = "none"
@@ -106,12 +107,12 @@ class GpuWatch:
         """Pick the energy method (the counter, else power sampling) and probe how often
         the first GPU's reading changes (it sets the shortest window energy is read over)."""
         nv, h0 = self._nvml, self._handles[0][1]
-        try:
-            nv.nvmlDeviceGetTotalEnergyConsumption(h0)
-            self.method, read = "nvml_counter", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h0)
-        except Exception:
-            self.method, read = "nvml_power_sampling", lambda: nv.nvmlDeviceGetPowerUsage(h0)
-        self.update_s = update_interval(read, timeout_s=1.0)
+        method, self.energy_reason = nvml_method(nv, h0)
+        if method is None:  # memory is still sampled
+            return
+        self.method = method
+        read = nv.nvmlDeviceGetTotalEnergyConsumption if method == "nvml_counter" else nv.nvmlDeviceGetPowerUsage
+        self.update_s = update_interval(lambda: read(h0), timeout_s=1.0)
 
     def _run(self, pid: int) -> None:
         while True:
@@ -176,6 +177,8 @@ class GpuWatch:
                 "the allocator reserved"))
         else:
             out["mem_reason"] = "NVML listed none of the command's processes, so their GPU memory is unknown"
+        if self.energy_reason:
+            return {**out, "energy_reason": self.energy_reason}
         out.update(energy_method=self.method, energy_update_interval_s=self.update_s,
                    energy_min_window_s=min_window(self.method, self.update_s))
         if t0_ns is None or t1_ns is None:
@@ -195,7 +198,6 @@ class GpuWatch:
         if any(p is None for p in parts):
             return {**out, "energy_reason": "the NVML samples do not cover the measured window"}
         energy = sum(parts)  # type: ignore[arg-type]
-        out.update(energy_j=energy, energy_window_s=window, power_w=energy / window,
-                   power_w_per_device=energy / window / len(gpus), num_energy_steps=steps,
-                   energy_per_token_j=energy / tokens if tokens else None, energy_reason=None)
+        out.update(energy_j=energy, energy_window_s=window, num_energy_steps=steps, energy_reason=None,
+                   **power_figures(energy, window, len(gpus), tokens))
         return out

@@ -292,3 +292,39 @@ def test_gpu_watch_releases_nvml_when_stopped():
         watch = gpu_watch.GpuWatch(nproc=1, nvml=Counted(host(1)))
         watch.stop()
     assert calls == ["init", "shutdown"] * 3
+
+
+def test_gpu_watch_without_energy_or_power_still_reads_memory(monkeypatch):
+    # A GPU whose NVML has neither the energy counter nor a power reading: energy is null
+    # with that reason (energy.nvml_method, shared with the built-in workloads' meter),
+    # and the command's memory is still reported.
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    class NoPower(ProcNVML):
+        def nvmlDeviceGetTotalEnergyConsumption(self, h):
+            raise RuntimeError("not supported")
+
+        def nvmlDeviceGetPowerUsage(self, h):
+            raise RuntimeError("not supported")
+
+    nv = NoPower(host(1))
+    me = os.getpid()
+    nv.procs = {0: [_Proc(me, 2**30)]}
+    watch = gpu_watch.GpuWatch(nproc=1, nvml=nv)
+    watch.probe()
+    assert watch.method == "none" and "neither energy counter nor power" in watch.energy_reason
+    watch.sample(me)
+    f = watch.figures(0, 10**10, tokens=100.0, steps=3)
+    assert f["energy_j"] is None and "neither energy counter nor power" in f["energy_reason"]
+    assert f["mem_peak_gib"] == pytest.approx(1.0)
+
+
+def test_power_figures_by_hand():
+    from mgbench.telemetry.energy import power_figures
+
+    assert power_figures(600.0, 2.0, 4, 1200.0) == {"power_w": 300.0, "power_w_per_device": 75.0,
+                                                   "energy_per_token_j": 0.5}
+    # Per device unknown (CPU package), no window, no tokens: null, never a guess.
+    assert power_figures(600.0, 2.0, None, None) == {"power_w": 300.0, "power_w_per_device": None,
+                                                    "energy_per_token_j": None}
+    assert power_figures(None, 2.0, 4, 10.0)["power_w"] is None and power_figures(5.0, 0.0, 1, 1.0)["power_w"] is None
