@@ -66,6 +66,18 @@ def summarize(xs: Sequence[float]) -> dict[str, float | None]:
     }
 
 
+# Record field of each summary statistic of the step times (Record: step_time_*_s).
+STEP_TIME_FIELDS = {"median": "step_time_s", "p10": "step_time_p10_s", "p90": "step_time_p90_s",
+                    "mean": "step_time_mean_s", "stddev": "step_time_stddev_s", "min": "step_time_min_s",
+                    "max": "step_time_max_s", "ci95_low": "step_time_ci95_low_s", "ci95_high": "step_time_ci95_high_s"}
+
+
+def step_time_fields(xs: Sequence[float]) -> dict[str, float | None]:
+    """The record's step-time statistics of ``xs`` (seconds), by field name."""
+    s = summarize(xs)
+    return {field: s[key] for key, field in STEP_TIME_FIELDS.items()}
+
+
 def mann_whitney_u(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
     """Two-sided Mann-Whitney U test: (U of ``a``, p-value).
 

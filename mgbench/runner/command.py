@@ -132,21 +132,19 @@ def step_figures(ends: StepEnds, warmup_steps: int, tokens_per_step: int | None,
     if len(times) < 2:
         return out, (f"the command reported {n} finished step(s); with warmup_steps = {warmup_steps} that leaves "
                      f"{len(times)} timed step(s), and at least 2 are needed: run more steps or lower warmup_steps")
-    s = stats.summarize(times)
-    out.update(step_time_s=s["median"], step_time_p10_s=s["p10"], step_time_p90_s=s["p90"],
-               step_time_mean_s=s["mean"], step_time_stddev_s=s["stddev"], step_time_min_s=s["min"],
-               step_time_max_s=s["max"], step_time_ci95_low_s=s["ci95_low"], step_time_ci95_high_s=s["ci95_high"],
-               step_times_s=times, num_steps_measured=len(times), repeat_medians_s=[s["median"]],
+    out.update(stats.step_time_fields(times), step_times_s=times, num_steps_measured=len(times),
                window_ns=(ends.ends_ns[first - 1], ends.ends_ns[-1]))
+    median = out["step_time_s"]
+    out["repeat_medians_s"] = [median]
     tokens = ends.tokens[first:]
     if tokens and all(t is not None for t in tokens):
         # Tokens the command reported: a constant count per step over the median step
         # time (as for built-in workloads); a varying one as the window's total over its time.
         per = tokens[0] if len(set(tokens)) == 1 else None
-        tps = per / s["median"] if per else sum(tokens) / sum(times)  # type: ignore[arg-type]
+        tps = per / median if per else sum(tokens) / sum(times)  # type: ignore[arg-type]
         out.update(tokens_per_step=per, tokens_per_s=tps, window_tokens=sum(tokens))  # type: ignore[arg-type]
     elif tokens_per_step:
-        out.update(tokens_per_step=tokens_per_step, tokens_per_s=tokens_per_step / s["median"],
+        out.update(tokens_per_step=tokens_per_step, tokens_per_s=tokens_per_step / median,
                    window_tokens=tokens_per_step * len(times))
     else:
         out["tokens_reason"] = ("no tokens per step: pass mgbench.step(tokens=N), a (?P<tokens>...) group in "

@@ -50,3 +50,17 @@ def test_mann_whitney_identical_samples_are_not_significant():
 
 def test_mann_whitney_needs_five_per_side():
     assert stats.mann_whitney_u([1, 2, 3, 4], [5, 6, 7, 8])[1] == 1.0
+
+
+def test_step_time_fields_are_declared_record_fields_with_the_summary_values():
+    # One mapping from summary statistics to record fields, used by built-in workloads
+    # and user commands alike: every name must be a Record field.
+    import dataclasses
+
+    from mgbench.record import Record
+
+    declared = {f.name for f in dataclasses.fields(Record)}
+    got = stats.step_time_fields([4.0, 1.0, 3.0, 2.0])
+    assert set(got) <= declared and len(got) == len(stats.STEP_TIME_FIELDS)
+    assert got["step_time_s"] == 2.5 and got["step_time_min_s"] == 1.0 and got["step_time_max_s"] == 4.0
+    assert got["step_time_mean_s"] == 2.5 and got["step_time_ci95_low_s"] is None  # fewer than 6 samples
