@@ -328,3 +328,20 @@ def test_power_figures_by_hand():
     assert power_figures(600.0, 2.0, None, None) == {"power_w": 300.0, "power_w_per_device": None,
                                                     "energy_per_token_j": None}
     assert power_figures(None, 2.0, 4, 10.0)["power_w"] is None and power_figures(5.0, 0.0, 1, 1.0)["power_w"] is None
+
+
+def test_a_python_line_naming_no_script_is_refused_saying_how():
+    with pytest.raises(command.CommandLineError, match="names no script: give `python SCRIPT.py"):
+        command.command_argv(command_config('command = "python3"'))
+    with pytest.raises(command.CommandLineError, match="command is empty"):
+        command.command_argv(command_config('command = "python3"', command=""))
+
+
+def test_a_multi_node_launch_skips_the_command_workload_saying_why():
+    from mgbench.launching import Cluster
+    from mgbench.runner.launch import _only_world
+
+    cmd = command_config('command = "python3 train.py"\nnproc = 4')
+    cluster = Cluster(nnodes=2, node_rank=0, rdzv_endpoint="head:29400", nproc_per_node=2)
+    [got] = _only_world([cmd], cluster)
+    assert "runs the user's launch line on one node" in got.skip_reason

@@ -301,3 +301,18 @@ def test_fp8_on_a_gpu_without_fp8_names_the_catalogs_fp8_gpus():
     listed = str(err.value).split("hardware.toml: ")[1].split(")")[0].split(", ")
     assert set(listed) == {k for k, a in catalog.accelerators().items() if a["tflops"].get("fp8") is not None}
     assert "a100-sxm-80gb" not in listed and "h100-sxm" in listed
+
+
+def test_fp8_on_a_probed_cpu_profile_is_refused_with_one_line():
+    # A probed CPU has no FP8 units: pricing fp8 on it would be a guess.
+    from mgbench.errors import MgbenchError
+    from mgbench.planner.predict import Layout, predict
+    from mgbench.probe import profile as P
+    from tests.unit.test_probe_host_terms import MINI, host_profile
+
+    hw = P.hardware(host_profile(), "fp32", ranks=1)
+    layout = Layout(num_gpus=1, micro_batch=4, seq_len=128, precision="fp8")
+    with pytest.raises(MgbenchError, match="priced on catalog GPUs only"):
+        predict(MINI, hw, layout, host_ops={"ops": 1000.0, "bytes": 2e8})
+    assert predict(MINI, hw, Layout(num_gpus=1, micro_batch=4, seq_len=128, precision="fp32"),
+                   host_ops={"ops": 1000.0, "bytes": 2e8})["step_time_s"] > 0

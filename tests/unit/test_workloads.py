@@ -127,6 +127,11 @@ strategy = ["tp", "ddp"]
 nproc = 2
 seq_len = 32
 [[sweep]]
+model = { hf = "llama", layers = 2, hidden = 32, heads = 4, ffn_hidden = 64, vocab = 64 }
+strategy = "ddp"
+nproc = 2
+compile = [true, false]
+[[sweep]]
 workload = "vision"
 model = "vit_tiny"
 strategy = ["pp", "fsdp"]
@@ -138,6 +143,7 @@ nproc = 2
     assert sum("gpt2 configs have no tensor-parallel plan" in (r or "") for r in reasons) == 1
     assert sum("learned positions for 16 tokens: seq_len 32" in (r or "") for r in reasons) == 1
     assert sum("vision workload runs the data-parallel strategies" in (r or "") for r in reasons) == 2
+    assert sum(r == "compile = true is not wired to Hugging Face models" for r in reasons) == 1
     assert [r for r in reasons if r and "not a multiple of 8" in r] == [
         "vit_tiny cuts images into 8x8 patches: image_size 36 is not a multiple of 8"]
     assert None in reasons  # fsdp at 32 runs
