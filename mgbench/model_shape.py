@@ -199,12 +199,9 @@ class ModelShape:
         """Weights of one block: q, k, v, o projections, the MLP and two RMSNorm scales.
         For an MoE model, whose dense and MoE layers differ, the mean over its blocks, with
         every expert counted (a float)."""
-        if self.is_moe:
-            return self._block_params(active=False) / self.layers
-        h, d = self.hidden, self.dim_head
-        attn = h * self.heads * d + 2 * h * self.kv_heads * d + self.heads * d * h
-        mlp = (3 if self.mlp == "swiglu" else 2) * h * self.ffn_hidden
-        return attn + mlp + 2 * h
+        total = self._block_params(active=False)
+        # Dense blocks are all alike: the division is exact, and the count stays an int.
+        return total / self.layers if self.is_moe else total // self.layers
 
     def num_params(self) -> int:
         """All trainable parameters as built (embedding counted once when tied)."""
