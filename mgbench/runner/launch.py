@@ -221,30 +221,39 @@ def _run_configs(run_dir: RunDir, run_id: str, configs: list[RunConfig], todo: l
     for cfg in runnable:
         if cfg.workload != "command":  # the user's own commands run below, one launch each
             groups[(cfg.nproc, cfg.device)].append(cfg)
-    t_start = time.monotonic()
-    finished = 0
+    tally = _Tally(done, total, len(runnable), progress)
     for cfg in (c for c in runnable if c.workload == "command"):
         if stop.signal:
             return
         progress(f"running the command of {cfg.label}")
         record = run_command_config(run_dir, run_id, cfg, lambda: stop.signal is not None)
         store.append_record(run_dir, record)
-        rec = record.to_dict()
-        done, finished = done + 1, finished + 1
-        elapsed = time.monotonic() - t_start
-        progress(f"[{done}/{total}] {cfg.label}: {describe(rec)}  (elapsed {_fmt_s(elapsed)}, "
-                 f"ETA {_fmt_s(elapsed / finished * (len(runnable) - finished))})")
+        tally.finished(cfg.label, record.to_dict())
     for gi, ((nproc, device), group) in enumerate(sorted(groups.items())):
         if stop.signal:
             return
         progress(f"launching torchrun: {nproc} {device} rank(s), {len(group)} config(s)")
         for rec in _run_group(run_dir, run_id, gi, nproc, device, group, stop, progress, cluster):
-            done += 1
-            finished += 1
-            elapsed = time.monotonic() - t_start
-            eta = elapsed / finished * (len(runnable) - finished)
             label = next((c.label for c in group if c.config_id == rec["config_id"]), rec["config_id"])
-            progress(f"[{done}/{total}] {label}: {describe(rec)}  (elapsed {_fmt_s(elapsed)}, ETA {_fmt_s(eta)})")
+            tally.finished(label, rec)
+
+
+class _Tally:
+    """The sweep's progress line per finished config: its place in the sweep, what it
+    measured, the time since this launch started and an ETA from the configs run so far."""
+
+    def __init__(self, done: int, total: int, to_run: int, progress: Progress) -> None:
+        self.done, self.total, self.to_run, self.progress = done, total, to_run, progress
+        self.ran = 0
+        self.t_start = time.monotonic()
+
+    def finished(self, label: str, rec: dict[str, Any]) -> None:
+        self.done += 1
+        self.ran += 1
+        elapsed = time.monotonic() - self.t_start
+        eta = elapsed / self.ran * (self.to_run - self.ran)
+        self.progress(f"[{self.done}/{self.total}] {label}: {describe(rec)}  (elapsed {_fmt_s(elapsed)}, "
+                      f"ETA {_fmt_s(eta)})")
 
 
 def _read_progress(path: Path) -> dict[str, Any] | None:
