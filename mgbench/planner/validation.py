@@ -1,14 +1,18 @@
-"""Predictions versus published training throughput (mgbench/data/published_runs.toml).
+"""Predictions versus published training throughput (mgbench/data/published_runs.toml,
+and the same-software A100 / H100 pairs of mgbench/data/generation_pairs.toml).
 
-    python -m mgbench.planner.validation      # prints the error table and the solved defaults
+    python -m mgbench.planner.validation      # prints the error tables and the solved defaults
 """
 
 from __future__ import annotations
 
 import dataclasses
+from functools import lru_cache
+from statistics import median
 from typing import Any
 
 from .. import catalog
+from ..errors import MgbenchError
 from ..model_shape import ModelShape
 from . import hardware, layout_time, stack
 from .memory import RECOMPUTE
@@ -16,6 +20,58 @@ from .memory import RECOMPUTE
 
 def published_runs() -> list[dict[str, Any]]:
     return catalog.load("published_runs.toml")["runs"]
+
+
+# The stack the generation pairs ran (data/stacks.toml solves it from their calibration pair).
+PAIRS_STACK = "llm-foundry"
+
+
+@lru_cache(maxsize=1)
+def _pairs_data() -> tuple[dict[str, Any], ...]:
+    data = catalog.load("generation_pairs.toml")
+    src, lay, models = data["source"], data["layout"], data["models"]
+    out = []
+    for p in data["pairs"]:
+        if p.get("model") not in models:
+            raise MgbenchError(f"generation_pairs.toml: pair {p.get('id')!r} names model {p.get('model')!r}, "
+                               f"which its [models] table lacks ({', '.join(models)}): add its shape with its source")
+        if not p.get("source"):
+            raise MgbenchError(f"generation_pairs.toml: pair {p.get('id')!r} has no source: name the table rows it is read from")
+        runs = {}
+        for side in ("a100", "h100"):
+            row = p[side]
+            runs[side] = {
+                "id": f"{p['id']}-{side}", "stack": PAIRS_STACK, "system": lay[f"{side}_system"],
+                "source": f"{src['repo']} {src['file']}@{src['commit'][:9]}: {p['source']}",
+                "shape": models[p["model"]], "seq": p["seq"], "micro_batch": row["micro_batch"],
+                "global_batch": row["micro_batch"] * row["grad_accum"] * lay["num_gpus"],
+                "tp": lay["tp"], "pp": lay["pp"], "num_gpus": lay["num_gpus"], "zero": lay["zero"],
+                "recompute": p["recompute"], "metric": "tokens",
+                "published_tokens_per_s_per_gpu": row["tokens_per_s_per_gpu"],
+                # The A100 row scores the stack on the GPU its constants come from; the H100 row
+                # is the cross-generation evidence, kept out of the stack's own class.
+                "role": p["role"] if side == "a100" else "cross-generation"}
+        out.append({"id": p["id"], "model": p["model"], "seq": p["seq"], "role": p["role"], "source": p["source"],
+                    "a100": runs["a100"], "h100": runs["h100"],
+                    "published_ratio": row_ratio(runs["h100"], runs["a100"])})
+    return tuple(out)
+
+
+def row_ratio(h100: dict[str, Any], a100: dict[str, Any]) -> float:
+    """The published H100 / A100 tokens/s per GPU of one pair."""
+    return h100["published_tokens_per_s_per_gpu"] / a100["published_tokens_per_s_per_gpu"]
+
+
+def generation_pairs() -> list[dict[str, Any]]:
+    """Every A100 / H100 pair of generation_pairs.toml, each with its two rows as published
+    runs (``a100``, ``h100``) that :func:`predict_run` takes."""
+    return list(_pairs_data())
+
+
+def stack_runs() -> list[dict[str, Any]]:
+    """The rows that calibrate and score the stacks on the calibrated GPU: published_runs.toml
+    and the generation pairs' A100 rows."""
+    return published_runs() + [p["a100"] for p in generation_pairs()]
 
 
 def stack_of(run: dict[str, Any]) -> str:
@@ -89,15 +145,65 @@ def solve_defaults() -> tuple[float, float]:
 
 def solve_stack(name: str) -> float:
     """The stack efficiency that reproduces the stack's calibration row exactly."""
-    (row,) = [r for r in published_runs() if r["role"] == "calibration" and stack_of(r) == name]
+    (row,) = [r for r in stack_runs() if r["role"] == "calibration" and stack_of(r) == name]
     return _bisect(lambda e: predict_run(row, stack_eff=e)["error_pct"], 0.2, 2.0)
 
 
 def error_table() -> tuple[list[dict[str, Any]], float]:
-    """Every published run's prediction, and the mean absolute % error of the default
-    stack's validation rows (:func:`stack_errors` has every stack's)."""
-    rows = [predict_run(r) for r in published_runs()]
+    """Every published run's prediction (the generation pairs' A100 rows included), and
+    the mean absolute % error of the default stack's validation rows (:func:`stack_errors`
+    has every stack's)."""
+    rows = [predict_run(r) for r in stack_runs()]
     return rows, stack_errors(rows)[stack.DEFAULT_STACK]
+
+
+@lru_cache(maxsize=1)
+def _pair_rows() -> tuple[dict[str, Any], ...]:
+    out = []
+    for p in generation_pairs():
+        a, h = predict_run(p["a100"]), predict_run(p["h100"])
+        ratio = h["predicted"] / a["predicted"]
+        out.append({"id": p["id"], "seq": p["seq"], "role": p["role"], "a100": a, "h100": h,
+                    "published_ratio": p["published_ratio"], "predicted_ratio": ratio,
+                    "ratio_error_pct": 100.0 * (ratio / p["published_ratio"] - 1.0)})
+    return tuple(out)
+
+
+def pair_table() -> list[dict[str, Any]]:
+    """Each generation pair's prediction: A100 and H100 tokens/s per GPU (the
+    ``llm-foundry`` stack) and the H100 / A100 ratio, published vs predicted. A positive
+    ratio error: the model carries the A100's speed to the H100 too optimistically."""
+    return list(_pair_rows())
+
+
+# Sequence bands of the pairs' summary: short sequences are GEMM-bound, long ones
+# attention-bound (where the flash-attention fraction sets the ratio).
+SEQ_BANDS = (("seq <= 2K", 0, 2048), ("seq 4K-8K", 4096, 8192), ("seq >= 16K", 16384, 1 << 40))
+
+
+def pair_summary(rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Per sequence band and overall: how many pairs, the published and predicted ratio
+    medians, the mean |ratio error| and the range of each error (ratio, A100, H100)."""
+    rows = pair_table() if rows is None else rows
+
+    def stats(sel: list[dict[str, Any]], band: str) -> dict[str, Any]:
+        scored = [r for r in sel if r["role"] == "validation"]
+
+        def rng(vals: list[float]) -> list[float]:
+            return [min(vals), max(vals)]
+        return {"band": band, "pairs": len(sel),
+                "published_ratio_median": median([r["published_ratio"] for r in sel]),
+                "predicted_ratio_median": median([r["predicted_ratio"] for r in sel]),
+                "ratio_mean_abs_error_pct": sum(abs(r["ratio_error_pct"]) for r in sel) / len(sel),
+                "ratio_error_pct": rng([r["ratio_error_pct"] for r in sel]),
+                # The calibration pair's A100 row is exact by construction: not scored.
+                "a100_mean_abs_error_pct": sum(abs(r["a100"]["error_pct"]) for r in scored) / len(scored),
+                "a100_error_pct": rng([r["a100"]["error_pct"] for r in scored]),
+                "h100_mean_abs_error_pct": sum(abs(r["h100"]["error_pct"]) for r in sel) / len(sel),
+                "h100_error_pct": rng([r["h100"]["error_pct"] for r in sel])}
+
+    out = [stats([r for r in rows if lo <= r["seq"] <= hi], name) for name, lo, hi in SEQ_BANDS]
+    return out + [stats(rows, "all")]
 
 
 def stack_errors(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -109,27 +215,69 @@ def stack_errors(rows: list[dict[str, Any]]) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in out.items()}
 
 
+def coverage_statement() -> str:
+    """The intervals' coverage, computed (uncertainty.py): README states this sentence and
+    a test checks it is the computed one."""
+    from .uncertainty import cross_generation_coverage, leave_one_out_coverage
+
+    loo, cross = leave_one_out_coverage(), cross_generation_coverage()["counts"]
+
+    def n(c: dict[str, int]) -> str:
+        return f"{c['covered']} of {c['total']}"
+
+    return (f"leave-one-out coverage: validation rows {n(loo)} inside the interval from the other rows of their "
+            f"class; H100 rows of the generation pairs {n(cross['before'])} inside the other-GPU interval before "
+            f"(A100 class widened by the worst informational H100 row), {n(cross['after'])} after (A100 class "
+            f"compounded with the ratio residuals); ratio rows {n(cross['ratio'])}; informational H100 rows "
+            f"{n(cross['informational_before'])} before, {n(cross['informational'])} after")
+
+
 def main() -> None:
     from tabulate import tabulate
 
+    from .uncertainty import cross_generation_coverage, leave_one_out_coverage
+
     rows, _ = error_table()
+    published = {r["id"] for r in published_runs()}
     print(tabulate([[r["id"], r["stack"], r["unit"], r["published"], f"{r['predicted']:.1f}", f"{r['error_pct']:+.1f}%",
-                     r["role"], r["source"]] for r in rows],
+                     r["role"], r["source"]] for r in rows if r["id"] in published],
                    headers=["run", "stack", "metric", "published", "predicted", "error", "role", "source"]))
     for name, mae in stack_errors(rows).items():
         n = sum(r["role"] == "validation" and r["stack"] == name for r in rows)
-        print(f"{name}: mean absolute error over {n} validation rows: {mae:.1f}% "
+        print(f"{name}: mean absolute error over {n} validation rows on the A100: {mae:.1f}% "
               f"(stack efficiency {stack.efficiency(name):.3f}, solved {solve_stack(name) if name != stack.DEFAULT_STACK else 1.0:.3f})")
     for r in rows:
         if r["why"]:
             print(f"{r['id']}: {r['role']}: {r['why']}")
-    from .uncertainty import leave_one_out_coverage
+
+    pairs = pair_table()
+    src = catalog.load("generation_pairs.toml")["source"]
+    print(f"\nA100 -> H100, same software ({src['software']}): {src['url']}, tables '{src['a100_table']}' and "
+          f"'{src['h100_table']}'; tokens/s per GPU, stack {PAIRS_STACK}")
+    print(tabulate([[p["id"], p["role"], p["a100"]["published"], f"{p['a100']['predicted']:.0f}", f"{p['a100']['error_pct']:+.1f}%",
+                     p["h100"]["published"], f"{p['h100']['predicted']:.0f}", f"{p['h100']['error_pct']:+.1f}%",
+                     f"{p['published_ratio']:.2f}", f"{p['predicted_ratio']:.2f}", f"{p['ratio_error_pct']:+.1f}%"]
+                    for p in pairs],
+                   headers=["pair", "role", "A100", "predicted", "error", "H100", "predicted", "error",
+                            "H100/A100", "predicted", "error"]))
+    for b in pair_summary(pairs):
+        print(f"{b['band']:>10}: {b['pairs']:>2} pairs, ratio published {b['published_ratio_median']:.2f} / predicted "
+              f"{b['predicted_ratio_median']:.2f} (medians), error mean |{b['ratio_mean_abs_error_pct']:.1f}|% "
+              f"[{b['ratio_error_pct'][0]:+.1f}, {b['ratio_error_pct'][1]:+.1f}]; A100 absolute mean "
+              f"|{b['a100_mean_abs_error_pct']:.1f}|% [{b['a100_error_pct'][0]:+.1f}, {b['a100_error_pct'][1]:+.1f}]; "
+              f"H100 absolute mean |{b['h100_mean_abs_error_pct']:.1f}|% "
+              f"[{b['h100_error_pct'][0]:+.1f}, {b['h100_error_pct'][1]:+.1f}]")
 
     cov = leave_one_out_coverage()
-    print(f"intervals (uncertainty.py), leave-one-out: {cov['covered']} of {cov['total']} validation rows fall inside "
-          "the interval built from the other rows of their class: "
-          + ", ".join(f"{r['id']} {r['error_pct']:+.1f}% in [{r['interval_pct'][0]:+.1f}, {r['interval_pct'][1]:+.1f}]"
-                      + ("" if r["inside"] else " OUTSIDE") for r in cov["rows"]))
+    print("\nintervals (uncertainty.py), leave-one-out per class: "
+          + ", ".join(f"{k} {v['covered']} of {v['total']}" for k, v in cov["classes"].items()))
+    cross = cross_generation_coverage()
+    for name in ("rows", "ratio", "before", "after", "informational_before", "informational"):
+        sel = cov["rows"] if name == "rows" else cross[name]
+        out = [f"{r['id']} {r['error_pct']:+.1f}% not in [{r['interval_pct'][0]:+.1f}, {r['interval_pct'][1]:+.1f}]"
+               for r in sel if not r["inside"]]
+        print(f"  outside ({'validation rows' if name == 'rows' else name}): {', '.join(out) or 'none'}")
+    print(coverage_statement())
     mm, c = solve_defaults()
     print(f"solved defaults: matmul_eff = {mm:.3f}, elementwise_passes = {c:.2f}")
 
