@@ -29,11 +29,21 @@ def _derived(r: dict[str, Any]) -> dict[str, Any]:
     lay += "".join(f" {k}={r[k]}" for k in ("ep", "cp") if (r.get(k) or 1) != 1)
     if r.get("strategy") in ("pp", "pp+tp+dp"):
         lay += f" {r.get('pp_schedule')}"
+    units = {}
+    if r.get("workload") == "vision":
+        # Images, not tokens: the throughput cells say img/s, and the seq cell the image size.
+        units = {"tokens_per_s": _rate(r.get("images_per_s"), "img/s"),
+                 "tokens_per_s_per_device": _rate(r.get("images_per_s_per_device"), "img/s"),
+                 "seq_len": f"{r['image_size']}px" if r.get("image_size") else None}
     bubble = None
     if r.get("pp_bubble_theoretical") is not None:
         meas = r.get("pp_bubble_measured")
         bubble = f"{'-' if meas is None else f'{meas:.2f}'}/{r['pp_bubble_theoretical']:.2f}"
-    return {"_layout": lay, "_bubble": bubble, "_data": data_wait_cell(r)}
+    return {"_layout": lay, "_bubble": bubble, "_data": data_wait_cell(r), **units}
+
+
+def _rate(v: float | None, unit: str) -> str | None:
+    return None if v is None else f"{v:.4g} {unit}"
 
 
 def data_wait_cell(r: dict[str, Any]) -> str | None:
