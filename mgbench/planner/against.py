@@ -44,7 +44,8 @@ def against_run(profile: dict[str, Any], run: str, results_dir: str = "results")
         try:
             hw = hardware(profile, cfg.precision, ranks=cfg.nproc)
             pred = predict(cfg.shape, hw, layout_of(cfg),
-                           overlap=overlap(profile, cfg.nproc, DEFAULT_OVERLAP), host_ops=counted_ops(cfg, hw))
+                           overlap=overlap(profile, cfg.nproc, DEFAULT_OVERLAP),
+                           host_ops=counted_ops(cfg, hw, profile))
         except MgbenchError as e:  # a layout the planner cannot price: say why, keep the others
             row["reason"] = str(e)
         else:
@@ -62,16 +63,64 @@ def against_run(profile: dict[str, Any], run: str, results_dir: str = "results")
             "method": "profile throughputs (no fit to the run) through the planner's step-time model"
                       + ("; each config's non-matmul ops counted by tracing one step (planner/opcount.py)"
                          if device == "cpu" and any(r.get("breakdown", {}).get("attention_s") for r in rows) else "")
-                      + ("; CPU ranks share the host's cores (see mgbench/probe/profile.py)" if device == "cpu" else "")}
+                      + ("; CPU ranks share the host's cores, priced from kernels probed with that many ranks at "
+                         "once (mgbench/probe/profile.py); the collectives a traced step issues beyond the layout "
+                         "terms pay the probed all-reduce latency; each strategy's framework cost per step is "
+                         "probed on a tiny model (mgbench/probe/framework.py)" if device == "cpu" else "")}
 
 
-def counted_ops(cfg: Any, hw: Any) -> dict[str, float] | None:
+def counted_ops(cfg: Any, hw: Any, profile: dict[str, Any] | None = None) -> dict[str, float] | None:
     """The config's counted non-matmul ops (one traced step of rank 0, planner/opcount.py)
     when ``hw`` prices them (a probed CPU profile), else None. Configs that differ only
-    in what the count cannot see share one trace (cached per run of the planner)."""
+    in what the count cannot see share one trace (cached per run of the planner).
+
+    With the ``profile``, also ``fixed_s``: the latency of the collectives the step
+    issues beyond those the layout terms price (collective_latency), plus the strategy's
+    framework cost beyond its ops where the probe measured it (probe/framework.py)."""
     if hw.ew_bw is None:
         return None
-    return _count(cfg)
+    ops = dict(_count(cfg))
+    if profile is not None:
+        from ..probe.profile import framework_residual_s
+
+        framework = framework_residual_s(profile, cfg.strategy, cfg.shape.layers, cfg.nproc)
+        ops["fixed_s"] = collective_latency(cfg, ops.get("collectives", 0.0), profile) + (framework or 0.0)
+    return ops
+
+
+def modelled_collectives(cfg: Any) -> float:
+    """How many collectives a step of ``cfg`` issues in the planner's layout terms
+    (planner/perf.py): one gradient all-reduce (ZeRO 0-2) or 2 m + 1 gathers and
+    reductions (ZeRO-3) when dp > 1, 4 (6 with full recompute) tensor-parallel
+    all-reduces per layer and micro-batch, two sends per micro-batch and stage boundary."""
+    m = cfg.grad_accum
+    n = 0.0
+    if cfg.nproc // (cfg.tp * cfg.pp * cfg.cp) > 1:  # data-parallel ranks (cfg.dp is set only for some strategies)
+        n += 2 * m + 1 if cfg.zero_stage >= 3 else 1
+    if cfg.tp > 1:
+        n += (6 if cfg.activation_checkpointing == "full" else 4) * -(-cfg.shape.layers // cfg.pp) * m
+    if cfg.pp > 1:
+        n += 2 * (m + cfg.pp - 1)
+    return n
+
+
+def collective_latency(cfg: Any, counted: float, profile: dict[str, Any]) -> float:
+    """Seconds a step spends in the fixed cost of collectives the layout terms do not
+    price: the collectives one traced step issues (planner/opcount.py: ZeRO-1's
+    parameter broadcasts, FSDP's gather and reduce-scatter per wrapped module) minus
+    those the terms price (modelled_collectives), each at the all-reduce latency the
+    probe measured at the config's rank count (probe/profile.py collective_latency_s:
+    on CPU the ranks share the cores, so that latency includes waiting for a core).
+    0 for one rank or a profile without a collective fit."""
+    from ..probe.profile import collective_latency_s
+
+    if cfg.nproc < 2:
+        return 0.0
+    alpha = collective_latency_s(profile, cfg.nproc)
+    # ZeRO-1's per-parameter broadcasts are issued with async_op=True, yet measured here
+    # (2 gloo ranks) they cost about one latency each, as gloo runs them one after another.
+    extra = max(0.0, counted - modelled_collectives(cfg))
+    return extra * alpha if alpha else 0.0
 
 
 def _count(cfg: Any) -> dict[str, float]:
@@ -112,7 +161,7 @@ def _save_counts(run_dir: Any) -> None:
 
 
 # Bump when what a count holds changes: stored counts of another version are traced again.
-OPCOUNT_VERSION = 1
+OPCOUNT_VERSION = 2
 # Keys that change how long or how often a config runs, not what one step dispatches.
 _NOT_COUNTED = {"seed", "warmup_steps", "measured_steps", "check_steps"}
 

@@ -227,7 +227,7 @@ def predict(model, params, as_json, system, gpu, hardware_profile, against_run, 
         from ..probe.profile import overlap as profile_overlap
 
         overlap = profile_overlap(profile, kw["num_gpus"], perf.DEFAULT_OVERLAP)
-    host_ops = _counted_ops(shape, _layout(kw), hw)
+    host_ops = _counted_ops(shape, _layout(kw), hw, profile)
     res = predict_fn(shape, hw, _layout(kw), overlap=overlap if overlap is not None else over.get("overlap", perf.DEFAULT_OVERLAP),
                      host_ops=host_ops)
     from . import uncertainty
@@ -265,7 +265,7 @@ def predict(model, params, as_json, system, gpu, hardware_profile, against_run, 
         click.echo(f"note: {n}")
 
 
-def _counted_ops(shape: Any, layout: Any, hw: Any) -> dict[str, float] | None:
+def _counted_ops(shape: Any, layout: Any, hw: Any, profile: Any = None) -> dict[str, float] | None:
     """A probed CPU profile prices a step's non-matmul ops one by one: count them by
     tracing one step of the runner config the layout describes (planner/opcount.py).
     None when the hardware does not price them (catalog, GPU or older profiles)."""
@@ -274,7 +274,7 @@ def _counted_ops(shape: Any, layout: Any, hw: Any) -> dict[str, float] | None:
     from .against import counted_ops
     from .trace import runner_config
 
-    return counted_ops(runner_config(shape, layout), hw)
+    return counted_ops(runner_config(shape, layout), hw, profile)
 
 
 def _print_against(res: dict[str, Any], as_json: bool) -> None:

@@ -153,7 +153,10 @@ def host_terms(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any, rank_t
     ops        ops x per-op overhead + bytes / elementwise bandwidth: every aten op of
                the step that is neither a matmul nor SDPA (compute and view ops) pays
                the probed fixed cost, and the bytes compute ops read and write stream at
-               the bandwidth probed on operands of the workload's activation size.
+               the bandwidth probed on operands of the workload's activation size;
+               plus ``host_ops["fixed_s"]`` when given: per-step costs priced by the
+               caller from probed figures (planner/against.py: the latency of the
+               collectives the layout terms do not count).
 
     ``rank_tokens``: the tokens whose blocks this rank computes per step (its share of
     the layers)."""
@@ -165,7 +168,7 @@ def host_terms(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any, rank_t
         attention = 0.5 * attn_hw_flops / rate
     else:  # no SDPA probed: keep the GEMM rate
         attention = attn_mm
-    ops = host_ops["ops"] * hw.op_overhead_s + host_ops["bytes"] / hw.ew_bw
+    ops = host_ops["ops"] * hw.op_overhead_s + host_ops["bytes"] / hw.ew_bw + host_ops.get("fixed_s", 0.0)
     return attn_mm, attention, ops
 
 

@@ -13,12 +13,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .. import store
+from .. import catalog, store
 from ..record import config_from_record
 
 # One node of each: the previous, current and a non-NVIDIA generation.
 SYSTEMS = ("dgx-a100", "dgx-h100", "mi300x-8")
-NODE_GPUS = 8
 PROJECTION_TOKENS = 1e9  # for $/M tokens only (a ratio, the same at any token count)
 
 
@@ -41,14 +40,16 @@ def catalog_rows(shape: Any, seq_len: int, precision: str, systems: tuple[str, .
     from . import cost
     from .search import PlanOptions, _add_interval, _row, evaluate_system
 
+    # One node of each system: its own GPU count (hardware.toml gpus_per_node).
+    node = {s: catalog.systems()[s]["gpus_per_node"] for s in systems}
     opts = PlanOptions(tokens=PROJECTION_TOKENS, seq_len=seq_len, global_batch_tokens=max(seq_len * 64, 2**19),
-                       systems=list(systems), max_gpus=NODE_GPUS, precision=precision)
+                       systems=list(systems), max_gpus=max(node.values()), precision=precision)
     rows = []
     for system in systems:
         cols, _ = evaluate_system(shape, system, opts, cost.Prices())
-        at_node = cols["num_gpus"] == NODE_GPUS
+        at_node = cols["num_gpus"] == node[system]
         if not at_node.any():
-            rows.append({"system": system, "fits": False, "reason": f"does not fit on {NODE_GPUS} GPUs of {system}"})
+            rows.append({"system": system, "fits": False, "reason": f"does not fit on {node[system]} GPUs of {system}"})
             continue
         i = max(at_node.nonzero()[0], key=lambda j: cols["tokens_per_s"][j])
         r = _row(cols, int(i))

@@ -20,16 +20,22 @@ from ..cli_options import DEVICE, JSON, RESULTS_DIR, options
 @click.option("--layer-tokens", "tokens", type=int, default=None,
               help="Tokens per micro-batch for those GEMM shapes (default: the default suite's).")
 @click.option("--no-comm", is_flag=True, help="Skip the short collective run (its fit prices communication).")
+@click.option("--max-ranks", type=click.IntRange(min=1), default=None, metavar="N",
+              help="CPU: probe rank counts 1, 2, 4 ... up to N only (default: every count a CPU run may use). "
+                   "Configs with more ranks are then priced from the largest probed count, scaled by their share "
+                   "of the cores. --max-ranks 1 takes a few seconds and prices single-rank configs.")
 @options(RESULTS_DIR, JSON)
-def probe(output, device, dtypes, model, tokens, no_comm, results_dir, as_json) -> None:  # type: ignore[no-untyped-def]
+def probe(output, device, dtypes, model, tokens, no_comm, max_ranks, results_dir, as_json) -> None:  # type: ignore[no-untyped-def]
     """Measure this machine into a hardware profile for predict/plan/memory --hardware.
 
     \b
-    Times the GEMMs of a transformer layer (per dtype; on CPU at each thread count a rank
-    gets at 1, 2, 4 ... ranks, since ranks split the cores), an elementwise pass (memory
-    bandwidth), causal attention forward + backward, on CPU the per-op overhead and the
-    elementwise bandwidth at the workload's sizes (per thread count), copies on GPUs,
-    and a short all-reduce sweep (alpha-beta fit). About 20 s on a quiet 2-core VM.
+    Times the GEMMs of a transformer layer (per dtype; on CPU for a rank of a 1, 2, 4 ...
+    rank run, in that many processes at once, since ranks share the cores), an
+    elementwise pass (memory bandwidth), causal attention forward + backward, on CPU the
+    per-op overhead, the step's non-matmul ops and each data-parallel strategy's
+    framework cost per step (a tiny model, one rank), copies on GPUs, and short
+    all-reduce sweeps (alpha-beta fits; on CPU at 2 and 4 ranks). About 60 s on a quiet
+    2-core VM.
 
     \b
     Examples:
@@ -40,7 +46,7 @@ def probe(output, device, dtypes, model, tokens, no_comm, results_dir, as_json) 
     from .run import default_path, probe as probe_fn
 
     prof = probe_fn(device=device, dtypes=dtypes.split(",") if dtypes else None, model=model, tokens=tokens,
-                    comm=not no_comm, results_dir=results_dir,
+                    comm=not no_comm, results_dir=results_dir, max_ranks=max_ranks,
                     progress=(lambda m: click.echo(m, err=True)))
     path = write_profile(prof, output or default_path(prof, results_dir))
     if as_json:

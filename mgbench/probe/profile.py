@@ -12,9 +12,17 @@ How measured figures become the planner's inputs (planner/hardware.py, Hardware)
   GEMM; ``compute_eff`` is then throughput / peak.
 - memory bandwidth = the probed elementwise add (median span); collective alpha and bus bandwidth = the
   probe's own `mgbench comm` all-reduce fit (same conversion as ``predict --comm``).
-- CPU ranks share the host: a CPU rank with t threads, one of n ranks on c cores, gets the
-  throughput probed at t threads times min(1, c / (n t)) (its share of the cores), and 1/n
-  of the host's memory bandwidth. The planner's "GPUs per node" is then the rank count.
+- CPU ranks share the host. A rank of an n-rank run gets t = cores // n threads
+  (launching.threads_per_rank), and the probe times its kernels (GEMMs, SDPA, per-op
+  overhead, the step's non-matmul ops) in n processes at once, each at t threads
+  (probe/concurrent.py): the figures already hold what the ranks do to each other
+  (shared cache and memory bus; with n t above the cores, time slices). A rank count the
+  probe did not run is priced from the row at t threads with the most concurrent
+  processes m below n, times min(1, c / (n t)) / min(1, c / (m t)) (the share of the
+  cores each rank loses to the extra ranks; profiles written before the concurrent probe
+  have m = 1). Collective latency and bandwidth come from the all-reduce fit at n ranks
+  when probed there (comm_at). Host memory bandwidth (the roofline term of profiles
+  without the op probes) is split 1/n. The planner's "GPUs per node" is the rank count.
 """
 
 from __future__ import annotations
@@ -26,8 +34,9 @@ from typing import Any
 from .. import catalog
 from ..errors import MgbenchError
 from ..planner.hardware import Hardware, planner_defaults
+from ..planner.perf import link_from_all_reduce_fit
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
 PRECISION_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -58,6 +67,19 @@ def write_profile(profile: dict[str, Any], path: str | Path) -> Path:
     return p
 
 
+def measured_at(profile: dict[str, Any], rows: list[dict[str, Any]], ranks: int) -> tuple[dict[str, Any] | None, float]:
+    """For a rank of a ``ranks``-rank CPU run: the row (of ``rows``) at its thread count
+    probed with the most concurrent processes m not above ``ranks``, and the factor its
+    rates take for the ranks beyond m (module doc); (None, 1) when none was probed."""
+    threads, share_n = rank_share(profile, ranks)
+    cands = [r for r in rows if r.get("threads") == threads and r.get("ranks", 1) <= ranks]
+    if not cands:
+        return None, 1.0
+    row = max(cands, key=lambda r: r.get("ranks", 1))
+    _, share_m = rank_share(profile, row.get("ranks", 1), threads)
+    return row, share_n / share_m
+
+
 def gemm_row(profile: dict[str, Any], precision: str, threads: int | None = None) -> dict[str, Any]:
     """The probed layer GEMMs at a precision, at exactly ``threads`` threads (CPU) or of
     the device (``threads`` None: its fastest row)."""
@@ -76,14 +98,14 @@ def gemm_row(profile: dict[str, Any], precision: str, threads: int | None = None
     return row
 
 
-def rank_share(profile: dict[str, Any], ranks: int) -> tuple[int, float]:
+def rank_share(profile: dict[str, Any], ranks: int, threads: int | None = None) -> tuple[int, float]:
     """(threads per rank, fraction of a t-thread process's speed each rank gets) for
     ``ranks`` CPU ranks on the probed host: mgbench gives each rank cores // ranks threads
-    (at least 1); ranks x threads above the cores time-share them."""
+    (at least 1; or ``threads``); ranks x threads above the cores time-share them."""
     from ..launching import threads_per_rank
 
     cores = profile["cores"]
-    t = threads_per_rank(ranks, cores)
+    t = threads or threads_per_rank(ranks, cores)
     return t, min(1.0, cores / (ranks * t))
 
 
@@ -105,8 +127,11 @@ def hardware(profile: dict[str, Any], precision: str, ranks: int = 1) -> Hardwar
     """
     cpu = profile["device"] == "cpu"
     if cpu:
-        threads, share = rank_share(profile, ranks)
-        row = gemm_row(profile, precision, threads)
+        threads, _ = rank_share(profile, ranks)
+        gemm_row(profile, precision, threads)  # one clear error when the thread count was never probed
+        dtype = PRECISION_DTYPE.get(precision, precision)
+        row, share = measured_at(profile, [g for g in profile["gemm"] if g["dtype"] == dtype], ranks)
+        assert row is not None
         mem_bw = profile["memory"]["median_bytes_per_s"] / ranks
         memory_bytes = profile["host_memory_bytes"] / ranks
     else:
@@ -134,25 +159,26 @@ def hardware(profile: dict[str, Any], precision: str, ranks: int = 1) -> Hardwar
         compute_eff=achieved / peak,
         mem_bw=float(mem_bw),
         elementwise_passes=float(planner_defaults()["elementwise_passes"]),
-        **(host_rates(profile, precision, threads, share) if cpu else {}),
+        **(host_rates(profile, precision, ranks) if cpu else {}),
     )
 
 
-def host_rates(profile: dict[str, Any], precision: str, threads: int, share: float) -> dict[str, Any]:
-    """The probed CPU terms of Hardware for a rank with ``threads`` threads and ``share``
-    of their speed (rank_share): per-op overhead / share (a rank's ops run serially on
-    its time-shared cores), elementwise bandwidth x share and SDPA rate x share (the
-    workload's operands are cache-sized, so a rank's cores, not the host's memory bus,
-    bound them; they are timed at the rank's thread count, as the GEMMs). Empty for a
-    profile without those probes (written before them): the roofline terms stand."""
+def host_rates(profile: dict[str, Any], precision: str, ranks: int) -> dict[str, Any]:
+    """The probed CPU terms of Hardware for a rank of a ``ranks``-rank run (measured_at:
+    probed with that many processes at once, or scaled by the share of the cores):
+    per-op overhead / share (a rank's ops run serially on its time-shared cores),
+    elementwise bandwidth x share and SDPA rate x share (the workload's operands are
+    cache-sized, so a rank's cores, not the host's memory bus, bound them; they are
+    timed at the rank's thread count, as the GEMMs). Empty for a profile without those
+    probes (written before them): the roofline terms stand."""
     dtype = PRECISION_DTYPE.get(precision, precision)
     rows = profile.get("host_ops")
-    row = next((r for r in rows if r["threads"] == threads), None) if isinstance(rows, list) else None
-    attn = next((a for a in profile.get("attention", []) if a["dtype"] == dtype and a.get("threads") == threads), None)
+    row, share = measured_at(profile, rows, ranks) if isinstance(rows, list) else (None, 1.0)
+    attn, a_share = measured_at(profile, [a for a in profile.get("attention", []) if a["dtype"] == dtype], ranks)
     if row is None or attn is None:
         return {}
     return {"op_overhead_s": row["op_overhead_s"] / share, "ew_bw": row["elementwise"]["bytes_per_s"] * share,
-            "attn_points": tuple((float(a["seq"]), a["tflops_median"] * 1e12 * share) for a in attn["shapes"])}
+            "attn_points": tuple((float(a["seq"]), a["tflops_median"] * 1e12 * a_share) for a in attn["shapes"])}
 
 
 def memory_budget(profile: dict[str, Any], ranks: int) -> dict[str, Any]:
@@ -167,11 +193,41 @@ def memory_budget(profile: dict[str, Any], ranks: int) -> dict[str, Any]:
             "budget_source": f"device memory of {profile['device_name']} on {profile['hostname']}"}
 
 
+def comm_at(profile: dict[str, Any], ranks: int) -> dict[str, Any]:
+    """The probe's collective measurement for ``ranks`` ranks: on CPU the one taken at
+    exactly that many ranks when the probe ran it (ranks time-share the cores, so a
+    collective's latency depends on how many there are), else the profile's main one."""
+    exact = [c for c in profile.get("comm_at") or [] if c.get("nproc") == ranks and c.get("all_reduce")]
+    return exact[0] if exact else (profile.get("comm") or {})
+
+
+def collective_latency_s(profile: dict[str, Any], ranks: int) -> float | None:
+    """Seconds of fixed cost of one collective among ``ranks`` ranks: the alpha of the
+    all-reduce fit at that rank count (comm_at); None where there is no fit."""
+    fit = comm_at(profile, ranks).get("all_reduce")
+    return float(fit["alpha_s"]) if fit and fit.get("bw_gbps") else None
+
+
+def framework_residual_s(profile: dict[str, Any], strategy: str, layers: int, ranks: int) -> float | None:
+    """Seconds per step a rank of ``strategy`` spends in framework Python beyond its aten
+    ops (probe/framework.py), scaled to ``layers`` blocks by (layers + 1) / (probed
+    layers + 1) (hooks and module calls per block, plus the embedding and head), and
+    divided by the rank's share of the cores (that Python runs on one core, time-shared
+    when the ranks' threads outnumber the cores). None where not probed."""
+    fw = profile.get("framework") or {}
+    row = next((r for r in fw.get("rows") or [] if r["strategy"] == strategy), None)
+    if row is None:
+        return None
+    _, share = rank_share(profile, ranks)
+    return row["residual_s"] * (layers + 1) / (row["layers"] + 1) / share
+
+
 def comm_link(profile: dict[str, Any], ranks: int) -> dict[str, float]:
-    """Per-ring-step latency and bus bandwidth from the probe's all-reduce fit: the fit
-    t = alpha + S / algbw of an n-rank ring gives alpha / (2 (n - 1)) per step and a bus
-    bandwidth algbw x 2 (n - 1) / n (the same conversion as `predict --comm`)."""
-    comm = profile.get("comm") or {}
+    """Per-ring-step latency and bus bandwidth from the probe's all-reduce fit (at
+    ``ranks`` ranks when probed there, comm_at): the fit t = alpha + S / algbw of an
+    n-rank ring gives alpha / (2 (n - 1)) per step and a bus bandwidth
+    algbw x 2 (n - 1) / n (the same conversion as `predict --comm`)."""
+    comm = comm_at(profile, ranks)
     fit = comm.get("all_reduce")
     n = comm.get("nproc", 0)
     if not fit or not fit.get("bw_gbps") or n < 2:
@@ -180,7 +236,7 @@ def comm_link(profile: dict[str, Any], ranks: int) -> dict[str, float]:
                 f"the profile has no collective fit ({comm.get('null_reason', 'none measured')}), so it cannot "
                 f"price communication between {ranks} ranks; probe a machine with 2 or more devices")
         return {"bw": float("inf"), "alpha_s": 0.0}  # one rank: no collective is ever priced
-    return {"bw": fit["bw_gbps"] * 1e9 * 2.0 * (n - 1) / n, "alpha_s": fit["alpha_s"] / (2.0 * (n - 1))}
+    return link_from_all_reduce_fit(fit["alpha_s"], fit["bw_gbps"] * 1e9, n)
 
 
 def describe(profile: dict[str, Any]) -> list[str]:
@@ -188,14 +244,19 @@ def describe(profile: dict[str, Any]) -> list[str]:
     lines = [f"{profile['device_name']} ({profile['device']}, {profile['cores']} cores, "
              f"{profile.get('num_devices', 1)} device(s)), probed in {profile['probe_s']:.0f} s"]
     for g in profile["gemm"]:
-        lines.append(f"  GEMM {g['dtype']:<9} {g['threads']:>3} thread(s): typical {g['typical_tflops']:.3f}, "
+        at = f" x {g['ranks']} rank(s)" if "ranks" in g else ""
+        lines.append(f"  GEMM {g['dtype']:<9} {g['threads']:>3} thread(s){at}: typical {g['typical_tflops']:.3f}, "
                      f"best {g['best_tflops']:.3f} TFLOP/s over {len(g['shapes'])} layer shapes")
     for a in profile["attention"]:
-        at = f" {a['threads']:>3} thread(s)" if "threads" in a else ""
+        at = (f" {a['threads']:>3} thread(s)" if "threads" in a else "") + (f" x {a['ranks']} rank(s)" if "ranks" in a else "")
         lines.append(f"  attention {a['dtype']}{at}: typical {a['typical_tflops']:.3f} TFLOP/s (causal SDPA, fwd+bwd)")
     for h in profile.get("host_ops") if isinstance(profile.get("host_ops"), list) else []:
-        lines.append(f"  ops {h['threads']:>3} thread(s): {h['op_overhead_s'] * 1e6:.1f} us per op; the step's "
+        at = f" x {h['ranks']} rank(s)" if "ranks" in h else ""
+        lines.append(f"  ops {h['threads']:>3} thread(s){at}: {h['op_overhead_s'] * 1e6:.1f} us per op; the step's "
                      f"{h['elementwise']['ops']} non-matmul ops get {h['elementwise']['bytes_per_s'] / 1e9:.1f} GB/s")
+    for r in (profile.get("framework") or {}).get("rows") or []:
+        lines.append(f"  framework {r['strategy']:<13} {r['residual_s'] * 1e3:.1f} ms a step beyond its {r['ops']:.0f} "
+                     f"ops (tiny {r['layers']}-layer model, 1 rank)")
     lines.append(f"  memory bandwidth {profile['memory']['bytes_per_s'] / 1e9:.1f} GB/s")
     cp = profile.get("copies") or {}
     lines.append("  copies: " + (cp["null_reason"] if "null_reason" in cp else
@@ -203,8 +264,11 @@ def describe(profile: dict[str, Any]) -> list[str]:
     comm = profile.get("comm") or {}
     ar = comm.get("all_reduce")
     if ar and ar.get("bw_gbps"):
-        lines.append(f"  all_reduce on {comm['nproc']} ranks: alpha {ar['alpha_s'] * 1e6:.1f} us, "
-                     f"algbw {ar['bw_gbps']:.2f} GB/s (fit error {ar['fit_mean_abs_error_pct']:.1f}%)")
+        for c in profile.get("comm_at") or [comm]:
+            f = c.get("all_reduce") or {}
+            if f.get("bw_gbps"):
+                lines.append(f"  all_reduce on {c['nproc']} ranks: alpha {f['alpha_s'] * 1e6:.1f} us, "
+                             f"algbw {f['bw_gbps']:.2f} GB/s (fit error {f['fit_mean_abs_error_pct']:.1f}%)")
     else:
         lines.append(f"  collectives: not measured ({comm.get('null_reason', 'no fit')})")
     return lines

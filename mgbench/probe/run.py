@@ -19,8 +19,10 @@ MEMORY_OPERAND_BYTES = {"cpu": 64 * 2**20, "cuda": 1 * 2**30}
 
 def probe(device: str = "auto", dtypes: list[str] | None = None, model: str | None = None,
           tokens: int | None = None, comm: bool = True, results_dir: str = "results",
-          progress: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run every microbenchmark and return the profile (not yet written)."""
+          progress: Callable[[str], None] = print, max_ranks: int | None = None) -> dict[str, Any]:
+    """Run every microbenchmark and return the profile (not yet written). ``max_ranks``:
+    on CPU, the largest rank count probed (default launching.cpu_rank_limit); runs with
+    more ranks are then priced from the largest probed row, scaled by the cores' share."""
     import torch
 
     from ..launching import detect_devices
@@ -63,69 +65,104 @@ def probe(device: str = "auto", dtypes: list[str] | None = None, model: str | No
     ram = machine.get("ram_gib")
     prof["host_memory_bytes"] = ram * 2**30 if ram else None
 
-    if kind == "cpu":  # each count a rank gets at 1, 2, 4 ... ranks (launching.threads_per_rank)
-        from ..launching import cpu_rank_limit, threads_per_rank
-
-        thread_counts = sorted({threads_per_rank(n, cores) for n in _pow2_upto(cpu_rank_limit())})
-    else:
-        thread_counts = [torch.get_num_threads()]
-    saved = torch.get_num_threads()
-    prof["gemm"] = []
-    shapes = kernels.layer_gemms(shape, tokens)
-    try:
-        for dtype in dtypes:
-            for t in thread_counts:
-                torch.set_num_threads(t)
-                progress(f"GEMM {dtype}, {t} thread(s): {len(shapes)} shapes of a {shape.name} layer at {tokens} tokens")
-                prof["gemm"].append({**kernels.gemm(dev, dtype, shapes), "threads": t})
-    finally:
-        torch.set_num_threads(saved)
-
-    progress("memory bandwidth")
     prof["memory"] = kernels.memory_bandwidth(dev, MEMORY_OPERAND_BYTES[kind])
-    prof["host_ops"] = _host_ops(dev, thread_counts, shape, tokens, progress) if kind == "cpu" else \
-        {"null_reason": "CPU only: a GPU runs ops asynchronously, so their dispatch overlaps the kernels"}
-    attn_shapes = [{"batch": max(1, tokens // s), "heads": shape.heads, "seq": s, "head_dim": shape.dim_head}
-                   for s in sorted({min(tokens, 128 if kind == "cpu" else 1024), min(tokens, 512 if kind == "cpu" else 4096)})]
-    prof["attention"] = []
-    try:
-        for dtype in dtypes:
-            for t in thread_counts:  # on CPU, at each thread count a rank gets (as the GEMMs)
-                torch.set_num_threads(t)
-                progress(f"attention {dtype}, {t} thread(s)")
-                prof["attention"].append({**kernels.attention(dev, dtype, attn_shapes), "threads": t})
-    finally:
-        torch.set_num_threads(saved)
+    if kind == "cpu":
+        _cpu_rank_kernels(prof, shape, tokens, dtypes, cores, progress, _cpu_ranks(max_ranks))
+        prof["framework"] = _framework(prof, shape, progress)
+    else:
+        _device_kernels(prof, dev, shape, tokens, dtypes, progress)
     prof["copies"] = _copies(dev)
-    prof["comm"] = _comm(kind, count, dtypes[0] if kind == "cuda" else "float32", results_dir, progress) if comm \
-        else {"null_reason": "skipped (--no-comm)"}
+    comm_dtype = dtypes[0] if kind == "cuda" else "float32"
+    if not comm:
+        prof["comm"] = {"null_reason": "skipped (--no-comm)"}
+    elif kind == "cpu":  # at every rank count a CPU run uses: ranks time-share the cores, so latency grows with them
+        fits = [_comm(kind, n, comm_dtype, results_dir, progress) for n in _cpu_ranks(max_ranks) if n > 1]
+        if fits:
+            prof["comm"], prof["comm_at"] = fits[0], fits
+        else:
+            prof["comm"] = {"null_reason": f"skipped (--max-ranks {max_ranks}: no collective on one rank)"}
+    else:
+        prof["comm"] = _comm(kind, count, comm_dtype, results_dir, progress)
     prof["probe_s"] = time.monotonic() - t_start
     return prof
 
 
-def _host_ops(dev: Any, thread_counts: list[int], shape: ModelShape, tokens: int,
-              progress: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Per thread count a CPU rank gets: the per-op overhead, and the bandwidth the
-    workload's own non-matmul ops get (one fp32 single-process step of the probed model
-    at the probed tokens, traced once and replayed), which the probed CPU prediction
-    prices a step's non-matmul ops with (planner/perf.py)."""
+def _cpu_ranks(max_ranks: int | None) -> list[int]:
+    """The CPU rank counts probed: 1, 2, 4 ... up to the host's rank limit or ``max_ranks``."""
+    from ..launching import cpu_rank_limit
+
+    limit = cpu_rank_limit() if max_ranks is None else min(max_ranks, cpu_rank_limit())
+    return _pow2_upto(limit)
+
+
+def _cpu_rank_kernels(prof: dict[str, Any], shape: ModelShape, tokens: int, dtypes: list[str], cores: int,
+                      progress: Callable[[str], None], ranks: list[int]) -> None:
+    """GEMM, attention and host-op rows for each rank count a CPU run uses (1, 2, 4 ...
+    up to launching.cpu_rank_limit), each tagged with its ``ranks`` and ``threads``
+    (launching.threads_per_rank): one rank in this process, n ranks as n processes
+    timing the same kernels at once (probe/concurrent.py), as the ranks of a run share
+    the cores."""
+    from ..launching import threads_per_rank
+    from .concurrent import rank_kernels, run_together
+
+    prof["gemm"], prof["attention"], prof["host_ops"] = [], [], []
+    for n in ranks:
+        t = threads_per_rank(n, cores)
+        progress(f"{n} rank(s) at {t} thread(s) each: GEMM, attention, per-op overhead, the step's non-matmul ops"
+                 + (f" ({n} processes at once)" if n > 1 else ""))
+        res = rank_kernels(shape.name, tokens, dtypes, t) if n == 1 else run_together(n, shape.name, tokens, dtypes, t)
+        tag = {"threads": t, "ranks": n}
+        prof["gemm"] += [{**g, **tag} for g in res["gemm"]]
+        prof["attention"] += [{**a, **tag} for a in res["attention"]]
+        prof["host_ops"].append({**res["host_ops"], **tag})
+
+
+def _framework(prof: dict[str, Any], shape: ModelShape, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Each data-parallel strategy's per-step cost beyond its aten ops, on one rank at
+    the 1-rank thread count (probe/framework.py)."""
     import torch
 
-    from ..planner.opcount import count_step
-    from . import kernels
+    from . import framework, kernels
 
-    progress(f"tracing one training step of {shape.name} for its non-matmul ops")
-    recorded = count_step(workload_config(shape, tokens), record=True)["recorded"]
+    one = next(h for h in prof["host_ops"] if h["ranks"] == 1)
+    progress(f"framework cost per step of {', '.join(framework.STRATEGIES)} on a tiny {shape.layers}-layer model")
     saved = torch.get_num_threads()
-    out = []
     try:
-        for t in thread_counts:
-            torch.set_num_threads(t)
-            progress(f"per-op overhead and the step's {len(recorded)} non-matmul ops, {t} thread(s)")
-            out.append({"threads": t, **kernels.op_overhead(dev), "elementwise": kernels.elementwise(dev, recorded)})
+        kernels.use_threads(one["threads"])
+        rows = framework.residuals(shape.layers, one["op_overhead_s"])
     finally:
         torch.set_num_threads(saved)
-    return out
+    return {"threads": one["threads"], "rows": rows,
+            "method": "the runner's step of each strategy on one rank (world-1 gloo) for a model of the workload's "
+                      f"layers at hidden {framework.TINY['hidden']}: median step - counted ops x per-op overhead"}
+
+
+def _device_kernels(prof: dict[str, Any], dev: Any, shape: ModelShape, tokens: int, dtypes: list[str],
+                    progress: Callable[[str], None]) -> None:
+    """GEMM and attention rows of a GPU (its host ops are not priced: a GPU runs ops
+    asynchronously, so their dispatch overlaps the kernels)."""
+    import torch
+
+    from . import kernels
+
+    t = torch.get_num_threads()
+    shapes = kernels.layer_gemms(shape, tokens)
+    prof["gemm"], prof["attention"] = [], []
+    for dtype in dtypes:
+        progress(f"GEMM {dtype}: {len(shapes)} shapes of a {shape.name} layer at {tokens} tokens")
+        prof["gemm"].append({**kernels.gemm(dev, dtype, shapes), "threads": t})
+    for dtype in dtypes:
+        progress(f"attention {dtype}")
+        prof["attention"].append({**kernels.attention(dev, dtype, attention_shapes(shape, tokens, "cuda")),
+                                  "threads": t})
+    prof["host_ops"] = {"null_reason": "CPU only: a GPU runs ops asynchronously, so their dispatch overlaps the kernels"}
+
+
+def attention_shapes(shape: ModelShape, tokens: int, kind: str) -> list[dict[str, Any]]:
+    """Causal SDPA shapes to time: the model's heads at two sequence lengths (on CPU 128
+    and 512, on GPUs 1024 and 4096, capped at ``tokens``), ``tokens`` tokens each."""
+    seqs = sorted({min(tokens, 128 if kind == "cpu" else 1024), min(tokens, 512 if kind == "cpu" else 4096)})
+    return [{"batch": max(1, tokens // s), "heads": shape.heads, "seq": s, "head_dim": shape.dim_head} for s in seqs]
 
 
 def workload_config(shape: ModelShape, tokens: int) -> Any:
@@ -167,12 +204,12 @@ def _copies(dev: Any) -> dict[str, Any]:
     return {name: copies.measure(name, size, dev, warmup=3, iters=10)["algbw_gbps"] for name in copies.COPIES}
 
 
-def _comm(kind: str, count: int, dtype: str, results_dir: str, progress: Callable[[str], None]) -> dict[str, Any]:
-    """The all-reduce alpha-beta fit of a short `mgbench comm` run on this machine."""
+def _comm(kind: str, nproc: int, dtype: str, results_dir: str, progress: Callable[[str], None]) -> dict[str, Any]:
+    """The all-reduce alpha-beta fit of a short `mgbench comm` run on ``nproc`` ranks
+    (CPU ranks, or the devices of a GPU machine)."""
     from ..comm.run import run_comm
     from ..store import load_comm_fits, new_run_id
 
-    nproc = 2 if kind == "cpu" else count
     if nproc < 2:
         return {"null_reason": "one device: no collective to measure"}
     progress(f"all_reduce on {nproc} {kind} ranks (a short `mgbench comm` run)")

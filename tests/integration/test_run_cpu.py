@@ -196,11 +196,16 @@ def test_probe_profile_predicts_the_measured_run(smoke_run):
     cwd, _, _ = smoke_run
     from tests.conftest import run_cli
 
-    p = run_cli("probe", "--model", "tiny", "--layer-tokens", "64", "--no-comm", "-o", "probe.json", cwd=cwd)
+    # One rank only (--max-ranks 1): without a collective fit only single-rank configs are
+    # priced here, so the concurrent 2- and 4-rank probes would be paid for nothing.
+    p = run_cli("probe", "--model", "tiny", "--layer-tokens", "64", "--no-comm", "--max-ranks", "1", "-o",
+                "probe.json", cwd=cwd)
     assert p.returncode == 0, p.stderr
     assert "profile: probe.json" in p.stdout and "GEMM float32" in p.stdout
     prof = json.loads((cwd / "probe.json").read_text())
     assert prof["device"] == "cpu" and prof["gemm"][0]["typical_tflops"] > 0
+    assert {g["ranks"] for g in prof["gemm"]} == {h["ranks"] for h in prof["host_ops"]} == {1}  # --max-ranks 1
+    assert {r["strategy"] for r in prof["framework"]["rows"]} >= {"single", "ddp", "zero1", "fsdp"}
     assert prof["comm"]["null_reason"].startswith("skipped")
     # Without a collective fit only single-rank configs can be priced; the rest say why.
     res = json.loads(run_cli("predict", "--hardware", "probe.json", "--against", "smoke1", "--json", cwd=cwd).stdout)

@@ -30,7 +30,7 @@ def test_elementwise_module_counts_every_op_and_byte_by_phase():
     # SGD without foreach: one add_ (reads w and its gradient, writes w: in place counts 3 n)
     assert s["by_phase"]["optimizer"]["compute"] == 1 and s["by_phase"]["optimizer"]["bytes"] == 3 * n
     assert s["matmul_ops"] == 0 and s["bytes"] == 10 * n + 3 * F32
-    assert host_ops(s) == {"ops": 9.0, "bytes": float(10 * n + 3 * F32)}
+    assert host_ops(s) == {"ops": 9.0, "bytes": float(10 * n + 3 * F32), "collectives": 0.0}
 
 
 def test_matmuls_are_counted_apart_with_their_flops_and_no_bytes():

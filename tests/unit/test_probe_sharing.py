@@ -1,0 +1,84 @@
+"""How the probed CPU prediction accounts for ranks sharing the cores: rows probed with
+n processes at once, collective latency at n ranks, the framework's residual per step,
+and the probe's merge of concurrent processes (hand calculations, no timing)."""
+
+import pytest
+
+from mgbench.config import RunConfig
+from mgbench.planner.against import collective_latency, modelled_collectives
+from mgbench.probe import profile as P
+from mgbench.probe.concurrent import median_merge
+
+from tests.unit.test_probe_profile import make_profile
+
+
+def _gemm(threads, ranks, typical):
+    return {"dtype": "float32", "threads": threads, "ranks": ranks, "typical_tflops": typical,
+            "best_tflops": 2 * typical, "shapes": []}
+
+
+def concurrent_profile(**over):
+    """GEMMs probed at 1 rank x 2 threads, and at 2 and 4 ranks x 1 thread with that
+    many processes at once (their figures already hold the sharing)."""
+    return make_profile(gemm=[_gemm(2, 1, 0.16), _gemm(1, 2, 0.08), _gemm(1, 4, 0.03)], **over)
+
+
+def test_rows_probed_at_the_runs_rank_count_are_used_as_measured():
+    # 4 ranks on 2 cores: the row timed with 4 processes at once, not 1-thread x c/(n t)
+    hw4 = P.hardware(concurrent_profile(), "fp32", ranks=4)
+    assert hw4.peak_tflops * hw4.compute_eff == pytest.approx(0.03)
+    hw2 = P.hardware(concurrent_profile(), "fp32", ranks=2)
+    assert hw2.peak_tflops * hw2.compute_eff == pytest.approx(0.08)
+
+
+def test_an_unprobed_rank_count_scales_the_nearest_concurrent_row_by_the_lost_share():
+    # 8 ranks x 1 thread on 2 cores: the 4-process row (share 2/4) scaled to share 2/8
+    hw8 = P.hardware(concurrent_profile(), "fp32", ranks=8)
+    assert hw8.peak_tflops * hw8.compute_eff == pytest.approx(0.03 * (2 / 8) / (2 / 4))
+    # a profile without concurrent rows (m = 1) keeps the old arithmetic: 1-thread x 2/4
+    old = P.hardware(make_profile(), "fp32", ranks=4)
+    assert old.peak_tflops * old.compute_eff == pytest.approx(0.1 * 0.5)
+
+
+def test_collective_latency_is_taken_at_the_configs_rank_count():
+    fit = lambda n, a: {"nproc": n, "all_reduce": {"alpha_s": a, "bw_gbps": 1.0, "fit_mean_abs_error_pct": 5.0}}
+    prof = make_profile(comm_at=[fit(2, 400e-6), fit(4, 5e-3)])
+    assert P.collective_latency_s(prof, 2) == pytest.approx(400e-6)
+    assert P.collective_latency_s(prof, 4) == pytest.approx(5e-3)
+    # a rank count never probed: the profile's main fit (2 ranks), as for bandwidth
+    assert P.collective_latency_s(prof, 8) == pytest.approx(400e-6)
+    assert P.comm_link(prof, 4)["alpha_s"] == pytest.approx(5e-3 / 6)
+
+
+def test_collectives_beyond_the_layout_terms_pay_their_latency():
+    fit = {"nproc": 4, "all_reduce": {"alpha_s": 5e-3, "bw_gbps": 1.0, "fit_mean_abs_error_pct": 5.0}}
+    prof = make_profile(comm_at=[fit])
+    fsdp = RunConfig(model="mini", strategy="fsdp", nproc=4, micro_batch=4, seq_len=128, precision="fp32",
+                     device="cpu")
+    assert modelled_collectives(fsdp) == 3  # ZeRO-3, one micro-batch: 2 m + 1
+    # FSDP's 15 traced collectives (3 per wrapped module): 12 beyond the terms, 5 ms each
+    assert collective_latency(fsdp, 15.0, prof) == pytest.approx(12 * 5e-3)
+    ddp = RunConfig(model="mini", strategy="ddp", nproc=4, micro_batch=4, seq_len=128, precision="fp32", device="cpu")
+    assert collective_latency(ddp, 1.0, prof) == 0.0  # the one all-reduce is the layout's own
+    one = RunConfig(model="mini", strategy="fsdp", nproc=1, micro_batch=4, seq_len=128, precision="fp32", device="cpu")
+    assert collective_latency(one, 15.0, prof) == 0.0  # one rank: nothing to wait for
+
+
+def test_framework_residual_scales_with_blocks_and_the_share_of_the_cores():
+    prof = make_profile(framework={"threads": 2, "rows": [
+        {"strategy": "fsdp", "step_s": 0.026, "ops": 1610, "layers": 4, "residual_s": 0.018}]})
+    assert P.framework_residual_s(prof, "fsdp", 4, 1) == pytest.approx(0.018)
+    assert P.framework_residual_s(prof, "fsdp", 9, 2) == pytest.approx(0.018 * 10 / 5)  # 1 core each
+    assert P.framework_residual_s(prof, "fsdp", 4, 4) == pytest.approx(0.018 / 0.5)  # half a core each
+    assert P.framework_residual_s(prof, "tp", 4, 1) is None  # not probed: not priced
+    assert P.framework_residual_s(make_profile(), "fsdp", 4, 1) is None  # older profile
+
+
+def test_concurrent_results_merge_to_their_median():
+    a = {"gemm": [{"typical_tflops": 0.1, "dtype": "float32", "shapes": [{"m": 8, "tflops_median": 1.0}]}], "ops": 3}
+    b = {"gemm": [{"typical_tflops": 0.3, "dtype": "float32", "shapes": [{"m": 8, "tflops_median": 3.0}]}], "ops": 3}
+    c = {"gemm": [{"typical_tflops": 0.2, "dtype": "float32", "shapes": [{"m": 8, "tflops_median": 2.0}]}], "ops": 3}
+    m = median_merge([a, b, c])
+    assert m["gemm"][0]["typical_tflops"] == pytest.approx(0.2)
+    assert m["gemm"][0]["shapes"][0] == {"m": 8, "tflops_median": 2.0}
+    assert m["gemm"][0]["dtype"] == "float32" and m["ops"] == 3
