@@ -31,7 +31,7 @@ from typing import Any, Callable
 from . import faults
 from .errors import MgbenchError
 from .model_shape import ModelShape
-from .strategies import PIPELINED, STRATEGIES, ZERO_STAGE, schedules
+from .strategies import CP_ATTENTION, PIPELINED, STRATEGIES, ZERO_STAGE, schedules
 
 Check = Callable[[Any], "str | None"]
 WORKLOAD, PROCEDURE, DERIVED = "workload", "procedure", "derived"
@@ -249,6 +249,11 @@ class RunConfig:
     dp_mode: str = key("ddp", choice(("ddp", "fsdp", "hsdp")), "data parallelism inside pp+tp+dp: ddp, fsdp, or "
                        "hsdp (FSDP sharded within groups of dp / replicas ranks, replicated across the groups)",
                        applies=lambda p: p["strategy"] == "pp+tp+dp")
+    cp_attention: str = key("auto", choice(CP_ATTENTION), "cp: attention across the cp ranks: ring_allgather / "
+                            "ring_alltoall (torch's ring attention, K and V all-gathered or passed rank to rank; "
+                            "CUDA), allgather_kv (K and V all-gathered, SDPA with a causal mask), or auto (the ring "
+                            "on CUDA where torch picks a flash, efficient or cuDNN kernel, else allgather_kv)",
+                            applies=lambda p: p["strategy"] == "cp")
     replicas: int = key(2, integer(1), "hsdp: data-parallel replicas (the replicate dimension of the 2-D mesh); each "
                         "shards the model over dp / replicas ranks", applies=is_hsdp)
     offload: bool = key(False, boolean, "FSDP2 CPUOffloadPolicy: parameters, gradients and optimizer state in host "
@@ -479,9 +484,10 @@ PROCEDURE_KEYS = tuple(name for name, f in FIELDS.items() if f.metadata.get("rol
 LABEL_CORE = ("strategy", "nproc", "dp", "tp", "pp", "layout", "pp_schedule", "virtual_stages", "model", "micro_batch",
               "seq_len", "image_size", "grad_accum", "precision", "activation_checkpointing", "compile")
 # Keys that feed the single-process reference: what it computes depends on these only
-# (the reference runs no strategy and no fault, in one process, on the global batch).
-REFERENCE_KEYS = ("workload", "model", "seq_len", "image_size", "micro_batch", "precision", "seed", "device",
-                  "moe_capacity_factor", "moe_aux_loss_coef")
+# (the reference runs no strategy and no fault, in one process, on the global batch;
+# fp8_recipe: tensorwise and rowwise float8 training compute different numbers).
+REFERENCE_KEYS = ("workload", "model", "seq_len", "image_size", "micro_batch", "precision", "fp8_recipe", "seed",
+                  "device", "moe_capacity_factor", "moe_aux_loss_coef")
 
 
 # The keys that matter to a command config (workload = "command"): the user's command

@@ -238,12 +238,23 @@ class Record:
     moe_load_imbalance_max: float | None = figure("ratio", "the worst MoE layer and step")
     moe_expert_compute: str | None = figure("", "how the experts' matmuls ran: grouped_mm (torch._grouped_mm) or "
                                             "loop (one matmul chain per local expert), with why")
+    # context parallelism (strategy cp; strategies/context_parallel.py)
+    cp_attention_impl: str | None = figure("", "cp: the attention form that ran: ring_allgather / ring_alltoall (torch's "
+                                           "ring attention) or allgather_kv (K and V all-gathered, SDPA with a mask)")
+    cp_sdpa_kernel: str | None = figure("", "cp: the SDPA kernel torch picks for one rank's attention call in that "
+                                        "form (torch._fused_sdp_choice: FLASH_ATTENTION, EFFICIENT_ATTENTION, "
+                                        "CUDNN_ATTENTION or MATH; on CPU FLASH_ATTENTION is its CPU flash kernel)")
+    cp_attention_reason: str | None = figure("", "cp: why that form ran (cp_attention, the device, the kernel)")
     # pipelines
     pp_bubble_theoretical: float | None = figure("fraction", "schedule's idle fraction in theory")
     pp_bubble_measured: float | None = figure("fraction", "measured idle fraction (CPU ranks with cores of their own)")
     pp_bubble_per_rank: list[float] | None = figure("fraction", "measured idle fraction per rank")
     pp_bubble_reason: str | None = figure("", "why the measured bubble is null")
     pp_bubble_theoretical_reason: str | None = figure("", "why the theoretical bubble is null")
+    pp_grad_sync: str | None = figure("", "pipelines with dp > 1: how the replicas' gradients were reduced: "
+                                      "ddp_reducer, allreduce_after_schedule, fsdp_reduce_grad or "
+                                      "fsdp_reduce_grad_unsharded (strategies/schedules.py GRAD_SYNC; None: no "
+                                      "data parallelism)")
     # rank spread
     per_rank_busy_s: list[float] | None = figure("s", "median busy (main-thread CPU) time per step, per rank")
     rank_spread_pct: float | None = figure("%", "busiest vs least busy rank")

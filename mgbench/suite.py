@@ -21,7 +21,7 @@ from typing import Any
 from . import faults
 from .config import FIELDS, SWEEP_KEYS, RunConfig, applies, config_id, is_hsdp
 from .errors import MgbenchError
-from .strategies import DATA_PARALLEL, PIPELINED, dims_for, moe_problem, schedules
+from .strategies import DATA_PARALLEL, PIPELINED, RING_NEEDS_CUDA, dims_for, moe_problem, schedules
 
 TOP_KEYS = {"name", "description", "sweep", "cpu", "gpu"}
 
@@ -211,6 +211,14 @@ def _expand_one(suite: Suite, table: dict[str, list[Any]], device_kind: str, num
     return configs
 
 
+def _rank_shortfall(p: dict[str, Any], num_devices: int) -> str | None:
+    """Why a config cannot get its ranks here (None: it can)."""
+    if p["nproc"] <= num_devices:
+        return None
+    what = "GPUs" if p["device"] == "cuda" else "CPU ranks allowed here"
+    return f"needs {p['nproc']} ranks but only {num_devices} {what}"
+
+
 def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | None:
     from .parallel_dims import ParallelDims
 
@@ -220,10 +228,7 @@ def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | No
     if p["device"] == "cuda" and device_kind != "cuda":
         return "config asks for cuda but no CUDA device was found"
     if p["workload"] == "command":
-        if p["nproc"] > num_devices:
-            what = "GPUs" if p["device"] == "cuda" else "CPU ranks allowed here"
-            return f"needs {p['nproc']} ranks but only {num_devices} {what}"
-        return None
+        return _rank_shortfall(p, num_devices)
     why = workload_skip_reason(cfg)  # strategies and sizes a Hugging Face or vision model takes
     if why:
         return why
@@ -244,6 +249,8 @@ def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | No
         return "; ".join(problems)
     if p["strategy"] == "cp" and p["compile"]:
         return "compile = true is not wired to cp (its K/V all-gather inside compiled blocks is untested); use false"
+    if p["strategy"] == "cp" and p["cp_attention"].startswith("ring") and p["device"] != "cuda":
+        return RING_NEEDS_CUDA.format(asked=p["cp_attention"])
     if p["tp"] > 1 and shape.tie_embeddings:
         return "tensor parallelism with tied embeddings is not supported; use a model with tie_embeddings = false"
     if p["grad_compression"] != "none" and p["strategy"] not in ("ddp", "zero1"):
@@ -254,9 +261,7 @@ def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | No
         return "pipeline parallelism with tied embeddings is not supported (embedding and head sit on different stages)"
     if p["strategy"] == "pp+tp+dp" and p["dp_mode"] == "ddp" and p["tp"] > 1 and p["dp"] > 1:
         return "DDP cannot replicate tensor-parallel (DTensor) parameters; use dp_mode = \"fsdp\" with tp > 1 and dp > 1"
-    dp_mode = p["dp_mode"] if p["strategy"] == "pp+tp+dp" and p["dp"] > 1 else None
-    if pipelined and (why := schedules.schedule_problem(p["pp_schedule"], p["pp"], p["grad_accum"], p["compile"],
-                                                        dp_mode)):
+    if pipelined and (why := schedules.schedule_problem(p["pp_schedule"], p["pp"], p["grad_accum"], p["compile"])):
         return why
     if (why := _hsdp_fp8_problem(p)):
         return why
@@ -269,9 +274,8 @@ def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | No
         return f"bug:{bug} acts in the correctness check window, and check_steps = 0 turns the check off"
     if bug and (why := faults.bug_problem(bug, p["strategy"], p["dp"], p["grad_accum"], p["pp"])):
         return why
-    if p["nproc"] > num_devices:
-        what = "GPUs" if p["device"] == "cuda" else "CPU ranks allowed here"
-        return f"needs {p['nproc']} ranks but only {num_devices} {what}"
+    if (why := _rank_shortfall(p, num_devices)):
+        return why
     if p["device"] == "cpu" and p["precision"] != "fp32" and not gloo_reduces_half():
         return (f"{p['precision']} on CPU: gloo reduces bf16/fp16 from torch 2.13 on (this is "
                 f"{'.'.join(map(str, _torch_version()))}); use precision = \"fp32\" on CPU")
@@ -287,13 +291,21 @@ def _hsdp_fp8_problem(p: dict[str, Any]) -> str | None:
     if p["precision"] == "fp8":
         from importlib.util import find_spec
 
-        if find_spec("torchao") is None:
-            return "precision = \"fp8\" needs torchao's float8 training: install mgbench[fp8]"
+        # What cannot run is said first: it holds with or without torchao installed.
         if p["strategy"] in PIPELINED or p["tp"] > 1:
             # torchao has float8 tensor-parallel styles (Float8ColwiseParallel, ...);
             # mgbench's tensor-parallel plan and pipeline stages do not use them yet.
             return (f"fp8 runs with data parallelism only here ({', '.join(('single',) + DATA_PARALLEL)}): float8 "
                     "tensor parallelism and float8 pipeline stages are not built yet")
+        if p.get("cp", 1) > 1 and p["fp8_recipe"] == "tensorwise":
+            # A correct run differs from the reference by fp8 noise alone, up to the
+            # tolerance (measured, strategies/fp8.py): the check would fail correct runs
+            # at random. Rowwise stays well inside it.
+            return ("fp8_recipe = \"tensorwise\" with context parallelism: each cp rank takes its float8 scales from "
+                    "its own part of every sequence, which the one-process reference cannot reproduce (a correct run "
+                    "sits at the check's tolerance); use fp8_recipe = \"rowwise\" or cp = 1")
+        if find_spec("torchao") is None:
+            return "precision = \"fp8\" needs torchao's float8 training: install mgbench[fp8]"
     return None
 
 

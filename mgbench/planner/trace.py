@@ -455,6 +455,11 @@ def traced_config(cfg: Any) -> tuple[Any, list[str]]:
     if cfg.grad_compression != "none":
         cfg = dataclasses.replace(cfg, grad_compression="none")
         notes.append("gradient compression not traced (its hooks need a real all-reduce); traced uncompressed")
+    if cfg.strategy == "cp" and (cfg.cp_attention.startswith("ring") or cfg.cp_attention == "auto" and
+                                 cfg.device == "cuda"):
+        cfg = dataclasses.replace(cfg, cp_attention="allgather_kv")
+        notes.append("cp attention traced in the all-gather-KV form (torch's ring attention, which CUDA runs, has "
+                     "no CPU kernel): its causal mask is counted, the ring's per-block buffers are not")
     if cfg.device != "cpu":
         cfg = dataclasses.replace(cfg, device="cpu")
     return cfg, notes

@@ -121,17 +121,23 @@ def _sum_not_mean(prep: "Prepared") -> None:
 
 
 def _skip_grad_sync(prep: "Prepared") -> None:
-    """Each data-parallel replica keeps its own gradients: DDP never all-reduces, FSDP
-    takes its own shard of its own unreduced gradient instead of reduce-scattering. (HSDP:
-    FSDP2 has no custom hook for its all-reduce across replicas, which still averages the
-    replicas' unreduced shards: a gradient of half the batch at 2 x 2, caught all the same.)"""
+    """Each data-parallel replica keeps its own gradients: DDP never all-reduces (nor does
+    mgbench's own all-reduce of unwrapped pipeline stages), FSDP takes its own shard of
+    its own unreduced gradient instead of reduce-scattering. (HSDP: FSDP2 has no custom
+    hook for its all-reduce across replicas, which still averages the replicas'
+    unreduced shards: a gradient of half the batch at 2 x 2, caught all the same.)"""
     from torch.distributed.fsdp import FSDPModule
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ddps = [m for m in prep.modules if isinstance(m, DDP)]
     fsdps = [s for m in prep.modules for s in m.modules() if isinstance(s, FSDPModule)]
+    if prep.dp_size >= 2 and prep.reduce_grads is not None:
+        # Pipeline stages that mgbench all-reduces itself after the schedule: skip that.
+        prep.reduce_grads = None
+        return
     if prep.dp_size < 2 or not (ddps or fsdps):
-        raise ValueError("bug:no_grad_sync needs a data-parallel gradient reduction (dp > 1, DDP or FSDP)")
+        raise ValueError("bug:no_grad_sync needs a data-parallel gradient reduction (dp > 1, DDP, FSDP or a "
+                         "pipeline's all-reduce)")
     if ddps and prep.schedule is None:
         # The step's last micro-batch is the one that syncs: run it under no_sync too.
         # (no_sync rather than a comm hook: a compression hook may already be registered.)

@@ -1,6 +1,7 @@
 """The single-process reference a config is checked against.
 
-Same seed, same initial weights, same global batch per step, same precision; one
+Same seed, same initial weights, same global batch per step, same precision (fp8: the
+float8 weights cast from the precision the strategy casts them from, strategies/fp8.py); one
 process, no wrapper, the global batch taken as micro-batches with gradient
 accumulation (mathematically the same mean loss as data parallelism, and no more
 memory than one rank of it). Cached per run folder, so each distinct reference is
@@ -23,6 +24,7 @@ import torch
 from ..config import REFERENCE_KEYS, RunConfig
 from ..store import RunDir, write_json_atomic
 from ..strategies.apply import prepare_reference
+from ..strategies.fp8 import weights_cast_from_bf16
 from . import check
 from .training import batches_for
 
@@ -30,11 +32,15 @@ from .training import batches_for
 def check_key(cfg: RunConfig, device: torch.device) -> str:
     """Cache key of a check-window reference: what its figures depend on, as the config
     schema declares it (REFERENCE_KEYS: not the strategy, layout or injected bug, so every
-    config of one workload shares it), plus the global batch and the window itself."""
+    config of one workload shares it), plus the global batch and the window itself, and
+    for fp8 the one thing a strategy changes in it: whether the float8 weights are cast
+    from bf16 (rowwise under FSDP2, strategies/fp8.py)."""
     params = cfg.params()
     fields = {k: params[k] for k in REFERENCE_KEYS}
     fields.update(kind="check", data=check.CHECK_DATA, lr=check.CHECK_LR, global_batch=cfg.global_batch,
                   steps=cfg.check_steps)
+    if weights_cast_from_bf16(cfg):  # only where it applies: every other key stays as it was
+        fields["fp8_weights_from"] = "bf16"
     return "check-" + hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 

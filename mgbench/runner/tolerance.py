@@ -7,7 +7,9 @@ computations that differ from it only in the order of floating-point reductions:
 - ``reversed``: the same process accumulating each step's micro-batches in reverse order;
 - ``ddp2``: 2 gloo ranks, gradients summed by an all-reduce instead of accumulated locally;
 - ``tp2``: 2 gloo ranks of tensor parallelism: every row-parallel matmul summed as two
-  partial sums (in the autocast precision) by an all-reduce.
+  partial sums (in the autocast precision) by an all-reduce;
+- ``ddp2_rowwise`` (fp8 only): ``ddp2`` with rowwise float8 scaling, against the rowwise
+  reference (each reference and its reversed variant per reference key).
 
 The largest relative difference per quantity over models, seeds and variants is the
 spread; check.TOLERANCES is set at check.TOLERANCE_MULTIPLE times it, with a floor (see
@@ -49,7 +51,7 @@ def check_config(strategy: str = "single", model: str | dict[str, Any] = "tiny",
         dims, problem = dims_for(strategy, cfg.nproc, None)
         if problem:
             raise ValueError(problem)
-        degrees = {"dp": dims.dp, "tp": dims.tp, "pp": dims.pp}
+        degrees = {"dp": dims.dp, "tp": dims.tp, "pp": dims.pp, "cp": dims.cp}
     return dataclasses.replace(cfg, **degrees)
 
 
@@ -106,9 +108,12 @@ def _variants(model: str, precision: str, seed: int, steps: int) -> dict[str, An
         "pp_gpipe": check_config("pp", grad_accum=4, pp_schedule="gpipe", **common),
     }
     if precision == "fp8":
-        # fp8 runs with data parallelism here (tensor parallelism and pipelines of float8
-        # linears are skipped by the suite; see strategies/fp8.py).
+        # fp8 runs with data parallelism here (tensor parallelism, pipelines and context
+        # parallelism of float8 linears are skipped by the suite, suite.py). Each recipe
+        # is compared with its own reference (keyed by reference.check_key: rowwise under
+        # FSDP2 with float8 weights cast from bf16, strategies/fp8.py).
         out = {k: v for k, v in out.items() if k in ("ddp2", "zero1", "fsdp", "fsdp_grad_op")}
+        out["ddp2_rowwise"] = check_config("ddp", grad_accum=2, fp8_recipe="rowwise", **common)
         out["fsdp_rowwise"] = check_config("fsdp", grad_accum=2, fp8_recipe="rowwise", **common)
         return out
     if catalog.model_shape(model).layers >= 4:
@@ -117,7 +122,7 @@ def _variants(model: str, precision: str, seed: int, steps: int) -> dict[str, An
     return out
 
 
-SPREAD_VARIANTS = ("reversed", "ddp2", "tp2")
+SPREAD_VARIANTS = ("reversed", "ddp2", "tp2", "ddp2_rowwise")
 
 
 def diffs(mine: dict[str, Any], ref: dict[str, Any]) -> dict[str, float]:
@@ -131,7 +136,7 @@ def diffs(mine: dict[str, Any], ref: dict[str, Any]) -> dict[str, float]:
 
 def measure(models: list[str], seeds: list[int], precisions: list[str], steps: int) -> list[dict[str, Any]]:
     """One row per (model, precision, seed, variant): relative differences from the reference."""
-    from .reference import reference_check
+    from .reference import check_key, reference_check
 
     jobs: list[tuple[str, str, int, str, Any]] = []
     for model in models:
@@ -144,9 +149,11 @@ def measure(models: list[str], seeds: list[int], precisions: list[str], steps: i
     print(f"# {len(jobs)} two-rank check windows in {time.perf_counter() - t0:.0f} s", flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        refs: dict[tuple[str, str, int], dict[str, Any]] = {}
+        # One reference per distinct reference key (fp8: per recipe and weight cast), and
+        # the reversed-order variant of each.
+        refs: dict[str, dict[str, Any]] = {}
         for (model, precision, seed, name, cfg), got in zip(jobs, results):
-            key = (model, precision, seed)
+            key = check_key(cfg, torch.device("cpu"))
             if key not in refs:
                 refs[key] = reference_check(cfg, torch.device("cpu"), Path(tmp))
                 rev = reference_check(cfg, torch.device("cpu"), Path(tmp), reverse_micro_batches=True)

@@ -95,23 +95,24 @@ def train_step(prep: Prepared, micro: list[MicroBatch], device: torch.device, pr
         return _pipeline_step(prep, micro, device, precision, hooks)
     n = len(micro)
     total = torch.zeros((), device=device)
-    for i, (x, y) in enumerate(micro):
-        if prep.shard_batch is not None:  # context parallelism: this rank's tokens of each sample
-            x, y = prep.shard_batch(x, y)
-        with prep.no_sync(i == n - 1), autocast(device, precision):
-            loss = lm_loss(prep.model(x), y) / n
-        grad_loss = hooks.backward_loss(i, loss) if hooks is not None and hooks.backward_loss else loss
-        if prep.moe_layers:
-            # MoE: the load-balancing loss joins the gradient, not the reported loss.
-            from ..workloads.moe import aux_loss
+    with prep.step_context() if prep.step_context is not None else contextlib.nullcontext():
+        for i, (x, y) in enumerate(micro):
+            if prep.shard_batch is not None:  # context parallelism: this rank's tokens of each sample
+                x, y = prep.shard_batch(x, y)
+            with prep.no_sync(i == n - 1), autocast(device, precision):
+                loss = lm_loss(prep.model(x), y) / n
+            grad_loss = hooks.backward_loss(i, loss) if hooks is not None and hooks.backward_loss else loss
+            if prep.moe_layers:
+                # MoE: the load-balancing loss joins the gradient, not the reported loss.
+                from ..workloads.moe import aux_loss
 
-            aux = aux_loss(prep.moe_layers)
-            grad_loss = grad_loss if aux is None else grad_loss + aux / n
-        if prep.scaler is not None:
-            prep.scaler.scale(grad_loss).backward()
-        else:
-            grad_loss.backward()
-        total += loss.detach()
+                aux = aux_loss(prep.moe_layers)
+                grad_loss = grad_loss if aux is None else grad_loss + aux / n
+            if prep.scaler is not None:
+                prep.scaler.scale(grad_loss).backward()
+            else:
+                grad_loss.backward()
+            total += loss.detach()
     _optimizer_step(prep, hooks)
     return total
 
@@ -121,7 +122,8 @@ def _pipeline_step(prep: Prepared, micro: list[MicroBatch], device: torch.device
     """One step of the pipeline schedule: the first stage feeds the whole batch (the
     schedule splits it into the micro-batches), the last computes the losses through
     ``prep.stage_loss``, which also scales them for fp16 (the schedule runs backward
-    itself); gradients are averaged over micro-batches by the schedule (scale_grads)."""
+    itself); gradients are averaged over micro-batches by the schedule (scale_grads), and
+    over data-parallel replicas by their wrapper or ``prep.reduce_grads``."""
     x = torch.cat([m[0] for m in micro])
     y = torch.cat([m[1] for m in micro])
     losses: list[torch.Tensor] = []
@@ -134,6 +136,8 @@ def _pipeline_step(prep: Prepared, micro: list[MicroBatch], device: torch.device
             prep.schedule.step(target=y, losses=losses)
         else:
             prep.schedule.step()
+    if prep.reduce_grads is not None:  # replicas that no wrapper reduces (schedules.GRAD_SYNC)
+        prep.reduce_grads()
     # What backward ran on is scaled for fp16: report the losses themselves (before the
     # optimizer step, whose scaler update may change the scale).
     losses = prep.stage_loss.true_losses(losses)

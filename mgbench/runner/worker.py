@@ -33,10 +33,11 @@ from ..record import RankFigures, Record, backend_of
 from ..store import RunDir
 from ..workloads import moe, throughput
 from ..strategies.apply import prepare
+from ..strategies.context_parallel import cp_fields
 from ..strategies.fp8 import fp8_fields
-from ..strategies.schedules import bubble_unknown_reason, theoretical_bubble
+from ..strategies.schedules import bubble_unknown_reason, grad_sync, memory_tracker_problem, theoretical_bubble
 from ..telemetry.clock import StepClock
-from ..telemetry.energy import EnergyMeter, top_up_steps
+from ..telemetry.energy import EnergyMeter, power_figures, top_up_steps
 from ..telemetry.memory import read_peak, reset_peak, track_step
 from ..telemetry.machine import cpu_model
 from . import reference
@@ -182,6 +183,8 @@ def track_memory(cfg: RunConfig, prep: Any, batches: list, device: torch.device)
     window: that window holds a copy of the initial weights and runs on a fresh model
     whose first step creates the optimizer states, neither of which a training step has.
     Last, because a step that fails under the tracker leaves the model mid-step."""
+    if cfg.pipelined and (why := memory_tracker_problem(cfg.pp_schedule)):
+        return {"mem_tracked_reason": why}  # every rank alike: none starts a step the others would wait on
     dist.barrier()
     t0 = time.perf_counter()
     out = track_step(lambda: train_step(prep, batches[-1], device, cfg.precision), prep.modules, prep.optimizer,
@@ -239,15 +242,7 @@ def summarize_config(cfg: RunConfig, per_rank: list[RankFigures], device: torch.
     measured_tokens = tokens_per_step * (r0.energy_steps or n_steps) if tokens_per_step else None
     mems = [r.mem_peak_gib for r in per_rank]
     return {
-        "step_time_s": s["median"],
-        "step_time_p10_s": s["p10"],
-        "step_time_p90_s": s["p90"],
-        "step_time_mean_s": s["mean"],
-        "step_time_stddev_s": s["stddev"],
-        "step_time_min_s": s["min"],
-        "step_time_max_s": s["max"],
-        "step_time_ci95_low_s": s["ci95_low"],
-        "step_time_ci95_high_s": s["ci95_high"],
+        **stats.step_time_fields(step_times),
         "step_times_s": step_times,
         "num_steps_measured": n_steps,
         "repeat_medians_s": [stats.summarize(w)["median"] for w in windows],
@@ -266,10 +261,8 @@ def summarize_config(cfg: RunConfig, per_rank: list[RankFigures], device: torch.
         "warmup_s": max(r.warmup_s for r in per_rank),
         "measured_s": max(r.measured_s for r in per_rank),
         "energy_j": energy_j,
-        "power_w": energy_j / r0.window_s if energy_j is not None and r0.window_s > 0 else None,
-        "power_w_per_device": (energy_j / r0.window_s / len(readers) if energy_j is not None and r0.window_s > 0
-                               and device.type == "cuda" else None),
-        "energy_per_token_j": energy_j / measured_tokens if energy_j is not None and measured_tokens else None,
+        # Per device only on GPUs: on CPU one RAPL reader counts the whole package.
+        **power_figures(energy_j, r0.window_s, len(readers) if device.type == "cuda" else None, measured_tokens),
         "energy_window_s": r0.window_s,
         "num_energy_steps": r0.energy_steps,
         "energy_min_window_s": max((r.energy_min_window_s for r in readers if r.energy_method != "none"
@@ -284,10 +277,12 @@ def summarize_config(cfg: RunConfig, per_rank: list[RankFigures], device: torch.
         "loss_first": r0.losses[0] if r0.losses else None,
         "loss_last": r0.losses[-1] if r0.losses else None,
         **pipeline_bubble(cfg, per_rank, device),
+        **pipeline_grad_sync(cfg),
         **rank_spread(cfg, per_rank, device),
         **breakdown_fields(per_rank),
         **fp8_fields(cfg.precision, device.type),
         **offload_fields(cfg, device),
+        **cp_fields(cfg, device),
         **(r0.moe or {}),
         **data_fields(cfg, [r.data_waits for r in per_rank], [r.data_method for r in per_rank], s["median"]),
     }
@@ -431,6 +426,14 @@ def cores_shared() -> str | None:
     if local * threads > cores:
         return f"{local} ranks x {threads} thread(s) on {cores} cores"
     return None
+
+
+def pipeline_grad_sync(cfg: RunConfig) -> dict[str, Any]:
+    """How a pipeline's data-parallel replicas reduced their gradients (schedules.GRAD_SYNC;
+    None without replicas); nothing for configs that are not pipelined."""
+    if not cfg.pipelined:
+        return {}
+    return {"pp_grad_sync": grad_sync(cfg.pp_schedule, cfg.dp_mode) if cfg.dp > 1 else None}
 
 
 def pipeline_bubble(cfg: RunConfig, per_rank: list[RankFigures], device: torch.device) -> dict[str, Any]:

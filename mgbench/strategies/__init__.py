@@ -56,9 +56,9 @@ REGISTRY: tuple[Strategy, ...] = (
     # Context parallelism: cp ranks per sample, DDP over every rank (dp x cp); the one
     # entry for "cp=2 x dp=2" (strategies/context_parallel.py).
     Strategy("cp", "context parallel: each sample's sequence split over cp ranks (causal load balance: 2 x cp "
-             "chunks, rank r takes chunks r and 2cp-1-r), K and V all-gathered over them; DDP over dp x cp "
-             "(layout {dp, cp}; default cp = 2)", ("dp", "cp"), fills="dp", defaults=(("cp", 2),), zero_stage=0,
-             prepare="context_parallel"),
+             "chunks, rank r takes chunks r and 2cp-1-r); attention by torch's ring attention on CUDA, K and V "
+             "all-gathered on CPU (cp_attention); DDP over dp x cp (layout {dp, cp}; default cp = 2)", ("dp", "cp"),
+             fills="dp", defaults=(("cp", 2),), zero_stage=0, prepare="context_parallel"),
     Strategy("tp", "tensor parallel (DTensor): Megatron column/row splits of attention and MLP", ("tp",), fills="tp",
              prepare="nd_parallel"),
     Strategy("tp_sp", "tensor parallel + sequence parallel: norms and residual stream sharded over the sequence",
@@ -71,6 +71,12 @@ REGISTRY: tuple[Strategy, ...] = (
              ("pp", "tp", "dp"), fills="dp", defaults=(("tp", 2), ("pp", 2)), pipelined=True, prepare="nd_parallel"),
 )
 BY_NAME: dict[str, Strategy] = {s.name: s for s in REGISTRY}
+# cp_attention's choices (strategies/context_parallel.py): auto, torch's ring attention with
+# K and V all-gathered or passed rank to rank, or mgbench's all-gather-KV form.
+CP_ATTENTION = ("auto", "ring_allgather", "ring_alltoall", "allgather_kv")
+# Why a ring form cannot run off CUDA (suite expansion and the rank side say the same).
+RING_NEEDS_CUDA = ("cp_attention = \"{asked}\" needs CUDA: torch 2.13's ring attention (context_parallel) dispatches "
+                   "only the CUDA flash, efficient and cuDNN SDPA kernels; use \"auto\" or \"allgather_kv\" on CPU")
 # name -> one-line description (shown by --help and in errors).
 STRATEGIES: dict[str, str] = {s.name: s.help for s in REGISTRY}
 DATA_PARALLEL = tuple(s.name for s in REGISTRY if s.degrees is None)

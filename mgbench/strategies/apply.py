@@ -120,6 +120,12 @@ class Prepared:
     moe_layers: list[nn.Module] = field(default_factory=list)  # MoE layers, whose aux losses join the gradient
     # Context parallelism: (inputs, targets) of a micro-batch -> this rank's tokens of them.
     shard_batch: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+    # Entered around each step's forwards and backwards (not the optimizer step): torch's
+    # ring attention switches its process-wide dispatch on for them only (cp on CUDA).
+    step_context: Callable[[], ContextManager[Any]] | None = None
+    # Pipelines whose data-parallel gradients no wrapper reduces (schedules.grad_sync
+    # "allreduce_after_schedule"): called after the schedule's step, before the optimizer.
+    reduce_grads: Callable[[], None] | None = None
 
 
 def place(model: nn.Module, device: torch.device) -> nn.Module:
@@ -131,14 +137,22 @@ def place(model: nn.Module, device: torch.device) -> nn.Module:
     return model.to(device)
 
 
+def fsdp_mp_policy(precision: str) -> Any:
+    """FSDP2's mixed precision for ``precision``: parameters gathered in the autocast
+    dtype (bf16/fp16), gradients reduced in fp32; fp32 runs keep FSDP's default."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    dtype = AUTOCAST_DTYPES.get(precision)
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
+
+
 def _fsdp(model: DecoderLM, mesh: Any, precision: str, reshard: bool, offload: bool = False) -> None:
     """FSDP2 over ``mesh``: a 1-D mesh shards over all its ranks; a 2-D (replicate,
     shard) mesh is HSDP. ``offload``: CPUOffloadPolicy (parameters, gradients and the
     optimizer step on the host; each use copies to the device)."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
-    dtype = AUTOCAST_DTYPES[precision]
-    mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
+    mp = fsdp_mp_policy(precision)
     # Pinned host memory needs an accelerator (torch refuses it on CPU-only ranks, where
     # the offloaded states stay where they are anyway).
     kw = {"offload_policy": CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda") if offload else OffloadPolicy()}
@@ -188,14 +202,16 @@ def _with_moe(prep: Prepared) -> Prepared:
     return prep
 
 
-def _converted(cfg: RunConfig, model: nn.Module, sharded: bool) -> nn.Module:
+def _converted(cfg: RunConfig, model: nn.Module, sharded: bool, reference: bool = False) -> nn.Module:
     """The model with fp8's float8 linears swapped in (precision = "fp8"), else as built.
     Before any wrapper, as torchtitan orders it: FSDP2 then shards the float8 weights
-    (``sharded``: tensorwise all-gathers them in float8)."""
+    (``sharded``: tensorwise all-gathers them in float8). ``reference``: the one-process
+    reference of ``cfg``, whose float8 weights are cast from bf16 where the config's FSDP2
+    all-gathers them in bf16 (fp8.weights_cast_from_bf16)."""
     if cfg.precision == "fp8":
         from . import fp8
 
-        fp8.convert(model, cfg.fp8_recipe, fsdp=sharded)
+        fp8.convert(model, cfg.fp8_recipe, fsdp=sharded, bf16_weights=reference and fp8.weights_cast_from_bf16(cfg))
     return model
 
 
@@ -230,9 +246,10 @@ def register_compression(ddp_model: nn.Module, kind: str, rank: int) -> None:
 
 def prepare_reference(cfg: RunConfig, device: torch.device) -> Prepared:
     """The single-process reference: same seed and weights, no wrapper, no checkpointing
-    or compilation (neither changes the mathematics)."""
-    return _with_moe(_data_parallel("single", _converted(cfg, build_model(cfg), sharded=False), device,
-                                    cfg.precision))
+    or compilation (neither changes the mathematics); fp8 weights cast to float8 from the
+    precision the config's strategy casts them from (:func:`_converted`)."""
+    model = _converted(cfg, build_model(cfg), sharded=False, reference=True)
+    return _with_moe(_data_parallel("single", model, device, cfg.precision))
 
 
 def _bucket_cap_mb(cfg: RunConfig, model: nn.Module, device: torch.device) -> float | None:
@@ -396,7 +413,7 @@ def nd_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepa
     """tp, tp_sp, pp, fsdp+tp and pp+tp+dp on a (pp, dp, tp) device mesh."""
     from ..workloads import HFModel, hf_tp
     from .pipeline import build_schedule, stage_module
-    from .schedules import rank_chunks
+    from .schedules import grad_sync, rank_chunks
     from .tensor_parallel import apply_tensor_parallel
 
     # A Hugging Face model splits by its own plan (workloads/hf_tp.py).
@@ -415,6 +432,9 @@ def nd_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepa
         dp_mesh, dp_rank = mesh["dp"], mesh.get_local_rank("dp")
     pp_rank = mesh.get_local_rank("pp")
     sequence_parallel = cfg.strategy == "tp_sp"
+    # How the pipeline's replicas reduce gradients (schedules.GRAD_SYNC): the split-backward
+    # schedules need stages FSDP keeps unsharded from forward to backward, or no DDP wrapper.
+    sync = grad_sync(cfg.pp_schedule, cfg.dp_mode) if cfg.pipelined and cfg.dp > 1 else None
     if cfg.pipelined:
         # The schedule registry places the chunks (loop or V; strategies/schedules.py).
         chunk_ids = rank_chunks(cfg.pp_schedule, pp_rank, cfg.pp, cfg.virtual_stages)
@@ -429,7 +449,14 @@ def nd_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepa
             split(mod, mesh["tp"], sequence_parallel)
         _finish_module(mod, cfg)
         if cfg.dp > 1 and use_fsdp:
-            _fsdp(mod, dp_mesh, cfg.precision, reshard=True)
+            # Split backward: torch's input pass (pipelining/_backward.py, stage_backward_input)
+            # collects the weights' gradient edges from the stage's parameters as registered
+            # when it starts. A block FSDP resharded after forward registers its sharded
+            # parameters then, which the forward's graph never used: their weight
+            # gradients are silently never computed (grad norm 30% low, pp 2 x dp 2).
+            _fsdp(mod, dp_mesh, cfg.precision, reshard=sync != "fsdp_reduce_grad_unsharded")
+        elif cfg.dp > 1 and sync == "allreduce_after_schedule":
+            pass  # reduced by mean_allreduce below, not by a wrapper whose hooks the weight pass bypasses
         elif cfg.dp > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -464,9 +491,14 @@ def nd_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepa
     # The schedule calls the loss itself: fp16 scaling happens inside it (StageLoss).
     loss = StageLoss(scaler)
     sched = build_schedule(cfg.pp_schedule, stages, cfg.grad_accum, loss)
+    reduce = None
+    if sync == "allreduce_after_schedule":
+        from .pipeline import mean_allreduce
+
+        reduce = mean_allreduce(wrapped, mesh["dp"].get_group())
     return Prepared(wrapped[0], opt, scaler, lambda last: contextlib.nullcontext(), dp_rank=dp_rank,
                     dp_size=cfg.dp, loss_weight=weight, schedule=sched, is_first=0 in chunk_ids,
-                    is_last=holder, modules=wrapped, stage_loss=loss)
+                    is_last=holder, modules=wrapped, stage_loss=loss, reduce_grads=reduce)
 
 
 def context_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepared:

@@ -7,30 +7,48 @@ data parallelism does; the cp ranks of a group take the same samples and differe
 Causal load balance (as Megatron-Core and torchtitan split it): the sequence is cut into
 ``2 cp`` equal chunks and cp rank r takes chunks r and 2cp-1-r, so every rank holds one
 early and one late chunk and the causal attention work (which grows with position) is the
-same on every rank. Rotary embeddings use the global positions of the local tokens.
+same on every rank. This is the layout of torch's ``_HeadTailLoadBalancer``, the one its
+ring attention's causal block logic assumes (checked in the tests and, before a ring run,
+on the rank). Rotary embeddings use the global positions of the local tokens.
 
-Attention, the all-gather-KV form: each rank all-gathers K and V over its cp group (a
-differentiable gather: backward returns to every rank the sum of the gradients all ranks
-computed for its K and V, a reduce-scatter) and attends its local queries to the whole
-sequence's K and V under the causal mask of its positions. SDPA with an explicit boolean
-mask, not flex attention: flex attention runs on CPU only compiled (an inductor C++ build
-per config and shape, seconds to minutes on a CI core), while SDPA with a mask runs eager
-on CPU and CUDA alike. The mask is (local tokens x sequence) booleans, seq_len^2 / cp bytes
-per rank: fine for a benchmark's sequence lengths, not for 128k tokens, where ring
-attention (torch's ``context_parallel``, CUDA only) is what production uses. That form is
-not wired here: it needs CUDA and could not be tested on this project's CPU machines.
+Attention, in one of two forms (config key ``cp_attention``; the record's
+``cp_attention_impl`` and ``cp_attention_reason`` say which ran and why):
+
+- ``ring_allgather`` / ``ring_alltoall``: torch's ring attention
+  (``torch.distributed.tensor.experimental``, torch 2.13): each rank's q, k, v become
+  DTensors sharded on the sequence (torch's ``_ContextParallel`` style, as torchtitan
+  applies it) and SDPA on them is dispatched to the ring: blockwise flash / efficient /
+  cuDNN attention over the K and V of every cp rank, merged by log-sum-exp, no mask
+  materialised. K and V travel all-gathered once (``allgather``, torch's default) or rank
+  to rank (``alltoall``); the gradients of K and V go back rank to rank. CUDA only: torch
+  2.13 rings only those three CUDA kernels. CPU SDPA runs
+  ``aten._scaled_dot_product_flash_attention_for_cpu``, for which it has no sharding rule
+  (NotImplementedError, tried on gloo), and its math path fails on mixed DTensor and
+  tensor operands. ``auto`` takes ``ring_allgather`` on CUDA where torch picks one of the
+  three kernels for a rank's q, k, v.
+- ``allgather_kv`` (CPU, and CUDA where the ring does not apply): each rank all-gathers K
+  and V over its cp group (a differentiable gather: backward returns to every rank the
+  sum of the gradients all ranks computed for its K and V, a reduce-scatter) and attends
+  its local queries to the whole sequence's K and V with SDPA under an explicit causal
+  mask of its positions. The mask is (local tokens x sequence) booleans, seq_len^2 / cp
+  bytes per rank: fine for a benchmark's lengths, not for 128k tokens. Flex attention is
+  no alternative on CPU: torch 2.13 refuses its backward there ("FlexAttention does not
+  support backward on CPU", torch/nn/attention/flex_attention.py), so torch's flex
+  context parallelism (the same all-gather with a block mask) can only run forward.
 
 Loss and gradients: every rank holds the same number of tokens (2 chunks of S / 2cp), so
-the mean over all tokens of the batch is the mean of the ranks' own token means; DDP over
-every rank (dp x cp) averages the gradients over the same ranks, and the gather's backward
-routes each rank's loss gradient to the K and V that produced it, so the averaged gradient
-is the full batch's (checked against the one-process reference by the correctness check).
+the mean over all tokens of the batch is the mean of the ranks' own token means; the
+project's DDP wrap over every rank (dp x cp) averages the gradients over the same ranks,
+and the attention's backward routes each rank's loss gradient to the K and V that produced
+it, so the averaged gradient is the full batch's (checked against the one-process reference
+by the correctness check).
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+import dataclasses
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -39,7 +57,17 @@ from torch import nn
 
 from ..config import RunConfig
 from ..workloads.gpt import Attention, DecoderLM
-from .apply import LossScaler, Prepared, _finish_module, device_mesh, make_optimizer, place
+from . import RING_NEEDS_CUDA
+from .apply import AUTOCAST_DTYPES, Prepared, _data_parallel, _finish_module, device_mesh, place
+
+# cp_attention's ring forms -> torch's KV rotate method (set_rotate_method's names).
+RING_ROTATE = {"ring_allgather": "allgather", "ring_alltoall": "alltoall"}
+# The SDPA kernels torch 2.13's context_parallel dispatches to the ring (its _sdpa_handler).
+RING_KERNELS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
+# The kernel-choice probe uses at most this many local tokens: torch's choice turns on
+# dtype, heads, head dim, mask, gradients and the device (on the length only through rare
+# kernel limits), and a 128k-token probe would allocate the whole q, k, v.
+PROBE_TOKENS = 128
 
 
 def local_positions(seq_len: int, cp: int, cp_rank: int) -> list[int]:
@@ -52,6 +80,16 @@ def local_positions(seq_len: int, cp: int, cp_rank: int) -> list[int]:
     return list(range(first * c, (first + 1) * c)) + list(range(second * c, (second + 1) * c))
 
 
+def torch_ring_positions(seq_len: int, cp: int, cp_rank: int) -> list[int]:
+    """The global positions torch's ring attention expects on cp rank ``cp_rank``: the
+    sequence reordered by its head-tail load balancer, then split evenly over the cp ranks
+    (what ``context_parallel`` does to its buffers)."""
+    from torch.distributed.tensor.experimental._attention import _HeadTailLoadBalancer
+
+    order = _HeadTailLoadBalancer(seq_len, cp, "cpu")._generate_indices(restore=False)[0]
+    return order.view(cp, -1)[cp_rank].tolist()
+
+
 def causal_mask(seq_len: int, cp: int, cp_rank: int) -> torch.Tensor:
     """(local tokens, seq_len) booleans, True where a local query may attend a key. The keys
     are in the order the all-gather returns them (cp rank 0's tokens, then rank 1's, ...),
@@ -59,6 +97,66 @@ def causal_mask(seq_len: int, cp: int, cp_rank: int) -> torch.Tensor:
     q = torch.tensor(local_positions(seq_len, cp, cp_rank))
     k = torch.tensor([p for r in range(cp) for p in local_positions(seq_len, cp, r)])
     return q[:, None] >= k[None, :]
+
+
+def sdpa_kernel(cfg: RunConfig, form: str, device: torch.device) -> str:
+    """The SDPA kernel torch picks for one cp rank's attention call in ``form`` (its dtype,
+    heads, head dim and mask, on ``device``): FLASH_ATTENTION, EFFICIENT_ATTENTION,
+    CUDNN_ATTENTION or MATH (torch's SDPBackend names; on CPU FLASH_ATTENTION is its CPU
+    flash kernel). Asks torch's own selector (torch._fused_sdp_choice) on empty tensors of
+    those shapes, at most PROBE_TOKENS long, needing gradients as in training (some kernels
+    have no backward for some shapes)."""
+    from torch.nn.attention import SDPBackend
+
+    shape = cfg.shape
+    dtype = AUTOCAST_DTYPES[cfg.precision] or torch.float32
+    s = min(cfg.seq_len // cfg.cp, PROBE_TOKENS)
+    keys = s if form in RING_ROTATE else s * cfg.cp  # the ring attends block by block
+    q = torch.empty(1, shape.heads, s, shape.dim_head, dtype=dtype, device=device, requires_grad=True)
+    k = torch.empty(1, shape.kv_heads, keys, shape.dim_head, dtype=dtype, device=device, requires_grad=True)
+    kw: dict[str, Any] = {"enable_gqa": shape.kv_heads != shape.heads}
+    if form in RING_ROTATE:
+        kw["is_causal"] = True
+    else:
+        kw["attn_mask"] = torch.ones(s, keys, dtype=torch.bool, device=device)
+    return SDPBackend(torch._fused_sdp_choice(q, k, k, **kw)).name
+
+
+def attention_form(cfg: RunConfig, device: torch.device) -> tuple[str, str]:
+    """Which attention form a cp config runs on ``device``, and why: (form, reason).
+    ``cp_attention = "auto"`` takes torch's ring (allgather rotation) on CUDA where torch
+    picks a kernel the ring dispatches, the all-gather-KV form otherwise. A ring asked for
+    where it cannot run is refused (ValueError). Probes the kernel on CUDA only."""
+    asked = cfg.cp_attention
+    if asked in RING_ROTATE and device.type != "cuda":
+        raise ValueError(RING_NEEDS_CUDA.format(asked=asked))
+    if asked == "allgather_kv":
+        return asked, "cp_attention = \"allgather_kv\""
+    if device.type != "cuda":
+        return ("allgather_kv", "CPU: torch 2.13's ring attention (context_parallel) dispatches only the CUDA flash, "
+                "efficient and cuDNN SDPA kernels, not CPU SDPA (aten._scaled_dot_product_flash_attention_for_cpu "
+                "has no context-parallel sharding rule), and flex attention has no backward on CPU")
+    ring = "ring_allgather" if asked == "auto" else asked
+    kernel = sdpa_kernel(cfg, ring, device)
+    if kernel not in RING_KERNELS:
+        why = (f"torch picks the {kernel} SDPA kernel for this rank's q, k, v ({cfg.precision}, "
+               f"{cfg.shape.heads}/{cfg.shape.kv_heads} heads, head dim {cfg.shape.dim_head}) and its ring attention "
+               "dispatches only flash, efficient and cuDNN")
+        if asked != "auto":
+            raise ValueError(f"cp_attention = \"{asked}\" cannot run: {why}; use \"auto\" or \"allgather_kv\"")
+        return "allgather_kv", why
+    return ring, (f"torch context_parallel ring attention over the {kernel} SDPA kernel, K and V rotated by "
+                  f"{RING_ROTATE[ring]}, head-tail load balance" +
+                  (" (cp_attention = \"auto\" on CUDA)" if asked == "auto" else ""))
+
+
+def cp_fields(cfg: RunConfig, device: torch.device) -> dict[str, Any]:
+    """The record's figures of a cp config: the attention form that ran, its SDPA kernel,
+    and why (the decision the ranks' prepare made: :func:`attention_form`)."""
+    if cfg.strategy != "cp":
+        return {}
+    form, reason = attention_form(cfg, device)
+    return {"cp_attention_impl": form, "cp_sdpa_kernel": sdpa_kernel(cfg, form, device), "cp_attention_reason": reason}
 
 
 class _GatherSeq(torch.autograd.Function):
@@ -86,8 +184,8 @@ class _GatherSeq(torch.autograd.Function):
 
 
 class GatheredAttention:
-    """The attention of one rank under context parallelism (set as Attention.attend):
-    local queries against the cp group's gathered K and V, causal by global position."""
+    """The all-gather-KV form (set as Attention.attend): local queries against the cp
+    group's gathered K and V, causal by global position."""
 
     def __init__(self, group: Any, cp: int, mask: torch.Tensor) -> None:
         self.group, self.cp, self.mask = group, cp, mask
@@ -96,6 +194,53 @@ class GatheredAttention:
         k = _GatherSeq.apply(k, self.group, self.cp)
         v = _GatherSeq.apply(v, self.group, self.cp)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, enable_gqa=k.shape[1] != q.shape[1])
+
+
+class RingAttention(nn.Module):
+    """The ring form (set as Attention.attend): causal SDPA of this rank's q, k, v, which
+    torch's ``_ContextParallel`` style (applied by :func:`ring_attention`) turns into
+    sequence-sharded DTensors, so that inside :func:`ring_dispatch` the call runs torch's
+    ring attention over the cp mesh. No parameters."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+
+
+def ring_attention(cp_mesh: Any) -> RingAttention:
+    """A :class:`RingAttention` whose inputs are sharded on the sequence over ``cp_mesh``
+    (torch's ``_ContextParallel`` SDPA style: its q, k, v in as DTensors, its output back
+    as this rank's tensor)."""
+    from torch.distributed.tensor.experimental._attention import _ContextParallel
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    style = _ContextParallel(seq_dim=2, attention_type=_ContextParallel.AttentionType.SDPA)
+    return parallelize_module(RingAttention(), cp_mesh, style)
+
+
+@contextlib.contextmanager
+def ring_dispatch(rotate: str) -> Iterator[None]:
+    """Inside: SDPA on sequence-sharded DTensors runs torch's ring attention (forward and
+    backward), with head-tail load balancing and ``rotate`` ("allgather" | "alltoall") KV
+    rotation. torch keeps these switches process-wide; they are set for one training step
+    and put back after it, so no other config of the process (a tensor-parallel one with
+    DTensor attention, the reference) meets them."""
+    from torch.distributed.tensor.experimental._attention import (
+        _cp_options,
+        _disable_context_parallel_dispatcher,
+        _enable_context_parallel_dispatcher,
+        _RotateMethod,
+    )
+
+    saved = (_cp_options.enable_load_balance, _cp_options.rotate_method)
+    # The ring's causal block skipping must know the layout is head-tail (local_positions).
+    _cp_options.enable_load_balance = True
+    _cp_options.rotate_method = {"allgather": _RotateMethod.ALL_GATHER, "alltoall": _RotateMethod.ALL_TO_ALL}[rotate]
+    _enable_context_parallel_dispatcher()
+    try:
+        yield
+    finally:
+        _disable_context_parallel_dispatcher()
+        _cp_options.enable_load_balance, _cp_options.rotate_method = saved
 
 
 class SequenceShard:
@@ -108,14 +253,23 @@ class SequenceShard:
         return x.index_select(1, self.index), y.index_select(1, self.index)
 
 
-def shard_sequence(model: DecoderLM, seq_len: int, cp: int, cp_rank: int, group: Any,
-                   device: torch.device) -> SequenceShard:
+def shard_sequence(model: DecoderLM, seq_len: int, cp: int, cp_rank: int, cp_mesh: Any, device: torch.device,
+                   form: str = "allgather_kv") -> SequenceShard:
     """Make ``model`` (built whole, identical on every rank) compute this cp rank's tokens:
-    rotary tables at their global positions, every attention layer gathering K and V over
-    ``group``. Returns the batch splitter the training step applies."""
-    index = torch.tensor(local_positions(seq_len, cp, cp_rank), device=device)
+    rotary tables at their global positions, every attention layer in ``form`` over
+    ``cp_mesh``. Returns the batch splitter the training step applies."""
+    positions = local_positions(seq_len, cp, cp_rank)
+    if form in RING_ROTATE:
+        attend: Any = ring_attention(cp_mesh)
+        if positions != torch_ring_positions(seq_len, cp, cp_rank):
+            # The ring's causal logic is written for torch's split; a torch that splits
+            # otherwise would compute a different (wrong) attention here.
+            raise RuntimeError(f"torch's ring attention no longer splits seq_len {seq_len} over cp = {cp} as "
+                               "mgbench's head-tail layout does; use cp_attention = \"allgather_kv\"")
+    else:
+        attend = GatheredAttention(cp_mesh.get_group(), cp, causal_mask(seq_len, cp, cp_rank).to(device))
+    index = torch.tensor(positions, device=device)
     model.positions = index
-    attend = GatheredAttention(group, cp, causal_mask(seq_len, cp, cp_rank).to(device))
     for m in model.modules():
         if isinstance(m, Attention):
             m.attend = attend
@@ -123,22 +277,16 @@ def shard_sequence(model: DecoderLM, seq_len: int, cp: int, cp_rank: int, group:
 
 
 def prepare_context_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepared:
-    """``cp`` on every rank: split the sequence over the cp group, DDP over every rank."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    world = dist.get_world_size()
+    """``cp`` on every rank: split the sequence over the cp group, the attention in the form
+    :func:`attention_form` picks, and the project's DDP wrap over every rank."""
+    form, _ = attention_form(cfg, device)
     mesh = device_mesh(device, (cfg.dp, cfg.cp), ("dp", "cp"))
     cp_rank, dp_rank = mesh.get_local_rank("cp"), mesh.get_local_rank("dp")
     place(model, device)
-    shard = shard_sequence(model, cfg.seq_len, cfg.cp, cp_rank, mesh["cp"].get_group(), device)
+    shard = shard_sequence(model, cfg.seq_len, cfg.cp, cp_rank, mesh["cp"], device, form)
     _finish_module(model, cfg)
-    wrapped: nn.Module = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    opt = make_optimizer(wrapped.parameters(), device)
-    # The cp ranks of a sample compute different tokens: found-inf is agreed over all ranks.
-    scaler = LossScaler(device, sharded=True) if cfg.precision == "fp16" else None
-
-    def no_sync(last: bool) -> Any:
-        return contextlib.nullcontext() if last else wrapped.no_sync()
-
-    return Prepared(wrapped, opt, scaler, no_sync, dp_rank=dp_rank, dp_size=cfg.dp, loss_weight=1.0 / world,
-                    modules=[wrapped], shard_batch=shard)
+    # DDP over all dp x cp ranks: after its all-reduce every rank holds the same gradients,
+    # so fp16's found-inf needs no agreement of its own (the unsharded scaler).
+    prep = _data_parallel("ddp", model, device, cfg.precision)
+    ring = (lambda: ring_dispatch(RING_ROTATE[form])) if form in RING_ROTATE else None
+    return dataclasses.replace(prep, dp_rank=dp_rank, dp_size=cfg.dp, shard_batch=shard, step_context=ring)

@@ -10,7 +10,7 @@ r and 2 pp - 1 - r for the V-shaped ZB-V and DualPipeV.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -87,6 +87,36 @@ def build_schedule(name: str, stages: list[Any], num_micro: int, loss: "StageLos
     cls = schedule_class(name)
     multi = BY_NAME[name].fixed_chunks != 1
     return cls(stages if multi else stages[0], n_microbatches=num_micro, loss_fn=loss)
+
+
+def mean_allreduce(modules: list[nn.Module], group: Any) -> Callable[[], None]:
+    """A function that averages the gradients of ``modules`` (this rank's stages) over the
+    data-parallel ``group``: per stage, the gradients flattened into one buffer per dtype,
+    one all-reduce of it, the mean copied back. For the split-backward schedules with
+    dp_mode = "ddp" (schedules.GRAD_SYNC["allreduce_after_schedule"]), after the
+    schedule's step; every replica runs the same schedule, so the same parameters hold
+    gradients on each and the buffers line up."""
+    import torch.distributed as dist
+
+    size = dist.get_world_size(group)
+
+    def reduce() -> None:
+        for mod in modules:
+            by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+            for p in mod.parameters():
+                if p.grad is not None:
+                    by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+            for grads in by_dtype.values():
+                flat = torch.cat([g.reshape(-1) for g in grads])
+                # SUM then divide: gloo has no AVG reduction.
+                dist.all_reduce(flat, group=group)
+                flat.div_(size)
+                offset = 0
+                for g in grads:
+                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                    offset += g.numel()
+
+    return reduce
 
 
 def count_params(modules: list[nn.Module]) -> int:

@@ -61,23 +61,49 @@ def rank_chunks(schedule: str, pp_rank: int, pp: int, virtual_stages: int) -> li
     return [pp_rank + k * pp for k in range(chunks_per_rank(schedule, virtual_stages))]
 
 
-def schedule_problem(schedule: str, pp: int, num_micro: int, compile: bool, dp_mode: str | None = None) -> str | None:
+# How a pipeline's data-parallel replicas reduce their gradients (the record's
+# pp_grad_sync). torch's pipelining drives DDP and FSDP itself
+# (torch/distributed/pipelining/stage.py: backward_maybe_with_nosync, perform_reduce_grad).
+# DDP's reducer only reduces through its autograd hooks on the parameters' gradient
+# accumulators; the split schedules' weight pass (pipelining/_backward.py,
+# stage_backward_weight) calls torch.autograd.grad with those accumulators as its
+# inputs, which returns the gradients without running them, so the hooks never fire
+# (torch 2.13: the reducer's "rebuilt parameter indices" assert on the first step, after
+# stage.py's prepare_for_backward at the last backward). Those schedules' stages are
+# therefore not wrapped: mgbench all-reduces their gradients itself. FSDP2 has the path
+# torch supports (perform_reduce_grad at the schedule's REDUCE_GRAD action), which needs
+# the stages kept unsharded from forward to backward (see strategies/apply.py).
+GRAD_SYNC: dict[str, str] = {
+    "ddp_reducer": "each stage wrapped in DDP; torch's schedule runs the last micro-batch's backward through "
+                   "DDP's reducer, which all-reduces (mean) the stage's gradients in buckets",
+    "allreduce_after_schedule": "stages not wrapped in DDP (the split weight pass bypasses DDP's reducer hooks); "
+                                "after the schedule's step, one flattened all-reduce (mean over the dp group) "
+                                "per stage, before the optimizer",
+    "fsdp_reduce_grad": "each stage sharded with FSDP2; torch's schedule reduce-scatters the stage's gradients "
+                        "after its last backward (PipelineStage.perform_reduce_grad)",
+    "fsdp_reduce_grad_unsharded": "each stage sharded with FSDP2, kept unsharded from forward to backward "
+                                  "(reshard_after_forward = False: the split input pass must see the parameters "
+                                  "the forward used); torch's schedule reduce-scatters the stage's gradients after "
+                                  "its last weight pass (PipelineStage.perform_reduce_grad)",
+}
+
+
+def grad_sync(schedule: str, dp_mode: str | None) -> str | None:
+    """The key of :data:`GRAD_SYNC` a pipelined config's data-parallel replicas use
+    (``dp_mode``: "ddp", "fsdp", "hsdp"; None without data parallelism: None)."""
+    if dp_mode is None:
+        return None
+    split = BY_NAME[schedule].split_backward
+    if dp_mode == "ddp":
+        return "allreduce_after_schedule" if split else "ddp_reducer"
+    return "fsdp_reduce_grad_unsharded" if split else "fsdp_reduce_grad"
+
+
+def schedule_problem(schedule: str, pp: int, num_micro: int, compile: bool) -> str | None:
     """Why a schedule cannot run a config (None when it can): what torch 2.13's classes
-    refuse or get wrong, said before a rank starts. ``dp_mode``: how the stages are
-    replicated ("ddp", "fsdp", "hsdp"), None without data parallelism (dp = 1)."""
+    refuse, said before a rank starts. Every schedule runs with data-parallel replicas
+    of any dp_mode (:func:`grad_sync` says how their gradients are reduced)."""
     s = BY_NAME[schedule]
-    if dp_mode == "ddp" and s.split_backward:
-        # Seen on gloo: the reducer fails an internal assert ("rebuilt parameter indices
-        # size is not same as original model parameters size") on the first step.
-        return (f"the {schedule} schedule splits backward into input and weight passes, which DDP's gradient "
-                "reducer cannot follow in torch 2.13 (internal assert on the first step); run it without data "
-                "parallelism (strategy = \"pp\")")
-    if dp_mode in ("fsdp", "hsdp") and s.split_backward:
-        # Seen with mgbench's check (pp 2 x dp 2, gloo): step-1 gradient norm 0.70 against
-        # the reference's 1.00, every clean config flagged: the weight pass does not reach
-        # FSDP's reduce-scatter as the full backward does.
-        return (f"the {schedule} schedule with FSDP-sharded stages computes wrong gradients in torch 2.13 (mgbench's "
-                "correctness check: step-1 gradient norm 30% low); run it without data parallelism (strategy = \"pp\")")
     if s.fixed_chunks is None and num_micro % pp:
         return (f"the {schedule} schedule needs grad_accum (micro-batches, {num_micro}) to be a multiple of pp "
                 f"({pp})")
@@ -87,6 +113,20 @@ def schedule_problem(schedule: str, pp: int, num_micro: int, compile: bool, dp_m
     if compile and s.split_backward:
         return (f"the {schedule} schedule splits backward into input and weight gradients, which torch does not "
                 "support for compiled blocks; set compile = false")
+    return None
+
+
+def memory_tracker_problem(schedule: str) -> str | None:
+    """Why torch's memory tracker cannot follow a step of ``schedule`` (None when it can).
+
+    Seen on torch 2.13 (gloo, pp 2, with and without replicas): the tracker's module
+    hooks (torch.autograd.graph.register_multi_grad_hook) raise inside the split input
+    pass. The step then fails on the ranks holding the last stage while their
+    neighbours wait for its gradients: not a figure to be had, and a hang to avoid."""
+    if BY_NAME[schedule].split_backward:
+        return (f"the {schedule} schedule's input-gradient pass runs torch.autograd.grad, inside which torch "
+                "2.13's memory tracker fails (its multi-grad hooks: \"A leaf node was passed to "
+                "_will_engine_execute_node ... not supported\"); the pipeline's neighbours would wait for it")
     return None
 
 

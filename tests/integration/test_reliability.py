@@ -7,8 +7,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from mgbench import store
 from tests.conftest import REPO
 

@@ -167,7 +167,7 @@ def test_calibration_on_the_measured_run(smoke_run):
 def test_run_writes_a_self_contained_report(smoke_run):
     cwd, _, p = smoke_run
     report = cwd / "reports" / "smoke1.html"
-    assert f"report: reports/smoke1.html" in p.stdout
+    assert "report: reports/smoke1.html" in p.stdout
     html = report.read_text()
     assert 'src="http' not in html and "src='http" not in html  # works from file:// offline
     assert html.count("Plotly.newPlot") >= 4  # throughput, efficiency, step times, memory

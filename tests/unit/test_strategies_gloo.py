@@ -33,6 +33,9 @@ FP16 = {
     "pp+tp+dp": check_config("pp+tp+dp", precision="fp16", grad_accum=4, pp=2, tp=1, dp=1),
     "tp": check_config("tp", precision="fp16"),
     "tp_sp": check_config("tp_sp", precision="fp16"),
+    # Context parallelism (cp = 2) on the project's DDP wrap and its unsharded scaler:
+    # DDP's all-reduce over every rank leaves the same gradients, hence found-inf, on each.
+    "cp": check_config("cp", precision="fp16"),
 }
 # Fused AdamW under every kind of parameter: plain (ddp, zero1, pipeline stages),
 # DTensor shards (fsdp), both in one model (tp), and with the fp16 scalers.

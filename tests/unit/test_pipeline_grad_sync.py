@@ -1,0 +1,73 @@
+"""Zero-bubble schedules with data-parallel replicas: which gradient reduction a pipelined
+config uses (schedules.grad_sync), that the schedule gate no longer refuses them, and
+that the record says which reduction ran, and that torch's memory tracker (which fails
+inside the split input pass) is not run on their steps. The numerics (each schedule correct on pp 2 x
+dp 2 under ddp / fsdp / hsdp, the skipped reduction caught) are checked on 4 gloo ranks
+in tests/unit/test_check_gloo.py (test_zero_bubble_schedules_with_data_parallel_replicas)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from mgbench.record import Record
+from mgbench.runner.worker import pipeline_grad_sync, track_memory
+from mgbench.strategies import schedules
+from tests.factories import make_config
+
+SPLIT = [s.name for s in schedules.REGISTRY if s.split_backward]
+
+
+def test_the_split_backward_schedules_are_the_zero_bubble_family():
+    assert SPLIT == ["interleaved_zb", "zbv", "dualpipev"]
+
+
+@pytest.mark.parametrize("schedule", [s.name for s in schedules.REGISTRY])
+def test_grad_sync_by_schedule_and_dp_mode(schedule):
+    split = schedule in SPLIT
+    # DDP's reducer hooks never see the split weight pass: those stages are unwrapped and
+    # all-reduced after the schedule; the others keep DDP.
+    assert schedules.grad_sync(schedule, "ddp") == ("allreduce_after_schedule" if split else "ddp_reducer")
+    # FSDP / HSDP: torch's perform_reduce_grad either way; split stages stay unsharded
+    # from forward to backward.
+    for mode in ("fsdp", "hsdp"):
+        assert schedules.grad_sync(schedule, mode) == ("fsdp_reduce_grad_unsharded" if split else "fsdp_reduce_grad")
+    assert schedules.grad_sync(schedule, None) is None  # no replicas, nothing to reduce
+
+
+@pytest.mark.parametrize("schedule", SPLIT)
+def test_zero_bubble_schedules_pass_the_gate_that_used_to_refuse_replicas(schedule):
+    # pp 2, 4 micro-batches (DualPipeV's minimum there, a multiple of pp for interleaved).
+    assert schedules.schedule_problem(schedule, 2, 4, compile=False) is None
+    # What torch still refuses keeps its reason.
+    assert "compile = false" in schedules.schedule_problem(schedule, 2, 4, compile=True)
+
+
+def test_every_grad_sync_is_described_and_named_in_the_record_help():
+    text = next(f for f in dataclasses.fields(Record) if f.name == "pp_grad_sync").metadata["help"]
+    for key, description in schedules.GRAD_SYNC.items():
+        assert key in text and description
+    answers = {schedules.grad_sync(s.name, m) for s in schedules.REGISTRY for m in ("ddp", "fsdp", "hsdp")}
+    assert answers == set(schedules.GRAD_SYNC)
+
+
+def test_the_record_says_which_reduction_ran():
+    zb = make_config(strategy="pp+tp+dp", nproc=4, pp=2, dp=2, tp=1, pp_schedule="zbv", grad_accum=4)
+    assert pipeline_grad_sync(zb) == {"pp_grad_sync": "allreduce_after_schedule"}
+    assert pipeline_grad_sync(dataclasses.replace(zb, dp_mode="fsdp")) == {"pp_grad_sync": "fsdp_reduce_grad_unsharded"}
+    assert pipeline_grad_sync(dataclasses.replace(zb, pp_schedule="1f1b")) == {"pp_grad_sync": "ddp_reducer"}
+    alone = make_config(strategy="pp", nproc=2, pp_schedule="zbv", grad_accum=4)
+    assert pipeline_grad_sync(alone) == {"pp_grad_sync": None}  # no replicas
+    assert pipeline_grad_sync(make_config(strategy="ddp", nproc=2)) == {}  # not a pipeline
+
+
+def test_the_memory_tracker_is_not_run_on_split_backward_steps():
+    # torch 2.13's tracker fails inside the split input pass (seen on gloo), and a rank
+    # whose tracked step fails would leave its pipeline neighbours waiting: every rank
+    # skips it alike, with the reason, before any collective.
+    for name in SPLIT:
+        assert "autograd.grad" in schedules.memory_tracker_problem(name)
+    assert schedules.memory_tracker_problem("1f1b") is None
+    zb = make_config(strategy="pp+tp+dp", nproc=4, pp=2, dp=2, tp=1, pp_schedule="dualpipev", grad_accum=4)
+    got = track_memory(zb, prep=None, batches=[], device=torch.device("cpu"))  # no process group: no barrier
+    assert got == {"mem_tracked_reason": schedules.memory_tracker_problem("dualpipev")}
