@@ -64,9 +64,10 @@ def against_run(profile: dict[str, Any], run: str, results_dir: str = "results")
                       + ("; each config's non-matmul ops counted by tracing one step (planner/opcount.py)"
                          if device == "cpu" and any(r.get("breakdown", {}).get("attention_s") for r in rows) else "")
                       + ("; CPU ranks share the host's cores, priced from kernels probed with that many ranks at "
-                         "once (mgbench/probe/profile.py); the collectives a traced step issues beyond the layout "
-                         "terms pay the probed all-reduce latency; each strategy's framework cost per step is "
-                         "probed on a tiny model (mgbench/probe/framework.py)" if device == "cpu" else "")}
+                         "once (mgbench/probe/profile.py); each strategy's cost per step beyond its ops and bytes "
+                         "(framework Python; at n ranks also its collectives' latency and the waits for the slowest "
+                         "rank) is probed on a tiny model, at the run's rank count where the probe ran it "
+                         "(mgbench/probe/framework.py, planner/against.py fixed_cost_s)" if device == "cpu" else "")}
 
 
 def counted_ops(cfg: Any, hw: Any, profile: dict[str, Any] | None = None) -> dict[str, float] | None:
@@ -74,18 +75,54 @@ def counted_ops(cfg: Any, hw: Any, profile: dict[str, Any] | None = None) -> dic
     when ``hw`` prices them (a probed CPU profile), else None. Configs that differ only
     in what the count cannot see share one trace (cached per run of the planner).
 
-    With the ``profile``, also ``fixed_s``: the latency of the collectives the step
-    issues beyond those the layout terms price (collective_latency), plus the strategy's
-    framework cost beyond its ops where the probe measured it (probe/framework.py)."""
+    With the ``profile``, also ``fixed_s`` (fixed_cost_s): what the step costs beyond
+    its ops, bytes and the layout terms' communication."""
     if hw.ew_bw is None:
         return None
     ops = dict(_count(cfg))
     if profile is not None:
-        from ..probe.profile import framework_residual_s
-
-        framework = framework_residual_s(profile, cfg.strategy, cfg.shape.layers, cfg.nproc)
-        ops["fixed_s"] = collective_latency(cfg, ops.get("collectives", 0.0), profile) + (framework or 0.0)
+        ops["fixed_s"] = fixed_cost_s(cfg, ops.get("collectives", 0.0), profile)
     return ops
+
+
+def fixed_cost_s(cfg: Any, counted: float, profile: dict[str, Any]) -> float:
+    """Seconds per step of ``cfg`` beyond its ops, bytes and the layout terms'
+    communication, from the probe (``counted``: the collectives one traced step issues).
+
+    Where the probe timed the strategy's tiny step at the config's rank count (a real
+    gloo group of that many processes, probe/framework.py): that step's residual, which
+    holds the framework's Python, every collective's latency and the waits for the
+    slowest rank as the ranks meet them on shared cores, less the latency of the
+    collectives the layout terms already price for the tiny step (modelled_latency_s),
+    plus the probed latency of each collective ``cfg`` issues that neither the layout
+    terms nor the tiny step price.
+    Else (a one-rank row, or an older profile): the one-rank residual / the share of the
+    cores, plus collective_latency."""
+    from ..probe.profile import collective_latency_s, framework_residual_s, framework_row
+
+    framework = framework_residual_s(profile, cfg.strategy, cfg.shape.layers, cfg.nproc)
+    row = framework_row(profile, cfg.strategy, cfg.nproc)
+    if cfg.nproc < 2 or row is None or row.get("ranks", 1) != cfg.nproc or "collectives" not in row:
+        return collective_latency(cfg, counted, profile) + (framework or 0.0)
+    alpha = collective_latency_s(profile, cfg.nproc) or 0.0
+    from ..probe.framework import tiny_config
+
+    tiny = tiny_config(cfg.strategy, int(row["layers"]), cfg.nproc)
+    scale = (cfg.shape.layers + 1) / (row["layers"] + 1)
+    # Collectives neither the layout terms nor the tiny step's residual price (e.g. more
+    # micro-batches than the tiny step's one: FSDP gathers again per micro-batch).
+    beyond = max(0.0, (counted - modelled_collectives(cfg)) - (row["collectives"] - modelled_collectives(tiny)) * scale)
+    return max(0.0, (framework or 0.0) - modelled_latency_s(tiny, alpha) * scale) + beyond * alpha
+
+
+def modelled_latency_s(cfg: Any, alpha: float) -> float:
+    """The latency part of what the layout terms (planner/perf.py ring_time) charge for a
+    step's data-parallel collectives at a probed all-reduce latency ``alpha``: one
+    all-reduce (alpha) for ZeRO 0-2, 2 m + 1 gathers and reductions at alpha / 2 each
+    (a gather is half an all-reduce's ring steps) for ZeRO-3; 0 on one data-parallel rank."""
+    if cfg.nproc // (cfg.tp * cfg.pp * cfg.cp) < 2:
+        return 0.0
+    return (2 * cfg.grad_accum + 1) * alpha / 2 if cfg.zero_stage >= 3 else alpha
 
 
 def modelled_collectives(cfg: Any) -> float:

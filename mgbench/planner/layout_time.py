@@ -26,13 +26,15 @@ cp_comm   the all-gather form of context parallelism: per block and micro-batch 
           all-gather of K and V (s b 2 k e / t bytes in all, k = kv heads x head dim)
           and a reduce-scatter of their gradients (ring collectives over cp ranks, plus
           one all-gather per recomputed block); not overlapped.
-dp_comm   perf's rule per parameter group: dense weights over dp x cp ranks (HSDP: the
+dp_comm   perf's rule per parameter group (its all-gather count and overlap window
+          follow the pipeline schedule's gradient sync: perf.zero3_gathers,
+          perf.dp_window_fraction): dense weights over dp x cp ranks (HSDP: the
           reduce-scatter / all-gathers inside dp x cp / replicas ranks, then an
           all-reduce of the shard across the replicas), routed experts (/ ep) over the
           expert data-parallel group of dp x cp / ep ranks; under fp8 with ZeRO-3 the
           weight all-gathers carry 1 byte a weight (torchao's float8 all-gather).
 offload   FSDP2 CPU offload: every all-gather first copies the fp32 shard host to
-          device (2 per micro-batch: forward and backward), every reduce-scatter
+          device (perf.zero3_gathers: 2 per micro-batch), every reduce-scatter
           copies the fp32 gradient shard back; the two directions run concurrently on
           the host link (PCIe / C2C of the system, hardware.toml ``host_link``), not
           overlapped with compute. The optimizer step on the host CPU is not priced
@@ -129,7 +131,7 @@ def linear_fraction(shape: ModelShape, seq: Any, recompute: Any) -> Any:
 
 
 def dp_comm_s(hw: Hardware, *, dense: Any, expert: Any, tp: Any, dpc: Any, ep: Any, replicas: Any, zero: Any,
-              num_micro: Any, precision: str) -> Any:
+              num_micro: Any, precision: str, pp: Any = 1, schedule: str = "1f1b") -> Any:
     """Seconds of data-parallel traffic per step before overlap (see the module
     docstring); ``dense``/``expert``: parameters on this GPU before sharding; ``dpc``:
     the data-parallel ranks (dp x cp)."""
@@ -145,7 +147,7 @@ def dp_comm_s(hw: Hardware, *, dense: Any, expert: Any, tp: Any, dpc: Any, ep: A
         bw_all, a_all = perf._group_link(t * n, hw)
         gb = np.asarray(params, dtype=float) * g
         allreduce = perf.ring_time(gb, n, bw_all, a_all, 2.0)
-        z3 = 2.0 * m * perf.ring_time(np.asarray(params, dtype=float) * w, shard, bw_s, a_s, 1.0) \
+        z3 = perf.zero3_gathers(m, pp, schedule) * perf.ring_time(np.asarray(params, dtype=float) * w, shard, bw_s, a_s, 1.0) \
             + perf.ring_time(gb, shard, bw_s, a_s, 1.0) + perf.ring_time(gb / shard, r, bw_all, a_all, 2.0)
         return np.where(z >= 3, z3, allreduce)
 
@@ -205,17 +207,18 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
 
     dpc = d * c
     dp_comm = dp_comm_s(hw, dense=dense_p, expert=expert_p, tp=t, dpc=dpc, ep=ep, replicas=replicas, zero=zero,
-                        num_micro=m, precision=precision)
+                        num_micro=m, precision=precision, pp=p, schedule=schedule)
     z = np.asarray(zero)
-    exposed_dp = np.maximum(dp_comm - overlap * compute * perf.dp_window_fraction(m, z), 0.0)
+    exposed_dp = np.maximum(dp_comm - overlap * compute * perf.dp_window_fraction(m, z, p, schedule), 0.0)
 
     offload_s = 0.0 * compute
     if offload:
         shard = dense_p / (dpc / np.asarray(replicas, dtype=float)) + expert_p / (dpc / np.asarray(ep, dtype=float))
         bw = host_link_bw(hw)
-        # Host to device (2 m fp32 shard copies) is the larger direction; the m gradient
-        # copies back run concurrently the other way.
-        offload_s = 2.0 * m * 4.0 * shard / bw
+        # Host to device (one fp32 shard copy per all-gather: 2 m, or one for a pipeline
+        # whose stages stay unsharded) is the larger direction; the gradient copies back
+        # run concurrently the other way.
+        offload_s = perf.zero3_gathers(m, p, schedule) * 4.0 * shard / bw
         notes.append(OFFLOAD_NOTE)
 
     total = compute + bubble + b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s

@@ -20,6 +20,7 @@ Bytes throughout; GB = 1e9 bytes.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -171,6 +172,29 @@ def cp_kv_bytes(shape: ModelShape, seq: Any, micro_batch: Any, tp: Any, cp: Any,
     return np.where(np.asarray(cp) > 1, 4.0 * act_bytes(precision) * full / np.asarray(tp, dtype=float), 0.0)
 
 
+def pipeline_fsdp_holds_stage(pp: Any, zero: Any) -> Any:
+    """Where a pipeline's FSDP stages (ZeRO-3 with pp > 1) hold their whole stage
+    unsharded, weights and fp32 gradients, through the step: the one statement of it.
+
+    torch.distributed.pipelining (the runner's, and torchtitan's) turns FSDP2's gradient
+    sync and its reshard-after-backward off for every backward of the step
+    (PipelineStage.backward_maybe_with_nosync) and reduce-scatters once, at the
+    schedule's REDUCE_GRAD (perform_reduce_grad). So:
+
+    - weights: every schedule keeps the stage's gathered weights (16-bit, fp8: 1 byte)
+      from its first backward to the end of the step; the split-backward ones
+      (strategies/schedules.grad_sync "fsdp_reduce_grad_unsharded": the runner shards
+      them with reshard_after_forward = False, torchtitan every pipeline) from the
+      first forward. The first stage's activations peak in 1F1B's and interleaving's
+      steady state, after that first backward (traced: 4 of 4 blocks gathered there),
+      so the whole stage counts beside them; under GPipe, which runs every forward
+      first, it is an upper bound (the stage is whole at the end of backward, when most
+      activations are freed);
+    - gradients: accumulated unsharded over the micro-batches in FSDP2's fp32 reduce
+      dtype, 4 bytes a weight of the stage, until the reduce-scatter."""
+    return (np.asarray(pp) > 1) & (np.asarray(zero) >= 3)
+
+
 def _add_states(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return {k: a[k] + b[k] for k in a}
 
@@ -312,7 +336,9 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     activations of the heaviest pipeline stage's in-flight micro-batches as this
     workload saves them; ``gathered_params_bytes``: under ZeRO-3 the full 16-bit weights
     of the layer being computed and the next one, prefetched (DeepSpeed's estimator
-    adds the largest layer; with the prefetch, two); ``temporaries_bytes``: the
+    adds the largest layer; with the prefetch, two), in a pipeline the whole stage's
+    (:func:`pipeline_fsdp_holds_stage`, which also keeps its gradients unsharded in
+    fp32 through the step); ``temporaries_bytes``: the
     transient peak of backward (the loss's logits gradients on the stage that computes
     the loss, a recomputed block under checkpointing); and the stated allowance.
 
@@ -360,6 +386,13 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     states = _add_states(model_states(dense_p, zgroup, zero, precision),
                          model_states(expert_p, zgroup / np.asarray(ep, dtype=float), zero, precision))
     states, host = _offloaded(states, offload)
+    held = pipeline_fsdp_holds_stage(pp, zero)
+    stage_w = dense_p + expert_p
+    # The unsharded fp32 gradients replace the sharded ones at the peak (the shards are
+    # made by the reduce-scatter that frees them); on the device under offload too.
+    grads = np.where(held, np.maximum(states["grads_bytes"], 4.0 * stage_w), states["grads_bytes"])
+    states = {**states, "grads_bytes": grads,
+              "model_states_bytes": states["params_bytes"] + grads + states["optimizer_bytes"]}
     tokens = np.asarray(seq, dtype=float) * np.asarray(micro_batch, dtype=float) / c
     rc = np.asarray(recompute)
     lps = np.ceil(shape.layers / np.asarray(pp, dtype=float))
@@ -396,7 +429,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     z3 = np.asarray(zero) >= 3
     # Gathered 16-bit weights; float8 ones under fp8 (torchao's float8 all-gather).
     w_bytes = 1.0 if precision == "fp8" else STATE_BYTES[precision][0]
-    gathered = np.where(z3, 2.0 * layer_p * w_bytes, 0.0)
+    gathered = np.where(held, stage_w * w_bytes, np.where(z3, 2.0 * layer_p * w_bytes, 0.0))
     temps = temps + cp_kv_bytes(shape, seq, micro_batch, tp, cp, precision)
     if precision == "fp8":  # a block's float8 weight casts (under ZeRO-3 the gathered ones are the casts)
         temps = temps + np.where(z3, 0.0, layer_p)
@@ -459,21 +492,33 @@ def runner_phases(cfg: Any) -> dict[str, dict[str, float]]:
     micro-batches in flight under 1F1B and GPipe (the last holds the logits of one).
     """
     from ..strategies import ZERO_STAGE
+    from ..strategies.schedules import chunks_per_rank, grad_sync, rank_chunks
 
     shape: ModelShape = cfg.shape
     st = cfg.strategy
+    # How a pipeline's replicas reduce gradients (the schedule registry's grad_sync).
+    sync = grad_sync(cfg.pp_schedule, cfg.dp_mode) if cfg.pipelined and cfg.dp > 1 else None
     fsdp = st in ("fsdp", "fsdp_grad_op", "fsdp+tp") or (st == "pp+tp+dp" and cfg.dp_mode == "fsdp" and cfg.dp > 1)
-    zero = 3 if st == "pp+tp+dp" and fsdp else ZERO_STAGE.get(st, 0)
-    ddp = st in ("ddp", "zero1") or (st == "pp+tp+dp" and cfg.dp_mode == "ddp" and cfg.dp > 1)
+    # The split-backward schedules' FSDP stages are not resharded after forward
+    # (strategies/apply.py): FSDP2 as fsdp_grad_op runs it, sharded at rest, whole in use.
+    zero = (2 if sync == "fsdp_reduce_grad_unsharded" else 3) if st == "pp+tp+dp" and fsdp else ZERO_STAGE.get(st, 0)
+    ddp = st in ("ddp", "zero1") or sync == "ddp_reducer"
     dp, tp, pp = cfg.dp, cfg.tp, cfg.pp
     sp = st == "tp_sp"
     tsp = tp if sp else 1
-    v = cfg.virtual_stages if cfg.pipelined and cfg.pp_schedule == "interleaved" else 1
+    # This rank's model chunks, placed by the registry (loop or V; strategies/schedules.py).
+    v = chunks_per_rank(cfg.pp_schedule, cfg.virtual_stages) if cfg.pipelined else 1
+    chunk_ids = rank_chunks(cfg.pp_schedule, 0, pp, cfg.virtual_stages) if cfg.pipelined else [0]
     e = act_bytes(cfg.precision)
     mixed = cfg.precision != "fp32"
     h, V, F = shape.hidden, shape.padded_vocab, shape.ffn_hidden
-    first, last = True, pp == 1
-    L = stage_layers(shape.layers, pp, v)
+    first, last = True, (pp * v - 1) in chunk_ids
+    if last and pp * v > 1:
+        # The V places the last chunk on rank 0 too, in its own module (a copy of the
+        # model cut to the chunk): a tied embedding and head are two weights there.
+        shape = dataclasses.replace(shape, tie_embeddings=False)
+    chunk = _rank_chunk_sizes(shape.layers, pp * v, chunk_ids)
+    L = sum(chunk)
 
     # -- model states: parameters on this rank (tensor-parallel shards) -----------------
     plist = _rank_params(shape, tp, first, last, L)
@@ -514,7 +559,6 @@ def runner_phases(cfg: Any) -> dict[str, dict[str, float]]:
     # -- activations of one micro-batch ---------------------------------------------------
     N = float(cfg.micro_batch * cfg.seq_len)
     every = {"none": 0, "every_2nd": 2, "full": 1}[cfg.activation_checkpointing]
-    chunk = _chunk_sizes(shape.layers, pp, v)
     ck_flags = [bool(every) and i % every == 0 for n in chunk for i in range(n)]
     full_l = float(layer_activations(shape, N, tp, sp, cfg.precision))
     ck_l = float(checkpointed_layer(shape, N, tp, sp, cfg.precision))
@@ -701,6 +745,13 @@ def runner_phases(cfg: Any) -> dict[str, dict[str, float]]:
         # gradients.
         phases["ddp_finalize"] = {**base, "grads_bytes": grads_b, "activations_bytes": 0.0,
                                   "temporaries_bytes": comm + buckets}
+    if sync == "allreduce_after_schedule":
+        # strategies/pipeline.mean_allreduce after the schedule: per chunk, its fp32
+        # gradients concatenated into one flat buffer beside them, one chunk at a time.
+        flat = max(sum(n for n, _ in _rank_params(shape, tp, c == 0, c == pp * v - 1, n_c))
+                   for c, n_c in zip(chunk_ids, chunk))
+        phases["allreduce_after_schedule"] = {**base, "grads_bytes": grads_b, "activations_bytes": 0.0,
+                                              "temporaries_bytes": 4.0 * flat}
     phases["optimizer"] = {**base, "grads_bytes": grads_b, "activations_bytes": 0.0,
                            "temporaries_bytes": comm + scratch}
     for ph in phases.values():
@@ -710,10 +761,11 @@ def runner_phases(cfg: Any) -> dict[str, dict[str, float]]:
     return phases
 
 
-def _chunk_sizes(layers: int, pp: int, v: int) -> list[int]:
-    chunks = pp * v
+def _rank_chunk_sizes(layers: int, chunks: int, ids: list[int]) -> list[int]:
+    """Blocks of each chunk in ``ids`` when ``layers`` blocks are cut into ``chunks``
+    balanced chunks, the first ones one block longer (strategies/pipeline.chunk_layers)."""
     base, extra = divmod(layers, chunks)
-    return [base + (1 if c < extra else 0) for c in range(0, chunks, pp)]
+    return [base + (1 if c < extra else 0) for c in ids]
 
 
 def _zero1_partition(sizes: list[float], dp: int) -> list[float]:

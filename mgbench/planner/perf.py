@@ -32,9 +32,11 @@ tp_comm   4 all-reduces per layer per micro-batch (2 forward, 2 backward; 6 with
 pp_comm   one send forward and one backward per micro-batch and stage boundary, on the
           critical path (m + p - 1) times
 dp_comm   gradient all-reduce (ZeRO 0/1), reduce-scatter + all-gather (ZeRO 2), or
-          all-gather twice per micro-batch + reduce-scatter (ZeRO 3), overlapped with
-          backward compute by the ``overlap`` fraction of the window it can hide in
-          (:func:`dp_window_fraction`)
+          all-gathers (:func:`zero3_gathers`: twice per micro-batch, once per step for
+          the pipelines whose FSDP stages stay unsharded) + reduce-scatter (ZeRO 3),
+          overlapped with backward compute by the ``overlap`` fraction of the window it
+          can hide in (:func:`dp_window_fraction`: none for the split-backward pipelines
+          the runner all-reduces after the schedule)
 
 Collectives follow the alpha-beta model of ring algorithms: an all-reduce on n ranks
 takes 2 (n - 1) alpha + 2 (n - 1) / n x bytes / bandwidth; all-gather and
@@ -50,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from ..model_shape import ModelShape
-from ..strategies.schedules import theoretical_bubble
+from ..strategies.schedules import grad_sync, theoretical_bubble
 from .hardware import Hardware
 from .memory import act_bytes, recomputed_share
 
@@ -72,12 +74,35 @@ def link_from_all_reduce_fit(alpha_s: float, algbw: float, n: int) -> dict[str, 
     return {"bw": algbw * 2.0 * (n - 1) / n, "alpha_s": alpha_s / (2.0 * (n - 1))}
 
 
-def dp_window_fraction(num_micro: Any, zero: Any) -> Any:
+def reduces_after_schedule(pp: Any, schedule: str) -> Any:
+    """Where a pipeline's data-parallel all-reduce (ZeRO 0-2) runs after the schedule's
+    step instead of inside its last backward: the schedules whose replicas the registry
+    reduces with "allreduce_after_schedule" (strategies/schedules.grad_sync: the split
+    weight pass bypasses DDP's reducer hooks, so the runner all-reduces each stage's
+    gradients once the schedule is done, with no compute left to hide behind)."""
+    return (np.asarray(pp) > 1) & (grad_sync(schedule, "ddp") == "allreduce_after_schedule")
+
+
+def dp_window_fraction(num_micro: Any, zero: Any, pp: Any = 1, schedule: str = "1f1b") -> Any:
     """The share of a step's compute that data-parallel traffic can hide behind: the
     last micro-batch's backward (2/3 of its compute: 1 / m of the step's) for ZeRO 0-2,
-    where gradients are reduced once per step; for ZeRO-3 the gathers prefetch through
-    the whole step's compute."""
-    return np.where(np.asarray(zero) >= 3, 1.0, (2.0 / 3.0) / np.asarray(num_micro, dtype=float))
+    where gradients are reduced once per step, and none where the reduction runs after
+    the pipeline schedule (:func:`reduces_after_schedule`); for ZeRO-3 the gathers
+    prefetch through the whole step's compute."""
+    window = np.where(reduces_after_schedule(pp, schedule), 0.0, (2.0 / 3.0) / np.asarray(num_micro, dtype=float))
+    return np.where(np.asarray(zero) >= 3, 1.0, window)
+
+
+def zero3_gathers(num_micro: Any, pp: Any = 1, schedule: str = "1f1b") -> Any:
+    """Weight all-gathers per step under ZeRO-3: two per micro-batch (forward, and
+    backward after the reshard that follows forward), or one per step in a pipeline
+    whose stages FSDP keeps unsharded from forward to the end of the step (the
+    registry's "fsdp_reduce_grad_unsharded", strategies/schedules.grad_sync: the
+    split-backward schedules; see memory.pipeline_fsdp_holds_stage for the memory side).
+    The other schedules are priced at two per micro-batch, an upper bound: torch's
+    pipelining stops resharding a stage after its first backward."""
+    held = (np.asarray(pp) > 1) & (grad_sync(schedule, "fsdp") == "fsdp_reduce_grad_unsharded")
+    return np.where(held, 1.0, 2.0 * np.asarray(num_micro, dtype=float))
 
 
 def bubble_fraction(pp: Any, num_micro: Any, schedule: str, virtual_stages: int) -> Any:
@@ -240,8 +265,8 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     dp_bw, dp_alpha = _group_link(t * d, hw)
     allreduce = ring_time(grad_bytes, d, dp_bw, dp_alpha, 2.0)
     gather = ring_time(grad_bytes, d, dp_bw, dp_alpha, 1.0)  # same bytes: 16-bit weights
-    dp_comm = np.where(z >= 3, (2.0 * m + 1.0) * gather, allreduce)
-    exposed_dp = np.maximum(dp_comm - overlap * compute * dp_window_fraction(m, z), 0.0)
+    dp_comm = np.where(z >= 3, (zero3_gathers(m, p, schedule) + 1.0) * gather, allreduce)
+    exposed_dp = np.maximum(dp_comm - overlap * compute * dp_window_fraction(m, z, p, schedule), 0.0)
 
     total = compute + bubble + tp_comm + pp_comm + exposed_dp
     model_flops = shape.flops_per_token(s)

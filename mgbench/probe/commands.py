@@ -22,8 +22,9 @@ from ..cli_options import DEVICE, JSON, RESULTS_DIR, options
 @click.option("--no-comm", is_flag=True, help="Skip the short collective run (its fit prices communication).")
 @click.option("--max-ranks", type=click.IntRange(min=1), default=None, metavar="N",
               help="CPU: probe rank counts 1, 2, 4 ... up to N only (default: every count a CPU run may use). "
-                   "Configs with more ranks are then priced from the largest probed count, scaled by their share "
-                   "of the cores. --max-ranks 1 takes a few seconds and prices single-rank configs.")
+                   "A config with more ranks is priced from the largest probed count that ran at its thread count, "
+                   "scaled by its share of the cores; where none did, it is not priced and the reason says so. "
+                   "--max-ranks 1 is the quickest and prices single-rank configs.")
 @options(RESULTS_DIR, JSON)
 def probe(output, device, dtypes, model, tokens, no_comm, max_ranks, results_dir, as_json) -> None:  # type: ignore[no-untyped-def]
     """Measure this machine into a hardware profile for predict/plan/memory --hardware.

@@ -7,7 +7,9 @@ this project's 2-core VM a 1-thread GEMM ran 15-40% slower and the step's elemen
 40-60% slower beside a second process than alone. Rather than scale single-process rates
 by arithmetic, the probe starts n processes that run the same kernels together (they wait
 for each other before the first timing, and run the same sequence, so their timed spans
-overlap), and records the median of their figures.
+overlap), and records the median of their figures. Then (``framework_layers`` in SPEC)
+the same processes form a gloo group and time each data-parallel strategy's step on the
+tiny model (probe/framework.py): what a step costs beyond its ops at that rank count.
 
 Run as ``python -m mgbench.probe.concurrent SPEC OUT``: SPEC a JSON object (model,
 tokens, dtypes, threads, ranks, index, ready_dir); OUT the JSON file to write.
@@ -63,9 +65,11 @@ def rank_kernels(model: str, tokens: int, dtypes: list[str], threads: int, recor
 
 
 def run_together(ranks: int, model: str, tokens: int, dtypes: list[str], threads: int,
-                 timeout_s: float = 600.0) -> dict[str, Any]:
+                 timeout_s: float = 600.0, framework_layers: int | None = None) -> dict[str, Any]:
     """:func:`rank_kernels` in ``ranks`` processes at once (each at ``threads`` threads),
-    merged: the median over the processes of every figure (median_merge)."""
+    merged: the median over the processes of every figure (median_merge). With
+    ``framework_layers``, also ``framework``: the strategies' tiny steps on those
+    processes as one gloo group of ``ranks`` (probe/framework.py residuals)."""
     from ..errors import MgbenchError
 
     with tempfile.TemporaryDirectory(prefix="mgbench-probe-") as tmp:
@@ -73,7 +77,7 @@ def run_together(ranks: int, model: str, tokens: int, dtypes: list[str], threads
         procs, outs = [], []
         for i in range(ranks):
             spec = {"model": model, "tokens": tokens, "dtypes": dtypes, "threads": threads, "ranks": ranks,
-                    "index": i, "ready_dir": tmp}
+                    "index": i, "ready_dir": tmp, "framework_layers": framework_layers}
             outs.append(Path(tmp) / f"out{i}.json")
             procs.append(subprocess.Popen([sys.executable, "-m", "mgbench.probe.concurrent", json.dumps(spec),
                                            str(outs[-1])], env=env, stdout=subprocess.DEVNULL,
@@ -133,6 +137,14 @@ def main(argv: list[str]) -> None:
     recorded = count_step(workload_config(catalog.model_shape(spec["model"]), spec["tokens"]), record=True)["recorded"]
     _barrier(spec["ready_dir"], spec["index"], spec["ranks"])
     res = rank_kernels(spec["model"], spec["tokens"], spec["dtypes"], spec["threads"], recorded)
+    if spec.get("framework_layers") and spec["ranks"] > 1:
+        import torch.distributed as dist
+
+        from .framework import residuals
+
+        store = dist.FileStore(str(Path(spec["ready_dir"], "gloo-store")), spec["ranks"])
+        res["framework"] = residuals(spec["framework_layers"], res["host_ops"]["op_overhead_s"],
+                                     ranks=spec["ranks"], rank=spec["index"], store=store)
     out.write_text(json.dumps(res))
 
 

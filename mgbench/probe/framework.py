@@ -11,6 +11,14 @@ is left after its counted ops x the per-op overhead is the framework's residual 
 
 On this project's 2-core VM (quiet): single 11.6 ms a step for 1,384 ops (4.7 ms above
 ops x 5 us), FSDP 26 ms for 1,610 ops (18 ms above).
+
+At n ranks (probe/concurrent.py runs this in n processes forming a real gloo group) the
+same tiny steps also hold what a data-parallel step costs beyond its ops and bytes when
+its ranks share the host: every collective the strategy issues (FSDP's gather and
+reduce-scatter per wrapped module, ZeRO-1's broadcasts, DDP's reducer), each a
+rendezvous that waits for the slowest rank, with the ranks' Python and gloo's threads
+time-sharing the cores. Measured on the 2-core VM: FSDP's tiny step 25 ms on one rank,
+52 ms on 2, 157 ms on 4; DDP's 12, 16 and 36 ms.
 """
 
 from __future__ import annotations
@@ -27,17 +35,26 @@ STEPS = 20
 WARMUP = 3
 
 
-def tiny_config(strategy: str, layers: int) -> Any:
-    """The one-rank fp32 CPU config of ``strategy`` on the tiny model with ``layers`` blocks."""
+def tiny_config(strategy: str, layers: int, ranks: int = 1) -> Any:
+    """The fp32 CPU config of ``strategy`` on ``ranks`` ranks for the tiny model with
+    ``layers`` blocks."""
     from ..config import RunConfig
 
-    return RunConfig(model={"layers": layers, **TINY}, strategy=strategy, nproc=1, micro_batch=1, seq_len=TINY_SEQ,
-                     precision="fp32", device="cpu")
+    return RunConfig(model={"layers": layers, **TINY}, strategy=strategy, nproc=ranks, micro_batch=1,
+                     seq_len=TINY_SEQ, precision="fp32", device="cpu")
 
 
-def residuals(layers: int, op_overhead_s: float, strategies: tuple[str, ...] = STRATEGIES) -> list[dict[str, Any]]:
+def strategies_at(ranks: int) -> tuple[str, ...]:
+    """The strategies probed at ``ranks`` ranks ("single" runs on one only)."""
+    return STRATEGIES if ranks == 1 else tuple(s for s in STRATEGIES if s != "single")
+
+
+def residuals(layers: int, op_overhead_s: float, strategies: tuple[str, ...] | None = None, ranks: int = 1,
+              rank: int = 0, store: Any = None) -> list[dict[str, Any]]:
     """Per strategy: the tiny model's median step, its counted ops, and the residual
-    (step - ops x ``op_overhead_s``, at least 0), on one rank in this process."""
+    (step - ops x ``op_overhead_s``, at least 0). One rank in this process, or (``ranks``
+    > 1) this process as rank ``rank`` of a gloo group met through ``store`` (a
+    torch.distributed Store every rank's process reaches), the others running the same."""
     import torch
     import torch.distributed as dist
 
@@ -45,31 +62,38 @@ def residuals(layers: int, op_overhead_s: float, strategies: tuple[str, ...] = S
     from ..runner.training import rank_batches, train_step
     from ..strategies.apply import prepare
 
-    cfgs = {s: tiny_config(s, layers) for s in strategies}
+    strategies = strategies or strategies_at(ranks)
+    cfgs = {s: tiny_config(s, layers, ranks) for s in strategies}
     # Counted first: the count runs on torch's fake process group, which replaces any other.
-    ops = {s: host_ops(count_step(cfg))["ops"] for s, cfg in cfgs.items()}
+    counts = {s: host_ops(count_step(cfg)) for s, cfg in cfgs.items()}
+    ops = {s: c["ops"] for s, c in counts.items()}
     if dist.is_initialized():
         dist.destroy_process_group()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    dist.init_process_group("gloo", store=store if store is not None else dist.HashStore(), rank=rank,
+                            world_size=ranks)
     dev = torch.device("cpu")
     out = []
     try:
         preps = {s: prepare(cfg, dev) for s, cfg in cfgs.items()}
-        batches = rank_batches(cfgs[strategies[0]].seed, range(WARMUP + STEPS), 0, 1, 1, 1, TINY_SEQ, TINY["vocab"],
-                               dev)
+        batches = rank_batches(cfgs[strategies[0]].seed, range(WARMUP + STEPS), rank, 1, 1, ranks, TINY_SEQ,
+                               TINY["vocab"], dev)
         times: dict[str, list[float]] = {s: [] for s in strategies}
         # Strategies take turns step by step, so a burst of load from elsewhere on the
         # machine (another process taking a core for a second) lands on all of them
-        # alike instead of on whichever strategy was running then.
+        # alike instead of on whichever strategy was running then. With several ranks
+        # a barrier starts each step together, as the run's steady state has them.
         for i, micro in enumerate(batches):
             for s, prep in preps.items():
+                if ranks > 1:
+                    dist.barrier()
                 t0 = time.perf_counter()
                 train_step(prep, micro, dev, "fp32")
                 if i >= WARMUP:
                     times[s].append(time.perf_counter() - t0)
         for s in strategies:
             step = statistics.median(times[s])
-            out.append({"strategy": s, "step_s": step, "ops": ops[s], "layers": layers,
+            out.append({"strategy": s, "step_s": step, "ops": ops[s], "collectives": counts[s].get("collectives", 0.0),
+                        "layers": layers, "ranks": ranks,
                         "residual_s": max(0.0, step - ops[s] * op_overhead_s)})
         del preps, batches
     finally:

@@ -196,15 +196,27 @@ def elementwise(device: torch.device, recorded: list[tuple[Any, Any, int]], repe
     from having just been made, as fresh replay inputs would be (on this project's 2-core
     VM the default model's ops take 20 ms hot, 31 ms so, 33 ms in the real step). Denormal
     floats are flushed while replaying: ops repeated in place on random data would
-    otherwise drift into them, which a training step's data does not."""
+    otherwise drift into them, which a training step's data does not.
+
+    Each op is timed alone (one call, median of ``repeats``), so its figure is its time
+    while this process holds a core: a call the scheduler interrupts is an outlier the
+    median drops. When ranks outnumber the cores they hold one only part of the time
+    (with 4 one-thread processes on this project's 2-core VM, half), and a step's ops
+    stretch by that much; the spans of the other probes (GEMMs, SDPA, per-op overhead: 10
+    to 20 ms each) hold that share, these single calls do not (they gave 4 ranks a
+    higher rate than 2). So the replay also measures the share of a core the process
+    got while it ran, ``cpu_share`` = this thread's CPU time / wall time over the replay
+    (at most 1), and the rate is the held-core rate times it. The one-element add taken
+    off per op is timed the same way, by single calls."""
     tiny = torch.rand(1, device=device)
-    tiny_s = statistics.median(_timer(device, lambda: torch.ops.aten.add.Tensor(tiny, tiny), 5, 0.02))
+    tiny_s = _single_call_median(device, lambda: torch.ops.aten.add.Tensor(tiny, tiny))
     from ..planner.opcount import materialize
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     evict = torch.empty(private_cache_bytes() * torch.get_num_threads() // 4)
     total_s, total_bytes, failed = 0.0, 0, 0
     flushed = torch.set_flush_denormal(True)
+    wall0, cpu0 = time.perf_counter(), time.thread_time()
     try:
         for func, spec, nbytes in recorded:
             try:
@@ -226,12 +238,36 @@ def elementwise(device: torch.device, recorded: list[tuple[Any, Any, int]], repe
     finally:
         if flushed:
             torch.set_flush_denormal(False)
+    cpu_share = cpu_share_of(time.thread_time() - cpu0, time.perf_counter() - wall0)
     n = len(recorded) - failed
     data_s = max(total_s - n * tiny_s, 1e-9)
-    return {"bytes_per_s": total_bytes / data_s, "bytes": total_bytes, "ops": n, "ops_failed": failed,
+    return {"bytes_per_s": total_bytes / data_s * cpu_share, "held_core_bytes_per_s": total_bytes / data_s,
+            "cpu_share": cpu_share, "bytes": total_bytes, "ops": n, "ops_failed": failed,
             "replay_s": total_s, "tiny_op_s": tiny_s, "evicted_bytes": evict.numel() * 4,
             "method": "the workload's compute ops of one step replayed on random tensors of their shapes; "
-                      "bytes over (time - ops x one-element add)"}
+                      "bytes over (time - ops x one-element add), single calls, times the share of a core "
+                      "the process held over the replay (its CPU time / wall time)"}
+
+
+def cpu_share_of(cpu_s: float, wall_s: float) -> float:
+    """The share of a core a thread held over a span: its CPU time over the span's wall
+    time, at most 1 (1 for an empty span)."""
+    return min(1.0, cpu_s / wall_s) if wall_s > 0 else 1.0
+
+
+def _single_call_median(device: torch.device, fn: Callable[[], Any], calls: int = 201) -> float:
+    """Median seconds of ``calls`` single calls of ``fn`` (each timed alone, as the
+    replayed ops are), after the usual warm-up."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    _timer(device, fn, 1, WARMUP_S)
+    times = []
+    for _ in range(calls):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def private_cache_bytes(default: int = 2 * 2**20) -> int:

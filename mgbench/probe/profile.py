@@ -94,7 +94,8 @@ def gemm_row(profile: dict[str, Any], precision: str, threads: int | None = None
     row = next((g for g in runs if g["threads"] == threads), None)
     if row is None:  # a thread count never measured is unknown, not its neighbour's speed
         raise MgbenchError(f"the profile has no {dtype} GEMMs at {threads} thread(s) (it has "
-                           f"{', '.join(str(g['threads']) for g in runs)}); re-probe this host with `mgbench probe`")
+                           f"{', '.join(str(g['threads']) for g in runs)}); re-probe this host with `mgbench probe` "
+                           "(without --max-ranks, which skips the larger rank counts and their thread counts)")
     return row
 
 
@@ -195,9 +196,11 @@ def memory_budget(profile: dict[str, Any], ranks: int) -> dict[str, Any]:
 
 def comm_at(profile: dict[str, Any], ranks: int) -> dict[str, Any]:
     """The probe's collective measurement for ``ranks`` ranks: on CPU the one taken at
-    exactly that many ranks when the probe ran it (ranks time-share the cores, so a
-    collective's latency depends on how many there are), else the profile's main one."""
-    exact = [c for c in profile.get("comm_at") or [] if c.get("nproc") == ranks and c.get("all_reduce")]
+    exactly that many ranks when the probe ran it and its fit succeeded (ranks
+    time-share the cores, so a collective's latency depends on how many there are), else
+    the profile's main one."""
+    exact = [c for c in profile.get("comm_at") or [] if c.get("nproc") == ranks
+             and (c.get("all_reduce") or {}).get("bw_gbps")]
     return exact[0] if exact else (profile.get("comm") or {})
 
 
@@ -208,18 +211,30 @@ def collective_latency_s(profile: dict[str, Any], ranks: int) -> float | None:
     return float(fit["alpha_s"]) if fit and fit.get("bw_gbps") else None
 
 
+def framework_row(profile: dict[str, Any], strategy: str, ranks: int) -> dict[str, Any] | None:
+    """The probe's framework row of ``strategy`` (probe/framework.py) timed at exactly
+    ``ranks`` ranks, else its one-rank row; None where neither was probed."""
+    rows = [r for r in (profile.get("framework") or {}).get("rows") or [] if r["strategy"] == strategy]
+    return (next((r for r in rows if r.get("ranks", 1) == ranks), None)
+            or next((r for r in rows if r.get("ranks", 1) == 1), None))
+
+
 def framework_residual_s(profile: dict[str, Any], strategy: str, layers: int, ranks: int) -> float | None:
-    """Seconds per step a rank of ``strategy`` spends in framework Python beyond its aten
-    ops (probe/framework.py), scaled to ``layers`` blocks by (layers + 1) / (probed
-    layers + 1) (hooks and module calls per block, plus the embedding and head), and
-    divided by the rank's share of the cores (that Python runs on one core, time-shared
-    when the ranks' threads outnumber the cores). None where not probed."""
-    fw = profile.get("framework") or {}
-    row = next((r for r in fw.get("rows") or [] if r["strategy"] == strategy), None)
+    """Seconds per step a rank of ``strategy`` spends beyond its aten ops (probe/framework.py),
+    scaled to ``layers`` blocks by (layers + 1) / (probed layers + 1) (hooks, module calls
+    and collectives per block, plus the embedding and head). From the row probed at
+    ``ranks`` ranks when there is one (it holds the collectives' latency, the waits for
+    the slowest rank and the time-shared cores, as measured); else the one-rank row's
+    framework Python divided by the rank's share of the cores (it runs on one core,
+    time-shared when the ranks' threads outnumber the cores). None where not probed."""
+    row = framework_row(profile, strategy, ranks)
     if row is None:
         return None
+    scaled = row["residual_s"] * (layers + 1) / (row["layers"] + 1)
+    if row.get("ranks", 1) == ranks:
+        return scaled
     _, share = rank_share(profile, ranks)
-    return row["residual_s"] * (layers + 1) / (row["layers"] + 1) / share
+    return scaled / share
 
 
 def comm_link(profile: dict[str, Any], ranks: int) -> dict[str, float]:
@@ -255,8 +270,9 @@ def describe(profile: dict[str, Any]) -> list[str]:
         lines.append(f"  ops {h['threads']:>3} thread(s){at}: {h['op_overhead_s'] * 1e6:.1f} us per op; the step's "
                      f"{h['elementwise']['ops']} non-matmul ops get {h['elementwise']['bytes_per_s'] / 1e9:.1f} GB/s")
     for r in (profile.get("framework") or {}).get("rows") or []:
+        n = int(r.get("ranks", 1))
         lines.append(f"  framework {r['strategy']:<13} {r['residual_s'] * 1e3:.1f} ms a step beyond its {r['ops']:.0f} "
-                     f"ops (tiny {r['layers']}-layer model, 1 rank)")
+                     f"ops (tiny {int(r['layers'])}-layer model, {n} rank{'s' if n > 1 else ''})")
     lines.append(f"  memory bandwidth {profile['memory']['bytes_per_s'] / 1e9:.1f} GB/s")
     cp = profile.get("copies") or {}
     lines.append("  copies: " + (cp["null_reason"] if "null_reason" in cp else

@@ -67,8 +67,8 @@ def probe(device: str = "auto", dtypes: list[str] | None = None, model: str | No
 
     prof["memory"] = kernels.memory_bandwidth(dev, MEMORY_OPERAND_BYTES[kind])
     if kind == "cpu":
-        _cpu_rank_kernels(prof, shape, tokens, dtypes, cores, progress, _cpu_ranks(max_ranks))
-        prof["framework"] = _framework(prof, shape, progress)
+        at_ranks = _cpu_rank_kernels(prof, shape, tokens, dtypes, cores, progress, _cpu_ranks(max_ranks))
+        prof["framework"] = _framework(prof, shape, progress, at_ranks)
     else:
         _device_kernels(prof, dev, shape, tokens, dtypes, progress)
     prof["copies"] = _copies(dev)
@@ -96,30 +96,37 @@ def _cpu_ranks(max_ranks: int | None) -> list[int]:
 
 
 def _cpu_rank_kernels(prof: dict[str, Any], shape: ModelShape, tokens: int, dtypes: list[str], cores: int,
-                      progress: Callable[[str], None], ranks: list[int]) -> None:
+                      progress: Callable[[str], None], ranks: list[int]) -> list[dict[str, Any]]:
     """GEMM, attention and host-op rows for each rank count a CPU run uses (1, 2, 4 ...
     up to launching.cpu_rank_limit), each tagged with its ``ranks`` and ``threads``
     (launching.threads_per_rank): one rank in this process, n ranks as n processes
     timing the same kernels at once (probe/concurrent.py), as the ranks of a run share
-    the cores."""
+    the cores. Returns the framework rows those n processes timed as one gloo group
+    (probe/framework.py)."""
     from ..launching import threads_per_rank
     from .concurrent import rank_kernels, run_together
 
     prof["gemm"], prof["attention"], prof["host_ops"] = [], [], []
+    framework_rows: list[dict[str, Any]] = []
     for n in ranks:
         t = threads_per_rank(n, cores)
         progress(f"{n} rank(s) at {t} thread(s) each: GEMM, attention, per-op overhead, the step's non-matmul ops"
                  + (f" ({n} processes at once)" if n > 1 else ""))
-        res = rank_kernels(shape.name, tokens, dtypes, t) if n == 1 else run_together(n, shape.name, tokens, dtypes, t)
+        res = (rank_kernels(shape.name, tokens, dtypes, t) if n == 1 else
+               run_together(n, shape.name, tokens, dtypes, t, framework_layers=shape.layers))
         tag = {"threads": t, "ranks": n}
         prof["gemm"] += [{**g, **tag} for g in res["gemm"]]
         prof["attention"] += [{**a, **tag} for a in res["attention"]]
         prof["host_ops"].append({**res["host_ops"], **tag})
+        framework_rows += res.get("framework") or []
+    return framework_rows
 
 
-def _framework(prof: dict[str, Any], shape: ModelShape, progress: Callable[[str], None]) -> dict[str, Any]:
-    """Each data-parallel strategy's per-step cost beyond its aten ops, on one rank at
-    the 1-rank thread count (probe/framework.py)."""
+def _framework(prof: dict[str, Any], shape: ModelShape, progress: Callable[[str], None],
+               at_ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each data-parallel strategy's per-step cost beyond its aten ops (probe/framework.py):
+    on one rank at the 1-rank thread count, timed here, and ``at_ranks``: the rows the
+    concurrent kernel processes timed at each larger rank count."""
     import torch
 
     from . import framework, kernels
@@ -129,12 +136,19 @@ def _framework(prof: dict[str, Any], shape: ModelShape, progress: Callable[[str]
     saved = torch.get_num_threads()
     try:
         kernels.use_threads(one["threads"])
-        rows = framework.residuals(shape.layers, one["op_overhead_s"])
+        rows = [{**r, "threads": one["threads"]} for r in framework.residuals(shape.layers, one["op_overhead_s"])]
     finally:
         torch.set_num_threads(saved)
+    # Rows at 2, 4 ... ranks: timed by the concurrent kernel processes as one gloo group.
+    threads = {h["ranks"]: h["threads"] for h in prof["host_ops"]}
+    # The n processes' figures are medians (floats): counts are put back as integers.
+    rows += [{**r, "ranks": int(r["ranks"]), "layers": int(r["layers"]), "threads": threads[int(r["ranks"])]}
+             for r in at_ranks]
     return {"threads": one["threads"], "rows": rows,
-            "method": "the runner's step of each strategy on one rank (world-1 gloo) for a model of the workload's "
-                      f"layers at hidden {framework.TINY['hidden']}: median step - counted ops x per-op overhead"}
+            "method": "the runner's step of each strategy for a model of the workload's layers at hidden "
+                      f"{framework.TINY['hidden']}, on one rank (world-1 gloo) and on each probed rank count "
+                      "(that many processes in one gloo group, probe/concurrent.py): median step - counted ops x "
+                      "the per-op overhead probed at that rank count"}
 
 
 def _device_kernels(prof: dict[str, Any], dev: Any, shape: ModelShape, tokens: int, dtypes: list[str],

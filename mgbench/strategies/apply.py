@@ -439,7 +439,12 @@ def nd_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepa
         # The schedule registry places the chunks (loop or V; strategies/schedules.py).
         chunk_ids = rank_chunks(cfg.pp_schedule, pp_rank, cfg.pp, cfg.virtual_stages)
         num_chunks = cfg.pp * len(chunk_ids)
-        modules = [stage_module(model, c, num_chunks, copy_model=len(chunk_ids) > 1) for c in chunk_ids]
+        # A model per chunk, cut to its blocks. The others are built again (seeded: the
+        # same weights), not deep-copied: torch's deepcopy of fake tensors (memory --trace)
+        # reads their data pointers, which torch calls undefined behaviour, and it corrupted
+        # the heap (a crash at exit after interleaved, zbv and dualpipev traces).
+        models = [model] + [_converted(cfg, build_model(cfg), sharded=cfg.zero_stage >= 2) for _ in chunk_ids[1:]]
+        modules = [stage_module(m, c, num_chunks) for m, c in zip(models, chunk_ids)]
     else:
         num_chunks, chunk_ids, modules = 1, [0], [model]
     wrapped = []

@@ -9,7 +9,6 @@ r and 2 pp - 1 - r for the V-shaped ZB-V and DualPipeV.
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Callable
 
 import torch
@@ -30,10 +29,11 @@ def chunk_layers(layers: int, chunks: int) -> list[range]:
     return out
 
 
-def stage_module(model: DecoderLM, chunk: int, num_chunks: int, copy_model: bool) -> DecoderLM:
+def stage_module(model: DecoderLM, chunk: int, num_chunks: int) -> DecoderLM:
     """The part of ``model`` that chunk ``chunk`` runs: its blocks, plus the embedding on
-    the first chunk and the final norm and output projection on the last."""
-    mod = copy.deepcopy(model) if copy_model else model
+    the first chunk and the final norm and output projection on the last. ``model`` is
+    cut in place: a rank holding several chunks passes a model of its own for each."""
+    mod = model
     keep = {str(i) for i in chunk_layers(model.shape.layers, num_chunks)[chunk]}
     for key in list(mod.blocks.keys()):
         if key not in keep:

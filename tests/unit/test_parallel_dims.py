@@ -83,8 +83,8 @@ def test_chunks_are_balanced_by_layer_count():
 
 def test_stage_module_keeps_its_blocks_and_ends():
     shape = ModelShape(layers=4, hidden=32, heads=2, ffn_hidden=64, vocab=50)
-    first = stage_module(DecoderLM(shape, 8), 0, 2, copy_model=False)
-    last = stage_module(DecoderLM(shape, 8), 1, 2, copy_model=False)
+    first = stage_module(DecoderLM(shape, 8), 0, 2)
+    last = stage_module(DecoderLM(shape, 8), 1, 2)
     assert list(first.blocks.keys()) == ["0", "1"] and first.tok_emb is not None and first.head is None
     assert list(last.blocks.keys()) == ["2", "3"] and last.tok_emb is None and last.head is not None
 

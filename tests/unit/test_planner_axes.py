@@ -316,3 +316,47 @@ def test_fp8_on_a_probed_cpu_profile_is_refused_with_one_line():
         predict(MINI, hw, layout, host_ops={"ops": 1000.0, "bytes": 2e8})
     assert predict(MINI, hw, Layout(num_gpus=1, micro_batch=4, seq_len=128, precision="fp32"),
                    host_ops={"ops": 1000.0, "bytes": 2e8})["step_time_s"] > 0
+
+
+# --- pipelines with data-parallel replicas (how the runner reduces them) --------------------
+
+def test_pipeline_fsdp_holds_the_whole_stage_gathered_and_its_fp32_gradients():
+    # pp 2 x dp 4, ZeRO-3: torch's pipelining keeps each FSDP stage unsharded through the
+    # step (memory.pipeline_fsdp_holds_stage): the stage's 16-bit weights gathered, and
+    # its gradients accumulated unsharded in fp32, instead of two layers and a 1 / dp shard.
+    stage = float(M.stage_params(LLAMA8, 1, 2))  # 16 blocks + the embedding
+    for schedule in ("zbv", "1f1b"):
+        got = mem(LLAMA8, seq=4096, pp=2, dp=4, zero=3, num_micro=8, schedule=schedule)
+        assert got["gathered_params_bytes"] == pytest.approx(2.0 * stage)
+        assert got["grads_bytes"] == pytest.approx(4.0 * stage)
+        assert got["params_bytes"] == pytest.approx(2.0 * stage / 4)
+    f8 = mem(LLAMA8, seq=4096, pp=2, dp=4, zero=3, num_micro=8, schedule="zbv", precision="fp8")
+    assert f8["gathered_params_bytes"] == pytest.approx(1.0 * stage)
+    # Without a pipeline ZeRO-3 keeps two layers gathered and a gradient shard.
+    flat = mem(LLAMA8, seq=4096, dp=8, zero=3)
+    assert flat["gathered_params_bytes"] == pytest.approx(2.0 * 2.0 * LLAMA8.params_per_layer())
+    assert flat["grads_bytes"] == pytest.approx(2.0 * float(M.stage_params(LLAMA8, 1, 1)) / 8)
+
+
+def test_split_backward_ddp_all_reduce_is_exposed_after_the_schedule():
+    # zbv's stages are not wrapped in DDP: the runner all-reduces after the schedule
+    # (schedules.grad_sync "allreduce_after_schedule"), nothing left to hide it.
+    kw = dict(seq=4096, global_batch=32, micro_batch=1, tp=1, pp=4, dp=2, zero=0, recompute=0, virtual_stages=2)
+    zb = layout_time.step_time(LLAMA8, H100, schedule="zbv", **kw)["breakdown"]
+    assert float(zb["exposed_dp_comm_s"]) == pytest.approx(float(zb["dp_comm_s"]))
+    assert float(perf.dp_window_fraction(16, 0, 4, "zbv")) == 0.0
+    # 1F1B's DDP reducer hides it behind the last backward: 2/3 of 1 / m of the compute.
+    ob = layout_time.step_time(LLAMA8, H100, schedule="1f1b", **kw)["breakdown"]
+    hidden = float(ob["compute_s"]) * (2.0 / 3.0) / 16
+    assert float(ob["exposed_dp_comm_s"]) == pytest.approx(max(float(ob["dp_comm_s"]) - hidden, 0.0))
+    assert float(perf.dp_window_fraction(16, 0, 1, "zbv")) == pytest.approx((2.0 / 3.0) / 16)  # no pipeline
+
+
+def test_split_backward_fsdp_gathers_once_per_step():
+    d, m, params = 8, 4, 1e9
+    kw = dict(dense=params, expert=0.0, tp=1, dpc=d, ep=1, replicas=1, zero=3, num_micro=m, precision="bf16")
+    gather = float(perf.ring_time(2 * params, d, H100.intra_bw, H100.intra_alpha_s, 1.0))
+    zb = layout_time.dp_comm_s(H100, pp=2, schedule="zbv", **kw)
+    ob = layout_time.dp_comm_s(H100, pp=2, schedule="1f1b", **kw)
+    assert float(zb) == pytest.approx(1 * gather + gather)  # one all-gather, one reduce-scatter
+    assert float(ob) == pytest.approx((2 * m) * gather + gather)

@@ -1,11 +1,12 @@
 """How the probed CPU prediction accounts for ranks sharing the cores: rows probed with
-n processes at once, collective latency at n ranks, the framework's residual per step,
-and the probe's merge of concurrent processes (hand calculations, no timing)."""
+n processes at once, collective latency at n ranks, the framework's residual per step
+(one rank, and the strategies' tiny steps at n ranks), and the probe's merge of
+concurrent processes (hand calculations, no timing)."""
 
 import pytest
 
 from mgbench.config import RunConfig
-from mgbench.planner.against import collective_latency, modelled_collectives
+from mgbench.planner.against import collective_latency, fixed_cost_s, modelled_collectives, modelled_latency_s
 from mgbench.probe import profile as P
 from mgbench.probe.concurrent import median_merge
 
@@ -82,3 +83,52 @@ def test_concurrent_results_merge_to_their_median():
     assert m["gemm"][0]["typical_tflops"] == pytest.approx(0.2)
     assert m["gemm"][0]["shapes"][0] == {"m": 8, "tflops_median": 2.0}
     assert m["gemm"][0]["dtype"] == "float32" and m["ops"] == 3
+
+
+def _mini(strategy, nproc, **over):
+    return RunConfig(model="mini", strategy=strategy, nproc=nproc, micro_batch=4, seq_len=128, precision="fp32",
+                     device="cpu", **over)
+
+
+def _fit(n, alpha, bw=1.0):
+    return {"nproc": n, "all_reduce": {"alpha_s": alpha, "bw_gbps": bw, "fit_mean_abs_error_pct": 5.0}}
+
+
+def test_a_failed_fit_at_the_rank_count_falls_back_to_the_main_fit():
+    # The 4-rank all-reduce run gave no bandwidth (a fit the noise defeated): the
+    # profile's main (2-rank) fit prices 4 ranks rather than no prediction at all.
+    prof = make_profile(comm_at=[_fit(2, 400e-6), _fit(4, 30e-3, bw=None)])
+    assert P.collective_latency_s(prof, 4) == pytest.approx(400e-6)
+    assert P.comm_link(prof, 4)["bw"] == pytest.approx(2.0e9)  # make_profile's main fit: 2 GB/s on 2 ranks
+
+
+def _framework(*rows):
+    return {"threads": 2, "rows": [dict(zip(("strategy", "ranks", "residual_s", "collectives"), r), layers=4, ops=1600,
+                                        step_s=0.1) for r in rows]}
+
+
+def test_a_framework_row_probed_at_the_rank_count_is_used_as_measured():
+    prof = make_profile(framework=_framework(("fsdp", 1, 0.018, 0.0), ("fsdp", 4, 0.130, 15.0)))
+    # 4 ranks: the row timed with 4 ranks in one gloo group, not the 1-rank row / share
+    assert P.framework_residual_s(prof, "fsdp", 4, 4) == pytest.approx(0.130)
+    assert P.framework_residual_s(prof, "fsdp", 9, 4) == pytest.approx(0.130 * 10 / 5)
+    # 2 ranks, not probed there: the 1-rank row at 1 core each, as before
+    assert P.framework_residual_s(prof, "fsdp", 4, 2) == pytest.approx(0.018)
+    assert P.framework_row(prof, "fsdp", 2)["ranks"] == 1
+
+
+def test_the_n_rank_tiny_step_prices_what_the_layout_terms_do_not():
+    prof = make_profile(comm_at=[_fit(2, 1e-3), _fit(4, 5e-3)],
+                        framework=_framework(("fsdp", 1, 0.018, 0.0), ("fsdp", 4, 0.130, 15.0),
+                                             ("ddp", 1, 0.005, 1.0), ("ddp", 4, 0.020, 1.0)))
+    fsdp = _mini("fsdp", 4)
+    # its residual, less the 3 gathers/reductions (at alpha / 2) the layout terms price
+    assert modelled_latency_s(fsdp, 5e-3) == pytest.approx(3 * 5e-3 / 2)
+    assert fixed_cost_s(fsdp, 15.0, prof) == pytest.approx(0.130 - 3 * 5e-3 / 2)
+    # two collectives more than the tiny step issued: each pays the latency
+    assert fixed_cost_s(fsdp, 17.0, prof) == pytest.approx(0.130 - 3 * 5e-3 / 2 + 2 * 5e-3)
+    assert fixed_cost_s(_mini("ddp", 4), 1.0, prof) == pytest.approx(0.020 - 5e-3)
+    # no row at 2 ranks: the one-rank residual (1 core each) + 12 collectives beyond the terms
+    assert fixed_cost_s(_mini("fsdp", 2), 15.0, prof) == pytest.approx(0.018 + 12 * 1e-3)
+    assert modelled_latency_s(_mini("fsdp", 4, grad_accum=2), 1.0) == pytest.approx(2.5)
+    assert modelled_latency_s(_mini("fsdp", 1), 1.0) == 0.0
