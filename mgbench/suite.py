@@ -265,6 +265,9 @@ def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | No
         return why
     if (why := _hsdp_fp8_problem(p)):
         return why
+    fp8_tp_cuda = p["precision"] == "fp8" and p["tp"] > 1 and p["device"] == "cuda"
+    if fp8_tp_cuda and (why := _fp8_tp_shard_problem(shape, p["tp"])):
+        return why
     if p["data"] == "disk" and p["warmup_steps"] < 1:
         # The DataLoader's start-up (workers, first reads) happens in a warm-up step
         # (runner/data_loading.LoaderFeed.warmup_reads); without one it would be timed.
@@ -292,20 +295,23 @@ def _hsdp_fp8_problem(p: dict[str, Any]) -> str | None:
         from importlib.util import find_spec
 
         # What cannot run is said first: it holds with or without torchao installed.
-        if p["strategy"] in PIPELINED or p["tp"] > 1:
-            # torchao has float8 tensor-parallel styles (Float8ColwiseParallel, ...);
-            # mgbench's tensor-parallel plan and pipeline stages do not use them yet.
-            return (f"fp8 runs with data parallelism only here ({', '.join(('single',) + DATA_PARALLEL)}): float8 "
-                    "tensor parallelism and float8 pipeline stages are not built yet")
-        if p.get("cp", 1) > 1 and p["fp8_recipe"] == "tensorwise":
-            # A correct run differs from the reference by fp8 noise alone, up to the
-            # tolerance (measured, strategies/fp8.py): the check would fail correct runs
-            # at random. Rowwise stays well inside it.
-            return ("fp8_recipe = \"tensorwise\" with context parallelism: each cp rank takes its float8 scales from "
-                    "its own part of every sequence, which the one-process reference cannot reproduce (a correct run "
-                    "sits at the check's tolerance); use fp8_recipe = \"rowwise\" or cp = 1")
+        if p["strategy"] in PIPELINED or (p["tp"] > 1 and p["strategy"] not in ("tp", "tp_sp")):
+            return (f"fp8 runs with data parallelism ({', '.join(('single',) + DATA_PARALLEL)}) and tp / tp_sp here: "
+                    "float8 pipeline stages and fp8 fsdp+tp are not built yet")
         if find_spec("torchao") is None:
             return "precision = \"fp8\" needs torchao's float8 training: install mgbench[fp8]"
+    return None
+
+
+def _fp8_tp_shard_problem(shape: Any, tp: int) -> str | None:
+    """On CUDA every rank's piece of a float8 linear needs both dims a multiple of 16
+    (torch._scaled_mm); tensor parallelism splits q/k/v/w1/w3 by output and wo/w2 by
+    input features. Linears whose whole dims are not aligned stay bf16 (strategies/fp8.py)."""
+    q, kv, f = shape.heads * shape.dim_head, shape.kv_heads * shape.dim_head, shape.ffn_hidden
+    for name, split, other in (("wq", q, shape.hidden), ("wk", kv, shape.hidden), ("w1", f, shape.hidden)):
+        if split % 16 == 0 and other % 16 == 0 and (split % tp or (split // tp) % 16):
+            return (f"fp8 with tp = {tp} on CUDA: {name}'s {split} output features split {tp} ways are not a multiple "
+                    "of 16 per rank (torch._scaled_mm needs it); use a smaller tp or a model whose dims allow it")
     return None
 
 

@@ -108,13 +108,17 @@ def _variants(model: str, precision: str, seed: int, steps: int) -> dict[str, An
         "pp_gpipe": check_config("pp", grad_accum=4, pp_schedule="gpipe", **common),
     }
     if precision == "fp8":
-        # fp8 runs with data parallelism here (tensor parallelism, pipelines and context
-        # parallelism of float8 linears are skipped by the suite, suite.py). Each recipe
-        # is compared with its own reference (keyed by reference.check_key: rowwise under
-        # FSDP2 with float8 weights cast from bf16, strategies/fp8.py).
-        out = {k: v for k, v in out.items() if k in ("ddp2", "zero1", "fsdp", "fsdp_grad_op")}
+        # fp8 runs with data and tensor parallelism (pipelines of float8 linears are
+        # skipped by the suite, suite.py). Each recipe is compared with its own reference
+        # (keyed by reference.check_key: rowwise under FSDP2 with float8 weights cast from
+        # bf16, strategies/fp8.py). Tensor parallelism's row-parallel partial sums are
+        # rounded in bf16 before the all-reduce, and the next float8 cast amplifies that:
+        # a reduction-order effect like bf16's tp2, so tp2 joins the spread.
+        out = {k: v for k, v in out.items() if k in ("ddp2", "tp2", "zero1", "fsdp", "fsdp_grad_op", "tp_sp")}
         out["ddp2_rowwise"] = check_config("ddp", grad_accum=2, fp8_recipe="rowwise", **common)
+        out["tp2_rowwise"] = check_config("tp", grad_accum=4, fp8_recipe="rowwise", **common)
         out["fsdp_rowwise"] = check_config("fsdp", grad_accum=2, fp8_recipe="rowwise", **common)
+        out["tp_sp_rowwise"] = check_config("tp_sp", grad_accum=4, fp8_recipe="rowwise", **common)
         return out
     if catalog.model_shape(model).layers >= 4:
         out["pp_interleaved"] = check_config("pp", grad_accum=4, pp_schedule="interleaved", virtual_stages=2,
@@ -122,7 +126,7 @@ def _variants(model: str, precision: str, seed: int, steps: int) -> dict[str, An
     return out
 
 
-SPREAD_VARIANTS = ("reversed", "ddp2", "tp2", "ddp2_rowwise")
+SPREAD_VARIANTS = ("reversed", "ddp2", "tp2", "ddp2_rowwise", "tp2_rowwise")
 
 
 def diffs(mine: dict[str, Any], ref: dict[str, Any]) -> dict[str, float]:

@@ -37,8 +37,12 @@ HAS_TORCHAO = importlib.util.find_spec("torchao") is not None
 if HAS_TORCHAO:
     # fp8 rowwise under FSDP2 (issue 17): float8 weights cast from bf16, as its reference casts them.
     STRATEGIES["fsdp_fp8_rowwise"] = dict(strategy="fsdp", precision="fp8", fp8_recipe="rowwise")
+    # fp8 with tensor parallelism (torchao's float8 styles for tensorwise; rowwise under
+    # sequence parallelism), held to fp8's tolerance, which includes tp's measured spread.
+    STRATEGIES["tp_fp8"] = dict(strategy="tp", precision="fp8")
+    STRATEGIES["tp_sp_fp8_rowwise"] = dict(strategy="tp_sp", precision="fp8", fp8_recipe="rowwise")
 BUGGED = ("ddp", "fsdp", "tp", "pp", "zero1", "fsdp_grad_op", "tp_sp", "pp_gpipe", "pp_interleaved", "ddp_fp16_comm",
-          "fsdp_fp8_rowwise")
+          "fsdp_fp8_rowwise", "tp_fp8")  # negative controls on one fp8 tp case: CI time
 BUGS = ("none",) + tuple(f"bug:{b}" for b in faults.BUGS)
 # The quantity each bug must be caught by. With Adam a summed gradient gives almost the
 # same update, so grad_sum can only show in the gradient norm; freeze leaves the step-1
