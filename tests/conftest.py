@@ -29,10 +29,11 @@ def run_cli(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedPr
 # Test files that run the longest torchrun jobs, scheduled first: with two pytest workers
 # (README's test command), a long file that starts last would leave one worker alone at
 # the end. Measured CPU seconds per file (MGBENCH_TEST_CPU below) decide the list.
-LONGEST_FIRST = ("test_run_cpu.py", "test_modern.py", "test_check_gloo.py", "test_hf_vision_cpu.py",
-                 "test_reliability.py", "test_parallelism_cpu.py", "test_correctness.py", "test_multinode.py",
-                 "test_comm_cpu.py", "test_command_workload.py", "test_memory_trace.py", "test_strategies_gloo.py",
-                 "test_tracked_memory.py", "test_data_disk.py", "test_synthetic.py", "test_hf_tp.py", "test_moe.py")
+LONGEST_FIRST = ("test_parallelism_cpu.py", "test_check_gloo.py", "test_modern.py", "test_run_cpu.py",
+                 "test_reliability.py", "test_multinode.py", "test_memory_trace.py", "test_hf_vision_cpu.py",
+                 "test_comm_cpu.py", "test_tracked_memory.py", "test_command_workload.py", "test_strategies_gloo.py",
+                 "test_probe_time_share.py", "test_compare.py", "test_planner_cli.py", "test_data_disk.py",
+                 "test_correctness.py", "test_synthetic.py", "test_hf_tp.py", "test_moe.py")
 
 
 def pytest_collection_modifyitems(session, config, items):  # type: ignore[no-untyped-def]

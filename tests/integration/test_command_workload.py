@@ -48,7 +48,7 @@ def command_run(tmp_path_factory):
 
     cwd = tmp_path_factory.mktemp("cmd")
     (cwd / "commands.toml").write_text(_suite())
-    p = run_cli("run", "commands.toml", "--run-id", "c1", "--no-report", cwd=cwd)
+    p = run_cli("run", "commands.toml", "--run-id", "c1", "--no-report", "--no-projection", cwd=cwd)
     assert p.returncode == 0, p.stderr + p.stdout
     run_dir = cwd / "results" / "c1"
     return {_script(r): r for r in store.read_records(run_dir)}, run_dir, p

@@ -57,7 +57,7 @@ def test_compare_cli_flags_and_gates_a_slowdown_of_real_records(cli, tmp_path):
     (tmp_path / "c.toml").write_text('name = "cmp"\n[sweep]\nmodel = "tiny"\nstrategy = ["single", "ddp"]\n'
                                      'seq_len = 32\nwarmup_steps = 1\nmeasured_steps = 3\nrounds = 5\ncheck_steps = 0\n'
                                      'track_memory = false\n')
-    p = cli("run", "c.toml", "--run-id", "base", "--no-report")
+    p = cli("run", "c.toml", "--run-id", "base", "--no-report", "--no-projection")
     assert p.returncode == 0, p.stderr
     results = tmp_path / "results"
     split_run(results, "base", "same", lambda r: True)
@@ -90,7 +90,7 @@ def test_compare_flags_a_30_percent_slowdown_and_gates(cli, tmp_path):
     results = tmp_path / "results"
     seen = []
     for k in range(2):
-        p = cli("run", "c.toml", "--run-id", f"all{k}", "--no-report")
+        p = cli("run", "c.toml", "--run-id", f"all{k}", "--no-report", "--no-projection")
         assert p.returncode == 0, p.stderr
         assert "round 16/16 of 9 config(s)" in p.stdout  # progress while no record has landed yet
         a, b, slow_id = f"a{k}", f"b{k}", f"slow{k}"

@@ -36,7 +36,7 @@ track_memory = false
 @pytest.mark.extended  # CI runs MoE through suites/modern.toml (tests/integration/test_modern.py)
 def test_moe_single_and_expert_parallel_on_4_ranks_are_ok_and_correct(cli, tmp_path):
     (tmp_path / "moe.toml").write_text(SUITE)
-    p = cli("run", "moe.toml", "--run-id", "moe", "--no-report")
+    p = cli("run", "moe.toml", "--run-id", "moe", "--no-report", "--no-projection")
     assert p.returncode == 0, p.stderr + p.stdout
     recs = {(r["strategy"], r["ep"], r["moe_capacity_factor"], r["inject"]): r
             for r in store.read_records(tmp_path / "results" / "moe")}

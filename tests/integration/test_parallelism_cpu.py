@@ -123,7 +123,7 @@ measured_steps = 3
 check_steps = 5
 track_memory = false
 """)
-    p = cli("run", "g.toml", "--run-id", "gc", "--no-report")
+    p = cli("run", "g.toml", "--run-id", "gc", "--no-report", "--no-projection")
     assert p.returncode == 0, p.stderr
     recs = {(r["strategy"], r["model_name"], r["grad_compression"]): r
             for r in store.read_records(tmp_path / "results" / "gc")}
@@ -147,13 +147,15 @@ strategy = "single"
 nproc = 1
 seq_len = 32
 compile = true
-activation_checkpointing = ["full", "every_2nd"]
+activation_checkpointing = "every_2nd"
 warmup_steps = 2
 measured_steps = 3
 check_steps = 2
 track_memory = false
 """)
-    p = cli("run", "c.toml", "--run-id", "cc", "--no-report")
+    p = cli("run", "c.toml", "--run-id", "cc", "--no-report", "--no-projection")
     assert p.returncode == 0, p.stderr
     recs = store.read_records(tmp_path / "results" / "cc")
-    assert [(r["status"], r["correct"]) for r in recs] == [("ok", True), ("ok", True)]
+    # One checkpointing mode: each compiled config costs an inductor compile (~8 s here);
+    # every_2nd has checkpointed and plain blocks side by side, both compiled.
+    assert [(r["status"], r["correct"]) for r in recs] == [("ok", True)]
