@@ -28,7 +28,9 @@ def run_cli(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedPr
 
 # Test files that run the longest torchrun jobs, scheduled first: with two pytest workers
 # (README's test command), a long file that starts last would leave one worker alone at
-# the end. Measured CPU seconds per file (MGBENCH_TEST_CPU below) decide the list.
+# the end. Measured CPU seconds per file (MGBENCH_TEST_CPU below) decide the list. xdist
+# hands files out in this order because pyproject's addopts turn its own reordering (by
+# number of tests per file) off.
 LONGEST_FIRST = ("test_parallelism_cpu.py", "test_check_gloo.py", "test_modern.py", "test_run_cpu.py",
                  "test_reliability.py", "test_multinode.py", "test_memory_trace.py", "test_hf_vision_cpu.py",
                  "test_comm_cpu.py", "test_tracked_memory.py", "test_command_workload.py", "test_strategies_gloo.py",
