@@ -483,9 +483,11 @@ PROCEDURE_KEYS = tuple(name for name, f in FIELDS.items() if f.metadata.get("rol
 # label when it matters (see key()'s label_when). Layout is printed as its resolved degrees.
 LABEL_CORE = ("strategy", "nproc", "dp", "tp", "pp", "layout", "pp_schedule", "virtual_stages", "model", "micro_batch",
               "seq_len", "image_size", "grad_accum", "precision", "activation_checkpointing", "compile")
-# Keys that feed the single-process reference: what it computes depends on these only
-# (the reference runs no strategy and no fault, in one process, on the global batch;
-# fp8_recipe: tensorwise and rowwise float8 training compute different numbers).
+# Keys that feed the single-process reference: what it computes depends on these (the
+# reference runs no strategy and no fault, in one process, on the global batch;
+# fp8_recipe: tensorwise and rowwise float8 training compute different numbers), and for
+# fp8 also on whether the strategy gathers weights in bf16 (zero_stage, through
+# strategies/fp8.weights_cast_from_bf16: runner/reference.check_key adds it).
 REFERENCE_KEYS = ("workload", "model", "seq_len", "image_size", "micro_batch", "precision", "fp8_recipe", "seed",
                   "device", "moe_capacity_factor", "moe_aux_loss_coef")
 

@@ -241,8 +241,10 @@ class Record:
     # context parallelism (strategy cp; strategies/context_parallel.py)
     cp_attention_impl: str | None = figure("", "cp: the attention form that ran: ring_allgather / ring_alltoall (torch's "
                                            "ring attention) or allgather_kv (K and V all-gathered, SDPA with a mask)")
-    cp_sdpa_kernel: str | None = figure("", "cp: the SDPA kernel torch picks for one rank's attention call in that "
-                                        "form (torch._fused_sdp_choice: FLASH_ATTENTION, EFFICIENT_ATTENTION, "
+    cp_sdpa_kernel: str | None = figure("", "cp: the SDPA kernel torch's selector picks for one rank's attention "
+                                        "call in that form, asked on an empty probe of at most 128 tokens with the "
+                                        "config's heads, dims and dtype, not read from the run "
+                                        "(torch._fused_sdp_choice: FLASH_ATTENTION, EFFICIENT_ATTENTION, "
                                         "CUDNN_ATTENTION or MATH; on CPU FLASH_ATTENTION is its CPU flash kernel)")
     cp_attention_reason: str | None = figure("", "cp: why that form ran (cp_attention, the device, the kernel)")
     # pipelines

@@ -21,7 +21,7 @@ from typing import Any
 from . import faults
 from .config import FIELDS, SWEEP_KEYS, RunConfig, applies, config_id, is_hsdp
 from .errors import MgbenchError
-from .strategies import DATA_PARALLEL, PIPELINED, RING_NEEDS_CUDA, dims_for, moe_problem, schedules
+from .strategies import DATA_PARALLEL, FP8_ALIGN, PIPELINED, RING_NEEDS_CUDA, dims_for, moe_problem, schedules
 
 TOP_KEYS = {"name", "description", "sweep", "cpu", "gpu"}
 
@@ -304,14 +304,15 @@ def _hsdp_fp8_problem(p: dict[str, Any]) -> str | None:
 
 
 def _fp8_tp_shard_problem(shape: Any, tp: int) -> str | None:
-    """On CUDA every rank's piece of a float8 linear needs both dims a multiple of 16
-    (torch._scaled_mm); tensor parallelism splits q/k/v/w1/w3 by output and wo/w2 by
+    """On CUDA every rank's piece of a float8 linear needs both dims a multiple of
+    FP8_ALIGN (torch._scaled_mm); tensor parallelism splits q/k/v/w1/w3 by output and wo/w2 by
     input features. Linears whose whole dims are not aligned stay bf16 (strategies/fp8.py)."""
     q, kv, f = shape.heads * shape.dim_head, shape.kv_heads * shape.dim_head, shape.ffn_hidden
     for name, split, other in (("wq", q, shape.hidden), ("wk", kv, shape.hidden), ("w1", f, shape.hidden)):
-        if split % 16 == 0 and other % 16 == 0 and (split % tp or (split // tp) % 16):
+        if split % FP8_ALIGN == 0 and other % FP8_ALIGN == 0 and (split % tp or (split // tp) % FP8_ALIGN):
             return (f"fp8 with tp = {tp} on CUDA: {name}'s {split} output features split {tp} ways are not a multiple "
-                    "of 16 per rank (torch._scaled_mm needs it); use a smaller tp or a model whose dims allow it")
+                    f"of {FP8_ALIGN} per rank (torch._scaled_mm needs it); use a smaller tp or a model whose dims "
+                    "allow it")
     return None
 
 

@@ -29,18 +29,30 @@ def run_cli(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedPr
 # Test files that run the longest torchrun jobs, scheduled first: with two pytest workers
 # (README's test command), a long file that starts last would leave one worker alone at
 # the end. Measured CPU seconds per file (MGBENCH_TEST_CPU below) decide the list. xdist
-# hands files out in this order because pyproject's addopts turn its own reordering (by
-# number of tests per file) off.
-LONGEST_FIRST = ("test_parallelism_cpu.py", "test_check_gloo.py", "test_modern.py", "test_run_cpu.py",
-                 "test_reliability.py", "test_multinode.py", "test_memory_trace.py", "test_hf_vision_cpu.py",
-                 "test_comm_cpu.py", "test_tracked_memory.py", "test_command_workload.py", "test_strategies_gloo.py",
-                 "test_probe_time_share.py", "test_compare.py", "test_planner_cli.py", "test_data_disk.py",
-                 "test_correctness.py", "test_synthetic.py", "test_hf_tp.py", "test_moe.py")
+# hands files out in this order (pytest_configure below turns its own reordering off).
+LONGEST_FIRST = ("integration/test_parallelism_cpu.py", "unit/test_check_gloo.py", "integration/test_modern.py",
+                 "integration/test_run_cpu.py", "integration/test_reliability.py", "integration/test_multinode.py",
+                 "unit/test_memory_trace.py", "integration/test_hf_vision_cpu.py", "integration/test_comm_cpu.py",
+                 "unit/test_tracked_memory.py", "integration/test_command_workload.py", "unit/test_strategies_gloo.py",
+                 "unit/test_probe_time_share.py", "integration/test_compare.py", "integration/test_planner_cli.py",
+                 "integration/test_data_disk.py", "integration/test_correctness.py", "unit/test_synthetic.py",
+                 "unit/test_hf_tp.py", "unit/test_moe.py")
+
+
+def pytest_configure(config):  # type: ignore[no-untyped-def]
+    # pytest-xdist (3.8 and later) hands out files by their number of tests unless told
+    # not to; older versions keep collection order, which the sort below sets.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(session, config, items):  # type: ignore[no-untyped-def]
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))  # stable: file order kept
+    tests = Path(__file__).parent
+    missing = [n for n in LONGEST_FIRST if not (tests / n).exists()]
+    assert not missing, f"tests/conftest.py LONGEST_FIRST names files that do not exist: {missing}"
+    # stable: file order kept
+    items.sort(key=lambda item: rank.get(item.path.relative_to(tests).as_posix(), len(LONGEST_FIRST)))
 
 
 @pytest.fixture

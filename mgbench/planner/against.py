@@ -52,9 +52,12 @@ def against_run(profile: dict[str, Any], run: str, results_dir: str = "results")
             p = float(pred["step_time_s"])
             row.update(predicted_s=p, error_pct=100.0 * (p - row["measured_s"]) / row["measured_s"],
                        breakdown=pred["breakdown"])
+            if device == "cpu" and framework_unmeasured(profile, cfg):
+                row["note"] = (f"the probe measured no framework cost for {cfg.strategy} (it times "
+                               "probe/framework.py's strategies): its per-step Python is not in the prediction")
         rows.append(row)
     if len(_COUNTS) > known:
-        _save_counts(run_dir)
+        _save_counts(run_dir, [_count_key(config_from_record(r)) for r in recs])
     errs = [abs(r["error_pct"]) for r in rows if r["error_pct"] is not None]
     host = (store.read_manifest(store.resolve_run(run, results_dir)).get("machine") or {}).get("hostname")
     return {"run": run, "profile_device": profile["device_name"], "rows": rows, "num_predicted": len(errs),
@@ -118,22 +121,37 @@ def fixed_cost_s(cfg: Any, counted: float, profile: dict[str, Any]) -> float:
 def modelled_latency_s(cfg: Any, alpha: float) -> float:
     """The latency part of what the layout terms (planner/perf.py ring_time) charge for a
     step's data-parallel collectives at a probed all-reduce latency ``alpha``: one
-    all-reduce (alpha) for ZeRO 0-2, 2 m + 1 gathers and reductions at alpha / 2 each
+    all-reduce (alpha) for ZeRO 0-2, ZeRO-3's gathers and reduction (_zero3_collectives) at alpha / 2 each
     (a gather is half an all-reduce's ring steps) for ZeRO-3; 0 on one data-parallel rank."""
     if cfg.nproc // (cfg.tp * cfg.pp * cfg.cp) < 2:
         return 0.0
-    return (2 * cfg.grad_accum + 1) * alpha / 2 if cfg.zero_stage >= 3 else alpha
+    return (_zero3_collectives(cfg)) * alpha / 2 if cfg.zero_stage >= 3 else alpha
+
+
+def _zero3_collectives(cfg: Any) -> float:
+    """ZeRO-3's collectives a step in the layout terms: perf.zero3_gathers weight
+    all-gathers, and one gradient reduce-scatter."""
+    from .perf import zero3_gathers
+
+    return float(zero3_gathers(cfg.grad_accum, cfg.pp, cfg.pp_schedule)) + 1
+
+
+def framework_unmeasured(profile: dict[str, Any], cfg: Any) -> bool:
+    """Whether the profile has no framework cost for ``cfg``'s strategy."""
+    from ..probe.profile import framework_residual_s
+
+    return framework_residual_s(profile, cfg.strategy, cfg.shape.layers, cfg.nproc) is None
 
 
 def modelled_collectives(cfg: Any) -> float:
     """How many collectives a step of ``cfg`` issues in the planner's layout terms
-    (planner/perf.py): one gradient all-reduce (ZeRO 0-2) or 2 m + 1 gathers and
-    reductions (ZeRO-3) when dp > 1, 4 (6 with full recompute) tensor-parallel
+    (planner/perf.py): one gradient all-reduce (ZeRO 0-2) or ZeRO-3's gathers and
+    reduction (_zero3_collectives) when dp > 1, 4 (6 with full recompute) tensor-parallel
     all-reduces per layer and micro-batch, two sends per micro-batch and stage boundary."""
     m = cfg.grad_accum
     n = 0.0
     if cfg.nproc // (cfg.tp * cfg.pp * cfg.cp) > 1:  # data-parallel ranks (cfg.dp is set only for some strategies)
-        n += 2 * m + 1 if cfg.zero_stage >= 3 else 1
+        n += _zero3_collectives(cfg) if cfg.zero_stage >= 3 else 1
     if cfg.tp > 1:
         n += (6 if cfg.activation_checkpointing == "full" else 4) * -(-cfg.shape.layers // cfg.pp) * m
     if cfg.pp > 1:
@@ -163,7 +181,7 @@ def collective_latency(cfg: Any, counted: float, profile: dict[str, Any]) -> flo
 def _count(cfg: Any) -> dict[str, float]:
     from .opcount import count_step, host_ops
 
-    key = repr(sorted((k, v) for k, v in cfg.params().items() if k not in _NOT_COUNTED))
+    key = _count_key(cfg)
     if key not in _COUNTS:
         try:
             _COUNTS[key] = host_ops(count_step(cfg))
@@ -171,6 +189,10 @@ def _count(cfg: Any) -> dict[str, float]:
             raise MgbenchError(f"its ops could not be counted by tracing one step under fake tensors "
                                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     return _COUNTS[key]
+
+
+def _count_key(cfg: Any) -> str:
+    return repr(sorted((k, v) for k, v in cfg.params().items() if k not in _NOT_COUNTED))
 
 
 _COUNTS: dict[str, dict[str, float]] = {}
@@ -190,9 +212,11 @@ def _load_counts(run_dir: Any) -> dict[str, dict[str, float]]:
     return _COUNTS
 
 
-def _save_counts(run_dir: Any) -> None:
+def _save_counts(run_dir: Any, keys: list[str]) -> None:
+    """The run's own configs' counts (the cache may also hold other runs')."""
+    mine = {k: _COUNTS[k] for k in keys if k in _COUNTS}
     try:
-        store.write_json_atomic(run_dir.op_counts, {"opcount_version": OPCOUNT_VERSION, "counts": _COUNTS})
+        store.write_json_atomic(run_dir.op_counts, {"opcount_version": OPCOUNT_VERSION, "counts": mine})
     except OSError:  # a read-only run folder: the counts stay in memory only
         pass
 

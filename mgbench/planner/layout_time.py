@@ -91,10 +91,6 @@ def host_link_bw(hw: Hardware) -> float:
     return float(link["peak_gbps"]) * GB * float(link["bw_eff"])
 
 
-# The schedule's bubble over arrays is perf's (one rule); named here too for callers of this module.
-bubble_fraction = perf.bubble_fraction
-
-
 def ep_all_to_all_s(shape: ModelShape, hw: Hardware, *, tokens: Any, ep: Any, span: Any, precision: str,
                     moe_layers: Any, num_micro: Any, recompute: Any, layers: Any) -> Any:
     """Seconds of expert-parallel all-to-all per step (see the module docstring).
@@ -121,13 +117,6 @@ def cp_kv_exchange_s(shape: ModelShape, hw: Hardware, *, seq: Any, micro_batch: 
     lay = np.asarray(layers, dtype=float)
     recomputed = recomputed_share(lay, recompute)
     return (2.0 + recomputed) * lay * np.asarray(num_micro, dtype=float) * one
-
-
-def linear_fraction(shape: ModelShape, seq: Any, recompute: Any) -> Any:
-    """The share of the blocks' hardware FLOPs in linear layers (what fp8 speeds up):
-    all but attention's scores and values."""
-    blocks = perf.hardware_flops_per_token(shape, seq, recompute) - perf.head_flops_per_token(shape)
-    return 1.0 - perf.attention_flops_per_token(shape, seq, recompute) / blocks
 
 
 def dp_comm_s(hw: Hardware, *, dense: Any, expert: Any, tp: Any, dpc: Any, ep: Any, replicas: Any, zero: Any,

@@ -492,12 +492,12 @@ def runner_phases(cfg: Any) -> dict[str, dict[str, float]]:
     micro-batches in flight under 1F1B and GPipe (the last holds the logits of one).
     """
     from ..strategies import ZERO_STAGE
-    from ..strategies.schedules import chunks_per_rank, grad_sync, rank_chunks
+    from ..strategies.schedules import chunks_per_rank, grad_sync_of, rank_chunks
 
     shape: ModelShape = cfg.shape
     st = cfg.strategy
     # How a pipeline's replicas reduce gradients (the schedule registry's grad_sync).
-    sync = grad_sync(cfg.pp_schedule, cfg.dp_mode) if cfg.pipelined and cfg.dp > 1 else None
+    sync = grad_sync_of(cfg)
     fsdp = st in ("fsdp", "fsdp_grad_op", "fsdp+tp") or (st == "pp+tp+dp" and cfg.dp_mode == "fsdp" and cfg.dp > 1)
     # The split-backward schedules' FSDP stages are not resharded after forward
     # (strategies/apply.py): FSDP2 as fsdp_grad_op runs it, sharded at rest, whole in use.
@@ -558,8 +558,9 @@ def runner_phases(cfg: Any) -> dict[str, dict[str, float]]:
 
     # -- activations of one micro-batch ---------------------------------------------------
     N = float(cfg.micro_batch * cfg.seq_len)
-    every = {"none": 0, "every_2nd": 2, "full": 1}[cfg.activation_checkpointing]
-    ck_flags = [bool(every) and i % every == 0 for n in chunk for i in range(n)]
+    # Block i is checkpointed when the count of recomputed blocks grows at it (one rule).
+    r = RECOMPUTE.index(cfg.activation_checkpointing)
+    ck_flags = [bool(recomputed_blocks(i + 1, r) > recomputed_blocks(i, r)) for n in chunk for i in range(n)]
     full_l = float(layer_activations(shape, N, tp, sp, cfg.precision))
     ck_l = float(checkpointed_layer(shape, N, tp, sp, cfg.precision))
     saved = [ck_l if c else full_l for c in ck_flags]

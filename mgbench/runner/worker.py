@@ -35,7 +35,7 @@ from ..workloads import moe, throughput
 from ..strategies.apply import prepare
 from ..strategies.context_parallel import cp_fields
 from ..strategies.fp8 import fp8_fields
-from ..strategies.schedules import bubble_unknown_reason, grad_sync, memory_tracker_problem, theoretical_bubble
+from ..strategies.schedules import bubble_unknown_reason, grad_sync_of, memory_tracker_problem, theoretical_bubble
 from ..telemetry.clock import StepClock
 from ..telemetry.energy import EnergyMeter, power_figures, top_up_steps
 from ..telemetry.memory import read_peak, reset_peak, track_step
@@ -433,7 +433,7 @@ def pipeline_grad_sync(cfg: RunConfig) -> dict[str, Any]:
     None without replicas); nothing for configs that are not pipelined."""
     if not cfg.pipelined:
         return {}
-    return {"pp_grad_sync": grad_sync(cfg.pp_schedule, cfg.dp_mode) if cfg.dp > 1 else None}
+    return {"pp_grad_sync": grad_sync_of(cfg)}
 
 
 def pipeline_bubble(cfg: RunConfig, per_rank: list[RankFigures], device: torch.device) -> dict[str, Any]:

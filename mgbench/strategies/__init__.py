@@ -134,3 +134,7 @@ def builder(strategy: str) -> Callable[..., object]:
     from . import apply
 
     return getattr(apply, BY_NAME[strategy].prepare)
+
+# torch._scaled_mm (float8 GEMMs on CUDA) needs both dims of a float8 linear a multiple of
+# this: strategies/fp8.py converts only such linears; suite.py checks tensor-parallel shards.
+FP8_ALIGN = 16

@@ -146,6 +146,21 @@ def fsdp_mp_policy(precision: str) -> Any:
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
 
 
+def allreduce_flat(grads: list[torch.Tensor], group: Any) -> None:
+    """Sum ``grads`` in place over ``group`` with one all-reduce per dtype: the tensors
+    flattened into one buffer, reduced, copied back (a collective's fixed cost paid once,
+    not per tensor). Every rank must pass the same tensors in the same order."""
+    import torch.distributed as dist
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    for dtype in dict.fromkeys(g.dtype for g in grads):
+        same = [g for g in grads if g.dtype == dtype]
+        flat = _flatten_dense_tensors(same)
+        dist.all_reduce(flat, group=group)
+        for g, reduced in zip(same, _unflatten_dense_tensors(flat, same)):
+            g.copy_(reduced)
+
+
 def _fsdp(model: DecoderLM, mesh: Any, precision: str, reshard: bool, offload: bool = False) -> None:
     """FSDP2 over ``mesh``: a 1-D mesh shards over all its ranks; a 2-D (replicate,
     shard) mesh is HSDP. ``offload``: CPUOffloadPolicy (parameters, gradients and the
@@ -190,7 +205,7 @@ def prepare(cfg: RunConfig, device: torch.device) -> Prepared:
     """Build the config's model and wrap it for its strategy and layout."""
     from . import builder
 
-    return _with_moe(builder(cfg.strategy)(cfg, _converted(cfg, build_model(cfg), sharded=cfg.zero_stage >= 2),
+    return _with_moe(builder(cfg.strategy)(cfg, _converted(cfg, build_model(cfg)),
                                            device))
 
 
@@ -202,16 +217,17 @@ def _with_moe(prep: Prepared) -> Prepared:
     return prep
 
 
-def _converted(cfg: RunConfig, model: nn.Module, sharded: bool, reference: bool = False) -> nn.Module:
+def _converted(cfg: RunConfig, model: nn.Module, reference: bool = False) -> nn.Module:
     """The model with fp8's float8 linears swapped in (precision = "fp8"), else as built.
     Before any wrapper, as torchtitan orders it: FSDP2 then shards the float8 weights
-    (``sharded``: tensorwise all-gathers them in float8). ``reference``: the one-process
+    (fp8.sharded: tensorwise all-gathers them in float8). ``reference``: the one-process
     reference of ``cfg``, whose float8 weights are cast from bf16 where the config's FSDP2
     all-gathers them in bf16 (fp8.weights_cast_from_bf16)."""
     if cfg.precision == "fp8":
         from . import fp8
 
-        fp8.convert(model, cfg.fp8_recipe, fsdp=sharded, bf16_weights=reference and fp8.weights_cast_from_bf16(cfg))
+        fp8.convert(model, cfg.fp8_recipe, fsdp=not reference and fp8.sharded(cfg),
+                    bf16_weights=reference and fp8.weights_cast_from_bf16(cfg))
     return model
 
 
@@ -248,7 +264,7 @@ def prepare_reference(cfg: RunConfig, device: torch.device) -> Prepared:
     """The single-process reference: same seed and weights, no wrapper, no checkpointing
     or compilation (neither changes the mathematics); fp8 weights cast to float8 from the
     precision the config's strategy casts them from (:func:`_converted`)."""
-    model = _converted(cfg, build_model(cfg), sharded=False, reference=True)
+    model = _converted(cfg, build_model(cfg), reference=True)
     return _with_moe(_data_parallel("single", model, device, cfg.precision))
 
 
@@ -413,7 +429,7 @@ def nd_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepa
     """tp, tp_sp, pp, fsdp+tp and pp+tp+dp on a (pp, dp, tp) device mesh."""
     from ..workloads import HFModel, hf_tp
     from .pipeline import build_schedule, stage_module
-    from .schedules import grad_sync, rank_chunks
+    from .schedules import grad_sync_of, rank_chunks
     from .tensor_parallel import apply_tensor_parallel
 
     # A Hugging Face model splits by its own plan (workloads/hf_tp.py).
@@ -434,7 +450,7 @@ def nd_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepa
     sequence_parallel = cfg.strategy == "tp_sp"
     # How the pipeline's replicas reduce gradients (schedules.GRAD_SYNC): the split-backward
     # schedules need stages FSDP keeps unsharded from forward to backward, or no DDP wrapper.
-    sync = grad_sync(cfg.pp_schedule, cfg.dp_mode) if cfg.pipelined and cfg.dp > 1 else None
+    sync = grad_sync_of(cfg)
     if cfg.pipelined:
         # The schedule registry places the chunks (loop or V; strategies/schedules.py).
         chunk_ids = rank_chunks(cfg.pp_schedule, pp_rank, cfg.pp, cfg.virtual_stages)
@@ -443,7 +459,7 @@ def nd_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepa
         # same weights), not deep-copied: torch's deepcopy of fake tensors (memory --trace)
         # reads their data pointers, which torch calls undefined behaviour, and it corrupted
         # the heap (a crash at exit after interleaved, zbv and dualpipev traces).
-        models = [model] + [_converted(cfg, build_model(cfg), sharded=cfg.zero_stage >= 2) for _ in chunk_ids[1:]]
+        models = [model] + [_converted(cfg, build_model(cfg)) for _ in chunk_ids[1:]]
         modules = [stage_module(m, c, num_chunks) for m, c in zip(models, chunk_ids)]
     else:
         num_chunks, chunk_ids, modules = 1, [0], [model]

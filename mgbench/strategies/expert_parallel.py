@@ -34,8 +34,8 @@ from ..config import RunConfig
 from ..runner.fingerprint import EXPERT_SHARDS_ATTR
 from ..workloads.gpt import DecoderLM
 from ..workloads.moe import Experts, moe_layers
-from .apply import (LossScaler, Prepared, _finish_module, _fsdp, _fsdp_no_sync, device_mesh, fsdp_mp_policy,
-                    make_optimizer, place)
+from .apply import (LossScaler, Prepared, _finish_module, _fsdp, _fsdp_no_sync, allreduce_flat, device_mesh,
+                    fsdp_mp_policy, make_optimizer, place)
 
 
 class _AllToAll(torch.autograd.Function):
@@ -133,14 +133,7 @@ class ExpertGradSync:
     def _reduce_all(self) -> None:
         grads, self._ready = self._ready, []
         if self.edp > 1:
-            from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-
-            for dtype in {g.dtype for g in grads}:  # one flat buffer per dtype
-                same = [g for g in grads if g.dtype == dtype]
-                flat = _flatten_dense_tensors(same)
-                dist.all_reduce(flat, group=self.group)
-                for g, reduced in zip(same, _unflatten_dense_tensors(flat, same)):
-                    g.copy_(reduced)
+            allreduce_flat(grads, self.group)
         for g in grads:
             g.div_(self.world)
 

@@ -61,9 +61,8 @@ from typing import Any
 import torch
 from torch import nn
 
-# torchao requires both dims of a float8 matmul's weight to be multiples of 16
-# (torch._scaled_mm's alignment rule).
-FP8_ALIGN = 16
+from . import FP8_ALIGN  # torch._scaled_mm's alignment rule for both dims of a float8 weight
+
 # Linears left in bf16 (see the module docstring): the output projection, named head in
 # mgbench's decoder and ViT, lm_head in Hugging Face causal LMs.
 SKIPPED_LINEARS = ("head", "lm_head")
@@ -81,13 +80,18 @@ def fp8_all_gather(recipe: str, fsdp: bool) -> bool:
     return fsdp and recipe == "tensorwise"
 
 
+def sharded(cfg: Any) -> bool:
+    """Whether FSDP2 shards ``cfg``'s weights (ZeRO stage >= 2): its float8 linears are
+    then FSDP's to gather (fp8_all_gather, weights_cast_from_bf16)."""
+    return cfg.zero_stage >= 2
+
+
 def weights_cast_from_bf16(cfg: Any) -> bool:
     """Whether ``cfg``'s float8 linears cast their weights to float8 from bf16 copies: fp8
     under FSDP2 (ZeRO stage >= 2, whose mixed-precision policy all-gathers parameters in
     bf16, strategies/apply.py) without the float8 all-gather. Every other fp8 config casts
     from the fp32 weights; non-fp8 configs: False."""
-    sharded = cfg.zero_stage >= 2
-    return cfg.precision == "fp8" and sharded and not fp8_all_gather(cfg.fp8_recipe, sharded)
+    return cfg.precision == "fp8" and sharded(cfg) and not fp8_all_gather(cfg.fp8_recipe, sharded(cfg))
 
 
 class _CastToBf16(nn.Module):

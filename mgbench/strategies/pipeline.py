@@ -98,23 +98,16 @@ def mean_allreduce(modules: list[nn.Module], group: Any) -> Callable[[], None]:
     gradients on each and the buffers line up."""
     import torch.distributed as dist
 
+    from .apply import allreduce_flat
+
     size = dist.get_world_size(group)
 
     def reduce() -> None:
         for mod in modules:
-            by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-            for p in mod.parameters():
-                if p.grad is not None:
-                    by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
-            for grads in by_dtype.values():
-                flat = torch.cat([g.reshape(-1) for g in grads])
-                # SUM then divide: gloo has no AVG reduction.
-                dist.all_reduce(flat, group=group)
-                flat.div_(size)
-                offset = 0
-                for g in grads:
-                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                    offset += g.numel()
+            grads = [p.grad for p in mod.parameters() if p.grad is not None]
+            allreduce_flat(grads, group)
+            for g in grads:  # SUM then divide: gloo has no AVG reduction
+                g.div_(size)
 
     return reduce
 

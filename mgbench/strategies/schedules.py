@@ -13,6 +13,8 @@ back up (ZB-V and DualPipeV, which torch builds for exactly two stages per rank)
 
 from __future__ import annotations
 
+from typing import Any
+
 from dataclasses import dataclass
 
 
@@ -97,6 +99,12 @@ def grad_sync(schedule: str, dp_mode: str | None) -> str | None:
     if dp_mode == "ddp":
         return "allreduce_after_schedule" if split else "ddp_reducer"
     return "fsdp_reduce_grad_unsharded" if split else "fsdp_reduce_grad"
+
+
+def grad_sync_of(cfg: Any) -> str | None:
+    """:func:`grad_sync` of a config: None unless it is pipelined with data-parallel
+    replicas (what the runner builds, strategies/apply.nd_parallel, and records)."""
+    return grad_sync(cfg.pp_schedule, cfg.dp_mode) if cfg.pipelined and cfg.dp > 1 else None
 
 
 def schedule_problem(schedule: str, pp: int, num_micro: int, compile: bool) -> str | None:

@@ -71,3 +71,16 @@ def test_the_memory_tracker_is_not_run_on_split_backward_steps():
     zb = make_config(strategy="pp+tp+dp", nproc=4, pp=2, dp=2, tp=1, pp_schedule="dualpipev", grad_accum=4)
     got = track_memory(zb, prep=None, batches=[], device=torch.device("cpu"))  # no process group: no barrier
     assert got == {"mem_tracked_reason": schedules.memory_tracker_problem("dualpipev")}
+
+
+def test_no_grad_sync_on_a_config_with_no_gradient_reduction_is_refused():
+    # One process, no wrapper: there is nothing for the bug to skip, which must be said,
+    # not silently injected as a no-op.
+    from mgbench.runner.inject import _skip_grad_sync
+    from mgbench.strategies.apply import Prepared
+
+    model = torch.nn.Linear(2, 2)
+    prep = Prepared(model, torch.optim.SGD(model.parameters(), lr=0.1), None, None, dp_rank=0, dp_size=1,
+                    modules=[model])
+    with pytest.raises(ValueError, match="needs a data-parallel gradient reduction"):
+        _skip_grad_sync(prep)

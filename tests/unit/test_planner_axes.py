@@ -134,7 +134,8 @@ def test_fp8_speeds_up_the_blocks_linears_by_the_peak_ratio():
     # The blocks' linears at the bf16 GEMM rate: their share of the blocks' FLOPs (flash
     # attention runs in its own kernel, perf.flash_attention_s, and fp8 leaves it alone).
     blocks_flops = (perf.hardware_flops_per_token(LLAMA8, 8192, 0) - perf.head_flops_per_token(LLAMA8)) * 8 * 8192 / 8
-    frac = float(layout_time.linear_fraction(LLAMA8, 8192, 0))
+    blocks_per_token = perf.hardware_flops_per_token(LLAMA8, 8192, 0) - perf.head_flops_per_token(LLAMA8)
+    frac = 1.0 - float(perf.attention_flops_per_token(LLAMA8, 8192, 0) / blocks_per_token)  # all but attention
     linears = blocks_flops * frac / (H100.peak_tflops * 1e12 * H100.compute_eff)
     assert float(b["linear_s"]) == pytest.approx(linears, rel=1e-9)
     saved = linears * (1 - 989.0 / 1979.0) / H100.stack_eff
@@ -173,7 +174,7 @@ def test_zero_bubble_schedules_take_the_registry_bubble(schedule):
 
 
 def test_zbv_with_too_few_micro_batches_has_no_bubble_figure():
-    assert np.isnan(layout_time.bubble_fraction(4, 4, "zbv", 2))
+    assert np.isnan(perf.bubble_fraction(4, 4, "zbv", 2))
 
 
 # --- commands -------------------------------------------------------------------------------

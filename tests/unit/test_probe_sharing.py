@@ -132,3 +132,25 @@ def test_the_n_rank_tiny_step_prices_what_the_layout_terms_do_not():
     assert fixed_cost_s(_mini("fsdp", 2), 15.0, prof) == pytest.approx(0.018 + 12 * 1e-3)
     assert modelled_latency_s(_mini("fsdp", 4, grad_accum=2), 1.0) == pytest.approx(2.5)
     assert modelled_latency_s(_mini("fsdp", 1), 1.0) == 0.0
+
+
+def test_collective_counts_follow_the_planners_zero3_gathers_in_pipelines():
+    # A split-backward pipeline over FSDP keeps its stages gathered for the step: the layout
+    # terms charge one gather a step (perf.zero3_gathers), and the latency subtracted for
+    # them must be the same one, not 2 m (against.py once restated 2 m + 1).
+    base = dict(model="mini", strategy="pp+tp+dp", nproc=4, pp=2, dp=2, tp=1, dp_mode="fsdp", grad_accum=4,
+                micro_batch=1, seq_len=128, precision="fp32", device="cpu")
+    zbv = RunConfig(**base, pp_schedule="zbv")
+    one_f = RunConfig(**base, pp_schedule="1f1b")
+    sends = 2 * (4 + 2 - 1)
+    assert modelled_collectives(zbv) == 1 + 1 + sends  # one gather, one reduce-scatter
+    assert modelled_collectives(one_f) == 2 * 4 + 1 + sends
+    assert modelled_latency_s(zbv, 1.0) == pytest.approx(2 / 2)
+
+
+def test_a_strategy_the_probe_never_timed_is_noted_not_priced_silently():
+    from mgbench.planner.against import framework_unmeasured
+
+    prof = make_profile(framework=_framework(("ddp", 1, 0.005, 1.0)))
+    assert framework_unmeasured(prof, _mini("tp", 2)) is True
+    assert framework_unmeasured(prof, _mini("ddp", 1)) is False
