@@ -128,7 +128,10 @@ def test_op_counts_are_kept_in_the_run_folder_and_reused(tmp_path, monkeypatch):
     run = store.RunDir(tmp_path)
     cfg = make_config(strategy="single")
     assert A._count(cfg) == {"ops": 7.0} and len(traced) == 1
-    A._save_counts(run)
+    A._count(make_config(strategy="ddp", nproc=2))  # another run's config, also in the cache
+    A._save_counts(run, [A._count_key(cfg)])
+    assert list(json.loads(run.op_counts.read_text())["counts"]) == [A._count_key(cfg)]  # this run's only
+    traced.pop()
     monkeypatch.setattr(A, "_COUNTS", {})  # a new process
     A._load_counts(run)
     assert A._count(cfg) == {"ops": 7.0} and len(traced) == 1  # read back, not traced again
