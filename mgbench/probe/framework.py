@@ -23,8 +23,10 @@ time-sharing the cores. Measured on the 2-core VM: FSDP's tiny step 25 ms on one
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
+import traceback
 from typing import Any
 
 # The strategies whose residual the probe measures (the default suite's data-parallel ones).
@@ -55,12 +57,9 @@ def residuals(layers: int, op_overhead_s: float, strategies: tuple[str, ...] | N
     (step - ops x ``op_overhead_s``, at least 0). One rank in this process, or (``ranks``
     > 1) this process as rank ``rank`` of a gloo group met through ``store`` (a
     torch.distributed Store every rank's process reaches), the others running the same."""
-    import torch
     import torch.distributed as dist
 
     from ..planner.opcount import count_step, host_ops
-    from ..runner.training import rank_batches, train_step
-    from ..strategies.apply import prepare
 
     strategies = strategies or strategies_at(ranks)
     cfgs = {s: tiny_config(s, layers, ranks) for s in strategies}
@@ -71,31 +70,50 @@ def residuals(layers: int, op_overhead_s: float, strategies: tuple[str, ...] | N
         dist.destroy_process_group()
     dist.init_process_group("gloo", store=store if store is not None else dist.HashStore(), rank=rank,
                             world_size=ranks)
-    dev = torch.device("cpu")
-    out = []
+    # Every model (DDP's reducer above all) is gone before its process group: a reducer
+    # freed last destroys the group, whose destructor joins gloo's worker threads while
+    # holding the GIL that a finishing work item waits for (seen: a rank of this probe
+    # hanging forever at its end). So the models live in _step_times only, and a failure's
+    # traceback lets go of its frames' locals before the group goes.
     try:
-        preps = {s: prepare(cfg, dev) for s, cfg in cfgs.items()}
-        batches = rank_batches(cfgs[strategies[0]].seed, range(WARMUP + STEPS), rank, 1, 1, ranks, TINY_SEQ,
-                               TINY["vocab"], dev)
-        times: dict[str, list[float]] = {s: [] for s in strategies}
-        # Strategies take turns step by step, so a burst of load from elsewhere on the
-        # machine (another process taking a core for a second) lands on all of them
-        # alike instead of on whichever strategy was running then. With several ranks
-        # a barrier starts each step together, as the run's steady state has them.
-        for i, micro in enumerate(batches):
-            for s, prep in preps.items():
-                if ranks > 1:
-                    dist.barrier()
-                t0 = time.perf_counter()
-                train_step(prep, micro, dev, "fp32")
-                if i >= WARMUP:
-                    times[s].append(time.perf_counter() - t0)
-        for s in strategies:
-            step = statistics.median(times[s])
-            out.append({"strategy": s, "step_s": step, "ops": ops[s], "collectives": counts[s].get("collectives", 0.0),
-                        "layers": layers, "ranks": ranks,
-                        "residual_s": max(0.0, step - ops[s] * op_overhead_s)})
-        del preps, batches
+        times = _step_times(cfgs, ranks, rank)
+    except BaseException as e:
+        traceback.clear_frames(e.__traceback__)
+        raise
     finally:
+        gc.collect()
         dist.destroy_process_group()
+    out = []
+    for s in strategies:
+        step = statistics.median(times[s])
+        out.append({"strategy": s, "step_s": step, "ops": ops[s], "collectives": counts[s].get("collectives", 0.0),
+                    "layers": layers, "ranks": ranks, "residual_s": max(0.0, step - ops[s] * op_overhead_s)})
     return out
+
+
+def _step_times(cfgs: dict[str, Any], ranks: int, rank: int) -> dict[str, list[float]]:
+    """The timed steps after the warm-up, per strategy, on the process group in place.
+    Strategies take turns step by step, so a burst of load from elsewhere on the machine
+    (another process taking a core for a second) lands on all of them alike instead of
+    on whichever strategy was running then. With several ranks a barrier starts each
+    step together, as the run's steady state has them. The models live and die in here."""
+    import torch
+    import torch.distributed as dist
+
+    from ..runner.training import rank_batches, train_step
+    from ..strategies.apply import prepare
+
+    dev = torch.device("cpu")
+    preps = {s: prepare(cfg, dev) for s, cfg in cfgs.items()}
+    first = next(iter(cfgs.values()))
+    batches = rank_batches(first.seed, range(WARMUP + STEPS), rank, 1, 1, ranks, TINY_SEQ, TINY["vocab"], dev)
+    times: dict[str, list[float]] = {s: [] for s in cfgs}
+    for i, micro in enumerate(batches):
+        for s, prep in preps.items():
+            if ranks > 1:
+                dist.barrier()
+            t0 = time.perf_counter()
+            train_step(prep, micro, dev, "fp32")
+            if i >= WARMUP:
+                times[s].append(time.perf_counter() - t0)
+    return times

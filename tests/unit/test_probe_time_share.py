@@ -64,9 +64,13 @@ def test_the_tiny_strategy_steps_run_as_one_gloo_group_of_n_ranks(tmp_path):
     # stderr to files, not pipes: a rank blocked on a full pipe would stall the other's collectives
     logs = [tmp_path / f"err{r}.txt" for r in range(2)]
     procs = [subprocess.Popen([sys.executable, "-c", code, str(r)], stderr=logs[r].open("w")) for r in range(2)]
-    for p, log in zip(procs, logs):
-        p.wait(timeout=120)
-        assert p.returncode == 0, log.read_text()[-2000:]
+    try:
+        for p, log in zip(procs, logs):
+            p.wait(timeout=120)
+            assert p.returncode == 0, log.read_text()[-2000:]
+    finally:  # a rank that hangs is not left running after the test
+        for p in procs:
+            p.kill()
     import json
 
     for r in range(2):
@@ -74,3 +78,28 @@ def test_the_tiny_strategy_steps_run_as_one_gloo_group_of_n_ranks(tmp_path):
         assert row["strategy"] == "ddp" and row["ranks"] == 2 and row["layers"] == 1
         assert row["collectives"] >= 1  # DDP's gradient all-reduce, counted at 2 ranks
         assert row["step_s"] > 0 and row["residual_s"] >= 0
+
+
+def test_no_ddp_model_outlives_the_probes_process_group(monkeypatch):
+    # A DDP reducer freed after its gloo group is destroyed destroys the group itself, and
+    # the group's destructor joins gloo's threads holding the GIL one of them may wait
+    # for: a probe rank once hung forever that way at its very end. residuals() must let
+    # go of every model (here: the last one its timing loop held) before the group goes.
+    import gc
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from mgbench.probe.framework import residuals
+
+    alive_at_destroy = []
+    destroy = dist.destroy_process_group
+
+    def watched(*a, **kw):
+        alive_at_destroy.append(sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects()))
+        return destroy(*a, **kw)
+
+    monkeypatch.setattr(dist, "destroy_process_group", watched)
+    (row,) = residuals(1, 5e-6, strategies=("ddp",))
+    assert row["strategy"] == "ddp" and row["step_s"] > 0
+    assert alive_at_destroy and alive_at_destroy[-1] == 0, alive_at_destroy
