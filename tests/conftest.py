@@ -69,7 +69,9 @@ def suites_dir():
 
 
 # CPU seconds per test (this process and every child it waited for), for keeping CI under
-# its time budget on a shared machine, where wall times say little:
+# its time budget on a shared machine, where wall times say little. Not the ranks of
+# run_on_gloo_ranks: the fork server they come from waits for them, not this process
+# (their CPU shows in the machine's total, e.g. `time` around pytest):
 #   MGBENCH_TEST_CPU=cpu.tsv python -m pytest ...   then   sort -t$'\t' -k2 -rn cpu.tsv
 _CPU_LOG = os.environ.get("MGBENCH_TEST_CPU")
 

@@ -21,13 +21,15 @@ bandwidth, with matmuls and SDPA priced apart at their own probed rates.
 
 :func:`count_step` runs the runner's own build and training step for a config under
 fake tensors and torch's fake process group (planner/trace.py's machinery): one step of
-rank 0 costs about 0.1 ms an op to trace and allocates nothing.
+rank 0 costs about 0.1 ms an op to trace and allocates nothing. A one-rank step that is
+cheap to run for real is counted on real tensors instead (the same ops, faster).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -173,39 +175,103 @@ class OpCounter(TorchDispatchMode):
                 "by_phase": {p: {**self.ops[p], "bytes": self.bytes[p]} for p in PHASES}}
 
 
-def count_step(cfg: Any, record: bool = False) -> dict[str, Any]:
+# Where a step is cheap to run for real, count_step counts it on real tensors: the same ops
+# (tests/unit/test_planner_opcount.py compares the two), 3-10x faster than fake tensors,
+# whose every op goes through FakeTensorMode's Python (a tiny model's step: 0.8-2.6 s
+# fake, 0.25-0.3 s real, on the 2-core VM). Only at one rank, where a real world-1 gloo
+# group computes what a real run does; at more, the fake group's collectives would hand
+# back unfilled buffers.
+REAL_STEP_MAX_FLOPS = 2e10  # about 0.2 s of fp32 matmuls on a 2-core VM
+REAL_STEP_MAX_BYTES = 1 << 30
+
+
+def counts_on_real_tensors(cfg: Any) -> bool:
+    """Whether :func:`count_step` runs ``cfg`` (a traced config) on real tensors: one rank,
+    and a step the planner's formulas put under REAL_STEP_MAX_FLOPS and REAL_STEP_MAX_BYTES."""
+    if cfg.nproc != 1:
+        return False
+    try:
+        from .memory import memory_for_config
+
+        flops = cfg.shape.flops_per_token(cfg.seq_len) * cfg.micro_batch * cfg.seq_len * cfg.grad_accum
+        return flops <= REAL_STEP_MAX_FLOPS and memory_for_config(cfg)["total_bytes"] <= REAL_STEP_MAX_BYTES
+    except Exception:  # a workload the formulas do not cover: the fake trace sizes nothing
+        return False
+
+
+def count_step(cfg: Any, record: bool = False, tensors: str = "auto") -> dict[str, Any]:
     """What rank 0 of runner config ``cfg`` runs in one training step (its second: the
-    first also creates the optimizer states), counted under fake tensors on a fake
-    process group (:func:`OpCounter.summary`), plus the time the count took; with
+    first also creates the optimizer states), counted (:func:`OpCounter.summary`) on fake
+    tensors and torch's fake process group, or, where :func:`counts_on_real_tensors`
+    (``tensors="auto"``) or ``tensors="real"``, on real tensors and a world-1 gloo group;
+    plus ``tensors`` (which), ``count_s`` (the time the count took) and ``notes``. With
     ``record``, also ``recorded``: each compute op with tensor inputs, as (op, argument
     specs, bytes), for the probe to replay on real tensors."""
     import time
+    import traceback
 
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from ..runner.training import rank_batches, train_step
-    from ..strategies.apply import prepare
-    from .trace import _ddp_fake_safe, _pipeline_fake_safe, fake_world, traced_config
+    from .trace import traced_config
 
     cfg, notes = traced_config(cfg)
-    device = torch.device("cpu")
+    real = tensors == "real" or tensors == "auto" and counts_on_real_tensors(cfg)
     t0 = time.perf_counter()
     counter = OpCounter(record=record)
-    with fake_world(cfg.nproc), FakeTensorMode(allow_non_fake_inputs=True):
-        batches = rank_batches(cfg.seed, range(2), 0, cfg.micro_batch, cfg.grad_accum, cfg.dp, cfg.seq_len,
-                               cfg.shape.vocab, device)
-        with _ddp_fake_safe(), _pipeline_fake_safe():
-            prep = prepare(cfg, device)
-            for m in prep.modules or [prep.model]:
-                _fake_ddp_hook(m)
-            train_step(prep, batches[0], device, cfg.precision)
-            with counter:
-                train_step(prep, batches[1], device, cfg.precision)
-            del prep, batches
-    out = {**counter.summary(), "count_s": time.perf_counter() - t0, "notes": notes}
+    with _real_world() if real else _fake_world(cfg.nproc):
+        try:
+            _two_steps(cfg, counter, fake_ddp=not real)
+        except BaseException as e:
+            traceback.clear_frames(e.__traceback__)  # the failed step's models go before its group
+            raise
+    out = {**counter.summary(), "tensors": "real" if real else "fake", "count_s": time.perf_counter() - t0,
+           "notes": notes}
     if record:
         out["recorded"] = counter.recorded
     return out
+
+
+def _two_steps(cfg: Any, counter: OpCounter, fake_ddp: bool) -> None:
+    """Build ``cfg`` as the runner does and run two steps, the second under ``counter``."""
+    from ..runner.training import rank_batches, train_step
+    from ..strategies.apply import prepare
+
+    device = torch.device("cpu")
+    batches = rank_batches(cfg.seed, range(2), 0, cfg.micro_batch, cfg.grad_accum, cfg.dp, cfg.seq_len,
+                           cfg.shape.vocab, device)
+    prep = prepare(cfg, device)
+    if fake_ddp:
+        for m in prep.modules or [prep.model]:
+            _fake_ddp_hook(m)
+    train_step(prep, batches[0], device, cfg.precision)
+    with counter:
+        train_step(prep, batches[1], device, cfg.precision)
+
+
+@contextlib.contextmanager
+def _fake_world(nproc: int) -> Iterator[None]:
+    """Fake tensors on torch's fake process group of ``nproc`` (planner/trace.py)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from .trace import _ddp_fake_safe, _pipeline_fake_safe, fake_world
+
+    with fake_world(nproc), FakeTensorMode(allow_non_fake_inputs=True), _ddp_fake_safe(), _pipeline_fake_safe():
+        yield
+
+
+@contextlib.contextmanager
+def _real_world() -> Iterator[None]:
+    """A world-1 gloo group in place of any other for the duration."""
+    import gc
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        gc.collect()  # the step's models first: a DDP reducer must not outlive its group (probe/framework.py)
+        dist.destroy_process_group()
 
 
 def _fake_ddp_hook(module: Any) -> None:

@@ -68,14 +68,29 @@ def _rank_entry(rank: int, world: int, folder: str, fn: Callable[..., Any], args
         dist.destroy_process_group()
 
 
+# What every rank imports, loaded once in the fork server instead of once per rank:
+# torch alone is ~2 CPU-s to import on a 2-core VM, and torch._dynamo (DDP imports it
+# when it builds its reducer) another ~1.5.
+RANK_PRELOAD = ["torch", "torch._dynamo", "torch.distributed.fsdp", "mgbench.runner.check"]
+
+
 def run_on_gloo_ranks(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:
-    """Run ``fn(*args)`` on ``world`` spawned CPU processes joined in a gloo process
-    group; returns each rank's result (an exception on any rank is raised here).
-    ``fn`` must be importable (a module-level function) and its result picklable."""
+    """Run ``fn(*args)`` on ``world`` CPU processes joined in a gloo process group;
+    returns each rank's result (an exception on any rank is raised here). ``fn`` must be
+    importable (a module-level function) and its result picklable.
+
+    The processes are forked from a fork server that has imported RANK_PRELOAD (started
+    on first use and kept by this process): a clean single-threaded parent, unlike this
+    process (its OpenMP pool and any threads are not fork-safe), that pays torch's import
+    once instead of in every rank of every call."""
+    import multiprocessing
+
     import torch.multiprocessing as mp
 
+    multiprocessing.get_context("forkserver").set_forkserver_preload(RANK_PRELOAD)
     with tempfile.TemporaryDirectory(prefix="mgbench-gloo-") as folder:
-        mp.spawn(_rank_entry, args=(world, folder, fn, args), nprocs=world, join=True)
+        mp.start_processes(_rank_entry, args=(world, folder, fn, args), nprocs=world, join=True,
+                           start_method="forkserver")
         out = []
         for r in range(world):
             with open(os.path.join(folder, f"rank{r}.pkl"), "rb") as f:
