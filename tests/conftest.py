@@ -86,7 +86,10 @@ def _cpu_s() -> float:
 if _CPU_LOG:
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):  # type: ignore[no-untyped-def]
-        t0 = _cpu_s()
+        import time
+
+        t0, w0 = _cpu_s(), time.time()
         yield
-        with open(_CPU_LOG, "a") as f:
-            f.write(f"{item.nodeid}\t{_cpu_s() - t0:.1f}\n")
+        with open(_CPU_LOG, "a") as f:  # test, CPU-s, its start and end (epoch s), the xdist worker
+            f.write(f"{item.nodeid}\t{_cpu_s() - t0:.1f}\t{w0:.1f}\t{time.time():.1f}\t"
+                    f"{os.environ.get('PYTEST_XDIST_WORKER', '-')}\n")

@@ -118,12 +118,15 @@ warmup_steps = 1
 measured_steps = 3
 check_steps = 0
 track_memory = false
-inject = ["slow@rank=1,factor=100", "none"]
+inject = ["slow@rank=1,factor=40", "none"]
 """)
     proc = popen_run(tmp_path, "h.toml", "--run-id", "i")
     run = tmp_path / "results" / "i"
     assert wait_for(lambda: any((run / "progress").glob("*.json")) if (run / "progress").exists() else False)
-    time.sleep(2)
+    # The first config has started (its warm-up writes the progress file). Its 4 steps,
+    # each held 40x (>= 15 ms a step here: >= 2.4 s), are still running half a second
+    # later; the resume below runs them all again, so longer would only burn CI's CPU.
+    time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
