@@ -82,7 +82,8 @@ def run_on_gloo_ranks(fn: Callable[..., Any], world: int, *args: Any) -> list[An
     The processes are forked from a fork server that has imported RANK_PRELOAD (started
     on first use and kept by this process): a clean single-threaded parent, unlike this
     process (its OpenMP pool and any threads are not fork-safe), that pays torch's import
-    once instead of in every rank of every call."""
+    once instead of in every rank of every call. The ranks therefore see the environment
+    variables this process had when the server started, not later changes."""
     import multiprocessing
 
     import torch.multiprocessing as mp
