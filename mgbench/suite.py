@@ -21,7 +21,8 @@ from typing import Any
 from . import faults
 from .config import FIELDS, SWEEP_KEYS, RunConfig, applies, config_id, is_hsdp
 from .errors import MgbenchError
-from .strategies import DATA_PARALLEL, FP8_ALIGN, PIPELINED, RING_NEEDS_CUDA, dims_for, moe_problem, schedules
+from .strategies import (DATA_PARALLEL, FP8_ALIGN, PIPELINED, RING_FORMS, RING_NEEDS_CUDA, dims_for, moe_problem,
+                         schedules)
 
 TOP_KEYS = {"name", "description", "sweep", "cpu", "gpu"}
 
@@ -249,7 +250,7 @@ def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | No
         return "; ".join(problems)
     if p["strategy"] == "cp" and p["compile"]:
         return "compile = true is not wired to cp (its K/V all-gather inside compiled blocks is untested); use false"
-    if p["strategy"] == "cp" and p["cp_attention"].startswith("ring") and p["device"] != "cuda":
+    if p["strategy"] == "cp" and p["cp_attention"] in RING_FORMS and p["device"] != "cuda":
         return RING_NEEDS_CUDA.format(asked=p["cp_attention"])
     if p["tp"] > 1 and shape.tie_embeddings:
         return "tensor parallelism with tied embeddings is not supported; use a model with tie_embeddings = false"

@@ -43,18 +43,17 @@ def against_run(profile: dict[str, Any], run: str, results_dir: str = "results")
                "measured_s": float(rec["step_time_s"]), "predicted_s": None, "error_pct": None, "reason": None}
         try:
             hw = hardware(profile, cfg.precision, ranks=cfg.nproc)
+            host_ops, notes = counted_ops(cfg, hw, profile) or (None, [])
             pred = predict(cfg.shape, hw, layout_of(cfg),
-                           overlap=overlap(profile, cfg.nproc, DEFAULT_OVERLAP),
-                           host_ops=counted_ops(cfg, hw, profile))
+                           overlap=overlap(profile, cfg.nproc, DEFAULT_OVERLAP), host_ops=host_ops)
         except MgbenchError as e:  # a layout the planner cannot price: say why, keep the others
             row["reason"] = str(e)
         else:
             p = float(pred["step_time_s"])
             row.update(predicted_s=p, error_pct=100.0 * (p - row["measured_s"]) / row["measured_s"],
                        breakdown=pred["breakdown"])
-            if device == "cpu" and framework_unmeasured(profile, cfg):
-                row["note"] = (f"the probe measured no framework cost for {cfg.strategy} (it times "
-                               "probe/framework.py's strategies): its per-step Python is not in the prediction")
+            if notes:
+                row["note"] = "; ".join(notes)
         rows.append(row)
     if len(_COUNTS) > known:
         _save_counts(run_dir, [_count_key(config_from_record(r)) for r in recs])
@@ -70,27 +69,33 @@ def against_run(profile: dict[str, Any], run: str, results_dir: str = "results")
                          "once (mgbench/probe/profile.py); each strategy's cost per step beyond its ops and bytes "
                          "(framework Python; at n ranks also its collectives' latency and the waits for the slowest "
                          "rank) is probed on a tiny model, at the run's rank count where the probe ran it "
-                         "(mgbench/probe/framework.py, planner/against.py fixed_cost_s)" if device == "cpu" else "")}
+                         "(mgbench/probe/framework.py, planner/against.py fixed_cost)" if device == "cpu" else "")}
 
 
-def counted_ops(cfg: Any, hw: Any, profile: dict[str, Any] | None = None) -> dict[str, float] | None:
+def counted_ops(cfg: Any, hw: Any, profile: dict[str, Any] | None = None) -> tuple[dict[str, float], list[str]] | None:
     """The config's counted non-matmul ops (one traced step of rank 0, planner/opcount.py)
-    when ``hw`` prices them (a probed CPU profile), else None. Configs that differ only
-    in what the count cannot see share one trace (cached per run of the planner).
+    when ``hw`` prices them (a probed CPU profile), else None; with the notes on what
+    the count leaves out. Configs that differ only in what the count cannot see share one
+    trace (cached per run of the planner).
 
-    With the ``profile``, also ``fixed_s`` (fixed_cost_s): what the step costs beyond
-    its ops, bytes and the layout terms' communication."""
+    With the ``profile``, also ``fixed_s`` (fixed_cost): what the step costs beyond
+    its ops, bytes and the layout terms' communication, and its note where the probe
+    did not measure part of it."""
     if hw.ew_bw is None:
         return None
     ops = dict(_count(cfg))
+    notes: list[str] = []
     if profile is not None:
-        ops["fixed_s"] = fixed_cost_s(cfg, ops.get("collectives", 0.0), profile)
-    return ops
+        ops["fixed_s"], note = fixed_cost(cfg, ops.get("collectives", 0.0), profile)
+        notes += [note] if note else []
+    return ops, notes
 
 
-def fixed_cost_s(cfg: Any, counted: float, profile: dict[str, Any]) -> float:
+def fixed_cost(cfg: Any, counted: float, profile: dict[str, Any]) -> tuple[float, str | None]:
     """Seconds per step of ``cfg`` beyond its ops, bytes and the layout terms'
-    communication, from the probe (``counted``: the collectives one traced step issues).
+    communication, from the probe (``counted``: the collectives one traced step issues),
+    and a note where the profile has no framework cost for the strategy (its per-step
+    Python is then left out, not guessed), else None.
 
     Where the probe timed the strategy's tiny step at the config's rank count (a real
     gloo group of that many processes, probe/framework.py): that step's residual, which
@@ -101,62 +106,49 @@ def fixed_cost_s(cfg: Any, counted: float, profile: dict[str, Any]) -> float:
     terms nor the tiny step price.
     Else (a one-rank row, or an older profile): the one-rank residual / the share of the
     cores, plus collective_latency."""
-    from ..probe.profile import collective_latency_s, framework_residual_s, framework_row
+    from ..probe.profile import collective_latency_s, framework_layer_scale, framework_residual_s, framework_row
 
     framework = framework_residual_s(profile, cfg.strategy, cfg.shape.layers, cfg.nproc)
+    note = None if framework is not None else (
+        f"the probe measured no framework cost for {cfg.strategy} (it times probe/framework.py's strategies): "
+        "its per-step Python is not in the prediction")
     row = framework_row(profile, cfg.strategy, cfg.nproc)
     if cfg.nproc < 2 or row is None or row.get("ranks", 1) != cfg.nproc or "collectives" not in row:
-        return collective_latency(cfg, counted, profile) + (framework or 0.0)
+        return collective_latency(cfg, counted, profile) + (framework or 0.0), note
     alpha = collective_latency_s(profile, cfg.nproc) or 0.0
     from ..probe.framework import tiny_config
 
     tiny = tiny_config(cfg.strategy, int(row["layers"]), cfg.nproc)
-    scale = (cfg.shape.layers + 1) / (row["layers"] + 1)
+    scale = framework_layer_scale(cfg.shape.layers, row["layers"])
     # Collectives neither the layout terms nor the tiny step's residual price (e.g. more
     # micro-batches than the tiny step's one: FSDP gathers again per micro-batch).
     beyond = max(0.0, (counted - modelled_collectives(cfg)) - (row["collectives"] - modelled_collectives(tiny)) * scale)
-    return max(0.0, (framework or 0.0) - modelled_latency_s(tiny, alpha) * scale) + beyond * alpha
+    return max(0.0, framework - modelled_latency_s(tiny, alpha) * scale) + beyond * alpha, note
 
 
 def modelled_latency_s(cfg: Any, alpha: float) -> float:
     """The latency part of what the layout terms (planner/perf.py ring_time) charge for a
-    step's data-parallel collectives at a probed all-reduce latency ``alpha``: one
-    all-reduce (alpha) for ZeRO 0-2, ZeRO-3's gathers and reduction (_zero3_collectives) at alpha / 2 each
-    (a gather is half an all-reduce's ring steps) for ZeRO-3; 0 on one data-parallel rank."""
-    if cfg.nproc // (cfg.tp * cfg.pp * cfg.cp) < 2:
-        return 0.0
-    return (_zero3_collectives(cfg)) * alpha / 2 if cfg.zero_stage >= 3 else alpha
-
-
-def _zero3_collectives(cfg: Any) -> float:
-    """ZeRO-3's collectives a step in the layout terms: perf.zero3_gathers weight
-    all-gathers, and one gradient reduce-scatter."""
-    from .perf import zero3_gathers
-
-    return float(zero3_gathers(cfg.grad_accum, cfg.pp, cfg.pp_schedule)) + 1
-
-
-def framework_unmeasured(profile: dict[str, Any], cfg: Any) -> bool:
-    """Whether the profile has no framework cost for ``cfg``'s strategy."""
-    from ..probe.profile import framework_residual_s
-
-    return framework_residual_s(profile, cfg.strategy, cfg.shape.layers, cfg.nproc) is None
+    step's data-parallel collectives (perf.collective_counts) at a probed all-reduce
+    latency ``alpha``: alpha for an all-reduce (ZeRO 0-2), alpha / 2 for each of
+    ZeRO-3's gathers and its reduction (a gather is half an all-reduce's ring steps);
+    0 on one data-parallel rank."""
+    n = float(_collective_counts(cfg)["dp"])
+    return n * alpha / 2 if cfg.zero_stage >= 3 else n * alpha
 
 
 def modelled_collectives(cfg: Any) -> float:
     """How many collectives a step of ``cfg`` issues in the planner's layout terms
-    (planner/perf.py): one gradient all-reduce (ZeRO 0-2) or ZeRO-3's gathers and
-    reduction (_zero3_collectives) when dp > 1, 4 (6 with full recompute) tensor-parallel
-    all-reduces per layer and micro-batch, two sends per micro-batch and stage boundary."""
-    m = cfg.grad_accum
-    n = 0.0
-    if cfg.nproc // (cfg.tp * cfg.pp * cfg.cp) > 1:  # data-parallel ranks (cfg.dp is set only for some strategies)
-        n += _zero3_collectives(cfg) if cfg.zero_stage >= 3 else 1
-    if cfg.tp > 1:
-        n += (6 if cfg.activation_checkpointing == "full" else 4) * -(-cfg.shape.layers // cfg.pp) * m
-    if cfg.pp > 1:
-        n += 2 * (m + cfg.pp - 1)
-    return n
+    (planner/perf.py collective_counts: tensor-parallel all-reduces, pipeline sends and
+    the data-parallel gradient collectives)."""
+    return float(sum(_collective_counts(cfg).values()))
+
+
+def _collective_counts(cfg: Any) -> dict[str, Any]:
+    from .memory import RECOMPUTE
+    from .perf import collective_counts
+
+    return collective_counts(cfg.shape.layers, cfg.tp, cfg.pp, cfg.dp, cfg.zero_stage, cfg.grad_accum,
+                             RECOMPUTE.index(cfg.activation_checkpointing), cfg.pp_schedule)
 
 
 def collective_latency(cfg: Any, counted: float, profile: dict[str, Any]) -> float:
@@ -185,8 +177,8 @@ def _count(cfg: Any) -> dict[str, float]:
     if key not in _COUNTS:
         try:
             _COUNTS[key] = host_ops(count_step(cfg))
-        except Exception as e:  # a config the fake-tensor trace cannot run: no prediction, and why
-            raise MgbenchError(f"its ops could not be counted by tracing one step under fake tensors "
+        except Exception as e:  # a config the op count cannot run: no prediction, and why
+            raise MgbenchError(f"its ops could not be counted by running one step of it (opcount.count_step) "
                                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     return _COUNTS[key]
 

@@ -227,9 +227,10 @@ def predict(model, params, as_json, system, gpu, hardware_profile, against_run, 
         from ..probe.profile import overlap as profile_overlap
 
         overlap = profile_overlap(profile, kw["num_gpus"], perf.DEFAULT_OVERLAP)
-    host_ops = _counted_ops(shape, _layout(kw), hw, profile)
+    host_ops, host_notes = _counted_ops(shape, _layout(kw), hw, profile) or (None, [])
     res = predict_fn(shape, hw, _layout(kw), overlap=overlap if overlap is not None else over.get("overlap", perf.DEFAULT_OVERLAP),
                      host_ops=host_ops)
+    res["notes"] = list(res.get("notes", [])) + host_notes
     from . import uncertainty
 
     reg = (uncertainty.calibrated(fit) if calibrate_run
@@ -265,10 +266,11 @@ def predict(model, params, as_json, system, gpu, hardware_profile, against_run, 
         click.echo(f"note: {n}")
 
 
-def _counted_ops(shape: Any, layout: Any, hw: Any, profile: Any = None) -> dict[str, float] | None:
+def _counted_ops(shape: Any, layout: Any, hw: Any, profile: Any = None) -> tuple[dict[str, float], list[str]] | None:
     """A probed CPU profile prices a step's non-matmul ops one by one: count them by
-    tracing one step of the runner config the layout describes (planner/opcount.py).
-    None when the hardware does not price them (catalog, GPU or older profiles)."""
+    tracing one step of the runner config the layout describes (planner/opcount.py),
+    with notes on what the probe left unpriced (against.counted_ops). None when the
+    hardware does not price them (catalog, GPU or older profiles)."""
     if hw.ew_bw is None:
         return None
     from .against import counted_ops
@@ -288,6 +290,9 @@ def _print_against(res: dict[str, Any], as_json: bool) -> None:
                          + ([f"{r['predicted_s']:.4f}", f"{r['error_pct']:+.1f}%"] if r["predicted_s"] is not None
                             else ["-", r["reason"]]) for r in res["rows"]],
                         headers=["config", "measured s", "predicted s", "error"]))
+    for r in res["rows"]:
+        if r.get("note"):
+            click.echo(f"note: {r['label']}: {r['note']}")
     if res["mape"] is None:
         click.echo("no config could be predicted (reasons above)")
     else:

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..model_shape import ModelShape
 from ..strategies.schedules import NAMES as _SCHEDULE_NAMES
+from ..strategies.schedules import grad_sync
 from ..strategies.schedules import VIRTUAL as _VIRTUAL
 
 # Bytes per parameter of (weights, gradients, optimizer states) for Adam under the
@@ -87,15 +88,6 @@ LSE_BYTES = 4.0
 def act_bytes(precision: str) -> float:
     """Bytes of an activation element: 2 under bf16 / fp16 autocast, 4 in fp32."""
     return 4.0 if precision == "fp32" else 2.0
-
-
-def stage_layers(layers: int, pp: int, virtual_stages: int = 1) -> int:
-    """Blocks held by pipeline rank 0: the model is cut into pp x v chunks balanced by
-    layer count, the first ones one block longer (strategies/pipeline.chunk_layers), and
-    rank 0 holds chunks 0, pp, 2 pp, ... pp = 1: every block."""
-    chunks = pp * virtual_stages
-    base, extra = divmod(layers, chunks)
-    return sum(base + (1 if c < extra else 0) for c in range(0, chunks, pp))
 
 
 def stage_params(shape: ModelShape, tp: Any, pp: Any) -> Any:
@@ -183,9 +175,8 @@ def pipeline_fsdp_holds_stage(pp: Any, zero: Any) -> Any:
 
     - weights: every schedule keeps the stage's gathered weights (16-bit, fp8: 1 byte)
       from its first backward to the end of the step; the split-backward ones
-      (strategies/schedules.grad_sync "fsdp_reduce_grad_unsharded": the runner shards
-      them with reshard_after_forward = False, torchtitan every pipeline) from the
-      first forward. The first stage's activations peak in 1F1B's and interleaving's
+      (:func:`pipeline_fsdp_unsharded_from_forward`; torchtitan every pipeline) from
+      the first forward. The first stage's activations peak in 1F1B's and interleaving's
       steady state, after that first backward (traced: 4 of 4 blocks gathered there),
       so the whole stage counts beside them; under GPipe, which runs every forward
       first, it is an upper bound (the stage is whole at the end of backward, when most
@@ -193,6 +184,17 @@ def pipeline_fsdp_holds_stage(pp: Any, zero: Any) -> Any:
     - gradients: accumulated unsharded over the micro-batches in FSDP2's fp32 reduce
       dtype, 4 bytes a weight of the stage, until the reduce-scatter."""
     return (np.asarray(pp) > 1) & (np.asarray(zero) >= 3)
+
+
+def pipeline_fsdp_unsharded_from_forward(pp: Any, schedule: str) -> Any:
+    """Where a pipeline's FSDP stages (:func:`pipeline_fsdp_holds_stage`) are whole from
+    the first forward, not only from the first backward: the split-backward schedules,
+    whose replicas the registry reduces with "fsdp_reduce_grad_unsharded"
+    (strategies/schedules.grad_sync), so the runner shards them with
+    reshard_after_forward = False (strategies/apply.py). The one statement of it:
+    perf.zero3_gathers (one gather a step) and :func:`runner_phases` (FSDP2 without
+    resharding) read it here."""
+    return (np.asarray(pp) > 1) & (grad_sync(schedule, "fsdp") == "fsdp_reduce_grad_unsharded")
 
 
 def _add_states(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -499,9 +501,12 @@ def runner_phases(cfg: Any) -> dict[str, dict[str, float]]:
     # How a pipeline's replicas reduce gradients (the schedule registry's grad_sync).
     sync = grad_sync_of(cfg)
     fsdp = st in ("fsdp", "fsdp_grad_op", "fsdp+tp") or (st == "pp+tp+dp" and cfg.dp_mode == "fsdp" and cfg.dp > 1)
-    # The split-backward schedules' FSDP stages are not resharded after forward
-    # (strategies/apply.py): FSDP2 as fsdp_grad_op runs it, sharded at rest, whole in use.
-    zero = (2 if sync == "fsdp_reduce_grad_unsharded" else 3) if st == "pp+tp+dp" and fsdp else ZERO_STAGE.get(st, 0)
+    # The split-backward schedules' FSDP stages are not resharded after forward: FSDP2 as
+    # fsdp_grad_op runs it, sharded at rest, whole in use.
+    if st == "pp+tp+dp" and fsdp:
+        zero = 2 if pipeline_fsdp_unsharded_from_forward(cfg.pp, cfg.pp_schedule) else 3
+    else:
+        zero = ZERO_STAGE.get(st, 0)
     ddp = st in ("ddp", "zero1") or sync == "ddp_reducer"
     dp, tp, pp = cfg.dp, cfg.tp, cfg.pp
     sp = st == "tp_sp"

@@ -176,9 +176,9 @@ class OpCounter(TorchDispatchMode):
 
 
 # Where a step is cheap to run for real, count_step counts it on real tensors: the same ops
-# (tests/unit/test_planner_opcount.py compares the two), 3-10x faster than fake tensors,
-# whose every op goes through FakeTensorMode's Python (a tiny model's step: 0.8-2.6 s
-# fake, 0.25-0.3 s real, on the 2-core VM). Only at one rank, where a real world-1 gloo
+# (tests/unit/test_planner_opcount.py compares the two), faster than fake tensors, whose
+# every op goes through FakeTensorMode's Python (a tiny model's step, on the 2-core VM:
+# 0.8-2.6 s fake, 0.25-0.3 s real). Only at one rank, where a real world-1 gloo
 # group computes what a real run does; at more, the fake group's collectives would hand
 # back unfilled buffers.
 REAL_STEP_MAX_FLOPS = 2e10  # about 0.2 s of fp32 matmuls on a 2-core VM
@@ -188,15 +188,18 @@ REAL_STEP_MAX_BYTES = 1 << 30
 def counts_on_real_tensors(cfg: Any) -> bool:
     """Whether :func:`count_step` runs ``cfg`` (a traced config) on real tensors: one rank,
     and a step the planner's formulas put under REAL_STEP_MAX_FLOPS and REAL_STEP_MAX_BYTES."""
+    from ..errors import MgbenchError
+    from .memory import RECOMPUTE, memory_for_config
+    from .perf import hardware_flops_per_token
+
     if cfg.nproc != 1:
         return False
     try:
-        from .memory import memory_for_config
-
-        flops = cfg.shape.flops_per_token(cfg.seq_len) * cfg.micro_batch * cfg.seq_len * cfg.grad_accum
-        return flops <= REAL_STEP_MAX_FLOPS and memory_for_config(cfg)["total_bytes"] <= REAL_STEP_MAX_BYTES
-    except Exception:  # a workload the formulas do not cover: the fake trace sizes nothing
+        per_token = hardware_flops_per_token(cfg.shape, cfg.seq_len, RECOMPUTE.index(cfg.activation_checkpointing))
+    except MgbenchError:  # not a decoder LM: no formula sizes its step, the fake trace needs none
         return False
+    flops = float(per_token) * cfg.global_batch * cfg.seq_len  # one rank: dp = 1
+    return flops <= REAL_STEP_MAX_FLOPS and memory_for_config(cfg)["total_bytes"] <= REAL_STEP_MAX_BYTES
 
 
 def count_step(cfg: Any, record: bool = False, tensors: str = "auto") -> dict[str, Any]:
@@ -208,20 +211,18 @@ def count_step(cfg: Any, record: bool = False, tensors: str = "auto") -> dict[st
     ``record``, also ``recorded``: each compute op with tensor inputs, as (op, argument
     specs, bytes), for the probe to replay on real tensors."""
     import time
-    import traceback
 
+    from ..process_group import gloo_group
     from .trace import traced_config
 
+    if tensors not in ("auto", "real", "fake"):
+        raise ValueError(f"tensors = {tensors!r}: auto, real or fake")
     cfg, notes = traced_config(cfg)
     real = tensors == "real" or tensors == "auto" and counts_on_real_tensors(cfg)
     t0 = time.perf_counter()
     counter = OpCounter(record=record)
-    with _real_world() if real else _fake_world(cfg.nproc):
-        try:
-            _two_steps(cfg, counter, fake_ddp=not real)
-        except BaseException as e:
-            traceback.clear_frames(e.__traceback__)  # the failed step's models go before its group
-            raise
+    with gloo_group() if real else _fake_world(cfg.nproc):
+        _two_steps(cfg, counter, fake_ddp=not real)  # the models live in there: see gloo_group
     out = {**counter.summary(), "tensors": "real" if real else "fake", "count_s": time.perf_counter() - t0,
            "notes": notes}
     if record:
@@ -255,23 +256,6 @@ def _fake_world(nproc: int) -> Iterator[None]:
 
     with fake_world(nproc), FakeTensorMode(allow_non_fake_inputs=True), _ddp_fake_safe(), _pipeline_fake_safe():
         yield
-
-
-@contextlib.contextmanager
-def _real_world() -> Iterator[None]:
-    """A world-1 gloo group in place of any other for the duration."""
-    import gc
-
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        gc.collect()  # the step's models first: a DDP reducer must not outlive its group (probe/framework.py)
-        dist.destroy_process_group()
 
 
 def _fake_ddp_hook(module: Any) -> None:

@@ -31,6 +31,7 @@ tp_comm   4 all-reduces per layer per micro-batch (2 forward, 2 backward; 6 with
           overlapped (Megatron-LM, Narayanan et al. 2021, section 3.3)
 pp_comm   one send forward and one backward per micro-batch and stage boundary, on the
           critical path (m + p - 1) times
+          (the collectives' counts: :func:`collective_counts`)
 dp_comm   gradient all-reduce (ZeRO 0/1), reduce-scatter + all-gather (ZeRO 2), or
           all-gathers (:func:`zero3_gathers`: twice per micro-batch, once per step for
           the pipelines whose FSDP stages stay unsharded) + reduce-scatter (ZeRO 3),
@@ -54,7 +55,7 @@ import numpy as np
 from ..model_shape import ModelShape
 from ..strategies.schedules import grad_sync, theoretical_bubble
 from .hardware import Hardware
-from .memory import act_bytes, recomputed_share
+from .memory import act_bytes, pipeline_fsdp_unsharded_from_forward, recomputed_share
 
 DEFAULT_OVERLAP = 1.0
 
@@ -96,13 +97,32 @@ def dp_window_fraction(num_micro: Any, zero: Any, pp: Any = 1, schedule: str = "
 def zero3_gathers(num_micro: Any, pp: Any = 1, schedule: str = "1f1b") -> Any:
     """Weight all-gathers per step under ZeRO-3: two per micro-batch (forward, and
     backward after the reshard that follows forward), or one per step in a pipeline
-    whose stages FSDP keeps unsharded from forward to the end of the step (the
-    registry's "fsdp_reduce_grad_unsharded", strategies/schedules.grad_sync: the
-    split-backward schedules; see memory.pipeline_fsdp_holds_stage for the memory side).
+    whose stages FSDP keeps unsharded from forward to the end of the step
+    (memory.pipeline_fsdp_unsharded_from_forward: the split-backward schedules).
     The other schedules are priced at two per micro-batch, an upper bound: torch's
     pipelining stops resharding a stage after its first backward."""
-    held = (np.asarray(pp) > 1) & (grad_sync(schedule, "fsdp") == "fsdp_reduce_grad_unsharded")
+    held = pipeline_fsdp_unsharded_from_forward(pp, schedule)
     return np.where(held, 1.0, 2.0 * np.asarray(num_micro, dtype=float))
+
+
+def collective_counts(layers: int, tp: Any, pp: Any, dp: Any, zero: Any, num_micro: Any, recompute: Any,
+                      schedule: str = "1f1b") -> dict[str, Any]:
+    """Collectives a step issues in these terms, per group (0 where its degree is 1); the
+    one statement of them, which :func:`step_time` prices and planner/against.py counts:
+
+    tp  4 all-reduces per layer per micro-batch (2 forward, 2 backward; 6 with full
+        recompute, ``recompute`` 2) over a stage's ceil(L / p) layers
+    pp  one send forward and one backward per micro-batch and stage boundary, on the
+        critical path (m + p - 1) times
+    dp  one gradient all-reduce (ZeRO 0-2: ZeRO-2's reduce-scatter and all-gather move
+        an all-reduce's bytes), or under ZeRO-3 :func:`zero3_gathers` all-gathers and
+        one reduce-scatter"""
+    t, p, d = (np.asarray(x, dtype=float) for x in (tp, pp, dp))
+    m = np.asarray(num_micro, dtype=float)
+    per_layer = np.where(np.asarray(recompute) == 2, 6.0, 4.0)
+    return {"tp": np.where(t > 1, per_layer * np.ceil(layers / p) * m, 0.0),
+            "pp": np.where(p > 1, 2.0 * (m + p - 1.0), 0.0),
+            "dp": np.where(d > 1, np.where(np.asarray(zero) >= 3, zero3_gathers(m, p, schedule) + 1.0, 1.0), 0.0)}
 
 
 def bubble_fraction(pp: Any, num_micro: Any, schedule: str, virtual_stages: int) -> Any:
@@ -251,21 +271,21 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     bubble = blocks * f / (1.0 - f)
 
     act = s * b * shape.hidden * act_bytes(precision)
+    counts = collective_counts(shape.layers, t, p, d, z, m, rc, schedule)
     tp_bw, tp_alpha = _group_link(t, hw)
-    n_tp = np.where(rc == 2, 6.0, 4.0)
-    tp_comm = n_tp * np.ceil(shape.layers / p) * m * ring_time(act, t, tp_bw, tp_alpha, 2.0)
+    tp_comm = counts["tp"] * ring_time(act, t, tp_bw, tp_alpha, 2.0)
 
     # Pipeline neighbours are t * d ranks apart: same node only if that fits in one.
     pp_bw, pp_alpha = _group_link(t * d + 1, hw)
     p2p = pp_alpha + act / t / pp_bw  # scatter-gather: each TP rank sends 1/t
-    pp_comm = np.where(p > 1, 2.0 * (m + p - 1.0) * p2p, 0.0)
+    pp_comm = np.where(p > 1, counts["pp"] * p2p, 0.0)
 
     params = _stage_params(shape, t, p) if stage_params is None else stage_params
     grad_bytes = params * act_bytes(precision)  # gradients in the training dtype
     dp_bw, dp_alpha = _group_link(t * d, hw)
     allreduce = ring_time(grad_bytes, d, dp_bw, dp_alpha, 2.0)
     gather = ring_time(grad_bytes, d, dp_bw, dp_alpha, 1.0)  # same bytes: 16-bit weights
-    dp_comm = np.where(z >= 3, (zero3_gathers(m, p, schedule) + 1.0) * gather, allreduce)
+    dp_comm = counts["dp"] * np.where(z >= 3, gather, allreduce)
     exposed_dp = np.maximum(dp_comm - overlap * compute * dp_window_fraction(m, z, p, schedule), 0.0)
 
     total = compute + bubble + tp_comm + pp_comm + exposed_dp

@@ -448,6 +448,8 @@ def traced_config(cfg: Any) -> tuple[Any, list[str]]:
     """The config the trace runs, and what it changes: fp16 is traced as bf16 (GradScaler
     reads its found-inf flag with .item(), which fake tensors cannot answer; the memory
     is the same: 2-byte activations, fp32 weights, an in-place unscale)."""
+    from ..strategies import RING_FORMS
+
     notes = []
     if cfg.precision == "fp16":
         cfg = dataclasses.replace(cfg, precision="bf16")
@@ -455,7 +457,7 @@ def traced_config(cfg: Any) -> tuple[Any, list[str]]:
     if cfg.grad_compression != "none":
         cfg = dataclasses.replace(cfg, grad_compression="none")
         notes.append("gradient compression not traced (its hooks need a real all-reduce); traced uncompressed")
-    if cfg.strategy == "cp" and (cfg.cp_attention.startswith("ring") or cfg.cp_attention == "auto" and
+    if cfg.strategy == "cp" and (cfg.cp_attention in RING_FORMS or cfg.cp_attention == "auto" and
                                  cfg.device == "cuda"):
         cfg = dataclasses.replace(cfg, cp_attention="allgather_kv")
         notes.append("cp attention traced in the all-gather-KV form (torch's ring attention, which CUDA runs, has "

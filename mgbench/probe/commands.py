@@ -34,9 +34,9 @@ def probe(output, device, dtypes, model, tokens, no_comm, max_ranks, results_dir
     rank run, in that many processes at once, since ranks share the cores), an
     elementwise pass (memory bandwidth), causal attention forward + backward, on CPU the
     per-op overhead, the step's non-matmul ops and each data-parallel strategy's
-    framework cost per step (a tiny model, one rank), copies on GPUs, and short
-    all-reduce sweeps (alpha-beta fits; on CPU at 2 and 4 ranks). About 60 s on a quiet
-    2-core VM.
+    framework cost per step (a tiny model, on one rank and at each probed rank count),
+    copies on GPUs, and short all-reduce sweeps (alpha-beta fits; on CPU at each probed
+    rank count above one). A minute or two on a 2-core VM.
 
     \b
     Examples:

@@ -18,7 +18,6 @@ tokens, dtypes, threads, ranks, index, ready_dir); OUT the JSON file to write.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -71,9 +70,12 @@ def run_together(ranks: int, model: str, tokens: int, dtypes: list[str], threads
     ``framework_layers``, also ``framework``: the strategies' tiny steps on those
     processes as one gloo group of ``ranks`` (probe/framework.py residuals)."""
     from ..errors import MgbenchError
+    from ..launching import child_env
 
     with tempfile.TemporaryDirectory(prefix="mgbench-probe-") as tmp:
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        # A rank's environment (this mgbench importable, as for a run's ranks), at the
+        # probed thread count.
+        env = {**child_env(ranks, "cpu", "probe"), "OMP_NUM_THREADS": str(threads)}
         procs, outs = [], []
         for i in range(ranks):
             spec = {"model": model, "tokens": tokens, "dtypes": dtypes, "threads": threads, "ranks": ranks,
@@ -97,14 +99,17 @@ def run_together(ranks: int, model: str, tokens: int, dtypes: list[str], threads
 
 
 def median_merge(results: list[Any]) -> Any:
-    """One result from several of the same structure: numbers become their median,
-    dicts and equal-length lists are merged entry by entry, anything else is the first's."""
+    """One result from several of the same structure: numbers become their median (a number
+    every result shares stays as it is), dicts and equal-length lists are merged entry by
+    entry, anything else is the first's."""
     first = results[0]
     if isinstance(first, bool) or not isinstance(first, (int, float, dict, list)):
         return first
     if isinstance(first, (int, float)):
         nums = [r for r in results if isinstance(r, (int, float))]
-        return statistics.median(nums) if len(nums) == len(results) else first
+        if len(nums) != len(results) or all(r == first for r in results):
+            return first  # a count or label the processes share keeps its type (2, not 2.0)
+        return statistics.median(nums)
     if isinstance(first, dict):
         return {k: median_merge([r[k] for r in results]) if all(isinstance(r, dict) and k in r for r in results)
                 else v for k, v in first.items()}

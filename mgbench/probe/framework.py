@@ -23,10 +23,8 @@ time-sharing the cores. Measured on the 2-core VM: FSDP's tiny step 25 ms on one
 
 from __future__ import annotations
 
-import gc
 import statistics
 import time
-import traceback
 from typing import Any
 
 # The strategies whose residual the probe measures (the default suite's data-parallel ones).
@@ -39,11 +37,19 @@ WARMUP = 3
 
 def tiny_config(strategy: str, layers: int, ranks: int = 1) -> Any:
     """The fp32 CPU config of ``strategy`` on ``ranks`` ranks for the tiny model with
-    ``layers`` blocks."""
-    from ..config import RunConfig
+    ``layers`` blocks, with the strategy's degrees on that many ranks (strategies.dims_for,
+    as a suite builds them)."""
+    import dataclasses
 
-    return RunConfig(model={"layers": layers, **TINY}, strategy=strategy, nproc=ranks, micro_batch=1,
-                     seq_len=TINY_SEQ, precision="fp32", device="cpu")
+    from ..config import RunConfig
+    from ..strategies import dims_for
+
+    cfg = RunConfig(model={"layers": layers, **TINY}, strategy=strategy, nproc=ranks, micro_batch=1,
+                    seq_len=TINY_SEQ, precision="fp32", device="cpu")
+    dims, problem = dims_for(strategy, ranks, None)
+    if problem:
+        raise ValueError(problem)
+    return dataclasses.replace(cfg, dp=dims.dp, tp=dims.tp, pp=dims.pp, ep=dims.ep, cp=dims.cp)
 
 
 def strategies_at(ranks: int) -> tuple[str, ...]:
@@ -57,32 +63,16 @@ def residuals(layers: int, op_overhead_s: float, strategies: tuple[str, ...] | N
     (step - ops x ``op_overhead_s``, at least 0). One rank in this process, or (``ranks``
     > 1) this process as rank ``rank`` of a gloo group met through ``store`` (a
     torch.distributed Store every rank's process reaches), the others running the same."""
-    import torch.distributed as dist
-
     from ..planner.opcount import count_step, host_ops
+    from ..process_group import gloo_group
 
     strategies = strategies or strategies_at(ranks)
     cfgs = {s: tiny_config(s, layers, ranks) for s in strategies}
-    # Counted first: the count runs on torch's fake process group, which replaces any other.
+    # Counted first: the count runs on a process group of its own, which replaces any other.
     counts = {s: host_ops(count_step(cfg)) for s, cfg in cfgs.items()}
     ops = {s: c["ops"] for s, c in counts.items()}
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    dist.init_process_group("gloo", store=store if store is not None else dist.HashStore(), rank=rank,
-                            world_size=ranks)
-    # Every model (DDP's reducer above all) is gone before its process group: a reducer
-    # freed last destroys the group, whose destructor joins gloo's worker threads while
-    # holding the GIL that a finishing work item waits for (seen: a rank of this probe
-    # hanging forever at its end). So the models live in _step_times only, and a failure's
-    # traceback lets go of its frames' locals before the group goes.
-    try:
-        times = _step_times(cfgs, ranks, rank)
-    except BaseException as e:
-        traceback.clear_frames(e.__traceback__)
-        raise
-    finally:
-        gc.collect()
-        dist.destroy_process_group()
+    with gloo_group(ranks, rank, store):
+        times = _step_times(cfgs, ranks, rank)  # the models live in there: see gloo_group
     out = []
     for s in strategies:
         step = statistics.median(times[s])

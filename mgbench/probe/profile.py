@@ -76,37 +76,44 @@ def measured_at(profile: dict[str, Any], rows: list[dict[str, Any]], ranks: int)
     if not cands:
         return None, 1.0
     row = max(cands, key=lambda r: r.get("ranks", 1))
-    _, share_m = rank_share(profile, row.get("ranks", 1), threads)
+    # m processes at the n-rank thread count t: m t fills at most the cores when m does
+    # not exceed them (t <= cores // n <= cores // m), and t = 1 when it does, so m's
+    # share is that of m ranks at their own thread count.
+    _, share_m = rank_share(profile, row.get("ranks", 1))
     return row, share_n / share_m
 
 
-def gemm_row(profile: dict[str, Any], precision: str, threads: int | None = None) -> dict[str, Any]:
-    """The probed layer GEMMs at a precision, at exactly ``threads`` threads (CPU) or of
-    the device (``threads`` None: its fastest row)."""
+def gemm_row(profile: dict[str, Any], precision: str, ranks: int | None = None) -> tuple[dict[str, Any], float]:
+    """The probed layer GEMMs at a precision and the factor their rates take: for a rank
+    of a ``ranks``-rank CPU run, measured_at's row at the rank's thread count; for a
+    device (``ranks`` None), its fastest row, factor 1. One clear error where neither
+    was probed."""
     dtype = PRECISION_DTYPE.get(precision, precision)
     runs = [g for g in profile["gemm"] if g["dtype"] == dtype]
     if not runs:
         have = sorted({g["dtype"] for g in profile["gemm"]})
         raise MgbenchError(f"the profile has no {dtype} GEMMs (it has {', '.join(have)}); "
                            f"re-probe with --dtype {dtype} or predict at another precision")
-    if threads is None:
-        return max(runs, key=lambda g: g["typical_tflops"])
-    row = next((g for g in runs if g["threads"] == threads), None)
+    if ranks is None:
+        return max(runs, key=lambda g: g["typical_tflops"]), 1.0
+    row, share = measured_at(profile, runs, ranks)
     if row is None:  # a thread count never measured is unknown, not its neighbour's speed
-        raise MgbenchError(f"the profile has no {dtype} GEMMs at {threads} thread(s) (it has "
-                           f"{', '.join(str(g['threads']) for g in runs)}); re-probe this host with `mgbench probe` "
+        threads, _ = rank_share(profile, ranks)
+        have = ", ".join(f"{g['threads']} x {g.get('ranks', 1)}" for g in runs)
+        raise MgbenchError(f"the profile has no {dtype} GEMMs at {threads} thread(s) probed with at most {ranks} "
+                           f"process(es) (it has threads x processes {have}); re-probe this host with `mgbench probe` "
                            "(without --max-ranks, which skips the larger rank counts and their thread counts)")
-    return row
+    return row, share
 
 
-def rank_share(profile: dict[str, Any], ranks: int, threads: int | None = None) -> tuple[int, float]:
+def rank_share(profile: dict[str, Any], ranks: int) -> tuple[int, float]:
     """(threads per rank, fraction of a t-thread process's speed each rank gets) for
     ``ranks`` CPU ranks on the probed host: mgbench gives each rank cores // ranks threads
-    (at least 1; or ``threads``); ranks x threads above the cores time-share them."""
+    (at least 1); ranks x threads above the cores time-share them."""
     from ..launching import threads_per_rank
 
     cores = profile["cores"]
-    t = threads or threads_per_rank(ranks, cores)
+    t = threads_per_rank(ranks, cores)
     return t, min(1.0, cores / (ranks * t))
 
 
@@ -128,15 +135,11 @@ def hardware(profile: dict[str, Any], precision: str, ranks: int = 1) -> Hardwar
     """
     cpu = profile["device"] == "cpu"
     if cpu:
-        threads, _ = rank_share(profile, ranks)
-        gemm_row(profile, precision, threads)  # one clear error when the thread count was never probed
-        dtype = PRECISION_DTYPE.get(precision, precision)
-        row, share = measured_at(profile, [g for g in profile["gemm"] if g["dtype"] == dtype], ranks)
-        assert row is not None
+        row, share = gemm_row(profile, precision, ranks)
         mem_bw = profile["memory"]["median_bytes_per_s"] / ranks
         memory_bytes = profile["host_memory_bytes"] / ranks
     else:
-        row, share = gemm_row(profile, precision), 1.0
+        row, share = gemm_row(profile, precision)
         mem_bw = profile["memory"]["median_bytes_per_s"]
         memory_bytes = profile["device_memory_bytes"]
     acc = profile.get("accelerator")
@@ -221,8 +224,7 @@ def framework_row(profile: dict[str, Any], strategy: str, ranks: int) -> dict[st
 
 def framework_residual_s(profile: dict[str, Any], strategy: str, layers: int, ranks: int) -> float | None:
     """Seconds per step a rank of ``strategy`` spends beyond its aten ops (probe/framework.py),
-    scaled to ``layers`` blocks by (layers + 1) / (probed layers + 1) (hooks, module calls
-    and collectives per block, plus the embedding and head). From the row probed at
+    scaled to ``layers`` blocks (framework_layer_scale). From the row probed at
     ``ranks`` ranks when there is one (it holds the collectives' latency, the waits for
     the slowest rank and the time-shared cores, as measured); else the one-rank row's
     framework Python divided by the rank's share of the cores (it runs on one core,
@@ -230,11 +232,18 @@ def framework_residual_s(profile: dict[str, Any], strategy: str, layers: int, ra
     row = framework_row(profile, strategy, ranks)
     if row is None:
         return None
-    scaled = row["residual_s"] * (layers + 1) / (row["layers"] + 1)
+    scaled = row["residual_s"] * framework_layer_scale(layers, row["layers"])
     if row.get("ranks", 1) == ranks:
         return scaled
     _, share = rank_share(profile, ranks)
     return scaled / share
+
+
+def framework_layer_scale(layers: int, probed_layers: int) -> float:
+    """How a strategy's per-step cost beyond its ops, probed on a tiny model of
+    ``probed_layers`` blocks, grows to ``layers`` blocks: (layers + 1) / (probed + 1), as
+    hooks, module calls and collectives come per block, plus the embedding and head."""
+    return (layers + 1) / (probed_layers + 1)
 
 
 def comm_link(profile: dict[str, Any], ranks: int) -> dict[str, float]:

@@ -141,9 +141,7 @@ def _framework(prof: dict[str, Any], shape: ModelShape, progress: Callable[[str]
         torch.set_num_threads(saved)
     # Rows at 2, 4 ... ranks: timed by the concurrent kernel processes as one gloo group.
     threads = {h["ranks"]: h["threads"] for h in prof["host_ops"]}
-    # The n processes' figures are medians (floats): counts are put back as integers.
-    rows += [{**r, "ranks": int(r["ranks"]), "layers": int(r["layers"]), "threads": threads[int(r["ranks"])]}
-             for r in at_ranks]
+    rows += [{**r, "threads": threads[r["ranks"]]} for r in at_ranks]
     return {"threads": one["threads"], "rows": rows,
             "method": "the runner's step of each strategy for a model of the workload's layers at hidden "
                       f"{framework.TINY['hidden']}, on one rank (world-1 gloo) and on each probed rank count "

@@ -56,22 +56,28 @@ def check_config(strategy: str = "single", model: str | dict[str, Any] = "tiny",
 
 
 def _rank_entry(rank: int, world: int, folder: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    import resource
+
     import torch.distributed as dist
 
+    from ..process_group import gloo_group
+
     torch.set_num_threads(1)  # one core per rank on small machines
-    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=world)
-    try:
-        result = fn(*args)
-        with open(os.path.join(folder, f"rank{rank}.pkl"), "wb") as f:
-            pickle.dump(result, f)
-    finally:
-        dist.destroy_process_group()
+    with gloo_group(world, rank, dist.FileStore(os.path.join(folder, "store"), world)):
+        result = fn(*args)  # fn's models are gone when it returns: see gloo_group
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    with open(os.path.join(folder, f"rank{rank}.pkl"), "wb") as f:
+        pickle.dump((result, usage.ru_utime + usage.ru_stime), f)
 
 
 # What every rank imports, loaded once in the fork server instead of once per rank:
 # torch alone is ~2 CPU-s to import on a 2-core VM, and torch._dynamo (DDP imports it
 # when it builds its reducer) another ~1.5.
 RANK_PRELOAD = ["torch", "torch._dynamo", "torch.distributed.fsdp", "mgbench.runner.check"]
+# CPU seconds of every rank run_on_gloo_ranks has run in this process so far: the fork
+# server, not this process, reaps them, so this process's own resource usage leaves them out
+# (tests/conftest.py adds them to each test's CPU).
+RANKS_CPU_S = [0.0]
 
 
 def run_on_gloo_ranks(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:
@@ -95,7 +101,9 @@ def run_on_gloo_ranks(fn: Callable[..., Any], world: int, *args: Any) -> list[An
         out = []
         for r in range(world):
             with open(os.path.join(folder, f"rank{r}.pkl"), "rb") as f:
-                out.append(pickle.load(f))
+                result, cpu_s = pickle.load(f)
+            out.append(result)
+            RANKS_CPU_S[0] += cpu_s
     return out
 
 

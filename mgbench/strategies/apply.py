@@ -146,17 +146,23 @@ def fsdp_mp_policy(precision: str) -> Any:
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
 
 
-def allreduce_flat(grads: list[torch.Tensor], group: Any) -> None:
+def allreduce_flat(grads: list[torch.Tensor], group: Any, divisor: float = 1) -> None:
     """Sum ``grads`` in place over ``group`` with one all-reduce per dtype: the tensors
-    flattened into one buffer, reduced, copied back (a collective's fixed cost paid once,
-    not per tensor). Every rank must pass the same tensors in the same order."""
+    flattened into one buffer, reduced, divided by ``divisor`` (SUM then divide: gloo has
+    no AVG reduction), copied back; a collective's fixed cost paid once, not per tensor.
+    A group of one rank is not reduced (the divisor still applies). Every rank must pass
+    the same tensors in the same order."""
     import torch.distributed as dist
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+    reduce = dist.get_world_size(group) > 1
     for dtype in dict.fromkeys(g.dtype for g in grads):
         same = [g for g in grads if g.dtype == dtype]
         flat = _flatten_dense_tensors(same)
-        dist.all_reduce(flat, group=group)
+        if reduce:
+            dist.all_reduce(flat, group=group)
+        if divisor != 1:
+            flat.div_(divisor)
         for g, reduced in zip(same, _unflatten_dense_tensors(flat, same)):
             g.copy_(reduced)
 
@@ -227,7 +233,7 @@ def _converted(cfg: RunConfig, model: nn.Module, reference: bool = False) -> nn.
         from . import fp8
 
         fp8.convert(model, cfg.fp8_recipe, fsdp=not reference and fp8.sharded(cfg),
-                    bf16_weights=reference and fp8.weights_cast_from_bf16(cfg))
+                    gathered_weights=reference and fp8.weights_cast_from_bf16(cfg))
     return model
 
 

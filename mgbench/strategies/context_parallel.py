@@ -57,11 +57,9 @@ from torch import nn
 
 from ..config import RunConfig
 from ..workloads.gpt import Attention, DecoderLM
-from . import RING_NEEDS_CUDA
+from . import RING_FORMS, RING_NEEDS_CUDA
 from .apply import AUTOCAST_DTYPES, Prepared, _data_parallel, _finish_module, device_mesh, place
 
-# cp_attention's ring forms -> torch's KV rotate method (set_rotate_method's names).
-RING_ROTATE = {"ring_allgather": "allgather", "ring_alltoall": "alltoall"}
 # The SDPA kernels torch 2.13's context_parallel dispatches to the ring (its _sdpa_handler).
 RING_KERNELS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
 # The kernel-choice probe uses at most this many local tokens: torch's choice turns on
@@ -111,43 +109,54 @@ def sdpa_kernel(cfg: RunConfig, form: str, device: torch.device) -> str:
     shape = cfg.shape
     dtype = AUTOCAST_DTYPES[cfg.precision] or torch.float32
     s = min(cfg.seq_len // cfg.cp, PROBE_TOKENS)
-    keys = s if form in RING_ROTATE else s * cfg.cp  # the ring attends block by block
+    keys = s if form in RING_FORMS else s * cfg.cp  # the ring attends block by block
     q = torch.empty(1, shape.heads, s, shape.dim_head, dtype=dtype, device=device, requires_grad=True)
     k = torch.empty(1, shape.kv_heads, keys, shape.dim_head, dtype=dtype, device=device, requires_grad=True)
     kw: dict[str, Any] = {"enable_gqa": shape.kv_heads != shape.heads}
-    if form in RING_ROTATE:
+    if form in RING_FORMS:
         kw["is_causal"] = True
     else:
         kw["attn_mask"] = torch.ones(s, keys, dtype=torch.bool, device=device)
     return SDPBackend(torch._fused_sdp_choice(q, k, k, **kw)).name
 
 
-def attention_form(cfg: RunConfig, device: torch.device) -> tuple[str, str]:
-    """Which attention form a cp config runs on ``device``, and why: (form, reason).
-    ``cp_attention = "auto"`` takes torch's ring (allgather rotation) on CUDA where torch
-    picks a kernel the ring dispatches, the all-gather-KV form otherwise. A ring asked for
-    where it cannot run is refused (ValueError). Probes the kernel on CUDA only."""
-    asked = cfg.cp_attention
-    if asked in RING_ROTATE and device.type != "cuda":
+def decide_form(asked: str, device_type: str, kernel: str | None, shapes: str = "") -> tuple[str, str]:
+    """The attention form a cp config runs, and why: (form, reason), from what was asked
+    (``cp_attention``), the device type, and the SDPA kernel torch picks for a rank's ring
+    call (:func:`sdpa_kernel`; None where it was not probed: off CUDA or for
+    "allgather_kv"). ``shapes``: the call's dtype and shapes, for the reason. ``auto``
+    takes torch's ring (allgather rotation) on CUDA where the kernel is one the ring
+    dispatches, the all-gather-KV form otherwise. A ring asked for where it cannot run is
+    refused (ValueError)."""
+    if asked in RING_FORMS and device_type != "cuda":
         raise ValueError(RING_NEEDS_CUDA.format(asked=asked))
     if asked == "allgather_kv":
         return asked, "cp_attention = \"allgather_kv\""
-    if device.type != "cuda":
+    if device_type != "cuda":
         return ("allgather_kv", "CPU: torch 2.13's ring attention (context_parallel) dispatches only the CUDA flash, "
                 "efficient and cuDNN SDPA kernels, not CPU SDPA (aten._scaled_dot_product_flash_attention_for_cpu "
                 "has no context-parallel sharding rule), and flex attention has no backward on CPU")
     ring = "ring_allgather" if asked == "auto" else asked
-    kernel = sdpa_kernel(cfg, ring, device)
     if kernel not in RING_KERNELS:
-        why = (f"torch picks the {kernel} SDPA kernel for this rank's q, k, v ({cfg.precision}, "
-               f"{cfg.shape.heads}/{cfg.shape.kv_heads} heads, head dim {cfg.shape.dim_head}) and its ring attention "
+        why = (f"torch picks the {kernel} SDPA kernel for this rank's q, k, v{shapes} and its ring attention "
                "dispatches only flash, efficient and cuDNN")
         if asked != "auto":
             raise ValueError(f"cp_attention = \"{asked}\" cannot run: {why}; use \"auto\" or \"allgather_kv\"")
         return "allgather_kv", why
     return ring, (f"torch context_parallel ring attention over the {kernel} SDPA kernel, K and V rotated by "
-                  f"{RING_ROTATE[ring]}, head-tail load balance" +
+                  f"{RING_FORMS[ring]}, head-tail load balance" +
                   (" (cp_attention = \"auto\" on CUDA)" if asked == "auto" else ""))
+
+
+def attention_form(cfg: RunConfig, device: torch.device) -> tuple[str, str]:
+    """Which attention form a cp config runs on ``device``, and why: (form, reason), as
+    :func:`decide_form` decides it. Probes torch's kernel choice on CUDA only."""
+    asked, kernel = cfg.cp_attention, None
+    if device.type == "cuda" and asked != "allgather_kv":
+        kernel = sdpa_kernel(cfg, "ring_allgather" if asked == "auto" else asked, device)
+    shape = cfg.shape
+    return decide_form(asked, device.type, kernel, f" ({cfg.precision}, {shape.heads}/{shape.kv_heads} heads, "
+                                                   f"head dim {shape.dim_head})")
 
 
 def cp_fields(cfg: RunConfig, device: torch.device) -> dict[str, Any]:
@@ -222,8 +231,11 @@ def ring_dispatch(rotate: str) -> Iterator[None]:
     """Inside: SDPA on sequence-sharded DTensors runs torch's ring attention (forward and
     backward), with head-tail load balancing and ``rotate`` ("allgather" | "alltoall") KV
     rotation. torch keeps these switches process-wide; they are set for one training step
-    and put back after it, so no other config of the process (a tensor-parallel one with
-    DTensor attention, the reference) meets them."""
+    and put back after it, so another config of the process (a tensor-parallel one with
+    DTensor attention, the reference) does not run SDPA through the ring. Not everything
+    is put back: torch 2.13 unregisters the ring's sharding rules on disable without
+    clearing DTensor's sharding-propagation cache (_disable_cp_dtensor_dispatcher), so a
+    decision cached during a ring step can still serve a later op with the same specs."""
     from torch.distributed.tensor.experimental._attention import (
         _cp_options,
         _disable_context_parallel_dispatcher,
@@ -259,7 +271,7 @@ def shard_sequence(model: DecoderLM, seq_len: int, cp: int, cp_rank: int, cp_mes
     rotary tables at their global positions, every attention layer in ``form`` over
     ``cp_mesh``. Returns the batch splitter the training step applies."""
     positions = local_positions(seq_len, cp, cp_rank)
-    if form in RING_ROTATE:
+    if form in RING_FORMS:
         attend: Any = ring_attention(cp_mesh)
         if positions != torch_ring_positions(seq_len, cp, cp_rank):
             # The ring's causal logic is written for torch's split; a torch that splits
@@ -288,5 +300,5 @@ def prepare_context_parallel(cfg: RunConfig, model: DecoderLM, device: torch.dev
     # DDP over all dp x cp ranks: after its all-reduce every rank holds the same gradients,
     # so fp16's found-inf needs no agreement of its own (the unsharded scaler).
     prep = _data_parallel("ddp", model, device, cfg.precision)
-    ring = (lambda: ring_dispatch(RING_ROTATE[form])) if form in RING_ROTATE else None
+    ring = (lambda: ring_dispatch(RING_FORMS[form])) if form in RING_FORMS else None
     return dataclasses.replace(prep, dp_rank=dp_rank, dp_size=cfg.dp, shard_batch=shard, step_context=ring)

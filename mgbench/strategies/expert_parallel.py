@@ -115,9 +115,9 @@ class ExpertGradSync:
     per step instead of once per weight (3 per expert per MoE layer). Like DDP's last
     bucket, it does not overlap the backward."""
 
-    def __init__(self, params: list[nn.Parameter], group: Any, edp: int, world: int,
+    def __init__(self, params: list[nn.Parameter], group: Any, world: int,
                  ddp_no_sync: Callable[[], ContextManager[Any]]) -> None:
-        self.group, self.edp, self.world, self.sync = group, edp, world, True
+        self.group, self.world, self.sync = group, world, True
         self._ddp_no_sync = ddp_no_sync
         self._ready: list[torch.Tensor] = []
         for p in params:
@@ -132,10 +132,7 @@ class ExpertGradSync:
 
     def _reduce_all(self) -> None:
         grads, self._ready = self._ready, []
-        if self.edp > 1:
-            allreduce_flat(grads, self.group)
-        for g in grads:
-            g.div_(self.world)
+        allreduce_flat(grads, self.group, divisor=self.world)  # a group of one (edp = 1): divided only
 
     def no_sync(self, last: bool) -> ContextManager[Any]:
         # Read in the backward that follows this forward (train_step runs backward
@@ -179,7 +176,7 @@ def prepare_expert_parallel(cfg: RunConfig, model: DecoderLM, device: torch.devi
     ignored = [name for name, p in model.named_parameters() if id(p) in expert_ids]
     DDP._set_params_and_buffers_to_ignore_for_model(model, ignored)  # reduced by ExpertGradSync instead
     wrapped = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    sync = ExpertGradSync(experts, mesh["edp"].get_group(), edp, world, wrapped.no_sync)
+    sync = ExpertGradSync(experts, mesh["edp"].get_group(), world, wrapped.no_sync)
     opt = make_optimizer(wrapped.parameters(), device)
     # Expert gradients differ between ranks: found-inf is agreed over all of them.
     scaler = LossScaler(device, sharded=True) if cfg.precision == "fp16" else None

@@ -26,7 +26,8 @@ from fp32: 4.2e-4 and 8.1e-4 relative (tolerance 1e-3); against one rounding fro
 2.0e-5 and 1.8e-5, the level of tensorwise FSDP's other bf16 casts (1.4e-5, 2.1e-5);
 and FSDP2 with fp32 parameters matches the fp32-rounding reference to 1e-15. So the
 reference of such a config rounds its float8 weights from bf16 too
-(:func:`weights_cast_from_bf16`, ``convert(..., bf16_weights=True)``), cached apart
+(:func:`weights_cast_from_bf16`, ``convert(..., gathered_weights=True)``; the dtype is
+:func:`fsdp_weight_dtype`, FSDP2's), cached apart
 from the others (runner/reference.py). (The check's failure reported in issue 17, 2.1e-3,
 was a rowwise config checked against the tensorwise reference: the cache key lacked
 fp8_recipe.)
@@ -86,28 +87,43 @@ def sharded(cfg: Any) -> bool:
     return cfg.zero_stage >= 2
 
 
+def fsdp_weight_dtype() -> torch.dtype | None:
+    """The dtype FSDP2 all-gathers an fp8 config's parameters in (bf16), read from its
+    mixed-precision policy (strategies/apply.fsdp_mp_policy) so that the reference's cast
+    follows it; None: gathered as they are stored (fp32)."""
+    from .apply import fsdp_mp_policy
+
+    return fsdp_mp_policy("fp8").param_dtype
+
+
 def weights_cast_from_bf16(cfg: Any) -> bool:
-    """Whether ``cfg``'s float8 linears cast their weights to float8 from bf16 copies: fp8
-    under FSDP2 (ZeRO stage >= 2, whose mixed-precision policy all-gathers parameters in
-    bf16, strategies/apply.py) without the float8 all-gather. Every other fp8 config casts
-    from the fp32 weights; non-fp8 configs: False."""
-    return cfg.precision == "fp8" and sharded(cfg) and not fp8_all_gather(cfg.fp8_recipe, sharded(cfg))
+    """Whether ``cfg``'s float8 linears cast their weights to float8 from copies in FSDP2's
+    gather dtype (:func:`fsdp_weight_dtype`, bf16): fp8 under FSDP2 (ZeRO stage >= 2)
+    without the float8 all-gather. Every other fp8 config casts from the fp32 weights;
+    non-fp8 configs: False."""
+    return (cfg.precision == "fp8" and sharded(cfg) and not fp8_all_gather(cfg.fp8_recipe, sharded(cfg))
+            and fsdp_weight_dtype() is not None)
 
 
-class _CastToBf16(nn.Module):
-    """Parametrization: the weight as a bf16 copy (the gradient flows back to the fp32
-    weight in fp32, as FSDP2's reduce_dtype = fp32 brings it back)."""
+class _CastTo(nn.Module):
+    """Parametrization: the weight as a copy in ``dtype`` (the gradient flows back to the
+    fp32 weight in fp32, as FSDP2's reduce_dtype = fp32 brings it back)."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
 
     def forward(self, weight: torch.Tensor) -> torch.Tensor:
-        return weight.to(torch.bfloat16)
+        return weight.to(self.dtype)
 
 
-def convert(model: nn.Module, recipe: str, fsdp: bool, bf16_weights: bool = False) -> int:
+def convert(model: nn.Module, recipe: str, fsdp: bool, gathered_weights: bool = False) -> int:
     """Swap the model's eligible linears for torchao float8 linears, in place; returns how
     many were converted. ``fsdp``: the model will be sharded by FSDP2 (tensorwise then
-    all-gathers its weights in float8). ``bf16_weights``: each float8 linear reads its
-    weight through a cast to bf16, so its float8 cast rounds from bf16 as under FSDP2's
-    bf16 all-gather (the one-process reference of such a config; module docstring)."""
+    all-gathers its weights in float8). ``gathered_weights``: each float8 linear reads its
+    weight through a cast to FSDP2's gather dtype (:func:`fsdp_weight_dtype`), so its
+    float8 cast rounds from that dtype as under FSDP2's all-gather (the one-process
+    reference of such a config; module docstring)."""
     import dataclasses
     import logging
 
@@ -125,13 +141,14 @@ def convert(model: nn.Module, recipe: str, fsdp: bool, bf16_weights: bool = Fals
     n = sum(isinstance(m, Float8Linear) for m in model.modules())
     if n == 0 and before:
         raise ValueError(f"no linear of this model has both dims a multiple of {FP8_ALIGN}: nothing runs in fp8")
-    if bf16_weights:
+    dtype = fsdp_weight_dtype() if gathered_weights else None
+    if dtype is not None:
         from torch.nn.utils import parametrize
 
         for m in [m for m in model.modules() if isinstance(m, Float8Linear)]:
             # unsafe: the parametrization changes the weight's dtype on purpose (torch
             # refuses that otherwise); shape and device stay.
-            parametrize.register_parametrization(m, "weight", _CastToBf16(), unsafe=True)
+            parametrize.register_parametrization(m, "weight", _CastTo(dtype), unsafe=True)
     return n
 
 

@@ -33,17 +33,16 @@ def stage_module(model: DecoderLM, chunk: int, num_chunks: int) -> DecoderLM:
     """The part of ``model`` that chunk ``chunk`` runs: its blocks, plus the embedding on
     the first chunk and the final norm and output projection on the last. ``model`` is
     cut in place: a rank holding several chunks passes a model of its own for each."""
-    mod = model
     keep = {str(i) for i in chunk_layers(model.shape.layers, num_chunks)[chunk]}
-    for key in list(mod.blocks.keys()):
+    for key in list(model.blocks.keys()):
         if key not in keep:
-            del mod.blocks[key]
+            del model.blocks[key]
     if chunk != 0:
-        mod.tok_emb = None
+        model.tok_emb = None
     if chunk != num_chunks - 1:
-        mod.norm = None
-        mod.head = None
-    return mod
+        model.norm = None
+        model.head = None
+    return model
 
 
 class StageLoss:
@@ -104,10 +103,7 @@ def mean_allreduce(modules: list[nn.Module], group: Any) -> Callable[[], None]:
 
     def reduce() -> None:
         for mod in modules:
-            grads = [p.grad for p in mod.parameters() if p.grad is not None]
-            allreduce_flat(grads, group)
-            for g in grads:  # SUM then divide: gloo has no AVG reduction
-                g.div_(size)
+            allreduce_flat([p.grad for p in mod.parameters() if p.grad is not None], group, divisor=size)
 
     return reduce
 

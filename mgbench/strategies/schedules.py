@@ -13,9 +13,8 @@ back up (ZB-V and DualPipeV, which torch builds for exactly two stages per rank)
 
 from __future__ import annotations
 
-from typing import Any
-
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)

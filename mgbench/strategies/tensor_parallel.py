@@ -58,8 +58,9 @@ def _float8_tensorwise(module: nn.Module | None) -> bool:
 def block_plan(sequence_parallel: bool, block: nn.Module | None = None, float8_styles: bool = True
                ) -> dict[str, object]:
     """Plan for one Block (attn_norm, attn.{wq,wk,wv,wo}, mlp_norm, mlp.{w1,w3,w2}).
-    ``block``: the block to be split; its tensorwise float8 linears get torchao's float8
-    styles (module docstring). Without it, or without float8 linears: the plain styles.
+    ``block``: the block to be split; the plan leaves out the projections it lacks (a GELU
+    MLP has no mlp.w3), and its tensorwise float8 linears get torchao's float8 styles
+    (module docstring). Without it, or without float8 linears: the plain styles.
     ``float8_styles``: False keeps the plain styles for float8 linears too (their
     communication then stays bf16; see :func:`apply_tensor_parallel`)."""
     out = Shard(1) if sequence_parallel else Replicate()
@@ -77,26 +78,38 @@ def block_plan(sequence_parallel: bool, block: nn.Module | None = None, float8_s
             Float8RowwiseParallel,
             PrepareFloat8ModuleInput,
         )
+    present = [fqn for fqn in COLWISE + ROWWISE if block is None or sub(fqn) is not None]
     plan: dict[str, object] = {}
-    for fqn in COLWISE:
-        plan[fqn] = Float8ColwiseParallel() if float8[fqn] else ColwiseParallel()
-    for fqn in ROWWISE:
-        plan[fqn] = Float8RowwiseParallel(output_layouts=out) if float8[fqn] else RowwiseParallel(output_layouts=out)
+    for fqn in present:
+        if fqn in COLWISE:
+            plan[fqn] = Float8ColwiseParallel() if float8[fqn] else ColwiseParallel()
+        else:
+            plan[fqn] = (Float8RowwiseParallel(output_layouts=out) if float8[fqn]
+                         else RowwiseParallel(output_layouts=out))
     if sequence_parallel:
         # Attention and MLP need the whole sequence: gather it at their inputs, in float8
         # when every projection reading it is a tensorwise float8 linear (the one cast
         # before the all-gather then serves them all; a plain linear cannot read float8).
-        readers = {"attn": ("attn.wq", "attn.wk", "attn.wv"),
-                   "mlp": ("mlp.w1", "mlp.w3") if sub("mlp.w3") is not None else ("mlp.w1",)}
+        readers = {"attn": ("attn.wq", "attn.wk", "attn.wv"), "mlp": ("mlp.w1", "mlp.w3")}
         for name, layouts in (("attn", (Shard(1), None, None)), ("mlp", (Shard(1),))):
             gathered = (Replicate(),) + (None,) * (len(layouts) - 1)
-            if all(float8[f] for f in readers[name]):
+            if all(float8[f] for f in readers[name] if f in present):
                 plan[name] = PrepareFloat8ModuleInput(input_layouts=layouts, desired_input_layouts=gathered)
             else:
                 plan[name] = PrepareModuleInput(input_layouts=layouts, desired_input_layouts=gathered)
         plan["attn_norm"] = SequenceParallel()
         plan["mlp_norm"] = SequenceParallel()
     return plan
+
+
+def float8_styles_on(device_type: str, sequence_parallel: bool) -> bool:
+    """Whether torchao's float8 styles split the tensorwise float8 linears of a mesh on
+    ``device_type``. Sequence parallelism's float8 styles all-gather float8 tensors (inputs
+    in forward, output gradients in backward), which gloo refuses (torch 2.13:
+    "RuntimeError: Invalid scalar type"); NCCL gathers them as bytes. On gloo the plain
+    styles gather bf16 and each float8 linear casts the gathered tensor itself:
+    tensorwise scales are global amaxes either way, so the float8 values are the same."""
+    return device_type == "cuda" or not sequence_parallel
 
 
 def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool) -> None:
@@ -111,14 +124,6 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel:
         top["head"] = ColwiseParallel(input_layouts=out, output_layouts=Replicate())
     if top:
         parallelize_module(model, mesh, top)
-    # Sequence parallelism's float8 styles all-gather float8 tensors (inputs in forward,
-    # output gradients in backward), which gloo refuses (torch 2.13: "RuntimeError:
-    # Invalid scalar type"); NCCL gathers them as bytes. On gloo the plain styles gather
-    # bf16 and each float8 linear casts the gathered tensor itself: tensorwise scales
-    # are global amaxes either way, so the float8 values are the same.
-    float8_styles = mesh.device_type == "cuda" or not sequence_parallel
+    float8_styles = float8_styles_on(mesh.device_type, sequence_parallel)
     for block in model.blocks.values():
-        plan = block_plan(sequence_parallel, block, float8_styles)
-        if getattr(block.mlp, "w3", None) is None:  # GELU MLP: no gate projection
-            plan = {k: v for k, v in plan.items() if k != "mlp.w3"}
-        parallelize_module(block, mesh, plan)
+        parallelize_module(block, mesh, block_plan(sequence_parallel, block, float8_styles))

@@ -13,6 +13,7 @@ take a grouped-query model's kernel, auto falls back and says so (cp_attention_r
 import pytest
 
 from mgbench import store
+from mgbench.strategies import RING_FORMS
 from mgbench.strategies.context_parallel import RING_KERNELS
 from tests.conftest import run_cli
 from tests.gpu.conftest import cuda_count
@@ -54,7 +55,7 @@ def _check(recs, forms):
         assert r["status"] == "ok", (r["label"], r.get("error"))
         assert r["backend"] == "nccl" and r["correct"] is True, (r["label"], r.get("correct_reason"))
         assert r["cp_attention_impl"] == r["cp_attention"], r["cp_attention_reason"]
-        if r["cp_attention_impl"].startswith("ring"):
+        if r["cp_attention_impl"] in RING_FORMS:
             assert r["cp_sdpa_kernel"] in RING_KERNELS and "ring attention" in r["cp_attention_reason"]
 
 

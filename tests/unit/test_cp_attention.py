@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from mgbench import suite as S
-from mgbench.strategies import RING_NEEDS_CUDA
+from mgbench.strategies import CP_ATTENTION, RING_FORMS, RING_NEEDS_CUDA
+from mgbench.strategies import context_parallel as CP
 from mgbench.strategies.context_parallel import (
     attention_form,
     cp_fields,
+    decide_form,
     local_positions,
     ring_attention,
     ring_dispatch,
@@ -55,6 +57,48 @@ def test_a_ring_asked_for_on_cpu_is_refused_on_the_rank(asked):
     # A config that reached a rank without the suite's check (a hand-built RunConfig).
     with pytest.raises(ValueError, match=f"cp_attention = \"{asked}\" needs CUDA"):
         attention_form(_cp(cp_attention=asked), CPU)
+
+
+def test_the_ring_forms_are_named_once():
+    """suite expansion, the rank's decision and the trace all ask RING_FORMS which values
+    are rings; each is a cp_attention choice with a rotate method torch knows."""
+    assert set(RING_FORMS) == {"ring_allgather", "ring_alltoall"} and set(RING_FORMS) < set(CP_ATTENTION)
+    assert set(RING_FORMS.values()) == {"allgather", "alltoall"}  # ring_dispatch's names
+
+
+def test_a_kernel_the_ring_cannot_dispatch_is_refused_when_asked_and_avoided_by_auto():
+    """torch picks MATH for shapes its fused kernels refuse (on CUDA; decided here without
+    one): a ring asked for by name cannot run, "auto" falls back to the all-gather form."""
+    shapes = " (fp32, 4/2 heads, head dim 16)"
+    for asked in RING_FORMS:
+        with pytest.raises(ValueError, match=f"cp_attention = \"{asked}\" cannot run: torch picks the MATH SDPA "
+                                             r"kernel for this rank's q, k, v \(fp32, 4/2 heads"):
+            decide_form(asked, "cuda", "MATH", shapes)
+    form, why = decide_form("auto", "cuda", "MATH", shapes)
+    assert form == "allgather_kv" and "torch picks the MATH SDPA kernel" in why
+    # A kernel the ring dispatches: the ring runs, with the rotation asked for.
+    form, why = decide_form("ring_alltoall", "cuda", "EFFICIENT_ATTENTION")
+    assert form == "ring_alltoall" and "EFFICIENT_ATTENTION" in why and "rotated by alltoall" in why
+    assert decide_form("auto", "cuda", "FLASH_ATTENTION")[0] == "ring_allgather"
+    assert decide_form("allgather_kv", "cuda", None)[0] == "allgather_kv"
+
+
+def test_a_torch_that_splits_the_sequence_otherwise_is_refused_before_a_ring_run(monkeypatch):
+    """The ring's causal block logic assumes torch's head-tail split; if torch's split
+    ever stops matching ours, shard_sequence refuses the ring rather than compute a
+    different attention. Made to fire with a contiguous split in torch's place."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from mgbench.planner.trace import fake_world
+    from mgbench.workloads.gpt import DecoderLM
+
+    cfg = _cp()
+    monkeypatch.setattr(CP, "torch_ring_positions", lambda seq_len, cp, rank: list(
+        range(rank * seq_len // cp, (rank + 1) * seq_len // cp)))
+    with fake_world(2):
+        mesh = init_device_mesh("cpu", (2,))
+        with pytest.raises(RuntimeError, match="torch's ring attention no longer splits seq_len 32 over cp = 2"):
+            CP.shard_sequence(DecoderLM(cfg.shape, cfg.seq_len), cfg.seq_len, 2, 1, mesh, CPU, "ring_allgather")
 
 
 def test_ring_on_cpu_is_skipped_at_expansion_with_one_line():

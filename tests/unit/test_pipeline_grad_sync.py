@@ -84,3 +84,65 @@ def test_no_grad_sync_on_a_config_with_no_gradient_reduction_is_refused():
                     modules=[model])
     with pytest.raises(ValueError, match="needs a data-parallel gradient reduction"):
         _skip_grad_sync(prep)
+
+
+def _on_gloo_threads(size, body):
+    """Run ``body(rank, group)`` on ``size`` threads, each a rank of one gloo group (no
+    default process group, no launch): what the ranks returned, by rank."""
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store, got, errors = dist.HashStore(), {}, []
+
+    def rank(r):
+        try:
+            got[r] = body(r, dist.ProcessGroupGloo(dist.PrefixStore("t", store), r, size, timedelta(seconds=20)))
+        except Exception as e:  # noqa: BLE001 (re-raised below, on the test's thread)
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return got
+
+
+def test_mean_allreduce_and_expert_grad_sync_divide_the_summed_gradients_once():
+    """Both reductions sum over their group with allreduce_flat and divide by their own
+    count there (the flat buffer, once per dtype): the mean over the pipeline's replicas,
+    and for expert weights the sum over the expert data-parallel group over the world size
+    (strategies/expert_parallel.py). Dividing twice, or not at all, fails the values."""
+    from mgbench.strategies.expert_parallel import ExpertGradSync
+    from mgbench.strategies.pipeline import mean_allreduce
+
+    def grads(r):  # two dtypes: one buffer each
+        return [torch.full((3,), 1.0 + r), torch.full((2, 2), 10.0 * (1 + r)), torch.full((2,), 1.0 + r,
+                                                                                            dtype=torch.float64)]
+
+    def pipeline(r, group):
+        stage = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros_like(g)) for g in grads(r))
+        for p, g in zip(stage, grads(r)):
+            p.grad = g
+        mean_allreduce([stage], group)()
+        return [p.grad for p in stage]
+
+    def experts(r, group):
+        sync = ExpertGradSync([], group, world=4, ddp_no_sync=None)
+        sync._ready = grads(r)
+        mine = sync._ready
+        sync._reduce_all()
+        return mine
+
+    for got in _on_gloo_threads(2, pipeline).values():  # mean of ranks 1 and 2: 1.5
+        assert [g.unique().tolist() for g in got] == [[1.5], [15.0], [1.5]]
+        assert got[2].dtype == torch.float64
+    for got in _on_gloo_threads(2, experts).values():  # (1 + 2) / 4
+        assert [g.unique().tolist() for g in got] == [[0.75], [7.5], [0.75]]
+    # ep = dp: each expert on one rank (a group of one): nothing to sum, still / world.
+    (alone,) = _on_gloo_threads(1, experts).values()
+    assert [g.unique().tolist() for g in alone] == [[0.25], [2.5], [0.25]]

@@ -121,13 +121,6 @@ def test_stage_params_split_layers_and_tensor_shards():
     assert float(M.stage_params(shape, 1, 4)) == pytest.approx(expected)
 
 
-def test_stage_layers_follow_the_pipeline_split():
-    assert M.stage_layers(80, 1) == 80
-    assert M.stage_layers(80, 3) == 27  # 27 + 27 + 26: rank 0 takes a longer chunk
-    assert M.stage_layers(10, 4, 2) == 3  # chunks 0 and 4 of 2,2,1,1,1,1,1,1
-    assert M.stage_layers(2, 2) == 1
-
-
 def test_total_includes_stated_allowance():
     shape = catalog.model_shape("llama3-8b")
     m = M.memory_per_gpu(shape, seq=4096, micro_batch=1, dp=8, zero=3, recompute=2)

@@ -61,7 +61,7 @@ def test_a_traced_step_under_fake_tensors_counts_what_a_real_step_runs(strategy)
     steps: the same ops and bytes. (DDP differs by design: on the fake group its reducer
     runs trace.py's stand-in comm hook, 1% more view and compute ops counted for real.)"""
     from mgbench import catalog
-    from mgbench.planner.opcount import count_step
+    from mgbench.planner.opcount import count_step, counts_on_real_tensors
 
     shape = catalog.model_shape("mini")
     cfg = make_config(strategy=strategy, nproc=1, model=shape, micro_batch=2, seq_len=32, precision="fp32")
@@ -72,13 +72,16 @@ def test_a_traced_step_under_fake_tensors_counts_what_a_real_step_runs(strategy)
         assert traced[k] == real[k], k
     assert traced["attention_ops"] == 2 * shape.layers  # one SDPA forward and backward per block
     assert traced["by_phase"]["optimizer"]["compute"] > 0
-    # Real tensors are the faster count (on this VM 3-10x); the choice is count_step's own.
-    assert count_step(cfg)["tensors"] == "real"
+    # count_step picks the faster real count here (opcount.py says how much faster).
+    assert counts_on_real_tensors(cfg)
 
 
-def test_only_a_cheap_one_rank_step_is_counted_on_real_tensors():
+def test_only_a_cheap_one_rank_step_is_counted_on_real_tensors(monkeypatch):
+    import dataclasses
+
     from mgbench import catalog
-    from mgbench.planner.opcount import counts_on_real_tensors
+    from mgbench.planner import memory as M
+    from mgbench.planner.opcount import REAL_STEP_MAX_BYTES, REAL_STEP_MAX_FLOPS, counts_on_real_tensors
 
     tiny = make_config(strategy="ddp", nproc=1, model=catalog.model_shape("tiny"), micro_batch=2, seq_len=32)
     assert counts_on_real_tensors(tiny)
@@ -87,6 +90,31 @@ def test_only_a_cheap_one_rank_step_is_counted_on_real_tensors():
     # gpt2-small at seq 1024: ~6e12 FLOP a step, minutes on a CPU: fake tensors.
     assert not counts_on_real_tensors(make_config(strategy="single", nproc=1, model=catalog.model_shape("gpt2-small"),
                                                   micro_batch=8, seq_len=1024))
+    # Few FLOPs but over the memory limit alone: a 1-token step of a huge-vocabulary model.
+    wide = dataclasses.replace(catalog.model_shape("tiny"), vocab=2_000_000, name="wide-vocab")
+    few = make_config(strategy="single", nproc=1, model=wide, micro_batch=1, seq_len=1)
+    assert M.memory_for_config(few)["total_bytes"] > REAL_STEP_MAX_BYTES
+    assert not counts_on_real_tensors(few)
+    # Recomputation is work the step runs: with a limit between the two, the plain step
+    # runs for real and the fully recomputed one does not.
+    from mgbench.planner import opcount
+    from mgbench.planner.perf import hardware_flops_per_token
+
+    full = make_config(strategy="single", nproc=1, model=catalog.model_shape("tiny"), micro_batch=2, seq_len=32,
+                       activation_checkpointing="full")
+    plain = dataclasses.replace(full, activation_checkpointing="none")
+    tokens = plain.global_batch * plain.seq_len
+    between = tokens * (hardware_flops_per_token(plain.shape, 32, 0) + hardware_flops_per_token(plain.shape, 32, 2)) / 2
+    assert between < REAL_STEP_MAX_FLOPS  # tiny's steps are both under the real limit
+    monkeypatch.setattr(opcount, "REAL_STEP_MAX_FLOPS", float(between))
+    assert counts_on_real_tensors(plain) and not counts_on_real_tensors(full)
+
+
+def test_an_unknown_tensors_choice_is_refused():
+    from mgbench.planner.opcount import count_step
+
+    with pytest.raises(ValueError, match="auto, real or fake"):
+        count_step(make_config(strategy="single", nproc=1), tensors="meta")
 
 
 def test_recorded_ops_replay_with_their_shapes_strides_and_bytes():
@@ -117,7 +145,7 @@ def test_a_config_the_trace_cannot_run_gets_a_reason_not_a_crash():
 
     cfg = make_config(model=dataclasses.replace(catalog.model_shape("tiny")))
     object.__setattr__(cfg.shape, "kv_heads", 3)  # past ModelShape's checks: SDPA refuses 4 heads over 3
-    with pytest.raises(MgbenchError, match="could not be counted by tracing one step.*RuntimeError"):
+    with pytest.raises(MgbenchError, match="could not be counted by running one step.*RuntimeError"):
         _count(cfg)
 
 
