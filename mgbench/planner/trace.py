@@ -278,8 +278,6 @@ def _storages(t: Any) -> list[torch.UntypedStorage]:
 
 
 def _comm_ops() -> tuple[set, set]:
-    import torch.distributed._tools.fake_collectives  # noqa: F401  (fake kernels for c10d ops)
-
     c10d = torch.ops.c10d
     out = {c10d._allgather_base_.default, c10d._reduce_scatter_base_.default, c10d.allreduce_.default}
     grads = {c10d._reduce_scatter_base_.default}
@@ -307,6 +305,9 @@ def fake_world(world_size: int, rank: int = 0) -> Iterator[None]:
     """torch's fake process group at ``world_size`` with this process as ``rank``; device
     meshes are built outside FakeTensorMode (their rank tables are real data: built
     inside, init_device_mesh raises DataDependentOutputException)."""
+    # The fake kernels of the c10d ops, imported here rather than with this module: they
+    # pull in torch's memory tools (about 1 s), which a count on real tensors never needs.
+    import torch.distributed._tools.fake_collectives  # noqa: F401
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.distributed import device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
