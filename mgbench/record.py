@@ -22,12 +22,15 @@ from .errors import MgbenchError
 from .model_shape import ModelShape
 from .workloads import SPEC_RECORD_KEYS
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # A config key whose name is also a record figure is stored under another name in the
 # flat record: the suite's tokens_per_step (what a user's command says one step trains)
 # beside the measured tokens_per_step figure.
 CONFIG_RENAMED = {"tokens_per_step": "config_tokens_per_step"}
-STATUSES = ("ok", "oom", "timeout", "error", "skipped", "interrupted")
+STATUSES = ("ok", "checked", "oom", "timeout", "error", "skipped", "interrupted")
+# "checked": a negative control (inject = bug:...) ran its correctness window and nothing
+# else. A deliberately broken config's speed is not a result, so it is not timed; its
+# verdict (correct: false when the check caught the bug) is the whole record.
 
 
 def figure(unit: str, help: str) -> Any:
@@ -370,6 +373,17 @@ def batch_of(cfg: RunConfig) -> int | None:
     return None if cfg.workload == "command" else cfg.global_batch
 
 
+def control_verdict(rec: dict[str, Any]) -> str:
+    """What a negative control's record (status "checked") says: whether the correctness
+    check caught its injected bug. Not caught means the check cannot be trusted."""
+    bug = rec.get("inject")
+    if rec.get("correct") is False:
+        return f"{bug} caught: " + "/".join(rec.get("check_mismatches") or ["results"]) + " differ from the reference"
+    if rec.get("correct") is True:
+        return f"{bug} NOT CAUGHT: the check passed a deliberately broken config, so it cannot be trusted here"
+    return f"{bug} not judged: {rec.get('correct_reason')}"
+
+
 # --- migrations: each brings version N-1 to N; applied in order on read ---------------
 
 def _records_v0_to_v1(rec: dict[str, Any]) -> dict[str, Any]:
@@ -408,7 +422,17 @@ def _today_identity(rec: dict[str, Any]) -> dict[str, Any]:
     return rec
 
 
-RECORD_MIGRATIONS = {1: _records_v0_to_v1, 2: _records_v1_to_v2, 3: _records_v2_to_v3}
+def _records_v3_to_v4(rec: dict[str, Any]) -> dict[str, Any]:
+    # Negative controls were timed and read "ok"; their timed steps ran the clean model
+    # (the bug only ever reached the check window), so those figures were a clean config's
+    # again. Their status is now "checked": figures kept as written, out of every view of
+    # results (which read "ok" records).
+    if rec.get("status") == "ok" and str(rec.get("inject", "none")).startswith("bug:"):
+        rec["status"] = "checked"
+    return rec
+
+
+RECORD_MIGRATIONS = {1: _records_v0_to_v1, 2: _records_v1_to_v2, 3: _records_v2_to_v3, 4: _records_v3_to_v4}
 
 
 def _manifest_v1_to_v2(m: dict[str, Any]) -> dict[str, Any]:
@@ -419,7 +443,8 @@ def _manifest_v1_to_v2(m: dict[str, Any]) -> dict[str, Any]:
     return m
 
 
-MANIFEST_MIGRATIONS = {1: lambda m: m, 2: _manifest_v1_to_v2, 3: lambda m: m}
+# 4: unchanged (its counts by status are those written: negative controls under "ok").
+MANIFEST_MIGRATIONS = {1: lambda m: m, 2: _manifest_v1_to_v2, 3: lambda m: m, 4: lambda m: m}
 
 
 def _migrate(obj: dict[str, Any], migrations: dict[int, Any], what: str) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from . import store
+from .record import control_verdict
 
 TABLE_COLUMNS = [
     ("strategy", "strategy"), ("nproc", "n"), ("_layout", "dp/tp/pp"), ("model_name", "model"), ("micro_batch", "mb"),
@@ -100,8 +101,10 @@ def render(run_dir: Path, fmt: str = "table") -> str:
             f"status {manifest['status']}")
     body = tabulate(table_rows(records), headers=[h for _, h in TABLE_COLUMNS], tablefmt="simple")
     notes = [f"  {r['config_id']}: {r['status']}: {r.get('error') or r.get('skip_reason')}"
-             for r in records if r["status"] != "ok"]
-    notes += [f"  {r['config_id']}: {r['correct_reason']}" for r in records if r.get("correct") is False]
+             for r in records if r["status"] not in ("ok", "checked")]
+    notes += [f"  {r['config_id']}: {r['correct_reason']}" for r in records
+              if r.get("correct") is False and r["status"] != "checked"]
+    notes += [f"  {r['config_id']}: negative control: {control_verdict(r)}" for r in records if r["status"] == "checked"]
     notes += [f"  {r['config_id']}: {input_bound_note(r)}" for r in records if r.get("input_bound")]
     notes += [f"  {r['config_id']}: straggler rank(s) {r['straggler_ranks']}: busy "
               + ", ".join(f"{b * 1000:.1f}" for b in r["per_rank_busy_s"]) + " ms/step per rank "

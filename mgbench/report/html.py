@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from .. import __version__, store
+from ..record import control_verdict
 from ..show import input_bound_note
 from . import figures
 
@@ -52,6 +53,12 @@ def warnings(df: pd.DataFrame) -> list[str]:
         status = r.get("status")
         if status in ("oom", "timeout", "error", "interrupted"):
             out.append(f"{label}: {status}: {r.get('error')}")
+            continue
+        if status == "checked":  # a negative control: worth a line only when the check missed its bug
+            correct = r.get("correct")
+            rec = {**r.to_dict(), "correct": None if correct is None or pd.isna(correct) else bool(correct)}
+            if rec["correct"] is not False:
+                out.append(f"{label}: negative control {control_verdict(rec)}")
             continue
         if status != "ok":
             continue

@@ -31,7 +31,7 @@ from ..errors import MgbenchError
 from ..launching import SHARED_FS_WAIT_S, Cluster, child_env, detect_devices, torchrun_argv
 from ..procs import die_with_parent, kill_tree
 from .command import run_command_config
-from ..record import SCHEMA_VERSION, Record
+from ..record import SCHEMA_VERSION, Record, control_verdict
 from ..store import RunDir
 from ..suite import Suite, expand
 from ..telemetry.interconnect import detect
@@ -58,6 +58,8 @@ def describe(rec: dict[str, Any]) -> str:
         rate = (f"{rec['images_per_s']:,.1f} images/s" if rec.get("tokens_per_s") is None
                 and rec.get("images_per_s") is not None else f"{rec['tokens_per_s']:,.0f} tok/s")
         return f"ok  {rate}, step {rec['step_time_s'] * 1000:.1f} ms, {corr}{slow}"
+    if rec["status"] == "checked":
+        return f"checked (negative control, not timed): {control_verdict(rec)}"
     return f"{rec['status']}: {rec.get('error') or rec.get('skip_reason')}"
 
 

@@ -71,9 +71,7 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
     under torch's memory tracker once everything else is done (see track_memory)."""
     inject = Injector(cfg.inject, dist.get_rank(), device)
     check = check and cfg.check_steps > 0
-    # An injected bug breaks the model it is applied to: its check window gets a model of
-    # its own, so the bug never reaches the timed steps.
-    checked = run_check(cfg, device) if check and bug_of(cfg.inject) else None
+    checked = None  # a negative control (an injected bug) never gets here: see check_only
     new_peak_window(device)
     t0 = time.perf_counter()
     prep = prepare(cfg, device)  # seeded: identical initial weights on every rank and in the reference
@@ -570,6 +568,31 @@ def finish_config(cfg: RunConfig, mine: RankFigures, device: torch.device, run_d
                   device_name=fields.pop("device_name"), **fields)
 
 
+def is_negative_control(cfg: RunConfig) -> bool:
+    """A config that injects a training bug and checks for it: it runs :func:`check_only`."""
+    return bug_of(cfg.inject) is not None and cfg.check_steps > 0
+
+
+def check_only(cfg: RunConfig, device: torch.device, run_dir: RunDir, run_id: str) -> Record | None:
+    """A negative control: the check window on a fresh model with the bug applied
+    (:func:`mgbench.runner.check.run_check`), nothing timed. The bug breaks the training it
+    is applied to, so the config's speed is not a result; timing the clean model instead
+    would repeat the clean config's figures under the bug's label. Rank 0 returns the
+    record (status "checked", the verdict beside the reference's figures), others None."""
+    started = dt.datetime.now().isoformat(timespec="seconds")
+    mark_started(cfg, run_dir)
+    try:
+        checked = run_check(cfg, device)  # gathered: the same on every rank
+    except Exception as e:  # every failure leaves the job: see fail_config
+        fail_config(cfg, device, run_dir, e)
+    gc.collect()
+    if dist.get_rank() != 0:
+        return None
+    return Record(cfg, run_id, "checked", started_at=started, finished_at=dt.datetime.now().isoformat(timespec="seconds"),
+                  global_batch=cfg.global_batch, backend=backend_of(cfg), torch_version=torch.__version__,
+                  device_name=device_name(device), **correctness(cfg, checked, device, run_dir))
+
+
 def correctness(cfg: RunConfig, checked: dict[str, Any] | None, device: torch.device, run_dir: RunDir) -> dict[str, Any]:
     """The check window's figures against the single-process reference's, as record fields."""
     if checked is None:
@@ -594,22 +617,28 @@ def run_configs(configs: list[RunConfig], device: torch.device, meter: EnergyMet
     With rounds = 1 (the default) this is config after config. With more, round k of
     every config runs before round k + 1 of any (asv interleaves its rounds the same
     way), so a machine whose speed drifts over minutes slows every config alike instead
-    of whichever happened to run during the slow spell."""
+    of whichever happened to run during the slow spell. A negative control runs once,
+    in the first round (:func:`check_only`)."""
     parts: dict[str, list[RankFigures]] = {c.config_id: [] for c in configs}
     started: dict[str, str] = {}
     rounds = max(c.rounds for c in configs)
     for r in range(rounds):
         for cfg in configs:
-            if r >= cfg.rounds:
+            control = is_negative_control(cfg)
+            if r >= (1 if control else cfg.rounds):
                 continue
-            started.setdefault(cfg.config_id, dt.datetime.now().isoformat(timespec="seconds"))
-            parts[cfg.config_id].append(measure_round(cfg, device, meter, run_dir, r + 1, rounds))
-            if r == cfg.rounds - 1:
-                rec = finish_config(cfg, merge_rounds(parts.pop(cfg.config_id)), device, run_dir, run_id,
-                                    started[cfg.config_id])
-                if rec is not None:
-                    store.append_record(run_dir, rec)
-                    print(f"[mgbench worker] {cfg.config_id} {rec.status}", flush=True)
+            rec = None
+            if control:
+                rec = check_only(cfg, device, run_dir, run_id)
+            else:
+                started.setdefault(cfg.config_id, dt.datetime.now().isoformat(timespec="seconds"))
+                parts[cfg.config_id].append(measure_round(cfg, device, meter, run_dir, r + 1, rounds))
+                if r == cfg.rounds - 1:
+                    rec = finish_config(cfg, merge_rounds(parts.pop(cfg.config_id)), device, run_dir, run_id,
+                                        started[cfg.config_id])
+            if rec is not None:  # rank 0, the config's last round
+                store.append_record(run_dir, rec)
+                print(f"[mgbench worker] {cfg.config_id} {rec.status}", flush=True)
             dist.barrier()
 
 

@@ -67,21 +67,21 @@ def test_comm_alpha_beta_fit_holds_on_a_quiet_machine(cli, nproc):
 
 PROFILE_SUITE = """name = "prof"
 [sweep]
-model = "mini"
+model = "{model}"
 strategy = ["ddp", "fsdp"]
 nproc = {nproc}
 micro_batch = 2
 seq_len = 64
 warmup_steps = 2
-measured_steps = 6
+measured_steps = {measured}
 check_steps = 2
 profile = true
 track_memory = false
 """
 
 
-def profiled_records(cli, tmp_path, nproc: str):
-    (tmp_path / "p.toml").write_text(PROFILE_SUITE.format(nproc=nproc))
+def profiled_records(cli, tmp_path, nproc: str, model: str = "mini", measured: int = 6):
+    (tmp_path / "p.toml").write_text(PROFILE_SUITE.format(nproc=nproc, model=model, measured=measured))
     p = cli("run", "p.toml", "--run-id", "prof")
     assert p.returncode == 0, p.stderr
     recs = {(r["strategy"], r["nproc"]): r for r in store.read_records(tmp_path / "results" / "prof")}
@@ -95,8 +95,10 @@ def profiled_records(cli, tmp_path, nproc: str):
 
 
 def test_profiled_breakdown_adds_up(cli, tmp_path):
-    """The parts add up to the profiled step exactly (same intervals), and the report shows them."""
-    profiled_records(cli, tmp_path, "2")
+    """The parts add up to the profiled step exactly (same intervals), and the report shows them.
+    The tiny model and 2 timed steps: what is checked here is arithmetic, not timing (the live
+    test below judges timing on "mini")."""
+    profiled_records(cli, tmp_path, "2", model="tiny", measured=2)
     assert "Where the step time goes" in (tmp_path / "reports" / "prof.html").read_text()
 
 

@@ -42,7 +42,9 @@ def test_moe_single_and_expert_parallel_on_4_ranks_are_ok_and_correct(cli, tmp_p
             for r in store.read_records(tmp_path / "results" / "moe")}
     assert len(recs) == 5
     for key, r in recs.items():
-        assert r["status"] == "ok", (r["label"], r.get("error"))
+        assert r["status"] == ("ok" if key[3] == "none" else "checked"), (r["label"], r.get("error"))
+        if key[3] != "none":
+            continue  # a negative control runs its check window only
         assert r["moe_expert_compute"].startswith(("grouped_mm", "loop: ")), r["moe_expert_compute"]
         assert len(r["moe_load_imbalance_per_step"]) == 2 and r["moe_load_imbalance"] >= 1.0
         if key[3] == "none":

@@ -1,0 +1,69 @@
+"""Negative controls (inject = bug:...) run their check window only and read "checked":
+the verdict is the record, said as caught or NOT CAUGHT wherever records are shown, and
+records of schema 3 (which timed these configs and read "ok") are read back as checked.
+End to end through `mgbench run`: tests/integration/test_modern.py and test_hf_vision_cpu.py."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+
+from mgbench import store
+from mgbench.record import SCHEMA_VERSION, control_verdict
+from mgbench.report.html import warnings
+from mgbench.runner.launch import describe
+from mgbench.show import render
+from tests.factories import make_config, make_record, make_run
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
+
+
+def _control(correct, inject="bug:grad_sum", **figures):
+    cfg = make_config(strategy="ddp", nproc=2, inject=inject)
+    return make_record(cfg, status="checked", correct=correct, **figures).to_dict()
+
+
+def test_a_caught_bug_reads_caught_and_a_missed_one_not_caught():
+    caught = _control(False, check_mismatches=["grad_norm"], correct_reason="grad_norm differs")
+    missed = _control(True, check_mismatches=[], correct_reason=None)
+    unjudged = _control(None, correct_reason="the single-process reference does not fit on one device")
+    assert control_verdict(caught) == "bug:grad_sum caught: grad_norm differ from the reference"
+    assert control_verdict(missed).startswith("bug:grad_sum NOT CAUGHT")
+    assert control_verdict(unjudged) == "bug:grad_sum not judged: the single-process reference does not fit on one device"
+    # The progress line: not timed, and the verdict.
+    assert describe(caught) == "checked (negative control, not timed): bug:grad_sum caught: grad_norm differ from the reference"
+    assert "NOT CAUGHT" in describe(missed)
+
+
+def test_show_and_the_report_warn_only_about_a_missed_bug(tmp_path):
+    caught = _control(False, check_mismatches=["grad_norm"], correct_reason="grad_norm differs")
+    missed = _control(True, "bug:no_grad_sync", check_mismatches=[], correct_reason=None)
+    cfg = make_config(strategy="ddp", nproc=2)
+    run = make_run(tmp_path, "r", [make_record(cfg, step_times_s=[0.1, 0.1, 0.1], correct=True)],
+                   suite={"name": "controls"}, status="complete")
+    for rec in (caught, missed):
+        with open(run.records, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+    text = render(run.path)
+    assert "negative control: bug:grad_sum caught" in text and "negative control: bug:no_grad_sync NOT CAUGHT" in text
+    assert "checked: None" not in text  # no error or skip reason is looked for
+    got = warnings(pd.DataFrame([caught, missed]))
+    assert len(got) == 1 and "NOT CAUGHT" in got[0]  # a caught bug is the expected outcome: no warning
+
+
+def test_a_schema_3_folder_reads_its_negative_control_as_checked(tmp_path):
+    """Committed fixture written by mgbench at schema 3: a clean ddp config and its
+    bug:grad_sum control, both "ok" and timed there."""
+    run = tmp_path / "v3-controls"
+    shutil.copytree(FIXTURES / "v3-controls", run)
+    raw = {r["inject"]: r for r in map(json.loads, (run / "records.jsonl").read_text().splitlines())}
+    assert {r["schema_version"] for r in raw.values()} == {3} and {r["status"] for r in raw.values()} == {"ok"}
+    recs = {r["inject"]: r for r in store.read_records(run)}
+    assert {r["schema_version"] for r in recs.values()} == {SCHEMA_VERSION}
+    assert recs["none"]["status"] == "ok" and recs["bug:grad_sum"]["status"] == "checked"
+    assert recs["bug:grad_sum"]["correct"] is False
+    # Nothing dropped: the figures written then are kept, out of the views that read ok.
+    assert recs["bug:grad_sum"]["step_time_s"] == raw["bug:grad_sum"]["step_time_s"]
+    df = store.load([run])
+    assert list(df[df["status"] == "ok"]["inject"]) == ["none"]
