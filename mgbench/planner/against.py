@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .. import store
-from ..errors import MgbenchError
+from ..errors import MgbenchError, first_line
 from ..record import config_from_record
 
 
@@ -179,7 +179,7 @@ def _count(cfg: Any) -> dict[str, float]:
             _COUNTS[key] = host_ops(count_step(cfg))
         except Exception as e:  # a config the op count cannot run: no prediction, and why
             raise MgbenchError(f"its ops could not be counted by running one step of it (opcount.count_step) "
-                               f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+                               f"({type(e).__name__}: {first_line(str(e))})") from None
     return _COUNTS[key]
 
 

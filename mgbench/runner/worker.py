@@ -28,6 +28,7 @@ import torch.distributed as dist
 from .. import stats, store
 from ..catalog import mfu_precision, peak_precision, peak_tflops
 from ..config import RunConfig
+from ..errors import first_line
 from ..faults import bug_of
 from ..record import RankFigures, Record, backend_of
 from ..store import RunDir
@@ -490,7 +491,7 @@ def fail_config(cfg: RunConfig, device: torch.device, run_dir: RunDir, exc: Base
         pass
     info = {"config_id": cfg.config_id, "rank": rank, "time": time.time(),
             "status": "oom" if isinstance(exc, torch.OutOfMemoryError) else "error",
-            "error_type": type(exc).__name__, "error": str(exc).splitlines()[0] if str(exc) else "",
+            "error_type": type(exc).__name__, "error": first_line(str(exc)),
             "traceback": traceback.format_exc(), **mem}
     store.write_json_atomic(run_dir.failure(cfg.config_id, rank), info)
     print(f"[mgbench worker] rank {rank} failed {cfg.config_id}: {info['error_type']}: {info['error']}",

@@ -485,10 +485,9 @@ def nd_parallel(cfg: RunConfig, model: DecoderLM, device: torch.device) -> Prepa
         elif cfg.dp > 1 and sync == "allreduce_after_schedule":
             pass  # reduced by mean_allreduce below, not by a wrapper whose hooks the weight pass bypasses
         elif cfg.dp > 1:
-            from torch.nn.parallel import DistributedDataParallel as DDP
+            from .pipeline import ddp_stage
 
-            mod = DDP(mod, process_group=mesh["dp"].get_group(),
-                      device_ids=[device.index] if device.type == "cuda" else None)
+            mod = ddp_stage(mod, mesh["dp"].get_group(), device)  # armed by the schedule only: see ddp_stage
         wrapped.append(mod)
     params = [p for m in wrapped for p in m.parameters()]
     opt = make_optimizer(params, device, sharded_fp16=cfg.precision == "fp16")

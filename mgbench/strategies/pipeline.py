@@ -88,6 +88,37 @@ def build_schedule(name: str, stages: list[Any], num_micro: int, loss: "StageLos
     return cls(stages if multi else stages[0], n_microbatches=num_micro, loss_fn=loss)
 
 
+def ddp_stage(module: nn.Module, group: Any, device: torch.device) -> nn.Module:
+    """``module`` (a pipeline stage) wrapped in DDP over the data-parallel ``group``, its
+    reducer armed by torch's schedule alone (schedules.GRAD_SYNC["ddp_reducer"]).
+
+    torch's pipelining runs each micro-batch's forward under DDP's no_sync and arms the
+    reducer itself before the stage's last backward (pipelining/stage.py,
+    backward_maybe_with_nosync: reducer.prepare_for_backward). Its metadata inference on
+    the first step (schedules.py _initialize_pp_stages -> stage._prepare_forward_infra)
+    calls the stage once more, with gradients enabled and outside no_sync: DDP's forward
+    then arms the reducer (DDP._post_forward: prepare_for_backward) for a graph nobody
+    back-propagates. no_sync only stops a forward from arming it, so the first micro-
+    batch's backward fires the reducer's hooks anyway: a stray all-reduce, and the stage's
+    parameters recorded once for the bucket rebuild. A forward of the stage before its
+    last backward rebuilds the buckets from that record (DDP._pre_forward); a stage that
+    runs every forward before its first backward (GPipe, 1F1B at grad_accum == pp,
+    interleaved 1F1B at grad_accum 2 and 4 on pp 2) records its parameters again at the last backward, and the next
+    step's first forward fails torch's assert ("rebuilt parameter indices size is not same
+    as original model parameters size", 10 versus 20 on the tiny model's stage).
+
+    With DDP's own arming turned off (require_backward_grad_sync, the flag no_sync sets
+    and restores) the metadata forward is like every other forward of the schedule: only
+    the last backward reduces. Safe because nothing else needs the flag here: the
+    schedule never runs a forward outside no_sync but that one, and stage.py arms the
+    reducer explicitly, whatever the flag says."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    wrapped = DDP(module, process_group=group, device_ids=[device.index] if device.type == "cuda" else None)
+    wrapped.require_backward_grad_sync = False
+    return wrapped
+
+
 def mean_allreduce(modules: list[nn.Module], group: Any) -> Callable[[], None]:
     """A function that averages the gradients of ``modules`` (this rank's stages) over the
     data-parallel ``group``: per stage, the gradients flattened into one buffer per dtype,

@@ -71,12 +71,18 @@ def rank_chunks(schedule: str, pp_rank: int, pp: int, virtual_stages: int) -> li
 # inputs, which returns the gradients without running them, so the hooks never fire
 # (torch 2.13: the reducer's "rebuilt parameter indices" assert on the first step, after
 # stage.py's prepare_for_backward at the last backward). Those schedules' stages are
-# therefore not wrapped: mgbench all-reduces their gradients itself. FSDP2 has the path
+# therefore not wrapped: mgbench all-reduces their gradients itself. The other schedules'
+# stages are wrapped with DDP's own forward arming of the reducer turned off
+# (strategies/pipeline.py, ddp_stage): torch's metadata inference on the first step runs
+# the stage outside no_sync, which armed the reducer for the first micro-batch's backward
+# and, on a stage running all its forwards first (GPipe, 1F1B at grad_accum == pp,
+# interleaved), hit the same assert at the second step. FSDP2 has the path
 # torch supports (perform_reduce_grad at the schedule's REDUCE_GRAD action), which needs
 # the stages kept unsharded from forward to backward (see strategies/apply.py).
 GRAD_SYNC: dict[str, str] = {
     "ddp_reducer": "each stage wrapped in DDP; torch's schedule runs the last micro-batch's backward through "
-                   "DDP's reducer, which all-reduces (mean) the stage's gradients in buckets",
+                   "DDP's reducer, which all-reduces (mean) the stage's gradients in buckets (only that backward: "
+                   "DDP's own forward never arms the reducer, strategies/pipeline.py ddp_stage)",
     "allreduce_after_schedule": "stages not wrapped in DDP (the split weight pass bypasses DDP's reducer hooks); "
                                 "after the schedule's step, one flattened all-reduce (mean over the dp group) "
                                 "per stage, before the optimizer",

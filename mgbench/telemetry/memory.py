@@ -27,6 +27,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..errors import first_line
+
 # What a tracked figure splits into (record fields mem_tracked_<category>_bytes).
 TRACKED_CATEGORIES = ("params", "gathered_params", "grads", "optimizer", "activations", "temporaries", "comm",
                       "other")
@@ -116,7 +118,7 @@ def track_step(step: Callable[[], Any], modules: list[nn.Module], optimizer: tor
             torch.cuda.synchronize(device)
         snapshot = tracker.get_tracker_snapshot("peak")
     except Exception as e:  # a tracker failure must not cost the config its throughput figures
-        return _untracked(f"torch's memory tracker failed on this step: {type(e).__name__}: {e}".splitlines()[0])
+        return _untracked(f"torch's memory tracker failed on this step: {type(e).__name__}: {first_line(str(e))}")
     dev = next((d for d in snapshot if torch.device(d) == _full_device(device)), None)
     if dev is None:
         return _untracked(f"the tracker saw no tensor on {device} during the step")

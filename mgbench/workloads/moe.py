@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import first_line
 from ..model_shape import ModelShape
 
 DROPLESS = "dropless"
@@ -115,7 +116,7 @@ def grouped_mm_problem(device: torch.device, dtype: torch.dtype, hidden: int, ff
                 _GROUPED[key] = None
             except Exception as e:  # any refusal means: loop over the experts instead
                 _GROUPED[key] = f"torch._grouped_mm fails on {device.type} {str(dtype).replace('torch.', '')}: " \
-                                f"{str(e).splitlines()[0][:120]}"
+                                f"{first_line(str(e))[:120]}"
     return _GROUPED[key]
 
 
