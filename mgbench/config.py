@@ -338,7 +338,8 @@ class RunConfig:
     profile_steps: int = key(3, integer(1), "steps in the profiled window", PROCEDURE, applies=lambda p: p["profile"])
     inject: str = key("none", _inject, "fault injection for testing recovery: oom@step=S,rank=R | crash@... | "
                       "kill@... | hang@... | slow@rank=R,factor=F; or a training bug the correctness check must "
-                      "catch: bug:freeze | bug:no_grad_sync | bug:grad_sum | bug:drop_micro_batch", PROCEDURE)
+                      "catch: bug:freeze | bug:no_grad_sync | bug:grad_sum | bug:drop_micro_batch (such a config runs its "
+                      "check window only: status checked)", PROCEDURE)
     # computed by the expansion
     dp: int = derived(1, "data-parallel degree", identity=True)
     tp: int = derived(1, "tensor-parallel degree", identity=True)

@@ -336,7 +336,7 @@ class Record:
     @classmethod
     def failed(cls, cfg: RunConfig, run_id: str, status: str, error: str, **figures: Any) -> "Record":
         """The record of a config whose job did not finish it (error, oom, timeout, interrupted)."""
-        if status not in STATUSES or status in ("ok", "skipped"):
+        if status not in STATUSES or status in ("ok", "checked", "skipped"):
             raise ValueError(status)
         return cls(cfg, run_id, status, error=error, **{"global_batch": batch_of(cfg), "backend": backend_of(cfg),
                                                         **figures})

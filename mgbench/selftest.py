@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from . import catalog, store
 from .errors import MgbenchError
+from .record import control_verdict
 
 NO_CUDA = ("mgbench selftest: no CUDA device is visible (torch.cuda.is_available() is False), so there is no GPU "
            "path to check here; `python -m mgbench.selftest --device cpu` runs the CPU variant on gloo ranks")
@@ -162,6 +163,8 @@ def config_lines(rec: dict[str, Any]) -> list[str]:
     head = f"{rec['label']}: {rec['status']}"
     if rec["status"] == "skipped":
         return [f"{head} ({rec.get('skip_reason')})"]
+    if rec["status"] == "checked":
+        return [f"{head}: negative control {control_verdict(rec)}"]
     if rec["status"] != "ok":
         return [f"{head}: {rec.get('error')}"]
     verdict = {True: "matches the single-process reference", False: f"DIFFERS: {rec.get('correct_reason')}",
@@ -237,7 +240,9 @@ def verdict(records: list[dict[str, Any]], comm_ok: bool) -> tuple[int, str]:
     """Exit status and the closing line: 0 when every runnable config ran ok and matched
     its reference and the comm sweep completed."""
     ran = [r for r in records if r["status"] != "skipped"]
-    bad = [r["label"] for r in ran if r["status"] != "ok" or r.get("correct") is False]
+    # A negative control passes when its bug was caught; any other config, when ok and not wrong.
+    bad = [r["label"] for r in ran if (r.get("correct") is not False if r["status"] == "checked" else
+                                       r["status"] != "ok" or r.get("correct") is False)]
     skipped = len(records) - len(ran)
     tail = f" ({skipped} skipped: they need more GPUs)" if skipped else ""
     if bad or not comm_ok or not ran:

@@ -75,12 +75,24 @@ def _cell(v: Any) -> Any:
     return v
 
 
+# The cells of a timed window. A negative control (status "checked") shows none of them:
+# it was not timed (records of schema 3 timed the clean model and keep those figures).
+TIMED_COLUMNS = ("step_time_s", "tokens_per_s", "tokens_per_s_per_device", "mfu_pct", "mem_peak_gib",
+                 "energy_per_token_j", "_bubble", "_data")
+CONTROL_CELL = {False: "caught", True: "NOT CAUGHT", None: "-"}  # a negative control's correct cell
+
+
 def table_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
     rows = []
     for r in records:
         r = {**r, **_derived(r)}
+        control = r.get("status") == "checked"
+        if control:
+            r.update(dict.fromkeys(TIMED_COLUMNS))
         row = [_cell(r.get(k)) for k, _ in TABLE_COLUMNS]
-        if r.get("correct") is False:
+        if control:
+            row[-1] = CONTROL_CELL[r.get("correct")]
+        elif r.get("correct") is False:
             row[-1] = "NO (fast but wrong)"
         rows.append(row)
     return rows

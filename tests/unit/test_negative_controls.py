@@ -13,7 +13,7 @@ from mgbench import store
 from mgbench.record import SCHEMA_VERSION, control_verdict
 from mgbench.report.html import warnings
 from mgbench.runner.launch import describe
-from mgbench.show import render
+from mgbench.show import TABLE_COLUMNS, render, table_rows
 from tests.factories import make_config, make_record, make_run
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
@@ -48,6 +48,10 @@ def test_show_and_the_report_warn_only_about_a_missed_bug(tmp_path):
     text = render(run.path)
     assert "negative control: bug:grad_sum caught" in text and "negative control: bug:no_grad_sync NOT CAUGHT" in text
     assert "checked: None" not in text  # no error or skip reason is looked for
+    # The table: the verdict in the correct column, no timing cells (none were measured).
+    rows = {row[-1]: row for row in table_rows(store.read_records(run.path)) if row[8] == "checked"}
+    assert set(rows) == {"caught", "NOT CAUGHT"}
+    assert rows["caught"][9:15] == ["-"] * 6
     got = warnings(pd.DataFrame([caught, missed]))
     assert len(got) == 1 and "NOT CAUGHT" in got[0]  # a caught bug is the expected outcome: no warning
 
@@ -63,7 +67,33 @@ def test_a_schema_3_folder_reads_its_negative_control_as_checked(tmp_path):
     assert {r["schema_version"] for r in recs.values()} == {SCHEMA_VERSION}
     assert recs["none"]["status"] == "ok" and recs["bug:grad_sum"]["status"] == "checked"
     assert recs["bug:grad_sum"]["correct"] is False
-    # Nothing dropped: the figures written then are kept, out of the views that read ok.
+    # Nothing dropped: the figures written then are kept, out of the views that read ok
+    # and out of the table, which shows the verdict only.
     assert recs["bug:grad_sum"]["step_time_s"] == raw["bug:grad_sum"]["step_time_s"]
+    (row,) = [row for row in table_rows(list(recs.values())) if row[8] == "checked"]
+    assert row[-1] == "caught" and row[[k for k, _ in TABLE_COLUMNS].index("step_time_s")] == "-"
     df = store.load([run])
     assert list(df[df["status"] == "ok"]["inject"]) == ["none"]
+
+
+def test_a_negative_control_runs_once_whatever_the_rounds(tmp_path):
+    """rounds = 2 (the worker's loop, in process on a world-1 gloo group): the clean config
+    is measured in two rounds, its negative control checked once and never timed."""
+    import torch
+
+    from mgbench.process_group import gloo_group
+    from mgbench.runner.worker import run_configs
+    from mgbench.telemetry.energy import EnergyMeter
+
+    common = dict(strategy="single", nproc=1, rounds=2, warmup_steps=1, measured_steps=2, check_steps=2, seq_len=16,
+                  track_memory=False)
+    clean, control = make_config(**common), make_config(**common, inject="bug:freeze")
+    run = make_run(tmp_path, "r")
+    with gloo_group():
+        run_configs([clean, control], torch.device("cpu"), EnergyMeter("cpu", 0, 0), run, "r")
+    recs = {r["inject"]: r for r in store.read_records(run.path)}
+    assert len(store.read_records(run.path)) == 2  # one record each
+    assert recs["none"]["status"] == "ok" and len(recs["none"]["repeat_medians_s"]) == 2  # both rounds
+    ctl = recs["bug:freeze"]
+    assert ctl["status"] == "checked" and ctl["correct"] is False and "params" in ctl["check_mismatches"]
+    assert ctl["step_time_s"] is None and ctl["tokens_per_s"] is None

@@ -72,6 +72,19 @@ def test_verdict_fails_on_a_wrong_or_failed_config_and_names_it():
     assert selftest.verdict([skipped], True)[0] == 1  # nothing ran is not a pass
 
 
+def test_a_negative_control_passes_when_caught_and_fails_when_missed():
+    cfg = make_config(strategy="ddp", nproc=2, model="tiny", device="cuda", inject="bug:grad_sum")
+    caught = make_record(cfg, status="checked", correct=False, check_mismatches=["grad_norm"]).to_dict()
+    missed = make_record(cfg, status="checked", correct=True, check_mismatches=[]).to_dict()
+    ok = gpu_record()
+    assert selftest.verdict([ok, caught], True)[0] == 0
+    status, line = selftest.verdict([ok, missed], True)
+    assert status == 1 and missed["label"] in line
+    assert selftest.config_lines(caught) == [f"{caught['label']}: checked: negative control bug:grad_sum caught: "
+                                             "grad_norm differ from the reference"]
+    assert "NOT CAUGHT" in selftest.config_lines(missed)[0]
+
+
 @pytest.mark.extended  # its configs and comm run are covered one by one in CI
 def test_cpu_variant_runs_the_whole_flow(tmp_path):
     p = subprocess.run([sys.executable, "-m", "mgbench.selftest", "--device", "cpu"], cwd=tmp_path,
