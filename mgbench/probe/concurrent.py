@@ -85,16 +85,20 @@ def run_together(ranks: int, model: str, tokens: int, dtypes: list[str], threads
                                            str(outs[-1])], env=env, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.PIPE, text=True))
         errors = []
-        for p in procs:
+        t_stop = time.monotonic() + timeout_s  # one limit for the group: they run together
+        for i, p in enumerate(procs):
             try:
-                _, err = p.communicate(timeout=timeout_s)
+                _, err = p.communicate(timeout=max(0.0, t_stop - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
-                _, err = p.communicate()
-            if p.returncode:
-                errors.append((err or "").strip().splitlines()[-1:] or [f"exit status {p.returncode}"])
+                p.communicate()
+                errors.append(f"process {i} did not finish within {timeout_s:g} s (killed)")
+                continue
+            if p.returncode:  # the last line of its stderr: the exception, for a Python failure
+                lines = (err or "").strip().splitlines()
+                errors.append(lines[-1] if lines else f"exit status {p.returncode}")
         if errors:
-            raise MgbenchError(f"the probe's {ranks} concurrent kernel processes failed: {errors[0][0]}")
+            raise MgbenchError(f"the probe's {ranks} concurrent kernel processes failed: {errors[0]}")
         return median_merge([json.loads(o.read_text()) for o in outs])
 
 
@@ -125,7 +129,7 @@ def _barrier(ready_dir: str, index: int, ranks: int) -> None:
     t_stop = time.monotonic() + BARRIER_TIMEOUT_S
     while sum(1 for _ in Path(ready_dir).glob("ready*")) < ranks:
         if time.monotonic() > t_stop:
-            raise SystemExit(f"probe process {index}: the other {ranks - 1} did not start within {BARRIER_TIMEOUT_S:.0f} s")
+            raise SystemExit(f"probe process {index}: the other {ranks - 1} did not start within {BARRIER_TIMEOUT_S:g} s")
         time.sleep(0.01)
 
 
