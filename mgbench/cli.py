@@ -275,6 +275,9 @@ def compare(base: str, new: str, results_dir: str, metric: str, threshold: float
     else on raw step times, whose p-values are optimistic because neighbouring steps share
     the machine's current speed. On a shared or noisy machine measure with `rounds = 5`:
     rounds are interleaved across configs, so a slow spell hits all of them alike.
+    A config whose results were correct and now differ from the reference, or a negative
+    control whose bug was caught and now is not, fails the comparison (exit 1) whatever
+    the metric says.
 
     \b
     Examples:
@@ -293,8 +296,10 @@ def compare(base: str, new: str, results_dir: str, metric: str, threshold: float
     for g in parsed:
         g_rows = rows if g.metric == metric else compare_runs(base, new, results_dir, g.metric, threshold)
         failures += gate_failures(g_rows, [g])
+    # Wrong results are a regression whatever the speed and whatever the gates.
+    wrong = [f"{r['label']}: {r['correct_change']}" for r in rows if r["correct_change"]]
     if as_json:
-        click.echo(_json.dumps({"rows": rows, "gate_failures": failures}, indent=2))
+        click.echo(_json.dumps({"rows": rows, "gate_failures": failures, "correctness_regressions": wrong}, indent=2))
     else:
         def fmt(v, f):  # type: ignore[no-untyped-def]
             return "-" if v is None else format(v, f)
@@ -307,7 +312,9 @@ def compare(base: str, new: str, results_dir: str, metric: str, threshold: float
             click.echo(f"p from {b}")
         for f in failures:
             click.echo(f"GATE FAILED: {f}")
-    if failures:
+        for w in wrong:
+            click.echo(f"CORRECTNESS REGRESSED: {w}")
+    if failures or wrong:
         sys.exit(1)
 
 

@@ -14,6 +14,10 @@ seconds (on a shared 2-core VM we saw the same config's window median move betwe
 37 ms a second apart while steps inside a window stayed within a few percent), so a test on
 steps counts one slow spell as dozens of agreeing observations and calls noise
 significant. Window medians, taken in interleaved rounds, are close to independent.
+
+Correctness is compared too, whatever the metric: a config that matched its reference and
+now differs, or a negative control whose bug was caught and now is not (the check stopped
+biting), is a regression that no speed-up excuses (``correct_change``; the CLI exits 1).
 """
 
 from __future__ import annotations
@@ -98,7 +102,8 @@ def compare_runs(base: str, new: str, results_dir: str = "results", metric: str 
         if n is None:
             continue
         row: dict[str, Any] = {"label": n.get("label") or b.get("label"), "config_id": n.get("config_id"),
-                               "base_status": b["status"], "new_status": n["status"], "metric": metric}
+                               "base_status": b["status"], "new_status": n["status"], "metric": metric,
+                               "correct_change": correctness_regression(b, n)}
         if b["status"] != "ok" or n["status"] != "ok" or b.get(metric) is None or n.get(metric) is None:
             row.update(base=b.get(metric), new=n.get(metric), change_pct=None, p_value=None,
                        verdict="n/a" if b["status"] == n["status"] else f"{b['status']} -> {n['status']}")
@@ -119,6 +124,18 @@ def compare_runs(base: str, new: str, results_dir: str = "results", metric: str 
     if not rows:
         raise MgbenchError(f"runs {base} and {new} have no config in common; compare runs of the same suite")
     return rows
+
+
+def correctness_regression(base: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """How a config's correctness verdict got worse from ``base`` to ``new`` (None when it
+    did not): a timed config that matched its reference and now differs from it, or a
+    negative control (status "checked") whose injected bug was caught and now is not."""
+    b, n = base.get("correct"), new.get("correct")
+    if base["status"] == new["status"] == "checked" and b is False and n is True:
+        return f"{new.get('inject')} was caught and now is NOT CAUGHT: the correctness check no longer bites"
+    if base["status"] == new["status"] == "ok" and b is True and n is False:
+        return f"matched the single-process reference and now differs: {new.get('correct_reason')}"
+    return None
 
 
 def significance(base: dict[str, Any], new: dict[str, Any]) -> tuple[float, str]:

@@ -153,3 +153,28 @@ def test_configs_of_one_workload_swept_over_seeds_and_faults_are_not_merged(tmp_
                                          step_times_s=[0.1] * 30)])
     make_run(tmp_path, "d", [make_record(make_config(strategy="ddp", nproc=2), "d", step_times_s=[0.1] * 10)])
     assert len(compare_runs("c", "d", tmp_path)) == 1
+
+
+def test_a_config_that_turns_wrong_or_a_control_that_stops_catching_fails_the_comparison(tmp_path, cli):
+    """Correctness regressions fail `compare` (exit 1) whatever the metric and the gates."""
+    times = [0.1] * 10
+    clean = make_config(strategy="ddp", nproc=2)
+    control = make_config(strategy="ddp", nproc=2, inject="bug:grad_sum")
+    make_run(tmp_path / "results", "base", [
+        make_record(clean, "base", step_times_s=times, correct=True),
+        make_record(control, "base", status="checked", correct=False, check_mismatches=["grad_norm"])])
+    make_run(tmp_path / "results", "same", [
+        make_record(clean, "same", step_times_s=times, correct=True),
+        make_record(control, "same", status="checked", correct=False, check_mismatches=["grad_norm"])])
+    make_run(tmp_path / "results", "broken", [
+        make_record(clean, "broken", step_times_s=times, correct=False, correct_reason="grad_norm differs by 1.0"),
+        make_record(control, "broken", status="checked", correct=True, check_mismatches=[])])
+    rows = {r["new_status"]: r for r in compare_runs("base", "broken", tmp_path / "results")}
+    assert rows["ok"]["correct_change"] == ("matched the single-process reference and now differs: "
+                                            "grad_norm differs by 1.0")
+    assert rows["checked"]["correct_change"].startswith("bug:grad_sum was caught and now is NOT CAUGHT")
+    assert all(r["correct_change"] is None for r in compare_runs("base", "same", tmp_path / "results"))
+    assert all(r["correct_change"] is None for r in compare_runs("broken", "base", tmp_path / "results"))  # fixed
+    p = cli("compare", "base", "broken")
+    assert p.returncode == 1 and p.stdout.count("CORRECTNESS REGRESSED: ") == 2, p.stdout + p.stderr
+    assert cli("compare", "base", "same").returncode == 0
