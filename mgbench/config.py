@@ -488,7 +488,7 @@ LABEL_CORE = ("strategy", "nproc", "dp", "tp", "pp", "layout", "pp_schedule", "v
 # reference runs no strategy and no fault, in one process, on the global batch;
 # fp8_recipe: tensorwise and rowwise float8 training compute different numbers), and for
 # fp8 also on whether the strategy gathers weights in bf16 (zero_stage, through
-# strategies/fp8.weights_cast_from_bf16: runner/reference.check_key adds it).
+# strategies/fp8.weights_cast_from_gathered: runner/reference.check_key adds it).
 REFERENCE_KEYS = ("workload", "model", "seq_len", "image_size", "micro_batch", "precision", "fp8_recipe", "seed",
                   "device", "moe_capacity_factor", "moe_aux_loss_coef")
 

@@ -27,6 +27,10 @@ class ParallelDims:
     def world(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
 
+    def degrees(self) -> dict[str, int]:
+        """Every degree by name, as a config's fields take them (``replace(cfg, **dims.degrees())``)."""
+        return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "ep": self.ep, "cp": self.cp}
+
     def describe(self) -> str:
         ep = f" (ep={self.ep})" if self.ep > 1 else ""
         cp = f" x cp={self.cp}" if self.cp > 1 else ""

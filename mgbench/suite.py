@@ -205,7 +205,7 @@ def _expand_one(suite: Suite, table: dict[str, list[Any]], device_kind: str, num
         else:
             dims, problem = dims_for(p["strategy"], p["nproc"], None if p["layout"] == "auto" else p["layout"])
         if dims is not None:
-            p.update(dp=dims.dp, tp=dims.tp, pp=dims.pp, ep=dims.ep, cp=dims.cp)
+            p.update(dims.degrees())
         cfg = RunConfig(**p)
         reason = problem or _skip_reason(cfg, device_kind, num_devices)
         configs.append(replace(cfg, skip_reason=reason, config_id=config_id(cfg.params())))

@@ -22,7 +22,7 @@ def make_config(**kw: Any) -> RunConfig:
     if "dp" not in kw and "tp" not in kw and "pp" not in kw:
         dims, problem = dims_for(cfg.strategy, cfg.nproc, None if cfg.layout == "auto" else cfg.layout)
         assert problem is None, problem
-        cfg = dataclasses.replace(cfg, dp=dims.dp, tp=dims.tp, pp=dims.pp, ep=dims.ep, cp=dims.cp)
+        cfg = dataclasses.replace(cfg, **dims.degrees())
     return dataclasses.replace(cfg, config_id=kw.get("config_id") or config_id(cfg.params()))
 
 

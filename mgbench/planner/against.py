@@ -214,7 +214,9 @@ def _save_counts(run_dir: Any, keys: list[str]) -> None:
 
 
 # Bump when what a count holds changes: stored counts of another version are traced again.
-OPCOUNT_VERSION = 2
+# 3: a cheap step is counted on real tensors (opcount.counts_on_real_tensors), whose DDP and
+# ZeRO-1 counts differ from the fake group's.
+OPCOUNT_VERSION = 3
 # Keys that change how long or how often a config runs, not what one step dispatches.
 _NOT_COUNTED = {"seed", "warmup_steps", "measured_steps", "check_steps"}
 

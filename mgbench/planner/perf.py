@@ -26,12 +26,11 @@ stage and t_H that of the output layer (its 6 h V FLOPs per token, never recompu
 on the last stage), a step takes (m - 1)(t_L + t_H) + sum of every stage's t =
 m (t_L + t_H) + (p - 1) t_L. So ``compute`` is the last stage's busy time
 m (t_L + t_H) and the bubble (p - 1) t_L. With p = 1 this is the even split.
-tp_comm   4 all-reduces per layer per micro-batch (2 forward, 2 backward; 6 with full
-          recompute) of s b h 16-bit activations over the tensor-parallel group, not
+tp_comm   all-reduces of s b h 16-bit activations over the tensor-parallel group, not
           overlapped (Megatron-LM, Narayanan et al. 2021, section 3.3)
-pp_comm   one send forward and one backward per micro-batch and stage boundary, on the
-          critical path (m + p - 1) times
-          (the collectives' counts: :func:`collective_counts`)
+pp_comm   sends of one micro-batch's activations across each stage boundary, on the
+          critical path
+          (how many of each a step issues: :func:`collective_counts`, the one statement)
 dp_comm   gradient all-reduce (ZeRO 0/1), reduce-scatter + all-gather (ZeRO 2), or
           all-gathers (:func:`zero3_gathers`: twice per micro-batch, once per step for
           the pipelines whose FSDP stages stay unsharded) + reduce-scatter (ZeRO 3),

@@ -595,7 +595,7 @@ def runner_config(shape: Any, layout: Any, strategy: str | None = None) -> Any:
                     grad_accum=num_micro, precision=L.precision, activation_checkpointing=L.recompute,
                     pp_schedule=L.schedule, virtual_stages=max(v, 2),
                     dp_mode=dp_mode if strategy == "pp+tp+dp" else "ddp", device="cpu")
-    return dc.replace(cfg, dp=dims.dp, tp=dims.tp, pp=dims.pp)
+    return dc.replace(cfg, **dims.degrees())
 
 
 def trace_memory(cfg: Any) -> dict[str, Any]:

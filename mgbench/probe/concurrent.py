@@ -76,30 +76,47 @@ def run_together(ranks: int, model: str, tokens: int, dtypes: list[str], threads
         # A rank's environment (this mgbench importable, as for a run's ranks), at the
         # probed thread count.
         env = {**child_env(ranks, "cpu", "probe"), "OMP_NUM_THREADS": str(threads)}
-        procs, outs = [], []
+        procs, outs, errs = [], [], []
         for i in range(ranks):
             spec = {"model": model, "tokens": tokens, "dtypes": dtypes, "threads": threads, "ranks": ranks,
                     "index": i, "ready_dir": tmp, "framework_layers": framework_layers}
             outs.append(Path(tmp) / f"out{i}.json")
-            procs.append(subprocess.Popen([sys.executable, "-m", "mgbench.probe.concurrent", json.dumps(spec),
-                                           str(outs[-1])], env=env, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.PIPE, text=True))
-        errors = []
-        t_stop = time.monotonic() + timeout_s  # one limit for the group: they run together
-        for i, p in enumerate(procs):
-            try:
-                _, err = p.communicate(timeout=max(0.0, t_stop - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.communicate()
-                errors.append(f"process {i} did not finish within {timeout_s:g} s (killed)")
-                continue
-            if p.returncode:  # the last line of its stderr: the exception, for a Python failure
-                lines = (err or "").strip().splitlines()
-                errors.append(lines[-1] if lines else f"exit status {p.returncode}")
-        if errors:
-            raise MgbenchError(f"the probe's {ranks} concurrent kernel processes failed: {errors[0]}")
+            errs.append(Path(tmp) / f"err{i}.txt")  # a file, not a pipe: nothing blocks on a full buffer
+            with open(errs[-1], "w") as err:
+                procs.append(subprocess.Popen([sys.executable, "-m", "mgbench.probe.concurrent", json.dumps(spec),
+                                               str(outs[-1])], env=env, stdout=subprocess.DEVNULL, stderr=err))
+        error = _wait_all(procs, errs, timeout_s)
+        if error:
+            raise MgbenchError(f"the probe's {ranks} concurrent kernel processes failed: {error}")
         return median_merge([json.loads(o.read_text()) for o in outs])
+
+
+def _wait_all(procs: list[subprocess.Popen], errs: list[Path], timeout_s: float) -> str | None:
+    """Wait for every process; the first failure as one line (the last line of its stderr:
+    the exception, for a Python failure), or None when all succeeded. The group shares
+    one time limit, and the first failure ends the wait: the others would otherwise sit
+    at the barrier or in their gloo group until their own timeouts. Whatever still runs
+    then is killed."""
+    error = None
+    live = dict(enumerate(procs))
+    t_stop = time.monotonic() + timeout_s
+    while live and error is None and time.monotonic() < t_stop:
+        for i, p in list(live.items()):
+            if p.poll() is None:
+                continue
+            del live[i]
+            if p.returncode:
+                lines = errs[i].read_text(errors="replace").strip().splitlines()
+                error = f"process {i}: {lines[-1] if lines else f'exit status {p.returncode}'}"
+                break
+        else:
+            time.sleep(0.05)
+    for i, p in live.items():
+        p.kill()
+        p.wait()
+        if error is None:
+            error = f"process {i} did not finish within {timeout_s:g} s (killed)"
+    return error
 
 
 def median_merge(results: list[Any]) -> Any:

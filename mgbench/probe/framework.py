@@ -49,7 +49,7 @@ def tiny_config(strategy: str, layers: int, ranks: int = 1) -> Any:
     dims, problem = dims_for(strategy, ranks, None)
     if problem:
         raise ValueError(problem)
-    return dataclasses.replace(cfg, dp=dims.dp, tp=dims.tp, pp=dims.pp, ep=dims.ep, cp=dims.cp)
+    return dataclasses.replace(cfg, **dims.degrees())
 
 
 def strategies_at(ranks: int) -> tuple[str, ...]:

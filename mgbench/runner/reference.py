@@ -24,7 +24,7 @@ import torch
 from ..config import REFERENCE_KEYS, RunConfig
 from ..store import RunDir, write_json_atomic
 from ..strategies.apply import prepare_reference
-from ..strategies.fp8 import weights_cast_from_bf16
+from ..strategies.fp8 import weights_cast_from_gathered
 from . import check
 from .training import batches_for
 
@@ -39,7 +39,7 @@ def check_key(cfg: RunConfig, device: torch.device) -> str:
     fields = {k: params[k] for k in REFERENCE_KEYS}
     fields.update(kind="check", data=check.CHECK_DATA, lr=check.CHECK_LR, global_batch=cfg.global_batch,
                   steps=cfg.check_steps)
-    if weights_cast_from_bf16(cfg):  # only where it applies: other fp8 configs keep one reference per recipe
+    if weights_cast_from_gathered(cfg):  # only where it applies: other fp8 configs keep one reference per recipe
         fields["fp8_weights_from"] = "bf16"
     return "check-" + hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -51,7 +51,7 @@ def check_config(strategy: str = "single", model: str | dict[str, Any] = "tiny",
         dims, problem = dims_for(strategy, cfg.nproc, None)
         if problem:
             raise ValueError(problem)
-        degrees = {"dp": dims.dp, "tp": dims.tp, "pp": dims.pp, "cp": dims.cp}
+        degrees = dims.degrees()
     return dataclasses.replace(cfg, **degrees)
 
 

@@ -30,7 +30,7 @@ from ..catalog import mfu_precision, peak_precision, peak_tflops
 from ..config import RunConfig
 from ..errors import first_line
 from ..faults import bug_of
-from ..record import RankFigures, Record, backend_of
+from ..record import RankFigures, Record, backend_of, batch_of
 from ..store import RunDir
 from ..workloads import moe, throughput
 from ..strategies.apply import prepare
@@ -591,7 +591,7 @@ def check_only(cfg: RunConfig, device: torch.device, run_dir: RunDir, run_id: st
     if dist.get_rank() != 0:
         return None
     return Record(cfg, run_id, "checked", started_at=started, finished_at=dt.datetime.now().isoformat(timespec="seconds"),
-                  global_batch=cfg.global_batch, backend=backend_of(cfg), torch_version=torch.__version__,
+                  global_batch=batch_of(cfg), backend=backend_of(cfg), torch_version=torch.__version__,
                   device_name=device_name(device), **correctness(cfg, checked, device, run_dir))
 
 

@@ -71,12 +71,13 @@ REGISTRY: tuple[Strategy, ...] = (
              ("pp", "tp", "dp"), fills="dp", defaults=(("tp", 2), ("pp", 2)), pipelined=True, prepare="nd_parallel"),
 )
 BY_NAME: dict[str, Strategy] = {s.name: s for s in REGISTRY}
-# cp_attention's choices (strategies/context_parallel.py): auto, torch's ring attention with
-# K and V all-gathered or passed rank to rank, or mgbench's all-gather-KV form.
-CP_ATTENTION = ("auto", "ring_allgather", "ring_alltoall", "allgather_kv")
-# The ring forms among them (CUDA only), each with torch's KV rotate method
-# (set_rotate_method's names): the one place that says which values are rings.
+# torch's ring attention forms for cp (CUDA only), with K and V all-gathered or passed rank
+# to rank, each with torch's KV rotate method (set_rotate_method's names): the one place
+# that says which values are rings.
 RING_FORMS: dict[str, str] = {"ring_allgather": "allgather", "ring_alltoall": "alltoall"}
+# cp_attention's choices (strategies/context_parallel.py): auto, a ring form, or mgbench's
+# all-gather-KV form.
+CP_ATTENTION = ("auto", *RING_FORMS, "allgather_kv")
 # Why a ring form cannot run off CUDA (suite expansion and the rank side say the same).
 RING_NEEDS_CUDA = ("cp_attention = \"{asked}\" needs CUDA: torch 2.13's ring attention (context_parallel) dispatches "
                    "only the CUDA flash, efficient and cuDNN SDPA kernels; use \"auto\" or \"allgather_kv\" on CPU")

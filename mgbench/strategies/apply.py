@@ -228,12 +228,12 @@ def _converted(cfg: RunConfig, model: nn.Module, reference: bool = False) -> nn.
     Before any wrapper, as torchtitan orders it: FSDP2 then shards the float8 weights
     (fp8.sharded: tensorwise all-gathers them in float8). ``reference``: the one-process
     reference of ``cfg``, whose float8 weights are cast from bf16 where the config's FSDP2
-    all-gathers them in bf16 (fp8.weights_cast_from_bf16)."""
+    all-gathers them in bf16 (fp8.weights_cast_from_gathered)."""
     if cfg.precision == "fp8":
         from . import fp8
 
         fp8.convert(model, cfg.fp8_recipe, fsdp=not reference and fp8.sharded(cfg),
-                    gathered_weights=reference and fp8.weights_cast_from_bf16(cfg))
+                    gathered_weights=reference and fp8.weights_cast_from_gathered(cfg))
     return model
 
 

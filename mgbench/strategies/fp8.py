@@ -26,7 +26,7 @@ from fp32: 4.2e-4 and 8.1e-4 relative (tolerance 1e-3); against one rounding fro
 2.0e-5 and 1.8e-5, the level of tensorwise FSDP's other bf16 casts (1.4e-5, 2.1e-5);
 and FSDP2 with fp32 parameters matches the fp32-rounding reference to 1e-15. So the
 reference of such a config rounds its float8 weights from bf16 too
-(:func:`weights_cast_from_bf16`, ``convert(..., gathered_weights=True)``; the dtype is
+(:func:`weights_cast_from_gathered`, ``convert(..., gathered_weights=True)``; the dtype is
 :func:`fsdp_weight_dtype`, FSDP2's), cached apart
 from the others (runner/reference.py). (The check's failure reported in issue 17, 2.1e-3,
 was a rowwise config checked against the tensorwise reference: the cache key lacked
@@ -83,7 +83,7 @@ def fp8_all_gather(recipe: str, fsdp: bool) -> bool:
 
 def sharded(cfg: Any) -> bool:
     """Whether FSDP2 shards ``cfg``'s weights (ZeRO stage >= 2): its float8 linears are
-    then FSDP's to gather (fp8_all_gather, weights_cast_from_bf16)."""
+    then FSDP's to gather (fp8_all_gather, weights_cast_from_gathered)."""
     return cfg.zero_stage >= 2
 
 
@@ -96,7 +96,7 @@ def fsdp_weight_dtype() -> torch.dtype | None:
     return fsdp_mp_policy("fp8").param_dtype
 
 
-def weights_cast_from_bf16(cfg: Any) -> bool:
+def weights_cast_from_gathered(cfg: Any) -> bool:
     """Whether ``cfg``'s float8 linears cast their weights to float8 from copies in FSDP2's
     gather dtype (:func:`fsdp_weight_dtype`, bf16): fp8 under FSDP2 (ZeRO stage >= 2)
     without the float8 all-gather. Every other fp8 config casts from the fp32 weights;

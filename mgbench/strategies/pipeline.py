@@ -103,9 +103,10 @@ def ddp_stage(module: nn.Module, group: Any, device: torch.device) -> nn.Module:
     parameters recorded once for the bucket rebuild. A forward of the stage before its
     last backward rebuilds the buckets from that record (DDP._pre_forward); a stage that
     runs every forward before its first backward (GPipe, 1F1B at grad_accum == pp,
-    interleaved 1F1B at grad_accum 2 and 4 on pp 2) records its parameters again at the last backward, and the next
-    step's first forward fails torch's assert ("rebuilt parameter indices size is not same
-    as original model parameters size", 10 versus 20 on the tiny model's stage).
+    interleaved 1F1B at grad_accum 2 and 4 on pp 2) records its parameters again at the
+    last backward, and the next step's first forward fails torch's assert ("rebuilt
+    parameter indices size is not same as original model parameters size", 10 versus 20
+    on the tiny model's stage: tests/unit/test_pipeline_ddp_replicas.py).
 
     With DDP's own arming turned off (require_backward_grad_sync, the flag no_sync sets
     and restores) the metadata forward is like every other forward of the schedule: only

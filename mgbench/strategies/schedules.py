@@ -72,11 +72,8 @@ def rank_chunks(schedule: str, pp_rank: int, pp: int, virtual_stages: int) -> li
 # (torch 2.13: the reducer's "rebuilt parameter indices" assert on the first step, after
 # stage.py's prepare_for_backward at the last backward). Those schedules' stages are
 # therefore not wrapped: mgbench all-reduces their gradients itself. The other schedules'
-# stages are wrapped with DDP's own forward arming of the reducer turned off
-# (strategies/pipeline.py, ddp_stage): torch's metadata inference on the first step runs
-# the stage outside no_sync, which armed the reducer for the first micro-batch's backward
-# and, on a stage running all its forwards first (GPipe, 1F1B at grad_accum == pp,
-# interleaved), hit the same assert at the second step. FSDP2 has the path
+# stages are wrapped by strategies/pipeline.py ddp_stage (which says why DDP's own arming
+# of the reducer is off there). FSDP2 has the path
 # torch supports (perform_reduce_grad at the schedule's REDUCE_GRAD action), which needs
 # the stages kept unsharded from forward to backward (see strategies/apply.py).
 GRAD_SYNC: dict[str, str] = {

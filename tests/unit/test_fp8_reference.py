@@ -40,10 +40,10 @@ def test_reference_key_tells_fp8_recipes_and_weight_casts_apart():
     assert _key("fsdp", fp8_recipe="tensorwise") == _key("ddp", fp8_recipe="tensorwise")
     # Other precisions: still one reference for every strategy.
     assert _key("fsdp", precision="bf16") == _key("ddp", precision="bf16")
-    rule = {(s, r): fp8.weights_cast_from_bf16(check_config(s, precision="fp8", fp8_recipe=r))
+    rule = {(s, r): fp8.weights_cast_from_gathered(check_config(s, precision="fp8", fp8_recipe=r))
             for s in ("ddp", "zero1", "fsdp", "fsdp_grad_op") for r in ("tensorwise", "rowwise")}
     assert [k for k, v in rule.items() if v] == [("fsdp", "rowwise"), ("fsdp_grad_op", "rowwise")]
-    assert not fp8.weights_cast_from_bf16(check_config("fsdp", precision="bf16"))
+    assert not fp8.weights_cast_from_gathered(check_config("fsdp", precision="bf16"))
 
 
 @pytest.mark.skipif(not HAS_TORCHAO, reason="torchao is not installed (pip install mgbench[fp8])")
@@ -86,7 +86,7 @@ def test_the_reference_casts_weights_to_the_dtype_fsdp_gathers_in(monkeypatch):
     # Gathered as stored (no mixed precision): nothing to round, no separate reference.
     monkeypatch.setitem(apply.AUTOCAST_DTYPES, "fp8", None)
     assert cast_dtype() == torch.float32
-    assert not fp8.weights_cast_from_bf16(check_config("fsdp", precision="fp8", fp8_recipe="rowwise"))
+    assert not fp8.weights_cast_from_gathered(check_config("fsdp", precision="fp8", fp8_recipe="rowwise"))
 
 
 def _skips(body: str) -> list[str | None]:

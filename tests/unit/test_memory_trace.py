@@ -73,7 +73,7 @@ def grid_config(strategy, nproc, preset, blocks, seq, mb, ga, recompute, extra):
     if "layout" in kw:
         dims, problem = dims_for(strategy, nproc, kw["layout"])
         assert problem is None, problem
-        kw.update(dp=dims.dp, tp=dims.tp, pp=dims.pp)
+        kw.update(dims.degrees())
     return make_config(**kw)
 
 

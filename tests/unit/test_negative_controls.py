@@ -13,10 +13,11 @@ from mgbench import store
 from mgbench.record import SCHEMA_VERSION, control_verdict
 from mgbench.report.html import warnings
 from mgbench.runner.launch import describe
-from mgbench.show import TABLE_COLUMNS, render, table_rows
+from mgbench.show import TABLE_COLUMNS, TIMED_COLUMNS, render, table_rows
 from tests.factories import make_config, make_record, make_run
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
+COLUMN = {k: i for i, (k, _) in enumerate(TABLE_COLUMNS)}
 
 
 def _control(correct, inject="bug:grad_sum", **figures):
@@ -49,9 +50,9 @@ def test_show_and_the_report_warn_only_about_a_missed_bug(tmp_path):
     assert "negative control: bug:grad_sum caught" in text and "negative control: bug:no_grad_sync NOT CAUGHT" in text
     assert "checked: None" not in text  # no error or skip reason is looked for
     # The table: the verdict in the correct column, no timing cells (none were measured).
-    rows = {row[-1]: row for row in table_rows(store.read_records(run.path)) if row[8] == "checked"}
+    rows = {row[-1]: row for row in table_rows(store.read_records(run.path)) if row[COLUMN["status"]] == "checked"}
     assert set(rows) == {"caught", "NOT CAUGHT"}
-    assert rows["caught"][9:15] == ["-"] * 6
+    assert all(rows["caught"][COLUMN[k]] == "-" for k in TIMED_COLUMNS)
     got = warnings(pd.DataFrame([caught, missed]))
     assert len(got) == 1 and "NOT CAUGHT" in got[0]  # a caught bug is the expected outcome: no warning
 
@@ -70,8 +71,8 @@ def test_a_schema_3_folder_reads_its_negative_control_as_checked(tmp_path):
     # Nothing dropped: the figures written then are kept, out of the views that read ok
     # and out of the table, which shows the verdict only.
     assert recs["bug:grad_sum"]["step_time_s"] == raw["bug:grad_sum"]["step_time_s"]
-    (row,) = [row for row in table_rows(list(recs.values())) if row[8] == "checked"]
-    assert row[-1] == "caught" and row[[k for k, _ in TABLE_COLUMNS].index("step_time_s")] == "-"
+    (row,) = [row for row in table_rows(list(recs.values())) if row[COLUMN["status"]] == "checked"]
+    assert row[-1] == "caught" and row[COLUMN["step_time_s"]] == "-"
     df = store.load([run])
     assert list(df[df["status"] == "ok"]["inject"]) == ["none"]
 

@@ -226,3 +226,9 @@ def test_predict_and_against_both_say_the_strategy_was_never_timed(tmp_path):
     assert res["rows"][0]["predicted_s"] is not None and UNTIMED in res["rows"][0]["note"]
 
 
+def test_a_tiny_step_the_strategy_cannot_run_is_refused():
+    from mgbench.probe.framework import tiny_config
+
+    assert tiny_config("ddp", 2, 2).dp == 2
+    with pytest.raises(ValueError, match="runs one process, not 2"):
+        tiny_config("single", 2, 2)
