@@ -220,27 +220,53 @@ JSON = opt("--json", "as_json", is_flag=True, help="Machine-readable output: JSO
 # --- model and layout (memory, predict, plan) -----------------------------------------
 
 MODEL = opt("--model", help="Model preset (see mgbench/data/models.toml), e.g. llama3-8b.")
+HF = opt("--hf", "hf_config", metavar="PATH",
+         help="A Hugging Face config.json (or its folder), read on disk: llama, mistral, mixtral, qwen2, qwen3, "
+              "qwen3_moe, gemma/gemma2/gemma3, gpt2, gpt_oss, phi3, deepseek_v2/v3. Dims given beside it override it.")
 PARAMS = opt("--params", type=float, help="Parameter count only (model states, no activations), e.g. 7.5e9.")
 DIMS = (
     opt("--layers", type=int, help="Custom model: transformer blocks (with --hidden, --heads, --ffn-hidden, --vocab)."),
     opt("--hidden", type=int, help="Custom model: hidden size."),
     opt("--heads", type=int, help="Custom model: attention heads."),
     opt("--kv-heads", type=int, help="Custom model: key/value heads (grouped-query attention; default: --heads)."),
+    opt("--head-dim", type=int, help="Custom model: width of one head when it is not hidden / heads "
+                                     "(gpt-oss: 64 on hidden 2880; Gemma, Qwen3)."),
     opt("--ffn-hidden", type=int,
         help="Custom model: MLP hidden size (default: 4h for gelu; 8h/3 rounded up to 256 for swiglu, as Llama)."),
     opt("--vocab", type=int, help="Custom model: vocabulary size."),
-    opt("--mlp", type=click.Choice(["swiglu", "gelu"]), help="Custom model: MLP kind (default: swiglu)."),
+    opt("--mlp", type=click.Choice(["swiglu", "geglu", "gelu", "squared_relu"]),
+        help="Custom model: MLP kind; swiglu and geglu have three matrices, gelu and squared_relu two "
+             "(default: swiglu)."),
     opt("--tie-embeddings", is_flag=True, default=None,
         help="Custom model: the output projection shares the embedding's weights (GPT-2 style)."),
+    opt("--parallel-block", is_flag=True, default=None,
+        help="Custom model: attention and MLP read the same normed input (GPT-J, PaLM)."),
+    opt("--sliding-window", type=int, help="Custom model: local layers attend to this many tokens (with --global-every)."),
+    opt("--global-every", type=int, help="Custom model: every k-th layer is global, the others local "
+                                         "(Gemma 2: 2, Gemma 3: 6; 0: all local)."),
     opt("--experts", type=int, help="Custom MoE model: routed SwiGLU experts per layer (with --top-k; "
-                                    "expert width --ffn-hidden)."),
+                                    "expert width --expert-ffn-hidden, default --ffn-hidden)."),
     opt("--top-k", type=int, help="Custom MoE model: experts each token is routed to."),
+    opt("--expert-ffn-hidden", type=int, help="Custom MoE model: width of one routed expert."),
+    opt("--shared-experts", type=int, help="Custom MoE model: experts every token uses (DeepSeek: 1 or 2)."),
+    opt("--dense-layers", type=int, help="Custom MoE model: leading layers with a dense MLP (DeepSeek-V3: 3)."),
+    opt("--kv-lora-rank", type=int, help="Custom model, multi-head latent attention (DeepSeek): keys and values "
+                                         "compressed to this rank (with --qk-nope-head-dim, --qk-rope-head-dim, "
+                                         "--v-head-dim)."),
+    opt("--q-lora-rank", type=int, help="Custom model, MLA: queries compressed to this rank (default: not)."),
+    opt("--qk-nope-head-dim", type=int, help="Custom model, MLA: per-head q/k width without rotary."),
+    opt("--qk-rope-head-dim", type=int, help="Custom model, MLA: per-head rotary q/k width."),
+    opt("--v-head-dim", type=int, help="Custom model, MLA: per-head value width."),
+    opt("--mtp-layers", type=int, help="Custom model: multi-token-prediction modules trained beside the model "
+                                       "(DeepSeek-V3: 1)."),
 )
 DIM_NAMES = tuple(o.flag[2:].replace("-", "_") for o in DIMS)
 
 SYSTEM = opt("--system", help="Catalog system, e.g. dgx-h100.")
 GPU = opt("--gpu", help="Catalog accelerator, e.g. h100-sxm (placed in the first system that has it).")
-MODEL_GROUP = (MODEL, PARAMS, *DIMS)
+# One option group for every command that takes a model (memory, predict, plan): a test
+# checks that each has all of them.
+MODEL_GROUP = (MODEL, HF, PARAMS, *DIMS)
 
 
 def layout_group() -> list[Opt]:
@@ -259,8 +285,9 @@ def layout_group() -> list[Opt]:
         opt("--zero", type=int, default=0, show_default=True, help="ZeRO stage 0-3 over the data-parallel group."),
         plan_field("precision"),
         opt("--recompute", type=click.Choice(list(RECOMPUTE)), default=RECOMPUTE[0], show_default=True,
-            help="Activation checkpointing, as the runner does it: every_2nd recomputes every second block, "
-                 "full every block."),
+            help="Activation recomputation: every_2nd recomputes every second block, full every block (the "
+                 "runner's modes); selective recomputes each block's core attention (Megatron-LM / NeMo's default; "
+                 "priced, not measurable by the runner)."),
         opt("--sequence-parallel", is_flag=True, help="Shard norms and dropout over the tensor-parallel group."),
         opt("--no-flash-attention", is_flag=True,
             help="Attention scores are materialised (5 a s^2 b bytes per layer)."),

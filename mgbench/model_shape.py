@@ -12,21 +12,38 @@ from typing import Any
 
 from .errors import MgbenchError
 
-MLP_KINDS = ("swiglu", "gelu")
+# MLP kinds by their nonlinearity. Gated kinds (SwiGLU: Llama, Mistral, Qwen, DeepSeek;
+# GeGLU: Gemma) have three hidden x ffn matrices, the others two (GELU: GPT-2, GPT-3;
+# squared ReLU: Nemotron-4, Primer).
+GATED_MLP_KINDS = ("swiglu", "geglu")
+MLP_KINDS = GATED_MLP_KINDS + ("gelu", "squared_relu")
+# What mgbench's own decoder (workloads/gpt.py) builds. The planner prices every kind.
+RUNNER_MLP_KINDS = ("swiglu", "gelu")
 
 
 def default_ffn_hidden(hidden: int, mlp: str) -> int:
-    """The MLP width a model of this kind conventionally has: 4 h for a GELU MLP (GPT-2,
-    GPT-3); for SwiGLU, 2/3 of 4 h (the same parameters with three matrices) rounded up to
-    a multiple of 256, Llama's rule (Touvron et al. 2023; e.g. h = 4096 gives 11008)."""
-    if mlp == "gelu":
+    """The MLP width a model of this kind conventionally has: 4 h for a two-matrix MLP
+    (GPT-2, GPT-3); for a gated one, 2/3 of 4 h (the same parameters with three matrices)
+    rounded up to a multiple of 256, Llama's rule (Touvron et al. 2023; e.g. h = 4096
+    gives 11008)."""
+    if mlp not in GATED_MLP_KINDS:
         return 4 * hidden
     return 256 * -(-int(8 * hidden / 3) // 256)
 
 
+_MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
 @dataclass(frozen=True)
 class ModelShape:
-    """Dimensions of a decoder LM (RMSNorm, rotary positions, no biases)."""
+    """Dimensions of a decoder LM (RMSNorm, rotary positions, no biases): the one model
+    spec the runner builds and the planner sizes.
+
+    Counted as published models count them, except for what is under 0.1% of their
+    parameters in every published config tested (tests/unit/test_model_spec.py): biases
+    (Qwen2's q/k/v, gpt-oss's), per-head q/k norms and extra norm scales (Qwen3, Gemma 2
+    and 3), attention sinks and router biases.
+    """
 
     layers: int
     hidden: int
@@ -54,6 +71,29 @@ class ModelShape:
     expert_ffn_hidden: int | None = None
     shared_experts: int = 0
     dense_layers: int = 0
+    # Multi-head latent attention (DeepSeek-V2/V3; MLA on when kv_lora_rank is set): keys
+    # and values are projected down to kv_lora_rank (plus one shared rotary key of
+    # qk_rope_head_dim) and back up per head; queries likewise through q_lora_rank (None:
+    # projected directly). Per head, q and k have qk_nope_head_dim + qk_rope_head_dim
+    # dims and v has v_head_dim. In training the up-projected keys and values are what
+    # attention reads, so memory and FLOPs count heads of those widths.
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    # Multi-token-prediction modules (DeepSeek-V3: 1), each one more block of the last
+    # layer's kind, a 2h x h projection and two norms, sharing the embedding and output
+    # head; trained (so counted in params and FLOPs) and dropped at inference.
+    mtp_layers: int = 0
+    # Attention and MLP read the same normed input and are summed (GPT-J, PaLM): the same
+    # weights and FLOPs; the runner does not build it.
+    parallel_block: bool = False
+    # Local attention: layers that are not global attend to the last sliding_window
+    # tokens only. global_every = k: every k-th layer (k-1, 2k-1, ...) is global
+    # (Gemma 2: 2; Gemma 3: 6; gpt-oss: 2); 0: every layer is local (Mistral 7B v0.1).
+    sliding_window: int | None = None
+    global_every: int = 0
 
     def __post_init__(self) -> None:
         if self.kv_heads is None:
@@ -64,17 +104,57 @@ class ModelShape:
                 raise MgbenchError(f"model dim {f} must be a positive integer, got {v!r}")
         if self.mlp not in MLP_KINDS:
             raise MgbenchError(f"model mlp must be one of {', '.join(MLP_KINDS)}, got {self.mlp!r}")
+        self._check_mla()
+        self._check_extras()
         if self.heads % self.kv_heads:
             raise MgbenchError(
                 f"model heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})"
             )
-        if self.head_dim is None and self.hidden % self.heads:
+        if self.head_dim is None and not self.is_mla and self.hidden % self.heads:
             raise MgbenchError(
                 f"model hidden ({self.hidden}) must divide by heads ({self.heads}), or set head_dim"
             )
-        if self.dim_head % 2:
-            raise MgbenchError(f"head dim {self.dim_head} must be even for rotary embeddings")
+        rotary = self.qk_rope_head_dim if self.is_mla else self.dim_head
+        if rotary % 2:
+            raise MgbenchError(f"head dim {rotary} must be even for rotary embeddings; give head_dim "
+                               "(--head-dim) when it is not hidden / heads (gpt-oss, Gemma, Qwen3)")
         self._check_moe()
+
+    def _check_mla(self) -> None:
+        """MLA dims: none, or kv_lora_rank with the three head widths (q_lora_rank optional)."""
+        names = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+        for f in names:
+            v = getattr(self, f)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+                raise MgbenchError(f"model dim {f} must be a positive integer, got {v!r}")
+        if self.kv_lora_rank is None:
+            extra = [f for f in names[1:] if getattr(self, f) is not None]
+            if extra:
+                raise MgbenchError(f"model dim(s) {', '.join(extra)} belong to multi-head latent attention: "
+                                   "set kv_lora_rank too, or leave them out")
+            return
+        missing = [f for f in names[2:] if getattr(self, f) is None]
+        if missing:
+            raise MgbenchError(f"multi-head latent attention (kv_lora_rank) needs {', '.join(missing)}")
+        if self.kv_heads != self.heads or self.head_dim is not None:
+            raise MgbenchError("with multi-head latent attention every head has its own keys and values: leave "
+                               "kv_heads and head_dim out (qk_nope_head_dim + qk_rope_head_dim and v_head_dim "
+                               "give the widths)")
+
+    def _check_extras(self) -> None:
+        """MTP modules, parallel blocks and local attention."""
+        for f in ("mtp_layers", "global_every"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise MgbenchError(f"model dim {f} must be an integer >= 0, got {v!r}")
+        if not isinstance(self.parallel_block, bool):
+            raise MgbenchError(f"model parallel_block must be true or false, got {self.parallel_block!r}")
+        w = self.sliding_window
+        if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w <= 0):
+            raise MgbenchError(f"model dim sliding_window must be a positive integer, got {w!r}")
+        if w is None and self.global_every:
+            raise MgbenchError("model global_every says which layers are global among local ones: set "
+                               "sliding_window too, or leave it out")
 
     def _check_moe(self) -> None:
         """MoE dims: all neutral for a dense model, consistent for an MoE one."""
@@ -97,8 +177,8 @@ class ModelShape:
         if self.dense_layers >= self.layers:
             raise MgbenchError(f"model dense_layers ({self.dense_layers}) must be fewer than layers "
                                f"({self.layers}), or the model has no MoE layer")
-        if self.mlp != "swiglu":
-            raise MgbenchError(f"MoE experts are SwiGLU MLPs: set mlp = \"swiglu\", not {self.mlp!r}")
+        if self.mlp not in GATED_MLP_KINDS:
+            raise MgbenchError(f"MoE experts are gated MLPs (SwiGLU): set mlp = \"swiglu\", not {self.mlp!r}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelShape":
@@ -126,10 +206,64 @@ class ModelShape:
             # field existed (which hash these dims) stay what they were.
             del d["vocab_multiple"]
         for f, neutral in (("experts", 0), ("top_k", 0), ("expert_ffn_hidden", None), ("shared_experts", 0),
-                           ("dense_layers", 0)):
+                           ("dense_layers", 0), *((f, None) for f in _MLA_FIELDS), ("mtp_layers", 0),
+                           ("parallel_block", False), ("sliding_window", None), ("global_every", 0)):
             if d[f] == neutral:  # the same, for the MoE dims of a dense model
                 del d[f]
         return d
+
+    def runner_problem(self) -> str | None:
+        """Why mgbench's own decoder (workloads/gpt.py, moe.py) cannot build this shape,
+        or None. The planner prices all of it; the runner measures only what it builds."""
+        planner_only = [f for f in (*_MLA_FIELDS, "mtp_layers", "parallel_block", "sliding_window")
+                        if getattr(self, f) not in (None, 0, False)]
+        if self.mlp not in RUNNER_MLP_KINDS:
+            planner_only.append(f"mlp = {self.mlp!r}")
+        if not planner_only:
+            return None
+        return (f"the runner's decoder does not build {', '.join(planner_only)}: `mgbench plan`, `predict` and "
+                "`memory` price such a model, `mgbench run` cannot measure it yet")
+
+    # -- attention and MLP widths ----------------------------------------------------------
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def gated_mlp(self) -> bool:
+        """Three MLP matrices (SwiGLU, GeGLU) rather than two."""
+        return self.mlp in GATED_MLP_KINDS
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Per-head width of queries and keys (the q.k dot product)."""
+        return self.dim_head
+
+    @property
+    def v_dim(self) -> int:
+        """Per-head width of values (and of each head's output)."""
+        return self.v_head_dim if self.is_mla else self.dim_head
+
+    @property
+    def num_local_layers(self) -> int:
+        """Layers with sliding-window attention (0 without a window)."""
+        if self.sliding_window is None:
+            return 0
+        return self.layers - (self.layers // self.global_every if self.global_every else 0)
+
+    def attention_flops_per_token(self, seq_len: Any) -> Any:
+        """Attention-score FLOPs per token, forward + backward, no recompute: per layer
+        6 x keys x heads x (qk width + v width) (q.k and the weighted sum of values, 2
+        FLOPs a multiply-add, backward twice forward), keys = the sequence (PaLM's
+        convention, causality not halved) or, for a local layer, the window. Equals
+        12 L h s for full attention with h = heads x head dim. ``seq_len`` may be an array."""
+        per_key = 6.0 * self.heads * (self.qk_head_dim + self.v_dim)
+        local = self.num_local_layers
+        if not local:
+            return per_key * self.layers * seq_len
+        w = self.sliding_window
+        keys_local = seq_len - (seq_len - w) * (seq_len > w)  # min(seq, window), arrays too
+        return per_key * ((self.layers - local) * seq_len + local * keys_local)
 
     # -- mixture of experts ----------------------------------------------------------------
     @property
@@ -155,8 +289,21 @@ class ModelShape:
         return 3 * self.hidden * self.moe_ffn_hidden
 
     def _attn_params(self) -> int:
-        h, d = self.hidden, self.dim_head
-        return h * self.heads * d + 2 * h * self.kv_heads * d + self.heads * d * h
+        h, a = self.hidden, self.heads
+        if not self.is_mla:
+            d = self.dim_head
+            return h * a * d + 2 * h * self.kv_heads * d + a * d * h
+        qk, rope = self.qk_head_dim, self.qk_rope_head_dim
+        # q: down to q_lora_rank, a norm, up to heads x qk (or directly from h)
+        q = h * a * qk if self.q_lora_rank is None else h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * a * qk
+        # k/v: down to kv_lora_rank plus the shared rotary key, a norm, up to heads x
+        # (nope key + value); then the output projection
+        kv = h * (self.kv_lora_rank + rope) + self.kv_lora_rank + self.kv_lora_rank * a * (self.qk_nope_head_dim + self.v_dim)
+        return q + kv + a * self.v_dim * h
+
+    def _mlp_params(self) -> int:
+        """A dense layer's MLP."""
+        return (3 if self.gated_mlp else 2) * self.hidden * self.ffn_hidden
 
     def _moe_mlp_params(self, active: bool) -> int:
         """One MoE layer's MLP: router, routed experts (all, or the top_k a token uses) and shared experts."""
@@ -165,10 +312,24 @@ class ModelShape:
 
     def _block_params(self, active: bool) -> int:
         """Weights of all blocks (active: only the experts a token uses)."""
-        dense_mlp = (3 if self.mlp == "swiglu" else 2) * self.hidden * self.ffn_hidden
         base = self._attn_params() + 2 * self.hidden
         dense = self.layers - self.moe_layers
-        return dense * (base + dense_mlp) + self.moe_layers * (base + self._moe_mlp_params(active))
+        return dense * (base + self._mlp_params()) + self.moe_layers * (base + self._moe_mlp_params(active))
+
+    def _mtp_params(self, active: bool) -> int:
+        """The multi-token-prediction modules: one block of the last layer's kind each,
+        its 2h -> h projection and two norms (embedding and head are shared)."""
+        if not self.mtp_layers:
+            return 0
+        h = self.hidden
+        mlp = self._moe_mlp_params(active) if self.is_moe else self._mlp_params()
+        return self.mtp_layers * (self._attn_params() + 2 * h + mlp + 2 * h * h + 2 * h)
+
+    def num_mtp_params(self, active: bool = False) -> int:
+        """Parameters of the multi-token-prediction modules (in num_params; DeepSeek-V3's
+        published 671B leaves its 14B out, its Hugging Face 685B counts them). ``active``:
+        only the experts a token uses (their share of num_active_params)."""
+        return self._mtp_params(active=active)
 
     def num_expert_params(self) -> int:
         """Parameters of every routed expert of every layer: what expert parallelism shards."""
@@ -177,7 +338,8 @@ class ModelShape:
     def num_active_params(self) -> int:
         """Parameters one token uses: num_params with each MoE layer's routed experts cut to
         its top_k (Mixtral 8x7B: 12.9B of 46.7B). Equals num_params for a dense model."""
-        return self.num_params() - self._block_params(active=False) + self._block_params(active=True)
+        return (self.num_params() - self._block_params(active=False) + self._block_params(active=True)
+                - self._mtp_params(active=False) + self._mtp_params(active=True))
 
     @property
     def padded_vocab(self) -> int:
@@ -187,7 +349,10 @@ class ModelShape:
 
     @property
     def dim_head(self) -> int:
-        """Per-head dimension (hidden / heads unless given)."""
+        """Per-head dimension of queries and keys (hidden / heads unless given; MLA: nope +
+        rope)."""
+        if self.is_mla:
+            return self.qk_nope_head_dim + self.qk_rope_head_dim
         return self.head_dim if self.head_dim is not None else self.hidden // self.heads
 
     @property
@@ -207,7 +372,7 @@ class ModelShape:
         """All trainable parameters as built (embedding counted once when tied)."""
         emb = self.padded_vocab * self.hidden
         head = 0 if self.tie_embeddings else emb
-        return emb + self._block_params(active=False) + self.hidden + head
+        return emb + self._block_params(active=False) + self.hidden + head + self._mtp_params(active=False)
 
     def num_embedding_params(self) -> int:
         """Parameters of the input token-embedding table (a lookup: no FLOPs)."""
@@ -220,7 +385,9 @@ class ModelShape:
         "params minus embedding" for untied models. For an MoE model only the ACTIVE
         parameters count: each MoE layer's router, top_k routed experts and shared experts
         (a token's matmuls touch no other expert)."""
-        return self._block_params(active=True) + self.hidden + self.padded_vocab * self.hidden
+        head = self.hidden + self.padded_vocab * self.hidden
+        # each MTP module runs its block, its projection and the shared head once more
+        return self._block_params(active=True) + head + self._mtp_params(active=True) + self.mtp_layers * head
 
     def flops_per_token(self, seq_len: int) -> float:
         """Model training FLOPs per token, forward + backward, no recompute.
@@ -228,7 +395,8 @@ class ModelShape:
         6 N + 12 L h s  (Kaplan et al. 2020, "Scaling Laws for Neural Language Models";
         PaLM, Chowdhery et al. 2022, appendix B): 6N for the weight matmuls (2 forward,
         4 backward per parameter) and 12 L h s for attention scores and values, with
-        h = heads x head dim and s the sequence length. Used for MFU, which by
-        definition ignores recomputation.
+        h = heads x head dim and s the sequence length (:meth:`attention_flops_per_token`:
+        MLA's widths, local layers' windows). Used for MFU, which by definition ignores
+        recomputation.
         """
-        return 6.0 * self.num_matmul_params() + 12.0 * self.layers * self.attn_dim * seq_len
+        return 6.0 * self.num_matmul_params() + self.attention_flops_per_token(seq_len)

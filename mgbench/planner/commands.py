@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from .. import catalog
-from ..cli_options import (AGAINST, CALIBRATION_GROUP, HARDWARE, DIM_NAMES, GPU, JSON, MODEL, MODEL_GROUP, PRICES, SYSTEM,
+from ..cli_options import (AGAINST, CALIBRATION_GROUP, HARDWARE, DIM_NAMES, GPU, JSON, MODEL_GROUP, PRICES, SYSTEM,
                            LARGEST_LAYER, TRACE, TRACE_STRATEGY, deferred_command, layout_group, overlap_option, plan_field,
                            plan_group, plan_options_from)
 from ..errors import MgbenchError
@@ -17,17 +17,27 @@ from ..model_shape import ModelShape, default_ffn_hidden
 GIB = 2**30
 
 
-def resolve_shape(model: str | None, params: float | None, dims: dict[str, Any]) -> ModelShape | None:
+def resolve_shape(model: str | None, params: float | None, dims: dict[str, Any],
+                  hf_config: str | None = None) -> ModelShape | None:
+    """The model of `memory`, `predict` and `plan`: a preset, a Hugging Face config.json
+    (dims given beside it override its values), --params alone, or dims."""
     given = {k: v for k, v in dims.items() if v is not None}
-    if sum(x is not None and x != {} for x in (model, params, given or None)) != 1:
-        raise MgbenchError("give exactly one of --model NAME, --params N, or --layers/--hidden/--heads/--vocab "
-                           "(with optional --ffn-hidden/--kv-heads/--mlp/--tie-embeddings/--experts/--top-k)")
+    if sum(x is not None for x in (model, params, hf_config)) + (bool(given) and hf_config is None) != 1:
+        raise MgbenchError("give exactly one of --model NAME, --hf PATH/config.json, --params N, or --layers/--hidden/"
+                           "--heads/--vocab (with optional --ffn-hidden/--kv-heads/--head-dim/--mlp/--experts/...)")
     if model:
         return catalog.model_shape(model)
     if params is not None:
         if params <= 0:
             raise MgbenchError("--params must be positive")
         return None
+    if hf_config is not None:
+        import dataclasses
+
+        from ..hf_config import shape_from_file
+
+        shape = shape_from_file(hf_config)
+        return dataclasses.replace(shape, **given) if given else shape
     if "ffn_hidden" not in given and "hidden" in given:
         given["ffn_hidden"] = default_ffn_hidden(given["hidden"], given.get("mlp", "swiglu"))
     return ModelShape.from_dict({"name": "custom", **given})
@@ -55,7 +65,7 @@ def _gb(x: float) -> str:
 # Options are made on first use (deferred): the layout's come from the planner's modules,
 # which load numpy, and importing the CLI should not.
 @deferred_command(lambda: [*MODEL_GROUP, *layout_group(), LARGEST_LAYER, HARDWARE, TRACE, TRACE_STRATEGY, JSON])
-def memory(model, params, as_json, largest_layer_params, hardware_profile, trace, trace_strategy, **kw) -> None:  # type: ignore[no-untyped-def]
+def memory(model, hf_config, params, as_json, largest_layer_params, hardware_profile, trace, trace_strategy, **kw) -> None:  # type: ignore[no-untyped-def]
     """Memory per GPU: model states per ZeRO stage, activations, transient peaks, allowance.
 
     With --trace, also run the real workload and strategy code on fake tensors and a fake
@@ -71,7 +81,7 @@ def memory(model, params, as_json, largest_layer_params, hardware_profile, trace
     """
     from .predict import memory as memory_fn
 
-    shape = resolve_shape(model, params, _dims(kw))
+    shape = resolve_shape(model, params, _dims(kw), hf_config)
     if trace and hardware_profile:
         raise MgbenchError("--trace compares the model with a traced run; --hardware checks the fit on a machine: give one")
     if trace:
@@ -148,7 +158,7 @@ def _memory_trace(shape: ModelShape | None, layout: Any, strategy: str | None, a
 
 @deferred_command(lambda: [*MODEL_GROUP, *layout_group(), SYSTEM, GPU, HARDWARE, AGAINST, overlap_option(),
                            plan_field("stack"), *CALIBRATION_GROUP, JSON])
-def predict(model, params, as_json, system, gpu, hardware_profile, against_run, overlap, stack, calibrate_run, comm_run,  # type: ignore[no-untyped-def]
+def predict(model, hf_config, params, as_json, system, gpu, hardware_profile, against_run, overlap, stack, calibrate_run, comm_run,  # type: ignore[no-untyped-def]
             results_dir, **kw) -> None:
     """Predict step time, tokens/s, MFU and memory of one layout.
 
@@ -199,7 +209,7 @@ def predict(model, params, as_json, system, gpu, hardware_profile, against_run, 
         over = calibrate.hardware_overrides(fit, kw["precision"])
         if gpu is None and system is None:
             gpu = over["gpu"]
-    shape = resolve_shape(model, params, dims)
+    shape = resolve_shape(model, params, dims, hf_config)
     if shape is None:
         raise MgbenchError("predict needs the model's shape: --model NAME or explicit dims, not --params")
     if profile is not None:
@@ -332,8 +342,8 @@ def _print_calibration(fit: dict[str, Any], as_json: bool) -> None:
                   else "- (no held-out fit attributed time to any term)"))
 
 
-@deferred_command(lambda: [MODEL.but(required=True), *plan_group(), *PRICES, HARDWARE, *CALIBRATION_GROUP, JSON])
-def plan(model, prices_file, price_overrides, hardware_profile, calibrate_run, comm_run, results_dir, as_json, **kw) -> None:  # type: ignore[no-untyped-def]
+@deferred_command(lambda: [*MODEL_GROUP, *plan_group(), *PRICES, HARDWARE, *CALIBRATION_GROUP, JSON])
+def plan(model, hf_config, params, prices_file, price_overrides, hardware_profile, calibrate_run, comm_run, results_dir, as_json, **kw) -> None:  # type: ignore[no-untyped-def]
     """Recommend hardware, GPU count and layout to train MODEL on TOKENS: time, cost, energy.
 
     \b
@@ -343,12 +353,18 @@ def plan(model, prices_file, price_overrides, hardware_profile, calibrate_run, c
       mgbench plan --model llama3-8b --tokens 1e12 --spot --preemption-rate 0.05 --restart-minutes 30 --json
       mgbench plan --model llama3-8b --tokens 1e12 --stack torchtitan      # an FSDP2 stack's published efficiency
       mgbench plan --model gpt2-small --tokens 1e9 --seq-len 1024 --hardware PROFILE   # this machine, 1..N ranks
+      mgbench plan --hf PATH/config.json --tokens 1e12                   # a Hugging Face model, read on disk
+      mgbench plan --layers 36 --hidden 2880 --heads 64 --kv-heads 8 --head-dim 64 --vocab 201088 \\
+                   --experts 128 --top-k 4 --ffn-hidden 2880 --tokens 1e12      # your own dims
     """
     from tabulate import tabulate
 
     from . import calibrate, cost
     from .search import plan as plan_fn
 
+    shape = resolve_shape(model, params, _dims(kw), hf_config)
+    if shape is None:
+        raise MgbenchError("plan needs the model's shape: --model NAME, --hf PATH or dims, not --params")
     opts = plan_options_from(kw)
     if hardware_profile:
         from ..probe.profile import read_profile
@@ -372,7 +388,7 @@ def plan(model, prices_file, price_overrides, hardware_profile, calibrate_run, c
 
         links = calibrate.comm_links(comm_run, results_dir)
         opts.links = {name: links["fields"] for name, s in all_systems().items() if s["gpu"] == links["gpu"]}
-    res = plan_fn(catalog.model_shape(model), opts, cost.Prices(prices_file, list(price_overrides)))
+    res = plan_fn(shape, opts, cost.Prices(prices_file, list(price_overrides)))
     if as_json:
         click.echo(json.dumps(res, indent=2, default=float))
         return

@@ -77,7 +77,9 @@ def _link(name: str) -> dict[str, Any]:
 def resolve(system: str | None = None, gpu: str | None = None, precision: str = "bf16",
             compute_eff: float | None = None, comm_eff_scale: float = 1.0) -> Hardware:
     """Hardware for a catalog system (``dgx-h100``) or a bare GPU (``h100-sxm``, placed
-    in the first system that uses it)."""
+    in the first system that uses it). Both given and the system holds another GPU:
+    that system's node size and links with this GPU, named ``SYSTEM[GPU]`` so every
+    output says so (its wall power, measured for its own GPUs, is then unknown)."""
     if system is None and gpu is None:
         raise MgbenchError("name a --system (e.g. dgx-h100) or a --gpu (e.g. h100-sxm)")
     if system is None:
@@ -88,6 +90,11 @@ def resolve(system: str | None = None, gpu: str | None = None, precision: str = 
     if system not in systems():
         raise MgbenchError(f"unknown system {system!r}; known: {', '.join(systems())}")
     s = systems()[system]
+    label = system
+    if gpu is not None and gpu != s["gpu"]:
+        catalog.accelerator(gpu)  # validates the name
+        s = {**s, "gpu": gpu, "max_power_kw": None}
+        label = f"{system}[{gpu}]"
     acc = catalog.accelerator(s["gpu"])
     peak = acc["tflops"].get(precision)
     if peak is None:
@@ -95,7 +102,7 @@ def resolve(system: str | None = None, gpu: str | None = None, precision: str = 
     intra, inter = _link(s["intra_link"]), _link(s["inter_link"])
     nic_share = s["nics_per_node"] / s["gpus_per_node"]
     return Hardware(
-        system=system,
+        system=label,
         gpu=s["gpu"],
         gpus_per_node=s["gpus_per_node"],
         peak_tflops=float(peak),

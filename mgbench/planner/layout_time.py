@@ -53,7 +53,7 @@ from ..model_shape import ModelShape
 from ..strategies.schedules import bubble_unknown_reason
 from . import perf
 from .hardware import GB, Hardware
-from .memory import VIRTUAL_SCHEDULES, act_bytes, recomputed_share, stage_param_split
+from .memory import VIRTUAL_SCHEDULES, act_bytes, attention_recomputed_share, recomputed_share, stage_param_split
 
 FP8_EFF_NOTE = ("FP8 linears at the bf16 matmul efficiency's fraction of the FP8 peak (an assumption: no FP8 "
                 "best-GEMM (MAMF) figure is recorded; casts and scaling are not priced)")
@@ -82,7 +82,7 @@ def fp8_peak_tflops(hw: Hardware) -> float:
 def host_link_bw(hw: Hardware) -> float:
     """Bytes/s one GPU moves to or from host memory (one direction): the system's
     ``host_link`` in hardware.toml at its measured fraction. MgbenchError where unknown."""
-    system = catalog.systems().get(hw.system, {})
+    system = catalog.systems().get(hw.system.split("[")[0], {})  # "SYSTEM[GPU]": that system, another GPU
     name = system.get("host_link")
     if name is None:
         raise MgbenchError(f"--offload: the host link of {hw.system!r} is not in the catalog (hardware.toml "
@@ -115,7 +115,7 @@ def cp_kv_exchange_s(shape: ModelShape, hw: Hardware, *, seq: Any, micro_batch: 
     bw, alpha = perf._group_link(span, hw)
     one = perf.ring_time(nbytes, cp, bw, alpha, 1.0)
     lay = np.asarray(layers, dtype=float)
-    recomputed = recomputed_share(lay, recompute)
+    recomputed = attention_recomputed_share(lay, recompute)  # recomputed attention gathers K/V again
     return (2.0 + recomputed) * lay * np.asarray(num_micro, dtype=float) * one
 
 

@@ -43,19 +43,26 @@ STATE_BYTES = {"bf16": (2, 2, 12), "fp16": (2, 2, 12), "fp32": (4, 4, 8), "fp8":
 # gathered copy): 4 + 4 + 8 bytes per parameter.
 RUNNER_STATE_BYTES = (4, 4, 8)
 
-# The runner's activation-checkpointing modes (mgbench.config.CHECKPOINTING), one name
-# everywhere: every_2nd checkpoints blocks 0, 2, 4, ... of each model chunk, full every
-# block. (Korthikanti et al.'s selective recompute, which recomputes attention scores
-# only, is not something this workload does, and is not modelled.)
-RECOMPUTE = ("none", "every_2nd", "full")
+# Activation recomputation, one name everywhere. The runner's checkpointing modes
+# (mgbench.config.CHECKPOINTING): every_2nd checkpoints blocks 0, 2, 4, ... of each
+# model chunk, full every block. selective is Megatron-LM's and NeMo's default
+# (--recompute-granularity selective): each block's core attention (q.k, softmax,
+# dropout, the weighted sum of values) runs again in backward and saves nothing
+# (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+# Models", section 4, table 2: 34 s b h instead of s b h (34 + 5 a s / h) per layer). The
+# planner prices it; the runner does not run it.
+RECOMPUTE = ("none", "every_2nd", "full", "selective")
+SELECTIVE = RECOMPUTE.index("selective")
+RUNNER_RECOMPUTE = ("none", "every_2nd", "full")
 
 
 def recomputed_blocks(blocks: Any, recompute: Any) -> Any:
     """How many of ``blocks`` blocks run their forward again in backward under
     ``recompute`` (an index into RECOMPUTE, array or scalar): every one under full,
     every second one starting with the first (ceil(n / 2) of n) under every_2nd, none
-    otherwise. The one statement of the rule: FLOPs (perf), memory, communication
-    repeated by recomputation (layout_time) and the fit (calibrate) all count it here."""
+    otherwise (selective recomputes core attention only: :func:`attention_recomputed_share`).
+    The one statement of the rule: FLOPs (perf), memory, communication repeated by
+    recomputation (layout_time) and the fit (calibrate) all count it here."""
     n = np.asarray(blocks, dtype=float)
     rc = np.asarray(recompute)
     return np.where(rc == 2, n, np.where(rc == 1, np.ceil(n / 2.0), 0.0))
@@ -64,6 +71,14 @@ def recomputed_blocks(blocks: Any, recompute: Any) -> Any:
 def recomputed_share(blocks: Any, recompute: Any) -> Any:
     """:func:`recomputed_blocks` as a fraction of ``blocks``."""
     return recomputed_blocks(blocks, recompute) / np.asarray(blocks, dtype=float)
+
+
+def attention_recomputed_share(blocks: Any, recompute: Any) -> Any:
+    """Fraction of the blocks whose core attention runs again in backward: those
+    recomputed whole, and every block under selective."""
+    return np.where(np.asarray(recompute) == SELECTIVE, 1.0, recomputed_share(blocks, recompute))
+
+
 # The runner's pipeline schedules (strategies/schedules.py, the one registry), 1F1B first
 # (the planner's default).
 SCHEDULES = tuple(sorted(_SCHEDULE_NAMES, key=lambda n: n != "1f1b"))
@@ -149,7 +164,7 @@ def moe_mlp_extra(shape: ModelShape, tokens: Any, tp: Any, precision: str) -> An
     routed = shape.top_k * (2.0 * e * h + 4.0 * e * fe)
     shared = 4.0 * e * shape.shared_experts * fe / t
     router = (e + 4.0) * shape.experts
-    dense_mlp = (4.0 if shape.mlp == "swiglu" else 2.0) * e * shape.ffn_hidden / t
+    dense_mlp = (4.0 if shape.gated_mlp else 2.0) * e * shape.ffn_hidden / t
     return np.asarray(tokens, dtype=float) * (routed + shared + router - dense_mlp)
 
 
@@ -218,7 +233,7 @@ def model_states(params: Any, dp: Any, zero: Any, precision: str,
 
 
 def layer_activations(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precision: str,
-                      flash: Any = True, seq: Any = None) -> Any:
+                      flash: Any = True, seq: Any = None, selective: Any = False) -> Any:
     """Bytes one transformer block of mgbench's workload saves for backward, for
     ``tokens`` tokens (micro-batch x sequence), per tensor-parallel rank.
 
@@ -238,6 +253,9 @@ def layer_activations(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precisio
 
     ``flash=False`` (planner only: an attention kernel that stores its scores) adds
     Korthikanti et al.'s 5 a s bytes per token (softmax, dropout mask and output) / t.
+    ``selective`` (core attention recomputed) saves neither those scores nor the
+    log-sum-exp; q, k, v are kept as the recomputation's inputs and the output as the
+    output projection's.
     """
     N = np.asarray(tokens, dtype=float)
     t = np.asarray(tp, dtype=float)
@@ -245,11 +263,12 @@ def layer_activations(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precisio
     e = act_bytes(precision)
     h, a, F = shape.hidden, shape.heads, shape.ffn_hidden
     q, k = shape.attn_dim, shape.kv_heads * shape.dim_head
+    sel = np.asarray(selective, dtype=bool)
     norm_own = 2.0 * e * h + NORM_SCALAR_BYTES
     norms = 2.0 * (np.where(sp, norm_own / t, norm_own) + e * h)
-    attn = (e * (2.0 * q + 2.0 * k) + LSE_BYTES * a) / t
-    mlp = (4.0 if shape.mlp == "swiglu" else 2.0) * e * F / t
-    scores = 0.0 if seq is None else np.where(flash, 0.0, 5.0 * a * np.asarray(seq, dtype=float) * e / 2.0 / t)
+    attn = (e * (2.0 * q + 2.0 * k) + np.where(sel, 0.0, LSE_BYTES * a)) / t
+    mlp = (4.0 if shape.gated_mlp else 2.0) * e * F / t
+    scores = 0.0 if seq is None else np.where(flash | sel, 0.0, 5.0 * a * np.asarray(seq, dtype=float) * e / 2.0 / t)
     return N * (norms + attn + mlp + scores)
 
 
@@ -261,13 +280,15 @@ def checkpointed_layer(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precisi
 
 
 def korthikanti_bytes_per_layer(shape: ModelShape, seq: Any, micro_batch: Any, tp: Any, sp: Any, flash: Any,
-                                precision: str) -> Any:
+                                precision: str, selective: Any = False) -> Any:
     """Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
     Models", table 2) for 16-bit activations, no recompute: s b h (34 + 5 a s / h), the
     24 s b h of attention/MLP internals and the 5 a s^2 b of scores divided by t, the
     other 10 s b h only with sequence parallelism; flash attention drops the scores.
     Generalised to grouped-query attention and an MLP of width F. Kept for the
-    step-time model, which uses it as the memory traffic of elementwise work."""
+    step-time model, which uses it as the memory traffic of elementwise work.
+    ``selective`` (core attention recomputed) drops the scores as flash attention does:
+    table 2's "selective activation recomputation" rows."""
     s, b = np.asarray(seq, dtype=float), np.asarray(micro_batch, dtype=float)
     t = np.asarray(tp, dtype=float)
     sp, flash = np.asarray(sp, dtype=bool), np.asarray(flash, dtype=bool)
@@ -275,9 +296,10 @@ def korthikanti_bytes_per_layer(shape: ModelShape, seq: Any, micro_batch: Any, t
     g = shape.kv_heads / shape.heads
     hd_ratio = shape.attn_dim / h
     replicated = 10.0 * h
-    sharded = (2.0 + 4.0 * g + 2.0) * h * hd_ratio + (8.0 if shape.mlp == "swiglu" else 4.0) * F
+    sharded = (2.0 + 4.0 * g + 2.0) * h * hd_ratio + (8.0 if shape.gated_mlp else 4.0) * F
     scores = 5.0 * a * s
-    per_sb = np.where(sp, (replicated + sharded) / t, replicated + sharded / t) + np.where(flash, 0.0, scores / t)
+    no_scores = np.asarray(flash, dtype=bool) | np.asarray(selective, dtype=bool)
+    per_sb = np.where(sp, (replicated + sharded) / t, replicated + sharded / t) + np.where(no_scores, 0.0, scores / t)
     return s * b * per_sb * act_bytes(precision) / 2.0  # the counts above are at 2 bytes an element
 
 
@@ -350,7 +372,8 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     and prefetched: twice its 16-bit weights. Without it that working set is unknown and
     not counted (``gathered_params_known`` False), never guessed.
 
-    ``recompute``: 0 none, 1 every_2nd, 2 full (index into RECOMPUTE, array or scalar).
+    ``recompute``: 0 none, 1 every_2nd, 2 full, 3 selective (index into RECOMPUTE, array
+    or scalar).
 
     The axes of issue 17:
 
@@ -399,7 +422,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     rc = np.asarray(recompute)
     lps = np.ceil(shape.layers / np.asarray(pp, dtype=float))
     ck = recomputed_blocks(lps, rc)
-    full_l = layer_activations(shape, tokens, tp, sp, precision, flash, seq)
+    full_l = layer_activations(shape, tokens, tp, sp, precision, flash, seq, selective=rc == SELECTIVE)
     if shape.is_moe:  # the mean block of the stage: its MoE blocks save more
         full_l = full_l + moe_mlp_extra(shape, tokens, tp, precision) * np.minimum(lps, shape.moe_layers) / lps
     ck_l = checkpointed_layer(shape, tokens, tp, sp, precision)
@@ -585,7 +608,7 @@ def runner_phases(cfg: Any) -> dict[str, dict[str, float]]:
     cast_head = 2.0 * V * h / tp if mixed and not fsdp and last else 0.0
     # The MLP's backward scratch: the gradient of its product and of one factor (2 e N F,
     # GELU: one) and one weight's gradient before it is accumulated (16-bit under autocast).
-    bwd_l = N * e * F / tp * (2.0 if shape.mlp == "swiglu" else 1.0) + (2.0 if mixed else 4.0) * F * h / tp
+    bwd_l = N * e * F / tp * (2.0 if shape.gated_mlp else 1.0) + (2.0 if mixed else 4.0) * F * h / tp
     dy = N * e * h / tsp  # the gradient flowing into a block
 
     # -- buffers the strategy holds --------------------------------------------------------
@@ -798,7 +821,7 @@ def _rank_params(shape: ModelShape, tp: int, first: bool, last: bool, layers: in
     h, d, F, V = shape.hidden, shape.dim_head, shape.ffn_hidden, shape.padded_vocab
     q, k = shape.heads * d, shape.kv_heads * d
     block = [(h, False), (h * q / tp, True), (h * k / tp, True), (h * k / tp, True), (q * h / tp, True), (h, False),
-             (h * F / tp, True), (F * h / tp, True)] + ([(h * F / tp, True)] if shape.mlp == "swiglu" else [])
+             (h * F / tp, True), (F * h / tp, True)] + ([(h * F / tp, True)] if shape.gated_mlp else [])
     out: list[tuple[float, bool]] = [(V * h / tp, False)] if first else []
     out += block * layers
     if last:

@@ -54,7 +54,7 @@ import numpy as np
 from ..model_shape import ModelShape
 from ..strategies.schedules import grad_sync, theoretical_bubble
 from .hardware import Hardware
-from .memory import act_bytes, pipeline_fsdp_unsharded_from_forward, recomputed_share
+from .memory import act_bytes, attention_recomputed_share, pipeline_fsdp_unsharded_from_forward, recomputed_share
 
 DEFAULT_OVERLAP = 1.0
 
@@ -149,26 +149,28 @@ def head_flops_per_token(shape: ModelShape) -> float:
 
 def hardware_flops_per_token(shape: ModelShape, seq: Any, recompute: Any) -> Any:
     """Model FLOPs plus recomputation (memory.RECOMPUTE's modes): full recompute repeats
-    every block's forward (2 FLOPs a block weight + 4 L h s of attention); every_2nd
-    repeats the forward of every second block, ceil(L / 2) of the L blocks' share of it.
-    The output layer is not recomputed: Megatron-LM's count with full recompute,
-    96 B s l h^2 (1 + s / 6h + V / (16 l h)) (Narayanan et al. 2021, eq. 3), has 6 B s h V
-    for it, the same as without."""
+    every block's forward (2 FLOPs a block weight + the attention forward, a third of
+    ModelShape.attention_flops_per_token); every_2nd repeats the forward of every second
+    block, ceil(L / 2) of the L blocks' share of it; selective repeats every block's core
+    attention forward only. The output layer is not recomputed: Megatron-LM's count with
+    full recompute, 96 B s l h^2 (1 + s / 6h + V / (16 l h)) (Narayanan et al. 2021, eq. 3),
+    has 6 B s h V for it, the same as without."""
     s = np.asarray(seq, dtype=float)
     model = shape.flops_per_token(s)
     # The blocks' matmul weights a token uses (an MoE block's active experts only).
     block_weights = shape.num_matmul_params() - shape.hidden - shape.padded_vocab * shape.hidden
-    blocks_fwd = (2.0 * block_weights + 4.0 * shape.layers * shape.attn_dim * s)
-    return model + blocks_fwd * recomputed_share(shape.layers, recompute)
+    attn_fwd = shape.attention_flops_per_token(s) / 3.0
+    return (model + 2.0 * block_weights * recomputed_share(shape.layers, recompute)
+            + attn_fwd * attention_recomputed_share(shape.layers, recompute))
 
 
 def attention_flops_per_token(shape: ModelShape, seq: Any, recompute: Any) -> Any:
-    """Attention scores and values FLOPs per token (12 L h s forward + backward, as in
-    ModelShape.flops_per_token, plus the recomputed forward's 4 L h s: all of it with
-    full recompute, half the blocks with every_2nd), not halved for causal masking."""
+    """Attention scores and values FLOPs per token (ModelShape.attention_flops_per_token,
+    forward + backward), plus the recomputed forward's third of it: all of it with full
+    or selective recompute, half the blocks with every_2nd; not halved for causal masking."""
     s = np.asarray(seq, dtype=float)
-    fwd = 4.0 * shape.layers * shape.attn_dim * s
-    return 12.0 * shape.layers * shape.attn_dim * s + fwd * recomputed_share(shape.layers, recompute)
+    attn = shape.attention_flops_per_token(s)
+    return attn + attn / 3.0 * attention_recomputed_share(shape.layers, recompute)
 
 
 def flash_attention_s(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any, rank_tokens: Any) -> Any:

@@ -11,7 +11,7 @@ from ..parallel_dims import ParallelDims
 from ..strategies.schedules import bubble_unknown_reason, chunks_per_rank, schedule_problem
 from . import layout_time, perf
 from .hardware import Hardware
-from .memory import RECOMPUTE, SCHEDULES, VIRTUAL_SCHEDULES, memory_per_gpu
+from .memory import RECOMPUTE, RUNNER_RECOMPUTE, SCHEDULES, VIRTUAL_SCHEDULES, memory_per_gpu
 
 # The components (they add up to total_bytes) and the model-states subtotal.
 MEMORY_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "model_states_bytes", "activations_bytes",
@@ -130,6 +130,18 @@ def _check_new_axes(L: Layout, shape: ModelShape | None) -> None:
                                "raise --global-batch")
 
 
+def runner_notes(shape: ModelShape | None, layout: Layout) -> list[str]:
+    """What the planner prices here that `mgbench run` cannot measure, one line each."""
+    notes = []
+    if layout.recompute not in RUNNER_RECOMPUTE:
+        notes.append(f"--recompute {layout.recompute} is priced as Megatron-LM / NeMo run it; mgbench's runner "
+                     f"checkpoints {', '.join(RUNNER_RECOMPUTE)} only, so no run of its own can check this figure")
+    why = None if shape is None else shape.runner_problem()
+    if why:
+        notes.append(f"model {shape.name}: {why}")
+    return notes
+
+
 def _floats(d: dict[str, Any]) -> dict[str, Any]:
     return {k: (_floats(v) if isinstance(v, dict) else float(v)) for k, v in d.items()}
 
@@ -148,8 +160,9 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
     out = {k: float(m[k]) for k in MEMORY_KEYS}
     # Offloaded model states: in host memory, not in the device total.
     out["host_bytes"] = float(m["host_bytes"])
+    out["notes"] = runner_notes(shape, layout)
     if shape is None and layout.zero >= 3 and largest_layer_params is None:
-        out["notes"] = ["ZeRO-3's gathered working set is not counted: the largest layer is unknown with --params; "
+        out["notes"] += ["ZeRO-3's gathered working set is not counted: the largest layer is unknown with --params; "
                         "give --largest-layer-params N (DeepSpeed's estimator takes the same)"]
     out["layout"] = {"num_gpus": layout.num_gpus, "tp": layout.tp, "pp": layout.pp, "dp": layout.dp,
                      "zero": layout.zero, "micro_batch": layout.micro_batch, "precision": layout.precision,
@@ -172,8 +185,8 @@ def predict(shape: ModelShape, hw: Hardware, layout: Layout, overlap: float = pe
                                 offload=layout.offload, host_ops=host_ops)
     notes = out.pop("notes")
     res = _floats(out)
-    res["notes"] = notes
     mem = memory(shape, layout)
+    res["notes"] = notes + mem.pop("notes")
     res["memory"] = mem
     res["fits"] = mem["total_bytes"] <= hw.memory_bytes
     res["device_memory_bytes"] = hw.memory_bytes

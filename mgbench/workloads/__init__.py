@@ -58,30 +58,13 @@ HF_STRATEGIES = WHOLE_MODEL_STRATEGIES
 
 
 def _hf_shape(arch: str, cfg: dict[str, Any], name: str) -> ModelShape:
-    """The ModelShape an HF config maps onto (used for FLOPs per token, the label and the
-    planner): Llama-like configs are RMSNorm + rotary + SwiGLU as mgbench's own decoder;
-    GPT-2 has a GELU MLP, LayerNorm, biases and learned positions, whose parameters the
-    record counts from the built model (num_params) while FLOPs use the matmul weights."""
-    keys = HF_DIM_KEYS[arch]
+    """The ModelShape an HF config maps onto (FLOPs per token, the label, the planner):
+    the planner's reader (mgbench/hf_config.py), one for both. GPT-2's LayerNorm, biases
+    and learned positions are not in it; the record counts parameters from the built
+    model (num_params) while FLOPs use the matmul weights."""
+    from ..hf_config import shape_from_hf
 
-    def get(dim: str, default: Any = None) -> Any:
-        v = cfg.get(keys[dim]) if dim in keys else None
-        return default if v is None else v
-
-    hidden, heads = get("hidden"), get("heads")
-    missing = [keys[d] for d in ("layers", "hidden", "heads", "vocab") if get(d) is None]
-    if missing:
-        raise MgbenchError(f"Hugging Face {arch} config lacks {', '.join(missing)}")
-    if arch == "gpt2":
-        return ModelShape(layers=get("layers"), hidden=hidden, heads=heads, ffn_hidden=get("ffn_hidden", 4 * hidden),
-                          vocab=get("vocab"), mlp="gelu", tie_embeddings=bool(get("tie_embeddings", True)), name=name)
-    if get("ffn_hidden") is None:
-        raise MgbenchError(f"Hugging Face {arch} config lacks {keys['ffn_hidden']}")
-    head_dim = get("head_dim")
-    return ModelShape(layers=get("layers"), hidden=hidden, heads=heads, kv_heads=get("kv_heads", heads),
-                      ffn_hidden=get("ffn_hidden"), vocab=get("vocab"),
-                      head_dim=None if head_dim in (None, hidden // heads) else head_dim,
-                      tie_embeddings=bool(get("tie_embeddings", False)), name=name)
+    return shape_from_hf({**cfg, "model_type": arch}, name)
 
 
 @dataclass(frozen=True)
@@ -123,17 +106,10 @@ class HFModel:
     def from_file(cls, path: str) -> "HFModel":
         """From ``hf:PATH`` (PATH absolute, or relative to the current directory: the
         suite loader has already made paths relative to the suite file absolute)."""
-        p = Path(path)
-        try:
-            config = json.loads(p.read_text())
-        except OSError as e:
-            raise MgbenchError(f"model hf:{path}: cannot read the config ({e.strerror}); give the path of a "
-                               "Hugging Face config.json, relative to the suite file's folder") from None
-        except json.JSONDecodeError as e:
-            raise MgbenchError(f"model hf:{path}: not valid JSON ({e})") from None
-        if not isinstance(config, dict):
-            raise MgbenchError(f"model hf:{path}: a Hugging Face config is a JSON object")
-        return cls.from_config(config, HF_PREFIX + (p.parent.name if p.stem == "config" and p.parent.name else p.stem))
+        from ..hf_config import name_of, read_config
+
+        config = read_config(path, f"model hf:{path}", "relative to the suite file's folder")
+        return cls.from_config(config, HF_PREFIX + name_of(path))
 
     @classmethod
     def from_dims(cls, dims: dict[str, Any]) -> "HFModel":
@@ -283,7 +259,7 @@ def check_model(v: Any) -> str | None:
     if isinstance(v, str):
         names = tuple(catalog.model_presets()) + tuple(VISION_PRESETS)
         if v in names:
-            return None
+            return None if v in VISION_PRESETS else catalog.model_shape(v).runner_problem()
         import difflib
 
         hint = difflib.get_close_matches(v, names, n=1)
@@ -291,10 +267,10 @@ def check_model(v: Any) -> str | None:
         return f"{v!r} is not one of {', '.join(names)}{more}, nor \"hf:PATH/config.json\""
     if isinstance(v, dict):
         try:
-            ModelShape.from_dict(v)
+            shape = ModelShape.from_dict(v)
         except MgbenchError as e:
             return str(e)
-        return None
+        return shape.runner_problem()
     return f"must be a preset name, \"hf:PATH/config.json\" or a table of dims, got {v!r}"
 
 
@@ -318,6 +294,8 @@ def model_spec(workload: str, v: Any) -> Any:
         from .. import catalog
 
         spec = catalog.model_shape(v)
+    if isinstance(spec, ModelShape) and (why := spec.runner_problem()):
+        raise MgbenchError(f"model {_name(spec)}: {why}")
     if workload == "vision" and not isinstance(spec, VisionModel):
         raise MgbenchError(f"workload \"vision\" needs an image model ({', '.join(VISION_PRESETS)}), got "
                            f"model {_name(spec)!r}; use a [[sweep]] table per workload")

@@ -127,13 +127,12 @@ def test_grouped_mm_is_probed_and_the_loop_says_why():
 @pytest.mark.parametrize("preset,total,active", [
     ("mixtral-8x7b", 46.7e9, 12.9e9),  # Jiang et al. 2024; Mixtral-8x7B model card
     ("qwen3-30b-a3b", 30.5e9, 3.3e9),  # Qwen3 Technical Report, table 2
-    ("deepseek-v3", 671e9, 37e9),  # DeepSeek-V3 Technical Report, section 4.2
-])
+])  # DeepSeek-V3 (MLA, MTP, its convention of active parameters): tests/unit/test_model_spec.py
 def test_published_total_and_active_parameters(preset, total, active):
     s = catalog.model_shape(preset)
     assert s.num_params() == pytest.approx(total, rel=0.005)
     # Active counts are published to two digits, cut rather than rounded: Qwen3's 3.3B is
-    # 3.35B here, DeepSeek's 37B is 37.6B (both with the input embedding): 2%.
+    # 3.35B here (with the input embedding): 2%.
     assert s.num_active_params() == pytest.approx(active, rel=0.02)
 
 
@@ -157,9 +156,14 @@ def test_deepseek_dense_layers_and_shared_expert():
     assert s.moe_layers == 58 and not s.is_moe_layer(2) and s.is_moe_layer(3)
     h = 7168
     dense_mlp, expert = 3 * h * 18432, 3 * h * 2048
-    attn = 2 * h * 96 * (128 + 8)
-    blocks = 3 * (attn + dense_mlp + 2 * h) + 58 * (attn + 256 * h + 257 * expert + 2 * h)
-    assert s.num_params() == blocks + 2 * 129280 * h + h
+    # MLA: q down to 1536, norm, up to 128 heads x (128 + 64); kv down to 512 + the shared
+    # 64-dim rotary key, norm, up to 128 x (128 k + 128 v); output 128 x 128 -> h.
+    attn = (h * 1536 + 1536 + 1536 * 128 * 192) + (h * 576 + 512 + 512 * 128 * 256) + 128 * 128 * h
+    moe_block = attn + 256 * h + 257 * expert + 2 * h
+    blocks = 3 * (attn + dense_mlp + 2 * h) + 58 * moe_block
+    mtp = moe_block + 2 * h * h + 2 * h  # one MTP module: a block, its 2h -> h projection, two norms
+    assert s.num_mtp_params() == mtp
+    assert s.num_params() == blocks + 2 * 129280 * h + h + mtp
 
 
 def test_moe_dims_are_checked_and_left_out_of_dense_ids():

@@ -1,0 +1,188 @@
+"""A Hugging Face ``config.json`` read into mgbench's model spec (:class:`ModelShape`),
+without transformers and without a network: the planner's ``--hf PATH`` and the runner's
+``model = "hf:PATH"`` both size a model through :func:`shape_from_hf`.
+
+Each architecture's keys are read as its transformers configuration class names them;
+a key a config leaves out takes that class's default where the default decides the
+size (Gemma ties its embeddings, GPT-2's MLP is 4 h wide). What is not counted is said
+in :class:`ModelShape`'s docstring (biases, extra norms: under 0.1% of the parameters of
+every published config in tests/fixtures/hf/published).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import MgbenchError
+from .model_shape import ModelShape
+
+Reader = Callable[[dict[str, Any], str], ModelShape]
+
+
+def read_config(path: str | Path, label: str | None = None, where: str = "or of the folder holding it"
+                ) -> dict[str, Any]:
+    """The JSON object of a config.json (a folder holding one is accepted too); errors
+    start with ``label`` (default ``--hf PATH``) and say ``where`` a path is looked for."""
+    p = Path(path)
+    label = label or f"--hf {path}"
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        cfg = json.loads(p.read_text())
+    except OSError as e:
+        raise MgbenchError(f"{label}: cannot read the config ({e.strerror}); give the path of a Hugging Face "
+                           f"config.json, {where}") from None
+    except json.JSONDecodeError as e:
+        raise MgbenchError(f"{label}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise MgbenchError(f"{label}: a Hugging Face config is a JSON object")
+    return cfg
+
+
+def name_of(path: str | Path) -> str:
+    """A model's name from its config's path: the folder's name for .../NAME/config.json."""
+    p = Path(path)
+    if p.is_dir():
+        return p.name
+    return p.parent.name if p.stem == "config" and p.parent.name else p.stem
+
+
+def shape_from_file(path: str | Path) -> ModelShape:
+    """:func:`shape_from_hf` of a config.json on disk."""
+    return shape_from_hf(read_config(path), name_of(path))
+
+
+def shape_from_hf(cfg: dict[str, Any], name: str) -> ModelShape:
+    """The ModelShape of a Hugging Face config; one clear error for an architecture not
+    read here or a config that lacks a key its size needs."""
+    if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers (Gemma 3 4B+): the language model
+        cfg = {**cfg["text_config"], "model_type": cfg["text_config"].get("model_type", cfg.get("model_type"))}
+    arch = cfg.get("model_type")
+    if not isinstance(arch, str):
+        raise MgbenchError(f"model {name}: the Hugging Face config has no model_type")
+    reader = READERS.get(arch)
+    if reader is None:
+        raise MgbenchError(f"model {name}: Hugging Face model_type {arch!r} is not read by mgbench; it reads "
+                           f"{', '.join(sorted(READERS))} (or give the dims: --layers, --hidden, ...)")
+    try:
+        return reader(cfg, name)
+    except KeyError as e:
+        raise MgbenchError(f"model {name}: the Hugging Face {arch} config lacks {e.args[0]}") from None
+
+
+def _int(cfg: dict[str, Any], key: str, default: Any = None) -> Any:
+    v = cfg.get(key)
+    if v is None:
+        if default is None:
+            raise KeyError(key)
+        return default
+    return v
+
+
+def _head_dim(cfg: dict[str, Any]) -> int | None:
+    """head_dim when it differs from hidden / heads (None: the default)."""
+    h, a, d = cfg["hidden_size"], cfg["num_attention_heads"], cfg.get("head_dim")
+    return None if d is None or (h % a == 0 and d == h // a) else d
+
+
+def _local(cfg: dict[str, Any], layers: int, default_every: int) -> dict[str, Any]:
+    """sliding_window and global_every from a config: ``layer_types`` when it lists them,
+    else every ``default_every``-th layer global (0: all local; Mistral v0.1)."""
+    w = cfg.get("sliding_window")
+    if w is None or cfg.get("use_sliding_window") is False:
+        return {}
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and len(types) == layers:
+        full = [i for i, t in enumerate(types) if t == "full_attention"]
+        if not full:
+            return {"sliding_window": w, "global_every": 0}
+        k = full[0] + 1
+        if full != list(range(k - 1, layers, k)):
+            raise MgbenchError(f"layer_types places full attention at layers {full}: only every k-th layer global "
+                               "is modelled")
+        return {"sliding_window": w, "global_every": k}
+    pattern = cfg.get("sliding_window_pattern", default_every)
+    return {"sliding_window": w, "global_every": pattern}
+
+
+def _common(cfg: dict[str, Any], name: str, **extra: Any) -> dict[str, Any]:
+    heads = _int(cfg, "num_attention_heads")
+    return dict(layers=_int(cfg, "num_hidden_layers"), hidden=_int(cfg, "hidden_size"), heads=heads,
+                kv_heads=cfg.get("num_key_value_heads") or heads, vocab=_int(cfg, "vocab_size"),
+                head_dim=_head_dim(cfg), tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), name=name,
+                **extra)
+
+
+def _llama(cfg: dict[str, Any], name: str) -> ModelShape:
+    """llama, mistral, qwen2, qwen3, phi3 (fused qkv and gate_up: the same weights)."""
+    d = _common(cfg, name, ffn_hidden=_int(cfg, "intermediate_size"), mlp="swiglu")
+    return ModelShape(**d, **_local(cfg, d["layers"], 0))
+
+
+def _gemma(cfg: dict[str, Any], name: str) -> ModelShape:
+    """gemma (1), gemma2 (local/global alternating), gemma3 (5 local : 1 global): GeGLU,
+    tied embeddings unless a config says otherwise."""
+    d = _common(cfg, name, ffn_hidden=_int(cfg, "intermediate_size"), mlp="geglu")
+    d["tie_embeddings"] = bool(cfg.get("tie_word_embeddings", True))
+    every = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6}.get(cfg["model_type"])
+    return ModelShape(**d, **(_local(cfg, d["layers"], every) if every else {}))
+
+
+def _gpt2(cfg: dict[str, Any], name: str) -> ModelShape:
+    h = _int(cfg, "n_embd")
+    return ModelShape(layers=_int(cfg, "n_layer"), hidden=h, heads=_int(cfg, "n_head"),
+                      ffn_hidden=cfg.get("n_inner") or 4 * h, vocab=_int(cfg, "vocab_size"), mlp="gelu",
+                      tie_embeddings=bool(cfg.get("tie_word_embeddings", True)), name=name)
+
+
+def _mixtral(cfg: dict[str, Any], name: str) -> ModelShape:
+    """mixtral and gpt_oss: every layer MoE, experts as wide as intermediate_size."""
+    f = _int(cfg, "intermediate_size")
+    d = _common(cfg, name, ffn_hidden=f, mlp="swiglu", experts=_int(cfg, "num_local_experts"),
+                top_k=_int(cfg, "num_experts_per_tok"))
+    return ModelShape(**d, **_local(cfg, d["layers"], 2 if cfg["model_type"] == "gpt_oss" else 0))
+
+
+def _qwen_moe(cfg: dict[str, Any], name: str) -> ModelShape:
+    """qwen3_moe: experts of moe_intermediate_size; layers listed in mlp_only_layers are
+    dense (only a leading run is modelled), decoder_sparse_step must be 1."""
+    layers = _int(cfg, "num_hidden_layers")
+    dense = sorted(cfg.get("mlp_only_layers") or [])
+    if dense != list(range(len(dense))) or cfg.get("decoder_sparse_step", 1) != 1:
+        raise MgbenchError(f"model {name}: only leading dense layers are modelled (mlp_only_layers {dense}, "
+                           f"decoder_sparse_step {cfg.get('decoder_sparse_step')})")
+    d = _common(cfg, name, ffn_hidden=_int(cfg, "intermediate_size"), mlp="swiglu",
+                experts=_int(cfg, "num_experts"), top_k=_int(cfg, "num_experts_per_tok"),
+                expert_ffn_hidden=_int(cfg, "moe_intermediate_size"), dense_layers=len(dense))
+    return ModelShape(**d, **_local(cfg, layers, 0))
+
+
+def _deepseek(cfg: dict[str, Any], name: str) -> ModelShape:
+    """deepseek_v2 / deepseek_v3: MLA, shared experts, leading dense layers, MTP modules."""
+    if cfg.get("moe_layer_freq", 1) != 1:
+        raise MgbenchError(f"model {name}: moe_layer_freq {cfg['moe_layer_freq']} (MoE every k-th layer) is not "
+                           "modelled; only leading dense layers are")
+    heads = _int(cfg, "num_attention_heads")
+    return ModelShape(layers=_int(cfg, "num_hidden_layers"), hidden=_int(cfg, "hidden_size"), heads=heads,
+                      ffn_hidden=_int(cfg, "intermediate_size"), vocab=_int(cfg, "vocab_size"), mlp="swiglu",
+                      tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                      experts=_int(cfg, "n_routed_experts"), top_k=_int(cfg, "num_experts_per_tok"),
+                      expert_ffn_hidden=_int(cfg, "moe_intermediate_size"),
+                      shared_experts=cfg.get("n_shared_experts") or 0,
+                      dense_layers=cfg.get("first_k_dense_replace") or 0,
+                      kv_lora_rank=_int(cfg, "kv_lora_rank"), q_lora_rank=cfg.get("q_lora_rank"),
+                      qk_nope_head_dim=_int(cfg, "qk_nope_head_dim"), qk_rope_head_dim=_int(cfg, "qk_rope_head_dim"),
+                      v_head_dim=_int(cfg, "v_head_dim"), mtp_layers=cfg.get("num_nextn_predict_layers") or 0,
+                      name=name)
+
+
+READERS: dict[str, Reader] = {
+    "llama": _llama, "mistral": _llama, "qwen2": _llama, "qwen3": _llama, "phi3": _llama,
+    "gemma": _gemma, "gemma2": _gemma, "gemma3": _gemma, "gemma3_text": _gemma,
+    "gpt2": _gpt2,
+    "mixtral": _mixtral, "gpt_oss": _mixtral,
+    "qwen3_moe": _qwen_moe,
+    "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
+}
