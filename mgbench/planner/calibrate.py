@@ -30,19 +30,14 @@ from ..errors import MgbenchError
 from ..config import CHECKPOINTING
 from ..strategies import DATA_PARALLEL, ZERO_STAGE
 from ..model_shape import ModelShape
-from .memory import RECOMPUTE, act_bytes, recomputed_share
+from .memory import RECOMPUTE, act_bytes
+from . import perf
 from .perf import dp_window_fraction, link_from_all_reduce_fit
 
 # Calibration fits data-parallel runs only (one model replica or shard per rank).
 ZERO_OF = {name: ZERO_STAGE[name] for name in ("single", *DATA_PARALLEL)}
 OVERLAP_GRID = np.linspace(0.0, 1.0, 11)
 assert set(CHECKPOINTING) <= set(RECOMPUTE), "a checkpointing mode the fit does not know"
-
-
-def recompute_share(mode: str, layers: int) -> float:
-    """Fraction of the blocks whose forward runs again in backward under the runner's
-    activation_checkpointing ``mode`` (memory.recomputed_blocks: the one rule)."""
-    return float(recomputed_share(layers, RECOMPUTE.index(mode)))
 
 
 def group_of(rec: dict[str, Any]) -> tuple[str, bool]:
@@ -54,12 +49,11 @@ def features(rec: dict[str, Any]) -> dict[str, float]:
     """Per-rank work of one measured config: FLOPs, collective bytes and ring steps."""
     shape = ModelShape.from_record(rec)
     n, s = rec["nproc"], rec["seq_len"]
-    fwd_bwd = shape.flops_per_token(s)
-    # mgbench's checkpointing recomputes the forward of every block (full) or every
-    # second block (every_2nd): add that share of the forward (1/3 of fwd + bwd).
-    share = recompute_share(rec["activation_checkpointing"], shape.layers)
+    # Model FLOPs plus what checkpointing recomputes (perf's one rule: the blocks'
+    # forward, never the output head).
+    rc = RECOMPUTE.index(rec["activation_checkpointing"])
     tokens_per_rank = rec["micro_batch"] * rec["grad_accum"] * s
-    flops = fwd_bwd * (1.0 + share / 3.0) * tokens_per_rank
+    flops = float(perf.hardware_flops_per_token(shape, s, rc)) * tokens_per_rank
     zero = ZERO_OF[rec["strategy"]]
     bytes_per_param = act_bytes(rec["precision"])
     p_bytes = shape.num_params() * bytes_per_param
@@ -67,8 +61,10 @@ def features(rec: dict[str, Any]) -> dict[str, float]:
     if rec["strategy"] == "single":
         k, calls = 0.0, 0.0
     elif zero == 3:
-        # all-gather in forward and backward, reduce-scatter: per unit, per micro-step
-        k, calls = 3.0 * ga, 3.0 * ga * units
+        # perf's count (the one statement): all-gathers in forward and backward of every
+        # micro-step, one reduce-scatter per step (the runner syncs gradients on the last)
+        k = float(perf.collective_counts(shape.layers, 1, 1, n, 3, ga, rc)["dp"])
+        calls = k * units
     elif zero == 2:
         # no resharding: one all-gather per step, a reduce-scatter per micro-step
         k, calls = 1.0 + ga, (1.0 + ga) * units

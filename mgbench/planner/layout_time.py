@@ -1,6 +1,9 @@
-"""Step time of a full layout: :func:`mgbench.planner.perf.step_time`'s terms, plus the
-axes of issue 17 (expert parallelism, context parallelism, FP8, HSDP, CPU offload and
-the pipeline schedule's own bubble).
+"""The one step model: :func:`step_time` adds up the terms perf.py states (compute,
+tp and pp communication, the bubble, data-parallel traffic and what overlap hides of
+it) and those of the axes of issue 17 (expert parallelism, context parallelism, FP8,
+HSDP, CPU offload). `predict`, `plan`'s vectorised search, the validation tables and
+the run's closing projection all call it; calibration fits coefficients of the same
+FLOP and collective counts (perf.hardware_flops_per_token, perf.collective_counts).
 
     step = compute + bubble + tp_comm + pp_comm + exposed_dp_comm
            + ep_comm + cp_comm + offload
@@ -151,24 +154,22 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
               ep: Any = 1, cp: Any = 1, replicas: Any = 1, offload: bool = False,
               host_ops: dict[str, float] | None = None) -> dict[str, Any]:
     """Predicted step time and its parts for a layout with every axis (arrays
-    broadcast); perf.step_time's keys, the new terms in ``breakdown`` and ``notes``.
+    broadcast); the step, its named terms in ``breakdown`` and ``notes``.
     ``hw`` is resolved at :func:`hardware_precision` (bf16 for fp8)."""
     c = np.asarray(cp, dtype=float)
     d = np.asarray(dp, dtype=float)
     dense_p, expert_p = stage_param_split(shape, tp, pp, ep)
     virtual = schedule in VIRTUAL_SCHEDULES
     v = virtual_stages if virtual else 1
-    out = perf.step_time(shape, hw, seq=seq, global_batch=global_batch, micro_batch=np.asarray(micro_batch) / c,
-                         tp=tp, pp=pp, dp=d * c, zero=zero, recompute=recompute,
-                         precision=hardware_precision(precision), schedule=schedule, virtual_stages=v, overlap=overlap, sp=sp, flash=flash, stage_params=dense_p + expert_p,
-                         host_ops=host_ops)
-    b = out["breakdown"]
-    m = out["num_micro_batches"]
+    b = perf.compute_terms(shape, hw, seq=seq, global_batch=global_batch, micro_batch=np.asarray(micro_batch) / c,
+                           tp=tp, pp=pp, dp=d * c, recompute=recompute, precision=hardware_precision(precision),
+                           sp=sp, flash=flash, host_ops=host_ops)
+    m = b["num_micro_batches"]
     s = np.asarray(seq, dtype=float)
     rc = np.asarray(recompute)
     t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
     notes: list[str] = []
-    blocks = b["compute_s"] - b["head_s"]
+    blocks = b["blocks_s"]
     if precision == "fp8":
         if host_ops is not None and hw.ew_bw is not None:
             raise MgbenchError("--precision fp8 is priced on catalog GPUs only (a probed CPU has no FP8 units)")
@@ -176,7 +177,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         blocks = blocks - b["linear_s"] * (1.0 - ratio) / hw.stack_eff
         notes.append(FP8_EFF_NOTE)
     compute = blocks + b["head_s"]
-    f = b["bubble_fraction"]
+    f = perf.bubble_fraction(p, m, schedule, v)
     if np.any(np.isnan(f)):
         bad = np.argwhere(np.isnan(np.broadcast_to(f, np.broadcast(p, m).shape)))[0]
         pi = int(np.broadcast_to(p, f.shape)[tuple(bad)])
@@ -215,14 +216,15 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     tokens = np.asarray(global_batch, dtype=float) * s
     tps = tokens / total
     model_flops = shape.flops_per_token(s)
-    res = dict(out)
-    res.update({
+    res = {
+        "num_micro_batches": m,
         "step_time_s": total, "tokens_per_s": tps, "tokens_per_s_per_gpu": tps / n_gpus,
         "model_tflops_per_gpu": model_flops * tps / n_gpus / 1e12,
         "hardware_tflops_per_gpu": perf.hardware_flops_per_token(shape, s, rc) * tps / n_gpus / 1e12,
         "mfu": model_flops * tps / n_gpus / (hw.peak_tflops * 1e12),
-    })
-    res["breakdown"] = {**b, "compute_s": compute, "bubble_s": bubble, "bubble_fraction": f, "dp_comm_s": dp_comm,
+    }
+    terms = {k: v for k, v in b.items() if k not in ("num_micro_batches", "blocks_s")}
+    res["breakdown"] = {**terms, "compute_s": compute, "bubble_s": bubble, "bubble_fraction": f, "dp_comm_s": dp_comm,
                         "exposed_dp_comm_s": exposed_dp, "ep_comm_s": ep_comm, "cp_comm_s": cp_comm,
                         "offload_s": offload_s,
                         "exposed_comm_s": b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s}

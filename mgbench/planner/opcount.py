@@ -267,7 +267,7 @@ def _fake_ddp_hook(module: Any) -> None:
 
 
 def host_ops(summary: dict[str, Any]) -> dict[str, float]:
-    """What perf.step_time prices op by op (``host_ops``): the compute and view ops of a
+    """What perf.compute_terms prices op by op (``host_ops``): the compute and view ops of a
     :meth:`OpCounter.summary` and the bytes compute ops touch, and the collectives
     issued (priced by their latency, planner/against.py). Matmuls and SDPA are priced
     by their own probed rates, whose timings include their dispatch."""

@@ -1,6 +1,7 @@
-"""Step time of a layout: compute + exposed communication + pipeline bubble.
+"""Terms of a step: compute, communication and the pipeline bubble, each stated once.
+layout_time.step_time (the one step model) adds them up:
 
-    step = compute + bubble + tp_comm + pp_comm + exposed_dp_comm
+    step = compute + bubble + tp_comm + pp_comm + exposed_dp_comm (+ layout_time's axes)
 
 compute   matmuls + memory-bound elementwise work (a two-term roofline):
           hardware FLOPs (model + recomputation) / (GPUs x peak x matmul efficiency)
@@ -218,29 +219,25 @@ def host_terms(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any, rank_t
     return attn_mm, attention, ops
 
 
-def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, micro_batch: Any,
-              tp: Any, pp: Any, dp: Any, zero: Any, recompute: Any, precision: str = "bf16",
-              schedule: str = "1f1b", virtual_stages: int = 1, overlap: float = DEFAULT_OVERLAP,
-              sp: Any = False, flash: Any = True, stage_params: Any = None,
-              host_ops: dict[str, float] | None = None) -> dict[str, Any]:
-    """Predicted step time and its parts, in seconds (arrays broadcast).
+def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, micro_batch: Any,
+                  tp: Any, pp: Any, dp: Any, recompute: Any, precision: str = "bf16", sp: Any = False,
+                  flash: Any = True, host_ops: dict[str, float] | None = None) -> dict[str, Any]:
+    """The compute of the busiest GPU's step and its tensor- and pipeline-parallel
+    communication, in seconds (arrays broadcast): the terms of the step model that
+    depend on neither the schedule's bubble nor data-parallel traffic, which
+    :func:`mgbench.planner.layout_time.step_time` (the one step model) adds.
 
-    ``schedule``: any pipeline schedule of strategies/schedules.py (its theoretical
-    bubble; ``bubble_fraction`` in the breakdown, NaN where unknown).
     ``host_ops`` (``ops``, ``bytes``: what one rank's step dispatches besides matmuls and
     SDPA, planner/opcount.py) with a probed CPU Hardware (``ew_bw`` set) prices the
     non-matmul work op by op instead of by elementwise passes (see :func:`host_terms`)."""
-    from .memory import VIRTUAL_SCHEDULES, korthikanti_bytes_per_layer
-    from .memory import stage_params as _stage_params
+    from .memory import korthikanti_bytes_per_layer
 
     s = np.asarray(seq, dtype=float)
     B = np.asarray(global_batch, dtype=float)
     b = np.asarray(micro_batch, dtype=float)
     t, p, d = (np.asarray(x, dtype=float) for x in (tp, pp, dp))
-    z, rc = np.asarray(zero), np.asarray(recompute)
-    n_gpus = t * p * d
+    rc = np.asarray(recompute)
     m = B / (b * d)  # micro-batches per pipeline per step
-    v = virtual_stages if schedule in VIRTUAL_SCHEDULES else 1
 
     tokens = B * s
     rate = hw.peak_tflops * 1e12 * hw.compute_eff
@@ -266,53 +263,23 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         blocks_mm = np.where(on, linear, blocks_mm)
     blocks = (blocks_mm + attention + elementwise) / hw.stack_eff
     head = head_mm / hw.stack_eff
-    matmul = blocks_mm + head_mm
-    compute = blocks + head
-    f = bubble_fraction(p, m, schedule, v)
-    bubble = blocks * f / (1.0 - f)
 
     act = s * b * shape.hidden * act_bytes(precision)
-    counts = collective_counts(shape.layers, t, p, d, z, m, rc, schedule)
+    counts = collective_counts(shape.layers, t, p, d, 0, m, rc)
     tp_bw, tp_alpha = _group_link(t, hw)
     tp_comm = counts["tp"] * ring_time(act, t, tp_bw, tp_alpha, 2.0)
-
     # Pipeline neighbours are t * d ranks apart: same node only if that fits in one.
     pp_bw, pp_alpha = _group_link(t * d + 1, hw)
     p2p = pp_alpha + act / t / pp_bw  # scatter-gather: each TP rank sends 1/t
     pp_comm = np.where(p > 1, counts["pp"] * p2p, 0.0)
-
-    params = _stage_params(shape, t, p) if stage_params is None else stage_params
-    grad_bytes = params * act_bytes(precision)  # gradients in the training dtype
-    dp_bw, dp_alpha = _group_link(t * d, hw)
-    allreduce = ring_time(grad_bytes, d, dp_bw, dp_alpha, 2.0)
-    gather = ring_time(grad_bytes, d, dp_bw, dp_alpha, 1.0)  # same bytes: 16-bit weights
-    dp_comm = counts["dp"] * np.where(z >= 3, gather, allreduce)
-    exposed_dp = np.maximum(dp_comm - overlap * compute * dp_window_fraction(m, z, p, schedule), 0.0)
-
-    total = compute + bubble + tp_comm + pp_comm + exposed_dp
-    model_flops = shape.flops_per_token(s)
-    tps = tokens / total
     return {
-        "step_time_s": total,
-        "tokens_per_s": tps,
-        "tokens_per_s_per_gpu": tps / n_gpus,
-        "model_tflops_per_gpu": model_flops * tps / n_gpus / 1e12,
-        "hardware_tflops_per_gpu": hardware_flops_per_token(shape, s, rc) * tps / n_gpus / 1e12,
-        "mfu": model_flops * tps / n_gpus / (hw.peak_tflops * 1e12),
         "num_micro_batches": m,
-        "breakdown": {
-            "compute_s": compute,
-            "matmul_s": matmul,
-            "elementwise_s": elementwise,
-            "attention_s": attention,
-            "head_s": head,
-            "linear_s": linear,
-            "bubble_s": bubble,
-            "bubble_fraction": f,
-            "tp_comm_s": tp_comm,
-            "pp_comm_s": pp_comm,
-            "dp_comm_s": dp_comm,
-            "exposed_dp_comm_s": exposed_dp,
-            "exposed_comm_s": tp_comm + pp_comm + exposed_dp,
-        },
+        "blocks_s": blocks,
+        "head_s": head,
+        "matmul_s": blocks_mm + head_mm,
+        "elementwise_s": elementwise,
+        "attention_s": attention,
+        "linear_s": linear,
+        "tp_comm_s": tp_comm,
+        "pp_comm_s": pp_comm,
     }

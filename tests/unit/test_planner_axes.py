@@ -99,10 +99,31 @@ def test_in_flight_micro_batches_of_the_new_schedules(schedule, expected):
 
 # --- time -----------------------------------------------------------------------------------
 
-def test_plain_layouts_price_exactly_as_perf():
-    kw = dict(seq=4096, global_batch=64, micro_batch=1, tp=2, pp=4, dp=8, zero=1, recompute=1)
-    a, b = perf.step_time(LLAMA8, H100, **kw), layout_time.step_time(LLAMA8, H100, **kw)
-    assert float(a["step_time_s"]) == pytest.approx(float(b["step_time_s"]), rel=1e-12)
+def test_one_term_changed_moves_predict_plan_and_calibrate_alike(monkeypatch):
+    """There is one step model: a change to one of its terms (here the FLOPs a token
+    costs, recomputation included) reaches predict, plan's vectorised search and the
+    calibration fit, with no second copy left behind."""
+    from mgbench.planner import calibrate
+    from mgbench.planner.cost import Prices
+    from mgbench.planner.predict import Layout, predict
+    from mgbench.planner.search import PlanOptions, plan
+    from tests.factories import make_config, make_record
+
+    def measure():
+        lay = Layout(num_gpus=8, zero=3, seq_len=4096, micro_batch=2)
+        step = predict(LLAMA8, H100, lay)["breakdown"]["compute_s"]
+        best = plan(LLAMA8, PlanOptions(tokens=1e10, systems=["dgx-h100"], max_gpus=8), Prices(None, []))
+        rec = make_record(make_config(strategy="fsdp", nproc=2, seq_len=64), step_time_s=1.0).to_dict()
+        return float(step), best["ranked"][0]["days"], calibrate.features(rec)["compute"]
+
+    before = measure()
+    real = perf.hardware_flops_per_token
+    monkeypatch.setattr(perf, "hardware_flops_per_token", lambda *a: 2.0 * real(*a))
+    after = measure()
+    # Compute is all GEMM FLOPs but the elementwise and flash-attention terms: more than
+    # 1.3x, and calibration's FLOP feature exactly 2x.
+    assert after[0] > 1.3 * before[0] and after[1] > 1.3 * before[1]
+    assert after[2] == pytest.approx(2.0 * before[2])
 
 
 def test_ep_all_to_all_by_hand_intra_and_inter_node():

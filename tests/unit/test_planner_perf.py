@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 
 from mgbench import catalog
-from mgbench.planner import hardware, perf, validation
+from mgbench.planner import hardware, layout_time, perf, validation
 from mgbench.planner.predict import Layout, predict
 
 
@@ -35,12 +35,12 @@ def test_hardware_flops_with_recompute():
 def test_pipeline_bubble_is_p_minus_1_block_stage_micro_batches():
     shape = catalog.model_shape("llama3-8b")
     hw = hardware.resolve(system="dgx-h100")
-    out = perf.step_time(shape, hw, seq=4096, global_batch=64, micro_batch=1, tp=1, pp=4, dp=2, zero=1, recompute=2)
+    out = layout_time.step_time(shape, hw, seq=4096, global_batch=64, micro_batch=1, tp=1, pp=4, dp=2, zero=1, recompute=2)
     b = out["breakdown"]
     m = 64 / 2
     # The last stage's busy time includes the output layer; fill and drain run block stages only.
     assert float(b["bubble_s"]) == pytest.approx((float(b["compute_s"]) - float(b["head_s"])) * 3 / m)
-    inter = perf.step_time(shape, hw, seq=4096, global_batch=64, micro_batch=1, tp=1, pp=4, dp=2, zero=1,
+    inter = layout_time.step_time(shape, hw, seq=4096, global_batch=64, micro_batch=1, tp=1, pp=4, dp=2, zero=1,
                            recompute=2, schedule="interleaved", virtual_stages=2)
     assert float(inter["breakdown"]["bubble_s"]) == pytest.approx(float(b["bubble_s"]) / 2)
 
@@ -52,7 +52,7 @@ def test_output_layer_sits_on_the_last_pipeline_stage_by_hand():
     # Without flash attention every block FLOP is a GEMM at one rate (flash attention's
     # own kernel rate is test_flash_attention_runs_at_its_generations_fraction's).
     kw = dict(seq=4096, global_batch=8, micro_batch=1, tp=1, dp=1, zero=0, recompute=0, flash=False)
-    out = perf.step_time(shape, hw, pp=8, **kw)["breakdown"]
+    out = layout_time.step_time(shape, hw, pp=8, **kw)["breakdown"]
     rate = hw.peak_tflops * 1e12 * hw.compute_eff
     tokens = 8 * 4096
     head = 6 * 4096 * 128256 * tokens / rate  # 6 h V per token, all on the last stage
@@ -64,7 +64,7 @@ def test_output_layer_sits_on_the_last_pipeline_stage_by_hand():
     even = (blocks * 8 + head) / 8
     assert float(out["compute_s"]) > even * 1.4  # a 128K vocabulary's head is ~2 blocks of llama3-8b
     # One stage: the same work, no bubble, the head on the only stage.
-    one = perf.step_time(shape, hw, pp=1, **kw)["breakdown"]
+    one = layout_time.step_time(shape, hw, pp=1, **kw)["breakdown"]
     assert float(one["compute_s"]) == pytest.approx(blocks * 8 + head) and float(one["bubble_s"]) == 0.0
 
 
@@ -74,8 +74,8 @@ def test_stack_efficiency_divides_compute_time():
     shape = catalog.model_shape("llama3-8b")
     hw = hardware.resolve(system="dgx-a100")
     kw = dict(seq=8192, global_batch=64, micro_batch=1, tp=1, pp=1, dp=64, zero=3, recompute=1)
-    base = perf.step_time(shape, hw, **kw)["breakdown"]
-    tt = perf.step_time(shape, stack.apply(hw, "torchtitan"), **kw)["breakdown"]
+    base = layout_time.step_time(shape, hw, **kw)["breakdown"]
+    tt = layout_time.step_time(shape, stack.apply(hw, "torchtitan"), **kw)["breakdown"]
     assert float(tt["compute_s"]) == pytest.approx(float(base["compute_s"]) / stack.efficiency("torchtitan"))
     assert stack.efficiency("megatron-lm") == 1.0  # the calibration stack, by construction
 
@@ -94,10 +94,10 @@ def test_more_bandwidth_never_hurts_and_compute_scales_with_peak():
     shape = catalog.model_shape("llama3-8b")
     hw = hardware.resolve(system="dgx-h100")
     kw = dict(seq=4096, global_batch=256, micro_batch=1, tp=8, pp=1, dp=8, zero=1, recompute=0)
-    base = perf.step_time(shape, hw, **kw)
-    fast = perf.step_time(shape, dataclasses.replace(hw, inter_bw=hw.inter_bw * 10, intra_bw=hw.intra_bw * 10), **kw)
+    base = layout_time.step_time(shape, hw, **kw)
+    fast = layout_time.step_time(shape, dataclasses.replace(hw, inter_bw=hw.inter_bw * 10, intra_bw=hw.intra_bw * 10), **kw)
     assert float(fast["step_time_s"]) < float(base["step_time_s"])
-    double = perf.step_time(shape, dataclasses.replace(hw, peak_tflops=hw.peak_tflops * 2), **kw)
+    double = layout_time.step_time(shape, dataclasses.replace(hw, peak_tflops=hw.peak_tflops * 2), **kw)
     assert float(double["breakdown"]["matmul_s"]) == pytest.approx(float(base["breakdown"]["matmul_s"]) / 2)
 
 
@@ -152,13 +152,13 @@ def test_flash_attention_runs_at_its_generations_fraction():
     for system, frac in (("dgx-a100", 0.656), ("dgx-h100", 0.339)):
         hw = hardware.resolve(system=system)
         assert hw.attn_eff == frac  # hardware.toml [planner] flash_attention_fraction
-        b = perf.step_time(shape, hw, **kw)["breakdown"]
+        b = layout_time.step_time(shape, hw, **kw)["breakdown"]
         assert float(b["attention_s"]) == pytest.approx(0.5 * attn_flops / (hw.peak_tflops * 1e12 * frac))
-        gemm = perf.step_time(shape, hw, flash=False, **kw)["breakdown"]
+        gemm = layout_time.step_time(shape, hw, flash=False, **kw)["breakdown"]
         # Without flash attention (or with no recorded fraction) the GEMM term prices them.
         assert float(gemm["attention_s"]) == 0.0
         assert float(gemm["matmul_s"] - b["matmul_s"]) == pytest.approx(attn_flops / (hw.peak_tflops * 1e12 * hw.compute_eff))
-        unknown = perf.step_time(shape, dataclasses.replace(hw, attn_eff=None), **kw)["breakdown"]
+        unknown = layout_time.step_time(shape, dataclasses.replace(hw, attn_eff=None), **kw)["breakdown"]
         assert float(unknown["matmul_s"]) == pytest.approx(float(gemm["matmul_s"]))
 
 
@@ -170,21 +170,21 @@ def test_a100_to_h100_speedup_falls_with_attention_share():
     ratio = {}
     for seq in (2048, 65536):
         kw = dict(seq=seq, global_batch=8 * 65536 // seq, micro_batch=1, tp=1, pp=1, dp=8, zero=3, recompute=2)
-        a100 = perf.step_time(shape, hardware.resolve(system="dgx-a100"), **kw)["tokens_per_s_per_gpu"]
-        h100 = perf.step_time(shape, hardware.resolve(system="dgx-h100"), **kw)["tokens_per_s_per_gpu"]
+        a100 = layout_time.step_time(shape, hardware.resolve(system="dgx-a100"), **kw)["tokens_per_s_per_gpu"]
+        h100 = layout_time.step_time(shape, hardware.resolve(system="dgx-h100"), **kw)["tokens_per_s_per_gpu"]
         ratio[seq] = float(h100 / a100)
     assert ratio[65536] < ratio[2048] - 0.4
     assert ratio[2048] < 989 * 0.803 / (312 * 0.869)  # never above the GEMMs' own gain
 
 
 def test_shared_rules_are_stated_once():
-    from mgbench.planner import calibrate, memory
+    from mgbench.planner import memory
 
     # every_2nd recomputes blocks 0, 2, 4: ceil(n / 2) of n; full every block.
     assert list(memory.recomputed_blocks([5, 4, 1], 1)) == [3, 2, 1]
     assert float(memory.recomputed_blocks(5, 2)) == 5 and float(memory.recomputed_blocks(5, 0)) == 0
-    assert calibrate.recompute_share("every_2nd", 5) == pytest.approx(3 / 5)
-    assert calibrate.recompute_share("full", 7) == 1.0 and calibrate.recompute_share("none", 7) == 0.0
+    assert memory.recomputed_share(5, 1) == pytest.approx(3 / 5)
+    assert memory.recomputed_share(7, 2) == 1.0 and memory.recomputed_share(7, 0) == 0.0
     # The overlap window: the last micro-batch's backward (2/3 of 1/m) below ZeRO-3, all of it at 3.
     assert float(perf.dp_window_fraction(4, 1)) == pytest.approx(2 / 12)
     assert float(perf.dp_window_fraction(4, 3)) == 1.0
