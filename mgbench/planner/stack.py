@@ -6,7 +6,7 @@ constants (hardware.toml [planner]) are solved from Megatron-LM's published runs
 ``megatron-lm`` stack is 1 by construction; another stack's efficiency is the factor its
 own published runs need (compute time / factor), solved from its calibration row of
 published_runs.toml and scored on its validation rows (``python -m
-mgbench.planner.validation`` prints the error per stack). A stack whose factor has no
+mgbench.planner.validation_report`` prints the error per stack). A stack whose factor has no
 measured run behind it is null with the reason, and predicting with it is refused.
 """
 

@@ -228,3 +228,18 @@ def cross_generation_coverage() -> dict[str, Any]:
     out["counts"] = {k: {"covered": sum(r["inside"] for r in v), "total": len(v)}
                      for k, v in out.items() if isinstance(v, list)}
     return out
+
+
+def coverage_statement() -> str:
+    """The intervals' coverage, computed: README states this sentence and a test checks
+    it is the computed one."""
+    loo, cross = leave_one_out_coverage(), cross_generation_coverage()["counts"]
+
+    def n(c: dict[str, int]) -> str:
+        return f"{c['covered']} of {c['total']}"
+
+    return (f"leave-one-out coverage: validation rows {n(loo)} inside the interval from the other rows of their "
+            f"class; H100 rows of the generation pairs {n(cross['before'])} inside the other-GPU interval before "
+            f"(A100 class widened by the worst informational H100 row), {n(cross['after'])} after (A100 class "
+            f"compounded with the ratio residuals); ratio rows {n(cross['ratio'])}; informational H100 rows "
+            f"{n(cross['informational_before'])} before, {n(cross['informational'])} after")

@@ -1,7 +1,7 @@
 """Predictions versus published training throughput (mgbench/data/published_runs.toml,
 and the same-software A100 / H100 pairs of mgbench/data/generation_pairs.toml).
 
-    python -m mgbench.planner.validation      # prints the error tables and the solved defaults
+    python -m mgbench.planner.validation_report   # prints the error tables and the solved defaults
 """
 
 from __future__ import annotations
@@ -213,74 +213,3 @@ def stack_errors(rows: list[dict[str, Any]]) -> dict[str, float]:
         if r["role"] == "validation":
             out.setdefault(r["stack"], []).append(abs(r["error_pct"]))
     return {k: sum(v) / len(v) for k, v in out.items()}
-
-
-def coverage_statement() -> str:
-    """The intervals' coverage, computed (uncertainty.py): README states this sentence and
-    a test checks it is the computed one."""
-    from .uncertainty import cross_generation_coverage, leave_one_out_coverage
-
-    loo, cross = leave_one_out_coverage(), cross_generation_coverage()["counts"]
-
-    def n(c: dict[str, int]) -> str:
-        return f"{c['covered']} of {c['total']}"
-
-    return (f"leave-one-out coverage: validation rows {n(loo)} inside the interval from the other rows of their "
-            f"class; H100 rows of the generation pairs {n(cross['before'])} inside the other-GPU interval before "
-            f"(A100 class widened by the worst informational H100 row), {n(cross['after'])} after (A100 class "
-            f"compounded with the ratio residuals); ratio rows {n(cross['ratio'])}; informational H100 rows "
-            f"{n(cross['informational_before'])} before, {n(cross['informational'])} after")
-
-
-def main() -> None:
-    from tabulate import tabulate
-
-    from .uncertainty import cross_generation_coverage, leave_one_out_coverage
-
-    rows, _ = error_table()
-    published = {r["id"] for r in published_runs()}
-    print(tabulate([[r["id"], r["stack"], r["unit"], r["published"], f"{r['predicted']:.1f}", f"{r['error_pct']:+.1f}%",
-                     r["role"], r["source"]] for r in rows if r["id"] in published],
-                   headers=["run", "stack", "metric", "published", "predicted", "error", "role", "source"]))
-    for name, mae in stack_errors(rows).items():
-        n = sum(r["role"] == "validation" and r["stack"] == name for r in rows)
-        print(f"{name}: mean absolute error over {n} validation rows on the A100: {mae:.1f}% "
-              f"(stack efficiency {stack.efficiency(name):.3f}, solved {solve_stack(name) if name != stack.DEFAULT_STACK else 1.0:.3f})")
-    for r in rows:
-        if r["why"]:
-            print(f"{r['id']}: {r['role']}: {r['why']}")
-
-    pairs = pair_table()
-    src = catalog.load("generation_pairs.toml")["source"]
-    print(f"\nA100 -> H100, same software ({src['software']}): {src['url']}, tables '{src['a100_table']}' and "
-          f"'{src['h100_table']}'; tokens/s per GPU, stack {PAIRS_STACK}")
-    print(tabulate([[p["id"], p["role"], p["a100"]["published"], f"{p['a100']['predicted']:.0f}", f"{p['a100']['error_pct']:+.1f}%",
-                     p["h100"]["published"], f"{p['h100']['predicted']:.0f}", f"{p['h100']['error_pct']:+.1f}%",
-                     f"{p['published_ratio']:.2f}", f"{p['predicted_ratio']:.2f}", f"{p['ratio_error_pct']:+.1f}%"]
-                    for p in pairs],
-                   headers=["pair", "role", "A100", "predicted", "error", "H100", "predicted", "error",
-                            "H100/A100", "predicted", "error"]))
-    for b in pair_summary(pairs):
-        print(f"{b['band']:>10}: {b['pairs']:>2} pairs, ratio published {b['published_ratio_median']:.2f} / predicted "
-              f"{b['predicted_ratio_median']:.2f} (medians), error mean |{b['ratio_mean_abs_error_pct']:.1f}|% "
-              f"[{b['ratio_error_pct'][0]:+.1f}, {b['ratio_error_pct'][1]:+.1f}]; A100 absolute mean "
-              f"|{b['a100_mean_abs_error_pct']:.1f}|% [{b['a100_error_pct'][0]:+.1f}, {b['a100_error_pct'][1]:+.1f}]; "
-              f"H100 absolute mean |{b['h100_mean_abs_error_pct']:.1f}|% "
-              f"[{b['h100_error_pct'][0]:+.1f}, {b['h100_error_pct'][1]:+.1f}]")
-
-    cov = leave_one_out_coverage()
-    print("\nintervals (uncertainty.py), leave-one-out per class: "
-          + ", ".join(f"{k} {v['covered']} of {v['total']}" for k, v in cov["classes"].items()))
-    cross = cross_generation_coverage()
-    for name in ("rows", "ratio", "before", "after", "informational_before", "informational"):
-        sel = cov["rows"] if name == "rows" else cross[name]
-        out = [f"{r['id']} {r['error_pct']:+.1f}% not in [{r['interval_pct'][0]:+.1f}, {r['interval_pct'][1]:+.1f}]"
-               for r in sel if not r["inside"]]
-        print(f"  outside ({'validation rows' if name == 'rows' else name}): {', '.join(out) or 'none'}")
-    print(coverage_statement())
-    mm, c = solve_defaults()
-    print(f"solved defaults: matmul_eff = {mm:.3f}, elementwise_passes = {c:.2f}")
-
-
-if __name__ == "__main__":
-    main()

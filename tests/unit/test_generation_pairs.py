@@ -99,7 +99,7 @@ def test_a_pair_the_model_gets_wrong_falls_outside_and_widens_the_interval(pairs
     assert row["error_pct"] > 100.0 and not row["inside"]
     assert uncertainty.regime("h100-sxm", pipelined=False)["high"] > before + 0.5
     # The coverage README states is the computed one: with the broken pair it no longer is.
-    assert validation.coverage_statement() not in _readme()
+    assert uncertainty.coverage_statement() not in _readme()
 
 
 @pytest.mark.parametrize("broken, message", [
@@ -117,4 +117,4 @@ def _readme() -> str:
 
 
 def test_readme_states_the_computed_coverage():
-    assert validation.coverage_statement() in _readme()
+    assert uncertainty.coverage_statement() in _readme()
