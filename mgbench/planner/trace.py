@@ -547,6 +547,7 @@ def runner_config(shape: Any, layout: Any, strategy: str | None = None) -> Any:
     from ..config import RunConfig
     from ..errors import MgbenchError
     from ..strategies import BY_NAME, dims_for
+    from ..strategies.schedules import VIRTUAL, chunks_per_rank
 
     L = layout
     dp = L.num_gpus // (L.tp * L.pp)
@@ -582,11 +583,14 @@ def runner_config(shape: Any, layout: Any, strategy: str | None = None) -> Any:
     num_micro = L.batch // (L.micro_batch * dims.dp) if L.batch % (L.micro_batch * dims.dp) == 0 else 0
     if num_micro < 1:
         raise MgbenchError(f"--global-batch {L.batch} is not a multiple of micro-batch {L.micro_batch} x dp {dims.dp}")
-    v = L.virtual_stages if L.schedule == "interleaved" else 1
-    if L.schedule == "interleaved" and v < 2:
-        raise MgbenchError("the interleaved schedule needs --virtual-stages 2 or more")
+    # The schedule registry says which schedules take --virtual-stages (interleaved and
+    # interleaved_zb) and how many chunks a rank holds (ZB-V and DualPipeV: two).
+    v = L.virtual_stages if L.schedule in VIRTUAL else 1
+    if L.schedule in VIRTUAL and v < 2:
+        raise MgbenchError(f"the {L.schedule} schedule needs --virtual-stages 2 or more")
     problems = dims.problems(L.num_gpus, layers=shape.layers, heads=shape.heads, kv_heads=shape.kv_heads,
-                             virtual_stages=v, num_microbatches=num_micro if L.pp > 1 else None)
+                             virtual_stages=chunks_per_rank(L.schedule, v) if L.pp > 1 else 1,
+                             num_microbatches=num_micro if L.pp > 1 else None)
     if problems:
         hint = (f" (give --global-batch {L.micro_batch * dims.dp * L.pp} or more)"
                 if L.pp > 1 and num_micro < L.pp else "")

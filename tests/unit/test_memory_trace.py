@@ -288,6 +288,25 @@ def test_runner_config_maps_the_layout():
         assert cfg.dp * cfg.tp * cfg.pp == layout.num_gpus
 
 
+def test_runner_config_takes_virtual_stages_from_the_schedule_registry():
+    from mgbench.errors import MgbenchError
+
+    # interleaved_zb holds --virtual-stages chunks as interleaved does; the trace once
+    # read only "interleaved" as virtual and built interleaved_zb with one chunk.
+    from mgbench.planner.predict import Layout
+
+    shape = dataclasses.replace(catalog.model_shape("tiny"), layers=8)
+    for schedule in ("interleaved", "interleaved_zb"):
+        cfg = T.runner_config(shape, Layout(num_gpus=2, pp=2, global_batch=4, schedule=schedule, virtual_stages=2))
+        assert (cfg.pp_schedule, cfg.virtual_stages) == (schedule, 2)
+        with pytest.raises(MgbenchError, match=f"the {schedule} schedule needs --virtual-stages 2"):
+            T.runner_config(shape, Layout(num_gpus=2, pp=2, global_batch=4, schedule=schedule, virtual_stages=1))
+    # ZB-V holds two chunks a rank whatever --virtual-stages says: 8 layers over 2 x 2 chunks.
+    assert T.runner_config(shape, Layout(num_gpus=2, pp=2, global_batch=4, schedule="zbv")).pp_schedule == "zbv"
+    with pytest.raises(MgbenchError, match="layers"):  # 3 layers cannot fill 2 ranks x 2 chunks
+        T.runner_config(dataclasses.replace(shape, layers=3), Layout(num_gpus=2, pp=2, global_batch=4, schedule="zbv"))
+
+
 def test_zero_bubble_pipeline_with_fsdp_replicas_within_5_percent_of_the_trace():
     # zbv + FSDP, pp 2 x dp 2: rank 0 holds chunks 0 and 3 of the V (embedding, head and
     # loss, two model copies: the tied weights untied), FSDP keeps the stages unsharded
