@@ -37,7 +37,13 @@ def accelerator(key: str) -> dict[str, Any]:
 
 
 def _fits(patterns: list[str], device_name: str) -> bool:
-    return any(re.search(p, device_name, re.IGNORECASE) for p in patterns)
+    """Whether a ``match`` pattern of hardware.toml claims ``device_name``: anywhere in the
+    name, but only from the start of one of its words (after a space, a hyphen or the
+    name's start), so that "B200" claims "NVIDIA B200" and not "NVIDIA GB200", a
+    different device the catalog does not know (it then gets no peak, rather than
+    B200's). Only the start is anchored: patterns such as "A100.*SXM.*40" end inside a
+    word ("SXM4-40GB")."""
+    return any(re.search(rf"(?<![A-Za-z0-9])(?:{p})", device_name, re.IGNORECASE) for p in patterns)
 
 
 def match_accelerator(device_name: str, memory_gib: float | None = None) -> str | None:

@@ -81,11 +81,14 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
       # two nodes, same command on each (node-rank 0 and 1), results on a shared filesystem:
       mgbench run smoke --run-id exp1 --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29500
     """
+    from . import store
     from . import suite as suite_mod
     from .launching import cpu_rank_limit, detect_devices
-    from .runner.launch import run_suite
+    from .runner.launch import WRITE_REFUSED, run_suite
     from .show import render
 
+    if run_id is not None:  # before anything is written (a probe, a dataset): '../x' names no run folder
+        store.check_run_id(run_id)
     kind, count = detect_devices()
     if device == "cpu":
         kind, count = "cpu", cpu_rank_limit()
@@ -106,8 +109,6 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
             raise MgbenchError("a multi-node launch needs the same --run-id on every node (or --resume RUN)")
         cluster = Cluster(nnodes, node_rank, rdzv_endpoint, nproc_per_node or count, run_id or resume or "mgbench")
     if resume:
-        from . import store
-
         if suite != "default" or overrides or run_id:
             raise MgbenchError("--resume continues a run as it was defined: give no SUITE, --set, --timeout or --run-id")
         s = suite_mod.suite_from_manifest(store.read_manifest(store.resolve_run(resume, results_dir)))
@@ -149,10 +150,16 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
     if not no_report:
         from .report.html import build
 
-        path = build([run_dir], Path(reports_dir) / f"{run_dir.name}.html", results_dir,
-                     projection=proj if proj is not None else False)
+        path = Path(reports_dir) / f"{run_dir.name}.html"
+        try:
+            path = build([run_dir], path, results_dir, projection=proj if proj is not None else False)
+        except OSError as e:
+            if e.errno not in WRITE_REFUSED:
+                raise
+            raise MgbenchError(f"{path}: {e.strerror.lower()} while writing the report; the run is complete in "
+                               f"{run_dir}: free space (or make {reports_dir} writable) and write the report with "
+                               f"`mgbench report {run_dir.name}`") from None
         click.echo(f"report: {path}", err=as_json)
-    from . import store
 
     if store.read_manifest(run_dir)["status"] == "interrupted":
         sys.exit(130)
@@ -168,13 +175,14 @@ def _probe_once(kind: str, results_dir: str, progress) -> None:  # type: ignore[
 
     if list(profiles_dir(results_dir).glob(f"{socket.gethostname()}-{kind}-*.json")):
         return
-    from .probe.profile import write_profile
-    from .probe.run import default_path, probe
+    from .probe.run import probe_in_child
 
     progress("probing this machine first (once; `mgbench probe` redoes it, --no-projection skips it)")
     try:
-        prof = probe(device=kind, results_dir=results_dir, progress=lambda m: progress(f"  probe: {m}"))
-        progress(f"  profile: {write_profile(prof, default_path(prof, results_dir))}")
+        # In a child process: probing in this one would leave a CUDA context and the
+        # probe's cached memory on GPU 0 through the whole run (probe_in_child says why).
+        path = probe_in_child(kind, results_dir, lambda m: progress(f"  probe: {m}"))
+        progress(f"  profile: {path}")
     except MgbenchError as e:
         progress(f"  probe failed ({e}); the run goes on without the check against this machine")
 
@@ -487,7 +495,7 @@ def status(run: str, results_dir: str, as_json: bool) -> None:
 
 
 from .config import keys_help  # noqa: E402
-from .planner.commands import memory, plan, predict  # noqa: E402
+from .commands.planning import memory, plan, predict  # noqa: E402
 from .probe.commands import probe  # noqa: E402
 from .data_commands import data  # noqa: E402
 

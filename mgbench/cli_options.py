@@ -286,8 +286,9 @@ def layout_group() -> list[Opt]:
         plan_field("precision"),
         opt("--recompute", type=click.Choice(list(RECOMPUTE)), default=RECOMPUTE[0], show_default=True,
             help="Activation recomputation: every_2nd recomputes every second block, full every block (the "
-                 "runner's modes); selective recomputes each block's core attention (Megatron-LM / NeMo's default; "
-                 "priced, not measurable by the runner)."),
+                 "runner's modes); selective recomputes each block's core attention (Megatron-LM / NeMo's default), "
+                 "op is torchtitan's op-level selective checkpointing (half the matmuls and the elementwise ops "
+                 "recomputed); those two are priced, not measurable by the runner."),
         opt("--sequence-parallel", is_flag=True, help="Shard norms and dropout over the tensor-parallel group."),
         opt("--no-flash-attention", is_flag=True,
             help="Attention scores are materialised (5 a s^2 b bytes per layer)."),

@@ -82,16 +82,60 @@ def _global(group: Any, r: int) -> int:
 
 
 def _fill_rank_plus_one(send: Any, rank: int, n: int, c: int) -> None:
+    # Moved, not summed (all_gather, sendrecv): where rank + 1 is past the integers the
+    # dtype holds (bf16 from 257 ranks), the fill and the expected result (the integer,
+    # rounded once to the dtype) round alike, so no false #wrong.
     send.fill_(rank + 1)
+
+
+# Reductions (all_reduce, reduce_scatter) sum n buffers in the buffers' dtype, in an order
+# of partial sums that the library picks (a ring starts each chunk at another rank, a tree
+# pairs them): the result is exact only if every partial sum is an integer the dtype
+# holds. bf16 holds integers exactly up to 256, fp16 up to 2048, fp32 up to 2**24. Rank
+# + 1 on every rank sums to n(n+1)/2, past 256 from 23 ranks and past 2048 from 64, and
+# a partial sum rounded on the way gave a false #wrong.
+#
+# So an element gets nonzero values from at most REDUCE_WINDOW ranks: rank r puts
+# w = ((i - r) mod n) + 1 at element i when w <= REDUCE_WINDOW, else 0. Each element's
+# contributions are 1, 2, ..., k (k = min(n, REDUCE_WINDOW)), each from another rank, and
+# sum to k(k+1)/2 = 120 at most: exact in every dtype at any rank count, with room above
+# it (up to 256 in bf16) so that a result too large is still exactly too large. The
+# weights differ, so at an element a rank fills, its contribution missing, counted twice
+# or replaced by another rank's changes the sum (as does a maximum in place of the sum);
+# every rank fills some element of any n consecutive ones (all of them when n <= 15).
+REDUCE_WINDOW = 15
+
+
+def reduce_weights(rank: int, n: int) -> list[int]:
+    """What rank ``rank`` of ``n`` puts at elements i = 0 .. n - 1 of a reduction's send
+    buffer (the pattern repeats every n elements); see REDUCE_WINDOW."""
+    return [w if w <= REDUCE_WINDOW else 0 for w in (((i - rank) % n) + 1 for i in range(n))]
+
+
+def reduce_sum(n: int) -> int:
+    """Every element of a correct reduction over ``n`` ranks filled by :func:`reduce_weights`."""
+    k = min(n, REDUCE_WINDOW)
+    return k * (k + 1) // 2
+
+
+def _fill_reduce(send: Any, rank: int, n: int, c: int) -> None:
+    import torch
+
+    period = torch.tensor(reduce_weights(rank, n), dtype=send.dtype, device=send.device)
+    whole = send.numel() // n * n  # written in place: no temporary of the buffer's size
+    send[:whole].view(-1, n).copy_(period)
+    send[whole:].copy_(period[: send.numel() - whole])
 
 
 def _fill_all_to_all(send: Any, rank: int, n: int, c: int) -> None:
     import torch
 
     # chunk j of rank r holds r * n + j; after the exchange chunk j holds j * n + r
-    # (mod 64: stays exact in bf16/fp16 for any rank count)
-    vals = torch.arange(n, device=send.device, dtype=send.dtype) + rank * n
-    send.copy_(vals.repeat_interleave(c) % 64)
+    # (mod 64: stays exact in bf16/fp16 for any rank count). Worked out in integers, then
+    # cast: in the dtype itself r * n + j rounds before the mod once past its exact
+    # integers (fp16 from 300 ranks gave a false #wrong).
+    vals = (torch.arange(n, device=send.device) + rank * n) % 64
+    send.copy_(vals.to(send.dtype).repeat_interleave(c))
 
 
 def _fill_broadcast(send: Any, rank: int, n: int, c: int) -> None:
@@ -101,22 +145,24 @@ def _fill_broadcast(send: Any, rank: int, n: int, c: int) -> None:
 # expected results
 
 
-def _sum_of_ranks(out: Any, rank: int, n: int, c: int) -> Any:
+def _reduced(out: Any, rank: int, n: int, c: int) -> Any:
     import torch
 
-    return torch.full_like(out, n * (n + 1) / 2)  # 1 + 2 + ... + n
+    return torch.full_like(out, reduce_sum(n))  # the same at every element (see REDUCE_WINDOW)
 
 
 def _gathered(out: Any, rank: int, n: int, c: int) -> Any:
     import torch
 
-    return (torch.arange(n, device=out.device, dtype=out.dtype) + 1).repeat_interleave(c)
+    # rank + 1 as an integer, rounded once (as fill_ rounds it), not arange in the dtype
+    # plus one, which rounds twice
+    return (torch.arange(n, device=out.device) + 1).to(out.dtype).repeat_interleave(c)
 
 
 def _exchanged(out: Any, rank: int, n: int, c: int) -> Any:
     import torch
 
-    return ((torch.arange(n, device=out.device, dtype=out.dtype) * n + rank) % 64).repeat_interleave(c)
+    return ((torch.arange(n, device=out.device) * n + rank) % 64).to(out.dtype).repeat_interleave(c)
 
 
 def _from_root(out: Any, rank: int, n: int, c: int) -> Any:
@@ -196,11 +242,11 @@ def _one(n: int) -> float:
 
 REGISTRY: dict[str, Collective] = {c.name: c for c in (
     Collective("all_reduce", split=False, buffers=lambda c, n: (c, c), in_place=True,
-               fill=_fill_rank_plus_one, call=_call_all_reduce, expected=_sum_of_ranks, busbw=_ring_twice),
+               fill=_fill_reduce, call=_call_all_reduce, expected=_reduced, busbw=_ring_twice),
     Collective("all_gather", split=True, buffers=lambda c, n: (c, c * n), in_place=False,
                fill=_fill_rank_plus_one, call=_call_all_gather, expected=_gathered, busbw=_ring_once),
     Collective("reduce_scatter", split=True, buffers=lambda c, n: (c * n, c), in_place=False,
-               fill=_fill_rank_plus_one, call=_call_reduce_scatter, expected=_sum_of_ranks, busbw=_ring_once),
+               fill=_fill_reduce, call=_call_reduce_scatter, expected=_reduced, busbw=_ring_once),
     Collective("all_to_all", split=True, buffers=lambda c, n: (c * n, c * n), in_place=False,
                fill=_fill_all_to_all, call=_call_all_to_all, expected=_exchanged, busbw=_ring_once),
     Collective("broadcast", split=False, buffers=lambda c, n: (c, c), in_place=True,

@@ -8,11 +8,15 @@ Torch-free at import: the launcher never loads the rank side (torch is imported 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 SHARED_FS_WAIT_S = 120  # how long a follower node waits to see the leader's run folder
+# The first line each rank writes to its stderr (see run_rank): which global rank wrote the file.
+RANK_BANNER = "[mgbench] global rank"
+_BANNER = re.compile(rf"^{re.escape(RANK_BANNER)} (\d+)\b", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,8 @@ def torchrun_argv(nproc: int, job_path: Path, log_dir: Path, module: str = "mgbe
     """torchrun (torch.distributed.run): on this host with a free local port, or, for a
     multi-node launch, one agent per node meeting at the c10d rendezvous endpoint. Each
     rank's stdout/stderr is also kept in its own file under ``log_dir``; the rank module
-    reads its work from the job file ``job_path``."""
+    reads its work from the job file ``job_path``. Each rank starts through
+    :func:`run_rank`, which names its global rank first thing in its stderr file."""
     if cluster is None or cluster.nnodes == 1:
         where = ["--standalone", "--nnodes=1", f"--nproc-per-node={nproc}"]
     else:
@@ -82,7 +87,36 @@ def torchrun_argv(nproc: int, job_path: Path, log_dir: Path, module: str = "mgbe
                  "--rdzv-backend=c10d", f"--rdzv-endpoint={cluster.rdzv_endpoint}",
                  f"--rdzv-id={cluster.rdzv_prefix}-{rdzv_id}"]
     return [sys.executable, "-m", "torch.distributed.run", *where, f"--log-dir={log_dir}", "--redirects=3",
-            "--tee=3", "-m", module, "--job", str(job_path)]
+            "--tee=3", "-m", "mgbench.launching", module, "--job", str(job_path)]
+
+
+def run_rank(argv: list[str]) -> None:
+    """A rank's entry point (``python -m mgbench.launching MODULE ARGS...``): write
+    RANK_BANNER and this process's global rank (torchrun's RANK) to stderr, then run
+    MODULE as ``__main__`` with ARGS.
+
+    torchrun keeps a rank's stderr under ``<log dir>/.../<local rank>/stderr.log``, and
+    in a multi-node launch its c10d rendezvous numbers the nodes in an order of its own
+    (by host, not by --node-rank): the folder and the node do not tell the global rank,
+    the file's first line does (:func:`rank_of_stderr`)."""
+    import runpy
+
+    module, *args = argv
+    print(f"{RANK_BANNER} {os.environ.get('RANK', '0')} (local rank {os.environ.get('LOCAL_RANK', '0')} of "
+          f"torchrun's node {os.environ.get('GROUP_RANK', '0')})", file=sys.stderr, flush=True)
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def rank_of_stderr(path: Path) -> int | None:
+    """The global rank that wrote a rank's stderr file (run_rank's first line); None
+    when the file is missing or the rank died before it wrote the line."""
+    try:
+        with open(path, errors="replace") as f:
+            m = _BANNER.search(f.read(4096))  # the first line, after any warning the interpreter printed
+    except OSError:
+        return None
+    return int(m[1]) if m else None
 
 
 def child_env(nproc: int, device: str, tag: str) -> dict[str, str]:
@@ -104,3 +138,7 @@ def child_env(nproc: int, device: str, tag: str) -> dict[str, str]:
         env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
         env.setdefault("NCCL_DEBUG", "WARN")
     return env
+
+
+if __name__ == "__main__":
+    run_rank(sys.argv[1:])

@@ -22,7 +22,7 @@ from .errors import MgbenchError
 from .model_shape import ModelShape
 from .workloads import SPEC_RECORD_KEYS
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # A config key whose name is also a record figure is stored under another name in the
 # flat record: the suite's tokens_per_step (what a user's command says one step trains)
 # beside the measured tokens_per_step figure.
@@ -68,8 +68,11 @@ class RankFigures:
     mem_tracked_method: str | None = None
     mem_tracked_reason: str | None = None  # why mem_tracked is None
     mem_tracked_s: float | None = None  # wall time of the tracked step
-    data_waits: list[float] | None = None  # data = "disk": time waited for each measured step's batch
+    data_waits: list[float] | None = None  # data = "disk": the device's wait for each measured step's batch
     data_method: str | None = None  # data = "disk": how the batches were read
+    data_host_waits: list[float] | None = None  # data = "disk": the host's wait for each measured step's batch
+    data_wait_method: str | None = None  # data = "disk": how data_waits were measured (data_loading.GPU_STALL...)
+    compile_counts: dict[str, Any] | None = None  # compile = true: num_recompiles, num_graph_breaks, their reason
     moe: dict[str, Any] | None = None  # MoE models: routing figures of the timed window (workloads/moe.finish_log)
 
 
@@ -131,7 +134,8 @@ class Record:
     offload_reason: str | None = figure("", "offload = true: why no host-device transfer was measured (CPU ranks)")
     mfu_peak_precision: str | None = figure("", "the catalog peak MFU divides by: the config's precision, or tf32 "
                                             "for fp32 whose matmuls ran on TF32 tensor cores (tf32_matmul)")
-    tf32_matmul: bool | None = figure("", "fp32 matmuls allowed on TF32 tensor cores (CUDA; None on CPU)")
+    tf32_matmul: bool | None = figure("", "fp32 matmuls (a ResNet's: convolutions, cuDNN's setting) allowed on TF32 "
+                                      "tensor cores (CUDA; None on CPU)")
     fp32_matmul_setting: str | None = figure("", "the torch setting tf32_matmul was read from, with its value "
                                              "(torch.backends.cuda.matmul.fp32_precision or "
                                              "torch.get_float32_matmul_precision())")
@@ -266,16 +270,36 @@ class Record:
     straggler_ranks: list[int] | None = figure("", "ranks busier than 1.2x the least busy")
     rank_spread_reason: str | None = figure("", "why the spread is null")
     # data loading (data = "disk"; runner/data_loading.py)
-    data_wait_s: float | None = figure("s", "time the training loop waited for a step's batch: inside next() on the "
-                                       "DataLoader plus the host->device copy as the host sees it; median over "
-                                       "measured steps, slowest rank")
+    data_wait_s: float | None = figure("s", "time the device sat idle waiting for a step's batch (method: "
+                                       "data_wait_method): on CPU ranks the training loop's wait, inside next() on "
+                                       "the DataLoader plus issuing the host->device copy; on CUDA the GPU's stall, "
+                                       "from CUDA events, not the host's wait; median over measured steps, slowest "
+                                       "rank")
     data_wait_steps_s: list[float] | None = figure("s", "data wait of every measured step (max over ranks)")
     data_wait_per_rank_s: list[float] | None = figure("s", "each rank's median data wait per step")
     data_wait_fraction: float | None = figure("fraction", "data_wait_s / step_time_s")
+    data_host_wait_s: float | None = figure("s", "time the host waited for a step's batch (inside next() on the "
+                                            "DataLoader plus issuing its copy); median over measured steps, slowest "
+                                            "rank. On CPU ranks data_wait_s itself; on CUDA more than it where the "
+                                            "GPU still had queued work while the host waited")
+    data_wait_method: str | None = figure("", "how data_wait_s was measured: host_wait (CPU ranks) or cuda_events "
+                                          "(the GPU's idle time between finishing its queued work and the batch's "
+                                          "copies), with what each counts (runner/data_loading.py)")
     input_bound: bool | None = figure("", "data_wait_fraction above INPUT_BOUND_FRACTION (0.1): the loader, not "
-                                      "the model, sets the pace (None: data = random)")
+                                      "the model, sets the pace; judged on the device's wait, not the host's "
+                                      "(None: data = random, or not measured on the device)")
     data_method: str | None = figure("", "how the batches were read: DataLoader settings, dataset, passes over it")
     data_reason: str | None = figure("", "why the data-wait figures are null")
+    # torch.compile (compile = true; strategies/pieces.CompileCounts)
+    num_recompiles: int | None = figure("count", "compile = true: compiles of a function after its first (dynamo's "
+                                        "compile ids k/1, k/2, ...) from the config's build to the end of its timed "
+                                        "steps, most of any rank, added over rounds; each config starts from a reset "
+                                        "compiler. At torch._dynamo.config.recompile_limit (8) of one function, "
+                                        "dynamo runs it eager from then on")
+    num_graph_breaks: int | None = figure("count", "compile = true: graph breaks dynamo met over the same span "
+                                          "(torch._dynamo.utils.counters['graph_break']; each compile counts its "
+                                          "own), most of any rank, added over rounds")
+    compile_counts_reason: str | None = figure("", "why num_recompiles / num_graph_breaks are null")
     # profiled breakdown (profile = true)
     breakdown_window_s: float | None = figure("s", "profiled step time")
     breakdown_compute_s: float | None = figure("s", "compute per profiled step")
@@ -295,6 +319,9 @@ class Record:
                                      "step_pattern (log lines matching the regex, timed as the launcher read them)")
     num_steps_seen: int | None = figure("count", "finished steps the command reported, warm-up included")
     step_file_malformed: int | None = figure("count", "step file lines that could not be read (left out)")
+    ranks_reported: int | None = figure("count", "ranks whose steps the step file holds; per-device figures divide "
+                                        "by these")
+    ranks_warning: str | None = figure("", "why ranks_reported is not nproc (None: it is, or no step file)")
     log_file: str | None = figure("path", "the command's stdout and stderr, relative to the run folder")
     stderr_tail: str | None = figure("", "the last lines of the command's stderr")
     mem_reason: str | None = figure("", "why mem_peak_gib is null")
@@ -432,7 +459,26 @@ def _records_v3_to_v4(rec: dict[str, Any]) -> dict[str, Any]:
     return rec
 
 
-RECORD_MIGRATIONS = {1: _records_v0_to_v1, 2: _records_v1_to_v2, 3: _records_v2_to_v3, 4: _records_v3_to_v4}
+def _records_v4_to_v5(rec: dict[str, Any]) -> dict[str, Any]:
+    # data = "disk" waits were the host's everywhere. On CPU ranks that is the device's
+    # wait (kept, said so); on CUDA it is not the GPU's idle time (the GPU may have had
+    # queued work all along), so it moves to data_host_wait_s and input_bound is not judged.
+    if rec.get("data") != "disk" or rec.get("data_wait_s") is None:
+        return rec
+    rec["data_host_wait_s"] = rec["data_wait_s"]
+    if rec.get("device") != "cuda":
+        rec["data_wait_method"] = "host_wait (schema 4): the training loop's wait, on CPU ranks"
+        return rec
+    for k in ("data_wait_s", "data_wait_steps_s", "data_wait_per_rank_s", "data_wait_fraction", "input_bound"):
+        rec[k] = None
+    rec["data_wait_method"] = "host_wait (schema 4): the host's wait, not the GPU's idle time"
+    rec["data_reason"] = ("schema 4 timed the host's wait on CUDA (now data_host_wait_s), which is not the GPU's idle "
+                          "time: the GPU's wait was not measured and input_bound is not judged")
+    return rec
+
+
+RECORD_MIGRATIONS = {1: _records_v0_to_v1, 2: _records_v1_to_v2, 3: _records_v2_to_v3, 4: _records_v3_to_v4,
+                     5: _records_v4_to_v5}
 
 
 def _manifest_v1_to_v2(m: dict[str, Any]) -> dict[str, Any]:
@@ -444,7 +490,8 @@ def _manifest_v1_to_v2(m: dict[str, Any]) -> dict[str, Any]:
 
 
 # 4: unchanged (its counts by status are those written: negative controls under "ok").
-MANIFEST_MIGRATIONS = {1: lambda m: m, 2: _manifest_v1_to_v2, 3: lambda m: m, 4: lambda m: m}
+# 5: unchanged (records only: data waits on CUDA, compile counts).
+MANIFEST_MIGRATIONS = {1: lambda m: m, 2: _manifest_v1_to_v2, 3: lambda m: m, 4: lambda m: m, 5: lambda m: m}
 
 
 def _migrate(obj: dict[str, Any], migrations: dict[int, Any], what: str) -> dict[str, Any]:

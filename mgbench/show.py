@@ -118,6 +118,7 @@ def render(run_dir: Path, fmt: str = "table") -> str:
               if r.get("correct") is False and r["status"] != "checked"]
     notes += [f"  {r['config_id']}: negative control: {control_verdict(r)}" for r in records if r["status"] == "checked"]
     notes += [f"  {r['config_id']}: {input_bound_note(r)}" for r in records if r.get("input_bound")]
+    notes += [f"  {r['config_id']}: {r['ranks_warning']}" for r in records if r.get("ranks_warning")]
     notes += [f"  {r['config_id']}: straggler rank(s) {r['straggler_ranks']}: busy "
               + ", ".join(f"{b * 1000:.1f}" for b in r["per_rank_busy_s"]) + " ms/step per rank "
               f"(spread {r['rank_spread_pct']:.0f}%)" for r in records if r.get("straggler_ranks")]

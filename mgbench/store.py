@@ -24,8 +24,28 @@ from .record import COMM_ROW_VERSION, SCHEMA_VERSION, Record, migrate_comm_row, 
 def new_run_id(suite_name: str) -> str:
     """Sortable, unique, readable: 20261121-093012-smoke-1a2b."""
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", suite_name)[:40]
+    safe = re.sub(r"\.{2,}", ".", re.sub(r"[^A-Za-z0-9_.-]+", "-", suite_name))[:40]  # a valid run id (check_run_id)
     return f"{stamp}-{safe}-{secrets.token_hex(2)}"
+
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` if it names one folder directly under the results folder, else an
+    error saying why. An id is joined to --results-dir as given: a separator or '..'
+    would put the run folder (and everything written into it) elsewhere, and a leading
+    '.' would hide it from the listings that find runs."""
+    why = _run_id_problem(run_id)
+    if why is not None:
+        raise MgbenchError(f"run id {run_id!r}: {why}; a run id is one plain folder name under the results folder, "
+                           "e.g. exp1 (to use another folder, pass --results-dir)")
+    return run_id
+
+
+def _run_id_problem(run_id: str) -> str | None:
+    return ("it is empty" if not run_id else
+            "it holds a path separator" if "/" in run_id or "\\" in run_id else
+            "it holds '..'" if ".." in run_id else
+            "it starts with '.'" if run_id.startswith(".") else
+            "it holds a NUL character" if "\0" in run_id else None)
 
 
 class RunDir:
@@ -67,6 +87,7 @@ class RunDir:
     @classmethod
     def create(cls, results_dir: str | Path, run_id: str) -> "RunDir":
         """Make results/<run_id>/ (and results/ if needed); never reuse an existing folder."""
+        check_run_id(run_id)
         root = Path(results_dir)
         if root.exists() and not root.is_dir():
             raise MgbenchError(f"results dir {root} exists and is not a folder; pass --results-dir DIR")
@@ -159,10 +180,12 @@ class RunDir:
         """torchrun's --log-dir for a job: each rank's stdout/stderr below it."""
         return self.logs_dir / tag
 
-    def rank_stderr(self, tag: str, rank: int) -> Path | None:
-        """The newest stderr file torchrun kept for one rank of a job, if any."""
-        files = sorted(self.rank_logs(tag).glob(f"**/{rank}/stderr.log"))
-        return files[-1] if files else None
+    def rank_stderrs(self, tag: str) -> dict[int, Path]:
+        """The newest stderr file torchrun kept for each rank of a job on one node, by
+        local rank (the folder torchrun names; the global rank is written inside it:
+        launching.rank_of_stderr)."""
+        return {int(f.parent.name): f for f in sorted(self.rank_logs(tag).glob("**/stderr.log"))
+                if f.parent.name.isdigit()}
 
     def slurm_output_pattern(self) -> Path:
         """sbatch's --output pattern (%j: the job id)."""
@@ -200,25 +223,49 @@ class RunDir:
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write to a temporary file, fsync, then rename over: readers see old or new, never half."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True, default=str)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True, default=str)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:  # a full disk: leave the old file, no half-written temporary
+        tmp.unlink(missing_ok=True)
+        raise _naming(e, path)
 
 
 def append_record(run_dir: "RunDir | Path", record: Record) -> None:
     """Append one record line and fsync it, under an exclusive lock."""
     line = json.dumps(record.to_dict(), sort_keys=True, default=str) + "\n"
-    with open(RunDir(run_dir).records, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    path = RunDir(run_dir).records
+    try:
+        with open(path, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+    except OSError as e:
+        raise _naming(e, path)
+
+
+def write_text(path: Path, text: str) -> None:
+    """``path.write_text(text)``, naming the file in the error of a failed write."""
+    try:
+        path.write_text(text)
+    except OSError as e:
+        raise _naming(e, path)
+
+
+def _naming(e: OSError, path: Path) -> OSError:
+    """``e`` with the file it was writing: a failed write() or fsync() names none, and
+    the launcher's message for a full disk says which file could not be written."""
+    if e.filename is None:
+        e.filename = str(path)
+    return e
 
 
 def read_records(run_dir: "RunDir | Path") -> list[dict[str, Any]]:
@@ -305,13 +352,18 @@ def read_manifest(run_dir: "RunDir | Path") -> dict[str, Any]:
 
 
 def resolve_run(run: str | Path, results_dir: str | Path = "results") -> Path:
-    """A run given as a path to its folder or as a run id under ``results_dir``."""
-    candidates = [Path(run), Path(results_dir) / str(run)]
+    """A run given as a path to its folder or as a run id under ``results_dir`` (a
+    plain folder name: check_run_id)."""
+    not_id = _run_id_problem(str(run))  # such a name must not lead out of results_dir
+    candidates = [Path(run)] + ([Path(results_dir) / str(run)] if not_id is None else [])
     for p in candidates:
         if p.is_dir():
             if not RunDir(p).manifest.exists():
                 raise MgbenchError(f"{p} is not an mgbench run folder (no manifest.json)")
             return p
+    if not_id is not None:
+        raise MgbenchError(f"run {str(run)!r}: no such folder, and not a run id ({not_id}); "
+                           f"give a run folder's path, or a run id under {results_dir}/")
     raise MgbenchError(
         f"run {str(run)!r} not found as a folder or as a run id under {results_dir}/; "
         "list runs with `ls results/` or pass --results-dir"

@@ -266,6 +266,8 @@ def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | No
         return why
     if (why := _hsdp_fp8_problem(p)):
         return why
+    if p["precision"] == "fp8" and p["device"] == "cuda" and device_kind == "cuda" and (why := _fp8_gpu_problem()):
+        return why
     fp8_tp_cuda = p["precision"] == "fp8" and p["tp"] > 1 and p["device"] == "cuda"
     if fp8_tp_cuda and (why := _fp8_tp_shard_problem(shape, p["tp"])):
         return why
@@ -301,6 +303,25 @@ def _hsdp_fp8_problem(p: dict[str, Any]) -> str | None:
                     "float8 pipeline stages and fp8 fsdp+tp are not built yet")
         if find_spec("torchao") is None:
             return "precision = \"fp8\" needs torchao's float8 training: install mgbench[fp8]"
+    return None
+
+
+def _fp8_gpu_problem() -> str | None:
+    """Why this host's GPUs cannot run fp8 (None: they can, or torch sees no GPU to ask):
+    the first visible GPU without float8 tensor cores (strategies/fp8.capability_problem).
+    Asked here so such configs are skipped with the reason instead of each failing in its
+    first step. torch is imported only for cuda on a "cuda" machine, which detect_devices
+    found through torch already; the suite stays torch-free otherwise."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from .strategies.fp8 import capability_problem
+
+    for i in range(torch.cuda.device_count()):
+        why = capability_problem(torch.cuda.get_device_capability(i), f"GPU {i} ({torch.cuda.get_device_name(i)})")
+        if why:
+            return why
     return None
 
 

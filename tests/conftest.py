@@ -53,6 +53,14 @@ def pytest_collection_modifyitems(session, config, items):  # type: ignore[no-un
     assert not missing, f"tests/conftest.py LONGEST_FIRST names files that do not exist: {missing}"
     # stable: file order kept
     items.sort(key=lambda item: rank.get(item.path.relative_to(tests).as_posix(), len(LONGEST_FIRST)))
+    # A test that skips without an optional extra says so in its skip reason ("mgbench[hf]",
+    # "mgbench[fp8]"): marked `extras`, so that .ci/run can run them again once installed.
+    for item in items:
+        if any(EXTRA_HINT in str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif")):
+            item.add_marker("extras")
+
+
+EXTRA_HINT = "mgbench["
 
 
 @pytest.fixture

@@ -50,9 +50,17 @@ RUNNER_STATE_BYTES = (4, 4, 8)
 # dropout, the weighted sum of values) runs again in backward and saves nothing
 # (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
 # Models", section 4, table 2: 34 s b h instead of s b h (34 + 5 a s / h) per layer). The
-# planner prices it; the runner does not run it.
-RECOMPUTE = ("none", "every_2nd", "full", "selective")
+# planner prices it; the runner does not run it. op is torchtitan's op-level selective
+# activation checkpointing (activation_checkpoint.mode = "selective",
+# selective_ac_option = "op"; its integer option 2 is every_2nd): every block is
+# checkpointed, but the outputs of attention and of every second matmul are saved, so
+# backward recomputes the other matmuls and the cheap elementwise ops. Its mm counter
+# runs on across calls, and a block has an odd number of matmuls (7 for SwiGLU), so
+# which half is saved alternates: priced as half of each block's matmul outputs saved
+# and half of its matmul forward recomputed. Priced, not run by the runner.
+RECOMPUTE = ("none", "every_2nd", "full", "selective", "op")
 SELECTIVE = RECOMPUTE.index("selective")
+OP_SAC = RECOMPUTE.index("op")
 RUNNER_RECOMPUTE = ("none", "every_2nd", "full")
 
 
@@ -71,6 +79,19 @@ def recomputed_blocks(blocks: Any, recompute: Any) -> Any:
 def recomputed_share(blocks: Any, recompute: Any) -> Any:
     """:func:`recomputed_blocks` as a fraction of ``blocks``."""
     return recomputed_blocks(blocks, recompute) / np.asarray(blocks, dtype=float)
+
+
+def matmul_recomputed_share(blocks: Any, recompute: Any) -> Any:
+    """Fraction of the blocks' matmul forward FLOPs run again in backward: the blocks
+    recomputed whole, and half of every block's under op-level selective checkpointing."""
+    return np.where(np.asarray(recompute) == OP_SAC, 0.5, recomputed_share(blocks, recompute))
+
+
+def elementwise_recomputed(recompute: Any) -> Any:
+    """Whether every block's elementwise work (norms, rotary, activations) runs again in
+    backward: full recompute and op-level selective checkpointing."""
+    rc = np.asarray(recompute)
+    return (rc == 2) | (rc == OP_SAC)
 
 
 def attention_recomputed_share(blocks: Any, recompute: Any) -> Any:
@@ -233,7 +254,7 @@ def model_states(params: Any, dp: Any, zero: Any, precision: str,
 
 
 def layer_activations(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precision: str,
-                      flash: Any = True, seq: Any = None, selective: Any = False) -> Any:
+                      flash: Any = True, seq: Any = None, selective: Any = False, op_sac: Any = False) -> Any:
     """Bytes one transformer block of mgbench's workload saves for backward, for
     ``tokens`` tokens (micro-batch x sequence), per tensor-parallel rank.
 
@@ -256,6 +277,12 @@ def layer_activations(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precisio
     ``selective`` (core attention recomputed) saves neither those scores nor the
     log-sum-exp; q, k, v are kept as the recomputation's inputs and the output as the
     output projection's.
+
+    ``op_sac`` (torchtitan's op-level selective checkpointing) keeps the block's input
+    (e h, sequence-sharded under sequence parallelism), attention's output and
+    log-sum-exp (e q / t + 4 a / t) and half of the matmul outputs: of q, k, v and the
+    MLP's w1 (and w3) outputs (e (q + 2 k + n F) / 2 / t, n = 2 gated, 1 otherwise) and
+    of the two h-wide outputs, wo's and w2's (e h, per rank as the block input is).
     """
     N = np.asarray(tokens, dtype=float)
     t = np.asarray(tp, dtype=float)
@@ -269,7 +296,10 @@ def layer_activations(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precisio
     attn = (e * (2.0 * q + 2.0 * k) + np.where(sel, 0.0, LSE_BYTES * a)) / t
     mlp = (4.0 if shape.gated_mlp else 2.0) * e * F / t
     scores = 0.0 if seq is None else np.where(flash | sel, 0.0, 5.0 * a * np.asarray(seq, dtype=float) * e / 2.0 / t)
-    return N * (norms + attn + mlp + scores)
+    n_f = 2.0 if shape.gated_mlp else 1.0
+    wide = np.where(sp, e * h / t, e * h)  # an h-wide tensor per rank
+    op = wide + (e * q + LSE_BYTES * a) / t + e * (q + 2.0 * k + n_f * F) / 2.0 / t + wide
+    return N * np.where(np.asarray(op_sac, dtype=bool), op, norms + attn + mlp + scores)
 
 
 def checkpointed_layer(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precision: str) -> Any:
@@ -372,8 +402,8 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     and prefetched: twice its 16-bit weights. Without it that working set is unknown and
     not counted (``gathered_params_known`` False), never guessed.
 
-    ``recompute``: 0 none, 1 every_2nd, 2 full, 3 selective (index into RECOMPUTE, array
-    or scalar).
+    ``recompute``: 0 none, 1 every_2nd, 2 full, 3 selective, 4 op (index into RECOMPUTE,
+    array or scalar).
 
     The axes of issue 17:
 
@@ -422,7 +452,8 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     rc = np.asarray(recompute)
     lps = np.ceil(shape.layers / np.asarray(pp, dtype=float))
     ck = recomputed_blocks(lps, rc)
-    full_l = layer_activations(shape, tokens, tp, sp, precision, flash, seq, selective=rc == SELECTIVE)
+    full_l = layer_activations(shape, tokens, tp, sp, precision, flash, seq, selective=rc == SELECTIVE,
+                               op_sac=rc == OP_SAC)
     if shape.is_moe:  # the mean block of the stage: its MoE blocks save more
         full_l = full_l + moe_mlp_extra(shape, tokens, tp, precision) * np.minimum(lps, shape.moe_layers) / lps
     ck_l = checkpointed_layer(shape, tokens, tp, sp, precision)
@@ -444,7 +475,10 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     # Transient peaks beyond the saved activations: the loss's backward on the stage that
     # computes it; a checkpointed block rebuilt in backward.
     loss_t = loss_backward_bytes(shape, tokens, precision)
-    rebuild = np.where(ck > 0, full_l, 0.0)
+    # A block rebuilt in backward holds its whole activations for a moment (under op-level
+    # checkpointing too: every block is rebuilt, from its saved matmul outputs).
+    whole_l = layer_activations(shape, tokens, tp, sp, precision, flash, seq)
+    rebuild = np.where((ck > 0) | (rc == OP_SAC), whole_l, 0.0)
     temps = np.where(p_arr == 1, np.maximum(loss_t, rebuild),
                      np.where(first >= last, rebuild, np.maximum(loss_t, rebuild)))
     # One block's weights on this GPU: routed experts / ep, the rest / tp.

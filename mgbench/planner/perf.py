@@ -55,7 +55,8 @@ import numpy as np
 from ..model_shape import ModelShape
 from ..strategies.schedules import grad_sync, theoretical_bubble
 from .hardware import Hardware
-from .memory import act_bytes, attention_recomputed_share, pipeline_fsdp_unsharded_from_forward, recomputed_share
+from .memory import (act_bytes, attention_recomputed_share, elementwise_recomputed, matmul_recomputed_share,
+                     pipeline_fsdp_unsharded_from_forward)
 
 DEFAULT_OVERLAP = 1.0
 
@@ -153,7 +154,8 @@ def hardware_flops_per_token(shape: ModelShape, seq: Any, recompute: Any) -> Any
     every block's forward (2 FLOPs a block weight + the attention forward, a third of
     ModelShape.attention_flops_per_token); every_2nd repeats the forward of every second
     block, ceil(L / 2) of the L blocks' share of it; selective repeats every block's core
-    attention forward only. The output layer is not recomputed: Megatron-LM's count with
+    attention forward only; op (torchtitan's op-level checkpointing) half of every block's
+    matmul forward. The output layer is not recomputed: Megatron-LM's count with
     full recompute, 96 B s l h^2 (1 + s / 6h + V / (16 l h)) (Narayanan et al. 2021, eq. 3),
     has 6 B s h V for it, the same as without."""
     s = np.asarray(seq, dtype=float)
@@ -161,7 +163,7 @@ def hardware_flops_per_token(shape: ModelShape, seq: Any, recompute: Any) -> Any
     # The blocks' matmul weights a token uses (an MoE block's active experts only).
     block_weights = shape.num_matmul_params() - shape.hidden - shape.padded_vocab * shape.hidden
     attn_fwd = shape.attention_flops_per_token(s) / 3.0
-    return (model + 2.0 * block_weights * recomputed_share(shape.layers, recompute)
+    return (model + 2.0 * block_weights * matmul_recomputed_share(shape.layers, recompute)
             + attn_fwd * attention_recomputed_share(shape.layers, recompute))
 
 
@@ -249,7 +251,7 @@ def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: An
     head_mm = head_tok * tokens / (t * d) / rate
     act_per_token = korthikanti_bytes_per_layer(shape, s, 1, t, sp, flash, precision) / s
     ew_bytes = hw.elementwise_passes * act_per_token * (tokens / d) * stage_layers
-    elementwise = ew_bytes * np.where(rc == 2, 4.0 / 3.0, 1.0) / hw.mem_bw
+    elementwise = ew_bytes * np.where(elementwise_recomputed(rc), 4.0 / 3.0, 1.0) / hw.mem_bw
     rank_tokens = tokens * stage_layers / shape.layers / (t * d)
     # The block linears: every block GEMM but attention's scores and values (what fp8 speeds up).
     linear = blocks_mm - attention_flops_per_token(shape, s, rc) * rank_tokens / rate

@@ -134,7 +134,8 @@ def runner_notes(shape: ModelShape | None, layout: Layout) -> list[str]:
     """What the planner prices here that `mgbench run` cannot measure, one line each."""
     notes = []
     if layout.recompute not in RUNNER_RECOMPUTE:
-        notes.append(f"--recompute {layout.recompute} is priced as Megatron-LM / NeMo run it; mgbench's runner "
+        stack = {"selective": "Megatron-LM / NeMo", "op": "torchtitan"}[layout.recompute]
+        notes.append(f"--recompute {layout.recompute} is priced as {stack} run it; mgbench's runner "
                      f"checkpoints {', '.join(RUNNER_RECOMPUTE)} only, so no run of its own can check this figure")
     why = None if shape is None else shape.runner_problem()
     if why:

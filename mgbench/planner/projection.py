@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import catalog, store
+from ..errors import MgbenchError, first_line
 from ..record import config_from_record
 
 # One node of each: the previous, current and a non-NVIDIA generation.
@@ -46,7 +47,19 @@ def catalog_rows(shape: Any, seq_len: int, precision: str, systems: tuple[str, .
                        systems=list(systems), max_gpus=max(node.values()), precision=precision)
     rows = []
     for system in systems:
-        cols, _ = evaluate_system(shape, system, opts, cost.Prices())
+        # A system the planner cannot price at this precision gets a row that says why,
+        # and the others are still projected: this section closes a finished run, which
+        # must not end in an error over what it projects (issue 30: an fp8 run on
+        # suites/modern.toml exited 2 here, as an A100 has no FP8 units).
+        left_out = _left_out(system, precision)
+        if left_out is None:
+            try:
+                cols, _ = evaluate_system(shape, system, opts, cost.Prices())
+            except MgbenchError as e:
+                left_out = f"not projected: {first_line(str(e))}"
+        if left_out is not None:
+            rows.append({"system": system, "fits": False, "reason": left_out})
+            continue
         at_node = cols["num_gpus"] == node[system]
         if not at_node.any():
             rows.append({"system": system, "fits": False, "reason": f"does not fit on {node[system]} GPUs of {system}"})
@@ -56,6 +69,15 @@ def catalog_rows(shape: Any, seq_len: int, precision: str, systems: tuple[str, .
         _add_interval(r, opts)
         rows.append({**r, "fits": True, "tokens_per_s_per_gpu": r["tokens_per_s"] / r["num_gpus"]})
     return rows
+
+
+def _left_out(system: str, precision: str) -> str | None:
+    """Why ``system`` has no row at ``precision``, known before pricing it: an fp8 run is
+    projected onto GPUs with FP8 units only (the catalog's fp8 peak); None otherwise."""
+    gpu = catalog.systems()[system]["gpu"]
+    if precision == "fp8" and catalog.accelerator(gpu).get("tflops", {}).get("fp8") is None:
+        return f"left out: its {gpu} has no FP8 peak in the catalog (an fp8 run is projected onto FP8 GPUs only)"
+    return None
 
 
 def this_machine(run_dir: Path, results_dir: str | Path, hostname: str | None, device: str) -> dict[str, Any]:
@@ -68,8 +90,11 @@ def this_machine(run_dir: Path, results_dir: str | Path, hostname: str | None, d
     if not profiles:
         return {"null_reason": "no hardware profile of this machine: run `mgbench probe`, then "
                                f"`mgbench predict --hardware PROFILE --against {run_dir.name}`"}
-    prof = read_profile(profiles[-1])
-    res = against_run(prof, str(run_dir), results_dir)
+    try:
+        prof = read_profile(profiles[-1])
+        res = against_run(prof, str(run_dir), results_dir)
+    except MgbenchError as e:  # the check cannot be made: it says why, the run still closes
+        return {"null_reason": f"the model was not checked against this run: {first_line(str(e))}"}
     res["profile"] = str(profiles[-1])
     return res
 

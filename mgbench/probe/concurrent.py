@@ -39,7 +39,7 @@ def rank_kernels(model: str, tokens: int, dtypes: list[str], threads: int, recor
     from .. import catalog
     from ..planner.opcount import count_step
     from . import kernels
-    from .run import attention_shapes, workload_config
+    from .workload import attention_shapes, workload_config
 
     dev = torch.device("cpu")
     shape = catalog.model_shape(model)
@@ -158,7 +158,7 @@ def main(argv: list[str]) -> None:
     # Trace before the barrier (it is not timed), then time the kernels together.
     from .. import catalog
     from ..planner.opcount import count_step
-    from .run import workload_config
+    from .workload import workload_config
 
     recorded = count_step(workload_config(catalog.model_shape(spec["model"]), spec["tokens"]), record=True)["recorded"]
     _barrier(spec["ready_dir"], spec["index"], spec["ranks"])

@@ -47,6 +47,14 @@ def _timer(device: torch.device, fn: Callable[[], Any], repeats: int, min_time_s
     return out
 
 
+def release() -> None:
+    """Give back to the driver the device memory torch's caching allocator keeps after a
+    kernel's operands are freed (GiBs: the memory-bandwidth operands alone are 3 GiB), so
+    that `mgbench probe` does not hold it on GPU 0 after each kernel, through the rest of
+    the probe (its comm ranks use that GPU). A no-op where CUDA was never initialised."""
+    torch.cuda.empty_cache()
+
+
 def use_threads(threads: int, settle_s: float = 1.0) -> None:
     """Set the CPU thread count and run a small parallel GEMM until its speed settles.
 
@@ -96,6 +104,7 @@ def gemm(device: torch.device, dtype: str, shapes: list[dict[str, Any]], repeats
         flops = 2.0 * s["m"] * s["k"] * s["n"]
         rows.append({**s, "flops": flops, "best_s": min(times), "median_s": statistics.median(times),
                      "tflops_best": flops / min(times) / 1e12, "tflops_median": flops / statistics.median(times) / 1e12})
+    release()  # the operands went with _two_passes' calls
     total = sum(r["flops"] for r in rows)
     return {"dtype": dtype, "shapes": rows,
             "best_tflops": max(r["tflops_best"] for r in rows),
@@ -126,6 +135,8 @@ def memory_bandwidth(device: torch.device, nbytes: int, repeats: int = 5) -> dic
     n = nbytes // 4
     a, b, c = (torch.rand(n, device=device) for _ in range(3))
     times = _timer(device, lambda: torch.add(a, b, out=c), repeats, 0.05)
+    del a, b, c
+    release()
     moved = 3.0 * n * 4
     return {"bytes_per_s": moved / min(times), "median_bytes_per_s": moved / statistics.median(times),
             "operand_bytes": n * 4, "method": "torch.add(a, b, out=c): 2 reads + 1 write per element"}
@@ -150,6 +161,7 @@ def attention(device: torch.device, dtype: str, shapes: list[dict[str, Any]], re
         flops = 3.0 * 0.5 * 4.0 * s["batch"] * s["heads"] * s["seq"] ** 2 * s["head_dim"]
         rows.append({**s, "flops": flops, "tflops_best": flops / min(times) / 1e12,
                      "tflops_median": flops / statistics.median(times) / 1e12})
+    release()  # q, k, v and their gradients went with _two_passes' calls
     return {"dtype": dtype, "shapes": rows, "best_tflops": max(r["tflops_best"] for r in rows),
             "typical_tflops": sum(r["flops"] for r in rows) / sum(r["flops"] / r["tflops_median"] for r in rows)}
 

@@ -12,6 +12,7 @@ from .. import catalog
 from ..errors import MgbenchError
 from ..model_shape import ModelShape
 from .profile import PROFILE_VERSION
+from .workload import attention_shapes
 
 DEFAULT_DTYPES = {"cpu": ["float32"], "cuda": ["bfloat16", "float16", "float32"]}
 MEMORY_OPERAND_BYTES = {"cpu": 64 * 2**20, "cuda": 1 * 2**30}
@@ -58,7 +59,7 @@ def probe(device: str = "auto", dtypes: list[str] | None = None, model: str | No
     }
     if kind == "cuda":
         prof["device_memory_bytes"] = torch.cuda.get_device_properties(dev).total_memory
-        from ..runner.training import fp32_matmul_mode
+        from ..telemetry.tf32 import fp32_matmul_mode
 
         # fp32 GEMMs below ran in this mode: on tensor cores (tf32) or not (ieee).
         prof["fp32_matmul"], prof["fp32_matmul_setting"] = fp32_matmul_mode()
@@ -170,28 +171,6 @@ def _device_kernels(prof: dict[str, Any], dev: Any, shape: ModelShape, tokens: i
     prof["host_ops"] = {"null_reason": "CPU only: a GPU runs ops asynchronously, so their dispatch overlaps the kernels"}
 
 
-def attention_shapes(shape: ModelShape, tokens: int, kind: str) -> list[dict[str, Any]]:
-    """Causal SDPA shapes to time: the model's heads at two sequence lengths (on CPU 128
-    and 512, on GPUs 1024 and 4096, capped at ``tokens``), ``tokens`` tokens each."""
-    seqs = sorted({min(tokens, 128 if kind == "cpu" else 1024), min(tokens, 512 if kind == "cpu" else 4096)})
-    return [{"batch": max(1, tokens // s), "heads": shape.heads, "seq": s, "head_dim": shape.dim_head} for s in seqs]
-
-
-def workload_config(shape: ModelShape, tokens: int) -> Any:
-    """The single-process fp32 CPU config whose step the probe replays: the default
-    suite's micro-batch and sequence length when ``tokens`` is theirs, else one
-    sequence of ``tokens``."""
-    from ..config import RunConfig
-    from ..suite import load_suite
-
-    sweep = load_suite("default", "cpu").sweeps[0]
-    mb, seq = sweep["micro_batch"][0], sweep["seq_len"][0]
-    if mb * seq != tokens:
-        mb, seq = 1, tokens
-    return RunConfig(model=shape, strategy="single", nproc=1, micro_batch=mb, seq_len=seq, precision="fp32",
-                     device="cpu")
-
-
 def _pow2_upto(n: int) -> list[int]:
     return [2**i for i in range(n.bit_length()) if 2**i <= n]
 
@@ -212,8 +191,12 @@ def _copies(dev: Any) -> dict[str, Any]:
 
     if dev.type != "cuda":
         return {"null_reason": copies.NOT_APPLICABLE}
+    from .kernels import release
+
     size = 256 * 2**20
-    return {name: copies.measure(name, size, dev, warmup=3, iters=10)["algbw_gbps"] for name in copies.COPIES}
+    out = {name: copies.measure(name, size, dev, warmup=3, iters=10)["algbw_gbps"] for name in copies.COPIES}
+    release()  # the copies' device buffers are freed: give them back before the comm ranks start
+    return out
 
 
 def _comm(kind: str, nproc: int, dtype: str, results_dir: str, progress: Callable[[str], None]) -> dict[str, Any]:
@@ -229,6 +212,75 @@ def _comm(kind: str, nproc: int, dtype: str, results_dir: str, progress: Callabl
                        progress=lambda _m: None)
     fit = load_comm_fits(Path(run_dir)).get(f"all_reduce:{dtype}:all")
     return {"nproc": nproc, "dtype": dtype, "run": Path(run_dir).name, "all_reduce": fit}
+
+
+def probe_in_child(device: str, results_dir: str, progress: Callable[[str], None]) -> Path:
+    """:func:`probe` with its default workload, in a child process (``python -m
+    mgbench.probe``, mgbench/probe/__main__.py) that writes the profile to its default
+    path; returns that path. Each progress line of the child is passed to ``progress``
+    as it comes. MgbenchError with the child's last line of stderr (its error) when it
+    fails, whatever the failure.
+
+    Why a child: on a GPU the probe's kernels create a CUDA context on GPU 0 and leave
+    the caching allocator's blocks there; a process that probed in itself holds both
+    until it exits. `mgbench run` probes before its configs, and its process lives
+    through them: its rank 0 would lose that memory and, on a GPU in EXCLUSIVE_PROCESS
+    compute mode, could not open GPU 0 at all. The child's context and memory go with it."""
+    import subprocess
+    import tempfile
+
+    from ..launching import child_env
+
+    with tempfile.TemporaryDirectory(prefix="mgbench-probe-") as tmp:
+        out, err = Path(tmp, "profile-path"), Path(tmp, "stderr.txt")
+        spec = {"device": device, "results_dir": str(results_dir)}
+        # This mgbench importable and the child's output unbuffered (lines come as printed);
+        # stderr to a file, not a pipe, so that nothing blocks on a full buffer.
+        with open(err, "w") as err_file:
+            proc = subprocess.Popen(child_argv(spec, out), env=child_env(1, device, "probe"), stdout=subprocess.PIPE,
+                                    stderr=err_file, text=True, errors="replace")
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                progress(line.rstrip("\n"))
+            proc.wait()
+        finally:
+            if proc.poll() is None:  # interrupted here (Ctrl-C): the child does not outlive us
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        if proc.returncode:
+            lines = err.read_text(errors="replace").strip().splitlines()
+            raise MgbenchError(lines[-1].strip() if lines else
+                               f"the probe process ended with exit status {proc.returncode}")
+        return Path(out.read_text())
+
+
+def child_argv(spec: dict[str, Any], out: Path) -> list[str]:
+    """The command of :func:`probe_in_child`'s process: SPEC (JSON) and the file it names
+    the profile in."""
+    import json
+    import sys
+
+    return [sys.executable, "-m", "mgbench.probe", json.dumps(spec), str(out)]
+
+
+def child_main(argv: list[str]) -> None:
+    """The child of :func:`probe_in_child`: probe, write the profile, name it in OUT.
+    Progress lines go to stdout, flushed one by one; an error ends the process with its
+    message as one line of stderr."""
+    import json
+
+    from .profile import write_profile
+
+    spec, out = json.loads(argv[0]), Path(argv[1])
+    try:
+        prof = probe(device=spec["device"], results_dir=spec["results_dir"], progress=lambda m: print(m, flush=True))
+        path = write_profile(prof, default_path(prof, spec["results_dir"]))
+    except MgbenchError as e:
+        raise SystemExit(" ".join(str(e).split()))  # one line: the parent reads the last
+    out.write_text(str(path))
 
 
 def default_path(profile: dict[str, Any], results_dir: str) -> Path:

@@ -83,6 +83,8 @@ def warnings(df: pd.DataFrame) -> list[str]:
                               "measured_steps for a steadier energy per token", []).append(f"{label} ({window:.1f} s)")
         if r.get("input_bound") == True:  # noqa: E712 (pandas may hand numpy bools; NaN: not a disk config)
             out.append(f"{label}: {input_bound_note(r)}")
+        if isinstance(r.get("ranks_warning"), str):  # NaN where no record has one
+            out.append(f"{label}: {r['ranks_warning']}")
         strag = r.get("straggler_ranks")
         if isinstance(strag, list) and strag:
             out.append(f"{label}: straggler rank(s) {strag} (per-rank busy time spread {r.get('rank_spread_pct'):.0f}%)")

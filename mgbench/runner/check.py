@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 
 from ..faults import bug_of
-from ..strategies.apply import Prepared, prepare
+from ..strategies.apply import prepare
+from ..strategies.pieces import Prepared
 from ..workloads.synthetic import LEARNABLE_SOURCE
 from . import fingerprint as fp
 from .inject import apply_bug

@@ -94,8 +94,9 @@ class _Output:
     """Reads the command's stdout and stderr as they come: every line into the log,
     the lines matching step_pattern with their arrival time, stderr's last lines."""
 
-    def __init__(self, proc: subprocess.Popen, log: IO[str], pattern: str) -> None:
+    def __init__(self, proc: subprocess.Popen, log: IO[bytes], pattern: str) -> None:
         self.matched: list[tuple[int, str]] = []
+        self.write_error: OSError | None = None  # the log could not be written (a full disk)
         self.stderr = collections.deque(maxlen=STDERR_TAIL_LINES)
         self._rx = re.compile(pattern) if pattern else None
         self._log, self._lock = log, threading.Lock()
@@ -113,8 +114,13 @@ class _Output:
             if is_err:
                 self.stderr.append(line)
             with self._lock:
-                self._log.write(line + "\n")
-                self._log.flush()
+                if self.write_error is None:
+                    try:
+                        self._log.write((line + "\n").encode())
+                    except OSError as e:
+                        # Keep reading (a command whose pipe is not drained blocks); the
+                        # launcher raises it once the command has ended.
+                        self.write_error = e
 
     def join(self, timeout_s: float = 10.0) -> None:
         for t in self._threads:
@@ -177,7 +183,9 @@ def run_command_config(run_dir: RunDir, run_id: str, cfg: RunConfig, stopped: Ca
     except CommandLineError as e:
         return Record.failed(cfg, run_id, "error", str(e), error_type="CommandLineError", **common)
     common["command_argv"] = argv
-    with open(log_path, "w") as log:
+    # Unbuffered: every line is on disk as it comes, and a write that fails (a full disk)
+    # leaves nothing behind for close() to fail on again.
+    with open(log_path, "wb", buffering=0) as log:
         t0 = time.monotonic()
         try:
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -206,8 +214,12 @@ def run_command_config(run_dir: RunDir, run_id: str, cfg: RunConfig, stopped: Ca
         out.join()
         if watch is not None:
             watch.stop()
+    if out.write_error is not None:
+        e = out.write_error
+        raise OSError(e.errno, e.strerror, e.filename or str(log_path)) from e  # the launcher says so
     ends, source = read_steps(cfg, run_dir, out.matched)
-    fields, problem = step_figures(ends, cfg.warmup_steps, cfg.tokens_per_step, cfg.nproc)
+    ran, ranks_warning = _ranks_that_ran(cfg, ends, source)
+    fields, problem = step_figures(ends, cfg.warmup_steps, cfg.tokens_per_step, ran)
     if killed_for or proc.returncode != 0:
         fields = {"num_steps_seen": fields["num_steps_seen"]}  # no statistics of a run that did not finish
     window, window_tokens = fields.pop("window_ns", None), fields.pop("window_tokens", None)
@@ -221,6 +233,8 @@ def run_command_config(run_dir: RunDir, run_id: str, cfg: RunConfig, stopped: Ca
         common.update(energy_method="none", energy_reason=why, mem_reason=why)
     common.update(fields)
     common.update(correct=None, correct_reason="not checked: the user's own command")
+    if source == "step_file":
+        common.update(ranks_reported=ends.ranks, ranks_warning=ranks_warning)
     if killed_for == "timeout":
         return Record.failed(cfg, run_id, "timeout", f"still running after timeout_s = {cfg.timeout_s} s (a hang?); "
                              "the command's process tree was stopped", **common)
@@ -241,6 +255,23 @@ def run_command_config(run_dir: RunDir, run_id: str, cfg: RunConfig, stopped: Ca
     store.write_json_atomic(sample, {"config_id": cfg.config_id, "step_source": source, "step_ends_ns": ends.ends_ns,
                                      "step_tokens": ends.tokens, "step_times_s": fields["step_times_s"]})
     return Record(cfg, run_id, "ok", samples_file=run_dir.relative(sample), **common)
+
+
+def _ranks_that_ran(cfg: RunConfig, ends: StepEnds, source: str) -> tuple[int, str | None]:
+    """The ranks per-device figures divide by, and a warning when they are not nproc.
+
+    A launch line given as is (``accelerate launch --cpu --num_processes 2`` starts one
+    process) may run another number of processes than the config's nproc. The step file
+    names the rank of each event, so when it holds another number of ranks, those that
+    ran are the devices: dividing by nproc would halve (or double) every per-device
+    figure. A step_pattern's log lines do not say which rank wrote them: nproc stands."""
+    if source != "step_file" or ends.ranks in (0, cfg.nproc):
+        return cfg.nproc, None
+    r, n = ends.ranks, cfg.nproc
+    why = (f"only {r} of nproc = {n} ranks reported steps: the launch line started fewer processes than nproc (or "
+           "only some ranks call mgbench.step())" if r < n else
+           f"{r} ranks reported steps but nproc = {n}: the launch line started more processes than nproc")
+    return r, f"{why}; per-device figures are divided by the {r} rank(s) that reported"
 
 
 def _error_line(lines: Any) -> str:

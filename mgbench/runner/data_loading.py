@@ -11,6 +11,14 @@ through a torch DataLoader, and the time the training loop waits for them is mea
   pre-built random batches (data = "random", nothing timed), :class:`LoaderFeed` the
   DataLoader's, timing each step's wait.
 - :func:`data_fields` turns every rank's waits into the record's figures.
+
+What counts as waiting: the device's idle time for want of a batch. On CPU ranks the
+host runs the model, so the training thread's wait is that time. On CUDA it is not: the
+host enqueues kernels and runs ahead, so while it waits for the loader the GPU may still
+be busy with the previous step's queued work, and only a wait that outlasts that work
+stalls it. A host-side timer would call a config input-bound whose GPU never stalled.
+So on CUDA the wait is read from the GPU's own clock (:class:`GpuStalls`), and the
+host's wait is kept beside it (data_host_wait_s).
 """
 
 from __future__ import annotations
@@ -35,6 +43,15 @@ from .training import MicroBatch, batches_for
 # noise of a shared machine (a few %); above it, more workers, prefetching or pinned memory
 # are worth trying before faster devices, since the devices would only wait longer.
 INPUT_BOUND_FRACTION = 0.10
+
+# How data_wait_s was measured (the record's data_wait_method), by device.
+HOST_WAIT = ("host_wait: the training thread's time from asking the DataLoader for a step's first micro-batch to "
+             "issuing its last one's copy to the device; on CPU ranks the host runs the model, so this is the "
+             "device's idle time")
+GPU_STALL = ("cuda_events: GPU time from the end of the work queued before the step asked for its batch (a CUDA "
+             "event recorded then) to the end of the batch's copies (an event recorded after them): the GPU's "
+             "idle time waiting for input, plus the copies on the compute stream; host waiting hidden behind "
+             "queued GPU work is not counted (data_host_wait_s has it)")
 
 
 class TokenShards(Dataset):
@@ -116,12 +133,57 @@ class RankBatchSampler(Sampler[list[int]]):
                 yield mine[m * self.micro_batch : (m + 1) * self.micro_batch].tolist()
 
 
+class GpuStalls:
+    """CUDA: the GPU's idle time waiting for each step's batch, from two CUDA events on the
+    current stream. One is recorded when the step asks for its batch: the GPU reaches it
+    when it has finished everything queued before (the previous step), or at once if it
+    had already run out of work. The other is recorded after the batch's copies: the GPU
+    reaches it when they are done, and not before the host enqueued them. The time between
+    them is the stall the input caused: nothing when the loader's wait was hidden behind
+    queued work (only the copies), the whole wait when the GPU was idle throughout.
+    Events are read after the timed window (no sync per step); ``event`` makes one
+    (torch.cuda.Event with timing; a stand-in in tests)."""
+
+    method = GPU_STALL
+
+    def __init__(self, event: Any = None) -> None:
+        self.event = event or (lambda: torch.cuda.Event(enable_timing=True))
+        self.marks: dict[int, tuple[Any, Any]] = {}
+
+    def _now(self) -> Any:
+        e = self.event()
+        e.record()
+        return e
+
+    def asked(self) -> Any:
+        """Mark the point where the step asks for its batch; returns the mark."""
+        return self._now()
+
+    def ready(self, step: int, asked: Any) -> None:
+        """Mark the step's batch as copied (call after enqueueing its copies)."""
+        self.marks[step] = (asked, self._now())
+
+    def seconds(self, step: int) -> float:
+        """The GPU's stall for ``step``'s batch (waits for the events: read after the window)."""
+        asked, ready = self.marks[step]
+        ready.synchronize()
+        return asked.elapsed_time(ready) / 1e3
+
+
+def stall_clock(device: torch.device) -> GpuStalls | None:
+    """What times the device's wait for input: GPU events on CUDA; None where the host's
+    own wait is the device's (CPU ranks)."""
+    return GpuStalls() if device.type == "cuda" else None
+
+
 class MemoryFeed:
     """data = "random": the batches :func:`rank_batches` built in device memory before
     timing; nothing is read while steps run, so no wait is recorded."""
 
     waits: dict[int, float] | None = None
+    stalls: GpuStalls | None = None
     method: str | None = None
+    wait_method: str | None = None
     warmup_reads = 0
 
     def __init__(self, batches: list[list[MicroBatch]]) -> None:
@@ -140,11 +202,13 @@ class MemoryFeed:
 
 
 class LoaderFeed:
-    """data = "disk": each step's micro-batches from a DataLoader, with the time waited
-    for them (``waits[step]``): from asking the iterator for the step's first micro-batch
-    to its last one's host->device copy being issued. The copy is non-blocking, so a copy
-    from pinned memory that overlaps with compute does not count as waiting: only what
-    the host spent before it could start the step does.
+    """data = "disk": each step's micro-batches from a DataLoader, with the time the host
+    waited for them (``waits[step]``): from asking the iterator for the step's first
+    micro-batch to its last one's host->device copy being issued. The copy is
+    non-blocking, so a copy from pinned memory that overlaps with compute does not count
+    as waiting: only what the host spent before it could start the step does. ``stalls``
+    (CUDA): the GPU's idle time for the same batches (:class:`GpuStalls`), which is what
+    :func:`measured_waits` reports there.
 
     A pass over the dataset that ends starts the next (a new epoch: new order, and new
     worker processes unless persistent_workers); that start-up is waited for too."""
@@ -159,6 +223,7 @@ class LoaderFeed:
         self.grad_accum, self.device = grad_accum, device
         self.settings = method
         self.waits: dict[int, float] = {}
+        self.stalls = stall_clock(device)
         self.passes = 0
         self._it: Iterator[torch.Tensor] | None = None
         self._last: list[MicroBatch] | None = None
@@ -175,18 +240,26 @@ class LoaderFeed:
                 self._it = None
 
     def step(self, step: int) -> list[MicroBatch]:
+        asked = self.stalls.asked() if self.stalls is not None else None
         t0 = time.perf_counter()
         micro = []
         for _ in range(self.grad_accum):
             b = self._next().to(self.device, non_blocking=True)
             micro.append((b[:, :-1], b[:, 1:]))
         self.waits[step] = time.perf_counter() - t0
+        if self.stalls is not None:
+            self.stalls.ready(step, asked)
         self._last = micro
         return micro
 
     @property
     def method(self) -> str:
         return f"{self.settings}; {self.passes} pass(es) started over the warm-up and measured steps"
+
+    @property
+    def wait_method(self) -> str:
+        """How :func:`measured_waits` measured the waits (the record's data_wait_method)."""
+        return HOST_WAIT if self.stalls is None else self.stalls.method
 
     @property
     def replay(self) -> list[list[MicroBatch]]:
@@ -246,31 +319,53 @@ def step_feed(cfg: RunConfig, dp_rank: int, dp_size: int, device: torch.device, 
 
 
 def measured_waits(feed: MemoryFeed | LoaderFeed, steps: Sequence[int]) -> list[float] | None:
-    """The waits of the measured steps (None for in-memory data)."""
+    """The measured steps' waits as the device saw them (None for in-memory data): the
+    GPU's stalls on CUDA (read from its events: call after the window's sync), the host's
+    waits on CPU ranks (see the module docstring)."""
     if feed.waits is None:
         return None
+    if feed.stalls is not None:
+        return [feed.stalls.seconds(s) for s in steps]
     return [feed.waits[s] for s in steps]
 
 
+def measured_host_waits(feed: MemoryFeed | LoaderFeed, steps: Sequence[int]) -> list[float] | None:
+    """The measured steps' waits as the host saw them (None for in-memory data)."""
+    return None if feed.waits is None else [feed.waits[s] for s in steps]
+
+
+def _slowest_median(per_rank_waits: list[list[float]]) -> tuple[float, list[float]]:
+    """The slowest rank's median wait per step, and every rank's."""
+    per_rank = [float(stats.summarize(w)["median"]) for w in per_rank_waits]
+    return max(per_rank), per_rank
+
+
 def data_fields(cfg: RunConfig, per_rank_waits: list[list[float] | None], methods: list[str | None],
-                step_time_s: float) -> dict[str, Any]:
-    """Record fields from every rank's per-step waits: the median per step on each rank,
-    the slowest rank's as data_wait_s, and input_bound against INPUT_BOUND_FRACTION of
-    the median step time. Null with the reason for in-memory data."""
+                step_time_s: float, host_waits: list[list[float] | None] | None = None,
+                wait_methods: list[str | None] | None = None) -> dict[str, Any]:
+    """Record fields from every rank's per-step waits (:func:`measured_waits`: the
+    device's): the median per step on each rank, the slowest rank's as data_wait_s, and
+    input_bound against INPUT_BOUND_FRACTION of the median step time; the host's waits
+    (:func:`measured_host_waits`; None: the same as ``per_rank_waits``, as on CPU ranks)
+    as data_host_wait_s, and ``wait_methods`` (the feeds' wait_method) as
+    data_wait_method. Null with the reason for in-memory data."""
     if cfg.data != "disk":
         return {"data_reason": "data = random: the batches are made in device memory before the timed window; "
                                "no step waits for data"}
     if any(w is None or not w for w in per_rank_waits):
         return {"data_reason": "a rank recorded no data waits"}
-    per_rank = [float(stats.summarize(w)["median"]) for w in per_rank_waits]  # type: ignore[arg-type]
-    wait = max(per_rank)
+    wait, per_rank = _slowest_median(per_rank_waits)  # type: ignore[arg-type]
+    hosts = per_rank_waits if host_waits is None else host_waits
+    host_wait = None if any(not h for h in hosts) else _slowest_median(hosts)[0]  # type: ignore[arg-type]
     frac = wait / step_time_s if step_time_s > 0 else None
     return {
         "data_wait_s": wait,
         "data_wait_steps_s": [max(ws) for ws in zip(*per_rank_waits)],  # type: ignore[arg-type]
         "data_wait_per_rank_s": per_rank,
         "data_wait_fraction": frac,
+        "data_host_wait_s": host_wait,
         "input_bound": None if frac is None else frac > INPUT_BOUND_FRACTION,
+        "data_wait_method": (wait_methods or [None])[0] or HOST_WAIT,
         "data_method": methods[0],
         "data_reason": None if frac is not None else "step time is zero",
     }

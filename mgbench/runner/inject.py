@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..faults import BUGS, parse
 
 if TYPE_CHECKING:
-    from ..strategies.apply import Prepared
+    from ..strategies.pieces import Prepared
     from .training import StepHooks
 
 

@@ -8,13 +8,19 @@ config and relaunches torchrun for the rest of the group. A config that runs pas
 rank that dies without a word (SIGKILL, segfault) is an `error` with each rank's
 stderr tail saved beside the records. SIGINT / SIGTERM stop the sweep cleanly: the
 running config is recorded as `interrupted`, finished ones stay, and `--resume` runs
-the rest.
+the rest. A results folder that takes no more writes (a full disk, a quota, a
+read-only or foreign folder) ends the run with one line saying so: the records written
+so far stay, and `--resume` runs the rest once it is writable.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import errno
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,7 +34,8 @@ from .. import store
 from ..config import RunConfig
 from ..dataset import prepare_configs
 from ..errors import MgbenchError
-from ..launching import SHARED_FS_WAIT_S, Cluster, child_env, detect_devices, torchrun_argv
+from ..launching import (RANK_BANNER, SHARED_FS_WAIT_S, Cluster, child_env, detect_devices, rank_of_stderr,
+                         torchrun_argv)
 from ..procs import die_with_parent, kill_tree
 from .command import run_command_config
 from ..record import SCHEMA_VERSION, Record, control_verdict
@@ -115,25 +122,25 @@ def run_suite(
         manifest["cluster"] = cluster.manifest_entry()
         configs = _only_world(configs, cluster)
         todo = [c for c in configs if c.config_id in {t.config_id for t in todo}]
-    store.write_manifest(run_dir, manifest)
-
     stop = StopFlag()
-    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        _run_configs(run_dir, run_id, configs, todo, progress, stop, cluster)
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    nodes = run_dir.nodes()
-    if nodes:
-        manifest["nodes"] = [json.loads(p.read_text()) for p in nodes]
+    with _results_writable(run_dir, run_id, manifest):
+        store.write_manifest(run_dir, manifest)
+        old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            _run_configs(run_dir, run_id, configs, todo, progress, stop, cluster)
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+        nodes = run_dir.nodes()
+        if nodes:
+            manifest["nodes"] = [json.loads(p.read_text()) for p in nodes]
 
-    counts: dict[str, int] = defaultdict(int)
-    for r in store.latest_records(store.read_records(run_dir)):
-        counts[r["status"]] += 1
-    manifest.update(status="interrupted" if stop.signal else "complete",
-                    finished_at=dt.datetime.now().isoformat(timespec="seconds"), counts=dict(counts))
-    store.write_manifest(run_dir, manifest)
+        counts: dict[str, int] = defaultdict(int)
+        for r in store.latest_records(store.read_records(run_dir)):
+            counts[r["status"]] += 1
+        manifest.update(status="interrupted" if stop.signal else "complete",
+                        finished_at=dt.datetime.now().isoformat(timespec="seconds"), counts=dict(counts))
+        store.write_manifest(run_dir, manifest)
     if stop.signal:
         progress(f"stopped by {signal.Signals(stop.signal).name}: finished configs are kept; "
                  f"continue with `mgbench run --resume {run_id}`")
@@ -161,8 +168,46 @@ def create_run(suite: Suite, results_dir: str | Path, run_id: str | None, device
         "interconnect": detect(),
         "schema_version": SCHEMA_VERSION,
     }
-    store.write_manifest(run_dir, manifest)
+    try:
+        store.write_manifest(run_dir, manifest)
+    except OSError as e:  # a folder without its manifest is no run: leave the id free for the next try
+        shutil.rmtree(run_dir.path, ignore_errors=True)
+        raise MgbenchError(f"cannot create run folder {run_dir}: {e.strerror} while writing its manifest; free space "
+                           "or pass a writable --results-dir") from None
     return run_dir, manifest
+
+
+# Write errors that mean the results folder takes no more writes, and what frees it: the
+# run stops there, saying so, and --resume continues it (records are appended whole and
+# fsynced one by one, so those already written stay).
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_READ_ONLY = {errno.EROFS, errno.EACCES, errno.EPERM}
+WRITE_REFUSED = _FULL | _READ_ONLY
+
+
+@contextlib.contextmanager
+def _results_writable(run_dir: RunDir, run_id: str, manifest: dict[str, Any] | None = None) -> Iterator[None]:
+    """Turn a write into ``run_dir`` that the folder refused (full, over quota,
+    read-only, not ours) into one line naming the folder, the file and how to continue;
+    any other OSError stays what it is."""
+    try:
+        yield
+    except OSError as e:
+        root = run_dir.path.resolve()
+        named = isinstance(e.filename, (str, bytes, os.PathLike))
+        where = Path(os.fsdecode(e.filename)).resolve() if named else None
+        inside = where is not None and where.is_relative_to(root)
+        # Not a write the folder refused: another errno, a file elsewhere, or a permission
+        # error naming no file (a signal to a process).
+        if e.errno not in WRITE_REFUSED or (not inside and (where is not None or e.errno in _READ_ONLY)):
+            raise
+        if manifest is not None:  # not "running" any more, if the manifest can still be written
+            with contextlib.suppress(OSError):
+                store.write_manifest(run_dir, {**manifest, "status": "interrupted"})
+        what = str(where.relative_to(root)) if where is not None else "its files"
+        fix = "free space" if e.errno in _FULL else "make it writable"
+        raise MgbenchError(f"{run_dir}: {os.strerror(e.errno).lower()} while writing {what}; {fix} and continue "
+                           f"with `mgbench run --resume {run_id}`") from None
 
 
 def with_data(configs: list[RunConfig], results_dir: str | Path, progress: Progress) -> list[RunConfig]:
@@ -186,7 +231,7 @@ def _follow(suite: Suite, results_dir: str | Path, run: str | None, device_kind:
     take part in the same torchrun jobs, in the same order."""
     if not run:
         raise MgbenchError("a multi-node launch needs the same --run-id (or --resume RUN) on every node")
-    path = RunDir(Path(run) if Path(run).is_dir() else Path(results_dir) / run)
+    path = RunDir(Path(run) if Path(run).is_dir() else Path(results_dir) / store.check_run_id(run))
     t0 = time.monotonic()
     while not path.manifest.exists():
         if time.monotonic() - t0 > SHARED_FS_WAIT_S:
@@ -200,7 +245,8 @@ def _follow(suite: Suite, results_dir: str | Path, run: str | None, device_kind:
     stop = StopFlag()
     old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        _run_configs(path, manifest["run_id"], configs, todo, progress, stop, cluster)
+        with _results_writable(path, manifest["run_id"]):
+            _run_configs(path, manifest["run_id"], configs, todo, progress, stop, cluster)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -349,7 +395,9 @@ def _run_group(run_dir: RunDir, run_id: str, gi: int, nproc: int, device: str, g
                 store.append_record(run_dir, rec)
                 yield rec.to_dict()
             return
-        rec = _failure_record(run_dir, run_id, failed, killed_for, proc.returncode, f"{tag}{node}", log_path, nproc)
+        # Every node's log folder (on the shared filesystem): a failed rank may be on any node.
+        node_tags = [tag] if not node else [f"{tag}-node{n}" for n in range(cluster.nnodes)]  # type: ignore[union-attr]
+        rec = _failure_record(run_dir, run_id, failed, killed_for, proc.returncode, node_tags, log_path, nproc)
         store.append_record(run_dir, rec)
         seen.add(failed.config_id)
         yield rec.to_dict()
@@ -370,16 +418,14 @@ def _new_records(tail: store.RecordTail, remaining: list[RunConfig], seen: set[s
 
 
 def _failure_record(run_dir: RunDir, run_id: str, cfg: RunConfig, killed_for: str | None, returncode: int | None,
-                    job_tag: str, log_path: Path, nproc: int) -> Record:
+                    job_tags: list[str], log_path: Path, nproc: int) -> Record:
     """The record of a config whose job did not finish it, with each rank's stderr tail
-    saved beside the records."""
+    saved beside the records (``job_tags``: the job's log folder on each node)."""
     stderr_files = []
-    for rank in range(nproc):
-        src = run_dir.rank_stderr(job_tag, rank)
-        if src is not None:
-            dest = run_dir.stderr_tail(cfg.config_id, rank)
-            dest.write_text(_tail(src, lines=20, sep="\n", limit=4000) + "\n")
-            stderr_files.append(run_dir.relative(dest))
+    for rank, src in sorted(_rank_stderrs(run_dir, job_tags, nproc).items()):
+        dest = run_dir.stderr_tail(cfg.config_id, rank)
+        store.write_text(dest, _tail(src, lines=20, sep="\n", limit=4000) + "\n")
+        stderr_files.append(run_dir.relative(dest))
     fails = []
     for f in run_dir.failures(cfg.config_id):
         try:
@@ -396,10 +442,29 @@ def _failure_record(run_dir: RunDir, run_id: str, cfg: RunConfig, killed_for: st
     mems = [f.get("mem_peak_gib") for f in fails if f.get("mem_peak_gib") is not None]
     own = [f for f in fails if not _lost_peer(f)]
     if own or fails:
-        run_dir.traceback(cfg.config_id).write_text((own or fails)[0]["traceback"])
+        store.write_text(run_dir.traceback(cfg.config_id), (own or fails)[0]["traceback"])
     # Peak memory: what was known when it failed.
     return Record.failed(cfg, run_id, how["status"], how["error"], error_type=how["error_type"],
                          stderr_files=stderr_files, mem_peak_gib=max(mems) if mems else None)
+
+
+def _rank_stderrs(run_dir: RunDir, job_tags: list[str], nproc: int) -> dict[int, Path]:
+    """Each global rank's stderr file of one job, from the job's log folder on every node.
+
+    torchrun names a rank's folder by its local rank, and in a multi-node launch the
+    c10d rendezvous numbers the nodes in an order of its own (by host, not by
+    --node-rank): node n's local rank 0 need not be global rank n x nproc_per_node. The
+    global rank is the one the rank wrote into the file (launching.run_rank); a file
+    without it (a rank that died at start) is attributed by its folder on one node, and
+    left out across nodes, where its folder does not tell."""
+    out: dict[int, Path] = {}
+    for tag in job_tags:
+        for local, path in run_dir.rank_stderrs(tag).items():
+            rank = rank_of_stderr(path)
+            rank = local if rank is None and len(job_tags) == 1 else rank
+            if rank is not None and 0 <= rank < nproc:
+                out[rank] = path
+    return out
 
 
 # Words gloo and NCCL use when a rank's peer went away: such a failure is a consequence
@@ -437,7 +502,8 @@ def _exit_codes(log_path: Path) -> str:
 
 def _tail(path: Path, lines: int = 3, sep: str = " | ", limit: int = 600) -> str:
     try:
-        text = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+        text = [ln for ln in path.read_text(errors="replace").splitlines()
+                if ln.strip() and not ln.startswith(RANK_BANNER)]
     except OSError:
         return ""
     return sep.join(text[-lines:])[-limit:]

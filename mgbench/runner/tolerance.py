@@ -194,7 +194,7 @@ def measure(models: list[str], seeds: list[int], precisions: list[str], steps: i
 def learnability(models: list[str], seeds: list[int], steps: int) -> list[dict[str, Any]]:
     """Loss fall over the window at the benchmark's lr and at CHECK_LR, against a frozen
     model on the same batches and against the frozen model's batch-to-batch spread."""
-    from ..strategies.apply import OPTIMIZER_KW
+    from ..strategies.pieces import OPTIMIZER_KW
     from . import check
 
     rows = []

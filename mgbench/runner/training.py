@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..strategies.apply import AUTOCAST_DTYPES, Prepared
+from ..strategies.pieces import AUTOCAST_DTYPES, Prepared
 from ..workloads.gpt import lm_loss, random_batch
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]
@@ -158,28 +158,3 @@ def _optimizer_step(prep: Prepared, hooks: StepHooks | None = None) -> None:
     else:
         prep.optimizer.step()
     prep.optimizer.zero_grad(set_to_none=True)
-
-
-def fp32_matmul_mode() -> tuple[str, str]:
-    """How this process runs fp32 matmuls on CUDA: ("ieee" | "tf32", the setting read).
-
-    fp32 MFU must divide by the peak of the units the matmuls ran on: with TF32 allowed
-    they run on tensor cores, whose tf32 peak is 7x (H100) the fp32 one. torch 2.13 has
-    two APIs for the setting and refuses to answer the legacy one (allow_tf32,
-    get_float32_matmul_precision) when the new one was used to set it, so the new
-    per-backend setting is read first. "medium" runs CUDA matmuls as "high" does (TF32)."""
-    matmul = torch.backends.cuda.matmul
-    try:
-        new = matmul.fp32_precision  # "ieee" | "tf32" | "none" (not set through this API)
-    except (AttributeError, RuntimeError):
-        new = None
-    if new in ("ieee", "tf32"):
-        return new, f"torch.backends.cuda.matmul.fp32_precision = {new!r}"
-    try:
-        prec = torch.get_float32_matmul_precision()
-    except RuntimeError:
-        prec = None
-    if prec is not None:
-        return ("ieee" if prec == "highest" else "tf32"), f"torch.get_float32_matmul_precision() = {prec!r}"
-    tf32 = bool(matmul.allow_tf32)
-    return ("tf32" if tf32 else "ieee"), f"torch.backends.cuda.matmul.allow_tf32 = {tf32}"

@@ -32,8 +32,9 @@ from ..errors import first_line
 from ..faults import bug_of
 from ..record import RankFigures, Record, backend_of, batch_of
 from ..store import RunDir
-from ..workloads import moe, throughput
+from ..workloads import moe, throughput, vision
 from ..strategies.apply import prepare
+from ..strategies.pieces import compile_counts
 from ..strategies.context_parallel import cp_fields
 from ..strategies.fp8 import fp8_fields
 from ..strategies.schedules import bubble_unknown_reason, grad_sync_of, memory_tracker_problem, theoretical_bubble
@@ -43,9 +44,10 @@ from ..telemetry.memory import read_peak, reset_peak, track_step
 from ..telemetry.machine import cpu_model
 from . import reference
 from .check import check_prepared, compare_check, run_check
-from .data_loading import data_fields, measured_waits, step_feed
+from .data_loading import data_fields, measured_host_waits, measured_waits, step_feed
 from .inject import Injector
-from .training import StepHooks, batches_for, fp32_matmul_mode, train_step
+from ..telemetry.tf32 import fp32_matmul_mode
+from .training import StepHooks, batches_for, train_step
 
 # Exit status of a rank that failed a config on purpose (after writing its failure
 # file): the launcher tells it apart from a rank that died without a word.
@@ -73,6 +75,7 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
     inject = Injector(cfg.inject, dist.get_rank(), device)
     check = check and cfg.check_steps > 0
     new_peak_window(device)  # (a negative control, an injected bug, never gets here: see check_only)
+    compiles = compile_counts(cfg)  # compile = true: from a fresh compiler state, counted
     t0 = time.perf_counter()
     prep = prepare(cfg, device)  # seeded: identical initial weights on every rank and in the reference
     total_steps = cfg.warmup_steps + cfg.repeats * cfg.measured_steps
@@ -133,6 +136,8 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
         busy_s += time.thread_time() - cpu0
         measured_s += time.perf_counter() - t0
         windows.append(clock.step_times())
+    # Compiles from the build to the end of the timed steps (check window and warm-up included).
+    compiled = compiles.read() if compiles is not None else None
     routing = moe.stop_log(prep.moe_layers) if prep.moe_layers else None
     # NVML's energy counter moves in ~100 ms steps: a window shorter than the meter's
     # minimum gets untimed steps added inside it (step times above are untouched).
@@ -153,13 +158,15 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
     loss_t = torch.stack(losses).float() * prep.loss_weight
     dist.all_reduce(loss_t)
     loss_values = loss_t.tolist()
-    data_waits, data_method = measured_waits(feed, range(cfg.warmup_steps, total_steps)), feed.method
+    timed_steps = range(cfg.warmup_steps, total_steps)
+    data = {"data_waits": measured_waits(feed, timed_steps), "data_host_waits": measured_host_waits(feed, timed_steps),
+            "data_method": feed.method, "data_wait_method": feed.wait_method}
     feed.close()
     del prep, feed
     return RankFigures(rank=dist.get_rank(), init_s=init_s, warmup_s=warmup_s, measured_s=measured_s, busy_s=busy_s,
                        busy_steps=busy_steps, windows=windows, losses=loss_values, mem_method=mem_method,
-                       mem_init_peak_gib=init_peak, breakdown=breakdown, check=checked, data_waits=data_waits,
-                       data_method=data_method, moe=moe_figures, **mem, **tracked, **energy)
+                       mem_init_peak_gib=init_peak, breakdown=breakdown, check=checked, moe=moe_figures,
+                       compile_counts=compiled, **data, **mem, **tracked, **energy)
 
 
 def new_peak_window(device: torch.device) -> str:
@@ -249,7 +256,7 @@ def summarize_config(cfg: RunConfig, per_rank: list[RankFigures], device: torch.
         "global_batch": cfg.global_batch,
         **units,
         "samples_per_s": cfg.global_batch / s["median"],
-        **mfu_fields(cfg.precision, name, device, model_tflops),
+        **mfu_fields(cfg.precision, name, device, model_tflops, vision.fp32_mode(cfg)),
         "device_name": name,
         "mem_peak_gib": None if any(m is None for m in mems) else max(mems),
         "mem_peak_gib_per_rank": mems,
@@ -283,8 +290,29 @@ def summarize_config(cfg: RunConfig, per_rank: list[RankFigures], device: torch.
         **offload_fields(cfg, device),
         **cp_fields(cfg, device),
         **(r0.moe or {}),
-        **data_fields(cfg, [r.data_waits for r in per_rank], [r.data_method for r in per_rank], s["median"]),
+        **data_fields(cfg, [r.data_waits for r in per_rank], [r.data_method for r in per_rank], s["median"],
+                      [r.data_host_waits for r in per_rank], [r.data_wait_method for r in per_rank]),
+        **compile_fields(cfg, per_rank),
     }
+
+
+COMPILE_COUNTS = ("num_recompiles", "num_graph_breaks")
+
+
+def compile_fields(cfg: RunConfig, per_rank: list[RankFigures]) -> dict[str, Any]:
+    """A compiled config's recompiles and graph breaks (apply.CompileCounts): the most of
+    any rank, each of which compiles its own blocks. Null with the reason when compile is
+    off or a rank could not count them."""
+    if not cfg.compile:
+        return {**dict.fromkeys(COMPILE_COUNTS), "compile_counts_reason": "compile = false: nothing was compiled"}
+    counts = [r.compile_counts or {} for r in per_rank]
+    out: dict[str, Any] = {}
+    for k in COMPILE_COUNTS:
+        values = [c.get(k) for c in counts]
+        out[k] = None if None in values else max(values)
+    reasons = [c.get("compile_counts_reason") or ("not counted" if not c else None) for c in counts]
+    out["compile_counts_reason"] = next((f"rank {i}: {w}" for i, w in enumerate(reasons) if w), None)
+    return out
 
 
 def offload_fields(cfg: RunConfig, device: torch.device) -> dict[str, Any]:
@@ -328,13 +356,13 @@ def memory_fields(per_rank: list[RankFigures]) -> dict[str, Any]:
     return out
 
 
-def mfu_fields(precision: str, name: str, device: torch.device, model_tflops: float) -> dict[str, Any]:
+def mfu_fields(precision: str, name: str, device: torch.device, model_tflops: float, fp32_mode: Any = None) -> dict[str, Any]:
     """MFU against the peak of the units the matmuls ran on: the catalog entry the device
     name (and, where variants share a name, its memory) picks, at the config's precision,
     or at tf32 for fp32 with TF32 allowed. A result above 100% means that peak cannot be
     this device's: null with the reason, never a figure no device can reach."""
     memory_gib = torch.cuda.get_device_properties(device).total_memory / 2**30 if device.type == "cuda" else None
-    mode, setting = fp32_matmul_mode() if device.type == "cuda" else (None, None)
+    mode, setting = (fp32_mode or fp32_matmul_mode)() if device.type == "cuda" else (None, None)
     hfu = hfu_fields(precision, name, memory_gib, model_tflops)
     # fp8's MFU divides by the bf16 dense peak (catalog.mfu_precision; an "fp8 MFU"
     # against the fp8 peak is hfu_pct, beside it).
@@ -547,8 +575,25 @@ def merge_rounds(parts: list[RankFigures]) -> RankFigures:
         window_s=sum(p.window_s for p in parts),
         energy_steps=None if any(p.energy_steps is None for p in parts) else sum(p.energy_steps for p in parts),
         energy_reason=next((p.energy_reason for p in parts if p.energy_reason), None),
-        data_waits=None if any(p.data_waits is None for p in parts) else [w for p in parts for w in p.data_waits or ()],
+        data_waits=_joined([p.data_waits for p in parts]),
+        data_host_waits=_joined([p.data_host_waits for p in parts]),
+        compile_counts=_added_counts([p.compile_counts for p in parts]),
     )
+
+
+def _joined(lists: list[list[float] | None]) -> list[float] | None:
+    """Per-step lists of the rounds one after the other (None if a round has none)."""
+    return None if any(x is None for x in lists) else [v for x in lists for v in x]  # type: ignore[union-attr]
+
+
+def _added_counts(counts: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """Compile counts of the rounds added up (each round compiles afresh); None if a round has none."""
+    if any(c is None for c in counts):
+        return None
+    out = {k: None if any(c[k] is None for c in counts) else sum(c[k] for c in counts)  # type: ignore[index]
+           for k in COMPILE_COUNTS}
+    return {**out, "compile_counts_reason": next((c["compile_counts_reason"] for c in counts  # type: ignore[index]
+                                                  if c["compile_counts_reason"]), None)}  # type: ignore[index]
 
 
 def finish_config(cfg: RunConfig, mine: RankFigures, device: torch.device, run_dir: RunDir, run_id: str,
@@ -583,6 +628,7 @@ def check_only(cfg: RunConfig, device: torch.device, run_dir: RunDir, run_id: st
     record (status "checked", the verdict beside the reference's figures), others None."""
     started = dt.datetime.now().isoformat(timespec="seconds")
     mark_started(cfg, run_dir)
+    compile_counts(cfg)  # compiled blocks start from a fresh compiler state, as in measure
     try:
         checked = run_check(cfg, device)  # gathered: the same on every rank
     except Exception as e:  # every failure leaves the job: see fail_config

@@ -11,7 +11,7 @@ entry here and its build function.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+
 
 from ..parallel_dims import ParallelDims
 
@@ -132,12 +132,6 @@ def moe_problem(strategy: str, experts: int) -> str | None:
                 "pipeline parallelism of MoE layers are not built)")
     return None
 
-
-def builder(strategy: str) -> Callable[..., object]:
-    """The function of strategies/apply.py that builds this strategy (imports torch)."""
-    from . import apply
-
-    return getattr(apply, BY_NAME[strategy].prepare)
 
 # torch._scaled_mm (float8 GEMMs on CUDA) needs both dims of a float8 linear a multiple of
 # this: strategies/fp8.py converts only such linears; suite.py checks tensor-parallel shards.

@@ -58,7 +58,7 @@ from torch import nn
 from ..config import RunConfig
 from ..workloads.gpt import Attention, DecoderLM
 from . import RING_FORMS, RING_NEEDS_CUDA
-from .apply import AUTOCAST_DTYPES, Prepared, _data_parallel, _finish_module, device_mesh, place
+from .pieces import AUTOCAST_DTYPES, Prepared, _data_parallel, _finish_module, device_mesh, place
 
 # The SDPA kernels torch 2.13's context_parallel dispatches to the ring (its _sdpa_handler).
 RING_KERNELS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")

@@ -34,7 +34,7 @@ from ..config import RunConfig
 from ..runner.fingerprint import EXPERT_SHARDS_ATTR
 from ..workloads.gpt import DecoderLM
 from ..workloads.moe import Experts, moe_layers
-from .apply import (LossScaler, Prepared, _finish_module, _fsdp, _fsdp_no_sync, allreduce_flat, device_mesh,
+from .pieces import (LossScaler, Prepared, _finish_module, _fsdp, _fsdp_no_sync, allreduce_flat, device_mesh,
                     fsdp_mp_policy, make_optimizer, place)
 
 

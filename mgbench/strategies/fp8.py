@@ -67,6 +67,19 @@ from . import FP8_ALIGN  # torch._scaled_mm's alignment rule for both dims of a 
 # Linears left in bf16 (see the module docstring): the output projection, named head in
 # mgbench's decoder and ViT, lm_head in Hugging Face causal LMs.
 SKIPPED_LINEARS = ("head", "lm_head")
+# The first CUDA compute capability with float8 tensor cores (Ada, 8.9; Hopper 9.0 and
+# Blackwell 10.x after it): torch._scaled_mm refuses float8 below it, so an A100 (8.0)
+# would fail every fp8 config's first step.
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+def capability_problem(capability: tuple[int, int], name: str = "this GPU") -> str | None:
+    """Why a GPU of CUDA compute ``capability`` cannot run fp8 configs (None when it can)."""
+    if tuple(capability) >= FP8_MIN_CAPABILITY:
+        return None
+    need = ".".join(map(str, FP8_MIN_CAPABILITY))
+    return (f"fp8 needs float8 tensor cores, CUDA compute capability >= {need} (Ada, Hopper, Blackwell); "
+            f"{name} has compute capability {capability[0]}.{capability[1]}")
 
 
 def _convertible(module: nn.Module, fqn: str) -> bool:
@@ -91,7 +104,7 @@ def fsdp_weight_dtype() -> torch.dtype | None:
     """The dtype FSDP2 all-gathers an fp8 config's parameters in (bf16), read from its
     mixed-precision policy (strategies/apply.fsdp_mp_policy) so that the reference's cast
     follows it; None: gathered as they are stored (fp32)."""
-    from .apply import fsdp_mp_policy
+    from .pieces import fsdp_mp_policy
 
     return fsdp_mp_policy("fp8").param_dtype
 

@@ -129,7 +129,7 @@ def mean_allreduce(modules: list[nn.Module], group: Any) -> Callable[[], None]:
     gradients on each and the buffers line up."""
     import torch.distributed as dist
 
-    from .apply import allreduce_flat
+    from .pieces import allreduce_flat
 
     size = dist.get_world_size(group)
 

@@ -23,7 +23,7 @@ shards each, activation checkpointing wraps them. Dims come from
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -139,6 +139,24 @@ def build(cfg: Any) -> nn.Module:
     if d["kind"] == "resnet":
         return ResNet(d["blocks"], d["widths"], d["classes"])
     return ViT(d["layers"], d["hidden"], d["mlp"], d["heads"], d["patch"], d["classes"], cfg.image_size)
+
+
+def fp32_mode(cfg: Any) -> Callable[[], tuple[str, str]]:
+    """The reader of how this process runs the config's fp32 FLOPs on CUDA, for MFU's
+    peak (runner/worker.py mfu_fields): ("ieee" | "tf32", the setting read).
+
+    A ResNet's FLOPs are convolutions, which cuDNN runs on TF32 tensor cores unless told
+    not to: torch 2.13 allows TF32 for cuDNN by default (torch.backends.cudnn.allow_tf32,
+    whose new form is torch.backends.cudnn.conv.fp32_precision = "tf32"), while it does
+    not for matmuls (torch.backends.cuda.matmul.allow_tf32 = False). Dividing such a
+    run's FLOPs by the fp32 (non-tensor-core) peak gave an MFU several times too high.
+    Every other config's FLOPs are matmuls (a ViT's patch embedding is its one small
+    convolution), read as the matmul setting (telemetry/tf32.py)."""
+    from ..telemetry.tf32 import fp32_conv_mode, fp32_matmul_mode
+
+    if isinstance(cfg.model, VisionModel) and cfg.model.dims["kind"] == "resnet":
+        return fp32_conv_mode
+    return fp32_matmul_mode
 
 
 def num_params(cfg: Any) -> int:

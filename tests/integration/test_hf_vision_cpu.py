@@ -150,7 +150,7 @@ def test_vision_models_under_single_ddp_fsdp_are_ok_and_correct(run):
         assert "img=32" in r["label"]
 
 
-@pytest.mark.parametrize("workload", ["vision", "gpt"])
+@pytest.mark.parametrize("workload", ["vision", pytest.param("gpt", marks=pytest.mark.extras)])
 def test_the_check_catches_unsynchronised_gradients(run, workload):
     """The negative control: each rank steps on its own gradients (no all-reduce), and the
     check against the single-process reference says so."""

@@ -7,12 +7,15 @@ import importlib.util
 import shutil
 from pathlib import Path
 
+import pytest
+
 from mgbench import store
 
 REPO = Path(__file__).resolve().parents[2]
 HAS_TORCHAO = importlib.util.find_spec("torchao") is not None
 
 
+@pytest.mark.extras  # its fp8 configs run with torchao (mgbench[fp8]) and are skipped, said, without it
 def test_modern_suite_is_correct_and_catches_its_bugs(cli, tmp_path):
     shutil.copy(REPO / "suites" / "modern.toml", tmp_path / "modern.toml")
     # A 2-step check window (the suite's is 3): every bug here shows in step 1's gradient

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mgbench import catalog, store  # noqa: E402
 from mgbench.runner.launch import run_suite  # noqa: E402
-from mgbench.strategies.apply import OPTIMIZER_KW  # noqa: E402
+from mgbench.strategies.pieces import OPTIMIZER_KW  # noqa: E402
 from mgbench.suite import parse_suite  # noqa: E402
 from mgbench.workloads.gpt import DecoderLM  # noqa: E402
 

@@ -345,3 +345,38 @@ def test_a_multi_node_launch_skips_the_command_workload_saying_why():
     cluster = Cluster(nnodes=2, node_rank=0, rdzv_endpoint="head:29400", nproc_per_node=2)
     [got] = _only_world([cmd], cluster)
     assert "runs the user's launch line on one node" in got.skip_reason
+
+
+# --- a launch line that starts fewer processes than nproc (issue 30, item 14) ---------------
+
+def test_fewer_ranks_than_nproc_are_said_and_per_device_figures_divide_by_those_that_ran(tmp_path):
+    # As `accelerate launch --cpu --num_processes 2` does: one process, while nproc = 2.
+    script = tmp_path / "one_process.py"
+    script.write_text(f"#!{sys.executable}\nimport time, mgbench\n"
+                      "for _ in range(6):\n    time.sleep(0.02)\n    mgbench.step(tokens=100)\n")
+    script.chmod(0o755)
+    cfg = command_config(f'command = "{script}"\nnproc = 2\nwarmup_steps = 1')
+    run_dir = _run_dir(tmp_path)
+    rec = command.run_command_config(run_dir, "r", cfg, lambda: False)
+    assert rec.status == "ok" and rec.step_source == "step_file", rec.error
+    assert rec.ranks_reported == 1
+    assert rec.tokens_per_s_per_device == pytest.approx(rec.tokens_per_s)  # one device ran, not two
+    assert rec.ranks_warning.startswith("only 1 of nproc = 2 ranks reported steps")
+    from mgbench import store
+    from mgbench.report.html import warnings
+    from mgbench.show import render
+
+    store.write_manifest(run_dir, {"run_id": "r", "status": "complete", "suite": {"name": "c"},
+                                   "machine": {"cpu_model": "test"}})
+    store.append_record(run_dir, rec)
+
+    notes = render(run_dir.path).split("notes:")[1]
+    assert f"{cfg.config_id}: only 1 of nproc = 2 ranks reported steps" in notes
+    assert any("only 1 of nproc = 2 ranks reported steps" in w for w in warnings(store.load([run_dir.path])))
+
+
+def test_as_many_ranks_as_nproc_give_no_warning():
+    ends = StepEnds(ends_ns=[0, 10, 20, 30], tokens=[8] * 4, ranks=2)
+    cfg = command_config('command = "accelerate launch t.py"\nnproc = 2')
+    assert command._ranks_that_ran(cfg, ends, "step_file") == (2, None)
+    assert command._ranks_that_ran(cfg, replace(ends, ranks=1), "step_pattern") == (2, None)  # the log cannot tell

@@ -3,7 +3,7 @@
 import pytest
 
 from mgbench.model_shape import default_ffn_hidden
-from mgbench.planner.commands import resolve_shape
+from mgbench.commands.planning import resolve_shape
 
 
 def test_default_ffn_follows_each_mlp_kinds_convention():

@@ -70,21 +70,21 @@ def test_bf16_weights_round_the_float8_weight_from_bf16():
 @pytest.mark.skipif(not HAS_TORCHAO, reason="torchao is not installed (pip install mgbench[fp8])")
 def test_the_reference_casts_weights_to_the_dtype_fsdp_gathers_in(monkeypatch):
     """The reference's weight cast follows FSDP2's mixed-precision policy (one place:
-    apply.AUTOCAST_DTYPES["fp8"] through fsdp_mp_policy), not a bf16 of its own: with the
+    pieces.AUTOCAST_DTYPES["fp8"] through fsdp_mp_policy), not a bf16 of its own: with the
     gather dtype changed to fp16, the reference's weights are fp16 too."""
-    from mgbench.strategies import apply
+    from mgbench.strategies import pieces
 
     def cast_dtype():
         m = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False))
         fp8.convert(m, "rowwise", fsdp=False, gathered_weights=True)
         return m[0].weight.dtype
 
-    assert fp8.fsdp_weight_dtype() == apply.fsdp_mp_policy("fp8").param_dtype == torch.bfloat16
+    assert fp8.fsdp_weight_dtype() == pieces.fsdp_mp_policy("fp8").param_dtype == torch.bfloat16
     assert cast_dtype() == torch.bfloat16
-    monkeypatch.setitem(apply.AUTOCAST_DTYPES, "fp8", torch.float16)
-    assert apply.fsdp_mp_policy("fp8").param_dtype == torch.float16 and cast_dtype() == torch.float16
+    monkeypatch.setitem(pieces.AUTOCAST_DTYPES, "fp8", torch.float16)
+    assert pieces.fsdp_mp_policy("fp8").param_dtype == torch.float16 and cast_dtype() == torch.float16
     # Gathered as stored (no mixed precision): nothing to round, no separate reference.
-    monkeypatch.setitem(apply.AUTOCAST_DTYPES, "fp8", None)
+    monkeypatch.setitem(pieces.AUTOCAST_DTYPES, "fp8", None)
     assert cast_dtype() == torch.float32
     assert not fp8.weights_cast_from_gathered(check_config("fsdp", precision="fp8", fp8_recipe="rowwise"))
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from mgbench.runner import worker
-from mgbench.runner.training import fp32_matmul_mode
-from mgbench.strategies import apply
+from mgbench.telemetry.tf32 import fp32_matmul_mode
+from mgbench.strategies import pieces
 from mgbench.strategies.pipeline import StageLoss
 from mgbench.workloads.gpt import DecoderLM
 from tests.factories import make_config
@@ -89,8 +89,8 @@ def test_checkpointing_keeps_no_rng_state(monkeypatch):
     plain = DecoderLM(model.shape, max_seq_len=16)
     torch.manual_seed(0)
     ckpt = DecoderLM(model.shape, max_seq_len=16)
-    apply.apply_activation_checkpointing(ckpt, "full")
-    assert all(isinstance(b, apply.Checkpointed) for b in ckpt.blocks.values())
+    pieces.apply_activation_checkpointing(ckpt, "full")
+    assert all(isinstance(b, pieces.Checkpointed) for b in ckpt.blocks.values())
     grads = []
     for m in (plain, ckpt):
         m(x).float().logsumexp(-1).mean().backward()
@@ -103,7 +103,7 @@ def test_checkpointing_keeps_no_rng_state(monkeypatch):
 def test_stage_loss_scales_for_fp16_and_reports_the_true_loss():
     """Defect 3: the pipeline schedule runs backward on what its loss function returns, so
     that function scales the loss; the reported loss is divided back exactly."""
-    scaler = apply.LossScaler(torch.device("cpu"))
+    scaler = pieces.LossScaler(torch.device("cpu"))
     loss_fn = StageLoss(scaler)
     logits = torch.randn(2, 4, 8, requires_grad=True)
     target = torch.randint(0, 8, (2, 4))

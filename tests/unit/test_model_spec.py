@@ -240,3 +240,25 @@ def test_a_system_with_another_gpu_is_honoured_and_said():
     r = CliRunner().invoke(main, ["predict", "--system", "dgx-a100", "--model", "llama3-8b", "--num-gpus", "16",
                                   "--zero", "3", "--json"])
     assert json.loads(r.output)["device_memory_bytes"] == pytest.approx(80e9)
+
+
+# --- torchtitan's op-level selective activation checkpointing -------------------------------
+
+def test_op_level_checkpointing_by_hand():
+    # A llama-like block, bf16 (e = 2), one rank: the block input, SDPA's output and
+    # log-sum-exp, and half of the matmul outputs (q, k, v, w1, w3: q + 2 k + 2 F; wo and
+    # w2: 2 h).
+    s = ModelShape(layers=4, hidden=256, heads=8, kv_heads=2, ffn_hidden=704, vocab=100)
+    h, q, k, F, a, e, N = 256, 256, 64, 704, 8, 2.0, 1000
+    want = N * (e * h + e * q + M.LSE_BYTES * a + e * (q + 2 * k + 2 * F) / 2 + e * h)
+    assert float(M.layer_activations(s, N, 1, False, "bf16", op_sac=True)) == pytest.approx(want)
+    assert want < float(M.layer_activations(s, N, 1, False, "bf16"))
+    # Half of the blocks' matmul forward is recomputed; attention's is saved, not redone.
+    block_weights = s.num_matmul_params() - s.hidden - s.padded_vocab * s.hidden
+    none = perf.hardware_flops_per_token(s, 512, 0)
+    assert perf.hardware_flops_per_token(s, 512, M.OP_SAC) - none == pytest.approx(0.5 * 2 * block_weights)
+    # Its memory sits between every_2nd's and none's for a deep model, above full's.
+    big = catalog.model_shape("llama3-8b")
+    acts = {rc: M.memory_per_gpu(big, seq=8192, recompute=M.RECOMPUTE.index(rc), dp=8, zero=3)["activations_bytes"]
+            for rc in ("none", "full", "op")}
+    assert acts["full"] < acts["op"] < acts["none"]

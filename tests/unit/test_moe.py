@@ -231,7 +231,8 @@ def test_moe_model_trains_under_activation_checkpointing(monkeypatch):
     # activation checkpoint it once made the original forward save more tensors than the
     # recomputation ("A different number of tensors was saved"). Gradients with every
     # block recomputed equal those without.
-    from mgbench.strategies.apply import apply_activation_checkpointing, build_model
+    from mgbench.strategies.apply import build_model
+    from mgbench.strategies.pieces import apply_activation_checkpointing
     from mgbench.workloads.gpt import lm_loss
 
     cfg = make_config(model="tiny-moe", seq_len=16)

@@ -77,7 +77,7 @@ def test_no_grad_sync_on_a_config_with_no_gradient_reduction_is_refused():
     # One process, no wrapper: there is nothing for the bug to skip, which must be said,
     # not silently injected as a no-op.
     from mgbench.runner.inject import _skip_grad_sync
-    from mgbench.strategies.apply import Prepared
+    from mgbench.strategies.pieces import Prepared
 
     model = torch.nn.Linear(2, 2)
     prep = Prepared(model, torch.optim.SGD(model.parameters(), lr=0.1), None, None, dp_rank=0, dp_size=1,

@@ -20,7 +20,7 @@ import torch
 from mgbench.runner.check import compare_check
 from mgbench.runner.reference import reference_check
 from mgbench.runner.tolerance import check_config, run_on_gloo_ranks
-from mgbench.strategies import apply
+from mgbench.strategies import apply, pieces
 
 CPU = torch.device("cpu")
 FOUR_LAYERS = dict(layers=4, hidden=64, heads=4, kv_heads=2, ffn_hidden=176, vocab=256)
@@ -71,7 +71,7 @@ def _mesh_probe(cfg):
     for _ in range(2):
         apply.prepare(cfg, CPU)
         counts.append(_pg_count())
-    same = apply.device_mesh(CPU, (cfg.pp, cfg.dp, cfg.tp), ("pp", "dp", "tp")) is apply.device_mesh(
+    same = pieces.device_mesh(CPU, (cfg.pp, cfg.dp, cfg.tp), ("pp", "dp", "tp")) is pieces.device_mesh(
         CPU, (cfg.pp, cfg.dp, cfg.tp), ("pp", "dp", "tp"))
     raw = [_pg_count()]
     for _ in range(2):
@@ -86,7 +86,7 @@ def _rank(fp16_cases, fused_cases, mesh_cfg):
 
     out = {"mesh": _mesh_probe(mesh_cfg)}  # first: no config has built its layout yet
     out["fp16"] = [run_check(c, CPU) for c in fp16_cases]
-    apply.FUSED_OPTIMIZER_DEVICES = ("cuda", "cpu")
+    pieces.FUSED_OPTIMIZER_DEVICES = ("cuda", "cpu")
     out["fused"] = [run_check(c, CPU) for c in fused_cases]
     out["fused_flags"] = [sorted({g.get("fused") for g in apply.prepare(c, CPU).optimizer.param_groups}, key=str)
                           for c in fused_cases]
@@ -135,7 +135,7 @@ def test_fused_adamw_runs_under_every_strategy_and_matches_a_fused_reference(two
     got, refs = two_ranks
     i = list(FUSED).index(name)
     cfg = FUSED[name]
-    monkeypatch.setattr(apply, "FUSED_OPTIMIZER_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(pieces, "FUSED_OPTIMIZER_DEVICES", ("cuda", "cpu"))
     cmp = compare_check(got["fused"][i], reference_check(cfg, CPU, refs / "fused"), cfg.precision)
     assert cmp["correct"] is True, cmp["correct_reason"]
     sharded_fp16 = cfg.precision == "fp16" and cfg.strategy not in ("ddp", "zero1")
@@ -145,13 +145,13 @@ def test_fused_adamw_runs_under_every_strategy_and_matches_a_fused_reference(two
 def test_fused_adamw_is_cuda_only_and_splits_dtensor_from_plain_parameters():
     """Defect 12: AdamW is fused on CUDA (not on CPU, where the measured tolerances and
     timings were taken unfused), and its groups never mix DTensor with plain tensors."""
-    assert apply.optimizer_kw(torch.device("cuda"))["fused"] is True
-    assert "fused" not in apply.optimizer_kw(CPU)
-    assert "fused" not in apply.optimizer_kw(torch.device("cuda"), sharded_fp16=True)
+    assert pieces.optimizer_kw(torch.device("cuda"))["fused"] is True
+    assert "fused" not in pieces.optimizer_kw(CPU)
+    assert "fused" not in pieces.optimizer_kw(torch.device("cuda"), sharded_fp16=True)
     params = [torch.nn.Parameter(torch.randn(3)) for _ in range(2)]
-    opt = apply.make_optimizer(params, torch.device("cuda"))  # CPU tensors: fused CPU kernels exist
+    opt = pieces.make_optimizer(params, torch.device("cuda"))  # CPU tensors: fused CPU kernels exist
     assert [g["fused"] for g in opt.param_groups] == [True]
-    assert {k: opt.defaults[k] for k in apply.OPTIMIZER_KW} == apply.OPTIMIZER_KW
+    assert {k: opt.defaults[k] for k in pieces.OPTIMIZER_KW} == pieces.OPTIMIZER_KW
 
 
 def _rank4(cases, mesh_cfg):

@@ -44,7 +44,7 @@ def resolve_shape(model: str | None, params: float | None, dims: dict[str, Any],
 
 
 def _layout(kw: dict[str, Any]):
-    from .predict import Layout
+    from ..planner.predict import Layout
 
     return Layout(num_gpus=kw["num_gpus"], tp=kw["tp"], pp=kw["pp"], zero=kw["zero"], micro_batch=kw["micro_batch"],
                   seq_len=kw["seq_len"], global_batch=kw["global_batch"], precision=kw["precision"],
@@ -79,7 +79,7 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
       mgbench memory --model llama3-70b --zero 3 --num-gpus 64 --seq-len 8192 --trace
       mgbench memory --model gpt2-small --micro-batch 8 --seq-len 1024 --hardware PROFILE   # fits this machine?
     """
-    from .predict import memory as memory_fn
+    from ..planner.predict import memory as memory_fn
 
     shape = resolve_shape(model, params, _dims(kw), hf_config)
     if trace and hardware_profile:
@@ -131,8 +131,8 @@ def _shape_line(shape: ModelShape) -> str:
 
 
 def _memory_trace(shape: ModelShape | None, layout: Any, strategy: str | None, as_json: bool) -> None:
-    from .predict import validate
-    from .trace import runner_config, trace_memory
+    from ..planner.predict import validate
+    from ..planner.trace import runner_config, trace_memory
 
     if shape is None:
         raise MgbenchError("--trace builds the model: give --model NAME or its dims, not --params")
@@ -171,9 +171,9 @@ def predict(model, hf_config, params, as_json, system, gpu, hardware_profile, ag
       mgbench predict --hardware PROFILE --model gpt2-small --num-gpus 1 --micro-batch 8 --seq-len 1024
       mgbench predict --model llama3-70b --gpu a100-sxm-80gb --num-gpus 64 --zero 3 --seq-len 8192 --stack torchtitan
     """
-    from . import calibrate, hardware, perf
-    from . import stack as stacks
-    from .predict import predict as predict_fn
+    from ..planner import calibrate, hardware, perf
+    from ..planner import stack as stacks
+    from ..planner.predict import predict as predict_fn
 
     dims = _dims(kw)
     profile = None
@@ -187,8 +187,8 @@ def predict(model, hf_config, params, as_json, system, gpu, hardware_profile, ag
         profile = read_profile(hardware_profile)
         if against_run:
             from ..probe.profile import write_profile
-            from .against import against_run as against_fn
-            from .against import record_validation
+            from ..planner.against import against_run as against_fn
+            from ..planner.against import record_validation
 
             res = against_fn(profile, against_run, results_dir)
             entry = record_validation(profile, res)
@@ -217,7 +217,7 @@ def predict(model, hf_config, params, as_json, system, gpu, hardware_profile, ag
 
         hw = profile_hardware(profile, kw["precision"], ranks=kw["num_gpus"])
     else:
-        from .layout_time import hardware_precision
+        from ..planner.layout_time import hardware_precision
 
         # fp8: the bf16 peak (MFU's); the FP8 peak prices the blocks' linears (layout_time.py).
         hw = hardware.resolve(system=system, gpu=gpu, precision=hardware_precision(kw["precision"]),
@@ -241,7 +241,7 @@ def predict(model, hf_config, params, as_json, system, gpu, hardware_profile, ag
     res = predict_fn(shape, hw, _layout(kw), overlap=overlap if overlap is not None else over.get("overlap", perf.DEFAULT_OVERLAP),
                      host_ops=host_ops)
     res["notes"] = list(res.get("notes", [])) + host_notes
-    from . import uncertainty
+    from ..planner import uncertainty
 
     reg = (uncertainty.calibrated(fit) if calibrate_run
            else uncertainty.regime(hw.gpu, kw["pp"] > 1, profile, stack=stack or stacks.DEFAULT_STACK))
@@ -283,8 +283,8 @@ def _counted_ops(shape: Any, layout: Any, hw: Any, profile: Any = None) -> tuple
     hardware does not price them (catalog, GPU or older profiles)."""
     if hw.ew_bw is None:
         return None
-    from .against import counted_ops
-    from .trace import runner_config
+    from ..planner.against import counted_ops
+    from ..planner.trace import runner_config
 
     return counted_ops(runner_config(shape, layout), hw, profile)
 
@@ -359,8 +359,8 @@ def plan(model, hf_config, params, prices_file, price_overrides, hardware_profil
     """
     from tabulate import tabulate
 
-    from . import calibrate, cost
-    from .search import plan as plan_fn
+    from ..planner import calibrate, cost
+    from ..planner.search import plan as plan_fn
 
     shape = resolve_shape(model, params, _dims(kw), hf_config)
     if shape is None:
@@ -371,7 +371,7 @@ def plan(model, hf_config, params, prices_file, price_overrides, hardware_profil
 
         if opts.systems or calibrate_run or comm_run:
             raise MgbenchError("--hardware PROFILE plans on the probed machine: drop --systems/--calibrate/--comm")
-        from .stack import DEFAULT_STACK
+        from ..planner.stack import DEFAULT_STACK
 
         if opts.stack != DEFAULT_STACK:
             raise MgbenchError("--hardware PROFILE replaces --stack (a profile measures this machine's kernels; a stack "
@@ -380,11 +380,11 @@ def plan(model, hf_config, params, prices_file, price_overrides, hardware_profil
     if calibrate_run:
         fit = calibrate.fit_run(calibrate_run, results_dir)
         opts.calibration = calibrate.plan_overrides(fit, opts.systems, opts.precision)
-        from .uncertainty import calibrated
+        from ..planner.uncertainty import calibrated
 
         opts.calibration_regime = calibrated(fit)
     if comm_run:
-        from .hardware import systems as all_systems
+        from ..planner.hardware import systems as all_systems
 
         links = calibrate.comm_links(comm_run, results_dir)
         opts.links = {name: links["fields"] for name, s in all_systems().items() if s["gpu"] == links["gpu"]}
