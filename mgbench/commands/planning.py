@@ -64,9 +64,15 @@ def _gb(x: float) -> str:
 
 # Options are made on first use (deferred): the layout's come from the planner's modules,
 # which load numpy, and importing the CLI should not.
-@deferred_command(lambda: [*MODEL_GROUP, *layout_group(), LARGEST_LAYER, HARDWARE, TRACE, TRACE_STRATEGY, JSON])
-def memory(model, hf_config, params, as_json, largest_layer_params, hardware_profile, trace, trace_strategy, **kw) -> None:  # type: ignore[no-untyped-def]
+@deferred_command(lambda: [*MODEL_GROUP, *layout_group(), plan_field("stack"), LARGEST_LAYER, HARDWARE, TRACE,
+                           TRACE_STRATEGY, JSON])
+def memory(model, hf_config, params, as_json, largest_layer_params, hardware_profile, trace, trace_strategy, stack,  # type: ignore[no-untyped-def]
+           **kw) -> None:
     """Memory per GPU: model states per ZeRO stage, activations, transient peaks, allowance.
+
+    --stack sets what differs between training stacks: the bytes weights, gradients and
+    optimizer states are kept in, and how the loss holds the logits (full fp32 logits in
+    torchtitan and Hugging Face, Megatron's fused vocab-parallel loss, the runner's chunks).
 
     With --trace, also run the real workload and strategy code on fake tensors and a fake
     process group at this world size (nothing is allocated: seconds on a laptop, even for
@@ -91,7 +97,8 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
         raise MgbenchError("--strategy chooses what --trace runs; add --trace")
     if largest_layer_params is not None and shape is not None:
         raise MgbenchError("--largest-layer-params is for --params; with a model shape the layers are known")
-    res = memory_fn(shape, _layout(kw), params=params, largest_layer_params=largest_layer_params)
+    res = memory_fn(shape, _layout(kw), params=params, largest_layer_params=largest_layer_params,
+                    stack="mgbench" if hardware_profile else stack)
     if hardware_profile:
         from ..probe.profile import memory_budget, read_profile
 

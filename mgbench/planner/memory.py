@@ -364,6 +364,32 @@ def logits_bytes(shape: ModelShape, tokens: Any, precision: str) -> Any:
     return np.asarray(tokens, dtype=float) * shape.padded_vocab * act_bytes(precision)
 
 
+# How the loss holds the logits, by stack (data/stacks.toml [stacks.*.memory] loss): bytes
+# per logit element (per token and vocabulary entry, / tp where the stack's loss is
+# vocabulary-parallel) kept for backward, and held besides at the loss's backward.
+#   fp32   torch's cross_entropy over logits.float() (torchtitan, Hugging Face, Composer):
+#          log_softmax keeps its fp32 output (4); backward makes the fp32 gradient of it
+#          and of its input while that output still lives (4 + 4). The bf16 logits the
+#          head wrote are dropped before backward (torchtitan deletes them), or counted
+#          here as their gradient once cast back.
+#   fused  Megatron-Core's vocab-parallel cross-entropy: the fp32 softmax kept (4), its
+#          gradient computed in place, cast back to bf16 for the head's backward (2).
+# "chunked" is mgbench's runner (:func:`logits_bytes`, :func:`loss_backward_bytes`).
+LOSS_MODES: dict[str, tuple[float, float]] = {"fp32": (4.0, 8.0), "fused": (4.0, 2.0)}
+LOSS_NAMES = ("chunked", *LOSS_MODES)
+
+
+def loss_bytes(shape: ModelShape, tokens: Any, tp: Any, precision: str, loss: str = "chunked",
+               vocab_parallel: bool = False) -> tuple[Any, Any]:
+    """(bytes kept for backward, transient bytes at the loss's backward) of the logits and
+    loss on the stage that computes it, as ``loss`` (LOSS_NAMES) holds them."""
+    if loss == "chunked":
+        return logits_bytes(shape, tokens, precision), loss_backward_bytes(shape, tokens, precision)
+    kept, transient = LOSS_MODES[loss]
+    per = np.asarray(tokens, dtype=float) * shape.padded_vocab / (np.asarray(tp, dtype=float) if vocab_parallel else 1.0)
+    return per * kept, per * transient
+
+
 def loss_backward_bytes(shape: ModelShape, tokens: Any, precision: str) -> Any:
     """The loss's transient peak in backward, beyond the saved logits.
 
@@ -382,7 +408,8 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
                    precision: str = "bf16", recompute: Any = 0, sp: Any = False, flash: Any = True,
                    schedule: str = "1f1b", virtual_stages: int = 1,
                    largest_layer_params: Any = None, ep: Any = 1, cp: Any = 1, replicas: Any = 1,
-                   offload: bool = False) -> dict[str, Any]:
+                   offload: bool = False, state_bytes: tuple[float, float, float] | None = None,
+                   loss: str = "chunked", loss_vocab_parallel: bool = False) -> dict[str, Any]:
     """Everything one GPU holds at its peak under the planner's production assumptions,
     in bytes; the components add up to ``total_bytes``.
 
@@ -417,6 +444,10 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     - ``offload`` (FSDP2 CPUOffloadPolicy, ZeRO-3): weights, gradients and optimizer
       states live in host memory (``host_bytes``, not in the device total); the device
       keeps the gathered working set;
+    - the stack (planner/stack.py memory_of): ``state_bytes`` (weights, gradients,
+      optimizer states per parameter; default STATE_BYTES[precision]) and ``loss``, how
+      the loss holds the logits (:data:`LOSS_MODES`; ``loss_vocab_parallel``: split over
+      tp);
     - ``precision = "fp8"`` (torchao float8): the same states and saved activations as
       bf16 (torchao's float8 matmul saves its high-precision input and weight for
       backward and casts again there), plus one block's float8 weight casts (1 byte a
@@ -438,8 +469,9 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
                 "host_bytes": host, "gathered_params_known": largest_layer_params is not None}
     p_arr = np.asarray(pp)
     dense_p, expert_p = stage_param_split(shape, tp, pp, ep)
-    states = _add_states(model_states(dense_p, zgroup, zero, precision),
-                         model_states(expert_p, zgroup / np.asarray(ep, dtype=float), zero, precision))
+    sb = None if precision == "fp32" else state_bytes  # fp32 training keeps fp32 everything
+    states = _add_states(model_states(dense_p, zgroup, zero, precision, sb),
+                         model_states(expert_p, zgroup / np.asarray(ep, dtype=float), zero, precision, sb))
     states, host = _offloaded(states, offload)
     held = pipeline_fsdp_holds_stage(pp, zero)
     stage_w = dense_p + expert_p
@@ -466,7 +498,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     out_first = tokens * e * shape.hidden / np.where(sp, t, 1.0)
     final_norm = tokens * (np.where(sp, (2.0 * e * shape.hidden + NORM_SCALAR_BYTES) / t,
                                     2.0 * e * shape.hidden + NORM_SCALAR_BYTES) + e * shape.hidden)
-    logits = logits_bytes(shape, tokens, precision)
+    logits, loss_t = loss_bytes(shape, tokens, tp, precision, loss, loss_vocab_parallel)
     nflight = in_flight(pp, num_micro, schedule, virtual_stages)
     first = (blocks + rope + out_first) * nflight
     last = blocks + rope + final_norm + logits
@@ -474,7 +506,6 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     acts = np.where(p_arr == 1, single, np.maximum(first, last))
     # Transient peaks beyond the saved activations: the loss's backward on the stage that
     # computes it; a checkpointed block rebuilt in backward.
-    loss_t = loss_backward_bytes(shape, tokens, precision)
     # A block rebuilt in backward holds its whole activations for a moment (under op-level
     # checkpointing too: every block is rebuilt, from its saved matmul outputs).
     whole_l = layer_activations(shape, tokens, tp, sp, precision, flash, seq)

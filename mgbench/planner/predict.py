@@ -148,16 +148,20 @@ def _floats(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def memory(shape: ModelShape | None, layout: Layout, params: float | None = None,
-           largest_layer_params: float | None = None) -> dict[str, Any]:
+           largest_layer_params: float | None = None, stack: str | None = None) -> dict[str, Any]:
     """Bytes per GPU for `mgbench memory` (model states, and the ZeRO-3 working set when
-    ``largest_layer_params`` is given, when only ``params`` is known)."""
+    ``largest_layer_params`` is given, when only ``params`` is known), as ``stack`` (None:
+    the default) holds them (planner/stack.py memory_of)."""
+    from .stack import memory_of
+
     validate(layout, shape)
     m = memory_per_gpu(shape, params=params, seq=layout.seq_len, micro_batch=layout.micro_batch,
                        num_micro=layout.num_micro, tp=layout.tp, pp=layout.pp, dp=layout.dp, zero=layout.zero,
                        precision=layout.precision, recompute=RECOMPUTE.index(layout.recompute),
                        sp=layout.sequence_parallel, flash=layout.flash_attention, schedule=layout.schedule,
                        virtual_stages=layout.virtual_stages, largest_layer_params=largest_layer_params,
-                       ep=layout.ep, cp=layout.cp, replicas=layout.replicas, offload=layout.offload)
+                       ep=layout.ep, cp=layout.cp, replicas=layout.replicas, offload=layout.offload,
+                       **memory_of(stack))
     out = {k: float(m[k]) for k in MEMORY_KEYS}
     # Offloaded model states: in host memory, not in the device total.
     out["host_bytes"] = float(m["host_bytes"])
@@ -169,6 +173,7 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
                      "zero": layout.zero, "micro_batch": layout.micro_batch, "precision": layout.precision,
                      "recompute": layout.recompute, "ep": layout.ep, "cp": layout.cp, "hsdp_replicas": layout.replicas,
                      "offload": layout.offload, "schedule": layout.schedule}
+    out["stack"] = stack or "megatron-lm (default)"
     return out
 
 
@@ -186,7 +191,7 @@ def predict(shape: ModelShape, hw: Hardware, layout: Layout, overlap: float = pe
                                 offload=layout.offload, host_ops=host_ops)
     notes = out.pop("notes")
     res = _floats(out)
-    mem = memory(shape, layout)
+    mem = memory(shape, layout, stack=hw.stack)
     res["notes"] = notes + mem.pop("notes")
     res["memory"] = mem
     res["fits"] = mem["total_bytes"] <= hw.memory_bytes

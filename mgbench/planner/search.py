@@ -262,7 +262,7 @@ def _evaluate_rows(shape: ModelShape, hw: hardware.Hardware, opts: PlanOptions, 
                   zero=rows["zero"], precision=opts.precision, recompute=rows["recompute"], sp=sp, flash=True,
                   schedule=opts.schedule, virtual_stages=opts.virtual_stages, ep=rows["ep"], cp=rows["cp"],
                   offload=offload)
-    mem = memory_per_gpu(shape, num_micro=rows["num_micro_batches"], **common)
+    mem = memory_per_gpu(shape, num_micro=rows["num_micro_batches"], **common, **stack.memory_of(opts.stack))
     fits = mem["total_bytes"] <= hw.memory_bytes
     kept = {k: a[fits] for k, a in rows.items()}
     common = {k: (v[fits] if isinstance(v, np.ndarray) else v) for k, v in common.items()}

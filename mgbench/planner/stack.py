@@ -42,6 +42,20 @@ def efficiency(name: str) -> float:
     return float(eff)
 
 
+def memory_of(name: str | None) -> dict[str, Any]:
+    """How the stack holds memory (data/stacks.toml [stacks.NAME.memory]), as keyword
+    arguments of memory.memory_per_gpu: ``state_bytes`` (weights, gradients, optimizer
+    states per parameter under 16-bit training), ``loss`` and ``loss_vocab_parallel``.
+    ``None``: the default stack."""
+    name = name or DEFAULT_STACK
+    known = stacks()
+    if name not in known:
+        raise MgbenchError(f"unknown --stack {name!r}; known: {', '.join(known)}")
+    m = known[name]["memory"]
+    return {"state_bytes": tuple(float(x) for x in m["state_bytes"]), "loss": m["loss"],
+            "loss_vocab_parallel": bool(m["loss_vocab_parallel"])}
+
+
 def apply(hw: Hardware, name: str | None) -> Hardware:
     """``hw`` with the stack's efficiency (``None``: the default stack)."""
     name = name or DEFAULT_STACK

@@ -149,6 +149,7 @@ def hardware(profile: dict[str, Any], precision: str, ranks: int = 1) -> Hardwar
     peak = float(catalog_peak) if catalog_peak else row["best_tflops"] * share
     link = comm_link(profile, ranks)
     return Hardware(
+        stack="mgbench",  # a probe times mgbench's own runner: its memory is the runner's
         system=f"probed:{profile['hostname']}",
         gpu=acc or profile["device_name"],
         gpus_per_node=max(ranks, profile.get("num_devices", 1)),

@@ -1,0 +1,95 @@
+"""Predicted peak memory against published measurements of production stacks
+(data/published_memory.toml): what `mgbench memory`, `predict` and `plan` say a layout
+needs, scored on the peaks that torchtitan (and other stacks) published for theirs, and on
+the layouts they published as running out of memory.
+
+    python -m mgbench.planner.memory_validation     # prints the table and both parts' errors
+
+The prediction is the planner's ``total_bytes`` (allocated tensors plus the stated
+allowance, memory.ALLOWANCE_FRACTION) with the row's stack's memory (stack.memory_of);
+torchtitan publishes the CUDA caching allocator's peak reserved bytes, which is what must
+fit. No constant is fitted to these rows today: "fit" rows are the ones a future constant
+may be set from, "held_out" rows never set one, and both parts' errors are reported.
+"""
+
+from __future__ import annotations
+
+from statistics import mean
+from typing import Any
+
+from .. import catalog
+from ..model_shape import ModelShape
+from .predict import Layout, memory
+
+GIB = 2**30
+
+
+def published_memory() -> list[dict[str, Any]]:
+    """Every row of published_memory.toml."""
+    return catalog.load("published_memory.toml")["runs"]
+
+
+def layout_of(run: dict[str, Any]) -> Layout:
+    """The planner's layout of a published row (a pipeline's micro-batches from num_micro)."""
+    dp = run["dp"]
+    return Layout(num_gpus=run["num_gpus"], tp=run["tp"], pp=run["pp"], cp=run.get("cp", 1), ep=run.get("ep", 1),
+                  zero=run["zero"], micro_batch=run["micro_batch"], seq_len=run["seq_len"],
+                  global_batch=run["micro_batch"] * dp * run.get("num_micro", 1), precision=run["precision"],
+                  recompute=run["recompute"], sequence_parallel=run["sequence_parallel"],
+                  schedule=run.get("schedule", "1f1b"), virtual_stages=run.get("virtual_stages", 2))
+
+
+def predict_row(run: dict[str, Any]) -> dict[str, Any]:
+    """The planner's memory for one row, beside what was published."""
+    shape = catalog.model_shape(run["model"]) if "model" in run else ModelShape(name=run["id"], **run["shape"])
+    got = memory(shape, layout_of(run), stack=run["stack"])
+    predicted = got["total_bytes"] / GIB
+    out = {"id": run["id"], "stack": run["stack"], "role": run["role"], "predicted_gib": predicted,
+           "measured_gib": run.get("measured_gib"), "oom": bool(run.get("oom")), "why": run.get("why")}
+    if out["oom"]:
+        out["predicted_fits"] = predicted <= run["device_memory_gib"]
+        out["error_pct"] = None
+    else:
+        out["error_pct"] = 100.0 * (predicted - run["measured_gib"]) / run["measured_gib"]
+    return out
+
+
+def error_table() -> list[dict[str, Any]]:
+    """Every row predicted."""
+    return [predict_row(r) for r in published_memory()]
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean and worst |error| of the measured rows per role (informational rows apart),
+    and the published out-of-memory layouts the planner says fit (should be none)."""
+    out: dict[str, Any] = {}
+    for role in ("fit", "held_out"):
+        errs = [abs(r["error_pct"]) for r in rows if r["role"] == role and r["error_pct"] is not None]
+        out[role] = {"rows": len(errs), "mean_abs_error_pct": mean(errs) if errs else None,
+                     "max_abs_error_pct": max(errs) if errs else None}
+    out["oom_rows"] = sum(r["oom"] for r in rows)
+    out["oom_predicted_to_fit"] = [r["id"] for r in rows if r["oom"] and r["predicted_fits"]]
+    return out
+
+
+def main() -> None:
+    from tabulate import tabulate
+
+    rows = error_table()
+    print(tabulate([[r["id"], r["stack"], r["role"], "OOM" if r["oom"] else f"{r['measured_gib']:.1f}",
+                     f"{r['predicted_gib']:.1f}",
+                     ("fits: WRONG" if r["predicted_fits"] else "does not fit: right") if r["oom"]
+                     else f"{r['error_pct']:+.1f}%"] for r in rows],
+                   headers=["run", "stack", "role", "published GiB", "predicted GiB", "error"]))
+    s = summary(rows)
+    for role in ("fit", "held_out"):
+        p = s[role]
+        print(f"{role}: {p['rows']} rows, mean |error| {p['mean_abs_error_pct']:.1f}%, max {p['max_abs_error_pct']:.1f}%")
+    print(f"published out-of-memory layouts: {s['oom_rows']}, predicted to fit: {s['oom_predicted_to_fit'] or 'none'}")
+    for r in rows:
+        if r["why"]:
+            print(f"{r['id']}: {r['role']}: {r['why']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Memory as each stack holds it (issue 31, item 6): the bytes its weights, gradients and
+optimizer states take, how its loss holds the logits, and the planner's peak against the
+peaks production stacks published (data/published_memory.toml), with a held-out part."""
+
+import pytest
+from click.testing import CliRunner
+
+from mgbench import catalog
+from mgbench.cli import main
+from mgbench.planner import memory as M
+from mgbench.planner import memory_validation as V
+from mgbench.planner import stack
+
+LLAMA8 = catalog.model_shape("llama3-8b")
+
+
+def test_loss_modes_by_hand():
+    # 2 x 8192 tokens, vocabulary 128256, tp 8.
+    N, V_, t = 16384, 128256, 8
+    kept, transient = M.loss_bytes(LLAMA8, N, t, "bf16", "fp32", vocab_parallel=False)
+    assert (kept, transient) == (4 * N * V_, 8 * N * V_)  # fp32 log-probs kept; their gradient and the input's
+    kept, transient = M.loss_bytes(LLAMA8, N, t, "bf16", "fp32", vocab_parallel=True)
+    assert kept == pytest.approx(4 * N * V_ / t) and transient == pytest.approx(8 * N * V_ / t)
+    kept, transient = M.loss_bytes(LLAMA8, N, t, "bf16", "fused", vocab_parallel=True)
+    assert kept == pytest.approx(4 * N * V_ / t) and transient == pytest.approx(2 * N * V_ / t)
+    # The runner's chunks: the bf16 logits kept, the chunk's fp32 work transient.
+    kept, transient = M.loss_bytes(LLAMA8, N, t, "bf16")
+    assert kept == M.logits_bytes(LLAMA8, N, "bf16") and transient == M.loss_backward_bytes(LLAMA8, N, "bf16")
+
+
+def test_stacks_hold_states_as_their_code_does():
+    mega, titan, own = (stack.memory_of(n) for n in ("megatron-lm", "torchtitan", "mgbench"))
+    assert mega["state_bytes"] == (2, 4, 12)  # fp32 main_grad under bf16
+    assert titan["state_bytes"] == (4, 4, 8) and titan["loss"] == "fp32"
+    assert own["state_bytes"] == M.RUNNER_STATE_BYTES and own["loss"] == "chunked"  # the runner's, stated once each
+    assert stack.memory_of(None) == mega
+    # DDP on 8 GPUs: Megatron's gradients take 4 bytes a parameter, not the 2 of the old default.
+    got = M.memory_per_gpu(LLAMA8, dp=8, zero=0, **mega)
+    assert float(got["grads_bytes"]) == pytest.approx(4 * LLAMA8.num_params())
+    # fp32 training keeps 4 + 4 + 8 whatever the stack.
+    got = M.memory_per_gpu(LLAMA8, dp=8, zero=0, precision="fp32", **mega)
+    assert float(got["grads_bytes"]) == pytest.approx(4 * LLAMA8.num_params())
+    assert float(got["params_bytes"]) == pytest.approx(4 * LLAMA8.num_params())
+
+
+def test_memory_takes_the_stack_and_the_full_fp32_loss_costs_what_it_costs():
+    args = ["memory", "--model", "llama3-8b", "--num-gpus", "8", "--zero", "3", "--seq-len", "8192",
+            "--micro-batch", "2", "--recompute", "op", "--json"]
+    import json
+
+    titan = json.loads(CliRunner().invoke(main, [*args, "--stack", "torchtitan"]).output)
+    own = json.loads(CliRunner().invoke(main, [*args, "--stack", "mgbench"]).output)
+    # The full fp32 loss holds 12 bytes a logit where the runner's chunks hold a fraction.
+    assert titan["total_bytes"] - own["total_bytes"] > 10e9
+    assert titan["stack"] == "torchtitan"
+
+
+def test_published_peaks_held_out_within_15_percent_and_every_oom_predicted_not_to_fit():
+    rows = V.error_table()
+    s = V.summary(rows)
+    assert s["held_out"]["rows"] >= 10 and s["fit"]["rows"] >= 3
+    assert s["held_out"]["mean_abs_error_pct"] < 15.0, s
+    assert s["oom_rows"] >= 1 and s["oom_predicted_to_fit"] == []
+    roles = {r["role"] for r in V.published_memory()}
+    assert roles <= {"fit", "held_out", "informational"}
+    assert all(r.get("why") for r in V.published_memory() if r["role"] == "informational")
+
+
+def test_the_oom_check_fires_when_a_layout_is_said_to_fit(monkeypatch):
+    # A broken input: the published OOM layout given a device that holds it. The summary
+    # must name it, not pass it by.
+    runs = [dict(r, device_memory_gib=1e6) if r.get("oom") else r for r in V.published_memory()]
+    monkeypatch.setattr(V, "published_memory", lambda: runs)
+    assert V.summary(V.error_table())["oom_predicted_to_fit"] == ["tt-dsv3-16b-8gpu-oom"]
+
+
+def test_the_error_grows_when_the_stack_is_wrong(monkeypatch):
+    # The stack's memory matters to the score: priced as mgbench's chunked loss, torchtitan's
+    # 8B runs come out far lower than published.
+    right = V.summary(V.error_table())["fit"]["mean_abs_error_pct"]
+    real = stack.memory_of
+    monkeypatch.setattr("mgbench.planner.stack.memory_of", lambda name: real("mgbench"))
+    wrong = V.summary(V.error_table())["fit"]["mean_abs_error_pct"]
+    assert wrong > right + 10
