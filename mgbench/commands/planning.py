@@ -219,27 +219,17 @@ def predict(model, hf_config, params, as_json, system, gpu, hardware_profile, ag
     shape = resolve_shape(model, params, dims, hf_config)
     if shape is None:
         raise MgbenchError("predict needs the model's shape: --model NAME or explicit dims, not --params")
-    if profile is not None:
-        from ..probe.profile import hardware as profile_hardware
+    from ..planner.resolve import resolve
 
-        hw = profile_hardware(profile, kw["precision"], ranks=kw["num_gpus"])
-    else:
-        from ..planner.layout_time import hardware_precision
-
-        # fp8: the bf16 peak (MFU's); the FP8 peak prices the blocks' linears (layout_time.py).
-        hw = hardware.resolve(system=system, gpu=gpu, precision=hardware_precision(kw["precision"]),
-                              **over.get("hardware", {}))
-        if not calibrate_run:  # a fit to a run already holds that run's stack
-            hw = stacks.apply(hw, stack)
-        elif stack:
-            raise MgbenchError("--calibrate RUN fits the efficiency of the stack that measured RUN; drop --stack")
+    links = None
     if comm_run:
-        import dataclasses
-
-        links = calibrate.comm_links(comm_run, results_dir)
-        if links["gpu"] != hw.gpu:
-            raise MgbenchError(f"--comm {comm_run} measured {links['gpu']}, but the prediction is for {hw.gpu}")
-        hw = dataclasses.replace(hw, **links["fields"])
+        comm = calibrate.comm_links(comm_run, results_dir)
+        target = over.get("gpu") or gpu or (hardware.systems()[system]["gpu"] if system in hardware.systems() else None)
+        if target is not None and comm["gpu"] != target:
+            raise MgbenchError(f"--comm {comm_run} measured {comm['gpu']}, but the prediction is for {target}")
+        links = comm["fields"]
+    hw = resolve(precision=kw["precision"], system=system, gpu=gpu, profile=profile, ranks=kw["num_gpus"],
+                 calibration=over.get("hardware"), links=links, stack=stack, offload=kw["offload"])
     if overlap is None and profile is not None:
         from ..probe.profile import overlap as profile_overlap
 

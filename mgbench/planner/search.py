@@ -147,15 +147,11 @@ def _grid(*axes: np.ndarray) -> list[np.ndarray]:
 
 def evaluate_system(shape: ModelShape, system: str, opts: PlanOptions, prices: cost.Prices) -> tuple[dict[str, np.ndarray], int]:
     """All candidates of one system; returns the feasible ones (columns) and the count evaluated."""
-    hw = hardware.resolve(system=system, precision=layout_time.hardware_precision(opts.precision),
-                          **opts.calibration.get(system, {}))
-    if opts.precision == "fp8":
-        layout_time.fp8_peak_tflops(hw)  # refuses GPUs without FP8 units
-    if opts.offload:
-        layout_time.host_link_bw(hw)
-    if system in opts.links:
-        hw = dataclasses.replace(hw, **opts.links[system])
-    hw = stack.apply(hw, opts.stack)
+    from .resolve import resolve
+
+    hw = resolve(precision=opts.precision, system=system, calibration=opts.calibration.get(system),
+                 links=opts.links.get(system), stack=None if opts.stack == stack.DEFAULT_STACK else opts.stack,
+                 offload=opts.offload)
     return evaluate_hardware(shape, hw, gpu_counts(hw.gpus_per_node, opts.max_gpus), opts, prices, opts.overlap)
 
 
@@ -171,11 +167,12 @@ def evaluate_profile(shape: ModelShape, opts: PlanOptions, prices: cost.Prices) 
     CPU each count has its own share of the cores); counts the profile cannot price are
     skipped with the reason."""
     from ..probe import profile as P
+    from .resolve import resolve
 
     pieces, evaluated, notes = [], 0, []
     for n in profile_counts(opts.profile, opts.max_gpus):
         try:
-            hw = P.hardware(opts.profile, opts.precision, ranks=n)
+            hw = resolve(precision=opts.precision, profile=opts.profile, ranks=n)
         except MgbenchError as e:
             notes.append(f"{n} rank(s) not considered: {e}")
             continue

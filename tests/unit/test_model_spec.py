@@ -262,3 +262,25 @@ def test_op_level_checkpointing_by_hand():
     acts = {rc: M.memory_per_gpu(big, seq=8192, recompute=M.RECOMPUTE.index(rc), dp=8, zero=3)["activations_bytes"]
             for rc in ("none", "full", "op")}
     assert acts["full"] < acts["op"] < acts["none"]
+
+
+def test_predict_and_plan_resolve_hardware_through_one_function(monkeypatch):
+    from mgbench.planner import resolve as R
+    from mgbench.planner.cost import Prices
+    from mgbench.planner.search import PlanOptions, plan
+
+    seen = []
+    real = R.resolve
+    monkeypatch.setattr(R, "resolve", lambda **kw: seen.append(kw) or real(**kw))
+    r = CliRunner().invoke(main, ["predict", "--model", "llama3-8b", "--system", "dgx-h100", "--num-gpus", "8",
+                                  "--stack", "torchtitan", "--json"])
+    assert r.exit_code == 0, r.output
+    plan(catalog.model_shape("llama3-8b"), PlanOptions(tokens=1e10, systems=["dgx-h100"], max_gpus=8,
+                                                       stack="torchtitan"), Prices(None, []))
+    assert [k["system"] for k in seen] == ["dgx-h100", "dgx-h100"]
+    assert seen[0]["stack"] == seen[1]["stack"] == "torchtitan"
+    # The rules are the resolution's, whichever command asks.
+    with pytest.raises(MgbenchError, match="replaces --system"):
+        real(precision="bf16", system="dgx-h100", profile={"device": "cpu"})
+    with pytest.raises(MgbenchError, match="no FP8 peak|fp8"):
+        real(precision="fp8", system="dgx-a100")
