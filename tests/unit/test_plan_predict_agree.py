@@ -1,0 +1,43 @@
+"""The layout `plan` recommends, given to `predict`, gives the same step time, memory and
+MFU (issue 26, item 4): both go through one hardware resolution, one layout validity
+check and one step model, so a row of plan's table is a prediction predict makes too."""
+
+import pytest
+
+from mgbench import catalog
+from mgbench.planner.cost import Prices
+from mgbench.planner.predict import Layout, predict
+from mgbench.planner.resolve import resolve
+from mgbench.planner.search import PlanOptions, plan
+
+CASES = [
+    ("llama3-8b", dict(tokens=1e11, systems=["dgx-h100"], max_gpus=64)),
+    ("llama3-70b", dict(tokens=1e12, systems=["dgx-a100", "dgx-h100"], max_gpus=256, seq_len=8192)),
+    ("mixtral-8x7b", dict(tokens=1e11, systems=["dgx-h100"], max_gpus=128)),
+    ("qwen3-30b-a3b", dict(tokens=1e11, systems=["dgx-h100"], max_gpus=64, stack="torchtitan")),
+    ("gpt-oss-120b", dict(tokens=1e11, systems=["hgx-h200"], max_gpus=128)),
+    ("llama3-8b", dict(tokens=1e11, systems=["dgx-h100"], max_gpus=64, seq_len=32768)),  # context parallelism
+    ("llama3-70b", dict(tokens=1e12, systems=["dgx-h100"], max_gpus=256, schedule="interleaved", virtual_stages=2)),
+]
+
+
+@pytest.mark.parametrize("model,kw", CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(CASES)])
+def test_every_ranked_layout_is_predicted_the_same_by_predict(model, kw):
+    shape = catalog.model_shape(model)
+    opts = PlanOptions(**kw)
+    res = plan(shape, opts, Prices(None, []))
+    assert res["ranked"], res["reasons"]
+    for r in res["ranked"]:
+        lay = Layout(num_gpus=r["num_gpus"], tp=r["tp"], pp=r["pp"], cp=r["cp"], ep=r["ep"], zero=r["zero"],
+                     micro_batch=r["micro_batch"], seq_len=opts.seq_len,
+                     global_batch=r["micro_batch"] * r["dp"] * r["num_micro_batches"], precision=opts.precision,
+                     recompute=r["recompute"], sequence_parallel=r["tp"] > 1, schedule=opts.schedule,
+                     virtual_stages=opts.virtual_stages, offload=r["offload"])
+        hw = resolve(precision=opts.precision, system=r["system"],
+                     stack=None if opts.stack == "megatron-lm" else opts.stack)
+        p = predict(shape, hw, lay, overlap=opts.overlap)
+        tokens = lay.batch * opts.seq_len
+        assert tokens / p["step_time_s"] == pytest.approx(r["tokens_per_s"], rel=1e-9), r
+        assert p["memory"]["total_bytes"] == pytest.approx(r["memory_per_gpu_bytes"], rel=1e-9), r
+        assert p["mfu"] == pytest.approx(r["mfu"], rel=1e-9), r
+        assert p["fits"]
