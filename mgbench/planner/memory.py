@@ -581,21 +581,24 @@ def runner_phases(cfg: Any) -> dict[str, dict[str, float]]:
     The rank is rank 0: for a pipeline the first stage, which holds the most
     micro-batches in flight under 1F1B and GPipe (the last holds the logits of one).
     """
-    from ..strategies import ZERO_STAGE
+    from ..strategies import BY_NAME, ZERO_STAGE
     from ..strategies.schedules import chunks_per_rank, grad_sync_of, rank_chunks
 
     shape: ModelShape = cfg.shape
     st = cfg.strategy
+    entry = BY_NAME[st]
     # How a pipeline's replicas reduce gradients (the schedule registry's grad_sync).
     sync = grad_sync_of(cfg)
-    fsdp = st in ("fsdp", "fsdp_grad_op", "fsdp+tp") or (st == "pp+tp+dp" and cfg.dp_mode == "fsdp" and cfg.dp > 1)
+    # The registry says which data parallelism a strategy runs (its ZeRO stage), not a
+    # list of names here: hsdp and fsdp+ep are FSDP2 too.
+    fsdp = entry.fsdp_sharded or (st == "pp+tp+dp" and cfg.dp_mode in ("fsdp", "hsdp") and cfg.dp > 1)
     # The split-backward schedules' FSDP stages are not resharded after forward: FSDP2 as
     # fsdp_grad_op runs it, sharded at rest, whole in use.
     if st == "pp+tp+dp" and fsdp:
         zero = 2 if pipeline_fsdp_unsharded_from_forward(cfg.pp, cfg.pp_schedule) else 3
     else:
         zero = ZERO_STAGE.get(st, 0)
-    ddp = st in ("ddp", "zero1") or sync == "ddp_reducer"
+    ddp = entry.ddp_replicated or sync == "ddp_reducer"
     dp, tp, pp = cfg.dp, cfg.tp, cfg.pp
     sp = st == "tp_sp"
     tsp = tp if sp else 1

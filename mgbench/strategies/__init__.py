@@ -29,6 +29,18 @@ class Strategy:
     pipelined: bool = False
     prepare: str = "data_parallel"  # build function in strategies/apply.py
 
+    @property
+    def fsdp_sharded(self) -> bool:
+        """Its data parallelism is FSDP2's (ZeRO-2/3 here: fsdp_grad_op, fsdp, hsdp, fsdp+tp,
+        fsdp+ep); pp+tp+dp's depends on its dp_mode."""
+        return self.zero_stage in (2, 3)
+
+    @property
+    def ddp_replicated(self) -> bool:
+        """Its data parallelism is DDP's reducer (ZeRO-0/1: ddp, zero1, ep, cp; not single,
+        which has no data parallelism); pp+tp+dp's depends on its dp_mode."""
+        return self.zero_stage in (0, 1) and self.degrees != ()
+
 
 REGISTRY: tuple[Strategy, ...] = (
     Strategy("single", "one process, no wrapper: the reference every other strategy is checked against",

@@ -166,3 +166,18 @@ def test_cpu_adamw_scratch_is_previous_plus_two_current():
     assert M._adamw_scratch([4, 1, 3, 3], "single") == 3 + 2 * 3
     assert M._adamw_scratch([4, 1, 3, 3], "foreach") == 11
     assert M._adamw_scratch([4, 1, 3, 3], "fused") == 0
+
+
+def test_strategy_facts_come_from_the_registry_not_from_names():
+    """runner_phases once listed FSDP strategies by name and left out hsdp and fsdp+ep,
+    which the registry counts as ZeRO-3: their memory was modelled as DDP's."""
+    from mgbench.strategies import REGISTRY
+    from tests.factories import make_config
+
+    assert {s.name for s in REGISTRY if s.fsdp_sharded} >= {"fsdp", "fsdp_grad_op", "hsdp", "fsdp+tp", "fsdp+ep"}
+    assert {s.name for s in REGISTRY if s.ddp_replicated} >= {"ddp", "zero1", "ep", "cp"}
+    assert not any(s.fsdp_sharded and s.ddp_replicated for s in REGISTRY)
+    for st, kw in (("hsdp", {"replicas": 2}), ("fsdp+ep", {"model": "tiny-moe"})):
+        phases = M.runner_phases(make_config(strategy=st, nproc=4, precision="bf16", **kw))
+        assert "root_reduce_scatter" in phases, st  # FSDP2's phases, as for fsdp
+    assert "ddp_finalize" in M.runner_phases(make_config(strategy="ep", nproc=4, model="tiny-moe"))
