@@ -87,7 +87,9 @@ class ModelShape:
     # head; trained (so counted in params and FLOPs) and dropped at inference.
     mtp_layers: int = 0
     # Attention and MLP read the same normed input and are summed (GPT-J, PaLM): the same
-    # weights and FLOPs; the runner does not build it.
+    # weights and FLOPs as a sequential block, which is how the planner prices it (its one
+    # norm fewer and its fused tensor-parallel all-reduce are not modelled); the runner
+    # does not build it.
     parallel_block: bool = False
     # Local attention: layers that are not global attend to the last sliding_window
     # tokens only. global_every = k: every k-th layer (k-1, 2k-1, ...) is global
@@ -222,7 +224,7 @@ class ModelShape:
         if not planner_only:
             return None
         return (f"the runner's decoder does not build {', '.join(planner_only)}: `mgbench plan`, `predict` and "
-                "`memory` price such a model, `mgbench run` cannot measure it yet")
+                "`memory` (without --trace) price such a model, `mgbench run` cannot measure it yet")
 
     # -- attention and MLP widths ----------------------------------------------------------
     @property
@@ -255,15 +257,17 @@ class ModelShape:
         """Attention-score FLOPs per token, forward + backward, no recompute: per layer
         6 x keys x heads x (qk width + v width) (q.k and the weighted sum of values, 2
         FLOPs a multiply-add, backward twice forward), keys = the sequence (PaLM's
-        convention, causality not halved) or, for a local layer, the window. Equals
-        12 L h s for full attention with h = heads x head dim. ``seq_len`` may be an array."""
+        convention, causality not halved) or, for a local layer, the window; MTP modules'
+        blocks included. Equals 12 L h s for full attention with h = heads x head dim.
+        ``seq_len`` may be an array."""
         per_key = 6.0 * self.heads * (self.qk_head_dim + self.v_dim)
         local = self.num_local_layers
+        full = self.layers + self.mtp_layers - local  # an MTP module's block attends to the whole sequence
         if not local:
-            return per_key * self.layers * seq_len
+            return per_key * full * seq_len
         w = self.sliding_window
         keys_local = seq_len - (seq_len - w) * (seq_len > w)  # min(seq, window), arrays too
-        return per_key * ((self.layers - local) * seq_len + local * keys_local)
+        return per_key * (full * seq_len + local * keys_local)
 
     # -- mixture of experts ----------------------------------------------------------------
     @property
@@ -385,9 +389,14 @@ class ModelShape:
         "params minus embedding" for untied models. For an MoE model only the ACTIVE
         parameters count: each MoE layer's router, top_k routed experts and shared experts
         (a token's matmuls touch no other expert)."""
-        head = self.hidden + self.padded_vocab * self.hidden
         # each MTP module runs its block, its projection and the shared head once more
-        return self._block_params(active=True) + head + self._mtp_params(active=True) + self.mtp_layers * head
+        return self._block_params(active=True) + self._mtp_params(active=True) + self.num_head_matmul_params()
+
+    def num_head_matmul_params(self) -> int:
+        """Matmul parameters of the output head a token passes through: the final norm and
+        the projection to the vocabulary, once, and once more per MTP module (they share
+        the head). Never recomputed, and on the last pipeline stage."""
+        return (self.hidden + self.padded_vocab * self.hidden) * (1 + self.mtp_layers)
 
     def flops_per_token(self, seq_len: int) -> float:
         """Model training FLOPs per token, forward + backward, no recompute.

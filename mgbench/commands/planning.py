@@ -129,12 +129,25 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
 
 
 def _shape_line(shape: ModelShape) -> str:
-    """The model as built: vocabulary padding said where it applies."""
+    """The model as built: vocabulary padding, MLA, MoE, MTP and local attention said where
+    they apply."""
     vocab = (f"vocab {shape.vocab} (built as {shape.padded_vocab}, padded to a multiple of {shape.vocab_multiple})"
              if shape.padded_vocab != shape.vocab else f"vocab {shape.vocab}")
-    return (f"{shape.name}: {shape.layers} layers, hidden {shape.hidden}, {shape.heads} heads "
-            f"({shape.kv_heads} kv), MLP {shape.ffn_hidden} {shape.mlp}, {vocab}, "
-            f"{shape.num_params() / 1e9:.3g}B parameters")
+    attn = (f"{shape.heads} heads, MLA (kv rank {shape.kv_lora_rank}, q rank {shape.q_lora_rank or '-'}, "
+            f"q/k {shape.qk_head_dim} v {shape.v_dim} per head)" if shape.is_mla
+            else f"{shape.heads} heads ({shape.kv_heads} kv, head dim {shape.dim_head})")
+    extra = []
+    if shape.is_moe:
+        extra.append(f"{shape.experts} experts of {shape.moe_ffn_hidden}, top {shape.top_k}"
+                     + (f", {shape.shared_experts} shared" if shape.shared_experts else "")
+                     + (f", {shape.dense_layers} dense layers first" if shape.dense_layers else ""))
+    if shape.mtp_layers:
+        extra.append(f"{shape.mtp_layers} MTP module(s)")
+    if shape.sliding_window:
+        extra.append(f"{shape.num_local_layers} local layers (window {shape.sliding_window})")
+    active = (f" ({shape.num_active_params() / 1e9:.3g}B active)" if shape.is_moe else "")
+    return (f"{shape.name}: {shape.layers} layers, hidden {shape.hidden}, {attn}, MLP {shape.ffn_hidden} {shape.mlp}, "
+            f"{vocab}, " + "".join(f"{e}, " for e in extra) + f"{shape.num_params() / 1e9:.3g}B parameters{active}")
 
 
 def _memory_trace(shape: ModelShape | None, layout: Any, strategy: str | None, as_json: bool) -> None:

@@ -65,6 +65,10 @@ def features(rec: dict[str, Any]) -> dict[str, float]:
         # micro-step, one reduce-scatter per step (the runner syncs gradients on the last)
         k = float(perf.collective_counts(shape.layers, 1, 1, n, 3, ga, rc)["dp"])
         calls = k * units
+    # ZeRO 0-2 as mgbench's runner implements them, which is what a calibration run
+    # measured (perf.collective_counts prices production stacks: ZeRO 0-2 move an
+    # all-reduce's bytes): FSDP2 without resharding gathers once per micro-step, and
+    # ZeroRedundancyOptimizer broadcasts each rank's updated shard after DDP's all-reduce.
     elif zero == 2:
         # no resharding: one all-gather per step, a reduce-scatter per micro-step
         k, calls = 1.0 + ga, (1.0 + ga) * units

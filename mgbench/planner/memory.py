@@ -637,14 +637,14 @@ def runner_phases(cfg: Any) -> dict[str, dict[str, float]]:
     if st == "zero1":
         owned = _zero1_partition([n for n, _ in plist], dp)
     elif tp > 1 and not fsdp:
-        # strategies/apply.make_optimizer steps DTensor parameters (every matrix under
+        # strategies/pieces.make_optimizer steps DTensor parameters (every matrix under
         # tensor parallelism) before the plain ones (the replicated norms).
         norms = {i for i, (n, mm) in enumerate(plist) if n == h and not mm}
         owned = [n for i, (n, _) in enumerate(plist) if i not in norms] + [h] * len(norms)
     else:
         owned = [n / o_div for n, _ in plist]
     opt_b = o_b * sum(owned)
-    # strategies/apply.optimizer_kw: fused AdamW on CUDA, except behind torch's sharded
+    # strategies/pieces.optimizer_kw: fused AdamW on CUDA, except behind torch's sharded
     # fp16 scaler (tensor parallelism, FSDP), which falls back to the foreach step.
     if cfg.device == "cpu":
         step_kind = "single"

@@ -56,7 +56,7 @@ from ..model_shape import ModelShape
 from ..strategies.schedules import grad_sync, theoretical_bubble
 from .hardware import Hardware
 from .memory import (act_bytes, attention_recomputed_share, elementwise_recomputed, matmul_recomputed_share,
-                     pipeline_fsdp_unsharded_from_forward)
+                     pipeline_fsdp_unsharded_from_forward, recomputed_share)
 
 DEFAULT_OVERLAP = 1.0
 
@@ -109,10 +109,12 @@ def zero3_gathers(num_micro: Any, pp: Any = 1, schedule: str = "1f1b") -> Any:
 def collective_counts(layers: int, tp: Any, pp: Any, dp: Any, zero: Any, num_micro: Any, recompute: Any,
                       schedule: str = "1f1b") -> dict[str, Any]:
     """Collectives a step issues in these terms, per group (0 where its degree is 1); the
-    one statement of them, which :func:`step_time` prices and planner/against.py counts:
+    one statement of them, which :func:`compute_terms` and layout_time.step_time price
+    and planner/against.py counts:
 
-    tp  4 all-reduces per layer per micro-batch (2 forward, 2 backward; 6 with full
-        recompute, ``recompute`` 2) over a stage's ceil(L / p) layers
+    tp  4 all-reduces per layer per micro-batch (2 forward, 2 backward), 2 more per
+        recomputed block (memory.recomputed_blocks: all under full, every second under
+        every_2nd), over a stage's ceil(L / p) layers
     pp  one send forward and one backward per micro-batch and stage boundary, on the
         critical path (m + p - 1) times
     dp  one gradient all-reduce (ZeRO 0-2: ZeRO-2's reduce-scatter and all-gather move
@@ -120,8 +122,9 @@ def collective_counts(layers: int, tp: Any, pp: Any, dp: Any, zero: Any, num_mic
         one reduce-scatter"""
     t, p, d = (np.asarray(x, dtype=float) for x in (tp, pp, dp))
     m = np.asarray(num_micro, dtype=float)
-    per_layer = np.where(np.asarray(recompute) == 2, 6.0, 4.0)
-    return {"tp": np.where(t > 1, per_layer * np.ceil(layers / p) * m, 0.0),
+    stage = np.ceil(layers / p)
+    per_layer = 4.0 + 2.0 * recomputed_share(stage, recompute)  # a recomputed block's forward all-reduces again
+    return {"tp": np.where(t > 1, per_layer * stage * m, 0.0),
             "pp": np.where(p > 1, 2.0 * (m + p - 1.0), 0.0),
             "dp": np.where(d > 1, np.where(np.asarray(zero) >= 3, zero3_gathers(m, p, schedule) + 1.0, 1.0), 0.0)}
 
@@ -145,8 +148,9 @@ def _group_link(span: Any, hw: Hardware) -> tuple[Any, Any]:
 
 def head_flops_per_token(shape: ModelShape) -> float:
     """FLOPs of the output projection per token, forward + backward: 6 h V (2 per weight
-    forward, 4 backward), padded vocabulary as built. Never recomputed."""
-    return 6.0 * shape.hidden * shape.padded_vocab
+    forward, 4 backward), padded vocabulary as built, once more per MTP module (they share
+    it). Never recomputed."""
+    return 6.0 * shape.hidden * shape.padded_vocab * (1 + shape.mtp_layers)
 
 
 def hardware_flops_per_token(shape: ModelShape, seq: Any, recompute: Any) -> Any:
@@ -161,7 +165,7 @@ def hardware_flops_per_token(shape: ModelShape, seq: Any, recompute: Any) -> Any
     s = np.asarray(seq, dtype=float)
     model = shape.flops_per_token(s)
     # The blocks' matmul weights a token uses (an MoE block's active experts only).
-    block_weights = shape.num_matmul_params() - shape.hidden - shape.padded_vocab * shape.hidden
+    block_weights = shape.num_matmul_params() - shape.num_head_matmul_params()
     attn_fwd = shape.attention_flops_per_token(s) / 3.0
     return (model + 2.0 * block_weights * matmul_recomputed_share(shape.layers, recompute)
             + attn_fwd * attention_recomputed_share(shape.layers, recompute))

@@ -583,6 +583,13 @@ def runner_config(shape: Any, layout: Any, strategy: str | None = None) -> Any:
     num_micro = L.batch // (L.micro_batch * dims.dp) if L.batch % (L.micro_batch * dims.dp) == 0 else 0
     if num_micro < 1:
         raise MgbenchError(f"--global-batch {L.batch} is not a multiple of micro-batch {L.micro_batch} x dp {dims.dp}")
+    from .memory import RUNNER_RECOMPUTE
+
+    if L.recompute not in RUNNER_RECOMPUTE:
+        raise MgbenchError(f"--trace runs the runner's own code, which checkpoints {', '.join(RUNNER_RECOMPUTE)}: "
+                           f"--recompute {L.recompute} is priced without --trace")
+    if (why := shape.runner_problem()) is not None:
+        raise MgbenchError(f"--trace builds the model with the runner's decoder: {why}")
     # The schedule registry says which schedules take --virtual-stages (interleaved and
     # interleaved_zb) and how many chunks a rank holds (ZB-V and DualPipeV: two).
     v = L.virtual_stages if L.schedule in VIRTUAL else 1

@@ -213,3 +213,7 @@ def stack_errors(rows: list[dict[str, Any]]) -> dict[str, float]:
         if r["role"] == "validation":
             out.setdefault(r["stack"], []).append(abs(r["error_pct"]))
     return {k: sum(v) / len(v) for k, v in out.items()}
+
+
+if __name__ == "__main__":  # the printed tables moved, so that this module imports no reporting
+    raise SystemExit("the validation tables are printed by `python -m mgbench.planner.validation_report`")

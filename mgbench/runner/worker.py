@@ -300,7 +300,7 @@ COMPILE_COUNTS = ("num_recompiles", "num_graph_breaks")
 
 
 def compile_fields(cfg: RunConfig, per_rank: list[RankFigures]) -> dict[str, Any]:
-    """A compiled config's recompiles and graph breaks (apply.CompileCounts): the most of
+    """A compiled config's recompiles and graph breaks (pieces.CompileCounts): the most of
     any rank, each of which compiles its own blocks. Null with the reason when compile is
     off or a rank could not count them."""
     if not cfg.compile:

@@ -102,7 +102,7 @@ def sharded(cfg: Any) -> bool:
 
 def fsdp_weight_dtype() -> torch.dtype | None:
     """The dtype FSDP2 all-gathers an fp8 config's parameters in (bf16), read from its
-    mixed-precision policy (strategies/apply.fsdp_mp_policy) so that the reference's cast
+    mixed-precision policy (strategies/pieces.fsdp_mp_policy) so that the reference's cast
     follows it; None: gathered as they are stored (fp32)."""
     from .pieces import fsdp_mp_policy
 

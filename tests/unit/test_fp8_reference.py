@@ -106,6 +106,7 @@ def test_fp8_refuses_tensor_pipeline_and_context_parallelism(body, words):
     assert _skips(body) == [None]
 
 
+@pytest.mark.extras  # both ways: refused without torchao, runs with it
 def test_fp8_tensor_parallelism_runs_checked():
     # tp / tp_sp run with the check on: fp8's tolerance includes tensor parallelism's
     # measured spread (runner/check.py); fsdp+tp and pipelines stay refused above.
@@ -126,6 +127,7 @@ def test_fp8_tensor_parallel_shards_must_stay_16_aligned_on_cuda():
     assert "wq's 64 output features split 8 ways" in S._fp8_tp_shard_problem(ok, 8)
 
 
+@pytest.mark.extras  # both ways: refused without torchao, runs with it
 def test_fp8_runs_with_context_parallelism_in_both_recipes():
     # Per-rank scales over a part of each sequence: 6.8e-4 to 9.5e-4 (tensorwise) off the
     # reference in gradient norm, inside fp8's tolerance (runner/check.py).
@@ -134,6 +136,7 @@ def test_fp8_runs_with_context_parallelism_in_both_recipes():
     assert got == [None, None] if HAS_TORCHAO else all("install mgbench[fp8]" in why for why in got)
 
 
+@pytest.mark.extras  # both ways: refused without torchao, runs with it
 def test_fp8_data_parallel_has_no_refusal():
     got = _skips('strategy = ["ddp", "fsdp"]\nnproc = 2\nprecision = "fp8"\nfp8_recipe = "rowwise"\n')
     if HAS_TORCHAO:

@@ -30,8 +30,18 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
                 target = ".".join(base + ([node.module] if node.module else []))
                 # `from . import x` names a submodule x when there is one, else a name in the package
                 targets = [f"{target}.{a.name}" if f"{target}.{a.name}" in files else target for a in node.names]
-            graph[mod] |= {t for t in targets if t in files and t != mod}
+            found = {t for t in targets if t in files}
+            # Importing a.b.c runs the packages a and a.b first: those are imports too.
+            found |= {p for t in found for p in _ancestors(t) if p in files}
+            graph[mod] |= found - {mod} - set(_ancestors(mod))
     return graph
+
+
+def _ancestors(mod: str) -> list[str]:
+    """The packages above a module (a, a.b for a.b.c): running it runs them first, so an
+    edge to one of them is no circle of its own making."""
+    parts = mod.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -83,6 +93,12 @@ def test_the_circle_finder_fires_on_a_circle(tmp_path):
     (pkg / "sub" / "b.py").write_text("def f():\n    from .. import a  # late, still a circle\n")
     (pkg / "c.py").write_text("from . import a\n")
     assert circles(import_graph(pkg)) == [["mgbench.a", "mgbench.sub.b"]]
+    # Through a package's __init__: d imports sub.e, which runs sub/__init__, which imports d.
+    (pkg / "sub" / "b.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from .. import d\n")
+    (pkg / "sub" / "e.py").write_text("")
+    (pkg / "d.py").write_text("from .sub.e import x\n")
+    assert circles(import_graph(pkg)) == [["mgbench.d", "mgbench.sub"]]
 
 
 def test_the_model_and_schema_modules_do_not_import_click():

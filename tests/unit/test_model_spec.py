@@ -77,8 +77,14 @@ def test_hand_counts_of_the_architectures_read_here():
 
 def test_attention_flops_count_mla_widths_and_local_windows_by_hand():
     ds = catalog.model_shape("deepseek-v3")
-    # MLA: q.k over 128 + 64 dims, the values over 128, 128 heads: 6 x s x 128 x (192 + 128) a layer.
-    assert ds.attention_flops_per_token(4096) == 61 * 6 * 4096 * 128 * (192 + 128)
+    # MLA: q.k over 128 + 64 dims, the values over 128, 128 heads: 6 x s x 128 x (192 + 128) a
+    # layer, for the 61 layers and the MTP module's block.
+    assert ds.attention_flops_per_token(4096) == (61 + 1) * 6 * 4096 * 128 * (192 + 128)
+    # The MTP module passes the shared head once more: never recomputed, on the last stage.
+    assert perf.head_flops_per_token(ds) == 2 * 6 * 7168 * 129280
+    none, full = (perf.hardware_flops_per_token(ds, 4096, M.RECOMPUTE.index(m)) for m in ("none", "full"))
+    blocks_fwd = 2 * (ds.num_matmul_params() - ds.num_head_matmul_params()) + ds.attention_flops_per_token(4096) / 3
+    assert full - none == pytest.approx(blocks_fwd)
     oss = catalog.model_shape("gpt-oss-120b")
     # 18 global layers over the whole sequence, 18 local ones over 128 tokens.
     per_key = 6 * 64 * (64 + 64)
@@ -284,3 +290,11 @@ def test_predict_and_plan_resolve_hardware_through_one_function(monkeypatch):
         real(precision="bf16", system="dgx-h100", profile={"device": "cpu"})
     with pytest.raises(MgbenchError, match="no FP8 peak|fp8"):
         real(precision="fp8", system="dgx-a100")
+
+
+def test_memory_trace_refuses_what_the_runner_cannot_run_in_one_line():
+    for extra in (["--recompute", "selective"], ["--recompute", "op"]):
+        r = CliRunner().invoke(main, ["memory", "--model", "tiny", "--num-gpus", "2", "--zero", "3", "--trace", *extra])
+        assert r.exit_code == 2 and "priced without --trace" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(main, ["memory", "--model", "deepseek-v3", "--num-gpus", "2", "--zero", "3", "--trace"])
+    assert r.exit_code == 2 and "--trace builds the model with the runner's decoder" in r.output

@@ -170,7 +170,7 @@ def test_the_tiny_step_and_a_run_config_count_data_parallel_ranks_alike():
 
 
 def test_the_collective_counts_are_the_step_time_models():
-    # against.py counts what perf.step_time prices: its tp all-reduces (4 a layer and
+    # against.py counts what the step model prices: its tp all-reduces (4 a layer and
     # micro-batch, 6 with full recompute), its pipeline sends, its dp gradient collective.
     from mgbench.planner import perf
 
