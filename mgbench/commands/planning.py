@@ -416,6 +416,11 @@ def plan(model, hf_config, params, prices_file, price_overrides, hardware_profil
     click.echo("\nrecommendation:" if res["recommendation"] else "\nno recommendation:")
     for line in res["reasons"]:
         click.echo(f"  - {line}")
+    flips = res.get("flips") or {}
+    if flips.get("why"):
+        click.echo("\nwhat would change the answer:")
+        for line in flips["why"]:
+            click.echo(f"  - {line}")
     if res["pareto"]:
         click.echo("time/cost Pareto front: " + "; ".join(
             f"{r['num_gpus']}x {r['gpu']} {r['days']:.1f} d USD {r['cost_usd']:,.0f}" for r in res["pareto"]))

@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import MgbenchError
 from ..model_shape import ModelShape
 from ..strategies.schedules import schedule_problem, theoretical_bubble
-from . import cost, hardware, layout_time, perf, stack
+from . import cost, decision, hardware, layout_time, perf, stack
 from .memory import RECOMPUTE, SCHEDULES, STATE_BYTES, memory_per_gpu
 
 TP_CHOICES = (1, 2, 4, 8)
@@ -353,9 +353,17 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
     ranked = sorted(ok, key=lambda r: (r["cost_usd"] is None, r["cost_usd"] or 0.0, r["days"]))
     for r in ranked[: opts.top]:
         _add_interval(r, opts)
-    rec, reasons = _recommend(ranked, bests, opts)
+    constrained = opts.deadline_days is not None or opts.budget_usd is not None
+    rec, rule, lead_why = decision.lead(ranked, ok, constrained)
+    cheapest = ranked[0] if ranked and ranked[0]["cost_usd"] is not None else None
+    fastest = min(ok, key=lambda r: r["days"]) if ok else None
+    other = decision.runner_up(rec, ranked, rule) if rec is not None else None
+    for r in (rec, cheapest, fastest, other):
+        if r is not None and "days_interval" not in r:
+            _add_interval(r, opts)
+    reasons = _recommend(rec, rule, lead_why, cheapest, fastest, ranked, bests, opts)
     reasons += notes
-    reasons += _distinguishable(ranked[: opts.top])
+    reasons += _distinguishable(rec, ranked[: opts.top])
     if rec is not None and opts.deadline_days is not None and rec["days_interval"][1] > opts.deadline_days:
         reasons.append(f"at its interval's upper end ({rec['days_interval'][1]:.1f} days) it would miss the "
                        f"{opts.deadline_days:g}-day deadline")
@@ -365,7 +373,12 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
         "num_candidates": evaluated, "num_feasible": feasible, "num_meeting_constraints": len(ok),
         "elapsed_s": elapsed, "candidates_per_s": evaluated / elapsed if elapsed > 0 else None,
         "recommendation": rec, "reasons": reasons, "ranked": ranked[: opts.top],
-        "pareto": pareto(ok), "prices": price_notes,
+        "lead": {"rule": rule, "row": rec, "why": lead_why}, "cheapest": cheapest, "fastest": fastest,
+        "knee": {"rule": KNEE_RULE, "row": decision.knee(decision.front(ok))[0] if not constrained else None,
+                 "front": decision.front(ok)},
+        "flips": decision.flips(rec, other) if rec is not None else None,
+        "lead_memory": _lead_memory(shape, rec, opts) if rec is not None else None,
+        "options": bests, "pareto": pareto(ok), "prices": price_notes,
         "assumptions": {
             "failure_rate_per_gpu_hour": opts.failure_rate, "checkpoint_minutes": opts.checkpoint_minutes,
             "restart_minutes": opts.restart_minutes, "power_fraction_of_tdp": opts.power_fraction, "pue": opts.pue,
@@ -394,14 +407,15 @@ def _add_interval(r: dict[str, Any], opts: PlanOptions) -> None:
     r["cost_usd_interval"] = None if r["cost_usd"] is None else [r["cost_usd"] * lo, r["cost_usd"] * hi]
 
 
-def _distinguishable(ranked: list[dict[str, Any]]) -> list[str]:
-    """Which runners-up the recommendation cannot be told apart from, given the intervals."""
+def _distinguishable(best: dict[str, Any] | None, ranked: list[dict[str, Any]]) -> list[str]:
+    """The lead's interval, and which other options it cannot be told apart from by the
+    lead's own rule's figure (cost when priced, else days)."""
     from .uncertainty import overlap
 
-    if len(ranked) < 2:
+    if best is None:
         return []
-    best, key = ranked[0], "cost_usd_interval" if ranked[0]["cost_usd"] is not None else "days_interval"
-    close = [r for r in ranked[1:] if r.get(key) and overlap(best[key], r[key])]
+    key = "cost_usd_interval" if best["cost_usd"] is not None else "days_interval"
+    close = [r for r in ranked if r is not best and r.get(key) and overlap(best[key], r[key])]
     lines = [f"prediction interval ({best['regime']}): {best['days_interval'][0]:.1f} to {best['days_interval'][1]:.1f} days; "
              + "; ".join(best["interval_reasons"])]
     if close:
@@ -410,31 +424,54 @@ def _distinguishable(ranked: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _recommend(ranked: list[dict[str, Any]], all_rows: list[dict[str, Any]], opts: PlanOptions) -> tuple[dict[str, Any] | None, list[str]]:
+KNEE_RULE = ("without a deadline or budget, plan leads with the knee of the time/cost front: of the options no other "
+             "beats on both days and cost, in log-log coordinates scaled so that the fastest and the cheapest sit at "
+             "opposite corners, the one farthest below the line between them (planner/decision.py)")
+
+
+def _recommend(rec: dict[str, Any] | None, rule: str, lead_why: list[str], cheapest: dict[str, Any] | None,
+               fastest: dict[str, Any] | None, ranked: list[dict[str, Any]], all_rows: list[dict[str, Any]],
+               opts: PlanOptions) -> list[str]:
+    """The lines that explain the lead answer, then the cheapest and the fastest beside it."""
     if not all_rows:
-        return None, ["no layout of any system fits this model in memory within --max-gpus"]
-    if not ranked:
-        fastest = min(all_rows, key=lambda r: r["days"])
-        why = [f"no layout meets the constraints; the fastest is {fastest['num_gpus']}x {fastest['gpu']} "
-               f"({fastest['system']}) at {fastest['days']:.1f} days"]
-        return None, why
-    r = ranked[0]
-    priced = r["cost_usd"] is not None
+        return ["no layout of any system fits this model in memory within --max-gpus"]
+    if rec is None:
+        fastest_any = min(all_rows, key=lambda r: r["days"])
+        return [f"no layout meets the constraints; the fastest is {fastest_any['num_gpus']}x {fastest_any['gpu']} "
+                f"({fastest_any['system']}) at {fastest_any['days']:.1f} days"]
+    r = rec
     reasons = [
         f"{r['num_gpus']}x {r['gpu']} ({r['system']}) with tp={r['tp']} pp={r['pp']} dp={r['dp']}"
         + (f" cp={r['cp']}" if r["cp"] > 1 else "") + (f" ep={r['ep']}" if r["ep"] > 1 else "")
         + f", ZeRO-{r['zero']}" + (" with CPU offload" if r["offload"] else "")
         + f", micro-batch {r['micro_batch']}, recompute {r['recompute']}"
         + (f", schedule {opts.schedule}" if r["pp"] > 1 else ""),
-        (f"cheapest of {len(ranked)} (system, GPU count) options meeting the constraints: "
-         f"USD {r['cost_usd']:,.0f} ({r['usd_per_million_tokens']:.3f} per million tokens)" if priced
-         else "no price known for any option meeting the constraints; ranked by time (pass --price)"),
-        f"{r['days']:.1f} days at {r['tokens_per_s']:,.0f} tokens/s, MFU {100 * r['mfu']:.0f}%, goodput {100 * r['goodput']:.0f}%",
+        *lead_why,
+        f"{r['days']:.1f} days at {r['tokens_per_s']:,.0f} tokens/s, MFU {100 * r['mfu']:.0f}%, goodput "
+        f"{100 * r['goodput']:.0f}%" + (f", USD {r['cost_usd']:,.0f} ({r['usd_per_million_tokens']:.3f} per million "
+                                        "tokens)" if r["cost_usd"] is not None else ", no price known"),
         f"needs {r['memory_per_gpu_bytes'] / 1e9:.1f} GB per GPU of {r['device_memory_bytes'] / 1e9:.0f} GB",
     ]
-    faster = [x for x in ranked[1:] if x["days"] < r["days"] and x["cost_usd"] is not None]
-    if priced and faster:
-        f = min(faster, key=lambda x: x["cost_usd"])
-        reasons.append(f"finishing sooner ({f['days']:.1f} days on {f['num_gpus']}x {f['gpu']}) costs "
-                       f"USD {f['cost_usd'] - r['cost_usd']:,.0f} more")
-    return r, reasons
+    if (warn := decision.long_run_warning(r)) is not None:
+        reasons.append(warn)
+    for name, other in (("cheapest", cheapest), ("fastest", fastest)):
+        if other is not None and other is not r:
+            cost = f", USD {other['cost_usd']:,.0f}" if other["cost_usd"] is not None else ""
+            reasons.append(f"{name}: {other['num_gpus']}x {other['gpu']} ({other['system']}), {other['days']:.1f} days"
+                           f"{cost}" + (f" ({decision.long_run_warning(other)})"
+                                        if decision.long_run_warning(other) else ""))
+    return reasons
+
+
+def _lead_memory(shape: ModelShape, r: dict[str, Any], opts: PlanOptions) -> dict[str, Any]:
+    """The lead layout's memory, component by component (`mgbench memory` of it)."""
+    from .predict import Layout, memory
+
+    lay = Layout(num_gpus=r["num_gpus"], tp=r["tp"], pp=r["pp"], cp=r["cp"], ep=r["ep"], zero=r["zero"],
+                 micro_batch=r["micro_batch"], seq_len=opts.seq_len,
+                 global_batch=r["micro_batch"] * r["dp"] * r["num_micro_batches"], precision=opts.precision,
+                 recompute=r["recompute"], sequence_parallel=r["tp"] > 1, schedule=opts.schedule,
+                 virtual_stages=opts.virtual_stages, offload=r["offload"])
+    out = memory(shape, lay, stack="mgbench" if opts.profile else opts.stack)
+    out["device_memory_bytes"] = r["device_memory_bytes"]
+    return out

@@ -1,0 +1,166 @@
+"""Which option `mgbench plan` leads with, and what would change the answer.
+
+The lead answer
+    With a deadline or a budget: the cheapest option that meets it (the ranking's first).
+    Without either: the knee of the time/cost front. The front is the options no other
+    beats on both days and cost; in log-log coordinates scaled so that its fastest and
+    its cheapest option sit at opposite corners of a unit square, the knee is the option
+    farthest below the straight line between them (the "Kneedle" construction, Satopaa et
+    al. 2011, "Finding a 'Kneedle' in a Haystack"). Past it, finishing sooner costs ever
+    more per day saved; before it, waiting longer saves ever less. A front of fewer than
+    three options, or one with no option below that line, has no knee: the cheapest
+    leads, and the output says why. An option that takes more than a year is never the
+    headline without the output saying so.
+
+What would change it
+    For the lead and its runner-up (the best option on another accelerator by the same
+    rule), the price and the efficiency changes at which their order flips, and the odds,
+    from their prediction intervals, that the lead is really the cheaper (and the faster):
+    each option's true figure is taken as log-uniform over its interval, independently,
+    and the odds are integrated on a fixed grid (no sampling: the same answer every run).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+YEAR_DAYS = 365.0
+# Points of the fixed grid the odds are integrated on (per option).
+ODDS_GRID = 400
+
+
+def front(options: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The priced options no other beats on both days and cost, fastest first."""
+    priced = sorted((r for r in options if r.get("cost_usd") is not None), key=lambda r: (r["days"], r["cost_usd"]))
+    out: list[dict[str, Any]] = []
+    best_cost = math.inf
+    for r in priced:
+        if r["cost_usd"] < best_cost:
+            out.append(r)
+            best_cost = r["cost_usd"]
+    return out
+
+
+def knee(front_rows: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str | None]:
+    """The knee of a time/cost front (fastest first, as :func:`front` returns it) and,
+    when there is none, why. Rejects a front that is not one (a row beaten on both
+    figures, or out of order): the rule is only defined on a front."""
+    for a, b in zip(front_rows, front_rows[1:]):
+        if not (a["days"] <= b["days"] and a["cost_usd"] > b["cost_usd"]):
+            raise ValueError("knee() needs a time/cost front, fastest first: each next option slower and cheaper")
+    if len(front_rows) < 3:
+        return None, f"the front has {len(front_rows)} option(s): no knee between its ends"
+    xs = [math.log(r["days"]) for r in front_rows]
+    ys = [math.log(r["cost_usd"]) for r in front_rows]
+    dx, dy = xs[-1] - xs[0], ys[0] - ys[-1]
+    if dx <= 0 or dy <= 0:
+        return None, "the front's ends do not differ in both days and cost: no knee"
+    # Scaled: the fastest at (0, 1), the cheapest at (1, 0); below the chord x + y = 1 by 1 - x - y.
+    below = [1.0 - (x - xs[0]) / dx - (y - ys[-1]) / dy for x, y in zip(xs, ys)]
+    i = max(range(len(below)), key=lambda k: below[k])
+    if below[i] <= 1e-9:
+        return None, "no option of the front lies below the line between its fastest and its cheapest: no knee"
+    return front_rows[i], None
+
+
+def lead(ranked: list[dict[str, Any]], options: list[dict[str, Any]], constrained: bool
+         ) -> tuple[dict[str, Any] | None, str, list[str]]:
+    """(the lead row, its rule's name, why) over the options meeting the constraints
+    (``ranked``: cheapest first) of all ``options``."""
+    if not ranked:
+        return None, "none", ["no option meets the constraints"]
+    if constrained:
+        return ranked[0], "cheapest_meeting_constraints", ["the cheapest option that meets the deadline / budget"]
+    if all(r.get("cost_usd") is None for r in ranked):
+        fastest = min(ranked, key=lambda r: r["days"])
+        return fastest, "fastest_unpriced", ["no option has a price: the fastest leads (pass --price GPU=USD)"]
+    row, why_not = knee(front(ranked))
+    if row is None:
+        return ranked[0], "cheapest_meeting_constraints", [f"the cheapest option leads: {why_not}"]
+    cheapest = ranked[0]
+    why = ["the knee of the time/cost front (no deadline or budget given): past it, finishing sooner costs "
+           "ever more per day saved; before it, waiting longer saves ever less"]
+    if cheapest is not row:
+        why.append(f"against the cheapest ({_label(cheapest)}, {cheapest['days']:.1f} days, USD "
+                   f"{cheapest['cost_usd']:,.0f}): {cheapest['days'] / row['days']:.1f}x sooner for "
+                   f"{100 * (row['cost_usd'] / cheapest['cost_usd'] - 1):.0f}% more")
+    return row, "knee", why
+
+
+def long_run_warning(row: dict[str, Any] | None) -> str | None:
+    """The sentence an option of more than a year needs beside it."""
+    if row is None or row["days"] <= YEAR_DAYS:
+        return None
+    return (f"{_label(row)} takes {row['days'] / YEAR_DAYS:.1f} years: give --deadline-days for the cheapest "
+            "option that finishes in time")
+
+
+def runner_up(lead_row: dict[str, Any], ranked: list[dict[str, Any]], rule: str) -> dict[str, Any] | None:
+    """The best option on another accelerator by the lead's rule: for the knee, the
+    cheapest that is at least as fast; otherwise the cheapest (priced options; None when
+    there is no other accelerator)."""
+    others = [r for r in ranked if r["gpu"] != lead_row["gpu"] and r.get("cost_usd") is not None]
+    if rule == "knee":
+        others = [r for r in others if r["days"] <= lead_row["days"]] or others
+    return min(others, key=lambda r: (r["cost_usd"], r["days"])) if others else None
+
+
+def flips(lead_row: dict[str, Any], other: dict[str, Any] | None) -> dict[str, Any]:
+    """What would reverse the lead and the runner-up's order on cost: the lead's price rise
+    (percent) and the lead's throughput fall (percent) that make the two cost the same,
+    and the interval odds that the lead is the cheaper and the faster."""
+    if other is None:
+        return {"runner_up": None, "price_flip_pct": None, "efficiency_flip_pct": None, "odds_cheaper": None,
+                "odds_faster": None, "why": ["no option on another accelerator to compare with"]}
+    if lead_row.get("cost_usd") is None or other.get("cost_usd") is None:
+        return {"runner_up": other, "price_flip_pct": None, "efficiency_flip_pct": None, "odds_cheaper": None,
+                "odds_faster": odds(lead_row.get("days_interval"), other.get("days_interval")),
+                "why": ["a price is missing: cost flips are unknown (pass --price GPU=USD)"]}
+    ratio = other["cost_usd"] / lead_row["cost_usd"]
+    # Cost = price x GPU-hours, GPU-hours ~ 1 / throughput: the same ratio flips either.
+    price_pct = 100.0 * (ratio - 1.0)
+    eff_pct = 100.0 * (1.0 - 1.0 / ratio)
+    out = {"runner_up": other, "price_flip_pct": price_pct, "efficiency_flip_pct": eff_pct,
+           "odds_cheaper": odds(lead_row.get("cost_usd_interval"), other.get("cost_usd_interval")),
+           "odds_faster": odds(lead_row.get("days_interval"), other.get("days_interval"))}
+    who = f"{lead_row['gpu']} ({_label(lead_row)})"
+    rival = f"{other['gpu']} ({_label(other)})"
+    if ratio >= 1:
+        out["why"] = [f"{who} stays cheaper than {rival} unless its price rises {price_pct:.0f}% or its training "
+                      f"throughput is {eff_pct:.0f}% lower than predicted"]
+    else:
+        out["why"] = [f"{rival} is cheaper than {who} by {-price_pct:.0f}% but slower; the lead wins on time"]
+    if out["odds_cheaper"] is not None:
+        out["why"].append(f"odds that {lead_row['gpu']} is really the cheaper, from the two intervals: "
+                          f"{100 * out['odds_cheaper']:.0f}%")
+    return out
+
+
+def odds(a: list[float] | None, b: list[float] | None) -> float | None:
+    """P(A < B) for A and B log-uniform over their intervals [lo, hi], independent,
+    integrated on a fixed grid; None without both intervals. A zero-width interval is a
+    point."""
+    if not a or not b:
+        return None
+    if a[0] <= 0 or b[0] <= 0 or a[1] < a[0] or b[1] < b[0]:
+        raise ValueError(f"intervals must be positive and ordered, got {a} and {b}")
+    la, lb = _log_grid(a), _log_grid(b)
+    hits = 0
+    j = 0
+    for x in la:  # both sorted: count b's above each a
+        while j < len(lb) and lb[j] <= x:
+            j += 1
+        hits += len(lb) - j
+    return hits / (len(la) * len(lb))
+
+
+def _log_grid(iv: list[float]) -> list[float]:
+    lo, hi = math.log(iv[0]), math.log(iv[1])
+    if hi == lo:
+        return [lo]
+    return [lo + (hi - lo) * (k + 0.5) / ODDS_GRID for k in range(ODDS_GRID)]
+
+
+def _label(r: dict[str, Any]) -> str:
+    return f"{r['num_gpus']}x {r['gpu']} on {r['system']}"

@@ -1,0 +1,90 @@
+"""The answer `mgbench plan` leads with and what would change it (issue 27): the knee of
+the time/cost front, the flip points and the odds, each by hand, each rule fed a broken
+input once to show it refuses it."""
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from mgbench.cli import main
+from mgbench.planner import decision as D
+
+
+def row(gpu, n, days, cost, lo=0.9, hi=1.2, system="s"):
+    return {"gpu": gpu, "num_gpus": n, "system": system, "days": days, "cost_usd": cost,
+            "days_interval": [days * lo, days * hi], "cost_usd_interval": [cost * lo, cost * hi]}
+
+
+def test_the_knee_by_hand():
+    # Fastest (1 day, USD 1000) and cheapest (100 days, USD 100): in log-log coordinates
+    # scaled to the unit square the chord is x + y = 1. (10 days, USD 150): x = 0.5,
+    # y = log(1.5) / log(10) = 0.176, 0.324 below it; (3 days, USD 500): x = 0.239,
+    # y = 0.699, 0.062 below; (50 days, USD 120): x = 0.849, y = 0.079, 0.072 below.
+    front = [row("a", 64, 1, 1000), row("a", 32, 3, 500), row("a", 8, 10, 150), row("a", 2, 50, 120),
+             row("a", 1, 100, 100)]
+    got, why = D.knee(front)
+    assert got is front[2] and why is None
+    x, y = 0.5, math.log(1.5) / math.log(10)
+    assert 1 - x - y == pytest.approx(0.3239, abs=1e-4)
+
+
+def test_no_knee_on_a_straight_or_short_front():
+    straight = [row("a", 4, 1, 1000), row("a", 2, 10, 100), row("a", 1, 100, 10)]  # a line in log-log
+    assert D.knee(straight) == (None, "no option of the front lies below the line between its fastest and its "
+                                      "cheapest: no knee")
+    assert D.knee(straight[:2])[0] is None
+
+
+def test_the_knee_refuses_what_is_not_a_front():
+    # A row beaten on both days and cost is not on a front: the rule is undefined there.
+    broken = [row("a", 4, 1, 1000), row("a", 3, 2, 2000), row("a", 1, 10, 100)]
+    with pytest.raises(ValueError, match="needs a time/cost front"):
+        D.knee(broken)
+    assert [r["days"] for r in D.front(broken)] == [1, 10]  # front() drops it
+
+
+def test_flip_points_by_hand():
+    lead, other = row("mi300x", 8, 10, 1000), row("h100", 8, 8, 1500)
+    f = D.flips(lead, other)
+    # Cost = price x GPU-hours: the lead's price may rise 50%, or its throughput fall 1/3, before they cost the same.
+    assert f["price_flip_pct"] == pytest.approx(50.0) and f["efficiency_flip_pct"] == pytest.approx(100 / 3)
+    assert "unless its price rises 50%" in f["why"][0]
+    assert D.flips(lead, None)["price_flip_pct"] is None
+    unpriced = dict(other, cost_usd=None, cost_usd_interval=None)
+    assert D.flips(lead, unpriced)["price_flip_pct"] is None and "price is missing" in D.flips(lead, unpriced)["why"][0]
+
+
+def test_odds_by_hand():
+    assert D.odds([1, 2], [3, 4]) == 1.0 and D.odds([3, 4], [1, 2]) == 0.0
+    assert D.odds([1, 4], [1, 4]) == pytest.approx(0.5, abs=0.01)
+    # [1, 4] against the point 2: log-uniform, P(A < 2) = log 2 / log 4 = 0.5.
+    assert D.odds([1, 4], [2, 2]) == pytest.approx(0.5, abs=0.01)
+    # [1, 8] against the point 2: log 2 / log 8 = 1/3.
+    assert D.odds([1, 8], [2, 2]) == pytest.approx(1 / 3, abs=0.01)
+    with pytest.raises(ValueError, match="positive and ordered"):
+        D.odds([2, 1], [1, 2])
+    assert D.odds(None, [1, 2]) is None
+
+
+def test_a_long_run_is_never_the_headline_unsaid():
+    assert D.long_run_warning(row("a", 1, 750, 100)).startswith("1x a on s takes 2.1 years")
+    assert D.long_run_warning(row("a", 1, 30, 100)) is None
+
+
+def test_plan_leads_with_an_operating_point_and_shows_the_cheapest_and_the_fastest():
+    r = CliRunner().invoke(main, ["plan", "--model", "llama3-8b", "--tokens", "1e12", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.output)
+    lead = res["lead"]["row"]
+    assert res["lead"]["rule"] == "knee" and lead["days"] < 90
+    assert res["cheapest"]["cost_usd"] <= lead["cost_usd"] and res["fastest"]["days"] <= lead["days"]
+    assert res["recommendation"] == lead and res["flips"]["runner_up"] is not None
+    text = CliRunner().invoke(main, ["plan", "--model", "llama3-8b", "--tokens", "1e12"]).output
+    assert "knee of the time/cost front" in text and "cheapest:" in text and "fastest:" in text
+    assert "what would change the answer" in text
+    # With a deadline: the cheapest that meets it, as before.
+    res = json.loads(CliRunner().invoke(main, ["plan", "--model", "llama3-8b", "--tokens", "1e12",
+                                               "--deadline-days", "30", "--json"]).output)
+    assert res["lead"]["rule"] == "cheapest_meeting_constraints" and res["lead"]["row"]["days"] <= 30
