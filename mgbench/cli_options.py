@@ -301,6 +301,7 @@ def layout_group() -> list[Opt]:
         opt("--hsdp", "replicas", type=int, default=1, show_default=True, metavar="REPLICAS",
             help="HSDP (with --zero 3): shard over dp x cp / REPLICAS ranks, replicate across REPLICAS groups."),
         plan_field("offload"),
+        plan_field("memory_margin"),
     ]
 
 

@@ -98,7 +98,7 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
     if largest_layer_params is not None and shape is not None:
         raise MgbenchError("--largest-layer-params is for --params; with a model shape the layers are known")
     res = memory_fn(shape, _layout(kw), params=params, largest_layer_params=largest_layer_params,
-                    stack="mgbench" if hardware_profile else stack)
+                    stack="mgbench" if hardware_profile else stack, margin=kw["memory_margin"])
     if hardware_profile:
         from ..probe.profile import memory_budget, read_profile
 
@@ -249,7 +249,7 @@ def predict(model, hf_config, params, as_json, system, gpu, hardware_profile, ag
         overlap = profile_overlap(profile, kw["num_gpus"], perf.DEFAULT_OVERLAP)
     host_ops, host_notes = _counted_ops(shape, _layout(kw), hw, profile) or (None, [])
     res = predict_fn(shape, hw, _layout(kw), overlap=overlap if overlap is not None else over.get("overlap", perf.DEFAULT_OVERLAP),
-                     host_ops=host_ops)
+                     host_ops=host_ops, margin=kw["memory_margin"])
     res["notes"] = list(res.get("notes", [])) + host_notes
     from ..planner import uncertainty
 

@@ -409,7 +409,8 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
                    schedule: str = "1f1b", virtual_stages: int = 1,
                    largest_layer_params: Any = None, ep: Any = 1, cp: Any = 1, replicas: Any = 1,
                    offload: bool = False, state_bytes: tuple[float, float, float] | None = None,
-                   loss: str = "chunked", loss_vocab_parallel: bool = False) -> dict[str, Any]:
+                   loss: str = "chunked", loss_vocab_parallel: bool = False,
+                   margin: float = ALLOWANCE_FRACTION) -> dict[str, Any]:
     """Everything one GPU holds at its peak under the planner's production assumptions,
     in bytes; the components add up to ``total_bytes``.
 
@@ -444,6 +445,8 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     - ``offload`` (FSDP2 CPUOffloadPolicy, ZeRO-3): weights, gradients and optimizer
       states live in host memory (``host_bytes``, not in the device total); the device
       keeps the gathered working set;
+    - ``margin``: the allowance's fraction (ALLOWANCE_FRACTION unless the user runs closer
+      to, or further from, the edge: --memory-margin);
     - the stack (planner/stack.py memory_of): ``state_bytes`` (weights, gradients,
       optimizer states per parameter; default STATE_BYTES[precision]) and ``loss``, how
       the loss holds the logits (:data:`LOSS_MODES`; ``loss_vocab_parallel``: split over
@@ -454,6 +457,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
       weight) as a temporary; under ZeRO-3 the weights are all-gathered in float8
       (tensorwise recipe), 1 byte a weight instead of 2.
     """
+    check_margin(margin)
     c = np.asarray(cp, dtype=float)
     zgroup = np.asarray(dp, dtype=float) * c / np.asarray(replicas, dtype=float)
     if shape is None:
@@ -524,9 +528,18 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     if precision == "fp8":  # a block's float8 weight casts (under ZeRO-3 the gathered ones are the casts)
         temps = temps + np.where(z3, 0.0, layer_p)
     subtotal = states["model_states_bytes"] + acts + gathered + temps
-    allowance = ALLOWANCE_FRACTION * subtotal
+    allowance = margin * subtotal
     return {**states, "activations_bytes": acts, "gathered_params_bytes": gathered, "temporaries_bytes": temps,
             "allowance_bytes": allowance, "total_bytes": subtotal + allowance, "host_bytes": host}
+
+
+def check_margin(margin: float) -> None:
+    """One line for a --memory-margin that is not a fraction."""
+    if not 0.0 <= margin < 1.0:
+        from ..errors import MgbenchError
+
+        raise MgbenchError(f"--memory-margin is a fraction of the counted memory kept free: 0 or more and below 1, "
+                           f"got {margin}")
 
 
 def _offloaded(states: dict[str, Any], offload: bool) -> tuple[dict[str, Any], Any]:

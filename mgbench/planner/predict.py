@@ -148,10 +148,13 @@ def _floats(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def memory(shape: ModelShape | None, layout: Layout, params: float | None = None,
-           largest_layer_params: float | None = None, stack: str | None = None) -> dict[str, Any]:
+           largest_layer_params: float | None = None, stack: str | None = None,
+           margin: float | None = None) -> dict[str, Any]:
     """Bytes per GPU for `mgbench memory` (model states, and the ZeRO-3 working set when
     ``largest_layer_params`` is given, when only ``params`` is known), as ``stack`` (None:
-    the default) holds them (planner/stack.py memory_of)."""
+    the default) holds them (planner/stack.py memory_of), with ``margin`` (None: the
+    default allowance) kept free."""
+    from .memory import ALLOWANCE_FRACTION
     from .stack import memory_of
 
     validate(layout, shape)
@@ -161,7 +164,7 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
                        sp=layout.sequence_parallel, flash=layout.flash_attention, schedule=layout.schedule,
                        virtual_stages=layout.virtual_stages, largest_layer_params=largest_layer_params,
                        ep=layout.ep, cp=layout.cp, replicas=layout.replicas, offload=layout.offload,
-                       **memory_of(stack))
+                       **memory_of(stack), margin=ALLOWANCE_FRACTION if margin is None else margin)
     out = {k: float(m[k]) for k in MEMORY_KEYS}
     # Offloaded model states: in host memory, not in the device total.
     out["host_bytes"] = float(m["host_bytes"])
@@ -178,7 +181,7 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
 
 
 def predict(shape: ModelShape, hw: Hardware, layout: Layout, overlap: float = perf.DEFAULT_OVERLAP,
-            host_ops: dict[str, float] | None = None) -> dict[str, Any]:
+            host_ops: dict[str, float] | None = None, margin: float | None = None) -> dict[str, Any]:
     """Step time, throughput, MFU, memory and whether it fits, for `mgbench predict`
     (``host_ops``: the layout's counted non-matmul ops, for a probed CPU Hardware)."""
     validate(layout, shape)
@@ -191,7 +194,7 @@ def predict(shape: ModelShape, hw: Hardware, layout: Layout, overlap: float = pe
                                 offload=layout.offload, host_ops=host_ops)
     notes = out.pop("notes")
     res = _floats(out)
-    mem = memory(shape, layout, stack=hw.stack)
+    mem = memory(shape, layout, stack=hw.stack, margin=margin)
     res["notes"] = notes + mem.pop("notes")
     res["memory"] = mem
     res["fits"] = mem["total_bytes"] <= hw.memory_bytes

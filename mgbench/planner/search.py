@@ -21,7 +21,7 @@ from ..errors import MgbenchError
 from ..model_shape import ModelShape
 from ..strategies.schedules import schedule_problem, theoretical_bubble
 from . import cost, decision, hardware, layout_time, perf, stack
-from .memory import RECOMPUTE, SCHEDULES, STATE_BYTES, memory_per_gpu
+from .memory import ALLOWANCE_FRACTION, RECOMPUTE, SCHEDULES, STATE_BYTES, check_margin, memory_per_gpu
 
 TP_CHOICES = (1, 2, 4, 8)
 PP_CHOICES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128)
@@ -96,6 +96,10 @@ class PlanOptions:
         default=perf.DEFAULT_OVERLAP,
         metadata={"help": "Fraction of the data-parallel communication window hidden behind backward."})
     top: int = field(default=20, metadata={"help": "Rows of the ranked table."})
+    memory_margin: float = field(
+        default=ALLOWANCE_FRACTION,
+        metadata={"help": "Memory kept free beyond what is counted, as a fraction of it (allocator fragmentation "
+                          "and workspaces; a stated margin, not a measurement): lower to run closer to the edge."})
     stack: str = field(
         default=stack.DEFAULT_STACK,
         metadata={"help": "Software stack whose published runs set the achieved efficiency "
@@ -259,7 +263,8 @@ def _evaluate_rows(shape: ModelShape, hw: hardware.Hardware, opts: PlanOptions, 
                   zero=rows["zero"], precision=opts.precision, recompute=rows["recompute"], sp=sp, flash=True,
                   schedule=opts.schedule, virtual_stages=opts.virtual_stages, ep=rows["ep"], cp=rows["cp"],
                   offload=offload)
-    mem = memory_per_gpu(shape, num_micro=rows["num_micro_batches"], **common, **stack.memory_of(opts.stack))
+    mem = memory_per_gpu(shape, num_micro=rows["num_micro_batches"], **common, **stack.memory_of(opts.stack),
+                         margin=opts.memory_margin)
     fits = mem["total_bytes"] <= hw.memory_bytes
     kept = {k: a[fits] for k, a in rows.items()}
     common = {k: (v[fits] if isinstance(v, np.ndarray) else v) for k, v in common.items()}
@@ -307,6 +312,7 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
             raise MgbenchError(f"--systems: unknown system {s!r}; known: {', '.join(hardware.systems())}")
     if opts.tokens <= 0:
         raise MgbenchError("--tokens must be positive (e.g. 1.5e13)")
+    check_margin(opts.memory_margin)
     evaluated, feasible, bests, price_notes, notes = 0, 0, [], {}, []
     if opts.profile:
         pieces, evaluated, notes = evaluate_profile(shape, opts, prices)
@@ -472,6 +478,6 @@ def _lead_memory(shape: ModelShape, r: dict[str, Any], opts: PlanOptions) -> dic
                  global_batch=r["micro_batch"] * r["dp"] * r["num_micro_batches"], precision=opts.precision,
                  recompute=r["recompute"], sequence_parallel=r["tp"] > 1, schedule=opts.schedule,
                  virtual_stages=opts.virtual_stages, offload=r["offload"])
-    out = memory(shape, lay, stack="mgbench" if opts.profile else opts.stack)
+    out = memory(shape, lay, stack="mgbench" if opts.profile else opts.stack, margin=opts.memory_margin)
     out["device_memory_bytes"] = r["device_memory_bytes"]
     return out

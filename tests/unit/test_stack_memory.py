@@ -82,3 +82,24 @@ def test_the_error_grows_when_the_stack_is_wrong(monkeypatch):
     monkeypatch.setattr("mgbench.planner.stack.memory_of", lambda name: real("mgbench"))
     wrong = V.summary(V.error_table())["fit"]["mean_abs_error_pct"]
     assert wrong > right + 10
+
+
+def test_memory_margin_replaces_the_allowance_and_refuses_what_is_not_a_fraction():
+    import json
+
+    from mgbench.planner.cost import Prices
+    from mgbench.planner.search import PlanOptions, plan
+
+    base = ["memory", "--model", "llama3-8b", "--num-gpus", "8", "--zero", "3", "--json"]
+    tight = json.loads(CliRunner().invoke(main, [*base, "--memory-margin", "0"]).output)
+    loose = json.loads(CliRunner().invoke(main, [*base, "--memory-margin", "0.2"]).output)
+    assert tight["allowance_bytes"] == 0.0
+    assert loose["allowance_bytes"] == pytest.approx(0.2 * tight["total_bytes"])
+    r = CliRunner().invoke(main, [*base, "--memory-margin", "-0.1"])
+    assert r.exit_code == 2 and "--memory-margin is a fraction" in r.output
+    with pytest.raises(Exception, match="--memory-margin"):
+        plan(LLAMA8, PlanOptions(tokens=1e9, memory_margin=1.5), Prices(None, []))
+    # A smaller margin lets a layout closer to the edge fit: plan sees more of them.
+    few = plan(LLAMA8, PlanOptions(tokens=1e9, systems=["dgx-a100"], max_gpus=8, memory_margin=0.3), Prices(None, []))
+    many = plan(LLAMA8, PlanOptions(tokens=1e9, systems=["dgx-a100"], max_gpus=8, memory_margin=0.0), Prices(None, []))
+    assert many["num_feasible"] > few["num_feasible"]
