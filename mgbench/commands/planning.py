@@ -416,6 +416,8 @@ def plan(model, hf_config, params, prices_file, price_overrides, hardware_profil
     click.echo("\nrecommendation:" if res["recommendation"] else "\nno recommendation:")
     for line in res["reasons"]:
         click.echo(f"  - {line}")
+    for o in res.get("ownership", []):
+        click.echo(_ownership_line(o))
     flips = res.get("flips") or {}
     if flips.get("why"):
         click.echo("\nwhat would change the answer:")
@@ -427,3 +429,23 @@ def plan(model, hf_config, params, prices_file, price_overrides, hardware_profil
     missing = [s for s, src in res["prices"].items() if src.startswith("no ")]
     if missing:
         click.echo(f"no price for: {', '.join(missing)} (cost shown as '-'; pass --price GPU=USD)")
+
+
+def _ownership_line(o: dict[str, Any]) -> str:
+    """One system's buy-versus-rent answer in a sentence or two."""
+    if o.get("null_reason"):
+        return f"buy versus rent, {o['system']}: unknown ({o['null_reason']})"
+    parts = (f"buy versus rent, {o['system']}: owned USD {o['owned_usd_per_gpu_hour']:.2f} per GPU-hour at "
+             f"{100 * o['utilisation']:.0f}% utilisation (server {o['capex_usd_per_gpu_hour']:.2f} + hosting "
+             f"{o['hosting_usd_per_gpu_hour']:.2f} + energy {o['energy_usd_per_gpu_hour']:.2f})")
+    tiers = []
+    for tier, rent in o["rent"].items():
+        if rent is None:
+            continue
+        u, m = o["break_even_utilisation"][tier], o["break_even_months"][tier]
+        tiers.append(f"{tier.replace('_', ' ')} USD {rent:.2f}: " + (
+            "owning never catches up" if u is None
+            else f"owning is cheaper from {100 * u:.0f}% utilisation, paid back after {m:.0f} months" if m is not None
+            else f"owning is cheaper from {100 * u:.0f}% utilisation; at {100 * o['utilisation']:.0f}% it does not pay "
+                 "back within its write-off period"))
+    return parts + ("; against renting " + "; ".join(tiers) if tiers else "; no rental price known")

@@ -23,13 +23,16 @@ POWER_FRACTION_OF_TDP = 0.8  # average board power during training, as a share o
 PUE = 1.2  # facility overhead (a modern data centre; the industry average is higher)
 
 
+# Rental tiers of prices.toml: on-demand, 1- and 3-year reservations, spot.
+TIERS = ("on_demand", "reserved_1yr", "reserved_3yr", "spot")
+
+
 class Prices:
-    """Hourly USD per GPU by accelerator or system id, on-demand and spot, with sources."""
+    """Hourly USD per GPU by accelerator or system id, per rental tier, with sources."""
 
     def __init__(self, extra_file: str | None = None, overrides: list[str] | None = None) -> None:
         data = catalog.load("prices.toml")
-        self.table: dict[str, dict[str, dict[str, Any]]] = {
-            "on_demand": dict(data.get("on_demand", {})), "spot": dict(data.get("spot", {}))}
+        self.table: dict[str, dict[str, dict[str, Any]]] = {t: dict(data.get(t, {})) for t in TIERS}
         if extra_file:
             try:
                 user = tomllib.loads(Path(extra_file).read_text())
@@ -37,7 +40,7 @@ class Prices:
                 raise MgbenchError(f"--prices {extra_file}: file not found") from None
             except tomllib.TOMLDecodeError as e:
                 raise MgbenchError(f"--prices {extra_file}: malformed TOML: {e}") from None
-            for tier in ("on_demand", "spot"):
+            for tier in TIERS:
                 for name, entry in user.get(tier, {}).items():
                     if not isinstance(entry, dict) or not isinstance(entry.get("usd"), (int, float)):
                         raise MgbenchError(f"--prices {extra_file}: [{tier}.{name}] needs usd = <number>")
@@ -55,9 +58,10 @@ class Prices:
                 raise MgbenchError(f"--price {item!r}: a price cannot be negative")
             self.table[tier][name] = {"usd": usd, "source": "--price", "illustrative": False}
 
-    def lookup(self, system: str, gpu: str, spot: bool = False) -> tuple[float | None, str]:
-        """USD per GPU-hour (system id first, then accelerator id) and where it came from."""
-        tier = "spot" if spot else "on_demand"
+    def lookup(self, system: str, gpu: str, spot: bool = False, tier: str | None = None) -> tuple[float | None, str]:
+        """USD per GPU-hour (system id first, then accelerator id) and where it came from;
+        ``tier`` one of TIERS (default: spot or on-demand as ``spot`` says)."""
+        tier = tier or ("spot" if spot else "on_demand")
         for name in (system, gpu):
             entry = self.table[tier].get(name)
             if entry is not None:

@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from .. import catalog
 from ..errors import MgbenchError
 from ..model_shape import ModelShape
 from ..strategies.schedules import schedule_problem, theoretical_bubble
-from . import cost, decision, hardware, layout_time, perf, stack
+from . import cost, decision, hardware, layout_time, ownership, perf, stack
 from .memory import ALLOWANCE_FRACTION, RECOMPUTE, SCHEDULES, STATE_BYTES, check_margin, memory_per_gpu
 
 TP_CHOICES = (1, 2, 4, 8)
@@ -34,6 +35,10 @@ CP_MIN_SEQ = 16384
 CP_CHOICES = (1, 2, 4, 8, 16)
 # Expert-parallel degrees for MoE models (DeepSeek-V3 trained with 64).
 EP_CHOICES = (1, 2, 4, 8, 16, 32, 64)
+
+
+# Defaults of the buy-versus-rent assumptions (data/ownership.toml [defaults], sourced there).
+_OWN = catalog.load("ownership.toml")["defaults"]
 
 
 @dataclass
@@ -96,6 +101,24 @@ class PlanOptions:
         default=perf.DEFAULT_OVERLAP,
         metadata={"help": "Fraction of the data-parallel communication window hidden behind backward."})
     top: int = field(default=20, metadata={"help": "Rows of the ranked table."})
+    own: str | None = field(
+        default=None, metadata={"help": "Plan on GPUs you already own, SYSTEM:COUNT (e.g. dgx-h100:64): that system "
+                                        "only, at most COUNT GPUs; cost is the marginal energy (the servers are paid "
+                                        "for); the fastest layout leads.", "metavar": "SYSTEM:COUNT"})
+    server_price: list[str] | None = field(
+        default=None, metadata={"help": "Your price for a whole server, SYSTEM=USD (comma-separated), instead of "
+                                        "data/ownership.toml's.", "metavar": "SYSTEM=USD,..."})
+    depreciation_years: float = field(
+        default=_OWN["depreciation_years"], metadata={"help": "Years an owned server is written off over (buy versus rent)."})
+    utilisation: float = field(
+        default=_OWN["utilisation"],
+        metadata={"help": "Share of its hours an owned server trains (buy versus rent; an assumption)."})
+    electricity_usd_per_kwh: float = field(
+        default=_OWN["electricity_usd_per_kwh"], metadata={"help": "Electricity price at the facility (buy versus rent)."})
+    hosting_usd_per_kw_month: float = field(
+        default=_OWN["hosting_usd_per_kw_month"],
+        metadata={"help": "Colocation: space, power and cooling capacity per kW of server per month, electricity "
+                          "not included (buy versus rent)."})
     memory_margin: float = field(
         default=ALLOWANCE_FRACTION,
         metadata={"help": "Memory kept free beyond what is counted, as a fraction of it (allocator fragmentation "
@@ -306,6 +329,10 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
     """Search every system's layouts; return ranked bests, the Pareto front and a recommendation."""
     t0 = time.perf_counter()
     prices = prices or cost.Prices()
+    assumptions = _assumptions(opts)
+    own = _owned(opts)
+    if own is not None:
+        opts, prices = _plan_on_owned(opts, prices, assumptions, *own)
     names = opts.systems or list(hardware.systems())
     for s in names:
         if s not in hardware.systems():
@@ -361,6 +388,10 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
         _add_interval(r, opts)
     constrained = opts.deadline_days is not None or opts.budget_usd is not None
     rec, rule, lead_why = decision.lead(ranked, ok, constrained)
+    if own is not None and ok:
+        rec, rule = min(ok, key=lambda r: (r["days"], r["cost_usd"] or 0.0)), "fastest_owned"
+        lead_why = [f"on the {own[1]} {own[0]} GPUs you own the servers are paid for: the fastest layout leads, and "
+                    "its cost is the energy it draws (the marginal cost)"]
     cheapest = ranked[0] if ranked and ranked[0]["cost_usd"] is not None else None
     fastest = min(ok, key=lambda r: r["days"]) if ok else None
     other = decision.runner_up(rec, ranked, rule) if rec is not None else None
@@ -384,6 +415,8 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
                  "front": decision.front(ok)},
         "flips": decision.flips(rec, other) if rec is not None else None,
         "lead_memory": _lead_memory(shape, rec, opts) if rec is not None else None,
+        "ownership": _ownership([rec, cheapest, other], prices, assumptions, opts) if rec is not None else [],
+        "owned": None if own is None else {"system": own[0], "gpus": own[1]},
         "options": bests, "pareto": pareto(ok), "prices": price_notes,
         "assumptions": {
             "failure_rate_per_gpu_hour": opts.failure_rate, "checkpoint_minutes": opts.checkpoint_minutes,
@@ -480,4 +513,73 @@ def _lead_memory(shape: ModelShape, r: dict[str, Any], opts: PlanOptions) -> dic
                  virtual_stages=opts.virtual_stages, offload=r["offload"])
     out = memory(shape, lay, stack="mgbench" if opts.profile else opts.stack, margin=opts.memory_margin)
     out["device_memory_bytes"] = r["device_memory_bytes"]
+    return out
+
+
+def _assumptions(opts: PlanOptions) -> ownership.Assumptions:
+    """The buy-versus-rent assumptions of ``opts``, checked."""
+    a = ownership.Assumptions(depreciation_years=opts.depreciation_years, utilisation=opts.utilisation,
+                              electricity_usd_per_kwh=opts.electricity_usd_per_kwh,
+                              hosting_usd_per_kw_month=opts.hosting_usd_per_kw_month, pue=opts.pue,
+                              power_fraction=opts.power_fraction)
+    a.check()
+    return a
+
+
+def _server_prices(opts: PlanOptions) -> dict[str, float]:
+    """--server-price SYSTEM=USD,... as a dict, with one line for a malformed item."""
+    out: dict[str, float] = {}
+    for item in opts.server_price or []:
+        name, _, value = item.partition("=")
+        try:
+            usd = float(value)
+        except ValueError:
+            raise MgbenchError(f"--server-price {item!r}: expected SYSTEM=USD, e.g. dgx-h100=300000") from None
+        if usd <= 0 or name not in hardware.systems():
+            raise MgbenchError(f"--server-price {item!r}: a known system (one of {', '.join(hardware.systems())}) "
+                               "and a positive price")
+        out[name] = usd
+    return out
+
+
+def _owned(opts: PlanOptions) -> tuple[str, int] | None:
+    """--own SYSTEM:COUNT, checked."""
+    if not opts.own:
+        return None
+    name, _, count = opts.own.partition(":")
+    if name not in hardware.systems() or not count.isdigit() or int(count) < 1:
+        raise MgbenchError(f"--own {opts.own!r}: give SYSTEM:COUNT, a catalog system and the GPUs you have, e.g. "
+                           f"dgx-h100:64 (systems: {', '.join(hardware.systems())})")
+    if opts.systems and opts.systems != [name]:
+        raise MgbenchError("--own plans on the system you own: drop --systems")
+    return name, int(count)
+
+
+def _plan_on_owned(opts: PlanOptions, prices: cost.Prices, a: ownership.Assumptions, system: str, count: int
+                   ) -> tuple[PlanOptions, cost.Prices]:
+    """The owned system alone, at most ``count`` GPUs, priced at the energy a GPU-hour draws."""
+    import copy
+
+    srv = ownership.server(system, _server_prices(opts))
+    if srv["power_kw"] is None:
+        raise MgbenchError(f"--own {system}: its power is not in the catalog, so its energy cannot be priced")
+    energy = srv["power_kw"] * a.power_fraction / srv["gpus"] * a.pue * a.electricity_usd_per_kwh
+    owned = copy.deepcopy(prices)
+    for tier in cost.TIERS:
+        owned.table[tier][system] = {"usd": energy, "source": f"owned: energy only, {srv['power_kw']:g} kW x "
+                                     f"{a.power_fraction:g} / {srv['gpus']} GPUs x PUE {a.pue:g} x USD "
+                                     f"{a.electricity_usd_per_kwh:g}/kWh", "illustrative": False}
+    return dataclasses.replace(opts, systems=[system], max_gpus=count, spot=False), owned
+
+
+def _ownership(rows: list[dict[str, Any] | None], prices: cost.Prices, a: ownership.Assumptions,
+               opts: PlanOptions) -> list[dict[str, Any]]:
+    """Buying against renting for the systems of the lead, the cheapest and the runner-up."""
+    systems = list(dict.fromkeys(r["system"] for r in rows if r is not None and r["system"] in hardware.systems()))
+    overrides = _server_prices(opts)
+    out = []
+    for system in systems:
+        gpu = hardware.systems()[system]["gpu"]
+        rents = {t: prices.lookup(system, gpu, tier=t)[0] for t in cost.TIERS}
+        out.append(ownership.compare(system, a, rents, overrides))
     return out
