@@ -46,6 +46,8 @@ def _other_value(f: dataclasses.Field):
     if tp is int:
         v = (default or 6) + 1
         return [str(v)], v
+    if tp is str:  # free text (e.g. --own SYSTEM:COUNT): passed through as given
+        return ["dgx-h100:8"], "dgx-h100:8"
     v = (default or 1.5) * 2 + 0.25
     return [repr(v)], v
 
