@@ -97,8 +97,9 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
         raise MgbenchError("--strategy chooses what --trace runs; add --trace")
     if largest_layer_params is not None and shape is not None:
         raise MgbenchError("--largest-layer-params is for --params; with a model shape the layers are known")
+    cpu_profile = bool(hardware_profile) and read_profile_device(hardware_profile) == "cpu"
     res = memory_fn(shape, _layout(kw), params=params, largest_layer_params=largest_layer_params,
-                    stack="mgbench" if hardware_profile else stack, margin=kw["memory_margin"])
+                    stack="mgbench" if hardware_profile else stack, margin=kw["memory_margin"], fixed=not cpu_profile)
     if hardware_profile:
         from ..probe.profile import memory_budget, read_profile
 
@@ -110,7 +111,7 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
     if shape is not None:
         click.echo(_shape_line(shape))
     rows = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "gathered_params_bytes",
-            "temporaries_bytes", "allowance_bytes")
+            "temporaries_bytes", "fixed_bytes", "allowance_bytes")
     for k in rows:
         click.echo(f"{k.replace('_bytes', ''):<16} {_gb(res[k]):>14}  ({res[k] / GIB:,.2f} GiB)")
     click.echo(f"{'= total':<16} {_gb(res['total_bytes']):>14}  ({res['total_bytes'] / GIB:,.2f} GiB)")
@@ -126,6 +127,13 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
                    "not in the device total")
     for n in res.get("notes", []):
         click.echo(f"note: {n}")
+
+
+def read_profile_device(path: str) -> str:
+    """The device kind a `mgbench probe` profile was measured on."""
+    from ..probe.profile import read_profile
+
+    return read_profile(path).get("device", "cpu")
 
 
 def _shape_line(shape: ModelShape) -> str:

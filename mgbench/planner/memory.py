@@ -410,7 +410,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
                    largest_layer_params: Any = None, ep: Any = 1, cp: Any = 1, replicas: Any = 1,
                    offload: bool = False, state_bytes: tuple[float, float, float] | None = None,
                    loss: str = "chunked", loss_vocab_parallel: bool = False,
-                   margin: float = ALLOWANCE_FRACTION) -> dict[str, Any]:
+                   margin: float = ALLOWANCE_FRACTION, fixed: bool = True) -> dict[str, Any]:
     """Everything one GPU holds at its peak under the planner's production assumptions,
     in bytes; the components add up to ``total_bytes``.
 
@@ -445,6 +445,10 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     - ``offload`` (FSDP2 CPUOffloadPolicy, ZeRO-3): weights, gradients and optimizer
       states live in host memory (``host_bytes``, not in the device total); the device
       keeps the gathered working set;
+    - ``fixed`` (a GPU process; False for CPU ranks): :func:`fixed_per_process`, the CUDA
+      context and NCCL communicators outside the allocator and cuBLAS's workspace inside
+      it. ``reserved_bytes`` is what the caching allocator reserves (counted tensors,
+      workspace, allowance), ``total_bytes`` what must fit in device memory;
     - ``margin``: the allowance's fraction (ALLOWANCE_FRACTION unless the user runs closer
       to, or further from, the edge: --memory-margin);
     - the stack (planner/stack.py memory_of): ``state_bytes`` (weights, gradients,
@@ -469,7 +473,8 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
         states, host = _offloaded(states, offload)
         subtotal = states["model_states_bytes"] + gathered
         return {**states, "activations_bytes": zero_a, "gathered_params_bytes": gathered,
-                "temporaries_bytes": zero_a, "allowance_bytes": zero_a, "total_bytes": subtotal,
+                "temporaries_bytes": zero_a, "fixed_bytes": zero_a, "allowance_bytes": zero_a,
+                "reserved_bytes": subtotal, "total_bytes": subtotal,
                 "host_bytes": host, "gathered_params_known": largest_layer_params is not None}
     p_arr = np.asarray(pp)
     dense_p, expert_p = stage_param_split(shape, tp, pp, ep)
@@ -529,8 +534,28 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
         temps = temps + np.where(z3, 0.0, layer_p)
     subtotal = states["model_states_bytes"] + acts + gathered + temps
     allowance = margin * subtotal
+    fx = fixed_per_process(tp, pp, dp, ep, cp, replicas)
+    fixed_b = np.where(fixed, fx["fixed_bytes"], 0.0) + 0.0 * subtotal
+    reserved = subtotal + allowance + np.where(fixed, fx["workspace_bytes"], 0.0)
     return {**states, "activations_bytes": acts, "gathered_params_bytes": gathered, "temporaries_bytes": temps,
-            "allowance_bytes": allowance, "total_bytes": subtotal + allowance, "host_bytes": host}
+            "fixed_bytes": fixed_b, "allowance_bytes": allowance, "reserved_bytes": reserved,
+            "total_bytes": subtotal + allowance + fixed_b, "host_bytes": host}
+
+
+def fixed_per_process(tp: Any = 1, pp: Any = 1, dp: Any = 1, ep: Any = 1, cp: Any = 1, replicas: Any = 1) -> dict[str, Any]:
+    """What a GPU training process holds besides its tensors (hardware.toml
+    [planner.fixed_memory]): the CUDA context and one NCCL communicator per process group
+    of the layout (outside the caching allocator), and cuBLAS's workspace (inside it)."""
+    from .. import catalog
+
+    f = catalog.load("hardware.toml")["planner"]["fixed_memory"]
+    one = np.asarray(1.0)
+    d, c, r = (np.asarray(x, dtype=float) for x in (dp, cp, replicas))
+    groups = sum(np.where(np.asarray(x, dtype=float) > 1, 1.0, 0.0) for x in (tp, pp, ep, cp, replicas)) \
+        + np.where(d * c / r > 1, 1.0, 0.0)  # the sharding / data-parallel group
+    outside = f["cuda_context_bytes"] * one + f["nccl_communicator_bytes"] * groups
+    return {"outside_allocator_bytes": outside, "workspace_bytes": f["cublas_workspace_bytes"] * one,
+            "fixed_bytes": outside + f["cublas_workspace_bytes"]}
 
 
 def check_margin(margin: float) -> None:

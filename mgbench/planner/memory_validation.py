@@ -5,10 +5,11 @@ the layouts they published as running out of memory.
 
     python -m mgbench.planner.memory_validation     # prints the table and both parts' errors
 
-The prediction is the planner's ``total_bytes`` (allocated tensors plus the stated
-allowance, memory.ALLOWANCE_FRACTION) with the row's stack's memory (stack.memory_of);
-torchtitan publishes the CUDA caching allocator's peak reserved bytes, which is what must
-fit. No constant is fitted to these rows today: "fit" rows are the ones a future constant
+The prediction is the planner's ``reserved_bytes`` (the tensors counted, cuBLAS's
+workspace and the stated allowance, memory.ALLOWANCE_FRACTION) with the row's stack's
+memory (stack.memory_of): torchtitan publishes the CUDA caching allocator's peak reserved
+bytes. An out-of-memory row is judged on ``total_bytes``, which adds the CUDA context and
+NCCL's buffers, what must fit in device memory. No constant is fitted to these rows today: "fit" rows are the ones a future constant
 may be set from, "held_out" rows never set one, and both parts' errors are reported.
 """
 
@@ -43,7 +44,9 @@ def predict_row(run: dict[str, Any]) -> dict[str, Any]:
     """The planner's memory for one row, beside what was published."""
     shape = catalog.model_shape(run["model"]) if "model" in run else ModelShape(name=run["id"], **run["shape"])
     got = memory(shape, layout_of(run), stack=run["stack"])
-    predicted = got["total_bytes"] / GIB
+    # torchtitan publishes the caching allocator's reserved peak: the CUDA context and NCCL's
+    # buffers are outside it; what must fit (total_bytes) decides the out-of-memory rows.
+    predicted = (got["total_bytes"] if run.get("oom") else got["reserved_bytes"]) / GIB
     out = {"id": run["id"], "stack": run["stack"], "role": run["role"], "predicted_gib": predicted,
            "measured_gib": run.get("measured_gib"), "oom": bool(run.get("oom")), "why": run.get("why")}
     if out["oom"]:

@@ -15,7 +15,8 @@ from .memory import RECOMPUTE, RUNNER_RECOMPUTE, SCHEDULES, VIRTUAL_SCHEDULES, m
 
 # The components (they add up to total_bytes) and the model-states subtotal.
 MEMORY_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "model_states_bytes", "activations_bytes",
-               "gathered_params_bytes", "temporaries_bytes", "allowance_bytes", "total_bytes")
+               "gathered_params_bytes", "temporaries_bytes", "fixed_bytes", "allowance_bytes", "reserved_bytes",
+               "total_bytes")
 
 
 @dataclass(frozen=True)
@@ -149,11 +150,12 @@ def _floats(d: dict[str, Any]) -> dict[str, Any]:
 
 def memory(shape: ModelShape | None, layout: Layout, params: float | None = None,
            largest_layer_params: float | None = None, stack: str | None = None,
-           margin: float | None = None) -> dict[str, Any]:
+           margin: float | None = None, fixed: bool = True) -> dict[str, Any]:
     """Bytes per GPU for `mgbench memory` (model states, and the ZeRO-3 working set when
     ``largest_layer_params`` is given, when only ``params`` is known), as ``stack`` (None:
     the default) holds them (planner/stack.py memory_of), with ``margin`` (None: the
-    default allowance) kept free."""
+    default allowance) kept free; ``fixed``: a GPU process's fixed costs counted (False for
+    CPU ranks)."""
     from .memory import ALLOWANCE_FRACTION
     from .stack import memory_of
 
@@ -164,7 +166,7 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
                        sp=layout.sequence_parallel, flash=layout.flash_attention, schedule=layout.schedule,
                        virtual_stages=layout.virtual_stages, largest_layer_params=largest_layer_params,
                        ep=layout.ep, cp=layout.cp, replicas=layout.replicas, offload=layout.offload,
-                       **memory_of(stack), margin=ALLOWANCE_FRACTION if margin is None else margin)
+                       **memory_of(stack), margin=ALLOWANCE_FRACTION if margin is None else margin, fixed=fixed)
     out = {k: float(m[k]) for k in MEMORY_KEYS}
     # Offloaded model states: in host memory, not in the device total.
     out["host_bytes"] = float(m["host_bytes"])
@@ -194,7 +196,7 @@ def predict(shape: ModelShape, hw: Hardware, layout: Layout, overlap: float = pe
                                 offload=layout.offload, host_ops=host_ops)
     notes = out.pop("notes")
     res = _floats(out)
-    mem = memory(shape, layout, stack=hw.stack, margin=margin)
+    mem = memory(shape, layout, stack=hw.stack, margin=margin, fixed=hw.ew_bw is None)  # a probed CPU: no CUDA
     res["notes"] = notes + mem.pop("notes")
     res["memory"] = mem
     res["fits"] = mem["total_bytes"] <= hw.memory_bytes

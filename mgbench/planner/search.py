@@ -287,7 +287,7 @@ def _evaluate_rows(shape: ModelShape, hw: hardware.Hardware, opts: PlanOptions, 
                   schedule=opts.schedule, virtual_stages=opts.virtual_stages, ep=rows["ep"], cp=rows["cp"],
                   offload=offload)
     mem = memory_per_gpu(shape, num_micro=rows["num_micro_batches"], **common, **stack.memory_of(opts.stack),
-                         margin=opts.memory_margin)
+                         margin=opts.memory_margin, fixed=hw.ew_bw is None)  # a probed CPU holds no CUDA context
     fits = mem["total_bytes"] <= hw.memory_bytes
     kept = {k: a[fits] for k, a in rows.items()}
     common = {k: (v[fits] if isinstance(v, np.ndarray) else v) for k, v in common.items()}
@@ -511,7 +511,8 @@ def _lead_memory(shape: ModelShape, r: dict[str, Any], opts: PlanOptions) -> dic
                  global_batch=r["micro_batch"] * r["dp"] * r["num_micro_batches"], precision=opts.precision,
                  recompute=r["recompute"], sequence_parallel=r["tp"] > 1, schedule=opts.schedule,
                  virtual_stages=opts.virtual_stages, offload=r["offload"])
-    out = memory(shape, lay, stack="mgbench" if opts.profile else opts.stack, margin=opts.memory_margin)
+    out = memory(shape, lay, stack="mgbench" if opts.profile else opts.stack, margin=opts.memory_margin,
+                 fixed=not opts.profile or opts.profile.get("device") != "cpu")
     out["device_memory_bytes"] = r["device_memory_bytes"]
     return out
 

@@ -94,7 +94,8 @@ def test_memory_margin_replaces_the_allowance_and_refuses_what_is_not_a_fraction
     tight = json.loads(CliRunner().invoke(main, [*base, "--memory-margin", "0"]).output)
     loose = json.loads(CliRunner().invoke(main, [*base, "--memory-margin", "0.2"]).output)
     assert tight["allowance_bytes"] == 0.0
-    assert loose["allowance_bytes"] == pytest.approx(0.2 * tight["total_bytes"])
+    # The allowance is a fraction of the counted tensors (the fixed costs are not proportional).
+    assert loose["allowance_bytes"] == pytest.approx(0.2 * (tight["total_bytes"] - tight["fixed_bytes"]))
     r = CliRunner().invoke(main, [*base, "--memory-margin", "-0.1"])
     assert r.exit_code == 2 and "--memory-margin is a fraction" in r.output
     with pytest.raises(Exception, match="--memory-margin"):
@@ -103,3 +104,24 @@ def test_memory_margin_replaces_the_allowance_and_refuses_what_is_not_a_fraction
     few = plan(LLAMA8, PlanOptions(tokens=1e9, systems=["dgx-a100"], max_gpus=8, memory_margin=0.3), Prices(None, []))
     many = plan(LLAMA8, PlanOptions(tokens=1e9, systems=["dgx-a100"], max_gpus=8, memory_margin=0.0), Prices(None, []))
     assert many["num_feasible"] > few["num_feasible"]
+
+
+def test_fixed_costs_per_process_are_stated_and_counted_by_hand():
+    # One data-parallel group: the CUDA context (400 MB) and one NCCL communicator (1.6 GB)
+    # outside the allocator, cuBLAS's 32 MiB workspace inside it.
+    f = M.fixed_per_process(dp=8)
+    assert float(f["outside_allocator_bytes"]) == 400e6 + 1.6e9
+    assert float(f["fixed_bytes"]) == 400e6 + 1.6e9 + 32 * 2**20
+    # tp x pp x dp x ep: four process groups; one GPU alone: none.
+    assert float(M.fixed_per_process(tp=2, pp=2, dp=4, ep=2)["outside_allocator_bytes"]) == 400e6 + 4 * 1.6e9
+    assert float(M.fixed_per_process()["outside_allocator_bytes"]) == 400e6
+    # A small model on many ranks: the fixed costs dominate, and the components add up.
+    tiny = catalog.model_shape("gpt2-small")
+    m = M.memory_per_gpu(tiny, seq=1024, dp=64, zero=3, **stack.memory_of(None))
+    parts = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "gathered_params_bytes",
+             "temporaries_bytes", "fixed_bytes", "allowance_bytes")
+    assert float(sum(m[k] for k in parts)) == pytest.approx(float(m["total_bytes"]))
+    assert float(m["fixed_bytes"]) > float(m["model_states_bytes"])
+    # CPU ranks hold no CUDA context: nothing fixed.
+    cpu = M.memory_per_gpu(tiny, seq=1024, dp=64, zero=3, fixed=False)
+    assert float(cpu["fixed_bytes"]) == 0.0 and float(cpu["total_bytes"]) < float(m["total_bytes"])
