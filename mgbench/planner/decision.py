@@ -2,15 +2,17 @@
 
 The lead answer
     With a deadline or a budget: the cheapest option that meets it (the ranking's first).
-    Without either: the knee of the time/cost front. The front is the options no other
-    beats on both days and cost; in log-log coordinates scaled so that its fastest and
-    its cheapest option sit at opposite corners of a unit square, the knee is the option
-    farthest below the straight line between them (the "Kneedle" construction, Satopaa et
-    al. 2011, "Finding a 'Kneedle' in a Haystack"). Past it, finishing sooner costs ever
-    more per day saved; before it, waiting longer saves ever less. A front of fewer than
-    three options, or one with no option below that line, has no knee: the cheapest
-    leads, and the output says why. An option that takes more than a year is never the
-    headline without the output saying so.
+    Without either: the operating point at the knee of the time/cost front, by a rule
+    stated in money: the fastest option that costs at most ``premium`` (10% unless
+    --premium says otherwise) more than the cheapest. A time/cost front is flat at its
+    slow end (the same GPU-hours spread over more GPUs cost about the same) and steep at
+    its fast end (communication, bubbles and smaller per-GPU batches make each further
+    halving of the time dearer); the premium marks where the output draws the line, and
+    the cheapest and the fastest are shown beside it. (A geometric knee, the point
+    farthest from the chord in scaled log-log coordinates, was tried first and rejected:
+    scaling stretches a front whose costs differ by 6% to fill the square and picks a
+    slow point there.) An option that takes more than a year is never the headline
+    without the output saying so.
 
 What would change it
     For the lead and its runner-up (the best option on another accelerator by the same
@@ -26,6 +28,8 @@ import math
 from typing import Any
 
 YEAR_DAYS = 365.0
+# The operating point's premium over the cheapest option (--premium).
+PREMIUM = 0.10
 # Points of the fixed grid the odds are integrated on (per option).
 ODDS_GRID = 400
 
@@ -42,29 +46,28 @@ def front(options: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def knee(front_rows: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str | None]:
-    """The knee of a time/cost front (fastest first, as :func:`front` returns it) and,
-    when there is none, why. Rejects a front that is not one (a row beaten on both
-    figures, or out of order): the rule is only defined on a front."""
+def check_front(front_rows: list[dict[str, Any]]) -> None:
+    """Refuse what is not a time/cost front (fastest first, each next option slower and
+    cheaper): the operating point is only defined on one."""
     for a, b in zip(front_rows, front_rows[1:]):
         if not (a["days"] <= b["days"] and a["cost_usd"] > b["cost_usd"]):
-            raise ValueError("knee() needs a time/cost front, fastest first: each next option slower and cheaper")
-    if len(front_rows) < 3:
-        return None, f"the front has {len(front_rows)} option(s): no knee between its ends"
-    xs = [math.log(r["days"]) for r in front_rows]
-    ys = [math.log(r["cost_usd"]) for r in front_rows]
-    dx, dy = xs[-1] - xs[0], ys[0] - ys[-1]
-    if dx <= 0 or dy <= 0:
-        return None, "the front's ends do not differ in both days and cost: no knee"
-    # Scaled: the fastest at (0, 1), the cheapest at (1, 0); below the chord x + y = 1 by 1 - x - y.
-    below = [1.0 - (x - xs[0]) / dx - (y - ys[-1]) / dy for x, y in zip(xs, ys)]
-    i = max(range(len(below)), key=lambda k: below[k])
-    if below[i] <= 1e-9:
-        return None, "no option of the front lies below the line between its fastest and its cheapest: no knee"
-    return front_rows[i], None
+            raise ValueError("the operating point needs a time/cost front, fastest first: each next option slower "
+                             "and cheaper")
 
 
-def lead(ranked: list[dict[str, Any]], options: list[dict[str, Any]], constrained: bool
+def operating_point(front_rows: list[dict[str, Any]], premium: float = PREMIUM) -> dict[str, Any] | None:
+    """The fastest option of a front (as :func:`front` returns it) costing at most
+    ``premium`` more than its cheapest; None for an empty front."""
+    check_front(front_rows)
+    if not front_rows:
+        return None
+    if premium < 0:
+        raise ValueError(f"--premium is a fraction of the cheapest cost, 0 or more: got {premium}")
+    limit = front_rows[-1]["cost_usd"] * (1.0 + premium)
+    return next(r for r in front_rows if r["cost_usd"] <= limit)
+
+
+def lead(ranked: list[dict[str, Any]], options: list[dict[str, Any]], constrained: bool, premium: float = PREMIUM
          ) -> tuple[dict[str, Any] | None, str, list[str]]:
     """(the lead row, its rule's name, why) over the options meeting the constraints
     (``ranked``: cheapest first) of all ``options``."""
@@ -75,16 +78,14 @@ def lead(ranked: list[dict[str, Any]], options: list[dict[str, Any]], constraine
     if all(r.get("cost_usd") is None for r in ranked):
         fastest = min(ranked, key=lambda r: r["days"])
         return fastest, "fastest_unpriced", ["no option has a price: the fastest leads (pass --price GPU=USD)"]
-    row, why_not = knee(front(ranked))
-    if row is None:
-        return ranked[0], "cheapest_meeting_constraints", [f"the cheapest option leads: {why_not}"]
+    row = operating_point(front(ranked), premium)
     cheapest = ranked[0]
-    why = ["the knee of the time/cost front (no deadline or budget given): past it, finishing sooner costs "
-           "ever more per day saved; before it, waiting longer saves ever less"]
+    why = [f"the operating point (no deadline or budget given): the fastest option that costs at most "
+           f"{100 * premium:.0f}% more than the cheapest (--premium); faster ones cost more than that"]
     if cheapest is not row:
         why.append(f"against the cheapest ({_label(cheapest)}, {cheapest['days']:.1f} days, USD "
                    f"{cheapest['cost_usd']:,.0f}): {cheapest['days'] / row['days']:.1f}x sooner for "
-                   f"{100 * (row['cost_usd'] / cheapest['cost_usd'] - 1):.0f}% more")
+                   f"{100 * (row['cost_usd'] / cheapest['cost_usd'] - 1):.1f}% more")
     return row, "knee", why
 
 

@@ -101,6 +101,10 @@ class PlanOptions:
         default=perf.DEFAULT_OVERLAP,
         metadata={"help": "Fraction of the data-parallel communication window hidden behind backward."})
     top: int = field(default=20, metadata={"help": "Rows of the ranked table."})
+    premium: float = field(
+        default=decision.PREMIUM,
+        metadata={"help": "Without a deadline or budget, plan leads with the fastest option costing at most this "
+                          "fraction more than the cheapest (0: the cheapest)."})
     own: str | None = field(
         default=None, metadata={"help": "Plan on GPUs you already own, SYSTEM:COUNT (e.g. dgx-h100:64): that system "
                                         "only, at most COUNT GPUs; cost is the marginal energy (the servers are paid "
@@ -340,6 +344,8 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
     if opts.tokens <= 0:
         raise MgbenchError("--tokens must be positive (e.g. 1.5e13)")
     check_margin(opts.memory_margin)
+    if opts.premium < 0:
+        raise MgbenchError(f"--premium is a fraction of the cheapest cost, 0 or more: got {opts.premium}")
     evaluated, feasible, bests, price_notes, notes = 0, 0, [], {}, []
     if opts.profile:
         pieces, evaluated, notes = evaluate_profile(shape, opts, prices)
@@ -387,7 +393,7 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
     for r in ranked[: opts.top]:
         _add_interval(r, opts)
     constrained = opts.deadline_days is not None or opts.budget_usd is not None
-    rec, rule, lead_why = decision.lead(ranked, ok, constrained)
+    rec, rule, lead_why = decision.lead(ranked, ok, constrained, opts.premium)
     if own is not None and ok:
         rec, rule = min(ok, key=lambda r: (r["days"], r["cost_usd"] or 0.0)), "fastest_owned"
         lead_why = [f"on the {own[1]} {own[0]} GPUs you own the servers are paid for: the fastest layout leads, and "
@@ -411,7 +417,8 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
         "elapsed_s": elapsed, "candidates_per_s": evaluated / elapsed if elapsed > 0 else None,
         "recommendation": rec, "reasons": reasons, "ranked": ranked[: opts.top],
         "lead": {"rule": rule, "row": rec, "why": lead_why}, "cheapest": cheapest, "fastest": fastest,
-        "knee": {"rule": KNEE_RULE, "row": decision.knee(decision.front(ok))[0] if not constrained else None,
+        "knee": {"rule": KNEE_RULE.format(100 * opts.premium),
+                 "row": decision.operating_point(decision.front(ok), opts.premium) if not constrained else None,
                  "front": decision.front(ok)},
         "flips": decision.flips(rec, other) if rec is not None else None,
         "lead_memory": _lead_memory(shape, rec, opts) if rec is not None else None,
@@ -463,9 +470,8 @@ def _distinguishable(best: dict[str, Any] | None, ranked: list[dict[str, Any]]) 
     return lines
 
 
-KNEE_RULE = ("without a deadline or budget, plan leads with the knee of the time/cost front: of the options no other "
-             "beats on both days and cost, in log-log coordinates scaled so that the fastest and the cheapest sit at "
-             "opposite corners, the one farthest below the line between them (planner/decision.py)")
+KNEE_RULE = ("without a deadline or budget, plan leads with the operating point at the knee of the time/cost front: "
+             "the fastest option that costs at most {:.0f}% more than the cheapest (--premium; planner/decision.py)")
 
 
 def _recommend(rec: dict[str, Any] | None, rule: str, lead_why: list[str], cheapest: dict[str, Any] | None,

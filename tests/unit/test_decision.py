@@ -1,4 +1,4 @@
-"""The answer `mgbench plan` leads with and what would change it (issue 27): the knee of
+"""The answer `mgbench plan` leads with and what would change it (issue 27): the operating point at the knee of
 the time/cost front, the flip points and the odds, each by hand, each rule fed a broken
 input once to show it refuses it."""
 
@@ -17,32 +17,28 @@ def row(gpu, n, days, cost, lo=0.9, hi=1.2, system="s"):
             "days_interval": [days * lo, days * hi], "cost_usd_interval": [cost * lo, cost * hi]}
 
 
-def test_the_knee_by_hand():
-    # Fastest (1 day, USD 1000) and cheapest (100 days, USD 100): in log-log coordinates
-    # scaled to the unit square the chord is x + y = 1. (10 days, USD 150): x = 0.5,
-    # y = log(1.5) / log(10) = 0.176, 0.324 below it; (3 days, USD 500): x = 0.239,
-    # y = 0.699, 0.062 below; (50 days, USD 120): x = 0.849, y = 0.079, 0.072 below.
-    front = [row("a", 64, 1, 1000), row("a", 32, 3, 500), row("a", 8, 10, 150), row("a", 2, 50, 120),
+def test_the_operating_point_by_hand():
+    # Cheapest USD 100 (100 days). Within 10%: USD 110 or less. The fastest such is 10 days
+    # at USD 108; 3 days at USD 500 costs 5x.
+    front = [row("a", 64, 1, 1000), row("a", 32, 3, 500), row("a", 8, 10, 108), row("a", 2, 50, 104),
              row("a", 1, 100, 100)]
-    got, why = D.knee(front)
-    assert got is front[2] and why is None
-    x, y = 0.5, math.log(1.5) / math.log(10)
-    assert 1 - x - y == pytest.approx(0.3239, abs=1e-4)
+    assert D.operating_point(front) is front[2]
+    assert D.operating_point(front, premium=0.0) is front[-1]  # no premium: the cheapest
+    assert D.operating_point(front, premium=10.0) is front[0]  # any premium: the fastest
+    # A flat front (costs within 6%): the fastest leads.
+    flat = [row("h100", 256, 4.5, 81619), row("h100", 32, 33.9, 76877), row("h100", 4, 270.3, 76553)]
+    assert D.operating_point(flat) is flat[0]
+    assert D.operating_point([]) is None
 
 
-def test_no_knee_on_a_straight_or_short_front():
-    straight = [row("a", 4, 1, 1000), row("a", 2, 10, 100), row("a", 1, 100, 10)]  # a line in log-log
-    assert D.knee(straight) == (None, "no option of the front lies below the line between its fastest and its "
-                                      "cheapest: no knee")
-    assert D.knee(straight[:2])[0] is None
-
-
-def test_the_knee_refuses_what_is_not_a_front():
+def test_the_operating_point_refuses_what_is_not_a_front():
     # A row beaten on both days and cost is not on a front: the rule is undefined there.
     broken = [row("a", 4, 1, 1000), row("a", 3, 2, 2000), row("a", 1, 10, 100)]
     with pytest.raises(ValueError, match="needs a time/cost front"):
-        D.knee(broken)
+        D.operating_point(broken)
     assert [r["days"] for r in D.front(broken)] == [1, 10]  # front() drops it
+    with pytest.raises(ValueError, match="--premium"):
+        D.operating_point(D.front(broken), premium=-0.1)
 
 
 def test_flip_points_by_hand():
@@ -82,7 +78,8 @@ def test_plan_leads_with_an_operating_point_and_shows_the_cheapest_and_the_faste
     assert res["cheapest"]["cost_usd"] <= lead["cost_usd"] and res["fastest"]["days"] <= lead["days"]
     assert res["recommendation"] == lead and res["flips"]["runner_up"] is not None
     text = CliRunner().invoke(main, ["plan", "--model", "llama3-8b", "--tokens", "1e12"]).output
-    assert "knee of the time/cost front" in text and "cheapest:" in text and "fastest:" in text
+    assert "the fastest option that costs at most 10% more than the cheapest" in text
+    assert "cheapest:" in text and "fastest:" in text
     assert "what would change the answer" in text
     # With a deadline: the cheapest that meets it, as before.
     res = json.loads(CliRunner().invoke(main, ["plan", "--model", "llama3-8b", "--tokens", "1e12",
