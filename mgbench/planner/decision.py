@@ -97,14 +97,17 @@ def long_run_warning(row: dict[str, Any] | None) -> str | None:
             "option that finishes in time")
 
 
-def runner_up(lead_row: dict[str, Any], ranked: list[dict[str, Any]], rule: str) -> dict[str, Any] | None:
-    """The best option on another accelerator by the lead's rule: for the knee, the
-    cheapest that is at least as fast; otherwise the cheapest (priced options; None when
-    there is no other accelerator)."""
+def runner_up(lead_row: dict[str, Any], ranked: list[dict[str, Any]], rule: str, premium: float = PREMIUM
+              ) -> dict[str, Any] | None:
+    """The best option on another accelerator by the lead's rule: the operating point of
+    the other accelerators' own front, or their cheapest (priced options; None when there
+    is no other accelerator)."""
     others = [r for r in ranked if r["gpu"] != lead_row["gpu"] and r.get("cost_usd") is not None]
+    if not others:
+        return None
     if rule == "knee":
-        others = [r for r in others if r["days"] <= lead_row["days"]] or others
-    return min(others, key=lambda r: (r["cost_usd"], r["days"])) if others else None
+        return operating_point(front(others), premium)
+    return min(others, key=lambda r: (r["cost_usd"], r["days"]))
 
 
 def flips(lead_row: dict[str, Any], other: dict[str, Any] | None) -> dict[str, Any]:

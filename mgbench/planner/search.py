@@ -400,7 +400,7 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
                     "its cost is the energy it draws (the marginal cost)"]
     cheapest = ranked[0] if ranked and ranked[0]["cost_usd"] is not None else None
     fastest = min(ok, key=lambda r: r["days"]) if ok else None
-    other = decision.runner_up(rec, ranked, rule) if rec is not None else None
+    other = decision.runner_up(rec, ranked, rule, opts.premium) if rec is not None else None
     for r in (rec, cheapest, fastest, other):
         if r is not None and "days_interval" not in r:
             _add_interval(r, opts)
