@@ -216,8 +216,9 @@ class ModelShape:
 
     def runner_problem(self) -> str | None:
         """Why mgbench's own decoder (workloads/gpt.py, moe.py) cannot build this shape,
-        or None. The planner prices all of it; the runner measures only what it builds."""
-        planner_only = [f for f in (*_MLA_FIELDS, "mtp_layers", "parallel_block", "sliding_window")
+        or None. The planner prices all of it; the runner measures only what it builds
+        (multi-head latent attention included: workloads/gpt.MLAttention)."""
+        planner_only = [f for f in ("mtp_layers", "parallel_block", "sliding_window")
                         if getattr(self, f) not in (None, 0, False)]
         if self.mlp not in RUNNER_MLP_KINDS:
             planner_only.append(f"mlp = {self.mlp!r}")

@@ -254,6 +254,8 @@ def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | No
         return RING_NEEDS_CUDA.format(asked=p["cp_attention"])
     if p["tp"] > 1 and shape.tie_embeddings:
         return "tensor parallelism with tied embeddings is not supported; use a model with tie_embeddings = false"
+    if getattr(shape, "is_mla", False) and (why := _mla_problem(p)):
+        return why
     if p["grad_compression"] != "none" and p["strategy"] not in ("ddp", "zero1"):
         return f"grad_compression is a DDP communication hook: it applies to ddp and zero1, not {p['strategy']}"
     if p["grad_compression"] == "bf16" and p["device"] == "cpu" and not gloo_reduces_half():
@@ -285,6 +287,18 @@ def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | No
     if p["device"] == "cpu" and p["precision"] != "fp32" and not gloo_reduces_half():
         return (f"{p['precision']} on CPU: gloo reduces bf16/fp16 from torch 2.13 on (this is "
                 f"{'.'.join(map(str, _torch_version()))}); use precision = \"fp32\" on CPU")
+    return None
+
+
+def _mla_problem(p: dict[str, Any]) -> str | None:
+    """Why a model with multi-head latent attention (workloads/gpt.MLAttention) cannot run
+    this config (None when it can)."""
+    if p["tp"] > 1:
+        return ("tensor parallelism of multi-head latent attention is not built (the tp plan splits wq/wk/wv/wo; MLA "
+                "has wq_a/wq_b/wkv_a/wkv_b): use a data-, expert- or pipeline-parallel strategy")
+    if p["strategy"] == "cp" and p["device"] == "cuda" and p["cp_attention"] != "allgather_kv":
+        return ("cp with multi-head latent attention runs the all-gather-KV form only (torch's ring attention over "
+                "MLA's q, k and v is untested): set cp_attention = \"allgather_kv\"")
     return None
 
 

@@ -653,19 +653,39 @@ def runner_phases(cfg: Any) -> dict[str, dict[str, float]]:
         shape = dataclasses.replace(shape, tie_embeddings=False)
     chunk = _rank_chunk_sizes(shape.layers, pp * v, chunk_ids)
     L = sum(chunk)
+    # The model's indices of this rank's blocks (which of them are MoE blocks).
+    all_chunks = _rank_chunk_sizes(shape.layers, pp * v, list(range(pp * v)))
+    block_ids = [sum(all_chunks[:c]) + j for c, n in zip(chunk_ids, chunk) for j in range(n)]
+    ep = cfg.ep
 
     # -- model states: parameters on this rank (tensor-parallel shards) -----------------
-    plist = _rank_params(shape, tp, first, last, L)
+    plist3 = _rank_param_list(shape, tp, first, last, L, block_ids, ep)
+    plist = [(n, mm) for n, mm, _ in plist3]
     n_params = sum(n for n, _ in plist)
-    block_p = shape.params_per_layer() / tp + 2 * h * (1 - 1 / tp)  # norms are replicated
+    # Routed experts' weights on this rank (experts / ep of each MoE layer): under fsdp+ep
+    # FSDP shards them over the dp / ep ranks that hold the same experts, not over dp.
+    n_expert = sum(n for n, _, x in plist3 if x)
+    edp = float(dp // ep)
+    # One block's weights on this rank, the mean over the rank's blocks (MoE and dense
+    # blocks differ), and its matmul weights (what autocast copies).
+    blocks3 = [_block_params(shape, tp, shape.is_moe_layer(i), ep) for i in block_ids]
+    block_p = sum(n for b in blocks3 for n, _, _ in b) / max(L, 1)
+    block_mm = sum(n for b in blocks3 for n, mm, _ in b if mm) / max(L, 1)
+    block_x = sum(n for b in blocks3 for n, _, x in b if x) / max(L, 1)
     zshard = float(dp) if zero else 1.0
     p_div, g_div, o_div = (zshard if zero >= k else 1.0 for k in (3, 2, 1))
     if fsdp:  # FSDP2 keeps weights sharded at rest under either reshard policy
         p_div = float(dp)
-    rope_buf = 2.0 * cfg.seq_len * (shape.dim_head // 2) * 4.0  # fp32 cos and sin tables
+
+    def sharded(total: float, experts: float, div: float) -> float:
+        # ``total`` elements of which ``experts`` are routed experts' weights, over ``div``
+        # ranks (the experts over the dp / ep ranks sharing them where div is dp).
+        return (total - experts) / div + experts / (edp if div == dp and div > 1 else div)
+
+    rope_buf = 2.0 * cfg.seq_len * (_rotary_dim(shape) // 2) * 4.0  # fp32 cos and sin tables
     w_b, g_b, o_b = RUNNER_STATE_BYTES
-    params_b = w_b * n_params / p_div + rope_buf
-    grads_b = g_b * n_params / g_div
+    params_b = w_b * sharded(n_params, n_expert, p_div) + rope_buf
+    grads_b = g_b * sharded(n_params, n_expert, g_div)
     # Under the runner's tensor parallelism the vocabulary-sharded embedding's gradient
     # comes out whole on every rank (DTensor's embedding backward; seen in the trace):
     # V h fp32 elements, not V h / t.
@@ -680,7 +700,7 @@ def runner_phases(cfg: Any) -> dict[str, dict[str, float]]:
         norms = {i for i, (n, mm) in enumerate(plist) if n == h and not mm}
         owned = [n for i, (n, _) in enumerate(plist) if i not in norms] + [h] * len(norms)
     else:
-        owned = [n / o_div for n, _ in plist]
+        owned = [sharded(n, n if x else 0.0, o_div) for n, _, x in plist3]
     opt_b = o_b * sum(owned)
     # strategies/pieces.optimizer_kw: fused AdamW on CUDA, except behind torch's sharded
     # fp16 scaler (tensor parallelism, FSDP), which falls back to the foreach step.
@@ -695,10 +715,13 @@ def runner_phases(cfg: Any) -> dict[str, dict[str, float]]:
     # Block i is checkpointed when the count of recomputed blocks grows at it (one rule).
     r = RECOMPUTE.index(cfg.activation_checkpointing)
     ck_flags = [bool(recomputed_blocks(i + 1, r) > recomputed_blocks(i, r)) for n in chunk for i in range(n)]
-    full_l = float(layer_activations(shape, N, tp, sp, cfg.precision))
+    # Each block's saved tensors: the planner's count, with what the runner's MLA and MoE
+    # blocks save beyond it (:func:`_runner_block_extra`).
+    base_l = float(layer_activations(shape, N, tp, sp, cfg.precision))
+    full_ls = [base_l + N * _runner_block_extra(shape, i, e, tp, ep, cfg.device) for i in block_ids]
     ck_l = float(checkpointed_layer(shape, N, tp, sp, cfg.precision))
-    saved = [ck_l if c else full_l for c in ck_flags]
-    rope = cfg.seq_len * shape.dim_head * e  # the tables in the stream dtype, once per forward
+    saved = [ck_l if c else f for c, f in zip(ck_flags, full_ls)]
+    rope = cfg.seq_len * _rotary_dim(shape) * e  # the tables in the stream dtype, once per forward
     logits = float(logits_bytes(shape, N, cfg.precision)) if last else 0.0
     if last:  # the final norm and the output projection's input
         rest = N * ((2.0 * e * h + NORM_SCALAR_BYTES) / tsp + e * h)
@@ -710,7 +733,7 @@ def runner_phases(cfg: Any) -> dict[str, dict[str, float]]:
     # autocast's 16-bit copies of the matmul weights, made once per forward (the cache
     # lives as long as the autocast region) and kept by backward; FSDP2 gathers 16-bit
     # weights instead. A checkpointed block makes them again when it is rebuilt.
-    cast_l = 2.0 * (block_p - 2 * h) if mixed and not fsdp else 0.0
+    cast_l = 2.0 * block_mm if mixed and not fsdp else 0.0
     cast_head = 2.0 * V * h / tp if mixed and not fsdp and last else 0.0
     # The MLP's backward scratch: the gradient of its product and of one factor (2 e N F,
     # GELU: one) and one weight's gradient before it is accumulated (16-bit under autocast).
@@ -718,7 +741,9 @@ def runner_phases(cfg: Any) -> dict[str, dict[str, float]]:
     dy = N * e * h / tsp  # the gradient flowing into a block
 
     # -- buffers the strategy holds --------------------------------------------------------
-    buckets = 4.0 * n_params if ddp else 0.0  # DDP's gradient buckets (fp32, a copy of the gradients)
+    # DDP's gradient buckets (fp32, a copy of the gradients); ep's DDP leaves the routed
+    # experts out (strategies/expert_parallel.py reduces them itself).
+    buckets = 4.0 * (n_params - (n_expert if entry.prepare == "expert_parallel" else 0.0)) if ddp else 0.0
     # FSDP2's gathered 16-bit weights (wb bytes each). reshard_after_forward (fsdp): the
     # root's (embedding, final norm, head) and one block's, whose all-gather buffer
     # outlives the copy-out by one block: at the end of forward the root's weights and
@@ -740,7 +765,7 @@ def runner_phases(cfg: Any) -> dict[str, dict[str, float]]:
 
     g_head = 4.0 * (V * h / tp + h) / g_div if last else 0.0
     head_p_all = (h + (0 if _tied(shape, tp) else V * h / tp)) if last else 0.0
-    g_block = 4.0 * block_p / g_div
+    g_block = 4.0 * sharded(block_p, block_x, g_div)
     # Gradients of earlier micro-batches: with gradient accumulation; in a pipeline once a
     # micro-batch's backward has run before the peak (1F1B's steady state; GPipe runs
     # every forward first).
@@ -802,7 +827,7 @@ def runner_phases(cfg: Any) -> dict[str, dict[str, float]]:
             if L == 0:
                 break
             done = L - 1 - i  # blocks whose backward is over
-            rebuilt = (full_l + cast_l) if ck_flags[i] else 0.0
+            rebuilt = (full_ls[i] + cast_l) if ck_flags[i] else 0.0
             casts_now = all_casts if cfg.pipelined else cast_l * ck_flags[: i + 1].count(False)
             r_g, c_g, gath = root_g, cur_g, g_bwd
             if fsdp and zero >= 3 and i < L - 1 and ck_flags[i]:
@@ -812,7 +837,7 @@ def runner_phases(cfg: Any) -> dict[str, dict[str, float]]:
                 r_g = 4.0 * (V * h / tp + h) if last else 0.0
                 # The block's 16-bit gradients count at its peak when they outweigh its
                 # activations (the peak is then at the end of its backward; seen in traces).
-                c_g = wb * block_p if wb * block_p > full_l else 0.0
+                c_g = wb * block_p if wb * block_p > full_ls[i] else 0.0
                 gath = wb * (root_w_all + block_p) + (wb * block_p if i > 0 else 0.0)
             phases[prefix + name] = {
                 **base, "grads_bytes": max(g_before, (0.0 if fsdp else g_head) + done * g_block),
@@ -917,24 +942,107 @@ def _zero1_partition(sizes: list[float], dp: int) -> list[float]:
     return mine
 
 
-def _rank_params(shape: ModelShape, tp: int, first: bool, last: bool, layers: int) -> list[tuple[float, bool]]:
+def _rank_params(shape: ModelShape, tp: int, first: bool, last: bool, layers: int,
+                 block_ids: list[int] | None = None, ep: int = 1) -> list[tuple[float, bool]]:
     """(elements on this tensor-parallel rank, is a matmul weight) of every parameter of
     the stage, in the order the model registers them (the order a single-tensor optimizer
-    steps them): embedding, per block attn_norm, wq, wk, wv, wo, mlp_norm, w1, w2, (w3),
-    then the final norm and the untied output projection. Tensor parallelism splits the
+    steps them): embedding, per block its parameters (:func:`_block_params`), then the
+    final norm and the untied output projection. Tensor parallelism splits the
     embedding and output projection over the vocabulary and every block matrix over its
-    sharded dimension; norms are replicated."""
-    h, d, F, V = shape.hidden, shape.dim_head, shape.ffn_hidden, shape.padded_vocab
-    q, k = shape.heads * d, shape.kv_heads * d
-    block = [(h, False), (h * q / tp, True), (h * k / tp, True), (h * k / tp, True), (q * h / tp, True), (h, False),
-             (h * F / tp, True), (F * h / tp, True)] + ([(h * F / tp, True)] if shape.gated_mlp else [])
-    out: list[tuple[float, bool]] = [(V * h / tp, False)] if first else []
-    out += block * layers
+    sharded dimension; norms are replicated. ``block_ids``: the model's indices of the
+    stage's blocks (default 0 .. layers - 1), which say which are MoE blocks; ``ep``:
+    the expert-parallel degree (a rank holds experts / ep of each MoE layer)."""
+    return [(n, mm) for n, mm, _ in _rank_param_list(shape, tp, first, last, layers, block_ids, ep)]
+
+
+def _rank_param_list(shape: ModelShape, tp: int, first: bool, last: bool, layers: int,
+                     block_ids: list[int] | None = None, ep: int = 1) -> list[tuple[float, bool, bool]]:
+    """:func:`_rank_params` with a third flag: the parameter is a routed expert's weight
+    (sharded over ep, and under fsdp+ep FSDP-sharded over the dp / ep ranks sharing it)."""
+    h, V = shape.hidden, shape.padded_vocab
+    ids = list(range(layers)) if block_ids is None else block_ids
+    out: list[tuple[float, bool, bool]] = [(V * h / tp, False, False)] if first else []
+    for i in ids:
+        out += _block_params(shape, tp, shape.is_moe_layer(i), ep)
     if last:
-        out.append((h, False))
+        out.append((h, False, False))
         if not _tied(shape, tp):
-            out.append((V * h / tp, True))
+            out.append((V * h / tp, True, False))
     return out
+
+
+def _block_params(shape: ModelShape, tp: int, moe: bool, ep: int) -> list[tuple[float, bool, bool]]:
+    """(elements on this rank, is a matmul weight, is a routed expert's) of one block's
+    parameters in registration order (workloads/gpt.py, moe.py): attn_norm; attention
+    (wq, wk, wv, wo; MLA: wq or wq_a, q_norm, wq_b, then wkv_a, kv_norm, wkv_b, wo);
+    mlp_norm; a dense MLP's w1, w2, (w3), or an MoE layer's router, its experts' stacked
+    w1, w3, w2 (experts / ep of them) and the shared experts' w1, w2, w3."""
+    h, a, F = shape.hidden, shape.heads, shape.ffn_hidden
+    if shape.is_mla:
+        qk, v, rope, r_kv = shape.dim_head, shape.v_dim, shape.qk_rope_head_dim, shape.kv_lora_rank
+        r_q = shape.q_lora_rank
+        attn = [(h * a * qk / tp, True)] if r_q is None else [(h * r_q, True), (r_q, False), (r_q * a * qk / tp, True)]
+        attn += [(h * (r_kv + rope), True), (r_kv, False), (r_kv * a * (shape.qk_nope_head_dim + v) / tp, True),
+                 (a * v * h / tp, True)]
+    else:
+        q, k = a * shape.dim_head, shape.kv_heads * shape.dim_head
+        attn = [(h * q / tp, True), (h * k / tp, True), (h * k / tp, True), (q * h / tp, True)]
+    out = [(h, False, False)] + [(n, mm, False) for n, mm in attn] + [(h, False, False)]
+    if not moe:
+        return out + [(h * F / tp, True, False), (F * h / tp, True, False)] + (
+            [(h * F / tp, True, False)] if shape.gated_mlp else [])
+    fe, fs = shape.moe_ffn_hidden, shape.shared_experts * shape.moe_ffn_hidden
+    out += [(h * shape.experts, True, False)] + [(shape.experts / ep * h * fe, True, True)] * 3
+    return out + ([(h * fs, True, False)] * 3 if shape.shared_experts else [])
+
+
+def _rotary_dim(shape: ModelShape) -> int:
+    """Width of the runner's rotary tables: each head's rope part under MLA, else the head."""
+    return shape.qk_rope_head_dim if shape.is_mla else shape.dim_head
+
+
+def _runner_block_extra(shape: ModelShape, index: int, e: float, tp: int, ep: int, device: str) -> float:
+    """Bytes per token that block ``index`` of the runner's decoder saves for backward
+    beyond :func:`layer_activations` (which counts grouped-query attention and a dense
+    MLP of width ffn_hidden), e bytes an activation element. Zero for a dense GQA block.
+
+    MLA (workloads/gpt.MLAttention's docstring lists what it saves): q_norm's input,
+    normalised value and output (3 e q_lora_rank) and kv_norm's input, a view that keeps
+    wkv_a's whole output (e (kv_lora_rank + rope)), normalised value and output
+    (2 e kv_lora_rank), each norm with its fp32 statistics; SDPA's q and k (e a qk each,
+    qk = nope + rope) and its log-sum-exp (as counted), and for values and output: on CPU
+    the padded v and output (e a qk each) and wo's contiguous copy of the cut output
+    (e a v); on CUDA wkv_b's output, which the saved v keeps (e a (nope + v)), and the
+    output (e a v). layer_activations counted 4 e a qk for q, k, v and output.
+
+    An MoE block (workloads/moe.py), per token and its top_k routed rows: the router's
+    fp32 probabilities (4 E), the top-k ids (int64) and fp32 probabilities and their sum;
+    per row the expert's input row and output row (under ep the rows received and sent
+    back by the all-to-all) and the weighted row index_add keeps (3 e h), the SwiGLU's
+    four tensors (4 e F_e), the fp32 combine weight, the row's token index and kept slot
+    (int64 each; under ep also the regrouping order and its inverse); the shared experts'
+    SwiGLU (4 e shared x F_e); less the dense MLP layer_activations counted (4 e F). (The
+    planner's :func:`moe_mlp_extra` counts 2 e h a row and no indices.)"""
+    extra = 0.0
+    if shape.is_mla:
+        a, qk, v, rope = shape.heads, shape.dim_head, shape.v_dim, shape.qk_rope_head_dim
+        r_q, r_kv = shape.q_lora_rank, shape.kv_lora_rank
+        norms = e * (r_kv + rope) + 2.0 * e * r_kv + NORM_SCALAR_BYTES
+        if r_q is not None:
+            norms += 3.0 * e * r_q + NORM_SCALAR_BYTES
+        if device == "cpu" and v < qk:
+            sdpa = e * a * (4.0 * qk + v)
+        else:
+            sdpa = e * a * (2.0 * qk + shape.qk_nope_head_dim + 2.0 * v)
+        extra += (norms + sdpa - 4.0 * e * a * qk) / tp
+    if shape.is_moe_layer(index):
+        h, k, fe = shape.hidden, shape.top_k, shape.moe_ffn_hidden
+        per_row = 3.0 * e * h + 4.0 * e * fe + 4.0 + 16.0 + (16.0 if ep > 1 else 0.0)
+        router = 4.0 * shape.experts + 12.0 * k + 4.0
+        shared = 4.0 * e * shape.shared_experts * fe
+        dense = (4.0 if shape.gated_mlp else 2.0) * e * shape.ffn_hidden / tp
+        extra += k * per_row + router + shared - dense
+    return extra
 
 
 def _tied(shape: ModelShape, tp: int) -> bool:

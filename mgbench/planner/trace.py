@@ -590,6 +590,9 @@ def runner_config(shape: Any, layout: Any, strategy: str | None = None) -> Any:
                            f"--recompute {L.recompute} is priced without --trace")
     if (why := shape.runner_problem()) is not None:
         raise MgbenchError(f"--trace builds the model with the runner's decoder: {why}")
+    if shape.is_mla and L.tp > 1:  # the same refusal as the suite's (suite._mla_problem)
+        raise MgbenchError("--trace: tensor parallelism of multi-head latent attention is not built in the runner; "
+                           "give --tp 1 (the layout without --trace is priced)")
     # The schedule registry says which schedules take --virtual-stages (interleaved and
     # interleaved_zb) and how many chunks a rank holds (ZB-V and DualPipeV: two).
     v = L.virtual_stages if L.schedule in VIRTUAL else 1

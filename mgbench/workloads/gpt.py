@@ -16,6 +16,11 @@ one by one, and `mgbench memory --trace` checks it):
   tensors: it keeps its input and its output, 2 + 2 bytes an element in bf16.
 - Grouped-query attention by SDPA itself (``enable_gqa``, torch >= 2.5), not by
   repeating K and V: the saved K and V are kv_heads wide, as in FlashAttention-2.
+- Multi-head latent attention (DeepSeek-V2/V3, when the shape has ``kv_lora_rank``) as
+  DeepSeek's and torchtitan's training code computes it (:class:`MLAttention`): the
+  up-projected per-head keys and values are what attention reads and saves, the shared
+  rotary key broadcast to every head; on CPU the value is zero-padded to the q/k width
+  (its flash kernel needs one width).
 - Cross-entropy in fp32 chunk by chunk, each chunk recomputed in backward (torchtune's
   chunked-output loss): no fp32 copy of the whole logits is ever held.
 - The vocabulary padded to ``vocab_multiple`` (GPT-2: 50304, nanoGPT's choice).
@@ -100,6 +105,96 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 
+class MLAttention(Attention):
+    """Multi-head latent attention (DeepSeek-V2, DeepSeek-V3): keys and values through a
+    low-rank latent, queries through another (or directly from the hidden state).
+
+    Parameters, named as in DeepSeek-V3's and torchtitan's code and counted exactly by
+    ``ModelShape._attn_params``:
+
+    - ``wq`` (hidden -> heads x (nope + rope)) when ``q_lora_rank`` is None, else
+      ``wq_a`` (hidden -> q_lora_rank), ``q_norm`` (RMSNorm) and ``wq_b`` (q_lora_rank
+      -> heads x (nope + rope));
+    - ``wkv_a`` (hidden -> kv_lora_rank + rope): the latent and ONE rotary key shared by
+      every head; ``kv_norm`` (RMSNorm of the latent); ``wkv_b`` (kv_lora_rank -> heads x
+      (nope + v)): each head's non-rotary key and its value;
+    - ``wo`` (heads x v -> hidden).
+
+    Rotary embeddings turn the rope parts only (the tables are qk_rope_head_dim wide:
+    DecoderLM builds them so for an MLA shape); each head's query and key are its nope
+    part and its rope part concatenated, the shared rotary key broadcast to every head
+    (an expand, copied once by the concatenation). Causal SDPA at scale
+    1/sqrt(nope + rope), values v_head_dim wide.
+
+    What forward saves for backward (per token, e bytes an element; the attention
+    RMSNorm's output x is counted with that norm): as an RMSNorm does, q_norm its input
+    (wq_a's output), its normalised value and its output (wq_b's input), 3 e q_lora_rank,
+    and kv_norm its input, a view of wkv_a's output that keeps all of it
+    (e (kv_lora_rank + rope)), its normalised value and its output (wkv_b's input),
+    2 e kv_lora_rank, each with two fp32 per-token scalars; SDPA the concatenated q and k
+    (e heads (nope + rope) each), v, its output and its fp32 log-sum-exp (4 heads). The
+    rotary parts and the up-projections' outputs are read through views and not kept
+    otherwise. Where v is narrower than q and k:
+
+    - CUDA (as torchtitan's DeepSeek-V3 runs it): SDPA takes the narrower v itself (its
+      memory-efficient kernel checks q's width against k's only; not run on a GPU in
+      this project yet); the saved v is a view of wkv_b's output and keeps all of it,
+      e heads (nope + v), and the output (e heads v) is read by wo as a view;
+    - CPU: torch's one fused CPU kernel (flash) needs q, k and v of one width, and without
+      it SDPA falls back to its math path, which saves the s x s attention weights of
+      every head. So v is zero-padded to the q/k width and the output cut back (Hugging
+      Face's DeepSeek-V3 pads the same way for FlashAttention-2): SDPA saves the padded v
+      and the padded output (e heads (nope + rope) each), and wo the cut output copied
+      contiguous (e heads v); wkv_b's output is not kept.
+
+    ``attend`` (context parallelism) receives these q, k and v as Attention's hook does
+    (k per head: no grouped-query sharing). Tensor parallelism is not built for MLA (its
+    plan names wq/wk/wv): the suite refuses it.
+    """
+
+    def __init__(self, shape: ModelShape) -> None:
+        nn.Module.__init__(self)  # an Attention by type (context parallelism finds it so), not by its projections
+        h, a = shape.hidden, shape.heads
+        self.heads = a
+        self.nope, self.rope, self.v_dim = shape.qk_nope_head_dim, shape.qk_rope_head_dim, shape.v_head_dim
+        self.dim_head = self.nope + self.rope  # q and k per head
+        self.kv_lora_rank, self.q_lora_rank = shape.kv_lora_rank, shape.q_lora_rank
+        if self.q_lora_rank is None:
+            self.wq = nn.Linear(h, a * self.dim_head, bias=False)
+        else:
+            self.wq_a = nn.Linear(h, self.q_lora_rank, bias=False)
+            self.q_norm = RMSNorm(self.q_lora_rank)
+            self.wq_b = nn.Linear(self.q_lora_rank, a * self.dim_head, bias=False)
+        self.wkv_a = nn.Linear(h, self.kv_lora_rank + self.rope, bias=False)
+        self.kv_norm = RMSNorm(self.kv_lora_rank)
+        self.wkv_b = nn.Linear(self.kv_lora_rank, a * (self.nope + self.v_dim), bias=False)
+        self.wo = nn.Linear(a * self.v_dim, h, bias=False)
+        self.attend = None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.wq(x) if self.q_lora_rank is None else self.wq_b(self.q_norm(self.wq_a(x)))
+        q_nope, q_rope = q.view(b, s, -1, self.dim_head).split((self.nope, self.rope), dim=-1)
+        # (batch, seq, heads, d) as in Attention, so SDPA's output is in wo's layout.
+        q = torch.cat((q_nope, apply_rotary(q_rope, cos, sin)), dim=-1).transpose(1, 2)
+        latent, k_rope = self.wkv_a(x).split((self.kv_lora_rank, self.rope), dim=-1)
+        k_rope = apply_rotary(k_rope.unsqueeze(2), cos, sin)  # (batch, seq, 1, rope): one key for every head
+        kv = self.wkv_b(self.kv_norm(latent)).view(b, s, -1, self.nope + self.v_dim)
+        k_nope, v = kv.split((self.nope, self.v_dim), dim=-1)
+        k = torch.cat((k_nope, k_rope.expand(-1, -1, k_nope.shape[2], -1)), dim=-1).transpose(1, 2)
+        v = v.transpose(1, 2)
+        pad = self.dim_head - self.v_dim if x.device.type == "cpu" and self.v_dim < self.dim_head else 0
+        if pad:  # CPU's flash kernel needs one width (class docstring)
+            v = F.pad(v, (0, pad))
+        if self.attend is not None:
+            out = self.attend(q, k, v)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if pad:
+            out = out[..., : self.v_dim]
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
 class MLP(nn.Module):
     def __init__(self, shape: ModelShape) -> None:
         super().__init__()
@@ -119,7 +214,7 @@ class Block(nn.Module):
     def __init__(self, shape: ModelShape, index: int = 0) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(shape.hidden)
-        self.attn = Attention(shape)
+        self.attn = MLAttention(shape) if shape.is_mla else Attention(shape)
         self.mlp_norm = RMSNorm(shape.hidden)
         if shape.is_moe_layer(index):
             from .moe import MoE  # routed experts in place of the dense MLP
@@ -147,7 +242,8 @@ class DecoderLM(nn.Module):
         self.head = nn.Linear(shape.hidden, shape.padded_vocab, bias=False)
         if shape.tie_embeddings:
             self.head.weight = self.tok_emb.weight
-        cos, sin = rotary_tables(shape.dim_head, max_seq_len)
+        # MLA turns only each head's rope part (qk_rope_head_dim); other attention the whole head.
+        cos, sin = rotary_tables(shape.qk_rope_head_dim if shape.is_mla else shape.dim_head, max_seq_len)
         # Non-persistent buffers: not parameters, not in state_dict, moved with .to().
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)

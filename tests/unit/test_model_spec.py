@@ -125,7 +125,7 @@ def test_model_spec_checks_mla_and_local_attention_dims():
 def test_the_runner_refuses_what_its_decoder_does_not_build():
     from mgbench.suite import parse_suite
 
-    with pytest.raises(MgbenchError, match="does not build kv_lora_rank.*`mgbench run` cannot measure it"):
+    with pytest.raises(MgbenchError, match="does not build mtp_layers.*`mgbench run` cannot measure it"):
         parse_suite('[sweep]\nmodel = "deepseek-v3"\n')
     with pytest.raises(MgbenchError, match="does not build mlp = 'squared_relu'"):
         parse_suite('[sweep]\nmodel = {layers = 2, hidden = 64, heads = 4, ffn_hidden = 128, vocab = 256, '
