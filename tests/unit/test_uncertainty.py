@@ -60,9 +60,10 @@ def test_not_distinguishable_fires_only_when_intervals_overlap():
         return {"cost_usd": cost, "cost_usd_interval": [cost * 0.9, cost * 1.1], "days_interval": [1.0, 2.0],
                 "num_gpus": 8, "gpu": name, "system": name, "regime": "catalog-validated", "interval_reasons": []}
 
-    close = _distinguishable([row(100.0, "a"), row(105.0, "b"), row(200.0, "c")])
+    rows = [row(100.0, "a"), row(105.0, "b"), row(200.0, "c")]
+    close = _distinguishable(rows[0], rows)  # the lead against the others
     assert any("not distinguishable" in line and "b" in line and "(c)" not in line for line in close)
-    apart = _distinguishable([row(100.0, "a"), row(200.0, "c")])
+    apart = _distinguishable(rows[0], [rows[0], rows[2]])
     assert not any("not distinguishable" in line for line in apart)
 
 
