@@ -215,6 +215,9 @@ def plan_field(name: str) -> Opt:
 # --- output ---------------------------------------------------------------------------
 
 JSON = opt("--json", "as_json", is_flag=True, help="Machine-readable output: JSON on stdout.")
+PLAN_HTML = opt("--html", "html_file", metavar="FILE",
+                help="Also write the plan as a self-contained HTML page: the time/cost front with intervals, the "
+                     "options per accelerator, the lead layout's memory, buy versus rent.")
 
 
 # --- model and layout (memory, predict, plan) -----------------------------------------

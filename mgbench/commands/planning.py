@@ -8,7 +8,8 @@ from typing import Any
 import click
 
 from .. import catalog
-from ..cli_options import (AGAINST, CALIBRATION_GROUP, HARDWARE, DIM_NAMES, GPU, JSON, MODEL_GROUP, PRICES, SYSTEM,
+from ..cli_options import (AGAINST, CALIBRATION_GROUP, HARDWARE, DIM_NAMES, GPU, JSON, MODEL_GROUP, PLAN_HTML, PRICES,
+                           SYSTEM,
                            LARGEST_LAYER, TRACE, TRACE_STRATEGY, deferred_command, layout_group, overlap_option, plan_field,
                            plan_group, plan_options_from)
 from ..errors import MgbenchError
@@ -360,8 +361,9 @@ def _print_calibration(fit: dict[str, Any], as_json: bool) -> None:
                   else "- (no held-out fit attributed time to any term)"))
 
 
-@deferred_command(lambda: [*MODEL_GROUP, *plan_group(), *PRICES, HARDWARE, *CALIBRATION_GROUP, JSON])
-def plan(model, hf_config, params, prices_file, price_overrides, hardware_profile, calibrate_run, comm_run, results_dir, as_json, **kw) -> None:  # type: ignore[no-untyped-def]
+@deferred_command(lambda: [*MODEL_GROUP, *plan_group(), *PRICES, HARDWARE, *CALIBRATION_GROUP, PLAN_HTML, JSON])
+def plan(model, hf_config, params, prices_file, price_overrides, hardware_profile, calibrate_run, comm_run, results_dir,  # type: ignore[no-untyped-def]
+         html_file, as_json, **kw) -> None:
     """Recommend hardware, GPU count and layout to train MODEL on TOKENS: time, cost, energy.
 
     \b
@@ -372,6 +374,8 @@ def plan(model, hf_config, params, prices_file, price_overrides, hardware_profil
       mgbench plan --model llama3-8b --tokens 1e12 --stack torchtitan      # an FSDP2 stack's published efficiency
       mgbench plan --model gpt2-small --tokens 1e9 --seq-len 1024 --hardware PROFILE   # this machine, 1..N ranks
       mgbench plan --hf PATH/config.json --tokens 1e12                   # a Hugging Face model, read on disk
+      mgbench plan --model llama3-8b --tokens 1e12 --html plan.html     # a page with the plots, to show others
+      mgbench plan --model llama3-8b --tokens 1e12 --own dgx-h100:64    # on GPUs you already own
       mgbench plan --layers 36 --hidden 2880 --heads 64 --kv-heads 8 --head-dim 64 --vocab 201088 \\
                    --experts 128 --top-k 4 --ffn-hidden 2880 --tokens 1e12      # your own dims
     """
@@ -407,6 +411,14 @@ def plan(model, hf_config, params, prices_file, price_overrides, hardware_profil
         links = calibrate.comm_links(comm_run, results_dir)
         opts.links = {name: links["fields"] for name, s in all_systems().items() if s["gpu"] == links["gpu"]}
     res = plan_fn(shape, opts, cost.Prices(prices_file, list(price_overrides)))
+    if html_file:
+        from ..report.plan_page import build_plan_report
+
+        try:
+            written = build_plan_report(res, html_file)
+        except OSError as e:
+            raise MgbenchError(f"--html {html_file}: cannot write the report ({e.strerror})") from None
+        click.echo(f"plan report: {written}", err=as_json)
     if as_json:
         click.echo(json.dumps(res, indent=2, default=float))
         return

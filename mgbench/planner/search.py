@@ -401,7 +401,7 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
     cheapest = ranked[0] if ranked and ranked[0]["cost_usd"] is not None else None
     fastest = min(ok, key=lambda r: r["days"]) if ok else None
     other = decision.runner_up(rec, ranked, rule, opts.premium) if rec is not None else None
-    for r in (rec, cheapest, fastest, other):
+    for r in [rec, cheapest, fastest, other, *pareto(ok)]:  # the front is drawn with its intervals (--html)
         if r is not None and "days_interval" not in r:
             _add_interval(r, opts)
     reasons = _recommend(rec, rule, lead_why, cheapest, fastest, ranked, bests, opts)
