@@ -7,9 +7,8 @@ from typing import Any
 
 from ..errors import MgbenchError
 from ..model_shape import ModelShape
-from ..parallel_dims import ParallelDims
-from ..strategies.schedules import bubble_unknown_reason, chunks_per_rank, schedule_problem
-from . import layout_time, perf
+from ..strategies.schedules import bubble_unknown_reason, schedule_problem
+from . import layout_rules, layout_time, perf
 from .hardware import Hardware
 from .memory import RECOMPUTE, RUNNER_RECOMPUTE, SCHEDULES, VIRTUAL_SCHEDULES, memory_per_gpu
 
@@ -84,16 +83,16 @@ def validate(layout: Layout, shape: ModelShape | None) -> None:
             "choose degrees whose product divides --num-gpus")
     _check_new_axes(L, shape)
     if shape is not None:
-        # The runner's degree validator; kv heads are checked apart because the planner,
-        # like Megatron, lets tp exceed the kv heads (they are then replicated).
-        problems = ParallelDims(dp=L.dp, tp=L.tp, pp=L.pp, ep=L.ep).problems(
-            L.num_gpus // L.cp, layers=shape.layers, heads=shape.heads,
-            virtual_stages=chunks_per_rank(L.schedule, L.virtual_stages) if L.pp > 1 else 1,
-            experts=shape.experts if shape.is_moe else None)
-        if shape.kv_heads % L.tp and L.tp % shape.kv_heads:
-            problems.append(f"tp={L.tp} neither divides nor is a multiple of the {shape.kv_heads} kv heads")
-        if problems:
-            raise MgbenchError("; ".join(problems))
+        # The rules plan's search keeps (planner/layout_rules.py): the two accept and refuse
+        # the same layouts. The planner, like Megatron, lets tp exceed the kv heads (they are
+        # then replicated).
+        masks = layout_rules.rules(shape, num_gpus=L.num_gpus, tp=L.tp, pp=L.pp, cp=L.cp, ep=L.ep, zero=L.zero,
+                                   micro_batch=L.micro_batch, global_batch=L.batch, seq_len=L.seq_len,
+                                   schedule=L.schedule, virtual_stages=L.virtual_stages, replicas=L.replicas,
+                                   offload=L.offload)
+        broken = [name for name, ok in masks.items() if not bool(ok)]
+        if broken:
+            raise MgbenchError("; ".join(layout_rules.MESSAGES[name](L, shape) for name in broken))
     if L.batch % (L.micro_batch * L.dp):
         raise MgbenchError(
             f"global batch {L.batch} is not a multiple of micro-batch {L.micro_batch} x dp {L.dp} "

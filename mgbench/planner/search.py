@@ -20,8 +20,7 @@ import numpy as np
 from .. import catalog
 from ..errors import MgbenchError
 from ..model_shape import ModelShape
-from ..strategies.schedules import schedule_problem, theoretical_bubble
-from . import cost, decision, hardware, layout_time, ownership, perf, stack
+from . import cost, decision, hardware, layout_rules, layout_time, ownership, perf, stack
 from .memory import ALLOWANCE_FRACTION, RECOMPUTE, SCHEDULES, STATE_BYTES, check_margin, memory_per_gpu
 
 TP_CHOICES = (1, 2, 4, 8)
@@ -157,21 +156,6 @@ def extra_axes(shape: ModelShape, opts: PlanOptions) -> tuple[list[int], list[in
     return cps, eps, [False, True] if opts.offload else [False]
 
 
-def schedule_runs(schedule: str, pp: np.ndarray, num_micro: np.ndarray, virtual_stages: int) -> np.ndarray:
-    """Rows whose pipeline can run ``schedule`` with a known theoretical bubble (the
-    schedule registry's rules, strategies/schedules.py: e.g. interleaved needs m a
-    multiple of p, DualPipeV m >= 2 p, ZB-V's bubble is known from m >= 2 p; GPipe takes
-    any m); every row without a pipeline."""
-    p, m = np.asarray(pp, dtype=np.int64), np.asarray(num_micro, dtype=np.int64)
-    # One registry call per distinct (p, m): a plan has millions of rows but few pairs.
-    key = p * (int(m.max(initial=0)) + 1) + m
-    keys, first, inverse = np.unique(key.ravel(), return_index=True, return_inverse=True)
-    runs = np.array([pi == 1 or (schedule_problem(schedule, int(pi), int(mi), compile=False) is None
-                                 and theoretical_bubble(int(pi), int(mi), schedule, virtual_stages) is not None)
-                     for pi, mi in zip(p.ravel()[first], m.ravel()[first])], dtype=bool)
-    return runs[inverse.ravel()].reshape(p.shape)
-
-
 def _grid(*axes: np.ndarray) -> list[np.ndarray]:
     return [g.ravel() for g in np.meshgrid(*axes, indexing="ij")]
 
@@ -235,16 +219,16 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
     # at a time (a full cross product of millions of rows costs more in allocation).
     picked: list[tuple[np.ndarray, int, int, bool]] = []
     for cp in cps:
-        ok_cp = N % (T * P * cp) == 0
-        D_cp = np.where(ok_cp, N // np.maximum(T * P * cp, 1), 1)
-        ok_cp &= (B % (MB * D_cp) == 0) & ((D_cp * cp > 1) | (Z == 0))
-        if opts.schedule != "1f1b":
-            ok_cp &= schedule_runs(opts.schedule, P, B // (MB * D_cp), opts.virtual_stages)
+        # ZeRO stages only differ with data parallelism (a search choice, not a rule).
+        D_cp = N // np.maximum(T * P * cp, 1)
+        differ = (D_cp * cp > 1) | (Z == 0)
         for ep in eps:
-            ok_ep = ok_cp & (D_cp % ep == 0)
             for off in offs:
-                idx = np.flatnonzero(ok_ep & (Z == 3) if off else ok_ep)
-                picked.append((idx, cp, ep, off))
+                # The one set of rules predict keeps too (planner/layout_rules.py).
+                ok = layout_rules.keeps_all(layout_rules.rules(
+                    shape, num_gpus=N, tp=T, pp=P, cp=cp, ep=ep, zero=Z, micro_batch=MB, global_batch=B,
+                    seq_len=opts.seq_len, schedule=opts.schedule, virtual_stages=opts.virtual_stages, offload=off))
+                picked.append((np.flatnonzero(ok & differ), cp, ep, off))
     idx = np.concatenate([x[0] for x in picked])
     CP, EP, OFF = (np.repeat(np.array([x[j] for x in picked]), [x[0].size for x in picked]) for j in (1, 2, 3))
     N, T, P, Z, MB, RC = (a[idx] for a in (N, T, P, Z, MB, RC))

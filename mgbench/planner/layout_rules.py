@@ -1,0 +1,92 @@
+"""The rules a parallel layout must keep to run, stated once and vectorised: `plan`'s
+search evaluates them over millions of candidate layouts at a time and `predict` /
+`memory` over the one layout given, so both accept and refuse the same layouts (a test
+gives predict every layout plan ranks).
+
+Each rule is a mask, True where the layout keeps it; :data:`MESSAGES` says in one line
+why a single layout breaks one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ..model_shape import ModelShape
+from ..strategies.schedules import chunks_per_rank, schedule_problem, theoretical_bubble
+
+
+def schedule_runs(schedule: str, pp: Any, num_micro: Any, virtual_stages: int) -> Any:
+    """Rows whose pipeline can run ``schedule`` with a known theoretical bubble (the
+    schedule registry's rules, strategies/schedules.py: e.g. interleaved needs m a
+    multiple of p, DualPipeV m >= 2 p, ZB-V's bubble is known from m >= 2 p; GPipe takes
+    any m); every row without a pipeline."""
+    p = np.asarray(pp, dtype=np.int64)
+    m = np.asarray(num_micro, dtype=np.int64)
+    p, m = np.broadcast_arrays(p, m)
+    # One registry call per distinct (p, m): a plan has millions of rows but few pairs.
+    key = p * (int(m.max(initial=0)) + 1) + m
+    keys, first, inverse = np.unique(key.ravel(), return_index=True, return_inverse=True)
+    runs = np.array([pi == 1 or (schedule_problem(schedule, int(pi), int(mi), compile=False) is None
+                                 and theoretical_bubble(int(pi), int(mi), schedule, virtual_stages) is not None)
+                     for pi, mi in zip(p.ravel()[first], m.ravel()[first])], dtype=bool)
+    return runs[inverse.ravel()].reshape(p.shape)
+
+
+def rules(shape: ModelShape, *, num_gpus: Any, tp: Any, pp: Any, cp: Any = 1, ep: Any = 1, zero: Any = 0,
+          micro_batch: Any = 1, global_batch: Any, seq_len: int, schedule: str = "1f1b", virtual_stages: int = 1,
+          replicas: Any = 1, offload: Any = False) -> dict[str, Any]:
+    """Every rule's mask over the layouts given as arrays (or scalars), True where it is
+    kept. ``global_batch``: sequences per step."""
+    N, T, P, C, E, Z, MB, R = (np.asarray(x, dtype=np.int64) for x in
+                               (num_gpus, tp, pp, cp, ep, zero, micro_batch, replicas))
+    B = np.asarray(global_batch, dtype=np.int64)
+    width = T * P * C
+    divides = N % width == 0
+    D = np.where(divides, N // np.maximum(width, 1), 1)  # data-parallel ranks where the degrees divide
+    batch = B % (MB * D) == 0
+    M = np.where(batch, B // np.maximum(MB * D, 1), 1)
+    chunks = chunks_per_rank(schedule, virtual_stages)
+    experts = (E == 1) | ((D % E == 0) & (shape.experts % E == 0)) if shape.is_moe else (E == 1)
+    return {
+        "divides": divides,
+        "batch": batch,
+        "heads": shape.heads % T == 0,
+        "kv_heads": (shape.kv_heads % T == 0) | (T % shape.kv_heads == 0),
+        "layers": np.where(P > 1, P * chunks, 1) <= shape.layers,
+        "experts": experts,
+        "cp_seq": (C == 1) | (seq_len % (2 * C) == 0),
+        "offload": ~np.asarray(offload, dtype=bool) | (Z == 3),
+        "hsdp": (R == 1) | ((Z == 3) & ((D * C) % R == 0) & (D * C != R) & (E == 1)),
+        "schedule": schedule_runs(schedule, P, M, virtual_stages) if schedule != "1f1b" else (M >= 1),
+    }
+
+
+def keeps_all(masks: dict[str, Any]) -> Any:
+    """Where every rule is kept."""
+    out = None
+    for m in masks.values():
+        out = m if out is None else out & m
+    return out
+
+
+# One line per rule for a single layout (L: predict.Layout, s: ModelShape).
+MESSAGES: dict[str, Callable[[Any, ModelShape], str]] = {
+    "divides": lambda L, s: (f"tp ({L.tp}) x pp ({L.pp}) x cp ({L.cp}) = {L.tp * L.pp * L.cp} does not divide the "
+                             f"{L.num_gpus} GPUs; choose degrees whose product divides --num-gpus"),
+    "batch": lambda L, s: (f"global batch {L.batch} is not a multiple of micro-batch {L.micro_batch} x dp {L.dp} "
+                           f"(dp = {L.num_gpus} GPUs / (tp {L.tp} x pp {L.pp} x cp {L.cp}))"),
+    "heads": lambda L, s: f"tp={L.tp} does not divide the {s.heads} attention heads",
+    "kv_heads": lambda L, s: f"tp={L.tp} neither divides nor is a multiple of the {s.kv_heads} kv heads",
+    "layers": lambda L, s: (f"pp={L.pp} x {chunks_per_rank(L.schedule, L.virtual_stages)} virtual stage(s) exceeds "
+                            f"the {s.layers} layers"),
+    "experts": lambda L, s: (f"--ep {L.ep} must divide the {s.experts} experts and the {L.dp} data-parallel ranks "
+                             "(experts are sharded over ep of them)"),
+    "cp_seq": lambda L, s: (f"--cp {L.cp}: the sequence ({L.seq_len}) must split into 2 x cp = {2 * L.cp} equal chunks "
+                            "(causal load balancing); choose a --seq-len that is a multiple of it"),
+    "offload": lambda L, s: "--offload is modelled for FSDP2's ZeRO-3 sharding: add --zero 3",
+    "hsdp": lambda L, s: (f"--hsdp {L.replicas} needs --zero 3, must divide the {L.dp * L.cp} data-parallel ranks "
+                          "(dp x cp) and leave at least 2 to shard over, and is not modelled with --ep"),
+    "schedule": lambda L, s: f"--schedule {L.schedule} cannot run {L.num_micro} micro-batches on {L.pp} stages",
+}
