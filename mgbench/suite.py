@@ -266,9 +266,10 @@ def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | No
         return "DDP cannot replicate tensor-parallel (DTensor) parameters; use dp_mode = \"fsdp\" with tp > 1 and dp > 1"
     if pipelined and (why := schedules.schedule_problem(p["pp_schedule"], p["pp"], p["grad_accum"], p["compile"])):
         return why
-    if (why := _hsdp_fp8_problem(p)):
-        return why
+    # A GPU without float8 units is said before a missing torchao: installing it would not help.
     if p["precision"] == "fp8" and p["device"] == "cuda" and device_kind == "cuda" and (why := _fp8_gpu_problem()):
+        return why
+    if (why := _hsdp_fp8_problem(p)):
         return why
     fp8_tp_cuda = p["precision"] == "fp8" and p["tp"] > 1 and p["device"] == "cuda"
     if fp8_tp_cuda and (why := _fp8_tp_shard_problem(shape, p["tp"])):

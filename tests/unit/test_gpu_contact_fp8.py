@@ -2,11 +2,15 @@
 below 8.9, e.g. an A100) are skipped with the reason instead of failing one by one. The
 GPUs are torch.cuda's answers, monkeypatched on this CPU machine."""
 
+import importlib.util
+
 import pytest
 import torch
 
 from mgbench import suite as S
 from mgbench.record import Record
+
+HAS_TORCHAO = importlib.util.find_spec("torchao") is not None
 
 SUITE = """
 name = "fp8-contact"
@@ -42,6 +46,8 @@ def test_fp8_on_an_a100_is_skipped_naming_its_capability(monkeypatch):
     assert rec["status"] == "skipped" and rec["skip_reason"] == why and rec["error"] is None
 
 
+@pytest.mark.skipif(not HAS_TORCHAO, reason="torchao is not installed (pip install mgbench[fp8]): fp8 configs are "
+                                              "skipped for that before their GPU is asked")
 @pytest.mark.parametrize("cap", [(8, 9), (9, 0), (10, 0)])
 def test_ada_hopper_and_blackwell_run_fp8(monkeypatch, cap):
     gpus(monkeypatch, cap, cap, name="NVIDIA H100 80GB HBM3")
@@ -61,4 +67,5 @@ def test_capability_rule_and_no_gpu_to_ask():
     assert "7.5" in capability_problem((7, 5))
     # No CUDA torch on this machine: nothing to ask, the suite's other rules decide (as before).
     if not torch.cuda.is_available():
-        assert by_precision()["fp8"].skip_reason is None
+        why = by_precision()["fp8"].skip_reason
+        assert why is None if HAS_TORCHAO else "install mgbench[fp8]" in why

@@ -39,6 +39,7 @@ def test_an_unknown_plan_style_is_refused_with_the_reason():
     assert hf_tp.style_problem({"layers.*.o_proj": "rowwise"}) is None
 
 
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason=NO_TRANSFORMERS)  # without it every HF config is skipped for that
 def test_a_config_whose_plan_has_an_unknown_style_is_skipped_with_the_reason(tmp_path):
     conf = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
             "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -50,6 +51,7 @@ def test_a_config_whose_plan_has_an_unknown_style_is_skipped_with_the_reason(tmp
     assert "layers.*.mlp.up_proj = 'moe_tp_experts'" in got["tp"] and got["ddp"] is None
 
 
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason=NO_TRANSFORMERS)
 def test_models_without_a_plan_and_tp_sp_stay_skipped_with_the_reason():
     text = """
 [[sweep]]
