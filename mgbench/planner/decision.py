@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..errors import MgbenchError
+
 YEAR_DAYS = 365.0
 # The operating point's premium over the cheapest option (--premium).
 PREMIUM = 0.10
@@ -55,24 +57,34 @@ def check_front(front_rows: list[dict[str, Any]]) -> None:
                              "and cheaper")
 
 
+def check_premium(premium: float) -> None:
+    """One line for a --premium that is not a fraction of the cheapest cost."""
+    if premium < 0:
+        raise MgbenchError(f"--premium is a fraction of the cheapest cost, 0 or more: got {premium}")
+
+
 def operating_point(front_rows: list[dict[str, Any]], premium: float = PREMIUM) -> dict[str, Any] | None:
     """The fastest option of a front (as :func:`front` returns it) costing at most
     ``premium`` more than its cheapest; None for an empty front."""
     check_front(front_rows)
+    check_premium(premium)
     if not front_rows:
         return None
-    if premium < 0:
-        raise ValueError(f"--premium is a fraction of the cheapest cost, 0 or more: got {premium}")
     limit = front_rows[-1]["cost_usd"] * (1.0 + premium)
     return next(r for r in front_rows if r["cost_usd"] <= limit)
 
 
-def lead(ranked: list[dict[str, Any]], options: list[dict[str, Any]], constrained: bool, premium: float = PREMIUM
-         ) -> tuple[dict[str, Any] | None, str, list[str]]:
+def lead(ranked: list[dict[str, Any]], constrained: bool, premium: float = PREMIUM,
+         owned: tuple[str, int] | None = None) -> tuple[dict[str, Any] | None, str, list[str]]:
     """(the lead row, its rule's name, why) over the options meeting the constraints
-    (``ranked``: cheapest first) of all ``options``."""
+    (``ranked``: cheapest first). ``owned`` (system, GPUs): the GPUs are paid for, so the
+    fastest leads."""
     if not ranked:
         return None, "none", ["no option meets the constraints"]
+    if owned is not None:
+        return (min(ranked, key=lambda r: (r["days"], r["cost_usd"] or 0.0)), "fastest_owned",
+                [f"on the {owned[1]} {owned[0]} GPUs you own the servers are paid for: the fastest layout leads, "
+                 "and its cost is the energy it draws (the marginal cost)"])
     if constrained:
         return ranked[0], "cheapest_meeting_constraints", ["the cheapest option that meets the deadline / budget"]
     if all(r.get("cost_usd") is None for r in ranked):
@@ -86,7 +98,7 @@ def lead(ranked: list[dict[str, Any]], options: list[dict[str, Any]], constraine
         why.append(f"against the cheapest ({_label(cheapest)}, {cheapest['days']:.1f} days, USD "
                    f"{cheapest['cost_usd']:,.0f}): {cheapest['days'] / row['days']:.1f}x sooner for "
                    f"{100 * (row['cost_usd'] / cheapest['cost_usd'] - 1):.1f}% more")
-    return row, "knee", why
+    return row, "operating_point", why
 
 
 def long_run_warning(row: dict[str, Any] | None) -> str | None:
@@ -105,7 +117,7 @@ def runner_up(lead_row: dict[str, Any], ranked: list[dict[str, Any]], rule: str,
     others = [r for r in ranked if r["gpu"] != lead_row["gpu"] and r.get("cost_usd") is not None]
     if not others:
         return None
-    if rule == "knee":
+    if rule == "operating_point":
         return operating_point(front(others), premium)
     return min(others, key=lambda r: (r["cost_usd"], r["days"]))
 

@@ -74,6 +74,12 @@ def _link(name: str) -> dict[str, Any]:
     return links()[name]
 
 
+def catalog_system(hw: Hardware) -> str:
+    """The catalog system ``hw`` was resolved from (its label is ``SYSTEM[GPU]`` when a
+    system was given another GPU: :func:`resolve`)."""
+    return hw.system.split("[")[0]
+
+
 def resolve(system: str | None = None, gpu: str | None = None, precision: str = "bf16",
             compute_eff: float | None = None, comm_eff_scale: float = 1.0) -> Hardware:
     """Hardware for a catalog system (``dgx-h100``) or a bare GPU (``h100-sxm``, placed

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..model_shape import ModelShape
-from ..strategies.schedules import chunks_per_rank, schedule_problem, theoretical_bubble
+from ..strategies.schedules import bubble_unknown_reason, chunks_per_rank, schedule_problem, theoretical_bubble
 
 
 def schedule_runs(schedule: str, pp: Any, num_micro: Any, virtual_stages: int) -> Any:
@@ -34,11 +34,12 @@ def schedule_runs(schedule: str, pp: Any, num_micro: Any, virtual_stages: int) -
     return runs[inverse.ravel()].reshape(p.shape)
 
 
-def rules(shape: ModelShape, *, num_gpus: Any, tp: Any, pp: Any, cp: Any = 1, ep: Any = 1, zero: Any = 0,
+def rules(shape: ModelShape | None, *, num_gpus: Any, tp: Any, pp: Any, cp: Any = 1, ep: Any = 1, zero: Any = 0,
           micro_batch: Any = 1, global_batch: Any, seq_len: int, schedule: str = "1f1b", virtual_stages: int = 1,
           replicas: Any = 1, offload: Any = False) -> dict[str, Any]:
     """Every rule's mask over the layouts given as arrays (or scalars), True where it is
-    kept. ``global_batch``: sequences per step."""
+    kept. ``global_batch``: sequences per step. Without a ``shape`` (`mgbench memory
+    --params`) the rules about heads, layers and experts are not known and left out."""
     N, T, P, C, E, Z, MB, R = (np.asarray(x, dtype=np.int64) for x in
                                (num_gpus, tp, pp, cp, ep, zero, micro_batch, replicas))
     B = np.asarray(global_batch, dtype=np.int64)
@@ -48,19 +49,22 @@ def rules(shape: ModelShape, *, num_gpus: Any, tp: Any, pp: Any, cp: Any = 1, ep
     batch = B % (MB * D) == 0
     M = np.where(batch, B // np.maximum(MB * D, 1), 1)
     chunks = chunks_per_rank(schedule, virtual_stages)
-    experts = (E == 1) | ((D % E == 0) & (shape.experts % E == 0)) if shape.is_moe else (E == 1)
-    return {
+    out = {
         "divides": divides,
         "batch": batch,
-        "heads": shape.heads % T == 0,
-        "kv_heads": (shape.kv_heads % T == 0) | (T % shape.kv_heads == 0),
-        "layers": np.where(P > 1, P * chunks, 1) <= shape.layers,
-        "experts": experts,
         "cp_seq": (C == 1) | (seq_len % (2 * C) == 0),
         "offload": ~np.asarray(offload, dtype=bool) | (Z == 3),
         "hsdp": (R == 1) | ((Z == 3) & ((D * C) % R == 0) & (D * C != R) & (E == 1)),
-        "schedule": schedule_runs(schedule, P, M, virtual_stages) if schedule != "1f1b" else (M >= 1),
+        "schedule": schedule_runs(schedule, P, M, virtual_stages),
     }
+    if shape is not None:
+        out.update({
+            "heads": shape.heads % T == 0,
+            "kv_heads": (shape.kv_heads % T == 0) | (T % shape.kv_heads == 0),
+            "layers": np.where(P > 1, P * chunks, 1) <= shape.layers,
+            "experts": (E == 1) | ((D % E == 0) & (shape.experts % E == 0)) if shape.is_moe else (E == 1),
+        })
+    return out
 
 
 def keeps_all(masks: dict[str, Any]) -> Any:
@@ -86,7 +90,19 @@ MESSAGES: dict[str, Callable[[Any, ModelShape], str]] = {
     "cp_seq": lambda L, s: (f"--cp {L.cp}: the sequence ({L.seq_len}) must split into 2 x cp = {2 * L.cp} equal chunks "
                             "(causal load balancing); choose a --seq-len that is a multiple of it"),
     "offload": lambda L, s: "--offload is modelled for FSDP2's ZeRO-3 sharding: add --zero 3",
-    "hsdp": lambda L, s: (f"--hsdp {L.replicas} needs --zero 3, must divide the {L.dp * L.cp} data-parallel ranks "
-                          "(dp x cp) and leave at least 2 to shard over, and is not modelled with --ep"),
-    "schedule": lambda L, s: f"--schedule {L.schedule} cannot run {L.num_micro} micro-batches on {L.pp} stages",
+    "hsdp": lambda L, s: ("--hsdp is modelled for FSDP2's ZeRO-3 sharding: add --zero 3" if L.zero != 3
+                          else "--hsdp with --ep is not modelled: give one of them" if L.ep > 1
+                          else f"--hsdp {L.replicas} must divide the {L.dp * L.cp} data-parallel ranks (dp x cp) and "
+                               "leave at least 2 to shard over"),
+    "schedule": lambda L, s: _schedule_message(L),
 }
+
+
+def _schedule_message(L: Any) -> str:
+    """The schedule registry's own reason (strategies/schedules.py), in predict's words."""
+    problem = schedule_problem(L.schedule, L.pp, L.num_micro, compile=False)
+    if problem is not None:
+        return problem.replace("grad_accum", "micro-batches per step (--global-batch)")
+    unknown = bubble_unknown_reason(L.pp, L.num_micro, L.schedule)
+    return (f"--schedule {L.schedule}: {(unknown or 'no known bubble').replace('grad_accum', 'micro-batches per step')}"
+            "; raise --global-batch")

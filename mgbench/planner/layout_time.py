@@ -85,7 +85,9 @@ def fp8_peak_tflops(hw: Hardware) -> float:
 def host_link_bw(hw: Hardware) -> float:
     """Bytes/s one GPU moves to or from host memory (one direction): the system's
     ``host_link`` in hardware.toml at its measured fraction. MgbenchError where unknown."""
-    system = catalog.systems().get(hw.system.split("[")[0], {})  # "SYSTEM[GPU]": that system, another GPU
+    from .hardware import catalog_system
+
+    system = catalog.systems().get(catalog_system(hw), {})
     name = system.get("host_link")
     if name is None:
         raise MgbenchError(f"--offload: the host link of {hw.system!r} is not in the catalog (hardware.toml "

@@ -85,6 +85,12 @@ def server(system: str, price_overrides: dict[str, float] | None = None) -> dict
     return out
 
 
+def energy_usd_per_gpu_hour(srv: dict[str, Any], a: Assumptions) -> float:
+    """What one GPU-hour of training draws at the meter: the server's power x the power
+    fraction, shared by its GPUs, x PUE x the electricity price (needs only its power)."""
+    return srv["power_kw"] * a.power_fraction / srv["gpus"] * a.pue * a.electricity_usd_per_kwh
+
+
 def owned_gpu_hour(srv: dict[str, Any], a: Assumptions) -> dict[str, Any]:
     """The parts of an owned GPU-hour (USD per GPU-hour) for one server, at the stated
     utilisation and at full use; None with the reason where the server has no price."""
@@ -93,7 +99,7 @@ def owned_gpu_hour(srv: dict[str, Any], a: Assumptions) -> dict[str, Any]:
     n, kw = srv["gpus"], srv["power_kw"]
     capex_full = srv["usd"] / n / (a.depreciation_years * HOURS_PER_YEAR)
     hosting_full = a.hosting_usd_per_kw_month * kw / n / HOURS_PER_MONTH
-    energy = kw * a.power_fraction / n * a.pue * a.electricity_usd_per_kwh
+    energy = energy_usd_per_gpu_hour(srv, a)
     u = a.utilisation
     return {"capex_full_usd_per_gpu_hour": capex_full, "hosting_full_usd_per_gpu_hour": hosting_full,
             "energy_usd_per_gpu_hour": energy, "capex_usd_per_gpu_hour": capex_full / u,

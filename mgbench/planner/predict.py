@@ -7,7 +7,6 @@ from typing import Any
 
 from ..errors import MgbenchError
 from ..model_shape import ModelShape
-from ..strategies.schedules import bubble_unknown_reason, schedule_problem
 from . import layout_rules, layout_time, perf
 from .hardware import Hardware
 from .memory import RECOMPUTE, RUNNER_RECOMPUTE, SCHEDULES, VIRTUAL_SCHEDULES, memory_per_gpu
@@ -77,57 +76,22 @@ def validate(layout: Layout, shape: ModelShape | None) -> None:
         raise MgbenchError(f"--recompute must be one of {', '.join(RECOMPUTE)}, got {L.recompute!r}")
     if L.schedule not in SCHEDULES:
         raise MgbenchError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {L.schedule!r}")
-    if L.num_gpus % (L.tp * L.pp * L.cp):
-        raise MgbenchError(
-            f"tp ({L.tp}) x pp ({L.pp}) x cp ({L.cp}) = {L.tp * L.pp * L.cp} does not divide the {L.num_gpus} GPUs; "
-            "choose degrees whose product divides --num-gpus")
-    _check_new_axes(L, shape)
-    if shape is not None:
-        # The rules plan's search keeps (planner/layout_rules.py): the two accept and refuse
-        # the same layouts. The planner, like Megatron, lets tp exceed the kv heads (they are
-        # then replicated).
-        masks = layout_rules.rules(shape, num_gpus=L.num_gpus, tp=L.tp, pp=L.pp, cp=L.cp, ep=L.ep, zero=L.zero,
-                                   micro_batch=L.micro_batch, global_batch=L.batch, seq_len=L.seq_len,
-                                   schedule=L.schedule, virtual_stages=L.virtual_stages, replicas=L.replicas,
-                                   offload=L.offload)
-        broken = [name for name, ok in masks.items() if not bool(ok)]
-        if broken:
-            raise MgbenchError("; ".join(layout_rules.MESSAGES[name](L, shape) for name in broken))
-    if L.batch % (L.micro_batch * L.dp):
-        raise MgbenchError(
-            f"global batch {L.batch} is not a multiple of micro-batch {L.micro_batch} x dp {L.dp} "
-            f"(dp = {L.num_gpus} GPUs / (tp {L.tp} x pp {L.pp}))")
-
-
-def _check_new_axes(L: Layout, shape: ModelShape | None) -> None:
-    """Expert / context parallelism, HSDP, offload and the pipeline schedule: one line
-    each naming the option to change."""
     if L.ep > 1 and (shape is None or not shape.is_moe):
         raise MgbenchError(f"--ep {L.ep} shards routed experts: give an MoE model (--model mixtral-8x7b, "
                            "qwen3-30b-a3b, deepseek-v3, or --experts/--top-k with dims)")
-    if L.cp > 1:
-        if shape is None:
-            raise MgbenchError("--cp splits each sequence's activations: give --model NAME or dims, not --params")
-        if L.seq_len % (2 * L.cp):
-            raise MgbenchError(f"--cp {L.cp}: the sequence ({L.seq_len}) must split into 2 x cp = {2 * L.cp} equal "
-                               "chunks (causal load balancing); choose a --seq-len that is a multiple of it")
-    if (L.replicas > 1 or L.offload) and L.zero != 3:
-        raise MgbenchError(f"{'--hsdp' if L.replicas > 1 else '--offload'} is modelled for FSDP2's ZeRO-3 sharding: "
-                           "add --zero 3")
-    if L.replicas > 1:
-        if (L.dp * L.cp) % L.replicas or L.dp * L.cp == L.replicas:
-            raise MgbenchError(f"--hsdp {L.replicas} must divide the {L.dp * L.cp} data-parallel ranks (dp x cp) and "
-                               "leave at least 2 to shard over")
-        if L.ep > 1:
-            raise MgbenchError("--hsdp with --ep is not modelled: give one of them")
-    if L.pp > 1:
-        problem = schedule_problem(L.schedule, L.pp, L.num_micro, compile=False)
-        if problem is not None:
-            raise MgbenchError(problem.replace("grad_accum", "micro-batches per step (--global-batch)"))
-        unknown = bubble_unknown_reason(L.pp, L.num_micro, L.schedule)  # the registry's (ZB-V with m < 2 p)
-        if unknown is not None:
-            raise MgbenchError(f"--schedule {L.schedule}: {unknown.replace('grad_accum', 'micro-batches per step')}; "
-                               "raise --global-batch")
+    if L.cp > 1 and shape is None:
+        raise MgbenchError("--cp splits each sequence's activations: give --model NAME or dims, not --params")
+    # The rules plan's search keeps (planner/layout_rules.py): the two accept and refuse the
+    # same layouts. The planner, like Megatron, lets tp exceed the kv heads (they are then
+    # replicated).
+    masks = layout_rules.rules(shape, num_gpus=L.num_gpus, tp=L.tp, pp=L.pp, cp=L.cp, ep=L.ep, zero=L.zero,
+                               micro_batch=L.micro_batch, global_batch=L.batch, seq_len=L.seq_len,
+                               schedule=L.schedule, virtual_stages=L.virtual_stages, replicas=L.replicas,
+                               offload=L.offload)
+    # Degrees that do not divide the GPUs leave no data-parallel degree to say the rest with.
+    broken = ["divides"] if not bool(masks["divides"]) else [name for name, ok in masks.items() if not bool(ok)]
+    if broken:
+        raise MgbenchError("; ".join(layout_rules.MESSAGES[name](L, shape) for name in broken))
 
 
 def runner_notes(shape: ModelShape | None, layout: Layout) -> list[str]:

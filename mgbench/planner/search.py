@@ -302,17 +302,6 @@ def _row(cols: dict[str, Any], i: int) -> dict[str, Any]:
     return r
 
 
-def pareto(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows not beaten on both days and cost by any other row (cost known)."""
-    priced = sorted((r for r in rows if r["cost_usd"] is not None), key=lambda r: (r["days"], r["cost_usd"]))
-    front, best_cost = [], float("inf")
-    for r in priced:
-        if r["cost_usd"] < best_cost:
-            front.append(r)
-            best_cost = r["cost_usd"]
-    return front
-
-
 def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None) -> dict[str, Any]:
     """Search every system's layouts; return ranked bests, the Pareto front and a recommendation."""
     t0 = time.perf_counter()
@@ -328,8 +317,7 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
     if opts.tokens <= 0:
         raise MgbenchError("--tokens must be positive (e.g. 1.5e13)")
     check_margin(opts.memory_margin)
-    if opts.premium < 0:
-        raise MgbenchError(f"--premium is a fraction of the cheapest cost, 0 or more: got {opts.premium}")
+    decision.check_premium(opts.premium)
     evaluated, feasible, bests, price_notes, notes = 0, 0, [], {}, []
     if opts.profile:
         pieces, evaluated, notes = evaluate_profile(shape, opts, prices)
@@ -377,15 +365,12 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
     for r in ranked[: opts.top]:
         _add_interval(r, opts)
     constrained = opts.deadline_days is not None or opts.budget_usd is not None
-    rec, rule, lead_why = decision.lead(ranked, ok, constrained, opts.premium)
-    if own is not None and ok:
-        rec, rule = min(ok, key=lambda r: (r["days"], r["cost_usd"] or 0.0)), "fastest_owned"
-        lead_why = [f"on the {own[1]} {own[0]} GPUs you own the servers are paid for: the fastest layout leads, and "
-                    "its cost is the energy it draws (the marginal cost)"]
+    rec, rule, lead_why = decision.lead(ranked, constrained, opts.premium, own)
+    front = decision.front(ok)
     cheapest = ranked[0] if ranked and ranked[0]["cost_usd"] is not None else None
     fastest = min(ok, key=lambda r: r["days"]) if ok else None
     other = decision.runner_up(rec, ranked, rule, opts.premium) if rec is not None else None
-    for r in [rec, cheapest, fastest, other, *pareto(ok)]:  # the front is drawn with its intervals (--html)
+    for r in [rec, cheapest, fastest, other, *front]:  # the front is drawn with its intervals (--html)
         if r is not None and "days_interval" not in r:
             _add_interval(r, opts)
     reasons = _recommend(rec, rule, lead_why, cheapest, fastest, ranked, bests, opts)
@@ -401,14 +386,11 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
         "elapsed_s": elapsed, "candidates_per_s": evaluated / elapsed if elapsed > 0 else None,
         "recommendation": rec, "reasons": reasons, "ranked": ranked[: opts.top],
         "lead": {"rule": rule, "row": rec, "why": lead_why}, "cheapest": cheapest, "fastest": fastest,
-        "knee": {"rule": KNEE_RULE.format(100 * opts.premium),
-                 "row": decision.operating_point(decision.front(ok), opts.premium) if not constrained else None,
-                 "front": decision.front(ok)},
         "flips": decision.flips(rec, other) if rec is not None else None,
         "lead_memory": _lead_memory(shape, rec, opts) if rec is not None else None,
         "ownership": _ownership([rec, cheapest, other], prices, assumptions, opts) if rec is not None else [],
         "owned": None if own is None else {"system": own[0], "gpus": own[1]},
-        "options": bests, "pareto": pareto(ok), "prices": price_notes,
+        "options": bests, "pareto": front, "prices": price_notes,
         "assumptions": {
             "failure_rate_per_gpu_hour": opts.failure_rate, "checkpoint_minutes": opts.checkpoint_minutes,
             "restart_minutes": opts.restart_minutes, "power_fraction_of_tdp": opts.power_fraction, "pue": opts.pue,
@@ -452,10 +434,6 @@ def _distinguishable(best: dict[str, Any] | None, ranked: list[dict[str, Any]]) 
         lines.append("not distinguishable from it within the intervals: " + ", ".join(
             f"{r['num_gpus']}x {r['gpu']} ({r['system']})" for r in close[:5]))
     return lines
-
-
-KNEE_RULE = ("without a deadline or budget, plan leads with the operating point at the knee of the time/cost front: "
-             "the fastest option that costs at most {:.0f}% more than the cheapest (--premium; planner/decision.py)")
 
 
 def _recommend(rec: dict[str, Any] | None, rule: str, lead_why: list[str], cheapest: dict[str, Any] | None,
@@ -554,7 +532,7 @@ def _plan_on_owned(opts: PlanOptions, prices: cost.Prices, a: ownership.Assumpti
     srv = ownership.server(system, _server_prices(opts))
     if srv["power_kw"] is None:
         raise MgbenchError(f"--own {system}: its power is not in the catalog, so its energy cannot be priced")
-    energy = srv["power_kw"] * a.power_fraction / srv["gpus"] * a.pue * a.electricity_usd_per_kwh
+    energy = ownership.energy_usd_per_gpu_hour(srv, a)
     owned = copy.deepcopy(prices)
     for tier in cost.TIERS:
         owned.table[tier][system] = {"usd": energy, "source": f"owned: energy only, {srv['power_kw']:g} kW x "

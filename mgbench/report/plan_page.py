@@ -78,8 +78,8 @@ def front_figure(plan: dict[str, Any]) -> Figure | None:
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
     return fig, ("Each point is a system at a GPU count with its best layout, its bars the prediction interval. "
-                 "The dotted line joins the options no other beats on both time and cost; "
-                 + str((plan.get("knee") or {}).get("rule", "")))
+                 "The dotted line joins the options no other beats on both time and cost; the lead is chosen by "
+                 "the rule said first under Recommendation.")
 
 
 def accelerator_figure(plan: dict[str, Any]) -> Figure | None:

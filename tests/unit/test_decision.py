@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from mgbench.cli import main
+from mgbench.errors import MgbenchError
 from mgbench.planner import decision as D
 
 
@@ -37,7 +38,7 @@ def test_the_operating_point_refuses_what_is_not_a_front():
     with pytest.raises(ValueError, match="needs a time/cost front"):
         D.operating_point(broken)
     assert [r["days"] for r in D.front(broken)] == [1, 10]  # front() drops it
-    with pytest.raises(ValueError, match="--premium"):
+    with pytest.raises(MgbenchError, match="--premium"):
         D.operating_point(D.front(broken), premium=-0.1)
 
 
@@ -74,7 +75,7 @@ def test_plan_leads_with_an_operating_point_and_shows_the_cheapest_and_the_faste
     assert r.exit_code == 0, r.output
     res = json.loads(r.output)
     lead = res["lead"]["row"]
-    assert res["lead"]["rule"] == "knee" and lead["days"] < 90
+    assert res["lead"]["rule"] == "operating_point" and lead["days"] < 90
     assert res["cheapest"]["cost_usd"] <= lead["cost_usd"] and res["fastest"]["days"] <= lead["days"]
     assert res["recommendation"] == lead and res["flips"]["runner_up"] is not None
     text = CliRunner().invoke(main, ["plan", "--model", "llama3-8b", "--tokens", "1e12"]).output
@@ -85,3 +86,14 @@ def test_plan_leads_with_an_operating_point_and_shows_the_cheapest_and_the_faste
     res = json.loads(CliRunner().invoke(main, ["plan", "--model", "llama3-8b", "--tokens", "1e12",
                                                "--deadline-days", "30", "--json"]).output)
     assert res["lead"]["rule"] == "cheapest_meeting_constraints" and res["lead"]["row"]["days"] <= 30
+
+
+@pytest.mark.parametrize("args,words", [(["--premium", "-0.1"], "--premium is a fraction"),
+                                        (["--server-price", "dgx-h100=lots"], "--server-price 'dgx-h100=lots'"),
+                                        (["--server-price", "nosuch=1000"], "a known system"),
+                                        (["--utilisation", "1.5"], "between 0 and 1"),
+                                        (["--depreciation-years", "0"], "must be positive")])
+def test_bad_plan_assumptions_are_one_line_and_exit_2(args, words):
+    r = CliRunner().invoke(main, ["plan", "--model", "llama3-8b", "--tokens", "1e9", "--systems", "dgx-h100",
+                                  "--max-gpus", "8", *args])
+    assert r.exit_code == 2 and words in r.output and "Traceback" not in r.output, r.output
