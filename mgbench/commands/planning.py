@@ -468,4 +468,6 @@ def _ownership_line(o: dict[str, Any]) -> str:
             else f"owning is cheaper from {100 * u:.0f}% utilisation, paid back after {m:.0f} months" if m is not None
             else f"owning is cheaper from {100 * u:.0f}% utilisation; at {100 * o['utilisation']:.0f}% it does not pay "
                  "back within its write-off period"))
-    return parts + ("; against renting " + "; ".join(tiers) if tiers else "; no rental price known")
+    shaky = (f" (the server price is a {o['server_price_confidence']}-confidence figure: check it with "
+             f"--server-price {o['system']}=USD)" if o.get("server_price_confidence") in ("low", "low-medium") else "")
+    return parts + ("; against renting " + "; ".join(tiers) if tiers else "; no rental price known") + shaky

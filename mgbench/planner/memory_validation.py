@@ -30,7 +30,7 @@ def published_memory() -> list[dict[str, Any]]:
     return catalog.load("published_memory.toml")["runs"]
 
 
-def layout_of(run: dict[str, Any]) -> Layout:
+def layout_of_row(run: dict[str, Any]) -> Layout:
     """The planner's layout of a published row (a pipeline's micro-batches from num_micro)."""
     dp = run["dp"]
     return Layout(num_gpus=run["num_gpus"], tp=run["tp"], pp=run["pp"], cp=run.get("cp", 1), ep=run.get("ep", 1),
@@ -43,7 +43,7 @@ def layout_of(run: dict[str, Any]) -> Layout:
 def predict_row(run: dict[str, Any]) -> dict[str, Any]:
     """The planner's memory for one row, beside what was published."""
     shape = catalog.model_shape(run["model"]) if "model" in run else ModelShape(name=run["id"], **run["shape"])
-    got = memory(shape, layout_of(run), stack=run["stack"])
+    got = memory(shape, layout_of_row(run), stack=run["stack"])
     # torchtitan publishes the caching allocator's reserved peak: the CUDA context and NCCL's
     # buffers are outside it; what must fit (total_bytes) decides the out-of-memory rows.
     predicted = (got["total_bytes"] if run.get("oom") else got["reserved_bytes"]) / GIB

@@ -73,9 +73,11 @@ def server(system: str, price_overrides: dict[str, float] | None = None) -> dict
     entry = dict(data().get("servers", {}).get(system, {}))
     out: dict[str, Any] = {"system": system, "gpu": known[system]["gpu"], "gpus": known[system]["gpus_per_node"],
                            "usd": entry.get("usd"), "price_source": entry.get("source"),
-                           "price_date": entry.get("date"), "price_kind": entry.get("kind")}
+                           "price_date": entry.get("date"), "price_kind": entry.get("kind"),
+                           "price_confidence": entry.get("confidence")}
     if price_overrides and system in price_overrides:
-        out.update(usd=price_overrides[system], price_source="--server-price", price_date=None, price_kind="given")
+        out.update(usd=price_overrides[system], price_source="--server-price", price_date=None, price_kind="given",
+                   price_confidence="given")
     power = entry.get("power_kw", known[system].get("max_power_kw"))
     out["power_kw"] = power
     out["power_source"] = entry.get("power_source") if "power_kw" in entry else known[system].get("source")
@@ -140,7 +142,8 @@ def compare(system: str, a: Assumptions, rents: dict[str, float | None],
     srv = server(system, price_overrides)
     parts = owned_gpu_hour(srv, a)
     return {"system": system, "gpu": srv["gpu"], "utilisation": a.utilisation, **parts,
-            "server_usd": srv["usd"], "server_power_kw": srv["power_kw"], "rent": dict(rents),
+            "server_usd": srv["usd"], "server_price_confidence": srv["price_confidence"],
+            "server_power_kw": srv["power_kw"], "rent": dict(rents),
             "break_even_utilisation": {t: break_even_utilisation(parts, r) for t, r in rents.items()},
             "break_even_months": {t: break_even_months(srv, parts, r, a) for t, r in rents.items()},
             "sources": {"server price": f"{srv['price_source']} ({srv['price_kind']}, {srv['price_date']})",

@@ -82,3 +82,13 @@ def test_plan_prints_buy_versus_rent_and_plans_on_owned_gpus():
     for bad in ("dgx-h100", "nosuch:8", "dgx-h100:0"):
         r = CliRunner().invoke(main, ["plan", "--model", "llama3-8b", "--tokens", "1e11", "--own", bad])
         assert r.exit_code == 2 and "--own" in r.output and "Traceback" not in r.output
+
+
+def test_a_low_confidence_server_price_is_said_beside_the_answer():
+    from mgbench.commands.planning import _ownership_line
+
+    assert O.server("dgx-b200")["price_confidence"] == "low"
+    line = _ownership_line(O.compare("dgx-b200", A, {"on_demand": 5.25}))
+    assert "low-confidence figure: check it with --server-price dgx-b200=USD" in line
+    given = _ownership_line(O.compare("dgx-b200", A, {"on_demand": 5.25}, {"dgx-b200": 480000}))
+    assert "confidence" not in given
