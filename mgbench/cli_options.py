@@ -276,7 +276,7 @@ def layout_group() -> list[Opt]:
     """The parallel layout of `memory` and `predict`: degrees, batch, precision, recompute.
     --seq-len and --precision are plan's (PlanOptions fields); the choices are the
     planner's own constants."""
-    from .planner.memory import RECOMPUTE
+    from .layout import RECOMPUTE
 
     return [
         plan_field("seq_len"),

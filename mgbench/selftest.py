@@ -140,7 +140,8 @@ def predicted_step(rec: dict[str, Any]) -> tuple[float | None, str]:
     """`mgbench predict`'s step time for a record's config on its device's catalog entry,
     or None with the reason."""
     from .planner import hardware
-    from .planner.predict import layout_of, predict
+    from .layout import Layout
+    from .planner.predict import predict
     from .record import config_from_record
 
     acc = catalog.match_accelerator(rec.get("device_name") or "", rec.get("device_memory_gib"))
@@ -150,7 +151,7 @@ def predicted_step(rec: dict[str, Any]) -> tuple[float | None, str]:
     try:
         # The peak the run's MFU used (tf32 for fp32 with TF32 on: catalog.peak_precision).
         hw = hardware.resolve(gpu=acc, precision=rec.get("mfu_peak_precision") or cfg.precision)
-        return float(predict(cfg.shape, hw, layout_of(cfg))["step_time_s"]), f"{acc}, {hw.system}"
+        return float(predict(cfg.shape, hw, Layout.from_config(cfg))["step_time_s"]), f"{acc}, {hw.system}"
     except (MgbenchError, KeyError) as e:
         return None, str(e)
 

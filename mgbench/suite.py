@@ -21,7 +21,8 @@ from typing import Any
 from . import faults
 from .config import FIELDS, SWEEP_KEYS, RunConfig, applies, config_id, is_hsdp
 from .errors import MgbenchError
-from .strategies import (DATA_PARALLEL, FP8_ALIGN, PIPELINED, RING_FORMS, RING_NEEDS_CUDA, dims_for, moe_problem,
+from .layout import Layout, for_strategy
+from .strategies import (DATA_PARALLEL, FP8_ALIGN, PIPELINED, RING_FORMS, RING_NEEDS_CUDA, moe_problem,
                          schedules)
 
 TOP_KEYS = {"name", "description", "sweep", "cpu", "gpu"}
@@ -203,7 +204,7 @@ def _expand_one(suite: Suite, table: dict[str, list[Any]], device_kind: str, num
                                    "(e.g. \"python train.py\" or \"torchrun --nproc-per-node 2 train.py\")")
             dims, problem = None, None
         else:
-            dims, problem = dims_for(p["strategy"], p["nproc"], None if p["layout"] == "auto" else p["layout"])
+            dims, problem = for_strategy(p["strategy"], p["nproc"], None if p["layout"] == "auto" else p["layout"])
         if dims is not None:
             p.update(dims.degrees())
         cfg = RunConfig(**p)
@@ -221,8 +222,6 @@ def _rank_shortfall(p: dict[str, Any], num_devices: int) -> str | None:
 
 
 def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | None:
-    from .parallel_dims import ParallelDims
-
     from .workloads import skip_reason as workload_skip_reason
 
     p = cfg.params()
@@ -234,14 +233,14 @@ def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | No
     if why:
         return why
     shape = cfg.shape if p["workload"] != "vision" else None  # vision: data parallel only, no dims to divide
-    dims = ParallelDims(dp=p["dp"], tp=p["tp"], pp=p["pp"], ep=cfg.ep, cp=cfg.cp)
+    dims = Layout.of(dp=p["dp"], tp=p["tp"], pp=p["pp"], ep=cfg.ep, cp=cfg.cp)
     experts = getattr(shape, "experts", 0)
     if (why := moe_problem(p["strategy"], experts)):
         return why
     pipelined = p["strategy"] in PIPELINED
     sizes = {} if shape is None else dict(layers=shape.layers, heads=shape.heads, kv_heads=shape.kv_heads,
                                           ffn_hidden=shape.ffn_hidden, vocab=shape.vocab)
-    problems = dims.problems(
+    problems = dims.runner_problems(
         p["nproc"], **sizes,
         virtual_stages=schedules.chunks_per_rank(p["pp_schedule"], p["virtual_stages"]) if pipelined else 1,
         num_microbatches=p["grad_accum"] if pipelined else None, experts=experts or None,

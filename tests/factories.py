@@ -11,7 +11,7 @@ from mgbench import store
 from mgbench.config import RunConfig, config_id
 from mgbench.record import RankFigures, Record
 from mgbench.store import RunDir
-from mgbench.strategies import dims_for
+from mgbench.layout import for_strategy
 
 
 def make_config(**kw: Any) -> RunConfig:
@@ -20,7 +20,7 @@ def make_config(**kw: Any) -> RunConfig:
     kw.setdefault("device", "cpu")
     cfg = RunConfig(**{k: v for k, v in kw.items() if k != "config_id"})
     if "dp" not in kw and "tp" not in kw and "pp" not in kw:
-        dims, problem = dims_for(cfg.strategy, cfg.nproc, None if cfg.layout == "auto" else cfg.layout)
+        dims, problem = for_strategy(cfg.strategy, cfg.nproc, None if cfg.layout == "auto" else cfg.layout)
         assert problem is None, problem
         cfg = dataclasses.replace(cfg, **dims.degrees())
     return dataclasses.replace(cfg, config_id=kw.get("config_id") or config_id(cfg.params()))

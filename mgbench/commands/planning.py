@@ -45,7 +45,7 @@ def resolve_shape(model: str | None, params: float | None, dims: dict[str, Any],
 
 
 def _layout(kw: dict[str, Any]):
-    from ..planner.predict import Layout
+    from ..layout import Layout
 
     return Layout(num_gpus=kw["num_gpus"], tp=kw["tp"], pp=kw["pp"], zero=kw["zero"], micro_batch=kw["micro_batch"],
                   seq_len=kw["seq_len"], global_batch=kw["global_batch"], precision=kw["precision"],

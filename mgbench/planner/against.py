@@ -22,7 +22,8 @@ def against_run(profile: dict[str, Any], run: str, results_dir: str = "results")
     absolute percentage error over them."""
     from ..probe.profile import hardware, overlap
     from .perf import DEFAULT_OVERLAP
-    from .predict import layout_of, predict
+    from ..layout import Layout
+    from .predict import predict
 
     recs = [r for r in store.latest_records(store.read_records(store.resolve_run(run, results_dir)))
             if r["status"] == "ok" and r.get("step_time_s")]
@@ -44,7 +45,7 @@ def against_run(profile: dict[str, Any], run: str, results_dir: str = "results")
         try:
             hw = hardware(profile, cfg.precision, ranks=cfg.nproc)
             host_ops, notes = counted_ops(cfg, hw, profile) or (None, [])
-            pred = predict(cfg.shape, hw, layout_of(cfg),
+            pred = predict(cfg.shape, hw, Layout.from_config(cfg),
                            overlap=overlap(profile, cfg.nproc, DEFAULT_OVERLAP), host_ops=host_ops)
         except MgbenchError as e:  # a layout the planner cannot price: say why, keep the others
             row["reason"] = str(e)
@@ -144,7 +145,7 @@ def modelled_collectives(cfg: Any) -> float:
 
 
 def _collective_counts(cfg: Any) -> dict[str, Any]:
-    from .memory import RECOMPUTE
+    from ..layout import RECOMPUTE
     from .perf import collective_counts
 
     return collective_counts(cfg.shape.layers, cfg.tp, cfg.pp, cfg.dp, cfg.zero_stage, cfg.grad_accum,

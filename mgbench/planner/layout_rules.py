@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..layout import Layout
 from ..model_shape import ModelShape
 from ..strategies.schedules import bubble_unknown_reason, chunks_per_rank, schedule_problem, theoretical_bubble
 
@@ -34,20 +35,22 @@ def schedule_runs(schedule: str, pp: Any, num_micro: Any, virtual_stages: int) -
     return runs[inverse.ravel()].reshape(p.shape)
 
 
-def rules(shape: ModelShape | None, *, num_gpus: Any, tp: Any, pp: Any, cp: Any = 1, ep: Any = 1, zero: Any = 0,
-          micro_batch: Any = 1, global_batch: Any, seq_len: int, schedule: str = "1f1b", virtual_stages: int = 1,
-          replicas: Any = 1, offload: Any = False) -> dict[str, Any]:
-    """Every rule's mask over the layouts given as arrays (or scalars), True where it is
-    kept. ``global_batch``: sequences per step. Without a ``shape`` (`mgbench memory
-    --params`) the rules about heads, layers and experts are not known and left out."""
+def rules(shape: ModelShape | None, layout: Layout) -> dict[str, Any]:
+    """Every rule's mask over ``layout`` (a scalar :class:`mgbench.layout.Layout`, or one
+    whose fields are arrays: many layouts at once), True where it is kept. Without a
+    ``shape`` (`mgbench memory --params`) the rules about heads, layers and experts are
+    not known and left out."""
+    L = layout
     N, T, P, C, E, Z, MB, R = (np.asarray(x, dtype=np.int64) for x in
-                               (num_gpus, tp, pp, cp, ep, zero, micro_batch, replicas))
-    B = np.asarray(global_batch, dtype=np.int64)
+                               (L.num_gpus, L.tp, L.pp, L.cp, L.ep, L.zero, L.micro_batch, L.replicas))
     width = T * P * C
     divides = N % width == 0
     D = np.where(divides, N // np.maximum(width, 1), 1)  # data-parallel ranks where the degrees divide
+    # Without a global batch, one micro-batch per data-parallel rank (Layout.batch).
+    B = np.asarray(L.global_batch, dtype=np.int64) if L.global_batch is not None else MB * D
     batch = B % (MB * D) == 0
     M = np.where(batch, B // np.maximum(MB * D, 1), 1)
+    schedule, virtual_stages, seq_len, offload = L.schedule, L.virtual_stages, L.seq_len, L.offload
     chunks = chunks_per_rank(schedule, virtual_stages)
     out = {
         "divides": divides,
@@ -75,7 +78,7 @@ def keeps_all(masks: dict[str, Any]) -> Any:
     return out
 
 
-# One line per rule for a single layout (L: predict.Layout, s: ModelShape).
+# One line per rule for a single layout (L: mgbench.layout.Layout, s: ModelShape).
 MESSAGES: dict[str, Callable[[Any, ModelShape], str]] = {
     "divides": lambda L, s: (f"tp ({L.tp}) x pp ({L.pp}) x cp ({L.cp}) = {L.tp * L.pp * L.cp} does not divide the "
                              f"{L.num_gpus} GPUs; choose degrees whose product divides --num-gpus"),

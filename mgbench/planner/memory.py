@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ..layout import RECOMPUTE, RUNNER_RECOMPUTE  # noqa: F401  (read by the planner's modules here)
 from ..model_shape import ModelShape
 from ..strategies.schedules import NAMES as _SCHEDULE_NAMES
 from ..strategies.schedules import grad_sync
@@ -43,25 +44,10 @@ STATE_BYTES = {"bf16": (2, 2, 12), "fp16": (2, 2, 12), "fp32": (4, 4, 8), "fp8":
 # gathered copy): 4 + 4 + 8 bytes per parameter.
 RUNNER_STATE_BYTES = (4, 4, 8)
 
-# Activation recomputation, one name everywhere. The runner's checkpointing modes
-# (mgbench.config.CHECKPOINTING): every_2nd checkpoints blocks 0, 2, 4, ... of each
-# model chunk, full every block. selective is Megatron-LM's and NeMo's default
-# (--recompute-granularity selective): each block's core attention (q.k, softmax,
-# dropout, the weighted sum of values) runs again in backward and saves nothing
-# (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-# Models", section 4, table 2: 34 s b h instead of s b h (34 + 5 a s / h) per layer). The
-# planner prices it; the runner does not run it. op is torchtitan's op-level selective
-# activation checkpointing (activation_checkpoint.mode = "selective",
-# selective_ac_option = "op"; its integer option 2 is every_2nd): every block is
-# checkpointed, but the outputs of attention and of every second matmul are saved, so
-# backward recomputes the other matmuls and the cheap elementwise ops. Its mm counter
-# runs on across calls, and a block has an odd number of matmuls (7 for SwiGLU), so
-# which half is saved alternates: priced as half of each block's matmul outputs saved
-# and half of its matmul forward recomputed. Priced, not run by the runner.
-RECOMPUTE = ("none", "every_2nd", "full", "selective", "op")
+# Activation recomputation's modes, one name everywhere: mgbench/layout.py says what each
+# is and which the runner runs. Their index is the integer form the models take here.
 SELECTIVE = RECOMPUTE.index("selective")
 OP_SAC = RECOMPUTE.index("op")
-RUNNER_RECOMPUTE = ("none", "every_2nd", "full")
 
 
 def recomputed_blocks(blocks: Any, recompute: Any) -> Any:

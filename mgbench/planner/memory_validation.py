@@ -20,7 +20,8 @@ from typing import Any
 
 from .. import catalog
 from ..model_shape import ModelShape
-from .predict import Layout, memory
+from ..layout import Layout
+from .predict import memory
 
 GIB = 2**30
 

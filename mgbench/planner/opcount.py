@@ -189,7 +189,8 @@ def counts_on_real_tensors(cfg: Any) -> bool:
     """Whether :func:`count_step` runs ``cfg`` (a traced config) on real tensors: one rank,
     and a step the planner's formulas put under REAL_STEP_MAX_FLOPS and REAL_STEP_MAX_BYTES."""
     from ..errors import MgbenchError
-    from .memory import RECOMPUTE, memory_for_config
+    from ..layout import RECOMPUTE
+    from .memory import memory_for_config
     from .perf import hardware_flops_per_token
 
     if cfg.nproc != 1:

@@ -19,9 +19,10 @@ import numpy as np
 
 from .. import catalog
 from ..errors import MgbenchError
+from ..layout import RECOMPUTE, Layout
 from ..model_shape import ModelShape
 from . import cost, decision, hardware, layout_rules, layout_time, ownership, perf, stack
-from .memory import ALLOWANCE_FRACTION, RECOMPUTE, SCHEDULES, STATE_BYTES, check_margin, memory_per_gpu
+from .memory import ALLOWANCE_FRACTION, SCHEDULES, STATE_BYTES, check_margin, memory_per_gpu
 
 TP_CHOICES = (1, 2, 4, 8)
 PP_CHOICES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128)
@@ -225,9 +226,8 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
         for ep in eps:
             for off in offs:
                 # The one set of rules predict keeps too (planner/layout_rules.py).
-                ok = layout_rules.keeps_all(layout_rules.rules(
-                    shape, num_gpus=N, tp=T, pp=P, cp=cp, ep=ep, zero=Z, micro_batch=MB, global_batch=B,
-                    seq_len=opts.seq_len, schedule=opts.schedule, virtual_stages=opts.virtual_stages, offload=off))
+                ok = layout_rules.keeps_all(layout_rules.rules(shape, candidates(
+                    opts, B, num_gpus=N, tp=T, pp=P, cp=cp, ep=ep, zero=Z, micro_batch=MB, recompute=RC, offload=off)))
                 picked.append((np.flatnonzero(ok & differ), cp, ep, off))
     idx = np.concatenate([x[0] for x in picked])
     CP, EP, OFF = (np.repeat(np.array([x[j] for x in picked]), [x[0].size for x in picked]) for j in (1, 2, 3))
@@ -266,21 +266,35 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
     return cols, evaluated
 
 
+def candidates(opts: PlanOptions, global_batch: Any, **columns: Any) -> Layout:
+    """The search's candidate layouts as one Layout whose degree fields are the columns
+    given (num_gpus, tp, pp, cp, ep, zero, micro_batch, recompute as its index, offload;
+    arrays or scalars) and whose other fields are the plan's: its sequence, batch,
+    precision and schedule, sequence parallelism wherever tp > 1."""
+    return Layout(seq_len=opts.seq_len, global_batch=global_batch, precision=opts.precision,
+                  sequence_parallel=columns["tp"] > 1, schedule=opts.schedule, virtual_stages=opts.virtual_stages,
+                  **columns)
+
+
+def layout_of_row(r: dict[str, Any], opts: PlanOptions) -> Layout:
+    """The Layout of one ranked row of a plan (what `mgbench predict` is given for it)."""
+    return candidates(opts, r["micro_batch"] * r["dp"] * r["num_micro_batches"],
+                      **{k: r[k] for k in ("num_gpus", "tp", "pp", "cp", "ep", "zero", "micro_batch", "recompute",
+                                           "offload")})
+
+
 def _evaluate_rows(shape: ModelShape, hw: hardware.Hardware, opts: PlanOptions, overlap: float, B: int,
                    rows: dict[str, np.ndarray], offload: bool) -> dict[str, np.ndarray]:
     """Memory of the candidate ``rows``; the ones that fit, with their throughput."""
-    sp = rows["tp"] > 1
-    common = dict(seq=opts.seq_len, micro_batch=rows["micro_batch"], tp=rows["tp"], pp=rows["pp"], dp=rows["dp"],
-                  zero=rows["zero"], precision=opts.precision, recompute=rows["recompute"], sp=sp, flash=True,
-                  schedule=opts.schedule, virtual_stages=opts.virtual_stages, ep=rows["ep"], cp=rows["cp"],
-                  offload=offload)
-    mem = memory_per_gpu(shape, num_micro=rows["num_micro_batches"], **common, **stack.memory_of(opts.stack),
+    cand = candidates(opts, B, offload=offload, **{k: rows[k] for k in ("num_gpus", "tp", "pp", "cp", "ep", "zero",
+                                                                        "micro_batch", "recompute")})
+    mem = memory_per_gpu(shape, num_micro=cand.num_micro, **cand.model_kwargs(), **stack.memory_of(opts.stack),
                          margin=opts.memory_margin, fixed=hw.ew_bw is None)  # a probed CPU holds no CUDA context
     fits = mem["total_bytes"] <= hw.memory_bytes
-    kept = {k: a[fits] for k, a in rows.items()}
-    common = {k: (v[fits] if isinstance(v, np.ndarray) else v) for k, v in common.items()}
-    out = layout_time.step_time(shape, hw, global_batch=B, overlap=overlap, **common)
-    return {**kept, "offload": np.full(fits.sum(), offload), "memory_per_gpu_bytes": mem["total_bytes"][fits],
+    kept = cand.take(fits)
+    out = layout_time.step_time(shape, hw, global_batch=B, overlap=overlap, **kept.model_kwargs())
+    return {**{k: a[fits] for k, a in rows.items()}, "offload": np.full(fits.sum(), offload),
+            "memory_per_gpu_bytes": mem["total_bytes"][fits],
             "host_memory_per_gpu_bytes": np.broadcast_to(mem["host_bytes"], fits.shape)[fits],
             "tokens_per_s": out["tokens_per_s"], "mfu": out["mfu"]}
 
@@ -472,13 +486,9 @@ def _recommend(rec: dict[str, Any] | None, rule: str, lead_why: list[str], cheap
 
 def _lead_memory(shape: ModelShape, r: dict[str, Any], opts: PlanOptions) -> dict[str, Any]:
     """The lead layout's memory, component by component (`mgbench memory` of it)."""
-    from .predict import Layout, memory
+    from .predict import memory
 
-    lay = Layout(num_gpus=r["num_gpus"], tp=r["tp"], pp=r["pp"], cp=r["cp"], ep=r["ep"], zero=r["zero"],
-                 micro_batch=r["micro_batch"], seq_len=opts.seq_len,
-                 global_batch=r["micro_batch"] * r["dp"] * r["num_micro_batches"], precision=opts.precision,
-                 recompute=r["recompute"], sequence_parallel=r["tp"] > 1, schedule=opts.schedule,
-                 virtual_stages=opts.virtual_stages, offload=r["offload"])
+    lay = layout_of_row(r, opts)
     out = memory(shape, lay, stack="mgbench" if opts.profile else opts.stack, margin=opts.memory_margin,
                  fixed=not opts.profile or opts.profile.get("device") != "cpu")
     out["device_memory_bytes"] = r["device_memory_bytes"]

@@ -535,57 +535,38 @@ CUDA_NOTES = (
 
 
 def runner_config(shape: Any, layout: Any, strategy: str | None = None) -> Any:
-    """The runner config (:class:`mgbench.config.RunConfig`) a planner layout describes.
-
-    Without ``strategy`` the layout picks it: pipelines are ``pp`` (or ``pp+tp+dp``
-    with DDP replicas, FSDP ones under ZeRO-3), tensor parallelism is ``tp`` / ``tp_sp``
-    (one replica) or ``fsdp+tp``, data parallelism is ddp / zero1 / fsdp_grad_op / fsdp
-    for ZeRO 0 / 1 / 2 / 3, one GPU is ``single``. Problems raise MgbenchError naming
-    the options to change."""
+    """The runner config (:class:`mgbench.config.RunConfig`) a planner layout
+    (:class:`mgbench.layout.Layout`) describes. Without ``strategy`` the layout picks it
+    (Layout.runner_strategy: from its degrees and ZeRO stage, through the registry).
+    Problems raise MgbenchError naming the options to change."""
     import dataclasses as dc
 
     from ..config import RunConfig
     from ..errors import MgbenchError
-    from ..strategies import BY_NAME, dims_for
+    from ..layout import RUNNER_RECOMPUTE, for_strategy
+    from ..strategies import BY_NAME
     from ..strategies.schedules import VIRTUAL, chunks_per_rank
 
     L = layout
-    dp = L.num_gpus // (L.tp * L.pp)
-    dp_mode = "fsdp" if L.zero == 3 else "ddp"  # pp+tp+dp's replicas
+    dp_mode = ("hsdp" if L.hsdp_enabled else "fsdp") if L.fsdp_enabled else "ddp"  # pp+tp+dp's replicas
     if strategy is None:
-        if L.pp > 1:
-            strategy = "pp" if L.tp == 1 and dp == 1 else "pp+tp+dp"
-            if strategy == "pp+tp+dp" and dp > 1 and L.zero in (1, 2):
-                raise MgbenchError(f"the runner's pipelines replicate stages with DDP (--zero 0) or FSDP (--zero 3), "
-                                   f"not ZeRO-{L.zero}: give --zero 0 or 3, or --strategy")
-        elif L.tp > 1:
-            if dp == 1:
-                strategy = "tp_sp" if L.sequence_parallel else "tp"
-            elif L.zero != 3 or L.sequence_parallel:
-                raise MgbenchError(f"tensor parallelism with {dp} data-parallel replicas runs as fsdp+tp (ZeRO-3, no "
-                                   "sequence parallelism) in the runner: give --zero 3 without --sequence-parallel")
-            else:
-                strategy = "fsdp+tp"
-        elif L.num_gpus == 1:
-            strategy = "single"
-        else:
-            strategy = {0: "ddp", 1: "zero1", 2: "fsdp_grad_op", 3: "fsdp"}[L.zero]
+        strategy, why = L.runner_strategy()
+        if why:
+            raise MgbenchError(why)
     if strategy not in BY_NAME:
         raise MgbenchError(f"--strategy {strategy!r} is not one of {', '.join(BY_NAME)}")
     degrees = BY_NAME[strategy].degrees
-    lay = None if not degrees else {k: v for k, v in (("dp", dp), ("tp", L.tp), ("pp", L.pp)) if k in degrees}
-    dims, problem = dims_for(strategy, L.num_gpus, lay)
+    lay = None if not degrees else {k: getattr(L, k) for k in ("dp", "tp", "pp", "ep", "cp") if k in degrees}
+    dims, problem = for_strategy(strategy, L.num_gpus, lay)
     if problem:
         raise MgbenchError(problem)
-    if (dims.tp, dims.pp) != (L.tp, L.pp):
-        raise MgbenchError(f"strategy {strategy} runs tp={dims.tp} pp={dims.pp} on {L.num_gpus} GPUs, not "
-                           f"tp={L.tp} pp={L.pp}: change --tp/--pp or --strategy")
+    if (dims.tp, dims.pp, dims.cp, dims.ep) != (L.tp, L.pp, L.cp, L.ep):
+        raise MgbenchError(f"strategy {strategy} runs {dims.describe()} on {L.num_gpus} GPUs, not {L.describe()}: "
+                           "change the degrees or --strategy")
     num_micro = L.batch // (L.micro_batch * dims.dp) if L.batch % (L.micro_batch * dims.dp) == 0 else 0
     if num_micro < 1:
         raise MgbenchError(f"--global-batch {L.batch} is not a multiple of micro-batch {L.micro_batch} x dp {dims.dp}")
-    from .memory import RUNNER_RECOMPUTE
-
-    if L.recompute not in RUNNER_RECOMPUTE:
+    if L.recompute_priced_only:
         raise MgbenchError(f"--trace runs the runner's own code, which checkpoints {', '.join(RUNNER_RECOMPUTE)}: "
                            f"--recompute {L.recompute} is priced without --trace")
     if (why := shape.runner_problem()) is not None:
@@ -598,17 +579,19 @@ def runner_config(shape: Any, layout: Any, strategy: str | None = None) -> Any:
     v = L.virtual_stages if L.schedule in VIRTUAL else 1
     if L.schedule in VIRTUAL and v < 2:
         raise MgbenchError(f"the {L.schedule} schedule needs --virtual-stages 2 or more")
-    problems = dims.problems(L.num_gpus, layers=shape.layers, heads=shape.heads, kv_heads=shape.kv_heads,
-                             virtual_stages=chunks_per_rank(L.schedule, v) if L.pp > 1 else 1,
-                             num_microbatches=num_micro if L.pp > 1 else None)
+    problems = dims.runner_problems(L.num_gpus, layers=shape.layers, heads=shape.heads, kv_heads=shape.kv_heads,
+                                    virtual_stages=chunks_per_rank(L.schedule, v) if L.pp > 1 else 1,
+                                    num_microbatches=num_micro if L.pp > 1 else None,
+                                    experts=shape.experts or None, seq_len=L.seq_len if L.cp > 1 else None)
     if problems:
         hint = (f" (give --global-batch {L.micro_batch * dims.dp * L.pp} or more)"
                 if L.pp > 1 and num_micro < L.pp else "")
         raise MgbenchError("; ".join(problems) + hint)
     cfg = RunConfig(model=shape, strategy=strategy, nproc=L.num_gpus, micro_batch=L.micro_batch, seq_len=L.seq_len,
                     grad_accum=num_micro, precision=L.precision, activation_checkpointing=L.recompute,
-                    pp_schedule=L.schedule, virtual_stages=max(v, 2),
-                    dp_mode=dp_mode if strategy == "pp+tp+dp" else "ddp", device="cpu")
+                    pp_schedule=L.schedule, virtual_stages=max(v, 2), offload=bool(L.offload),
+                    dp_mode=dp_mode if BY_NAME[strategy].pipelined and degrees else "ddp", device="cpu",
+                    **({"replicas": L.replicas} if L.hsdp_enabled else {}))
     return dc.replace(cfg, **dims.degrees())
 
 

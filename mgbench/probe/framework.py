@@ -37,16 +37,16 @@ WARMUP = 3
 
 def tiny_config(strategy: str, layers: int, ranks: int = 1) -> Any:
     """The fp32 CPU config of ``strategy`` on ``ranks`` ranks for the tiny model with
-    ``layers`` blocks, with the strategy's degrees on that many ranks (strategies.dims_for,
+    ``layers`` blocks, with the strategy's degrees on that many ranks (layout.for_strategy,
     as a suite builds them)."""
     import dataclasses
 
     from ..config import RunConfig
-    from ..strategies import dims_for
+    from ..layout import for_strategy
 
     cfg = RunConfig(model={"layers": layers, **TINY}, strategy=strategy, nproc=ranks, micro_batch=1,
                     seq_len=TINY_SEQ, precision="fp32", device="cpu")
-    dims, problem = dims_for(strategy, ranks, None)
+    dims, problem = for_strategy(strategy, ranks, None)
     if problem:
         raise ValueError(problem)
     return dataclasses.replace(cfg, **dims.degrees())

@@ -37,7 +37,7 @@ import torch
 
 from .. import catalog
 from ..config import RunConfig
-from ..strategies import dims_for
+from ..layout import for_strategy
 
 def check_config(strategy: str = "single", model: str | dict[str, Any] = "tiny", **kw: Any) -> RunConfig:
     """A RunConfig for the check on CPU: small window defaults (micro-batch 2, 2 micro-
@@ -48,7 +48,7 @@ def check_config(strategy: str = "single", model: str | dict[str, Any] = "tiny",
     base = dict(micro_batch=2, grad_accum=2, seq_len=16, check_steps=3, device="cpu")
     cfg = RunConfig(strategy=strategy, model=model, **{**base, **kw})
     if not degrees:
-        dims, problem = dims_for(strategy, cfg.nproc, None)
+        dims, problem = for_strategy(strategy, cfg.nproc, None)
         if problem:
             raise ValueError(problem)
         degrees = dims.degrees()

@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-from ..parallel_dims import ParallelDims
-
 
 @dataclass(frozen=True)
 class Strategy:
@@ -27,6 +25,7 @@ class Strategy:
     defaults: tuple[tuple[str, int], ...] = ()  # other degrees' defaults, e.g. (("tp", 2),)
     zero_stage: int | None = None  # ZeRO stage of its data parallelism (None: not ZeRO-style)
     pipelined: bool = False
+    sequence_parallel: bool = False  # norms and the residual stream sharded over the sequence (tp ranks)
     prepare: str = "data_parallel"  # build function in strategies/apply.py
 
     @property
@@ -74,7 +73,7 @@ REGISTRY: tuple[Strategy, ...] = (
     Strategy("tp", "tensor parallel (DTensor): Megatron column/row splits of attention and MLP", ("tp",), fills="tp",
              prepare="nd_parallel"),
     Strategy("tp_sp", "tensor parallel + sequence parallel: norms and residual stream sharded over the sequence",
-             ("tp",), fills="tp", prepare="nd_parallel"),
+             ("tp",), fills="tp", sequence_parallel=True, prepare="nd_parallel"),
     Strategy("pp", "pipeline parallel (torch.distributed.pipelining): stages balanced by layer count", ("pp",),
              fills="pp", pipelined=True, prepare="nd_parallel"),
     Strategy("fsdp+tp", "2D: FSDP over dp, tensor parallel over tp (layout {dp, tp}; default tp = 2)", ("dp", "tp"),
@@ -98,34 +97,6 @@ STRATEGIES: dict[str, str] = {s.name: s.help for s in REGISTRY}
 DATA_PARALLEL = tuple(s.name for s in REGISTRY if s.degrees is None)
 PIPELINED = tuple(s.name for s in REGISTRY if s.pipelined)
 ZERO_STAGE: dict[str, int] = {s.name: s.zero_stage for s in REGISTRY if s.zero_stage is not None}
-
-
-def dims_for(strategy: str, nproc: int, layout: dict[str, int] | None) -> tuple[ParallelDims | None, str | None]:
-    """The degrees a strategy runs with on ``nproc`` ranks: from the suite's ``layout``
-    where given, otherwise the strategy's default. Returns (dims, problem)."""
-    s = BY_NAME[strategy]
-    lay = dict(layout or {})
-    if s.degrees == ():
-        if nproc != 1:
-            return None, f"strategy {strategy} runs one process, not {nproc}; use ddp/fsdp for more ranks"
-        return ParallelDims(), None
-    if s.degrees is None:
-        if lay and set(lay) - {"dp"}:
-            return None, f"strategy {strategy} is data parallel only; layout {lay} names other degrees (use fsdp+tp or pp+tp+dp)"
-        return ParallelDims(dp=nproc), None
-    extra = set(lay) - set(s.degrees)
-    if extra:
-        return None, f"strategy {strategy} takes degrees {', '.join(s.degrees)}; layout also names {', '.join(sorted(extra))}"
-    deg = {"dp": 1, "tp": 1, "pp": 1, "ep": 1, "cp": 1, **dict(s.defaults), **lay}
-    if s.fills not in lay:
-        others = 1
-        for k in s.degrees:
-            if k not in (s.fills, "ep"):  # ep is carved out of dp: it adds no ranks
-                others *= deg[k]
-        deg[s.fills] = max(1, nproc // others)
-    if "ep" in s.degrees and "ep" not in lay:
-        deg["ep"] = deg["dp"]  # every data-parallel rank holds its own share of the experts
-    return ParallelDims(dp=deg["dp"], tp=deg["tp"], pp=deg["pp"], ep=deg["ep"], cp=deg["cp"]), None
 
 
 EXPERT_PARALLEL = tuple(s.name for s in REGISTRY if s.prepare == "expert_parallel")

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from mgbench import suite as S
-from mgbench.parallel_dims import ParallelDims
-from mgbench.strategies import dims_for
+from mgbench.layout import Layout
+from mgbench.layout import for_strategy
 from mgbench.strategies.context_parallel import SequenceShard, causal_mask, local_positions
 from mgbench.workloads.gpt import DecoderLM
 from mgbench.model_shape import ModelShape
@@ -69,9 +69,9 @@ def test_sharded_rotary_positions_match_the_full_sequence():
 
 
 def test_cp_layout_degrees_and_label():
-    assert dims_for("cp", 4, None)[0] == ParallelDims(dp=2, cp=2)
-    assert dims_for("cp", 4, {"cp": 4})[0] == ParallelDims(dp=1, cp=4)
-    assert ParallelDims(dp=2, cp=2).world == 4
+    assert for_strategy("cp", 4, None)[0] == Layout.of(dp=2, cp=2)
+    assert for_strategy("cp", 4, {"cp": 4})[0] == Layout.of(dp=1, cp=4)
+    assert Layout.of(dp=2, cp=2).world == 4
     cfg = make_config(strategy="cp", nproc=4, layout={"cp": 2}, model="tiny", seq_len=32)
     assert (cfg.dp, cfg.cp, cfg.global_batch) == (2, 2, 2 * cfg.grad_accum * cfg.micro_batch)  # dp samples only
     assert "[dp=2 cp=2]" in cfg.label

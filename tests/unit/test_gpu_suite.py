@@ -8,7 +8,8 @@ import pytest
 from mgbench import catalog
 from mgbench import suite as S
 from mgbench.planner import hardware
-from mgbench.planner.predict import Layout, predict
+from mgbench.layout import Layout
+from mgbench.planner.predict import predict
 
 # The estimate's assumptions, as the suite's comment states them.
 EAGER_FACTOR = 2.0  # eager PyTorch against the planner's tuned-kernel step time

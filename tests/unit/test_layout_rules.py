@@ -10,7 +10,8 @@ import pytest
 from mgbench import catalog
 from mgbench.errors import MgbenchError
 from mgbench.planner import layout_rules as R
-from mgbench.planner.predict import Layout, validate
+from mgbench.layout import Layout
+from mgbench.planner.predict import validate
 
 SHAPE = catalog.model_shape("mixtral-8x7b")  # 32 layers, 32 heads, 8 kv heads, 8 experts
 
@@ -18,8 +19,10 @@ SHAPE = catalog.model_shape("mixtral-8x7b")  # 32 layers, 32 heads, 8 kv heads, 
 def test_the_masks_accept_what_predict_accepts():
     grid = list(itertools.product([8, 12, 16], [1, 2, 3, 8], [1, 2, 4, 16, 40], [1, 2], [1, 2, 8], [0, 3], [1, 4]))
     cols = np.array(grid).T
-    masks = R.rules(SHAPE, num_gpus=cols[0], tp=cols[1], pp=cols[2], cp=cols[3], ep=cols[4], zero=cols[5],
-                    micro_batch=cols[6], global_batch=64, seq_len=4096, schedule="interleaved", virtual_stages=2)
+    # One Layout whose fields are the grid's columns: the form plan's search holds.
+    masks = R.rules(SHAPE, Layout(num_gpus=cols[0], tp=cols[1], pp=cols[2], cp=cols[3], ep=cols[4], zero=cols[5],
+                                  micro_batch=cols[6], global_batch=64, seq_len=4096, schedule="interleaved",
+                                  virtual_stages=2))
     ok = R.keeps_all(masks)
     seen = {True: 0, False: 0}
     for (n, t, p, c, e, z, mb), want in zip(grid, ok):
@@ -49,6 +52,6 @@ def test_the_masks_accept_what_predict_accepts():
 ])
 def test_each_rule_fires_on_a_layout_that_breaks_it(kw, rule):
     args = dict(num_gpus=8, tp=1, pp=1, global_batch=16, seq_len=4096) | kw
-    masks = R.rules(SHAPE, **args)
+    masks = R.rules(SHAPE, Layout(**args))
     assert not bool(masks[rule]), rule
     assert R.MESSAGES[rule]  # and says why in one line

@@ -22,7 +22,7 @@ import torch
 from mgbench import catalog
 from mgbench.planner import memory as M
 from mgbench.planner import trace as T
-from mgbench.strategies import dims_for
+from mgbench.layout import for_strategy
 from tests.factories import make_config
 
 TOLERANCE_PCT = 5.0
@@ -71,7 +71,7 @@ def grid_config(strategy, nproc, preset, blocks, seq, mb, ga, recompute, extra):
     kw = dict(strategy=strategy, nproc=nproc, model=shape, seq_len=seq, micro_batch=mb, grad_accum=ga,
               activation_checkpointing=recompute, **{"precision": "bf16", **extra})
     if "layout" in kw:
-        dims, problem = dims_for(strategy, nproc, kw["layout"])
+        dims, problem = for_strategy(strategy, nproc, kw["layout"])
         assert problem is None, problem
         kw.update(dims.degrees())
     return make_config(**kw)
@@ -273,7 +273,7 @@ def test_cli_strategy_needs_trace():
 
 
 def test_runner_config_maps_the_layout():
-    from mgbench.planner.predict import Layout
+    from mgbench.layout import Layout
 
     shape = catalog.model_shape("tiny")
     cases = {
@@ -293,7 +293,7 @@ def test_runner_config_takes_virtual_stages_from_the_schedule_registry():
 
     # interleaved_zb holds --virtual-stages chunks as interleaved does; the trace once
     # read only "interleaved" as virtual and built interleaved_zb with one chunk.
-    from mgbench.planner.predict import Layout
+    from mgbench.layout import Layout
 
     shape = dataclasses.replace(catalog.model_shape("tiny"), layers=8)
     for schedule in ("interleaved", "interleaved_zb"):

@@ -181,19 +181,20 @@ def test_moe_dims_are_checked_and_left_out_of_dense_ids():
 
 def test_config_keys_and_layouts():
     from mgbench.config import SWEEP_KEYS
-    from mgbench.strategies import dims_for, moe_problem
+    from mgbench.layout import for_strategy
+    from mgbench.strategies import moe_problem
 
     assert SWEEP_KEYS["moe_capacity_factor"][0]("dropless") is None
     assert SWEEP_KEYS["moe_capacity_factor"][0](1.25) is None
     assert "capacity factor > 0" in SWEEP_KEYS["moe_capacity_factor"][0](0)
     assert "capacity factor > 0" in SWEEP_KEYS["moe_capacity_factor"][0]("drop")
-    dims, _ = dims_for("ep", 4, {"ep": 2})
+    dims, _ = for_strategy("ep", 4, {"ep": 2})
     assert (dims.dp, dims.ep) == (4, 2)  # ep is carved out of dp
-    dims, _ = dims_for("fsdp+ep", 4, None)
+    dims, _ = for_strategy("fsdp+ep", 4, None)
     assert (dims.dp, dims.ep) == (4, 4)  # default: every rank its own experts
     assert "needs an MoE model" in moe_problem("ep", 0)
     assert "does not split experts" in moe_problem("tp", 8)
-    assert dims_for("ep", 4, {"ep": 3})[0].problems(4, experts=8) == [
+    assert for_strategy("ep", 4, {"ep": 3})[0].runner_problems(4, experts=8) == [
         "layout dp=4 (ep=3) x tp=1 x pp=1 on world size 4: ep=3 does not divide dp=4 (experts are sharded over ep of "
         "the data-parallel ranks)", "layout dp=4 (ep=3) x tp=1 x pp=1 on world size 4: ep=3 does not divide the 8 experts"]
     cfg = make_config(model="tiny-moe", strategy="ep", nproc=4, layout={"ep": 2})

@@ -6,7 +6,8 @@ import pytest
 
 from mgbench import catalog
 from mgbench.planner.cost import Prices
-from mgbench.planner.predict import Layout, predict
+from mgbench.layout import Layout
+from mgbench.planner.predict import predict
 from mgbench.planner.resolve import resolve
 from mgbench.planner.search import PlanOptions, plan
 

@@ -105,7 +105,8 @@ def test_one_term_changed_moves_predict_plan_and_calibrate_alike(monkeypatch):
     calibration fit, with no second copy left behind."""
     from mgbench.planner import calibrate
     from mgbench.planner.cost import Prices
-    from mgbench.planner.predict import Layout, predict
+    from mgbench.layout import Layout
+    from mgbench.planner.predict import predict
     from mgbench.planner.search import PlanOptions, plan
     from tests.factories import make_config, make_record
 
@@ -328,7 +329,8 @@ def test_fp8_on_a_gpu_without_fp8_names_the_catalogs_fp8_gpus():
 def test_fp8_on_a_probed_cpu_profile_is_refused_with_one_line():
     # A probed CPU has no FP8 units: pricing fp8 on it would be a guess.
     from mgbench.errors import MgbenchError
-    from mgbench.planner.predict import Layout, predict
+    from mgbench.layout import Layout
+    from mgbench.planner.predict import predict
     from mgbench.probe import profile as P
     from tests.unit.test_probe_host_terms import MINI, host_profile
 

@@ -84,7 +84,8 @@ def test_params_mode_zero3_adds_the_gathered_working_set():
 
 
 def test_params_mode_says_when_the_working_set_is_missing():
-    from mgbench.planner.predict import Layout, memory
+    from mgbench.layout import Layout
+    from mgbench.planner.predict import memory
 
     out = memory(None, Layout(num_gpus=64, zero=3), params=7.5e9)
     assert "largest-layer-params" in out["notes"][0]

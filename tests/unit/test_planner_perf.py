@@ -4,7 +4,8 @@ import pytest
 
 from mgbench import catalog
 from mgbench.planner import hardware, layout_time, perf, validation
-from mgbench.planner.predict import Layout, predict
+from mgbench.layout import Layout
+from mgbench.planner.predict import predict
 
 
 def test_ring_all_reduce_alpha_beta_by_hand():

@@ -5,7 +5,8 @@ import pytest
 from mgbench import catalog
 from mgbench.errors import MgbenchError
 from mgbench.planner import cost, hardware, stack
-from mgbench.planner.memory import RECOMPUTE, memory_per_gpu
+from mgbench.layout import RECOMPUTE
+from mgbench.planner.memory import memory_per_gpu
 from mgbench.planner.search import PlanOptions, plan
 
 
@@ -117,7 +118,8 @@ def _probed_plan(profile, **over):
 
 
 def test_plan_on_a_cpu_profile_ranks_its_rank_counts_with_the_profiles_speeds():
-    from mgbench.planner.predict import Layout, predict
+    from mgbench.layout import Layout
+    from mgbench.planner.predict import predict
     from mgbench.probe import profile as P
     from tests.unit.test_probe_profile import make_profile
 

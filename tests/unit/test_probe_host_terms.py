@@ -4,7 +4,8 @@ host_rates) against hand calculations on a synthetic profile."""
 import pytest
 
 from mgbench import catalog
-from mgbench.planner.predict import Layout, predict
+from mgbench.layout import Layout
+from mgbench.planner.predict import predict
 from mgbench.probe import profile as P
 
 from tests.unit.test_probe_profile import make_profile
