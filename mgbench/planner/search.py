@@ -247,6 +247,11 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
     N, T, P, Z, MB, RC, D, CP, EP, M = (got[k] for k in names)
     OFF, mem_total, host, tps, mfu = (got[k] for k in ("offload", "memory_per_gpu_bytes", "host_memory_per_gpu_bytes",
                                                        "tokens_per_s", "mfu"))
+    # Where this accelerator's efficiency was not measured, every figure the ranking reads
+    # is the pessimistic end of its interval (issue 29): the point estimate is kept beside.
+    factor, evidence = ranking_factor(hw, opts, P > 1)
+    tps_point, mfu_point = tps, mfu
+    tps, mfu = tps / factor, mfu / factor
     good = cost.goodput(N, hw.gpus_per_node, opts.checkpoint_minutes, opts.failure_rate, opts.restart_minutes,
                         opts.checkpoint_write_minutes, opts.spot, opts.preemption_rate)
     hours = opts.tokens / tps / 3600.0 / good
@@ -259,8 +264,10 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
         "gpu_hours": gpu_hours, "cost_usd": usd, "usd_per_million_tokens": usd / (opts.tokens / 1e6),
         "energy_kwh": cost.energy_kwh(N, hw.tdp_w, hours, opts.power_fraction, opts.pue),
         "memory_per_gpu_bytes": mem_total, "host_memory_per_gpu_bytes": host,
+        "tokens_per_s_point": tps_point, "mfu_point": mfu_point, "ranking_factor": factor,
     }
     cols["_meta"] = {"system": system, "gpu": hw.gpu, "price_usd_per_gpu_hour": price, "price_source": price_source,
+                     "evidence": evidence,
                      "device_memory_bytes": hw.memory_bytes, "max_power_kw": hw.max_power_kw,
                      "gpus_per_node": hw.gpus_per_node, "tdp_w": hw.tdp_w}  # type: ignore[assignment]
     return cols, evaluated
@@ -281,6 +288,35 @@ def layout_of_row(r: dict[str, Any], opts: PlanOptions) -> Layout:
     return candidates(opts, r["micro_batch"] * r["dp"] * r["num_micro_batches"],
                       **{k: r[k] for k in ("num_gpus", "tp", "pp", "cp", "ep", "zero", "micro_batch", "recompute",
                                            "offload")})
+
+
+def evidence_of(reg: dict[str, Any]) -> str:
+    """Whether an interval regime's efficiency was "measured" on its accelerator (or on
+    the machine itself: a probe, a calibration), "carried" from a sibling or "assumed"."""
+    if "evidence" in reg:
+        return reg["evidence"]
+    return "assumed" if reg["regime"] in ("catalog-assumed", "probed-unvalidated") else "measured"
+
+
+def ranking_factor(hw: hardware.Hardware, opts: PlanOptions, pipelined: np.ndarray) -> tuple[np.ndarray, str]:
+    """Per candidate, the step-time factor the ranking applies, and the evidence: 1 where
+    the accelerator's efficiency was measured (on it, or on this machine by a probe or a
+    calibration); else 1 + the upper half-width of its interval (uncertainty.regime), so
+    that an accelerator nothing measured is ranked on the pessimistic end and cannot win
+    on an assumed efficiency."""
+    from . import uncertainty
+
+    out = np.ones(np.shape(pipelined))
+    if opts.profile or (opts.calibration_regime and hw.system in opts.calibration):
+        return out, "measured"
+    evidence = "measured"
+    for pipe in (False, True):
+        reg = uncertainty.regime(hw.gpu, pipe, None, stack=opts.stack)
+        ev = evidence_of(reg)
+        if ev != "measured":
+            out = np.where(np.asarray(pipelined) == pipe, 1.0 + reg["high"], out)
+            evidence = ev
+    return out, evidence
 
 
 def _evaluate_rows(shape: ModelShape, hw: hardware.Hardware, opts: PlanOptions, overlap: float, B: int,
@@ -311,6 +347,7 @@ def _row(cols: dict[str, Any], i: int) -> dict[str, Any]:
     nodes = -(-r["num_gpus"] // meta["gpus_per_node"])
     r["node_power_kw"] = meta["max_power_kw"]
     r["cluster_power_kw"] = meta["max_power_kw"] * nodes if meta["max_power_kw"] else None
+    r["evidence"] = meta["evidence"]
     r["price_usd_per_gpu_hour"] = meta["price_usd_per_gpu_hour"]
     r["device_memory_bytes"] = meta["device_memory_bytes"]
     return r
@@ -389,6 +426,7 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
             _add_interval(r, opts)
     reasons = _recommend(rec, rule, lead_why, cheapest, fastest, ranked, bests, opts)
     reasons += notes
+    reasons += evidence_lines(rec, ranked)
     reasons += _distinguishable(rec, ranked[: opts.top])
     if rec is not None and opts.deadline_days is not None and rec["days_interval"][1] > opts.deadline_days:
         reasons.append(f"at its interval's upper end ({rec['days_interval'][1]:.1f} days) it would miss the "
@@ -423,14 +461,49 @@ def _add_interval(r: dict[str, Any], opts: PlanOptions) -> None:
                              stack=stack.DEFAULT_STACK if opts.profile else opts.stack)
     if opts.calibration_regime and r["system"] in opts.calibration:
         reg = opts.calibration_regime
-    step = max(1, opts.global_batch_tokens // opts.seq_len) * opts.seq_len / r["tokens_per_s"]
-    iv = uncertainty.intervals(step, r["tokens_per_s"] / r["num_gpus"], reg)
+    # Around the point estimate: a row ranked at its pessimistic end holds that end.
+    f = r.get("ranking_factor", 1.0)
+    step = max(1, opts.global_batch_tokens // opts.seq_len) * opts.seq_len / r["tokens_per_s_point"]
+    iv = uncertainty.intervals(step, r["tokens_per_s_point"] / r["num_gpus"], reg)
     r.update(step_time_s_interval=iv["step_time_s_interval"],
              tokens_per_s_per_gpu_interval=iv["tokens_per_s_per_gpu_interval"], regime=reg["regime"],
              interval_reasons=reg["reasons"])
-    lo, hi = 1.0 - reg["low"], 1.0 + reg["high"]
+    lo, hi = (1.0 - reg["low"]) / f, (1.0 + reg["high"]) / f
     r["days_interval"] = [r["days"] * lo, r["days"] * hi]
     r["cost_usd_interval"] = None if r["cost_usd"] is None else [r["cost_usd"] * lo, r["cost_usd"] * hi]
+
+
+def evidence_lines(lead_row: dict[str, Any] | None, ranked: list[dict[str, Any]]) -> list[str]:
+    """What the evidence behind the ranking changes: the lead's own figures where they are
+    its pessimistic end, and the option that would be the cheapest on its point estimate
+    but is not measured, with the throughput at which it would be ("MI300X is the
+    cheapest only if its training throughput per GPU is at least X% of H100's")."""
+    lines = []
+    if lead_row is not None and lead_row.get("ranking_factor", 1.0) > 1.0:
+        r = lead_row
+        lines.append(f"{r['gpu']}'s efficiency is {r['evidence']} (not measured on it): it leads on the pessimistic "
+                     f"end of its interval, {r['days']:.1f} days (point estimate {r['days'] / r['ranking_factor']:.1f})")
+    priced = [r for r in ranked if r["cost_usd"] is not None]
+    if not priced:
+        return lines
+    cheapest = priced[0]
+    by_point = min(priced, key=lambda r: r["cost_usd"] / r.get("ranking_factor", 1.0))
+    if by_point is not cheapest and by_point["gpu"] != cheapest["gpu"]:
+        u, c = by_point, cheapest
+        point_cost = u["cost_usd"] / u["ranking_factor"]
+        # Cost falls as throughput rises (same GPUs, same price): u is the cheaper where its
+        # per-GPU throughput exceeds its point estimate x (its point cost / c's cost).
+        need = (u["tokens_per_s_point"] / u["num_gpus"]) * point_cost / c["cost_usd"]
+        ref = c["tokens_per_s"] / c["num_gpus"]
+        lines.append(
+            f"{u['num_gpus']}x {u['gpu']} ({u['system']}) would be the cheapest on its point estimate (USD "
+            f"{point_cost:,.0f} against USD {c['cost_usd']:,.0f} for {c['num_gpus']}x {c['gpu']}), but its efficiency "
+            f"is {u['evidence']}, not measured on it, so it is ranked at its pessimistic end (USD {u['cost_usd']:,.0f}). "
+            f"It is the cheapest only if its training throughput per GPU is at least {100 * need / ref:.0f}% of "
+            f"{c['gpu']}'s here; the point estimate says "
+            f"{100 * u['tokens_per_s_point'] / u['num_gpus'] / ref:.0f}% (`mgbench probe` on it, or a published run, "
+            "would settle it)")
+    return lines
 
 
 def _distinguishable(best: dict[str, Any] | None, ranked: list[dict[str, Any]]) -> list[str]:
