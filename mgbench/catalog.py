@@ -6,10 +6,12 @@ only reads them and answers questions such as "what is the bf16 peak of this dev
 
 from __future__ import annotations
 
+import datetime
 import functools
 import re
 import tomllib
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from .errors import MgbenchError
@@ -23,9 +25,23 @@ def load(name: str) -> dict[str, Any]:
     return tomllib.loads(text)
 
 
+# A user's own hardware (--system-file), merged over hardware.toml's tables for this
+# process: {"accelerators": {...}, "links": {...}, "systems": {...}}. Empty unless
+# use_system_file() loaded one; clear_system_file() empties it again.
+_USER: dict[str, dict[str, dict[str, Any]]] = {"accelerators": {}, "links": {}, "systems": {}}
+
+
+def _hardware_table(kind: str) -> dict[str, dict[str, Any]]:
+    """hardware.toml's ``kind`` table, with the user's --system-file entries after it."""
+    base = load("hardware.toml")[kind]
+    extra = _USER[kind]
+    return {**base, **extra} if extra else base
+
+
 def accelerators() -> dict[str, dict[str, Any]]:
-    """All accelerators of hardware.toml, keyed by catalog id (e.g. ``h100-sxm``)."""
-    return load("hardware.toml")["accelerators"]
+    """All accelerators of hardware.toml (and of a --system-file), keyed by catalog id
+    (e.g. ``h100-sxm``)."""
+    return _hardware_table("accelerators")
 
 
 def accelerator(key: str) -> dict[str, Any]:
@@ -114,13 +130,166 @@ def links() -> dict[str, dict[str, Any]]:
     """All interconnects of hardware.toml (NVLink, PCIe, InfiniBand...), keyed by name,
     with their peak GB/s, latency and achievable fraction. Read here, below both the
     planner (which models with them) and `mgbench comm` (which compares with them)."""
-    return load("hardware.toml")["links"]
+    return _hardware_table("links")
 
 
 def systems() -> dict[str, dict[str, Any]]:
-    """All node types of hardware.toml (e.g. ``dgx-h100``): GPU, GPUs and NICs per node,
-    and the names of their intra- and inter-node links."""
-    return load("hardware.toml")["systems"]
+    """All node types of hardware.toml and of a --system-file (e.g. ``dgx-h100``): GPU,
+    GPUs and NICs per node, and the names of their intra- and inter-node links."""
+    return _hardware_table("systems")
+
+
+# What a --system-file entry must hold (key -> kind) and may hold, per table: the keys
+# hardware.toml's own entries carry. "count" is a positive integer, "positive" a number
+# above zero, "fraction" a number in (0, 1], "non-negative" a number of at least zero.
+_REQUIRED = {
+    "systems": {"gpu": "accelerator", "gpus_per_node": "count", "intra_link": "link", "inter_link": "link",
+                "nics_per_node": "count"},
+    "accelerators": {"tflops": "peaks", "memory_gb": "positive", "mem_bw_tbps": "positive"},
+    "links": {"peak_gbps": "positive", "bw_eff": "fraction", "alpha_us": "non-negative"},
+}
+_OPTIONAL = {
+    "systems": {"name": "text", "host_link": "link", "max_power_kw": "positive", "source": "text",
+                "retrieved": "date", "cloud": "text"},
+    "accelerators": {"name": "text", "match": "patterns", "vendor": "text", "tdp_w": "positive", "form": "text",
+                     "source": "text", "retrieved": "date"},
+    "links": {"name": "text", "source": "text", "eff_source": "text", "alpha_source": "text", "retrieved": "date"},
+}
+PEAK_PRECISIONS = ("bf16", "fp16", "fp8", "tf32", "fp32")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_value(where: str, key: str, kind: str, v: Any, known: dict[str, set[str]]) -> str | None:
+    """One line saying what is wrong with ``v`` as a value of kind ``kind``; None if it is fine."""
+    at = f"{where} {key}"
+    if kind == "text":
+        return None if isinstance(v, str) else f"{at} must be a string, got {v!r}"
+    if kind == "date":  # "2026-11-26" as hardware.toml writes it, or a bare TOML date
+        return None if isinstance(v, (str, datetime.date)) else f"{at} must be a date, got {v!r}"
+    if kind in ("accelerator", "link"):
+        if not isinstance(v, str):
+            return f"{at} must be a string naming a {kind}, got {v!r}"
+        table = "accelerators" if kind == "accelerator" else "links"
+        if v in known[table]:
+            return None
+        example = "h100-sxm" if kind == "accelerator" else "nvlink4"
+        return (f"{at}: unknown {'gpu' if kind == 'accelerator' else 'link'} {v!r} (a hardware.toml {kind} such as "
+                f"{example}, or one of this file's [{table}.NAME])")
+    if kind == "count":
+        if not isinstance(v, int) or isinstance(v, bool):
+            return f"{at} must be a whole number, got {v!r}"
+        return None if v > 0 else f"{at} must be positive, got {v}"
+    if kind in ("positive", "fraction", "non-negative"):
+        if not _is_number(v):
+            return f"{at} must be a number, got {v!r}"
+        if kind == "positive" and v <= 0:
+            return f"{at} must be positive, got {v}"
+        if kind == "fraction" and not 0 < v <= 1:
+            return f"{at} must be a fraction in (0, 1], got {v}"
+        if kind == "non-negative" and v < 0:
+            return f"{at} cannot be negative, got {v}"
+        return None
+    if kind == "peaks":
+        if not isinstance(v, dict) or not v:
+            return f"{at} must be a table of dense TFLOPS, e.g. {{ bf16 = 989.0 }}"
+        for prec, peak in v.items():
+            if prec not in PEAK_PRECISIONS:
+                return f"{at}: unknown precision {prec!r} (known: {', '.join(PEAK_PRECISIONS)})"
+            if not _is_number(peak) or peak <= 0:
+                return f"{at}.{prec} must be a positive number of TFLOPS, got {peak!r}"
+        return None
+    if kind == "patterns":
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            return f"{at} must be a list of regular expressions (strings), got {v!r}"
+        for pat in v:
+            try:
+                re.compile(pat)
+            except re.error as e:
+                return f"{at}: {pat!r} is not a regular expression ({e})"
+        return None
+    raise AssertionError(kind)
+
+
+def check_system_file(data: dict[str, Any], origin: str = "--system-file") -> list[str]:
+    """Every problem of a --system-file's parsed TOML, one line each (empty: usable): an
+    unknown table, an entry that is not a table, a name the catalog already has, a missing
+    or unknown key, a value of the wrong type or not positive, an unknown gpu or link (the
+    file's own accelerators and links count), and a file without a system."""
+    problems: list[str] = []
+    for top in data:
+        if top not in _REQUIRED:
+            problems.append(f"unknown table [{top}]: a system file holds [systems.NAME], and optionally "
+                            "[accelerators.NAME] and [links.NAME]")
+    tables = {kind: data.get(kind, {}) for kind in _REQUIRED}
+    for kind, table in tables.items():
+        if not isinstance(table, dict):
+            problems.append(f"[{kind}] must be a table of named entries ([{kind}.NAME])")
+            tables[kind] = {}
+    known = {kind: set(load("hardware.toml")[kind]) | set(tables[kind]) for kind in ("accelerators", "links")}
+    for kind in ("accelerators", "links", "systems"):
+        for name, entry in tables[kind].items():
+            where = f"[{kind}.{name}]"
+            if name in load("hardware.toml")[kind]:
+                problems.append(f"{where}: the catalog already has a {kind[:-1]} {name!r}; give yours another name")
+                continue
+            if not isinstance(entry, dict):
+                problems.append(f"{where} must be a table of keys, got {entry!r}")
+                continue
+            for key, kind_of in _REQUIRED[kind].items():
+                if key not in entry:
+                    problems.append(f"{where} missing key {key!r}")
+                else:
+                    problems.append(_check_value(where, key, kind_of, entry[key], known) or "")
+            for key, value in entry.items():
+                if key in _REQUIRED[kind]:
+                    continue
+                if key not in _OPTIONAL[kind]:
+                    allowed = ", ".join([*_REQUIRED[kind], *_OPTIONAL[kind]])
+                    problems.append(f"{where} unknown key {key!r} (keys: {allowed})")
+                else:
+                    problems.append(_check_value(where, key, _OPTIONAL[kind][key], value, known) or "")
+    problems = [p for p in problems if p]
+    if not tables["systems"] and not problems:
+        problems.append(f"no [systems.NAME] table: {origin} must define at least one system")
+    return problems
+
+
+def use_system_file(path: str) -> list[str]:
+    """Load a user's own hardware (a TOML file with hardware.toml's [systems.*] and,
+    optionally, [accelerators.*] and [links.*] tables and keys) into the catalog for this
+    process, replacing any file loaded before, and return the names of its systems, which
+    `--system`/`--systems` then accept. Every problem is reported at once, one line each,
+    as an MgbenchError (the CLI's exit status 2), and nothing is loaded."""
+    origin = f"--system-file {path}"
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise MgbenchError(f"{origin}: file not found") from None
+    except OSError as e:
+        raise MgbenchError(f"{origin}: cannot read it ({e.strerror})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise MgbenchError(f"{origin}: malformed TOML: {e}") from None
+    problems = check_system_file(data, origin)
+    if problems:
+        raise MgbenchError(f"{origin}: {len(problems)} problem{'s' if len(problems) > 1 else ''}:\n"
+                           + "\n".join(f"  {p}" for p in problems))
+    clear_system_file()
+    for kind in _USER:
+        for name, entry in data.get(kind, {}).items():
+            # A figure from the user's file names it as its source unless it names one.
+            _USER[kind][name] = {"source": origin, **entry}
+    return list(data["systems"])
+
+
+def clear_system_file() -> None:
+    """Forget a --system-file's hardware: the catalog is hardware.toml's alone again."""
+    for table in _USER.values():
+        table.clear()
 
 
 def model_presets() -> dict[str, dict[str, Any]]:

@@ -267,6 +267,25 @@ DIM_NAMES = tuple(o.flag[2:].replace("-", "_") for o in DIMS)
 
 SYSTEM = opt("--system", help="Catalog system, e.g. dgx-h100.")
 GPU = opt("--gpu", help="Catalog accelerator, e.g. h100-sxm (placed in the first system that has it).")
+
+
+def _use_system_file(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
+    """--system-file: the file's hardware joins the catalog while this command runs (its
+    systems then answer to --system / --systems by name); the command receives their names.
+    A bad file stops the command with one line per problem (MgbenchError: exit status 2)."""
+    if value is None:
+        return None
+    from . import catalog
+
+    names = catalog.use_system_file(value)
+    ctx.call_on_close(catalog.clear_system_file)
+    return names
+
+
+SYSTEM_FILE = opt("--system-file", "system_file", metavar="PATH", callback=_use_system_file,
+                  help="TOML file of your own hardware with hardware.toml's keys: [systems.NAME] (gpu, gpus_per_node, "
+                       "intra_link, inter_link, nics_per_node) and optionally [accelerators.NAME] and [links.NAME]; "
+                       "its systems are then usable by name (the only one is the default for predict).")
 # One option group for every command that takes a model (memory, predict, plan): a test
 # checks that each has all of them.
 MODEL_GROUP = (MODEL, HF, PARAMS, *DIMS)

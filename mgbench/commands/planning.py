@@ -9,7 +9,7 @@ import click
 
 from .. import catalog
 from ..cli_options import (AGAINST, CALIBRATION_GROUP, HARDWARE, DIM_NAMES, GPU, JSON, MODEL_GROUP, PLAN_HTML, PRICES,
-                           SYSTEM,
+                           SYSTEM, SYSTEM_FILE,
                            LARGEST_LAYER, TRACE, TRACE_STRATEGY, deferred_command, layout_group, overlap_option, plan_field,
                            plan_group, plan_options_from)
 from ..errors import MgbenchError
@@ -185,9 +185,9 @@ def _memory_trace(shape: ModelShape | None, layout: Any, strategy: str | None, a
         click.echo(f"  - {n}")
 
 
-@deferred_command(lambda: [*MODEL_GROUP, *layout_group(), SYSTEM, GPU, HARDWARE, AGAINST, overlap_option(),
+@deferred_command(lambda: [*MODEL_GROUP, *layout_group(), SYSTEM, SYSTEM_FILE, GPU, HARDWARE, AGAINST, overlap_option(),
                            plan_field("stack"), *CALIBRATION_GROUP, JSON])
-def predict(model, hf_config, params, as_json, system, gpu, hardware_profile, against_run, overlap, stack, calibrate_run, comm_run,  # type: ignore[no-untyped-def]
+def predict(model, hf_config, params, as_json, system, system_file, gpu, hardware_profile, against_run, overlap, stack, calibrate_run, comm_run,  # type: ignore[no-untyped-def]
             results_dir, **kw) -> None:
     """Predict step time, tokens/s, MFU and memory of one layout.
 
@@ -207,6 +207,8 @@ def predict(model, hf_config, params, as_json, system, gpu, hardware_profile, ag
     dims = _dims(kw)
     profile = None
     stack = None if stack == stacks.DEFAULT_STACK else stack  # given only when it is another
+    if system_file and len(system_file) == 1 and system is None and gpu is None and not calibrate_run:
+        system = system_file[0]  # --system-file's only system (it is loaded: cli_options.SYSTEM_FILE)
     if hardware_profile:
         from ..probe.profile import read_profile
 
@@ -361,9 +363,9 @@ def _print_calibration(fit: dict[str, Any], as_json: bool) -> None:
                   else "- (no held-out fit attributed time to any term)"))
 
 
-@deferred_command(lambda: [*MODEL_GROUP, *plan_group(), *PRICES, HARDWARE, *CALIBRATION_GROUP, PLAN_HTML, JSON])
-def plan(model, hf_config, params, prices_file, price_overrides, hardware_profile, calibrate_run, comm_run, results_dir,  # type: ignore[no-untyped-def]
-         html_file, as_json, **kw) -> None:
+@deferred_command(lambda: [*MODEL_GROUP, *plan_group(), SYSTEM_FILE, *PRICES, HARDWARE, *CALIBRATION_GROUP, PLAN_HTML, JSON])
+def plan(model, hf_config, params, system_file, prices_file, price_overrides, hardware_profile, calibrate_run, comm_run,  # type: ignore[no-untyped-def]
+         results_dir, html_file, as_json, **kw) -> None:
     """Recommend hardware, GPU count and layout to train MODEL on TOKENS: time, cost, energy.
 
     \b

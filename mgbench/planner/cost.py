@@ -62,11 +62,17 @@ class Prices:
         """USD per GPU-hour (system id first, then accelerator id) and where it came from;
         ``tier`` one of TIERS (default: spot or on-demand as ``spot`` says)."""
         tier = tier or ("spot" if spot else "on_demand")
-        for name in (system, gpu):
+        # A cloud instance type has the cloud's own price or none: another seller's price for
+        # its GPU is not what renting it costs.
+        cloud = catalog.systems().get(system, {}).get("cloud")
+        for name in ((system,) if cloud else (system, gpu)):
             entry = self.table[tier].get(name)
             if entry is not None:
                 flag = " (illustrative)" if entry.get("illustrative") else ""
                 return float(entry["usd"]), f"{entry.get('source', '?')}{flag}"
+        if cloud:
+            return None, (f"no {tier.replace('_', '-')} price for {cloud} instance type {system} in data/prices.toml; "
+                          f"pass --price {system}{':spot' if spot else ''}=USD")
         return None, f"no {tier.replace('_', '-')} price for {system} / {gpu}; pass --price {gpu}{':spot' if spot else ''}=USD"
 
 

@@ -89,3 +89,45 @@ def test_every_entry_with_a_memory_match_has_a_range():
         if m:
             lo, hi = m["memory_gib"]
             assert lo < acc["memory_gb"] <= hi * 1.1 and m["names"], key
+
+
+# Issue 29: the accelerators a 2026 buyer compares, by the names torch / NVML / ROCm report.
+# GB200 is not a B200 and H800 is not an H100 (each has its own peaks); variants with other
+# clocks or power (H800 PCIe, RTX 5090 D, the 300 W Max-Q, MI350X) are not claimed at all.
+@pytest.mark.parametrize(
+    "name,key,bf16",
+    [
+        ("NVIDIA H800", "h800", 989.0),
+        ("NVIDIA H800 80GB HBM3", "h800", 989.0),
+        ("NVIDIA H800 PCIe", None, None),
+        ("NVIDIA GB200", "gb200", 2500.0),
+        ("NVIDIA GB200 185GB", "gb200", 2500.0),
+        ("NVIDIA B200", "b200", 2250.0),
+        ("AMD Instinct MI325X", "mi325x", 1307.4),
+        ("AMD Instinct MI355X", "mi355x", 2500.0),
+        ("AMD Instinct MI350X", None, None),
+        ("NVIDIA GeForce RTX 5090", "rtx-5090", 209.5),
+        ("NVIDIA GeForce RTX 5090 D", None, None),
+        ("NVIDIA GeForce RTX 5090 Laptop GPU", None, None),
+        ("NVIDIA RTX 6000 Ada Generation", "rtx-6000-ada", None),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtx-pro-6000", None),
+        ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "rtx-pro-6000", None),
+        ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", None, None),
+        # the existing entries keep their names
+        ("NVIDIA RTX A6000", "rtx-a6000", 154.8),
+        ("NVIDIA H100 80GB HBM3", "h100-sxm", 989.0),
+    ],
+)
+def test_new_accelerators_match_their_own_entry_only(name, key, bf16):
+    assert catalog.match_accelerator(name) == key
+    value, reason = catalog.peak_tflops(name, "bf16")
+    assert value == bf16
+    if key is not None and bf16 is None:
+        assert f"catalog has no bf16 peak for {key}" in reason
+
+
+def test_every_catalog_link_and_system_cites_a_source():
+    for key, link in catalog.links().items():
+        assert link.get("source") and link.get("eff_source") and link.get("retrieved"), key
+    for key, s in catalog.systems().items():
+        assert s.get("source") and s.get("retrieved"), key

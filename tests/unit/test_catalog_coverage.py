@@ -1,0 +1,113 @@
+"""Every system and every accelerator of the catalog can be predicted and planned on.
+
+A buyer's first command is `mgbench predict --gpu X` or `mgbench plan --systems S`: no
+catalog entry may fail it with a traceback or "no system in the catalog uses X". An
+accelerator whose datasheet publishes no bf16 peak must say so in one line (exit 2) and
+still work at a precision it has a peak for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from mgbench import catalog
+from mgbench.cli import main
+from mgbench.planner import hardware
+from mgbench.planner.search import PlanOptions, plan
+
+SYSTEMS = sorted(catalog.systems())
+ACCELERATORS = sorted(catalog.accelerators())
+SMALL = catalog.model_shape("gpt2-small")
+
+
+def _precision(gpu: str) -> str:
+    """bf16 where the catalog has its peak, else the first precision it has one for."""
+    peaks = catalog.accelerator(gpu)["tflops"]
+    return "bf16" if "bf16" in peaks else next(p for p in ("fp32", "tf32", "fp16") if p in peaks)
+
+
+def _predict(*args: str) -> tuple[int, str]:
+    r = CliRunner().invoke(main, ["predict", "--model", "gpt2-small", "--seq-len", "1024", "--zero", "3", "--json",
+                                  *args])
+    return r.exit_code, r.output
+
+
+def test_every_accelerator_is_in_a_system_and_every_system_names_known_parts():
+    used = {s["gpu"] for s in catalog.systems().values()}
+    assert set(ACCELERATORS) <= used, set(ACCELERATORS) - used
+    for name, s in catalog.systems().items():
+        assert s["gpu"] in catalog.accelerators(), name
+        for key in ("intra_link", "inter_link", "host_link"):
+            assert key not in s or s[key] in catalog.links(), (name, key)
+        assert s.get("source") and s.get("retrieved"), name
+    for name, link in catalog.links().items():
+        assert 0 < link["bw_eff"] <= 1 and link["peak_gbps"] > 0 and link.get("eff_source"), name
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_predict_runs_on_every_system(system):
+    gpu = catalog.systems()[system]["gpu"]
+    n = catalog.systems()[system]["gpus_per_node"]
+    code, out = _predict("--system", system, "--num-gpus", str(n), "--precision", _precision(gpu))
+    assert code == 0, out
+    res = json.loads(out)
+    assert res["tokens_per_s"] > 0 and math.isfinite(res["step_time_s"]) and res["fits"] in (True, False)
+
+
+@pytest.mark.parametrize("gpu", ACCELERATORS)
+def test_predict_runs_on_every_accelerator_by_gpu_alone(gpu):
+    code, out = _predict("--gpu", gpu, "--num-gpus", "1", "--precision", _precision(gpu))
+    assert code == 0, out
+    assert json.loads(out)["tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize("gpu", [g for g in ACCELERATORS if "bf16" not in catalog.accelerator(g)["tflops"]])
+def test_an_accelerator_without_a_bf16_peak_says_so_in_one_line(gpu):
+    code, out = _predict("--gpu", gpu, "--num-gpus", "1")
+    assert code == 2 and "Traceback" not in out
+    assert f"catalog has no bf16 peak for {gpu}" in out and "choose another --precision" in out
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_plan_runs_restricted_to_every_system(system):
+    gpu = catalog.systems()[system]["gpu"]
+    res = plan(SMALL, PlanOptions(tokens=1e9, seq_len=1024, global_batch_tokens=2**18, systems=[system],
+                                  max_gpus=16, precision=_precision(gpu)))
+    rec = res["recommendation"]
+    assert rec is not None and rec["system"] == system and rec["days"] > 0
+    # Cost is a number where a price is known, and null with the reason where it is not.
+    assert rec["cost_usd"] is None or rec["cost_usd"] > 0
+    assert res["prices"][system]
+
+
+@pytest.mark.parametrize("gpu", [g for g in ACCELERATORS if "tdp_w" not in catalog.accelerator(g)])
+def test_a_gpu_without_a_sourced_tdp_plans_with_unknown_energy(gpu):
+    hw = hardware.resolve(gpu=gpu, precision=_precision(gpu))
+    assert math.isnan(hw.tdp_w)
+    rec = plan(SMALL, PlanOptions(tokens=1e9, seq_len=1024, global_batch_tokens=2**18, systems=[hw.system],
+                                  max_gpus=8, precision=_precision(gpu)))["recommendation"]
+    assert rec["energy_kwh"] is None and rec["days"] > 0
+
+
+def test_the_default_plan_leaves_out_systems_without_the_precision_and_says_why():
+    res = plan(SMALL, PlanOptions(tokens=1e9, seq_len=1024, global_batch_tokens=2**18, max_gpus=8))
+    notes = [r for r in res["reasons"] if "not considered" in r]
+    assert any(r.startswith("rtx6000ada-8 not considered") and "no bf16 peak" in r for r in notes)
+    assert res["recommendation"] is not None
+
+
+def test_a_cloud_instance_type_is_never_priced_at_its_gpus_market_price():
+    """azure-nd-mi300x-v5 has no price of its own in data/prices.toml: its cost is unknown
+    with the reason, not MI300X's market median (Azure lists its own rate); a catalog
+    server with the same GPU still takes the GPU's price."""
+    from mgbench.planner.cost import Prices
+
+    prices = Prices()
+    assert prices.lookup("mi300x-8", "mi300x")[0] is not None
+    usd, why = prices.lookup("azure-nd-mi300x-v5", "mi300x")
+    assert usd is None and "azure instance type azure-nd-mi300x-v5" in why and "--price azure-nd-mi300x-v5=USD" in why
+    assert Prices(None, ["azure-nd-mi300x-v5=6.0"]).lookup("azure-nd-mi300x-v5", "mi300x")[0] == 6.0
