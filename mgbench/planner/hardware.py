@@ -9,6 +9,8 @@ from .. import catalog
 # Read in catalog.py, which `mgbench comm` shares; the planner's modules take them from here.
 from ..catalog import links, systems
 from ..errors import MgbenchError
+from ..hardware_profile import (Figure, HardwareProfile, catalog_profile, efficiency_entries,
+                                median_measured_mem_fraction, shape_model)
 
 GB = 1e9
 
@@ -35,10 +37,30 @@ class Hardware:
     # gets from the same kernels (planner/stack.py, data/stacks.toml): compute time / this.
     stack_eff: float = 1.0
     stack: str = "megatron-lm"
-    # Fraction of peak the flash-attention kernel reaches on this GPU's generation
-    # (hardware.toml [planner] flash_attention_fraction); None: not recorded, attention's
-    # scores and values are priced as layer GEMMs (planner/perf.py flash_attention_s).
+    # Fraction of peak the fused attention kernel reaches on this GPU, forward + backward
+    # (efficiency.toml, attention); None: not recorded, attention's scores and values are
+    # priced as layer GEMMs (planner/perf.py flash_attention_s).
     attn_eff: float | None = None
+    # Where the efficiency came from (hardware_profile.HardwareProfile.evidence): "measured"
+    # on this accelerator (a public GEMM measurement of it, or a probe of this machine),
+    # "carried" from a named sibling, or "assumed" (uncertainty.py widens the interval by it).
+    evidence: str = "measured"
+    evidence_detail: str | None = None  # the figures' kinds and siblings, in words
+    # GEMMs priced at the layer's own shapes (planner/perf.py gemm_seconds): every GEMM pays
+    # gemm_fixed_s, and its operands stream at mem_bw x mem_bw_fraction, the two combined
+    # with the compute time by the p-norm gemm_norm (hardware_profile.shape_model). False:
+    # every GEMM at the asymptotic rate, as for a probe, whose GEMMs were timed at the
+    # workload's shapes.
+    gemm_shapes: bool = False
+    gemm_fixed_s: float = 0.0
+    gemm_norm: float = 1.5
+    # Achieved / datasheet device-memory bandwidth (efficiency.toml mem_bw): memory-bound
+    # work streams at mem_bw x this. 1: mem_bw is already achieved (a probe measured it).
+    mem_bw_fraction: float = 1.0
+    # The best FP8 GEMM's fraction of the FP8 peak over the best bf16 GEMM's of the bf16
+    # peak (efficiency.toml); None where FP8 was not measured. For FP8 pricing
+    # (layout_time), which today assumes 1.
+    fp8_gemm_ratio: float | None = None
     # Probed CPU profiles only (probe/profile.py): a step's unfused non-matmul work priced
     # op by op (planner/perf.py, host terms). None/0 elsewhere: the catalog's two-term
     # roofline (elementwise_passes) stands.
@@ -52,20 +74,65 @@ def planner_defaults() -> dict[str, Any]:
     return catalog.load("hardware.toml")["planner"]
 
 
+def profile(gpu: str) -> HardwareProfile | None:
+    """The catalog hardware profile of ``gpu`` (hardware.toml peaks, efficiency.toml
+    figures); None for an accelerator efficiency.toml has no entry for (a user's own, from a
+    --system-file): its efficiency is then assumed (:func:`efficiency_fields`)."""
+    if gpu not in efficiency_entries():
+        return None
+    return catalog_profile(gpu)
+
+
+def gemm_fraction(gpu: str) -> float | None:
+    """The best dense bf16 GEMM's fraction of ``gpu``'s peak (efficiency.toml gemm_best:
+    measured on it or carried from a sibling); None where none is known."""
+    p = profile(gpu)
+    return None if p is None else p.gemm_best.value
+
+
 def compute_efficiency(gpu: str) -> float:
-    """Default achievable fraction of dense peak for training matmuls (see hardware.toml):
-    the calibrated A100 value scaled by the GPU's best-matmul fraction (MAMF) relative
-    to the A100's, or the A100 value where no MAMF figure is recorded."""
+    """Default achievable fraction of dense peak for training matmuls: the calibrated
+    A100 value (hardware.toml [planner] matmul_eff) scaled by the GPU's best-GEMM fraction
+    relative to the A100's (efficiency.toml gemm_best), or the A100 value where no
+    fraction is known (an assumption, which the GPU's evidence then says)."""
     d = planner_defaults()
-    mamf = d["mamf_fraction"]
-    return float(d["matmul_eff"]) * mamf.get(gpu, mamf[d["calibrated_gpu"]]) / mamf[d["calibrated_gpu"]]
+    ref = gemm_fraction(d["calibrated_gpu"])
+    own = gemm_fraction(gpu)
+    return float(d["matmul_eff"]) * (ref if own is None else own) / ref
 
 
 def attention_efficiency(gpu: str) -> float | None:
-    """The flash-attention kernel's fraction of dense peak on ``gpu`` (hardware.toml
-    [planner] flash_attention_fraction); None where no figure is recorded."""
-    frac = planner_defaults().get("flash_attention_fraction", {}).get(gpu)
-    return None if frac is None else float(frac)
+    """The fused attention kernel's fraction of dense peak on ``gpu``, forward + backward
+    (efficiency.toml attention); None where no figure is recorded."""
+    p = profile(gpu)
+    return None if p is None else p.attention.value
+
+
+def efficiency_fields(gpu: str) -> dict[str, Any]:
+    """The Hardware fields that come from ``gpu``'s profile besides compute_eff and
+    attn_eff: its evidence, the GEMM shape model and the achieved memory bandwidth."""
+    p = profile(gpu)
+    sm = shape_model()
+    if p is None:
+        return {"evidence": "assumed", "gemm_shapes": True, "gemm_norm": sm["p"],
+                "gemm_fixed_s": catalog_profile(planner_defaults()["calibrated_gpu"]).gemm_fixed.value,
+                "mem_bw_fraction": median_measured_mem_fraction(),
+                "evidence_detail": f"{gpu}: no efficiency.toml entry: the {planner_defaults()['calibrated_gpu']}'s "
+                                   "GEMM fraction and small-GEMM cost, the median measured memory fraction (assumed)"}
+    ratio = None
+    if p.gemm_best_fp8.value is not None and p.gemm_best.value:
+        ratio = p.gemm_best_fp8.value / p.gemm_best.value
+    return {"evidence": p.evidence, "evidence_detail": evidence_detail(p), "gemm_shapes": True,
+            "gemm_norm": sm["p"], "gemm_fixed_s": p.gemm_fixed.value,
+            "mem_bw_fraction": p.mem_bw.value / p.mem_bw_peak.value, "fp8_gemm_ratio": ratio}
+
+
+def evidence_detail(p: HardwareProfile) -> str:
+    """The kinds of a profile's efficiency figures, in words, for reasons and reports."""
+    def one(name: str, f: Figure) -> str:
+        frm = f" from {f.carried_from}" if f.carried_from else ""
+        return f"{name} {f.kind}{frm}" + (" (none: priced as GEMMs)" if f.value is None and name == "attention" else "")
+    return f"{p.accelerator}: " + ", ".join(one(n, getattr(p, n)) for n in ("gemm_best", "attention", "mem_bw"))
 
 
 def _link(name: str) -> dict[str, Any]:
@@ -102,9 +169,15 @@ def resolve(system: str | None = None, gpu: str | None = None, precision: str = 
         s = {**s, "gpu": gpu, "max_power_kw": None}
         label = f"{system}[{gpu}]"
     acc = catalog.accelerator(s["gpu"])
-    peak = acc["tflops"].get(precision)
+    peak = acc.get("tflops", {}).get(precision)
     if peak is None:
-        raise MgbenchError(f"catalog has no {precision} peak for {s['gpu']}; choose another --precision")
+        have = ", ".join(acc.get("tflops", {})) or "none"
+        raise MgbenchError(f"catalog has no {precision} peak for {s['gpu']} (its source publishes none; peaks it "
+                           f"has: {have}); choose another --precision, or define your own accelerator with it "
+                           "in a --system-file")
+    missing = [k for k in ("memory_gb", "mem_bw_tbps") if acc.get(k) is None]
+    if missing:
+        raise MgbenchError(f"catalog has no {' or '.join(missing)} for {s['gpu']}: its memory cannot be modelled")
     intra, inter = _link(s["intra_link"]), _link(s["inter_link"])
     nic_share = s["nics_per_node"] / s["gpus_per_node"]
     return Hardware(
@@ -113,7 +186,9 @@ def resolve(system: str | None = None, gpu: str | None = None, precision: str = 
         gpus_per_node=s["gpus_per_node"],
         peak_tflops=float(peak),
         memory_bytes=float(acc["memory_gb"]) * GB,
-        tdp_w=float(acc["tdp_w"]),
+        # No sourced TDP (hardware.toml leaves the key out): unknown, NaN as for a probed
+        # profile's unknown GPU, so energy is null (search._row) rather than borrowed.
+        tdp_w=float(acc["tdp_w"]) if acc.get("tdp_w") is not None else float("nan"),
         intra_bw=intra["peak_gbps"] * GB * intra["bw_eff"] * comm_eff_scale,
         intra_alpha_s=intra["alpha_us"] * 1e-6,
         inter_bw=inter["peak_gbps"] * GB * inter["bw_eff"] * nic_share * comm_eff_scale,
@@ -123,4 +198,5 @@ def resolve(system: str | None = None, gpu: str | None = None, precision: str = 
         mem_bw=float(acc["mem_bw_tbps"]) * 1e12,
         elementwise_passes=float(planner_defaults()["elementwise_passes"]),
         attn_eff=attention_efficiency(s["gpu"]),
+        **efficiency_fields(s["gpu"]),
     )

@@ -65,7 +65,10 @@ def rules(shape: ModelShape | None, layout: Layout) -> dict[str, Any]:
             "heads": shape.heads % T == 0,
             "kv_heads": (shape.kv_heads % T == 0) | (T % shape.kv_heads == 0),
             "layers": np.where(P > 1, P * chunks, 1) <= shape.layers,
-            "experts": (E == 1) | ((D % E == 0) & (shape.experts % E == 0)) if shape.is_moe else (E == 1),
+            # Megatron-Core's MoE parallel folding: the ep group is ep of the tp x dp x cp
+            # ranks of a pipeline stage (attention's tp folds into it), as the MoE step and
+            # memory terms price it (planner/moe.py).
+            "experts": (E == 1) | (((T * D * C) % E == 0) & (shape.experts % E == 0)) if shape.is_moe else (E == 1),
         })
     return out
 
@@ -88,8 +91,8 @@ MESSAGES: dict[str, Callable[[Any, ModelShape], str]] = {
     "kv_heads": lambda L, s: f"tp={L.tp} neither divides nor is a multiple of the {s.kv_heads} kv heads",
     "layers": lambda L, s: (f"pp={L.pp} x {chunks_per_rank(L.schedule, L.virtual_stages)} virtual stage(s) exceeds "
                             f"the {s.layers} layers"),
-    "experts": lambda L, s: (f"--ep {L.ep} must divide the {s.experts} experts and the {L.dp} data-parallel ranks "
-                             "(experts are sharded over ep of them)"),
+    "experts": lambda L, s: (f"--ep {L.ep} must divide the {s.experts} experts and the {L.tp * L.dp * L.cp} ranks "
+                             "of a pipeline stage (tp x dp x cp: Megatron-Core's MoE parallel folding)"),
     "cp_seq": lambda L, s: (f"--cp {L.cp}: the sequence ({L.seq_len}) must split into 2 x cp = {2 * L.cp} equal chunks "
                             "(causal load balancing); choose a --seq-len that is a multiple of it"),
     "offload": lambda L, s: "--offload is modelled for FSDP2's ZeRO-3 sharding: add --zero 3",

@@ -5,7 +5,7 @@ HSDP, CPU offload). `predict`, `plan`'s vectorised search, the validation tables
 the run's closing projection all call it; calibration fits coefficients of the same
 FLOP and collective counts (perf.hardware_flops_per_token, perf.collective_counts).
 
-    step = compute + bubble + tp_comm + pp_comm + exposed_dp_comm
+    step = compute (+ moe) + bubble + tp_comm + pp_comm + exposed_dp_comm
            + ep_comm + cp_comm + offload
 
 compute   perf's; with context parallelism each of the cp ranks computes s / cp tokens
@@ -20,11 +20,19 @@ compute   perf's; with context parallelism each of the cp ranks computes s / cp 
 bubble    perf's: the schedule's theoretical idle fraction f (strategies/schedules.py's
           :func:`theoretical_bubble`, the one place for it), bubble = blocks x f / (1 - f),
           on the blocks' compute after the fp8 speed-up.
-ep_comm   4 uneven all-to-alls per MoE layer and micro-batch (dispatch and combine,
-          forward and backward; 2 more per recomputed MoE layer), each moving
-          tokens x top_k x h x e x (ep - 1) / ep bytes per rank, on NVLink when the ep
-          group fits in a node, else the NIC share; not overlapped (DualPipe-style
-          overlap of all-to-all with compute is not modelled).
+ep_comm   the expert-parallel all-to-alls by scope (planner/moe.py): dispatch and
+          combine, forward and backward, per MoE layer and micro-batch, their rows split
+          between the node's NVLink and the network by the group's placement (ep
+          consecutive ranks) and the dispatcher (one row per expert, or DeepEP's one per
+          node and GPU, where node-limited routing pays), FP8 dispatch where the run does
+          it, at the busiest receiver's load; exposed all of it, or under DualPipe /
+          Megatron-Core's EP overlap only what the paired micro-batch's compute cannot
+          cover (moe.exposed_a2a). Its options (moe.MoeOptions): ``moe`` or moe.current().
+moe       compute the MoE layers add to perf's (in the blocks, so the bubble scales too):
+          the busiest rank's extra expert rows (load - 1 of perf's expert_gemm_s, or of
+          the routed experts' FLOP share of the linears where perf reports none), the
+          Megatron-Core recompute modules the run names, and the token permutation
+          around the all-to-alls (memory-bound).
 cp_comm   the all-gather form of context parallelism: per block and micro-batch an
           all-gather of K and V (s b 2 k e / t bytes in all, k = kv heads x head dim)
           and a reduce-scatter of their gradients (ring collectives over cp ranks, plus
@@ -54,6 +62,7 @@ from .. import catalog
 from ..errors import MgbenchError
 from ..model_shape import ModelShape
 from ..strategies.schedules import bubble_unknown_reason
+from . import moe as moe_terms
 from . import perf
 from .hardware import GB, Hardware
 from .memory import VIRTUAL_SCHEDULES, act_bytes, attention_recomputed_share, recomputed_share, stage_param_split
@@ -96,20 +105,6 @@ def host_link_bw(hw: Hardware) -> float:
     return float(link["peak_gbps"]) * GB * float(link["bw_eff"])
 
 
-def ep_all_to_all_s(shape: ModelShape, hw: Hardware, *, tokens: Any, ep: Any, span: Any, precision: str,
-                    moe_layers: Any, num_micro: Any, recompute: Any, layers: Any) -> Any:
-    """Seconds of expert-parallel all-to-all per step (see the module docstring).
-    ``tokens``: one rank's tokens per micro-batch; ``moe_layers`` of the ``layers``
-    blocks of its stage; ``span``: consecutive GPUs the ep group covers."""
-    e = act_bytes(precision)
-    n = np.asarray(ep, dtype=float)
-    nbytes = np.asarray(tokens, dtype=float) * shape.top_k * shape.hidden * e * (n - 1.0) / np.maximum(n, 1.0)
-    bw, alpha = perf._group_link(span, hw)
-    one = np.where(n > 1, (n - 1.0) * alpha + nbytes / bw, 0.0)
-    recomputed = recomputed_share(layers, recompute)
-    return (4.0 + 2.0 * recomputed) * np.asarray(moe_layers, dtype=float) * np.asarray(num_micro, dtype=float) * one
-
-
 def cp_kv_exchange_s(shape: ModelShape, hw: Hardware, *, seq: Any, micro_batch: Any, tp: Any, cp: Any, span: Any,
                      precision: str, layers: Any, num_micro: Any, recompute: Any) -> Any:
     """Seconds of context-parallel K/V exchange per step (see the module docstring):
@@ -145,8 +140,17 @@ def dp_comm_s(hw: Hardware, *, dense: Any, expert: Any, tp: Any, dpc: Any, ep: A
             + perf.ring_time(gb, shard, bw_s, a_s, 1.0) + perf.ring_time(gb / shard, r, bw_all, a_all, 2.0)
         return np.where(z >= 3, z3, allreduce)
 
-    # (A dense model has no expert group: not even its latency terms.)
-    experts = np.where(np.asarray(expert) > 0, group(expert, d / np.asarray(ep, dtype=float), 1.0), 0.0)
+    # Routed experts: replicated over the t x dp x cp / ep ranks of their expert
+    # data-parallel group (MoE parallel folding, planner/moe.py: an ep group is ep
+    # consecutive ranks, so a replica is ep ranks from the next and the group spans all
+    # t x dp x cp of them). (A dense model has no expert group: not even its latency terms.)
+    n_e = t * d / np.asarray(ep, dtype=float)
+    bw_e, a_e = perf._group_link(t * d, hw)
+    gb_e = np.asarray(expert, dtype=float) * g
+    expert_z3 = perf.zero3_gathers(m, pp, schedule) * perf.ring_time(np.asarray(expert, dtype=float) * w, n_e, bw_e,
+                                                                    a_e, 1.0) + perf.ring_time(gb_e, n_e, bw_e, a_e, 1.0)
+    experts = np.where(np.asarray(expert) > 0,
+                       np.where(z >= 3, expert_z3, perf.ring_time(gb_e, n_e, bw_e, a_e, 2.0)), 0.0)
     return group(dense, d, np.asarray(replicas, dtype=float)) + experts
 
 
@@ -154,10 +158,12 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
               dp: Any, zero: Any, recompute: Any, precision: str = "bf16", schedule: str = "1f1b",
               virtual_stages: int = 1, overlap: float = perf.DEFAULT_OVERLAP, sp: Any = False, flash: Any = True,
               ep: Any = 1, cp: Any = 1, replicas: Any = 1, offload: bool = False,
-              host_ops: dict[str, float] | None = None) -> dict[str, Any]:
+              host_ops: dict[str, float] | None = None, moe: moe_terms.MoeOptions | None = None) -> dict[str, Any]:
     """Predicted step time and its parts for a layout with every axis (arrays
     broadcast); the step, its named terms in ``breakdown`` and ``notes``.
-    ``hw`` is resolved at :func:`hardware_precision` (bf16 for fp8)."""
+    ``hw`` is resolved at :func:`hardware_precision` (bf16 for fp8); ``moe``: how an MoE
+    model routes and moves its tokens (None: moe.current(), the defaults outside a
+    moe.using block)."""
     c = np.asarray(cp, dtype=float)
     d = np.asarray(dp, dtype=float)
     dense_p, expert_p = stage_param_split(shape, tp, pp, ep)
@@ -165,7 +171,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     v = virtual_stages if virtual else 1
     b = perf.compute_terms(shape, hw, seq=seq, global_batch=global_batch, micro_batch=np.asarray(micro_batch) / c,
                            tp=tp, pp=pp, dp=d * c, recompute=recompute, precision=hardware_precision(precision),
-                           sp=sp, flash=flash, host_ops=host_ops)
+                           sp=sp, flash=flash, host_ops=host_ops, ep=ep)
     m = b["num_micro_batches"]
     s = np.asarray(seq, dtype=float)
     rc = np.asarray(recompute)
@@ -178,6 +184,25 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         ratio = hw.peak_tflops / fp8_peak_tflops(hw)
         blocks = blocks - b["linear_s"] * (1.0 - ratio) / hw.stack_eff
         notes.append(FP8_EFF_NOTE)
+    lps = np.ceil(shape.layers / p)
+    opts = moe if moe is not None else moe_terms.current()
+    e = act_bytes(precision)
+    tokens_rank = s * np.asarray(micro_batch, dtype=float) / (c * t)  # a rank's tokens (sequence parallel over tp)
+    moe_layers = np.minimum(lps, shape.moe_layers)
+    zero_s = 0.0 * blocks
+    imbalance_s, moe_recompute_s, permute_s, a2a, ep_comm = zero_s, zero_s, zero_s, zero_s, zero_s
+    if shape.is_moe:
+        linear_scale = (ratio if precision == "fp8" else 1.0) / hw.stack_eff  # the linears' seconds as run
+        expert = np.asarray(b.get("expert_gemm_s", zero_s), dtype=float)
+        expert = np.where(expert > 0, expert, b["linear_s"] * moe_terms.expert_share_of_linear(shape, lps))
+        imbalance_s = expert * (opts.load - 1.0) * linear_scale
+        rank_tokens = np.asarray(global_batch, dtype=float) * s * lps / shape.layers / (t * d * c)
+        rc_flops = moe_terms.recompute_flops_per_token(shape, opts.recompute_modules, opts.load)
+        moe_recompute_s = rc_flops * rank_tokens / (hw.peak_tflops * 1e12 * hw.compute_eff) * linear_scale
+        permute_s = moe_terms.permute_seconds(shape, hw, tokens=tokens_rank, act_bytes=e, opts=opts,
+                                              moe_layers=moe_layers, num_micro=m) / hw.stack_eff
+        blocks = blocks + imbalance_s + moe_recompute_s + permute_s
+        notes.append(moe_terms.note(opts, schedule))
     compute = blocks + b["head_s"]
     f = perf.bubble_fraction(p, m, schedule, v)
     if np.any(np.isnan(f)):
@@ -187,13 +212,12 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         notes.append(bubble_unknown_reason(pi, mi, schedule) or "bubble unknown")
     bubble = blocks * f / (1.0 - f)
 
-    lps = np.ceil(shape.layers / p)
-    tokens_micro = s * np.asarray(micro_batch, dtype=float) / c
-    span_ep = t * c * np.asarray(ep, dtype=float)
-    ep_comm = 0.0 * compute
     if shape.is_moe:
-        ep_comm = ep_all_to_all_s(shape, hw, tokens=tokens_micro, ep=ep, span=span_ep, precision=precision,
-                                  moe_layers=np.minimum(lps, shape.moe_layers), num_micro=m, recompute=rc, layers=lps)
+        rerun = moe_terms.moe_rerun_share(shape, opts.recompute_modules, recomputed_share(lps, rc))
+        a2a = moe_terms.a2a_per_step(shape, hw, tokens=tokens_rank, ep=ep, act_bytes=e, opts=opts,
+                                     moe_layers=moe_layers, num_micro=m, moe_rerun_share=rerun)
+        ep_comm = moe_terms.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule=schedule, virtual_stages=v,
+                                        opts=opts)
     cp_comm = cp_kv_exchange_s(shape, hw, seq=s, micro_batch=micro_batch, tp=t, cp=c, span=t * c,
                                precision=precision, layers=lps, num_micro=m, recompute=rc)
 
@@ -227,7 +251,9 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     }
     terms = {k: v for k, v in b.items() if k not in ("num_micro_batches", "blocks_s")}
     res["breakdown"] = {**terms, "compute_s": compute, "bubble_s": bubble, "bubble_fraction": f, "dp_comm_s": dp_comm,
-                        "exposed_dp_comm_s": exposed_dp, "ep_comm_s": ep_comm, "cp_comm_s": cp_comm,
+                        "exposed_dp_comm_s": exposed_dp, "ep_comm_s": ep_comm, "ep_a2a_s": a2a,
+                        "moe_imbalance_s": imbalance_s, "moe_recompute_s": moe_recompute_s,
+                        "moe_permute_s": permute_s, "cp_comm_s": cp_comm,
                         "offload_s": offload_s,
                         "exposed_comm_s": b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s}
     res["notes"] = notes

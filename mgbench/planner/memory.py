@@ -152,25 +152,36 @@ def stage_param_split(shape: ModelShape, tp: Any, pp: Any, ep: Any = 1) -> tuple
     return dense, expert
 
 
-def moe_mlp_extra(shape: ModelShape, tokens: Any, tp: Any, precision: str) -> Any:
+def moe_mlp_extra(shape: ModelShape, tokens: Any, tp: Any, precision: str, load: float = 1.0,
+                  modules: tuple[str, ...] = ()) -> Any:
     """Bytes an MoE block saves for backward beyond a dense block of width ffn_hidden
     (what :func:`layer_activations` counts), for ``tokens`` tokens. Zero for a dense model.
 
-    Per token, e bytes an element: each of its top_k routed rows keeps the dispatched
-    input and the expert's output (2 e h: the routing buffers expert parallelism sends
-    and receives) and a SwiGLU's four F_e-wide tensors (4 e F_e); the shared experts'
-    SwiGLU, split over tp like a dense MLP, 4 e (shared x F_e) / t; the router's logits
-    (e E) and fp32 probabilities (4 E). On average over balanced ranks a rank computes
-    as many routed rows as its own tokens send out, so the count holds under expert
-    parallelism; load imbalance raises it on the busiest rank (not modelled)."""
+    As Megatron-Core's grouped MLP keeps them, e bytes an element, per token and each of
+    its top_k routed rows: the first grouped GEMM's input (e h: the dispatched row), the
+    fused SwiGLU's input (2 e F_e: the gate and up projections, with the routing
+    probability applied inside the activation since Megatron-Core 0.13, so that the
+    second GEMM's output is not kept for the combine) and the second grouped GEMM's
+    input (e F_e) - the all-to-alls and the permutation keep nothing; the shared experts'
+    MLP likewise, split over tp, 3 e (shared x F_e) / t; the router's logits (e E) and fp32
+    probabilities (4 E); less the dense MLP layer_activations counted (4 e F, 2 for GELU).
+    ``load``: the busiest expert-parallel rank's routed rows over the mean (planner/moe.py
+    MoeOptions.load): that rank holds that many more routed rows. ``modules``:
+    Megatron-Core recompute_modules (MoeOptions.recompute_modules): "moe_act" discards
+    the activation's output (the second GEMM's input, e F_e a row) and runs it again;
+    "moe" checkpoints the whole MoE MLP, which then keeps only its input (counted by
+    layer_activations as the norm's output)."""
     if not shape.is_moe:
         return 0.0 * np.asarray(tokens, dtype=float)
     e = act_bytes(precision)
     t = np.asarray(tp, dtype=float)
     h, fe = shape.hidden, shape.moe_ffn_hidden
-    routed = shape.top_k * (2.0 * e * h + 4.0 * e * fe)
-    shared = 4.0 * e * shape.shared_experts * fe / t
+    act = 0.0 if "moe_act" in modules else 1.0
+    routed = load * shape.top_k * e * (h + (2.0 + act) * fe)
+    shared = (2.0 + act) * e * shape.shared_experts * fe / t
     router = (e + 4.0) * shape.experts
+    if "moe" in modules:
+        routed = shared = router = 0.0
     dense_mlp = (4.0 if shape.gated_mlp else 2.0) * e * shape.ffn_hidden / t
     return np.asarray(tokens, dtype=float) * (routed + shared + router - dense_mlp)
 
@@ -240,7 +251,8 @@ def model_states(params: Any, dp: Any, zero: Any, precision: str,
 
 
 def layer_activations(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precision: str,
-                      flash: Any = True, seq: Any = None, selective: Any = False, op_sac: Any = False) -> Any:
+                      flash: Any = True, seq: Any = None, selective: Any = False, op_sac: Any = False,
+                      mla_up_proj: bool = False) -> Any:
     """Bytes one transformer block of mgbench's workload saves for backward, for
     ``tokens`` tokens (micro-batch x sequence), per tensor-parallel rank.
 
@@ -269,6 +281,13 @@ def layer_activations(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precisio
     log-sum-exp (e q / t + 4 a / t) and half of the matmul outputs: of q, k, v and the
     MLP's w1 (and w3) outputs (e (q + 2 k + n F) / 2 / t, n = 2 gated, 1 otherwise) and
     of the two h-wide outputs, wo's and w2's (e h, per rank as the block input is).
+
+    Multi-head latent attention (:func:`mla_attention_bytes`) at its own widths: q and
+    k at nope + rope a head, the values and the output at v_head_dim, the up-projection
+    of keys and values whole (the values are a view of it), and the compressed latents
+    with their norms. ``mla_up_proj`` (Megatron-Core's recompute module of that name:
+    the up-projections and rotary parts run again in backward, their outputs discarded)
+    keeps of the heads only the attention output (e a v), beside the latents.
     """
     N = np.asarray(tokens, dtype=float)
     t = np.asarray(tp, dtype=float)
@@ -279,13 +298,60 @@ def layer_activations(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precisio
     sel = np.asarray(selective, dtype=bool)
     norm_own = 2.0 * e * h + NORM_SCALAR_BYTES
     norms = 2.0 * (np.where(sp, norm_own / t, norm_own) + e * h)
-    attn = (e * (2.0 * q + 2.0 * k) + np.where(sel, 0.0, LSE_BYTES * a)) / t
+    if shape.is_mla:
+        heads_b, latent_b = mla_attention_bytes(shape, e)
+        if mla_up_proj:
+            heads_b = e * a * shape.v_dim
+        attn = (heads_b + np.where(sel, 0.0, LSE_BYTES * a)) / t + latent_b
+        # op-level: attention's output (a v wide) and half the projections' outputs.
+        out_w = a * shape.v_dim
+        proj_w = mla_projection_widths(shape)
+    else:
+        attn = (e * (2.0 * q + 2.0 * k) + np.where(sel, 0.0, LSE_BYTES * a)) / t
+        out_w, proj_w = q, q + 2.0 * k
     mlp = (4.0 if shape.gated_mlp else 2.0) * e * F / t
     scores = 0.0 if seq is None else np.where(flash | sel, 0.0, 5.0 * a * np.asarray(seq, dtype=float) * e / 2.0 / t)
     n_f = 2.0 if shape.gated_mlp else 1.0
     wide = np.where(sp, e * h / t, e * h)  # an h-wide tensor per rank
-    op = wide + (e * q + LSE_BYTES * a) / t + e * (q + 2.0 * k + n_f * F) / 2.0 / t + wide
+    op = wide + (e * out_w + LSE_BYTES * a) / t + e * (proj_w + n_f * F) / 2.0 / t + wide
     return N * np.where(np.asarray(op_sac, dtype=bool), op, norms + attn + mlp + scores)
+
+
+def mla_attention_bytes(shape: ModelShape, e: float) -> tuple[float, float]:
+    """(per-head bytes, latent bytes) multi-head latent attention saves for backward per
+    token, e bytes an element (the log-sum-exp apart), as DeepSeek-V2's formulas run
+    (arXiv:2405.04434, eqs. 9-19) in mgbench's MLAttention on CUDA and in Megatron-Core's
+    MLA alike:
+
+    - per head, split over tensor-parallel ranks: the rotated queries and the keys the
+      kernel reads (nope + rope each: the shared rotary key is broadcast to every head
+      and concatenated), the up-projection's output kv = [k_nope, v] kept whole (the
+      values are a view of it: nope + v), and the attention output (v):
+      e a (2 (nope + rope) + nope + 2 v);
+    - the compressed latents, not split over tensor-parallel ranks (the down-projections
+      are replicated): the kv down-projection's output c_kv with the rotary key
+      (r_kv + rope, what the norm's input view keeps), the normalised latent and its
+      output for the up-projection (2 r_kv), the query latent's norm input, normalised
+      value and output (3 r_q, with a query latent), each norm with its fp32 scalars.
+
+    Grouped-query attention's count at q/k width (4 a (nope + rope)) differs from this by
+    the v / qk widths and the latents: for DeepSeek-V3 they are equal per head (768 a
+    either way), and the latents add 6,208 elements and 16 bytes a token."""
+    a, qk, v, nope, rope = shape.heads, shape.qk_head_dim, shape.v_dim, shape.qk_nope_head_dim, shape.qk_rope_head_dim
+    heads = e * a * (2.0 * qk + nope + 2.0 * v)
+    latent = e * (shape.kv_lora_rank + rope) + 2.0 * e * shape.kv_lora_rank + NORM_SCALAR_BYTES
+    if shape.q_lora_rank is not None:
+        latent += 3.0 * e * shape.q_lora_rank + NORM_SCALAR_BYTES
+    return heads, latent
+
+
+def mla_projection_widths(shape: ModelShape) -> float:
+    """Elements a token's MLA projections output: the query latent and its up-projection
+    (or the one query projection), the kv down-projection with the rotary key, and the
+    kv up-projection (what op-level checkpointing keeps half of, as q, k, v for GQA)."""
+    a = shape.heads
+    q = a * shape.qk_head_dim + (shape.q_lora_rank or 0)
+    return q + shape.kv_lora_rank + shape.qk_rope_head_dim + a * (shape.qk_nope_head_dim + shape.v_dim)
 
 
 def checkpointed_layer(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precision: str) -> Any:
@@ -422,8 +488,9 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     The axes of issue 17:
 
     - ``ep``: routed experts sharded over ep ranks (:func:`stage_param_split`); their
-      ZeRO group is the data-parallel group / ep (the expert data-parallel ranks);
-      MoE blocks' activations by :func:`moe_mlp_extra`;
+      ZeRO group is the expert data-parallel ranks, tp x dp x cp / ep (MoE parallel
+      folding: with tp = 1 the data-parallel group / ep); MoE blocks' activations by
+      :func:`moe_mlp_extra`, at the busiest rank's load (planner/moe.py current());
     - ``cp``: each rank holds s / cp tokens of each sequence, so every per-token
       activation is divided by cp; ZeRO shards over dp x cp (the cp ranks hold the same
       weights: torchtitan's FSDP mesh); plus :func:`cp_kv_bytes`;
@@ -465,8 +532,11 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     p_arr = np.asarray(pp)
     dense_p, expert_p = stage_param_split(shape, tp, pp, ep)
     sb = None if precision == "fp32" else state_bytes  # fp32 training keeps fp32 everything
+    # Routed experts' ZeRO group: their expert data-parallel ranks, t x dp x cp / ep
+    # (MoE parallel folding, planner/moe.py: ep consecutive ranks of the t x dp x cp).
+    egroup = np.maximum(zgroup * np.asarray(tp, dtype=float) / np.asarray(ep, dtype=float), 1.0)
     states = _add_states(model_states(dense_p, zgroup, zero, precision, sb),
-                         model_states(expert_p, zgroup / np.asarray(ep, dtype=float), zero, precision, sb))
+                         model_states(expert_p, egroup, zero, precision, sb))
     states, host = _offloaded(states, offload)
     held = pipeline_fsdp_holds_stage(pp, zero)
     stage_w = dense_p + expert_p
@@ -479,10 +549,16 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     rc = np.asarray(recompute)
     lps = np.ceil(shape.layers / np.asarray(pp, dtype=float))
     ck = recomputed_blocks(lps, rc)
+    from .moe import current as moe_options
+
+    # The MoE options in force (planner/moe.py): the busiest rank's load and the
+    # Megatron-Core recompute modules that discard saved tensors.
+    mopts = moe_options()
     full_l = layer_activations(shape, tokens, tp, sp, precision, flash, seq, selective=rc == SELECTIVE,
-                               op_sac=rc == OP_SAC)
-    if shape.is_moe:  # the mean block of the stage: its MoE blocks save more
-        full_l = full_l + moe_mlp_extra(shape, tokens, tp, precision) * np.minimum(lps, shape.moe_layers) / lps
+                               op_sac=rc == OP_SAC, mla_up_proj="mla_up_proj" in mopts.recompute_modules)
+    if shape.is_moe:  # the mean block of the stage: its MoE blocks save more (at the busiest rank's load)
+        full_l = full_l + moe_mlp_extra(shape, tokens, tp, precision, mopts.load, mopts.recompute_modules) \
+            * np.minimum(lps, shape.moe_layers) / lps
     ck_l = checkpointed_layer(shape, tokens, tp, sp, precision)
     blocks = (lps - ck) * full_l + ck * ck_l
     e = act_bytes(precision)
@@ -999,7 +1075,9 @@ def _runner_block_extra(shape: ModelShape, index: int, e: float, tp: int, ep: in
     qk = nope + rope) and its log-sum-exp (as counted), and for values and output: on CPU
     the padded v and output (e a qk each) and wo's contiguous copy of the cut output
     (e a v); on CUDA wkv_b's output, which the saved v keeps (e a (nope + v)), and the
-    output (e a v). layer_activations counted 4 e a qk for q, k, v and output.
+    output (e a v). layer_activations counts the CUDA form (:func:`mla_attention_bytes`)
+    with the latents whole on every tensor-parallel rank: what is left here is the CPU
+    form's difference and the runner's split of the latents over tp.
 
     An MoE block (workloads/moe.py), per token and its top_k routed rows: the router's
     fp32 probabilities (4 E), the top-k ids (int64) and fp32 probabilities and their sum;
@@ -1011,16 +1089,13 @@ def _runner_block_extra(shape: ModelShape, index: int, e: float, tp: int, ep: in
     planner's :func:`moe_mlp_extra` counts 2 e h a row and no indices.)"""
     extra = 0.0
     if shape.is_mla:
-        a, qk, v, rope = shape.heads, shape.dim_head, shape.v_dim, shape.qk_rope_head_dim
-        r_q, r_kv = shape.q_lora_rank, shape.kv_lora_rank
-        norms = e * (r_kv + rope) + 2.0 * e * r_kv + NORM_SCALAR_BYTES
-        if r_q is not None:
-            norms += 3.0 * e * r_q + NORM_SCALAR_BYTES
-        if device == "cpu" and v < qk:
-            sdpa = e * a * (4.0 * qk + v)
-        else:
-            sdpa = e * a * (2.0 * qk + shape.qk_nope_head_dim + 2.0 * v)
-        extra += (norms + sdpa - 4.0 * e * a * qk) / tp
+        # layer_activations counts MLA as it runs on CUDA (mla_attention_bytes), the
+        # latents whole on every rank; the runner splits them over tp too and, on CPU,
+        # pads v to qk for SDPA.
+        a, qk, v = shape.heads, shape.dim_head, shape.v_dim
+        heads_b, latent_b = mla_attention_bytes(shape, e)
+        sdpa = e * a * (4.0 * qk + v) if device == "cpu" and v < qk else heads_b
+        extra += (sdpa - heads_b) / tp + latent_b / tp - latent_b
     if shape.is_moe_layer(index):
         h, k, fe = shape.hidden, shape.top_k, shape.moe_ffn_hidden
         per_row = 3.0 * e * h + 4.0 * e * fe + 4.0 + 16.0 + (16.0 if ep > 1 else 0.0)

@@ -5,16 +5,27 @@ layout_time.step_time (the one step model) adds them up:
 
 compute   matmuls + memory-bound elementwise work (a two-term roofline):
           hardware FLOPs (model + recomputation) / (GPUs x peak x matmul efficiency)
-          + elementwise passes x activation bytes / memory bandwidth, where the
-          activation bytes per token and layer are Korthikanti et al.'s (memory.py):
+          + elementwise passes x activation bytes / achieved memory bandwidth, where
+          the activation bytes per token and layer are Korthikanti et al.'s (memory.py):
           norms, softmax, activations and dropout read and write about that much
           memory several times per step. Small models are dominated by the second
           term, large ones by the first, which is why MFU grows with model size.
+          The memory bandwidth is the achieved one (efficiency.toml mem_bw: a STREAM
+          triad measured on the GPU, or carried), not the datasheet's.
+          On a catalog GPU (``hw.gemm_shapes``) each GEMM of a layer is priced at its
+          own shape (:func:`gemm_seconds`): a fixed cost per GEMM (small GEMMs) and its
+          operand traffic at the achieved bandwidth (skinny GEMMs: MoE experts with few
+          tokens each, small hidden sizes), combined with the compute time by the
+          p-norm of hardware_profile.shape_model, both read off measured GEMM sweeps.
+          Large GEMMs run at the matmul efficiency's rate as before. The routed
+          experts' GEMMs run as one grouped GEMM per matrix, each expert with
+          m = ep x tokens x top_k / (t x experts) rows (its share of the tokens the ep
+          ranks route): their seconds are ``expert_gemm_s``.
           With flash attention, attention's scores and values do not run as layer GEMMs
           but in the fused kernel, at the fraction of peak that kernel reaches on the
-          GPU's generation (hardware.toml [planner] flash_attention_fraction, FlashAttention-2
-          on A100 and H100): the causal half of their FLOPs at that rate (see
-          :func:`attention_terms`).
+          GPU (efficiency.toml attention: FlashAttention-2 measured on A100, H100, H200,
+          MI300X, carried to their siblings): the causal half of their FLOPs at that
+          rate (see :func:`flash_attention_s`).
 bubble    the schedule's theoretical idle fraction f (strategies/schedules.py's
           :func:`theoretical_bubble`, the one place for it): bubble = blocks x f / (1 - f),
           for 1F1B (p - 1) / m of a block stage's micro-batches, interleaving over v
@@ -195,6 +206,87 @@ def flash_attention_s(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any,
     return 0.5 * attention_flops_per_token(shape, seq, recompute) * rank_tokens / (hw.peak_tflops * 1e12 * hw.attn_eff)
 
 
+def gemm_seconds(flops: Any, nbytes: Any, hw: Hardware, rate: float) -> Any:
+    """Seconds of one GEMM of ``flops`` FLOPs moving ``nbytes`` bytes (operands read,
+    result written) on ``hw`` at the large-GEMM ``rate`` (FLOP/s): the fixed cost
+    ``hw.gemm_fixed_s`` plus the p-norm (``hw.gemm_norm``) of the compute time and the
+    memory time at the achieved bandwidth (hardware_profile.gemm_kernel_seconds, arrays)."""
+    a = np.asarray(flops, dtype=float) / rate
+    b = np.asarray(nbytes, dtype=float) / (hw.mem_bw * hw.mem_bw_fraction)
+    p = hw.gemm_norm
+    norm = np.maximum(a, b) if np.isinf(p) else (a ** p + b ** p) ** (1.0 / p)
+    return hw.gemm_fixed_s + norm
+
+
+def _gemm(m: Any, k: Any, n: Any, e: float) -> tuple[Any, Any]:
+    """(FLOPs, bytes) of an m x k by k x n product with ``e``-byte elements."""
+    return 2.0 * m * k * n, e * (m * k + k * n + m * n)
+
+
+def block_gemm_classes(shape: ModelShape) -> dict[str, Any]:
+    """The GEMMs of one block, by the widths that set their shapes (the rest of a block's
+    matmul weights, if any, is priced at the large-GEMM rate): attention's input
+    projection (q, k, v, or MLA's down / up chain as one: its weights / h columns) and
+    output projection; a dense block's MLP; an MoE block's router, shared experts and
+    routed experts (each of width moe_ffn_hidden, two or three matrices)."""
+    h = shape.hidden
+    out_w = shape.heads * shape.v_dim * h
+    mlp_mats = 3 if shape.gated_mlp else 2
+    return {"attn_in_n": (shape._attn_params() - out_w) / h, "attn_out_k": shape.heads * shape.v_dim,
+            "mlp_up_n": (mlp_mats - 1) * shape.ffn_hidden, "mlp_down_k": shape.ffn_hidden,
+            "expert_up_n": 2 * shape.moe_ffn_hidden, "expert_down_k": shape.moe_ffn_hidden,
+            "moe_frac": shape.moe_layers / shape.layers}
+
+
+def shaped_gemms(shape: ModelShape, hw: Hardware, *, tokens_micro: Any, tp: Any, ep: Any, passes: Any,
+                 rate: float, precision: str) -> dict[str, Any]:
+    """Seconds per block and micro-batch pass-weighted (``passes``: forward, the two
+    backward GEMMs and the recomputed forward share) of a block's GEMMs at their shapes,
+    averaged over dense and MoE blocks, and their FLOPs; ``expert_s`` the routed experts'
+    part. Column-parallel widths and row-parallel depths are split over ``tp``; routed
+    experts are not (memory.stage_param_split): the tp ranks split the tokens instead."""
+    c = block_gemm_classes(shape)
+    h = float(shape.hidden)
+    e = act_bytes(precision)
+    T = np.asarray(tokens_micro, dtype=float)
+    t = np.asarray(tp, dtype=float)
+    f_in, b_in = _gemm(T, h, c["attn_in_n"] / t, e)
+    f_out, b_out = _gemm(T, c["attn_out_k"] / t, h, e)
+    flops = f_in + f_out
+    secs = gemm_seconds(f_in, b_in, hw, rate) + gemm_seconds(f_out, b_out, hw, rate)
+    expert = 0.0 * T
+    if c["moe_frac"] < 1.0:  # dense blocks' MLP
+        f_up, b_up = _gemm(T, h, c["mlp_up_n"] / t, e)
+        f_dn, b_dn = _gemm(T, c["mlp_down_k"] / t, h, e)
+        w = 1.0 - c["moe_frac"]
+        flops = flops + w * (f_up + f_dn)
+        secs = secs + w * (gemm_seconds(f_up, b_up, hw, rate) + gemm_seconds(f_dn, b_dn, hw, rate))
+    if c["moe_frac"] > 0.0:
+        w = c["moe_frac"]
+        E, k_top = float(shape.experts), float(shape.top_k)
+        f_r, b_r = _gemm(T / t, h, E, e)  # the router, on the rank's share of the tokens
+        moe_f, moe_s = f_r, gemm_seconds(f_r, b_r, hw, rate)
+        if shape.shared_experts:
+            ws = float(shape.shared_experts)
+            f_su, b_su = _gemm(T, h, ws * c["expert_up_n"] / t, e)
+            f_sd, b_sd = _gemm(T, ws * c["expert_down_k"] / t, h, e)
+            moe_f = moe_f + f_su + f_sd
+            moe_s = moe_s + gemm_seconds(f_su, b_su, hw, rate) + gemm_seconds(f_sd, b_sd, hw, rate)
+        n_ep = np.asarray(ep, dtype=float)
+        local = E / n_ep  # experts on this rank
+        m_e = n_ep * (T / t) * k_top / E  # rows each local expert gets (balanced routing)
+        f_eu, b_eu = _gemm(m_e, h, c["expert_up_n"], e)
+        f_ed, b_ed = _gemm(m_e, c["expert_down_k"], h, e)
+        # One grouped GEMM per matrix: one fixed cost, every local expert's own shape.
+        each = gemm_seconds(f_eu, b_eu, hw, rate) + gemm_seconds(f_ed, b_ed, hw, rate) - 2.0 * hw.gemm_fixed_s
+        grouped = 2.0 * hw.gemm_fixed_s + local * each
+        expert = w * grouped
+        flops = flops + w * (moe_f + local * (f_eu + f_ed))
+        secs = secs + w * moe_s + expert
+    pw = np.asarray(passes, dtype=float)
+    return {"seconds": secs * pw, "flops": flops * pw, "expert_s": expert * pw}
+
+
 def host_terms(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any, rank_tokens: Any,
                host_ops: dict[str, float]) -> tuple[Any, Any, Any]:
     """The probed CPU terms of one rank's step: (attention seconds the matmul term had
@@ -227,7 +319,7 @@ def host_terms(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any, rank_t
 
 def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, micro_batch: Any,
                   tp: Any, pp: Any, dp: Any, recompute: Any, precision: str = "bf16", sp: Any = False,
-                  flash: Any = True, host_ops: dict[str, float] | None = None) -> dict[str, Any]:
+                  flash: Any = True, host_ops: dict[str, float] | None = None, ep: Any = 1) -> dict[str, Any]:
     """The compute of the busiest GPU's step and its tensor- and pipeline-parallel
     communication, in seconds (arrays broadcast): the terms of the step model that
     depend on neither the schedule's bubble nor data-parallel traffic, which
@@ -235,7 +327,16 @@ def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: An
 
     ``host_ops`` (``ops``, ``bytes``: what one rank's step dispatches besides matmuls and
     SDPA, planner/opcount.py) with a probed CPU Hardware (``ew_bw`` set) prices the
-    non-matmul work op by op instead of by elementwise passes (see :func:`host_terms`)."""
+    non-matmul work op by op instead of by elementwise passes (see :func:`host_terms`).
+    ``ep``: the expert-parallel degree, which sets how many rows each routed expert's GEMM
+    has (:func:`shaped_gemms`).
+
+    Terms (seconds of the busiest GPU's step; ``*_s`` before the stack's efficiency except
+    ``blocks_s`` and ``head_s``): ``matmul_s`` every GEMM, ``linear_s`` the blocks' GEMMs
+    but attention's scores and values (what fp8 speeds up), ``gemm_shape_s`` what the
+    GEMMs lose to their shapes beyond the large-GEMM rate (0 without ``hw.gemm_shapes``),
+    ``expert_gemm_s`` the routed experts' GEMMs (inside ``linear_s``), ``elementwise_s``,
+    ``attention_s`` (the fused kernel's), ``tp_comm_s``, ``pp_comm_s``."""
     from .memory import korthikanti_bytes_per_layer
 
     s = np.asarray(seq, dtype=float)
@@ -255,10 +356,29 @@ def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: An
     head_mm = head_tok * tokens / (t * d) / rate
     act_per_token = korthikanti_bytes_per_layer(shape, s, 1, t, sp, flash, precision) / s
     ew_bytes = hw.elementwise_passes * act_per_token * (tokens / d) * stage_layers
-    elementwise = ew_bytes * np.where(elementwise_recomputed(rc), 4.0 / 3.0, 1.0) / hw.mem_bw
+    elementwise = ew_bytes * np.where(elementwise_recomputed(rc), 4.0 / 3.0, 1.0) / (hw.mem_bw * hw.mem_bw_fraction)
     rank_tokens = tokens * stage_layers / shape.layers / (t * d)
     # The block linears: every block GEMM but attention's scores and values (what fp8 speeds up).
     linear = blocks_mm - attention_flops_per_token(shape, s, rc) * rank_tokens / rate
+    shape_loss = 0.0 * linear
+    expert = 0.0 * linear
+    if hw.gemm_shapes:
+        # Each block GEMM at its shape, per micro-batch, over the stage's blocks; the rest
+        # of the linears' FLOPs (MTP modules, norms) at the rate, so that large GEMMs give
+        # exactly the rate's seconds.
+        g = shaped_gemms(shape, hw, tokens_micro=b * s, tp=t, ep=ep, rate=rate, precision=precision,
+                         passes=3.0 + matmul_recomputed_share(shape.layers, rc))
+        per_step = m * stage_layers
+        shape_loss = per_step * (g["seconds"] - g["flops"] / rate)
+        expert = per_step * g["expert_s"]
+        # The output projection: m = b s rows, h deep, V / t wide, forward and two backward
+        # GEMMs per micro-batch (never recomputed), once more per MTP module.
+        f_h, b_h = _gemm(b * s, float(shape.hidden), shape.padded_vocab / t, act_bytes(precision))
+        head_loss = 3.0 * (1 + shape.mtp_layers) * m * (gemm_seconds(f_h, b_h, hw, rate) - f_h / rate)
+        linear = linear + shape_loss
+        blocks_mm = blocks_mm + shape_loss
+        head_mm = head_mm + head_loss
+        shape_loss = shape_loss + head_loss
     attention = 0.0 * linear
     if hw.ew_bw is not None and host_ops is not None:
         _, attention, elementwise = host_terms(shape, hw, s, rc, rank_tokens, host_ops)
@@ -286,6 +406,8 @@ def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: An
         "elementwise_s": elementwise,
         "attention_s": attention,
         "linear_s": linear,
+        "gemm_shape_s": shape_loss,
+        "expert_gemm_s": expert,
         "tp_comm_s": tp_comm,
         "pp_comm_s": pp_comm,
     }

@@ -8,8 +8,9 @@ measured residuals, never chosen:
   for the software stack asked (``--stack``, planner/stack.py). Half-width: the largest
   |error| of that stack's validation rows of published_runs.toml in the same dense /
   pipelined class.
-- ``catalog-other-gpu``: catalog constants carried to another GPU by its measured
-  best-GEMM (MAMF) and flash-attention fractions. The half-widths are the A100 class's
+- ``catalog-other-gpu``: catalog constants carried to another GPU by its best-GEMM and
+  fused-attention fractions measured on it (data/efficiency.toml, evidence "measured";
+  planner/hardware.py). The half-widths are the A100 class's
   compounded with the residuals of that carrying: on llm-foundry's 37 same-software A100 /
   H100 pairs (data/generation_pairs.toml) the predicted H100 / A100 ratio against the
   published one; true time = predicted x (1 + e_A100) x (1 + e_ratio). The evidence is
@@ -18,10 +19,20 @@ measured residuals, never chosen:
   its pipeline schedule assumed, torchtitan on 500 W HBM2e H100s) are not used: their
   inputs are known not to match what is priced; cross_generation_coverage() reports
   whether they fall inside.
-- ``catalog-assumed``: a GPU with no MAMF figure: its matmul efficiency is the A100's
-  fraction by assumption. No measurement bounds that, so the interval is widened by a
-  stated convention (ASSUMED_SLOWDOWN: the step may take up to twice as long), and the
-  reasons name the assumption.
+- ``catalog-carried``: a GPU whose best-GEMM fraction was carried from a sibling
+  (efficiency.toml kind "carried": the same silicon in another form, power or memory).
+  The other-GPU half-widths, compounded with how far measured siblings' fractions have
+  been seen to differ (:func:`carried_spread`: efficiency.toml ``[carrying]`` pairs, both
+  measured), on both sides.
+- ``catalog-assumed``: a GPU with no GEMM measurement of it or of a sibling: its matmul
+  efficiency is the A100's fraction by assumption. No measurement bounds that, so the
+  interval is widened by a stated convention (ASSUMED_SLOWDOWN: the step may take up to
+  twice as long), and the reasons name the assumption.
+
+Every regime says its ``evidence`` ("measured", "carried", "assumed"): the kind of the
+efficiency figure the prediction scales with (HardwareProfile.evidence), which plan's
+ranking reads (search.ranking_factor: an unmeasured accelerator ranks on its pessimistic
+end). The reasons also name the kinds of the attention and memory-bandwidth figures.
 - ``probed``: a hardware profile of the machine; the half-width is the largest error of
   that profile's own `predict --against` validation when the profile records one,
   otherwise (``probed-unvalidated``) x0 to x2 by stated convention.
@@ -94,10 +105,12 @@ def regime(gpu: str, pipelined: bool, profile: dict[str, Any] | None = None,
         v = profile.get("validation")
         if v:
             w = v["max_abs_error_pct"] / 100.0
-            return {"regime": "probed", "low": min(w, 1.0), "high": w,
+            return {"regime": "probed", "evidence": "measured", "low": min(w, 1.0), "high": w,
                     "reasons": [f"probed profile, validated against run {v['run']}: max |error| "
                                 f"{v['max_abs_error_pct']:.0f}% over {v['num_configs']} configs"]}
-        return {"regime": "probed-unvalidated", "low": 1.0, "high": 1.0,
+        # Measured on the machine, but nothing checked the prediction: the interval is the
+        # convention's, and plan ranks it as assumed (search.evidence_of).
+        return {"regime": "probed-unvalidated", "evidence": "assumed", "low": 1.0, "high": 1.0,
                 "reasons": ["probed profile not validated against a run on its machine: an interval of x0 to x2 "
                             "(a convention) until `mgbench predict --hardware PROFILE --against RUN` records one"]}
     from .stack import DEFAULT_STACK
@@ -116,7 +129,10 @@ def regime(gpu: str, pipelined: bool, profile: dict[str, Any] | None = None,
         reasons = [f"{cls} layouts: no published {stack} run of this class; {DEFAULT_STACK}'s {cls} rows and "
                    f"{stack}'s other rows on {calibrated} were predicted within {100 * max(low, high):.0f}%"]
     if gpu == calibrated:
-        return {"regime": "catalog-validated", "low": low, "high": high, "reasons": reasons}
+        return {"regime": "catalog-validated", "evidence": "measured", "low": low, "high": high, "reasons": reasons}
+    prof = hardware.profile(gpu)
+    evidence = prof.evidence if prof is not None else "assumed"
+    detail = hardware.evidence_detail(prof) if prof is not None else f"{gpu}: no efficiency.toml entry"
     # The A100 class's residuals, compounded with how far the A100 -> H100 ratio was off.
     ratio = _bounds(res["ratio"])
     low, high = _compound((low, high), ratio)
@@ -128,32 +144,60 @@ def regime(gpu: str, pipelined: bool, profile: dict[str, Any] | None = None,
     if gpu != EVIDENCE_GPU:
         reasons.append(f"{gpu}: the carrying was measured {calibrated} -> {EVIDENCE_GPU} only; "
                        f"{gpu} is assumed to carry the same way")
-    if gpu not in hardware.planner_defaults()["mamf_fraction"]:
+    reasons.append(f"evidence: {detail} (data/efficiency.toml)")
+    if evidence == "assumed":
         high = max(high, ASSUMED_SLOWDOWN)
         reasons.append(f"{gpu}: no measured GEMM fraction: its matmul efficiency is {calibrated}'s by assumption; "
                        f"nothing measured bounds it, so the interval allows up to {1 + ASSUMED_SLOWDOWN:.0f}x the "
                        "step time (a convention; `mgbench probe` on that GPU measures it)")
-        return {"regime": "catalog-assumed", "low": low, "high": high, "reasons": reasons}
-    return {"regime": "catalog-other-gpu", "low": low, "high": high, "reasons": reasons}
+        return {"regime": "catalog-assumed", "evidence": "assumed", "low": low, "high": high, "reasons": reasons}
+    if evidence == "carried":
+        spread = carried_spread()
+        low, high = _compound((low, high), (spread["spread"], spread["spread"]))
+        reasons.append(f"{gpu}: GEMM fraction carried from {prof.gemm_best.carried_from} ({prof.gemm_best.reason}); "
+                       f"measured siblings' fractions differ by up to {100 * spread['spread']:.0f}% "
+                       f"({spread['worst']}), so the interval widens by that on both sides")
+        return {"regime": "catalog-carried", "evidence": "carried", "low": low, "high": high, "reasons": reasons}
+    return {"regime": "catalog-other-gpu", "evidence": "measured", "low": low, "high": high, "reasons": reasons}
+
+
+def carried_spread() -> dict[str, Any]:
+    """How far a sibling's GEMM fraction may be from the one carried to it: the largest
+    relative difference between the measured best-GEMM fractions of the sibling pairs of
+    efficiency.toml ``[carrying] pairs`` (the same silicon in another form, power or
+    memory, both measured), with the pair that set it."""
+    from .. import catalog
+
+    pairs = catalog.load("efficiency.toml")["carrying"]["pairs"]
+    diffs = []
+    for a, b in pairs:
+        fa, fb = hardware.gemm_fraction(a), hardware.gemm_fraction(b)
+        if fa is None or fb is None:
+            continue
+        diffs.append((abs(max(fa, fb) / min(fa, fb) - 1.0), f"{a} {fa:.3f} vs {b} {fb:.3f}"))
+    spread, worst = max(diffs)
+    return {"spread": spread, "worst": worst, "pairs": len(diffs)}
 
 
 def intervals(step_time_s: float, tokens_per_s_per_gpu: float, reg: dict[str, Any]) -> dict[str, Any]:
-    """The prediction's intervals, in the JSON names `predict` and `plan` use."""
+    """The prediction's intervals, in the JSON names `predict` and `plan` use, with the
+    evidence of the efficiency they rest on ("measured", "carried", "assumed")."""
     lo_t, hi_t = step_time_s * (1.0 - reg["low"]), step_time_s * (1.0 + reg["high"])
     return {"step_time_s_interval": [lo_t, hi_t],
             "tokens_per_s_per_gpu_interval": [tokens_per_s_per_gpu * step_time_s / hi_t,
                                               tokens_per_s_per_gpu * step_time_s / max(lo_t, 1e-30)],
-            "regime": reg["regime"], "interval_reasons": reg["reasons"]}
+            "regime": reg["regime"], "evidence": reg.get("evidence", "measured"),
+            "interval_reasons": reg["reasons"]}
 
 
 def calibrated(fit: dict[str, Any]) -> dict[str, Any]:
     """The regime of a prediction with `--calibrate RUN`: its leave-one-out errors."""
     errs = [abs(r["loo_error_pct"]) / 100.0 for r in fit["rows"] if r.get("loo_error_pct") is not None]
     if not errs:
-        return {"regime": "calibrated-unvalidated", "low": 1.0, "high": 1.0,
+        return {"regime": "calibrated-unvalidated", "evidence": "assumed", "low": 1.0, "high": 1.0,
                 "reasons": ["calibrated on a run whose leave-one-out predictions all failed: x0 to x2 (a convention)"]}
     w = max(errs)
-    return {"regime": "calibrated", "low": min(w, 1.0), "high": w,
+    return {"regime": "calibrated", "evidence": "measured", "low": min(w, 1.0), "high": w,
             "reasons": [f"calibrated on {fit['num_configs']} measured configs: leave-one-out errors up to {100 * w:.0f}%"]}
 
 

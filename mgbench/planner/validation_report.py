@@ -1,6 +1,9 @@
 """Prints the planner's validation: predictions against published training throughput
 (published_runs.toml), the same-software A100 / H100 pairs (generation_pairs.toml), the
-intervals' leave-one-out coverage and the solved defaults.
+intervals' leave-one-out coverage, the solved defaults, and every accelerator family's
+public training rows against the model and a one-constant baseline
+(accelerator_runs.toml, accelerator_validation.py), and the published MoE runs
+(published_moe_runs.toml, moe_validation.py).
 
     python -m mgbench.planner.validation_report
 """
@@ -60,6 +63,48 @@ def main() -> None:
     print(coverage_statement())
     mm, c = solve_defaults()
     print(f"solved defaults: matmul_eff = {mm:.3f}, elementwise_passes = {c:.2f}")
+    print_accelerator_tables()
+    from .moe_validation import report as moe_report
+
+    print()
+    print(moe_report())
+
+
+def print_accelerator_tables() -> None:
+    """Every accelerator_runs.toml row and the per-family table (accelerator_validation.py)."""
+    from tabulate import tabulate
+
+    from .accelerator_validation import TARGET_HELD_OUT_MEAN_PCT, TARGET_WORST_PCT, baseline_mfu, family_table, \
+        scored_rows, targets
+
+    scored = scored_rows()
+    base = baseline_mfu()
+    print(f"\nAccelerator families (accelerator_runs.toml): model vs one-constant baseline (every GPU at "
+          f"{100 * base['mfu']:.1f}% MFU, the median of published_runs.toml's {base['rows']} validation rows)")
+    print(tabulate([[r["id"], r["family"], r["split"], r["metric"], f"{r['published']:.4g}", f"{r['predicted']:.4g}",
+                     f"{r['error_pct']:+.1f}%", f"{r['baseline']:.4g}", f"{r['baseline_error_pct']:+.1f}%"]
+                    for r in scored],
+                   headers=["run", "family", "split", "metric", "published", "model", "error", "baseline", "error"]))
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}%"
+
+    table = family_table(scored)
+    print(tabulate([[t["family"], t["rows"], t["held_out"]["rows"], pct(t["held_out"]["model"]["mean_abs_pct"]),
+                     pct(t["held_out"]["model"]["worst_abs_pct"]), pct(t["held_out"]["baseline"]["mean_abs_pct"]),
+                     t["fit"]["rows"], pct(t["fit"]["model"]["mean_abs_pct"]), pct(t["fit"]["model"]["worst_abs_pct"]),
+                     pct(t["fit"]["baseline"]["mean_abs_pct"]),
+                     {True: "yes", False: "NO", None: "-"}[t["beats_baseline_held_out"]],
+                     ", ".join(t["accelerators_without_rows"]) or "-"] for t in table],
+                   headers=["family", "rows", "held out", "model mean", "model worst", "baseline mean", "fit",
+                            "model mean", "model worst", "baseline mean", "beats baseline (held out)",
+                            "no row of their own"]))
+    t = targets(scored)
+    print(f"targets: held-out mean |error| {t['held_out_mean_abs_pct']:.1f}% (target < {TARGET_HELD_OUT_MEAN_PCT:.0f}%: "
+          f"{'met' if t['held_out_mean_met'] else 'NOT met'}); worst row {t['worst_row']} {t['worst_abs_pct']:.1f}% "
+          f"(target <= {TARGET_WORST_PCT:.0f}%: {'met' if t['worst_met'] else 'NOT met'}); families without a row: "
+          f"{', '.join(t['families_without_rows']) or 'none'}; families whose held-out rows the baseline predicts "
+          f"better: {', '.join(t['families_losing_to_baseline']) or 'none'}")
 
 
 if __name__ == "__main__":

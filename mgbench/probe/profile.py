@@ -33,6 +33,7 @@ from typing import Any
 
 from .. import catalog
 from ..errors import MgbenchError
+from ..hardware_profile import Collective, Figure, HardwareProfile
 from ..planner.hardware import Hardware, planner_defaults
 from ..planner.perf import link_from_all_reduce_fit
 
@@ -54,7 +55,85 @@ def read_profile(path: str | Path) -> dict[str, Any]:
     if prof["profile_version"] > PROFILE_VERSION:
         raise MgbenchError(f"--hardware {p}: profile version {prof['profile_version']} is newer than this "
                            f"mgbench reads ({PROFILE_VERSION}); upgrade mgbench")
+    if prof.get("hardware_profile") is not None:
+        try:  # the typed profile the probe wrote beside its raw rows: each figure must say its evidence
+            HardwareProfile.from_dict(prof["hardware_profile"])
+        except (MgbenchError, TypeError, ValueError, AttributeError) as e:
+            raise MgbenchError(f"--hardware {p}: its hardware_profile is not valid ({e})") from None
     return prof
+
+
+# The dtype whose GEMMs stand for a device's best and layer figures: what its training runs in.
+PROFILE_DTYPE = {"cuda": "bfloat16", "cpu": "float32"}
+PRECISION_OF_DTYPE = {v: k for k, v in PRECISION_DTYPE.items()}
+
+
+def hardware_profile(profile: dict[str, Any]) -> HardwareProfile:
+    """The probe's measurements as the one hardware profile type (hardware_profile.py), the
+    type the catalog's accelerators have (efficiency.toml): every figure "measured" on this
+    machine, its source the probe run, or null with the reason. Fractions are of the
+    catalog's datasheet peak where the device is a catalog accelerator, else of the
+    fastest probed GEMM (which then stands as the peak, as :func:`hardware` prices it)."""
+    acc = profile.get("accelerator")
+    entry = catalog.accelerator(acc) if acc else None
+    src = f"mgbench probe on {profile.get('hostname')} ({profile.get('device_name')})"
+    date = profile.get("created_at")
+
+    def measured(value: float | None, unit: str, reason: str | None = None, **detail: Any) -> Figure:
+        if value is None:
+            return Figure(value=None, unit=unit, kind="measured", reason=reason or "not probed")
+        return Figure(value=float(value), unit=unit, kind="measured", source=src, date=date, detail=detail)
+
+    dtype = PROFILE_DTYPE.get(profile["device"], "float32")
+    precision = PRECISION_OF_DTYPE.get(dtype, dtype)
+    rows = [g for g in profile.get("gemm") or [] if g["dtype"] == dtype]
+    row = max(rows, key=lambda g: g["best_tflops"]) if rows else None
+    peak = (entry.get("tflops") or {}).get(precision) if entry else None
+    if entry:
+        peaks = {k: Figure(value=float(v), unit="TFLOP/s", kind="datasheet", source=f"hardware.toml accelerators.{acc}",
+                           date=entry.get("retrieved")) for k, v in (entry.get("tflops") or {}).items()}
+        mem_peak = Figure(value=float(entry["mem_bw_tbps"]), unit="TB/s", kind="datasheet",
+                          source=f"hardware.toml accelerators.{acc}", date=entry.get("retrieved"))
+    else:
+        peaks = {} if row is None else {precision: measured(row["best_tflops"], "TFLOP/s", note="fastest probed GEMM")}
+        mem_peak = Figure(value=None, unit="TB/s", kind="datasheet",
+                          reason="not a catalog accelerator: no datasheet bandwidth")
+    base = float(peak) if peak else (row["best_tflops"] if row else None)
+
+    def frac(v: float | None) -> float | None:
+        return None if v is None or not base else float(v) / base
+
+    no_gemm = f"no {dtype} GEMMs probed"
+    attn = [a for a in profile.get("attention") or [] if a["dtype"] == dtype]
+    attn_row = max(attn, key=lambda a: a["typical_tflops"]) if attn else None
+    copies = profile.get("copies") or {}
+    h2d = copies.get("copy_h2d_pinned")
+    colls = []
+    for c in profile.get("comm_at") or ([profile["comm"]] if profile.get("comm") else []):
+        fit = c.get("all_reduce") or {}
+        n = c.get("nproc", 0)
+        if fit.get("bw_gbps") and n >= 2:
+            busbw = link_from_all_reduce_fit(fit["alpha_s"], fit["bw_gbps"], n)["bw"]
+            colls.append(Collective(op="all_reduce", gpus=n, scope="intra", busbw=measured(
+                busbw, "GB/s", algbw_gbps=fit["bw_gbps"], alpha_s=fit["alpha_s"])))
+    return HardwareProfile(
+        accelerator=acc or profile.get("device_name") or profile["device"], peaks=peaks, mem_bw_peak=mem_peak,
+        gemm_best=measured(frac(row["best_tflops"]) if row else None, f"fraction of the {precision} peak", no_gemm,
+                           tflops=row["best_tflops"] if row else None, dtype=dtype),
+        gemm_layer=measured(frac(row["typical_tflops"]) if row else None, f"fraction of the {precision} peak", no_gemm,
+                            tflops=row["typical_tflops"] if row else None, dtype=dtype),
+        gemm_best_fp8=Figure(value=None, unit="fraction of the fp8 peak", kind="measured",
+                             reason="the probe times bf16, fp16 and fp32 GEMMs only"),
+        gemm_fixed=Figure(value=None, unit="s", kind="measured",
+                          reason="the probe times the workload's own GEMM shapes (gemm_layer) instead"),
+        attention=measured(frac(attn_row["typical_tflops"]) if attn_row else None, f"fraction of the {precision} peak",
+                           f"no {dtype} attention probed", kernel="torch SDPA (causal, forward + backward)"),
+        mem_bw=measured((profile.get("memory") or {}).get("median_bytes_per_s", 0) / 1e12 or None, "TB/s",
+                        "no memory bandwidth probed", kernel="elementwise add, median"),
+        host_link=(measured(h2d, "GB/s", copy="host to device, pinned") if h2d else
+                   Figure(value=None, unit="GB/s", kind="measured",
+                          reason=copies.get("null_reason", "no host-device copy probed"))),
+        collectives=tuple(colls))
 
 
 def write_profile(profile: dict[str, Any], path: str | Path) -> Path:
@@ -164,6 +243,8 @@ def hardware(profile: dict[str, Any], precision: str, ranks: int = 1) -> Hardwar
         compute_eff=achieved / peak,
         mem_bw=float(mem_bw),
         elementwise_passes=float(planner_defaults()["elementwise_passes"]),
+        # Measured on this machine, GEMMs at the workload's own shapes: no shape model on top.
+        evidence="measured", evidence_detail=f"probed on {profile.get('hostname')}", gemm_shapes=False,
         **(host_rates(profile, precision, ranks) if cpu else {}),
     )
 

@@ -11,7 +11,7 @@ from typing import Any, Callable
 from .. import catalog
 from ..errors import MgbenchError
 from ..model_shape import ModelShape
-from .profile import PROFILE_VERSION
+from .profile import PROFILE_VERSION, hardware_profile
 from .workload import attention_shapes
 
 DEFAULT_DTYPES = {"cpu": ["float32"], "cuda": ["bfloat16", "float16", "float32"]}
@@ -85,6 +85,9 @@ def probe(device: str = "auto", dtypes: list[str] | None = None, model: str | No
     else:
         prof["comm"] = _comm(kind, count, comm_dtype, results_dir, progress)
     prof["probe_s"] = time.monotonic() - t_start
+    # The same profile type a catalog accelerator has (hardware_profile.py): what `plan
+    # --hardware` and the evidence regime read, every figure measured here or null with why.
+    prof["hardware_profile"] = hardware_profile(prof).to_dict()
     return prof
 
 

@@ -182,7 +182,9 @@ def test_memory_model_of_mla_is_within_5_percent_of_the_trace(traced):
 
 def test_the_trace_check_bites_without_mlas_own_tensors(traced, monkeypatch):
     # MLA's attention counted as plain attention of its q/k width (what layer_activations
-    # counts): the dense model's blocks save nothing beyond it.
+    # counted before it priced MLA, memory.mla_attention_bytes): no latents, the values and
+    # the output at q/k width, and the dense model's blocks save nothing beyond it.
+    monkeypatch.setattr(M, "mla_attention_bytes", lambda shape, e: (4.0 * e * shape.heads * shape.dim_head, 0.0))
     monkeypatch.setattr(M, "_runner_block_extra", lambda *a: 0.0)
     errs = _errors(traced)
     assert errs[0] < -TRACE_TOLERANCE_PCT, errs  # measured -9.5%

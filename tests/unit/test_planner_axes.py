@@ -48,10 +48,17 @@ def test_a_dense_model_is_unchanged_by_the_new_defaults():
 
 def test_moe_block_activations_by_hand():
     tokens, e, h, fe = 1000, 2.0, 4096, 14336
-    # Mixtral: top-2 routed rows (input + output 2 e h, SwiGLU 4 e F), router logits + fp32
-    # probabilities (e + 4) x 8, minus the dense SwiGLU of width ffn_hidden counted by layer_activations.
-    per_token = 2 * (2 * e * h + 4 * e * fe) + (e + 4) * 8 - 4 * e * 14336
+    # Mixtral: top-2 routed rows as Megatron-Core's grouped MLP keeps them (the first GEMM's
+    # input e h, the fused SwiGLU's input 2 e F and the second GEMM's input e F), router
+    # logits + fp32 probabilities (e + 4) x 8, minus the dense SwiGLU of width ffn_hidden
+    # counted by layer_activations.
+    per_token = 2 * e * (h + 3 * fe) + (e + 4) * 8 - 4 * e * 14336
     assert float(M.moe_mlp_extra(MIXTRAL, tokens, 1, "bf16")) == pytest.approx(tokens * per_token, rel=1e-12)
+    # The busiest rank's load (1.1) holds 10% more routed rows; moe_act recomputes F a row.
+    loaded = 1.1 * 2 * e * (h + 3 * fe) + (e + 4) * 8 - 4 * e * 14336
+    assert float(M.moe_mlp_extra(MIXTRAL, tokens, 1, "bf16", 1.1)) == pytest.approx(tokens * loaded, rel=1e-12)
+    act = 2 * e * (h + 2 * fe) + (e + 4) * 8 - 4 * e * 14336
+    assert float(M.moe_mlp_extra(MIXTRAL, tokens, 1, "bf16", 1.0, ("moe_act",))) == pytest.approx(tokens * act)
 
 
 def test_context_parallelism_divides_activations_and_adds_the_gathered_kv():
@@ -128,15 +135,23 @@ def test_one_term_changed_moves_predict_plan_and_calibrate_alike(monkeypatch):
 
 
 def test_ep_all_to_all_by_hand_intra_and_inter_node():
-    tokens, ep, e, h, k = 4096, 8, 2.0, 4096, 2
-    nbytes = tokens * k * h * e * (ep - 1) / ep
-    got = layout_time.ep_all_to_all_s(MIXTRAL, H100, tokens=tokens, ep=ep, span=8, precision="bf16", moe_layers=32,
-                                      num_micro=3, recompute=0, layers=32)
-    assert float(got) == pytest.approx(4 * 32 * 3 * ((ep - 1) * H100.intra_alpha_s + nbytes / H100.intra_bw))
-    inter = layout_time.ep_all_to_all_s(MIXTRAL, H100, tokens=tokens, ep=ep, span=16, precision="bf16",
-                                        moe_layers=32, num_micro=3, recompute=0, layers=32)
-    assert float(inter) == pytest.approx(4 * 32 * 3 * ((ep - 1) * H100.inter_alpha_s + nbytes / H100.inter_bw))
-    assert float(inter) > 5 * float(got)  # NIC share against NVLink
+    # Mixtral's top-2 rows over an ep group of 8 consecutive ranks (one node of dgx-h100):
+    # 2 x 7/8 rows a token over NVLink; of 16 (two nodes), 2 x 7/16 inside, 2 x 8/16 across.
+    from mgbench.planner import moe
+
+    tokens, e, h, k = 4096, 2.0, 4096, 2
+    opts = moe.MoeOptions(imbalance=1.0)
+    row = tokens * h * e
+    got = moe.a2a_seconds(MIXTRAL, H100, tokens=tokens, ep=8, elem_bytes=e, opts=opts)
+    assert float(got) == pytest.approx(7 * H100.intra_alpha_s + row * k * 7 / 8 / H100.intra_bw)
+    inter = moe.a2a_seconds(MIXTRAL, H100, tokens=tokens, ep=16, elem_bytes=e, opts=opts)
+    wire = max(row * k * 7 / 16 / H100.intra_bw, row * k * 8 / 16 / H100.inter_bw)
+    assert float(inter) == pytest.approx(7 * H100.intra_alpha_s + H100.inter_alpha_s + wire)
+    assert float(inter) > 4 * float(got)  # half the rows on the NIC share: 4.8x the NVLink time
+    # A step: 4 of them (dispatch and combine, forward and backward) per MoE layer and micro-batch.
+    step = moe.a2a_per_step(MIXTRAL, H100, tokens=tokens, ep=8, act_bytes=e, opts=opts, moe_layers=32, num_micro=3,
+                            moe_rerun_share=0.0)
+    assert float(step) == pytest.approx(4 * 32 * 3 * float(got))
 
 
 def test_cp_kv_exchange_by_hand():
@@ -150,6 +165,9 @@ def test_cp_kv_exchange_by_hand():
 
 def test_fp8_speeds_up_the_blocks_linears_by_the_peak_ratio():
     kw = dict(seq=8192, global_batch=8, micro_batch=1, tp=1, pp=1, dp=8, zero=3, recompute=0)
+    # GEMMs at the large-GEMM rate, whatever their shape (the shape model adds to linear_s:
+    # test_gemm_shapes.py), so that the linears are their FLOPs over the rate by hand.
+    H100 = dataclasses.replace(globals()["H100"], gemm_shapes=False)
     bf = layout_time.step_time(LLAMA8, H100, **kw)
     f8 = layout_time.step_time(LLAMA8, H100, precision="fp8", **kw)
     b = bf["breakdown"]

@@ -49,7 +49,9 @@ def test_pipeline_bubble_is_p_minus_1_block_stage_micro_batches():
 def test_output_layer_sits_on_the_last_pipeline_stage_by_hand():
     # llama3-8b, 8 GPUs as pp=8 (4 blocks a stage), 8 micro-batches of 1 x 4096 tokens.
     shape = catalog.model_shape("llama3-8b")
-    hw = dataclasses.replace(hardware.resolve(system="dgx-h100"), elementwise_passes=0.0)
+    # GEMMs at the large-GEMM rate whatever their shape (the shape model has its own tests,
+    # test_gemm_shapes.py).
+    hw = dataclasses.replace(hardware.resolve(system="dgx-h100"), elementwise_passes=0.0, gemm_shapes=False)
     # Without flash attention every block FLOP is a GEMM at one rate (flash attention's
     # own kernel rate is test_flash_attention_runs_at_its_generations_fraction's).
     kw = dict(seq=4096, global_batch=8, micro_batch=1, tp=1, dp=1, zero=0, recompute=0, flash=False)
@@ -99,6 +101,13 @@ def test_more_bandwidth_never_hurts_and_compute_scales_with_peak():
     fast = layout_time.step_time(shape, dataclasses.replace(hw, inter_bw=hw.inter_bw * 10, intra_bw=hw.intra_bw * 10), **kw)
     assert float(fast["step_time_s"]) < float(base["step_time_s"])
     double = layout_time.step_time(shape, dataclasses.replace(hw, peak_tflops=hw.peak_tflops * 2), **kw)
+    # GEMMs priced at their shapes keep their fixed cost and operand traffic: less than half
+    # the time saved; at the large-GEMM rate alone, exactly half.
+    assert float(base["breakdown"]["matmul_s"]) / 2 < float(double["breakdown"]["matmul_s"]) < \
+        float(base["breakdown"]["matmul_s"])
+    flat = dataclasses.replace(hw, gemm_shapes=False)
+    base, double = (layout_time.step_time(shape, dataclasses.replace(flat, peak_tflops=flat.peak_tflops * f), **kw)
+                    for f in (1, 2))
     assert float(double["breakdown"]["matmul_s"]) == pytest.approx(float(base["breakdown"]["matmul_s"]) / 2)
 
 
@@ -152,7 +161,7 @@ def test_flash_attention_runs_at_its_generations_fraction():
     attn_flops = 12 * 32 * 4096 * 8192 * 2 * 8192
     for system, frac in (("dgx-a100", 0.656), ("dgx-h100", 0.339)):
         hw = hardware.resolve(system=system)
-        assert hw.attn_eff == frac  # hardware.toml [planner] flash_attention_fraction
+        assert hw.attn_eff == frac  # efficiency.toml attention (FlashAttention-2)
         b = layout_time.step_time(shape, hw, **kw)["breakdown"]
         assert float(b["attention_s"]) == pytest.approx(0.5 * attn_flops / (hw.peak_tflops * 1e12 * frac))
         gemm = layout_time.step_time(shape, hw, flash=False, **kw)["breakdown"]

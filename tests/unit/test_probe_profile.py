@@ -105,3 +105,49 @@ def test_memory_budget_is_device_memory_or_a_share_of_host_ram():
     assert P.memory_budget(gpu, 8)["device_memory_bytes"] == 80e9  # one device per rank
     unknown = P.memory_budget(make_profile(host_memory_bytes=None), 1)
     assert unknown["device_memory_bytes"] is None and "unknown" in unknown["budget_source"]
+
+
+def test_probe_writes_the_catalogs_profile_type():
+    from mgbench.hardware_profile import HardwareProfile
+
+    # A CPU host: no datasheet peak, so the fastest probed GEMM stands as the peak.
+    hp = P.hardware_profile(make_profile())
+    assert hp.evidence == "measured" and hp.gemm_best.kind == "measured"
+    assert hp.gemm_best.value == pytest.approx(1.0) and hp.gemm_layer.value == pytest.approx(0.16 / 0.3)
+    assert hp.mem_bw.value == pytest.approx(12e9 / 1e12)
+    # all_reduce fit on 2 ranks: busbw = algbw x 2 (n - 1) / n = 2 GB/s
+    (c,) = hp.collectives
+    assert (c.gpus, c.scope, c.busbw.value) == (2, "intra", pytest.approx(2.0))
+    assert hp.gemm_fixed.value is None and "own GEMM shapes" in hp.gemm_fixed.reason
+    assert HardwareProfile.from_dict(hp.to_dict()) == hp
+    # A catalog GPU: fractions of its datasheet peak.
+    gpu = make_profile(device="cuda", device_name="NVIDIA H100 80GB HBM3", accelerator="h100-sxm",
+                       gemm=[{"dtype": "bfloat16", "threads": 1, "typical_tflops": 600.0, "best_tflops": 700.0,
+                              "shapes": []}],
+                       attention=[{"dtype": "bfloat16", "typical_tflops": 300.0, "shapes": []}],
+                       copies={"copy_h2d_pinned": 50.0})
+    hp = P.hardware_profile(gpu)
+    assert hp.gemm_best.value == pytest.approx(700 / 989) and hp.attention.value == pytest.approx(300 / 989)
+    assert hp.peaks["bf16"].kind == "datasheet" and hp.host_link.value == 50.0
+
+
+def test_a_profile_with_a_broken_typed_profile_is_refused(tmp_path):
+    prof = make_profile()
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(prof))
+    assert P.read_profile(old) == prof  # written before the typed profile: still read
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({**prof, "hardware_profile": P.hardware_profile(prof).to_dict()}))
+    P.read_profile(good)
+    bad = P.hardware_profile(prof).to_dict()
+    bad["gemm_best"] = {**bad["gemm_best"], "source": None, "kind": "measured"}
+    bad["gemm_best"].pop("source")
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({**prof, "hardware_profile": bad}))
+    with pytest.raises(MgbenchError, match="hardware_profile is not valid.*needs a source"):
+        P.read_profile(broken)
+
+
+def test_probed_hardware_is_measured_and_priced_at_its_own_shapes():
+    hw = P.hardware(make_profile(), "fp32", ranks=1)
+    assert hw.evidence == "measured" and hw.gemm_shapes is False and hw.mem_bw_fraction == 1.0

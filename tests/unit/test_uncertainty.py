@@ -22,17 +22,46 @@ def test_catalog_gpu_interval_is_its_validation_residuals():
 
 
 def test_assumed_efficiency_gets_a_wide_interval_and_says_why():
-    other = U.regime("h100-sxm", pipelined=False)
-    assumed = U.regime("mi300x", pipelined=False)
+    # mi300x: its best GEMM measured (efficiency.toml); h100-nvl: carried from the H100
+    # PCIe; rtx-pro-6000: no fraction (no bf16 peak in the catalog), so assumed.
+    other = U.regime("mi300x", pipelined=False)
+    carried = U.regime("h100-nvl", pipelined=False)
+    assumed = U.regime("rtx-pro-6000", pipelined=False)
     assert other["regime"] == "catalog-other-gpu" and assumed["regime"] == "catalog-assumed"
-    assert assumed["high"] >= U.ASSUMED_SLOWDOWN > other["high"] > U.regime("a100-sxm-80gb", False)["high"]
+    assert carried["regime"] == "catalog-carried"
+    assert [r["evidence"] for r in (other, carried, assumed)] == ["measured", "carried", "assumed"]
+    assert assumed["high"] >= U.ASSUMED_SLOWDOWN > carried["high"] > other["high"] > \
+        U.regime("a100-sxm-80gb", False)["high"]
+    assert carried["low"] > other["low"]  # a carried fraction may be off either way
     assert any("by assumption" in r for r in assumed["reasons"])
-    assert not any("by assumption" in r for r in other["reasons"])
+    assert not any("by assumption" in r for r in other["reasons"] + carried["reasons"])
+    assert any("carried from h100-pcie" in r for r in carried["reasons"])
+
+
+def test_carried_interval_widens_by_the_measured_siblings_spread(monkeypatch):
+    # The spread is the largest relative difference of the [carrying] pairs' measured
+    # fractions; compounded on both sides with the other-GPU half-widths.
+    spread = U.carried_spread()
+    pairs = [(a, b) for a, b in __import__("mgbench").catalog.load("efficiency.toml")["carrying"]["pairs"]]
+    from mgbench.planner import hardware
+    by_hand = max(max(hardware.gemm_fraction(a), hardware.gemm_fraction(b)) /
+                  min(hardware.gemm_fraction(a), hardware.gemm_fraction(b)) - 1 for a, b in pairs)
+    assert spread["spread"] == pytest.approx(by_hand) and spread["pairs"] == len(pairs)
+    other, carried = U.regime("h100-pcie", False), U.regime("h100-nvl", False)
+    assert 1 + carried["high"] == pytest.approx((1 + other["high"]) * (1 + by_hand))
+    assert 1 - carried["low"] == pytest.approx((1 - other["low"]) * (1 - by_hand))
+    # Negative control: siblings measured alike would not widen it at all.
+    monkeypatch.setattr(U, "carried_spread", lambda: {"spread": 0.0, "worst": "none", "pairs": 0})
+    same = U.regime("h100-nvl", False)
+    assert same["high"] == pytest.approx(other["high"]) and same["low"] == pytest.approx(other["low"])
 
 
 def test_intervals_bracket_the_prediction():
     iv = U.intervals(2.0, 1000.0, {"regime": "x", "low": 0.25, "high": 0.5, "reasons": []})
     assert iv["step_time_s_interval"] == [pytest.approx(1.5), pytest.approx(3.0)]
+    assert iv["evidence"] == "measured"  # where the regime states none
+    assert U.intervals(2.0, 1000.0, {"regime": "x", "evidence": "carried", "low": 0.2, "high": 0.5,
+                                     "reasons": []})["evidence"] == "carried"
     # throughput is the reciprocal image: 1000 x 2 / 3 to 1000 x 2 / 1.5
     assert iv["tokens_per_s_per_gpu_interval"] == [pytest.approx(666.67, rel=1e-4), pytest.approx(1333.33, rel=1e-4)]
 

@@ -1,0 +1,392 @@
+"""Mixture-of-experts terms of a step (issue 26): expert-parallel all-to-all by scope, what
+the pipeline schedule hides of it, load imbalance or a capacity factor, the MoE modules a
+recipe recomputes and the token permutation around the all-to-all. layout_time.step_time
+adds them; every function takes numpy arrays (plan's search prices millions of layouts).
+
+The expert-parallel group
+    Megatron-Core's MoE parallel folding (expert tensor-parallel degree 1): the ep ranks of
+    a group are ep consecutive ranks of the tp x cp x dp ones, so experts / ep sit on each
+    and a group spans ``ep`` GPUs: g = min(ep, GPUs a node) of them in each of
+    N = ep / g nodes (NVLink / xGMI inside, the NIC across). Each rank dispatches its own
+    s b / (cp tp) tokens (sequence parallelism splits them over tp); its experts get
+    ep x that x top_k / experts rows each (perf.shaped_gemms counts the same).
+
+Bytes one rank sends per all-to-all, per token (balanced routing: each of a token's top_k
+experts is any of the E with equal chance; h the hidden size):
+    "alltoall"  Megatron-Core's all-to-all dispatcher sends one row per chosen expert:
+                k (g - 1) / ep rows to its node's other GPUs, k (ep - g) / ep across.
+                Limiting a token to M nodes changes neither: a row crosses the network
+                whenever its expert is on another node, limited or not.
+    "deepep" / "hybridep"  DeepEP's normal kernels (and NVIDIA's HybridEP) send a token
+                once to each node it goes to (to the GPU of the same local index), which
+                forwards it over NVLink to each GPU it goes to there (DeepEP README,
+                "normal kernels with NVLink and RDMA forwarding"): D_n (N - 1) / N rows
+                across and D_g (g - 1) / g inside, D_n and D_g the expected distinct
+                nodes and GPUs a token reaches (:func:`distinct_reached`). This is where
+                node-limited routing pays: DeepSeek-V3 (section 3.2.2) sends each token
+                to at most M = 4 nodes, so D_n <= M.
+    Dispatch rows are in the activation dtype, or FP8 with a 1 x 128 tile's fp32 scale
+    (1 + 4 / 128 bytes an element) where the run dispatches in FP8 (DeepSeek-V3 section
+    3.3: dispatch in FP8, combine in BF16; backward likewise: the gradient entering the
+    experts' down-projection, which combine's backward dispatches, in FP8, dispatch's
+    backward combine in BF16). Combine rows mirror dispatch rows.
+    One all-to-all takes max(inside bytes / intra_bw, across bytes / inter_bw) (the two
+    links run at once) times the busiest receiver's load (:meth:`MoeOptions.load`), plus
+    one latency per peer node and per peer GPU of the node. The bandwidths are the
+    catalog's (hardware.toml links, the ring busbw fraction): DeepEP's published H800
+    figures agree with what they give an H800 node (see :data:`DEEPEP_H800`).
+    A step issues 4 per MoE layer and micro-batch (dispatch and combine, forward and
+    backward) and 2 more per MoE layer run again (full recompute, or the "moe" module).
+
+What the schedule hides (:func:`exposed_a2a`)
+    Without overlap, all of it is exposed (Megatron-Core's default). DualPipe (schedule
+    "dualpipev"; DeepSeek-V3 section 3.2.1) and Megatron-Core's EP overlap
+    (overlap_moe_expert_parallel_comm: one micro-batch's forward beside another's
+    backward) run a chunk's all-to-all while the paired chunk computes. Passes without a
+    partner (warm-up and cool-down: :func:`unpaired_share`) stay exposed; the paired ones
+    cost max(comm - compute, SM share x comm): while the communication kernels run they
+    hold :data:`OVERLAP_SM_SHARE` of the GPU's SMs, so the compute beside them slows.
+
+Load (:meth:`MoeOptions.load`)
+    Dropless routing: the busiest expert-parallel rank's routed rows over the mean
+    (``imbalance``; :data:`DEFAULT_IMBALANCE` for a learned router, 1 for the
+    force-balanced routers of benchmark tables); with a capacity factor C the busiest
+    rank computes at most C x the mean (the rest is dropped). The experts' GEMMs and the
+    all-to-alls are priced at the busiest rank's load: every MoE layer waits for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..errors import MgbenchError
+from ..model_shape import ModelShape
+from ..strategies.schedules import VIRTUAL
+
+# DeepEP's normal (training) kernels on H800, DeepSeek-V3's pretraining setting (4096
+# tokens a batch, hidden 7168, top-4 groups, top-8 experts, FP8 dispatch, BF16 combine):
+# "bottleneck bandwidth" per GPU, GB/s (deepseek-ai/DeepEP docs/legacy.md @dd758caf,
+# "Normal kernels with NVLink and RDMA forwarding"; it gives H800's NVLink as ~160 GB/s
+# and the CX7 400 Gb/s NIC as ~50 GB/s). What the catalog gives an hgx-h800 node: NVLink
+# 200 x 0.82 = 164 GB/s, InfiniBand NDR 50 x 0.85 = 42.5 GB/s a GPU: within 7% of the
+# intranode figures and 1-27% under the internode ones (whose "logical" bytes count some
+# traffic that stays in the node), so the all-to-all is priced at the catalog's links,
+# with no factor of its own. tests/unit/test_moe_terms.py keeps the comparison.
+DEEPEP_H800 = {"intranode": {"ep": 8, "dispatch_gbps": 153.0, "combine_gbps": 158.0},
+               "internode": [{"ep": 16, "dispatch_gbps": 43.0, "combine_gbps": 43.0},
+                             {"ep": 32, "dispatch_gbps": 58.0, "combine_gbps": 57.0},
+                             {"ep": 64, "dispatch_gbps": 51.0, "combine_gbps": 50.0}]}
+
+# The SMs the communication kernels hold while they overlap compute: DeepSeek-V3's 20 of
+# the H800's 132 (DeepSeek-V3 technical report, arXiv:2412.19437, section 3.2.2: "only 20
+# SMs are sufficient to fully utilize the bandwidths of IB and NVLink"). Carried to every
+# GPU and dispatcher (an assumption: DeepEP V1's normal kernels take 24, its V2 4-6 for the
+# same setting, DeepEP README @dd758caf; Megatron-Bridge's HybridEP recipes 32).
+OVERLAP_SM_SHARE = 20.0 / 132.0
+
+# A learned router's busiest expert-parallel rank over the mean rank's routed rows, in a
+# dropless run. An assumption, not a measurement: DeepSeek-V3 (section 2.1.2) keeps its
+# experts balanced with a bias per expert (auxiliary-loss-free balancing) but publishes no
+# per-rank load; 10% over the mean is taken. Benchmark tables that force-balance the
+# router (Megatron-Bridge's) state 1.
+DEFAULT_IMBALANCE = 1.1
+
+# FP8 dispatch: one byte an element and one fp32 scale per 1 x 128 tile of activations
+# (DeepSeek-V3 section 3.3.2, fine-grained quantization).
+FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0
+
+DISPATCHERS = ("alltoall", "deepep", "hybridep")
+# Megatron-Core recompute_modules (its MoE README, "Fine-grained Recomputation"): the
+# matmuls of "mla_up_proj", "mlp" and "moe" are priced again here; "mla_up_proj",
+# "moe_act" and "moe" discard what memory.py would count as saved ("mlp" and "layernorm":
+# not modelled there). The elementwise ones ("moe_act", "layernorm") run again at a
+# memory traffic that is not priced.
+RECOMPUTE_MODULES = ("mla_up_proj", "mlp", "moe", "moe_act", "layernorm")
+# Passes over a token's rows (read + write) the permutation around one all-to-all pair
+# makes, forward: permute before dispatch and unpermute after combine (Megatron-Core
+# moe_utils.permute / unpermute); backward repeats both.
+PERMUTE_PASSES = 4.0
+
+
+@dataclass(frozen=True)
+class MoeOptions:
+    """How a run routes and moves its tokens; the planner's defaults are a learned
+    router, Megatron-Core's all-to-all dispatcher, no overlap beyond the schedule's own."""
+
+    imbalance: float = DEFAULT_IMBALANCE  # busiest ep rank's routed rows / the mean (dropless)
+    capacity_factor: float | None = None  # None: dropless
+    dispatcher: str = "alltoall"
+    node_limit: int | None = None  # a token's experts on at most this many nodes
+    device_limit: int | None = None  # ... or on at most this many GPUs (DeepSeek-V2: 3)
+    fp8_dispatch: bool = False
+    a2a_overlap: bool = False  # Megatron-Core overlap_moe_expert_parallel_comm (dualpipev: always)
+    recompute_modules: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.dispatcher not in DISPATCHERS:
+            raise MgbenchError(f"MoE dispatcher must be one of {', '.join(DISPATCHERS)}, got {self.dispatcher!r}")
+        if not self.imbalance >= 1.0:
+            raise MgbenchError(f"MoE load imbalance is the busiest rank's load over the mean: >= 1, got {self.imbalance}")
+        if self.capacity_factor is not None and not self.capacity_factor > 0:
+            raise MgbenchError(f"MoE capacity factor must be > 0, got {self.capacity_factor}")
+        for name in ("node_limit", "device_limit"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise MgbenchError(f"MoE {name} must be a positive integer, got {v!r}")
+        bad = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
+        if bad:
+            raise MgbenchError(f"MoE recompute modules priced are {', '.join(RECOMPUTE_MODULES)}; got {', '.join(bad)}")
+
+    @property
+    def load(self) -> float:
+        """The busiest rank's routed rows over the mean: the imbalance, capped by a
+        capacity factor (tokens over capacity are dropped, not padded)."""
+        return self.imbalance if self.capacity_factor is None else min(self.imbalance, self.capacity_factor)
+
+    @property
+    def dedup(self) -> bool:
+        """One copy per destination node and GPU (DeepEP, HybridEP), not one per expert."""
+        return self.dispatcher != "alltoall"
+
+
+_CURRENT: contextvars.ContextVar[MoeOptions | None] = contextvars.ContextVar("mgbench_moe_options", default=None)
+
+
+def current() -> MoeOptions:
+    """The options layout_time.step_time prices with when it is given none: those of an
+    enclosing :func:`using` block, else the defaults."""
+    return _CURRENT.get() or MoeOptions()
+
+
+@contextlib.contextmanager
+def using(options: MoeOptions) -> Iterator[MoeOptions]:
+    """Price every step inside the block with ``options`` (planner/moe_validation.py
+    predicts published rows through predict.predict(), which does not take them yet)."""
+    token = _CURRENT.set(options)
+    try:
+        yield options
+    finally:
+        _CURRENT.reset(token)
+
+
+# --- the expert-parallel group ----------------------------------------------------------
+
+def ep_geometry(ep: Any, gpus_per_node: int) -> tuple[Any, Any]:
+    """(g, N): the group's ranks in each node and its nodes, for ``ep`` consecutive ranks
+    (MoE parallel folding) on nodes of ``gpus_per_node`` GPUs; groups start at a node's
+    first GPU."""
+    n = np.asarray(ep, dtype=float)
+    g = np.minimum(n, float(gpus_per_node))
+    return g, np.ceil(n / g)
+
+
+def _none_chosen(pool: Any, bin_size: Any, k: int) -> Any:
+    """Chance that none of ``k`` experts drawn without replacement from ``pool`` falls in a
+    given bin of ``bin_size`` of them (hypergeometric)."""
+    pool, bin_size = np.asarray(pool, dtype=float), np.asarray(bin_size, dtype=float)
+    p = np.ones(np.broadcast(pool, bin_size).shape)
+    for i in range(k):
+        p = p * np.clip((pool - bin_size - i) / np.maximum(pool - i, 1.0), 0.0, 1.0)
+    return p
+
+
+def distinct_reached(shape: ModelShape, ep: Any, gpus_per_node: int, node_limit: int | None = None,
+                     device_limit: int | None = None) -> tuple[Any, Any]:
+    """(D_n, D_g): the expected distinct nodes and GPUs of the ep group a token's top_k
+    experts are on, with balanced routing: each node (each GPU) holds E / N (E / ep) of
+    the E experts; with a node limit M < N the token first takes M of the N nodes and its
+    k experts among their M E / N; with a device limit likewise among M GPUs' experts."""
+    E, k = float(shape.experts), shape.top_k
+    n = np.asarray(ep, dtype=float)
+    g, N = ep_geometry(ep, gpus_per_node)
+    per_node, per_gpu = E / N, E / n
+    nodes, gpus, pool = N, n, E + 0.0 * n
+    if node_limit is not None:
+        nodes = np.minimum(N, float(node_limit))
+        gpus = nodes * g
+        pool = nodes * per_node
+    if device_limit is not None:
+        gpus = np.minimum(gpus, float(device_limit))
+        pool = np.minimum(pool, gpus * per_gpu)
+        nodes = np.minimum(nodes, gpus)
+    d_n = nodes * (1.0 - _none_chosen(pool, per_node, k))
+    d_g = gpus * (1.0 - _none_chosen(pool, per_gpu, k))
+    return d_n, d_g
+
+
+def rows_sent(shape: ModelShape, ep: Any, gpus_per_node: int, opts: MoeOptions) -> tuple[Any, Any]:
+    """(inside, across): rows one rank sends per token of its own in one all-to-all,
+    to its node's other GPUs and to other nodes (see the module docstring)."""
+    n = np.asarray(ep, dtype=float)
+    g, N = ep_geometry(ep, gpus_per_node)
+    k = float(shape.top_k)
+    if not opts.dedup:
+        inside, across = k * (g - 1.0) / n, k * (n - g) / n
+    else:
+        d_n, d_g = distinct_reached(shape, ep, gpus_per_node, opts.node_limit, opts.device_limit)
+        across = d_n * (N - 1.0) / N
+        inside = d_g * (g - 1.0) / g
+    one = n > 1
+    return np.where(one, inside, 0.0), np.where(one, across, 0.0)
+
+
+def a2a_seconds(shape: ModelShape, hw: Any, *, tokens: Any, ep: Any, elem_bytes: float, opts: MoeOptions) -> Any:
+    """Seconds of one dispatch (or combine) of ``tokens`` tokens a rank, each element
+    ``elem_bytes`` bytes, at the busiest receiver's load."""
+    n = np.asarray(ep, dtype=float)
+    g, N = ep_geometry(ep, hw.gpus_per_node)
+    inside, across = rows_sent(shape, ep, hw.gpus_per_node, opts)
+    row = np.asarray(tokens, dtype=float) * shape.hidden * elem_bytes
+    wire = np.maximum(row * inside / hw.intra_bw, row * across / hw.inter_bw) * opts.load
+    latency = (g - 1.0) * hw.intra_alpha_s + (N - 1.0) * hw.inter_alpha_s
+    return np.where(n > 1, latency + wire, 0.0)
+
+
+def dispatch_bytes(opts: MoeOptions, act_bytes: float) -> float:
+    """Bytes an element of a dispatched row (FP8 with its scales, or the activations')."""
+    return FP8_DISPATCH_BYTES if opts.fp8_dispatch else act_bytes
+
+
+def a2a_per_step(shape: ModelShape, hw: Any, *, tokens: Any, ep: Any, act_bytes: float, opts: MoeOptions,
+                 moe_layers: Any, num_micro: Any, moe_rerun_share: Any) -> Any:
+    """Seconds of every expert-parallel all-to-all of a step on one rank: per MoE layer of
+    its stage and micro-batch, dispatch and combine forward (dispatch dtype, activation
+    dtype), their backward (likewise: combine's backward dispatches, dispatch's combines),
+    and a forward pair again for the ``moe_rerun_share`` of MoE layers recomputed."""
+    d = a2a_seconds(shape, hw, tokens=tokens, ep=ep, elem_bytes=dispatch_bytes(opts, act_bytes), opts=opts)
+    c = a2a_seconds(shape, hw, tokens=tokens, ep=ep, elem_bytes=act_bytes, opts=opts)
+    pairs = 2.0 + np.asarray(moe_rerun_share, dtype=float)
+    return pairs * (d + c) * np.asarray(moe_layers, dtype=float) * np.asarray(num_micro, dtype=float)
+
+
+# --- what the schedule hides ------------------------------------------------------------
+
+def overlaps(schedule: str, opts: MoeOptions) -> bool:
+    """Whether the all-to-all runs beside another micro-batch's compute: DualPipe always,
+    any other schedule where the run turns Megatron-Core's EP overlap on."""
+    return schedule == "dualpipev" or opts.a2a_overlap
+
+
+def unpaired_share(pp: Any, num_micro: Any, schedule: str, virtual_stages: int = 1) -> Any:
+    """Share of the first pipeline rank's chunk passes that run with no other micro-batch's
+    pass beside them (their all-to-all cannot hide): the warm-up forwards and the
+    cool-down backwards, (p - 1) of m for 1F1B-like schedules (DualPipeV taken so; its
+    report gives no per-phase count), 2 (p - 1) + (v - 1) p of v m chunk passes for the
+    interleaved ones (Megatron-LM's warm-up count), one of m without a pipeline."""
+    p = np.asarray(pp, dtype=float)
+    m = np.maximum(np.asarray(num_micro, dtype=float), 1.0)
+    if schedule in VIRTUAL:
+        v = float(virtual_stages)
+        warm = (2.0 * (p - 1.0) + (v - 1.0) * p) / (v * m)
+    else:
+        warm = (p - 1.0) / m
+    return np.clip(np.where(p > 1, warm, 1.0 / m), 0.0, 1.0)
+
+
+def exposed_a2a(a2a: Any, blocks: Any, *, pp: Any, num_micro: Any, schedule: str, virtual_stages: int,
+                opts: MoeOptions) -> Any:
+    """Seconds a step waits for of ``a2a`` seconds of all-to-all beside ``blocks`` seconds
+    of block compute (see the module docstring): all of it without overlap; with it, the
+    unpaired passes' share, and of the paired passes' all-to-all what their compute
+    cannot cover, or at least the compute the SMs it holds would have done."""
+    a2a = np.asarray(a2a, dtype=float)
+    if not overlaps(schedule, opts):
+        return a2a
+    u = unpaired_share(pp, num_micro, schedule, virtual_stages)
+    paired_comm = (1.0 - u) * a2a
+    paired_compute = (1.0 - u) * np.asarray(blocks, dtype=float)
+    return u * a2a + np.maximum(paired_comm - paired_compute, OVERLAP_SM_SHARE * paired_comm)
+
+
+# --- compute the MoE layers add --------------------------------------------------------
+
+def expert_share_of_linear(shape: ModelShape, stage_layers: Any) -> Any:
+    """The routed experts' share of a block stage's linear FLOPs (the FLOP count, for
+    hardware where perf prices no GEMM shapes and reports no ``expert_gemm_s``): per token
+    6 x 3 h F_e x top_k on each MoE block over 6 x the blocks' active matmul weights."""
+    if not shape.is_moe:
+        return 0.0 * np.asarray(stage_layers, dtype=float)
+    block_weights = shape.num_matmul_params() - shape.num_head_matmul_params()
+    routed = shape.moe_layers * shape.top_k * shape.expert_params()
+    return routed / block_weights + 0.0 * np.asarray(stage_layers, dtype=float)
+
+
+def recompute_flops_per_token(shape: ModelShape, modules: tuple[str, ...], load: float) -> float:
+    """Forward FLOPs a token's blocks (all of them, the MTP modules' included) run again
+    for Megatron-Core ``recompute_modules``: "mla_up_proj" MLA's q and kv up-projections,
+    "mlp" the dense blocks' MLP, "moe" an MoE block's router, shared and routed experts
+    (the routed ones at ``load``). Like perf.hardware_flops_per_token, a stage computes
+    its ceil(L / p) / L share of them."""
+    h = shape.hidden
+    out = 0.0
+    if "mla_up_proj" in modules and shape.is_mla:
+        q_up = shape.q_lora_rank * shape.heads * shape.qk_head_dim if shape.q_lora_rank is not None else 0
+        kv_up = shape.kv_lora_rank * shape.heads * (shape.qk_nope_head_dim + shape.v_dim)
+        out += 2.0 * (q_up + kv_up) * (shape.layers + shape.mtp_layers)
+    if "mlp" in modules:
+        out += 2.0 * (3 if shape.gated_mlp else 2) * h * shape.ffn_hidden * (shape.layers - shape.moe_layers)
+    if "moe" in modules and shape.is_moe:
+        per = h * shape.experts + shape.shared_experts * shape.expert_params() + load * shape.top_k * shape.expert_params()
+        out += 2.0 * per * shape.moe_layers
+    return out
+
+
+def moe_rerun_share(shape: ModelShape, modules: tuple[str, ...], recomputed_share: Any) -> Any:
+    """Share of MoE layers whose forward (and so its all-to-all pair) runs again: the
+    blocks recomputed whole, or every one under the "moe" module."""
+    return np.maximum(np.asarray(recomputed_share, dtype=float), 1.0 if "moe" in modules else 0.0)
+
+
+def permute_seconds(shape: ModelShape, hw: Any, *, tokens: Any, act_bytes: float, opts: MoeOptions,
+                    moe_layers: Any, num_micro: Any) -> Any:
+    """Seconds of the token permutation around the all-to-alls: per MoE layer and
+    micro-batch :data:`PERMUTE_PASSES` passes, each reading a rank's tokens and writing
+    their top_k rows (or the reverse), at the achieved memory bandwidth."""
+    rows = np.asarray(tokens, dtype=float) * (1.0 + shape.top_k * opts.load)
+    nbytes = PERMUTE_PASSES * rows * shape.hidden * act_bytes
+    bw = hw.mem_bw * hw.mem_bw_fraction
+    return nbytes / bw * np.asarray(moe_layers, dtype=float) * np.asarray(num_micro, dtype=float)
+
+
+def note(opts: MoeOptions, schedule: str) -> str:
+    """One line of a prediction's notes: the MoE options it was priced with."""
+    how = [f"{opts.dispatcher} dispatcher"]
+    if opts.node_limit:
+        how.append(f"at most {opts.node_limit} nodes a token")
+    if opts.device_limit:
+        how.append(f"at most {opts.device_limit} GPUs a token")
+    if opts.fp8_dispatch:
+        how.append("FP8 dispatch")
+    how.append("all-to-all overlapped with the paired micro-batch" if overlaps(schedule, opts)
+               else "all-to-all exposed")
+    if opts.capacity_factor is not None:
+        load = f"capacity factor {opts.capacity_factor:g}, busiest expert rank at {opts.load:g} x the mean"
+    elif opts.imbalance == DEFAULT_IMBALANCE:
+        load = f"dropless, busiest expert rank at {opts.imbalance:g} x the mean (an assumption: moe.DEFAULT_IMBALANCE)"
+    else:
+        load = f"dropless, busiest expert rank at {opts.imbalance:g} x the mean"
+    return "MoE: " + ", ".join(how) + "; " + load
+
+
+def options_of(row: dict[str, Any]) -> MoeOptions:
+    """The MoeOptions a published row (data/published_moe_runs.toml) states."""
+    routing = row.get("routing", "learned")
+    if routing not in ("learned", "force_balanced"):
+        raise MgbenchError(f"published_moe_runs.toml: {row.get('id')!r}: routing must be learned or force_balanced, "
+                           f"got {routing!r}")
+    return MoeOptions(imbalance=1.0 if routing == "force_balanced" else float(row.get("imbalance", DEFAULT_IMBALANCE)),
+                      capacity_factor=row.get("capacity_factor"), dispatcher=row.get("dispatcher", "alltoall"),
+                      node_limit=row.get("node_limit"), device_limit=row.get("device_limit"),
+                      fp8_dispatch=bool(row.get("fp8_dispatch", False)), a2a_overlap=bool(row.get("a2a_overlap", False)),
+                      recompute_modules=tuple(row.get("moe_recompute", ())))
+
+
+def replace(opts: MoeOptions, **changes: Any) -> MoeOptions:
+    """``opts`` with ``changes`` (checked again)."""
+    return dataclasses.replace(opts, **changes)

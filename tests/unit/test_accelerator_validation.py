@@ -1,0 +1,132 @@
+"""Per accelerator family validation (planner/accelerator_validation.py,
+data/accelerator_runs.toml): every row predicted through `mgbench predict`'s path, beside a
+one-constant baseline, fit and held-out rows apart; the table is computed from the rows."""
+
+import copy
+from statistics import mean, median
+
+import pytest
+
+from mgbench import catalog
+from mgbench.errors import MgbenchError
+from mgbench.layout import RECOMPUTE
+from mgbench.planner import accelerator_validation as A
+from mgbench.planner import perf
+from mgbench.planner.predict import predict
+from mgbench.planner.resolve import resolve
+
+
+def test_every_row_is_complete_and_names_its_source():
+    rows = A.runs()
+    assert len(rows) >= 30
+    for r in rows:
+        assert A.check_row(r) == [], r["id"]
+        assert A.family_of(r["accelerator"])  # every accelerator is in a family
+
+
+def test_the_split_follows_the_files_rule_and_a_moved_row_breaks_it():
+    rows = A.runs()
+    rule = A.split_by_rule(rows)
+    assert {r["id"]: r["split"] for r in rows} == rule
+    # Negative control: swapping a family's first two rows changes which one is held out.
+    first_two = [r for r in rows if A.family_of(r["accelerator"]) == "nvidia-hopper"][:2]
+    swapped = [r for r in rows if r not in first_two] + first_two[::-1]
+    moved = A.split_by_rule(swapped)
+    assert moved[first_two[1]["id"]] != rule[first_two[1]["id"]]
+
+
+def test_every_family_has_a_held_out_row():
+    table = A.family_table()
+    assert [t["family"] for t in table] == list(A.families())
+    assert all(t["held_out"]["rows"] >= 1 for t in table)
+
+
+def test_a_broken_row_is_refused():
+    row = dict(A.runs()[0])
+    assert A.check_row({**row, "system": "dgx-h100"}) == ["system 'dgx-h100' holds h100-sxm, not a100-sxm-80gb"]
+    assert A.check_row({**row, "split": "train"})[0].startswith("split 'train'")
+    assert A.check_row({k: v for k, v in row.items() if k != "source"}) == ["missing source"]
+    assert A.check_row({**row, "published": 0})[0].startswith("published 0")
+    assert any("relative_to" in p for p in A.check_row({**row, "metric": "ratio"}))
+
+
+def test_a_row_is_predicted_through_predicts_path():
+    row = next(r for r in A.runs() if r["id"] == "mbridge-25.11-h100-llama3-8b-fp8")
+    hw = resolve(precision="fp8", system="dgx-h100", stack="megatron-lm")
+    direct = predict(catalog.model_shape("llama3-8b"), hw, A.layout_of(row))["tokens_per_s_per_gpu"]
+    s = A.score(row)
+    assert s["predicted"] == pytest.approx(direct)
+    assert s["error_pct"] == pytest.approx(100 * (direct - row["published"]) / row["published"])
+
+
+def test_a_wrong_published_figure_moves_the_error():
+    row = next(r for r in A.runs() if r["id"] == "fms-fsdp-a100-llama2-7b-hsdp")
+    good = A.score(row)
+    broken = A.score({**row, "published": 2 * row["published"]})
+    assert broken["predicted"] == pytest.approx(good["predicted"])
+    pub = 2 * row["published"]
+    assert broken["error_pct"] == pytest.approx(100 * (good["predicted"] - pub) / pub)
+    assert broken["baseline_error_pct"] != pytest.approx(good["baseline_error_pct"])
+
+
+def test_ratio_rows_predict_both_accelerators_with_one_layout():
+    row = next(r for r in A.runs() if r["metric"] == "ratio" and r["accelerator"] == "mi355x")
+    own = A.predict_on(row, row["system"])["tokens_per_s_per_gpu"]
+    other = A.predict_on(row, row["relative_to"]["system"])["tokens_per_s_per_gpu"]
+    assert A.predicted(row) == pytest.approx(own / other)
+    assert A.baseline(row) == pytest.approx(2500.0 / 2250.0)  # the ratio of the bf16 peaks
+
+
+def test_baseline_is_the_median_mfu_of_the_projects_validation_rows_by_hand():
+    from mgbench.model_shape import ModelShape
+    from mgbench.planner.validation import published_runs
+
+    mfus = []
+    for r in published_runs():
+        if r["role"] != "validation":
+            continue
+        shape = catalog.model_shape(r["model"]) if "model" in r else ModelShape(**r["shape"])
+        model = float(shape.flops_per_token(r["seq"]))
+        if r["metric"] == "tokens":
+            mfus.append(r["published_tokens_per_s_per_gpu"] * model / 312e12)
+        else:  # the A100 Megatron rows publish hardware TFLOP/s, recomputation counted
+            hw = float(perf.hardware_flops_per_token(shape, r["seq"], RECOMPUTE.index(r["recompute"])))
+            mfus.append(r["published_tflops_per_gpu"] * 1e12 * model / hw / 312e12)
+    assert A.baseline_mfu() == {"mfu": pytest.approx(median(mfus)), "rows": len(mfus)}
+    row = next(r for r in A.runs() if r["id"] == "fms-fsdp-a100-llama2-7b-hsdp")
+    assert A.baseline(row) == pytest.approx(median(mfus) * 312e12 / float(A.shape_of(row).flops_per_token(4096)))
+
+
+def test_family_table_is_computed_from_the_rows_by_hand():
+    scored = [
+        {"id": "a", "family": "nvidia-ampere", "accelerator": "a100-sxm-80gb", "split": "held_out",
+         "error_pct": 10.0, "baseline_error_pct": -30.0},
+        {"id": "b", "family": "nvidia-ampere", "accelerator": "a100-sxm-80gb", "split": "held_out",
+         "error_pct": -20.0, "baseline_error_pct": 5.0},
+        {"id": "c", "family": "nvidia-ampere", "accelerator": "rtx-a6000", "split": "fit",
+         "error_pct": 50.0, "baseline_error_pct": 1.0},
+        {"id": "d", "family": "amd-cdna3", "accelerator": "mi300x", "split": "held_out",
+         "error_pct": 40.0, "baseline_error_pct": 20.0},
+    ]
+    table = {t["family"]: t for t in A.family_table(scored)}
+    amp = table["nvidia-ampere"]
+    assert amp["rows"] == 3 and amp["held_out"]["rows"] == 2 and amp["fit"]["rows"] == 1
+    assert amp["held_out"]["model"] == {"mean_abs_pct": 15.0, "worst_abs_pct": 20.0}
+    assert amp["held_out"]["baseline"] == {"mean_abs_pct": 17.5, "worst_abs_pct": 30.0}
+    assert amp["beats_baseline_held_out"] is True  # 15 < 17.5; the fit row's 50% is not held out
+    assert "a100-sxm-40gb" in amp["accelerators_without_rows"] and "rtx-a6000" not in amp["accelerators_without_rows"]
+    assert table["amd-cdna3"]["beats_baseline_held_out"] is False
+    assert table["nvidia-hopper"]["rows"] == 0 and table["nvidia-hopper"]["beats_baseline_held_out"] is None
+    t = A.targets(scored)
+    assert t["held_out_mean_abs_pct"] == pytest.approx(mean([10.0, 20.0, 40.0]))
+    assert t["worst_row"] == "c" and not t["worst_met"] and t["held_out_mean_met"] is False
+    assert "nvidia-hopper" in t["families_without_rows"] and t["families_losing_to_baseline"] == ["amd-cdna3"]
+    # Negative control: a better held-out row flips the family's verdict.
+    better = copy.deepcopy(scored)
+    better[3]["error_pct"] = 5.0
+    assert {t["family"]: t for t in A.family_table(better)}["amd-cdna3"]["beats_baseline_held_out"] is True
+
+
+def test_an_accelerator_in_no_family_is_refused():
+    with pytest.raises(MgbenchError, match="no \\[families\\] list"):
+        A.family_of("tpu-v5p")

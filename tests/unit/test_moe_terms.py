@@ -1,0 +1,266 @@
+"""The MoE terms of the step model (planner/moe.py, layout_time.step_time; issue 26):
+expert-parallel traffic split inside and across nodes, node-limited routing, FP8
+dispatch, what DualPipe and Megatron-Core's EP overlap hide, load imbalance and capacity,
+the recompute modules, and MLA in the planner's memory, each against a hand calculation
+and each with the broken input that makes it fire."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from mgbench import catalog
+from mgbench.errors import MgbenchError
+from mgbench.planner import hardware, layout_time, moe, perf
+from mgbench.planner import memory as M
+
+DSV3 = catalog.model_shape("deepseek-v3")
+MIXTRAL = catalog.model_shape("mixtral-8x7b")
+H100 = hardware.resolve(system="dgx-h100")
+H800 = hardware.resolve(system="hgx-h800")
+BALANCED = moe.MoeOptions(imbalance=1.0)
+
+
+def none_of(pool, bin_size, k):
+    """Chance that k experts drawn from ``pool`` miss a bin of ``bin_size``, by counting."""
+    return math.comb(pool - bin_size, k) / math.comb(pool, k)
+
+
+# --- traffic by scope ---------------------------------------------------------------------
+
+def test_all_to_all_rows_split_inside_and_across_nodes_by_hand():
+    # DeepSeek-V3's 8 of 256 experts over ep 64 consecutive ranks of 8-GPU nodes: a row per
+    # expert, 7 of 64 ranks share the sender's node, 56 are elsewhere.
+    inside, across = moe.rows_sent(DSV3, 64, 8, BALANCED)
+    assert float(inside) == pytest.approx(8 * 7 / 64) and float(across) == pytest.approx(8 * 56 / 64)
+    # ep inside one node: nothing crosses; ep 1: nothing moves.
+    inside, across = moe.rows_sent(DSV3, 8, 8, BALANCED)
+    assert (float(inside), float(across)) == (pytest.approx(8 * 7 / 8), 0.0)
+    assert [float(x) for x in moe.rows_sent(DSV3, 1, 8, BALANCED)] == [0.0, 0.0]
+    # One GB200 NVL72 domain holds an ep group of 64: all of it on NVLink.
+    assert float(moe.rows_sent(DSV3, 64, 72, BALANCED)[1]) == 0.0
+
+
+def test_node_limited_routing_cuts_the_rows_that_cross_nodes_by_hand():
+    dedup = moe.MoeOptions(imbalance=1.0, dispatcher="deepep")
+    # One row per destination node: D_n (N - 1) / N across. Unlimited: 8 nodes of 32 experts.
+    free = 8 * (1 - none_of(256, 32, 8)) * 7 / 8
+    # At most 4 nodes (DeepSeek-V3 section 3.2.2): the 8 experts among the 4 nodes' 128.
+    limited = 4 * (1 - none_of(128, 32, 8)) * 7 / 8
+    assert float(moe.rows_sent(DSV3, 64, 8, dedup)[1]) == pytest.approx(free)
+    assert float(moe.rows_sent(DSV3, 64, 8, moe.replace(dedup, node_limit=4))[1]) == pytest.approx(limited)
+    assert limited == pytest.approx(3.175, abs=1e-3) and free == pytest.approx(4.633, abs=1e-3)
+    # Inside: each GPU reached, less the one the row enters its node by: D_g (g - 1) / g.
+    d_g = 32 * (1 - none_of(128, 4, 8))
+    assert float(moe.rows_sent(DSV3, 64, 8, moe.replace(dedup, node_limit=4))[0]) == pytest.approx(d_g * 7 / 8)
+    # The control: the all-to-all dispatcher sends a row per expert, and a row crosses
+    # whenever its expert is elsewhere, limited or not.
+    a2a = moe.rows_sent(DSV3, 64, 8, BALANCED)
+    assert [float(x) for x in moe.rows_sent(DSV3, 64, 8, moe.replace(BALANCED, node_limit=4))] == \
+        [float(x) for x in a2a]
+
+
+def test_device_limited_routing_by_hand():
+    # DeepSeek-V2: 160 experts over 8 GPUs of one node (20 each), 6 a token on at most 3 GPUs.
+    v2 = catalog.model_shape("deepseek-v2")
+    opts = moe.MoeOptions(imbalance=1.0, dispatcher="deepep", device_limit=3)
+    d_g = 3 * (1 - none_of(60, 20, 6))
+    assert float(moe.rows_sent(v2, 8, 8, opts)[0]) == pytest.approx(d_g * 7 / 8)
+    assert float(moe.rows_sent(v2, 8, 8, opts)[0]) < float(moe.rows_sent(v2, 8, 8, moe.replace(opts, device_limit=None))[0])
+
+
+def test_one_all_to_all_by_hand_and_fp8_dispatch():
+    tokens = 4096
+    opts = moe.MoeOptions(imbalance=1.0, dispatcher="deepep", node_limit=4, fp8_dispatch=True)
+    inside, across = (float(x) for x in moe.rows_sent(DSV3, 64, 8, opts))
+    row = tokens * DSV3.hidden
+    latency = 7 * H800.intra_alpha_s + 7 * H800.inter_alpha_s
+
+    def by_hand(nbytes):
+        return latency + max(row * nbytes * inside / H800.intra_bw, row * nbytes * across / H800.inter_bw)
+
+    d = moe.a2a_seconds(DSV3, H800, tokens=tokens, ep=64, elem_bytes=moe.dispatch_bytes(opts, 2.0), opts=opts)
+    assert float(d) == pytest.approx(by_hand(1 + 4 / 128))  # FP8 and a 1 x 128 tile's fp32 scale
+    c = moe.a2a_seconds(DSV3, H800, tokens=tokens, ep=64, elem_bytes=2.0, opts=opts)
+    assert float(c) == pytest.approx(by_hand(2.0))  # combine in BF16
+    # The network bounds it here: 3.2 rows a token on 42.5 GB/s against 6.4 on 164.
+    assert row * across / H800.inter_bw > row * inside / H800.intra_bw
+    # The busiest receiver's load stretches the wire time, not the latency.
+    heavy = moe.a2a_seconds(DSV3, H800, tokens=tokens, ep=64, elem_bytes=2.0, opts=moe.replace(opts, imbalance=1.5))
+    assert float(heavy) - latency == pytest.approx(1.5 * (float(c) - latency))
+
+
+def test_catalog_links_agree_with_deepeps_published_h800_bandwidths():
+    # The all-to-all runs at the catalog's links: on an H800 node they give what DeepEP's
+    # normal kernels reach there (docs/legacy.md), within 7% inside and 27% across (whose
+    # "logical" bytes count some that stay in the node: 58 GB/s at EP 32 on a 50 GB/s NIC).
+    intra = moe.DEEPEP_H800["intranode"]
+    for figure in (intra["dispatch_gbps"], intra["combine_gbps"]):
+        assert abs(H800.intra_bw / 1e9 / figure - 1) < 0.08
+    for row in moe.DEEPEP_H800["internode"]:
+        for figure in (row["dispatch_gbps"], row["combine_gbps"]):
+            assert abs(H800.inter_bw / 1e9 / figure - 1) < 0.3
+    # ... and the check fires on a link the catalog had wrong (the H100's NVLink on an H800).
+    assert abs(H100.intra_bw / 1e9 / intra["dispatch_gbps"] - 1) > 0.5
+
+
+# --- what the schedule hides --------------------------------------------------------------
+
+def test_dualpipe_hides_the_paired_passes_all_to_all_by_hand():
+    opts = moe.MoeOptions()
+    a2a, blocks, p, m = 6.0, 20.0, 16, 120
+    u = (p - 1) / m  # warm-up forwards and cool-down backwards have no partner
+    got = moe.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule="dualpipev", virtual_stages=1, opts=opts)
+    # The paired passes' all-to-all fits under their compute: only the SMs it holds cost.
+    assert float(got) == pytest.approx(u * a2a + 20 / 132 * (1 - u) * a2a)
+    # Not enough compute to hide it behind: what sticks out is exposed.
+    short = moe.exposed_a2a(a2a, 2.0, pp=p, num_micro=m, schedule="dualpipev", virtual_stages=1, opts=opts)
+    assert float(short) == pytest.approx(u * a2a + (1 - u) * (a2a - 2.0))
+    # 1F1B without EP overlap hides none of it; with Megatron-Core's overlap it hides as DualPipe.
+    assert float(moe.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule="1f1b", virtual_stages=1, opts=opts)) == a2a
+    on = moe.replace(opts, a2a_overlap=True)
+    assert float(moe.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule="1f1b", virtual_stages=1, opts=on)) == \
+        pytest.approx(float(got))
+    # Interleaving: Megatron-LM's warm-up of 2 (p - 1) + (v - 1) p chunk passes of v m.
+    v = 4
+    ui = (2 * (p - 1) + (v - 1) * p) / (v * m)
+    assert float(moe.unpaired_share(p, m, "interleaved", v)) == pytest.approx(ui)
+    assert float(moe.unpaired_share(1, m, "1f1b")) == pytest.approx(1 / m)
+
+
+def test_dualpipe_step_exposes_less_all_to_all_than_1f1b():
+    kw = dict(seq=4096, global_batch=15360, micro_batch=1, tp=1, pp=16, dp=128, zero=1, recompute=0, ep=64,
+              precision="fp8")
+    opts = moe.MoeOptions(dispatcher="deepep", node_limit=4, fp8_dispatch=True)
+    dual = layout_time.step_time(DSV3, H800, schedule="dualpipev", moe=opts, **kw)["breakdown"]
+    plain = layout_time.step_time(DSV3, H800, schedule="1f1b", moe=opts, **kw)["breakdown"]
+    assert float(plain["ep_comm_s"]) == pytest.approx(float(plain["ep_a2a_s"]))
+    assert float(dual["ep_a2a_s"]) == pytest.approx(float(plain["ep_a2a_s"]))
+    assert float(dual["ep_comm_s"]) < 0.35 * float(dual["ep_a2a_s"])
+    # Node-limited routing with DeepEP's kernels moves fewer bytes than the all-to-all dispatcher.
+    megatron = layout_time.step_time(DSV3, H800, schedule="1f1b", moe=moe.MoeOptions(), **kw)["breakdown"]
+    assert float(plain["ep_a2a_s"]) < 0.6 * float(megatron["ep_a2a_s"])
+
+
+def test_step_options_come_from_the_enclosing_using_block():
+    kw = dict(seq=4096, global_batch=64, micro_batch=1, tp=1, pp=1, dp=16, zero=1, recompute=0, ep=16)
+    default = layout_time.step_time(MIXTRAL, H100, **kw)["breakdown"]
+    with moe.using(moe.MoeOptions(imbalance=1.0)):
+        balanced = layout_time.step_time(MIXTRAL, H100, **kw)["breakdown"]
+    assert float(default["moe_imbalance_s"]) > 0 and float(balanced["moe_imbalance_s"]) == 0
+    assert moe.current() == moe.MoeOptions()  # the block restores the defaults
+
+
+# --- compute the MoE layers add -----------------------------------------------------------
+
+def test_imbalance_prices_the_busiest_ranks_extra_expert_rows():
+    kw = dict(seq=4096, global_batch=64, micro_batch=1, tp=1, pp=1, dp=16, zero=1, recompute=0, ep=16)
+    b = layout_time.step_time(MIXTRAL, H100, moe=moe.MoeOptions(imbalance=1.3), **kw)["breakdown"]
+    assert float(b["moe_imbalance_s"]) == pytest.approx(0.3 * float(b["expert_gemm_s"]) / H100.stack_eff)
+    # A capacity factor caps the busiest rank (tokens over it are dropped).
+    capped = layout_time.step_time(MIXTRAL, H100, moe=moe.MoeOptions(imbalance=1.3, capacity_factor=1.1),
+                                   **kw)["breakdown"]
+    assert float(capped["moe_imbalance_s"]) == pytest.approx(0.1 * float(b["expert_gemm_s"]) / H100.stack_eff)
+    # Under fp8 the extra rows run at the FP8 rate.
+    f8 = layout_time.step_time(MIXTRAL, H100, precision="fp8", moe=moe.MoeOptions(imbalance=1.3), **kw)["breakdown"]
+    assert float(f8["moe_imbalance_s"]) == pytest.approx(0.3 * float(f8["expert_gemm_s"]) * 989 / 1979 / H100.stack_eff)
+
+
+def test_the_expert_gemms_are_priced_at_the_layouts_ep():
+    # perf.shaped_gemms gives each of the rank's experts ep x tokens x top_k / experts rows:
+    # the step passes the layout's ep, so ep 64 prices 4 experts of 8192 rows, not 256 of 128.
+    kw = dict(seq=4096, global_batch=15360, micro_batch=1, tp=1, pp=16, dp=128, recompute=0)
+    step = layout_time.step_time(DSV3, H100, zero=1, ep=64, **kw)["breakdown"]
+    terms = perf.compute_terms(DSV3, H100, ep=64, **kw)
+    assert float(step["expert_gemm_s"]) == pytest.approx(float(terms["expert_gemm_s"]))
+    assert float(terms["expert_gemm_s"]) < 0.7 * float(perf.compute_terms(DSV3, H100, ep=1, **kw)["expert_gemm_s"])
+
+
+def test_without_gemm_shapes_the_expert_share_comes_from_the_flops():
+    flat = dataclasses.replace(H100, gemm_shapes=False)
+    kw = dict(seq=4096, global_batch=64, micro_batch=1, tp=1, pp=1, dp=16, zero=1, recompute=0, ep=16)
+    b = layout_time.step_time(MIXTRAL, flat, moe=moe.MoeOptions(imbalance=1.5), **kw)["breakdown"]
+    share = 32 * 2 * MIXTRAL.expert_params() / (MIXTRAL.num_matmul_params() - MIXTRAL.num_head_matmul_params())
+    assert float(b["moe_imbalance_s"]) == pytest.approx(0.5 * share * float(b["linear_s"]) / flat.stack_eff)
+
+
+def test_recompute_modules_flops_by_hand():
+    # mla_up_proj: the q and kv up-projections' forward again, in every block and the MTP's.
+    q_up, kv_up = 1536 * 128 * 192, 512 * 128 * (128 + 128)
+    assert moe.recompute_flops_per_token(DSV3, ("mla_up_proj",), 1.0) == pytest.approx(2 * (q_up + kv_up) * 62)
+    # mlp: the 3 dense blocks' SwiGLU.
+    assert moe.recompute_flops_per_token(DSV3, ("mlp",), 1.0) == pytest.approx(2 * 3 * 7168 * 18432 * 3)
+    # Elementwise modules cost no matmul.
+    assert moe.recompute_flops_per_token(DSV3, ("moe_act", "layernorm"), 1.0) == 0.0
+    # The "moe" module runs the layer's all-to-all pair again too.
+    assert float(moe.moe_rerun_share(DSV3, ("moe",), 0.0)) == 1.0
+
+
+def test_bad_moe_options_are_refused_in_one_line():
+    for bad, says in ((dict(dispatcher="nccl"), "dispatcher"), (dict(imbalance=0.9), ">= 1"),
+                      (dict(capacity_factor=0.0), "capacity"), (dict(node_limit=0), "node_limit"),
+                      (dict(recompute_modules=("attention",)), "recompute modules")):
+        with pytest.raises(MgbenchError, match=says):
+            moe.MoeOptions(**bad)
+
+
+# --- memory: MLA and the MoE block ----------------------------------------------------------
+
+def test_mla_activations_at_their_own_widths_by_hand():
+    e, a = 2.0, 128
+    # q and k at 128 + 64 a head, kv's up-projection (128 + 128) whole, the output at 128.
+    heads = e * a * (2 * 192 + 128 + 2 * 128)
+    # c_kv with the rotary key, its normalised value and output; the query latent's three.
+    latents = e * (512 + 64) + 2 * e * 512 + 8 + 3 * e * 1536 + 8
+    assert M.mla_attention_bytes(DSV3, e) == (pytest.approx(heads), pytest.approx(latents))
+    gqa_like = dataclasses.replace(DSV3, kv_lora_rank=None, q_lora_rank=None, qk_nope_head_dim=None,
+                                   qk_rope_head_dim=None, v_head_dim=None, head_dim=192)
+    mla = float(M.layer_activations(DSV3, 1, 1, False, "bf16"))
+    gqa = float(M.layer_activations(gqa_like, 1, 1, False, "bf16"))
+    # DeepSeek-V3's per-head count equals the GQA stand-in's (768 a elements either way):
+    # what MLA adds is its latents.
+    assert mla - gqa == pytest.approx(latents)
+    # Under tensor parallelism the heads split, the replicated latents do not.
+    tp2 = float(M.layer_activations(DSV3, 1, 2, True, "bf16"))
+    gqa2 = float(M.layer_activations(gqa_like, 1, 2, True, "bf16"))
+    assert tp2 - gqa2 == pytest.approx(latents)
+    # Megatron-Core's mla_up_proj recompute keeps only the attention output of the heads.
+    up = float(M.layer_activations(DSV3, 1, 1, False, "bf16", mla_up_proj=True))
+    assert mla - up == pytest.approx(heads - e * a * 128)
+
+
+def test_runner_mla_blocks_count_the_same_on_cuda():
+    # The runner's MLA block on CUDA saves what layer_activations counts (tp 1): nothing extra.
+    dense_block = 0
+    assert M._runner_block_extra(DSV3, dense_block, 2.0, 1, 1, "cuda") == pytest.approx(0.0)
+    # On CPU it pads v to qk for SDPA: (4 qk + v) a against (2 qk + nope + 2 v) a.
+    small = catalog.model_shape("deepseek-v2")
+    pad = 2.0 * 128 * ((4 * 192 + 128) - (2 * 192 + 128 + 2 * 128))
+    assert M._runner_block_extra(small, dense_block, 2.0, 1, 1, "cpu") == pytest.approx(pad)
+
+
+def test_memory_reads_the_moe_options_in_force():
+    kw = dict(seq=4096, micro_batch=1, num_micro=8, tp=1, pp=16, dp=128, zero=1, ep=64, schedule="dualpipev")
+    base = M.memory_per_gpu(DSV3, **kw)["activations_bytes"]
+    with moe.using(moe.MoeOptions(recompute_modules=("mla_up_proj", "moe_act"))):
+        lean = M.memory_per_gpu(DSV3, **kw)["activations_bytes"]
+    assert float(lean) < 0.8 * float(base)
+
+
+def test_expert_states_shard_over_the_folded_expert_data_parallel_group():
+    # tp 2, dp 16, ep 32 (Megatron-Bridge's Qwen3-235B on H100s): the ep group of 32 takes
+    # tp x dp = 32 ranks, so each expert has one copy and ZeRO-1 cannot shard its states.
+    q = catalog.model_shape("qwen3-235b-a22b")
+    kw = dict(seq=4096, micro_batch=1, num_micro=128, tp=2, pp=8, dp=16, zero=1, sp=True)
+    _, expert = M.stage_param_split(q, 2, 8, 32)
+    dense, _ = M.stage_param_split(q, 2, 8, 32)
+    opt = float(M.memory_per_gpu(q, ep=32, **kw)["optimizer_bytes"])
+    assert opt == pytest.approx(12 * float(dense) / 16 + 12 * float(expert) / 1)
+    # ep 16 of the 32 ranks: two copies of each expert, the states halved.
+    _, expert16 = M.stage_param_split(q, 2, 8, 16)
+    opt16 = float(M.memory_per_gpu(q, ep=16, **kw)["optimizer_bytes"])
+    assert opt16 == pytest.approx(12 * float(dense) / 16 + 12 * float(expert16) / 2)
+    assert np.isfinite(opt)
