@@ -14,7 +14,7 @@ help text, and its role:
 
 Everything else is derived from these declarations: the suite keys and their checks
 (:data:`SWEEP_KEYS`), config identity (:meth:`RunConfig.identity`), the reference key's
-inputs, the label, `mgbench run --help` and README's key table (:func:`keys_markdown`).
+inputs, the label, `mgbench run --help` and docs/suites.md's key table (:func:`keys_markdown`).
 Adding a suite key is one field declaration here. Torch-free: the launcher, suites and
 reports import it without loading the rank side.
 """
@@ -287,7 +287,7 @@ class RunConfig:
     moe_aux_loss_coef: float = key(0.01, _non_negative, "MoE: weight of the load-balancing loss E x sum f_e P_e "
                                    "(Switch Transformer; 0.01 there) added to the training gradient; the reported "
                                    "loss is the LM loss", applies=_moe)
-    # workload = "command": the user's own training launch (runner/command.py, README "Your own training script")
+    # workload = "command": the user's own training launch (runner/command.py, docs/workloads.md)
     command: str = key("", _shell_words, "workload = \"command\": the launch line, run as given when it starts with "
                        "torchrun / accelerate / deepspeed, or (a plain `python script.py ...`) run under torchrun with "
                        "nproc ranks", applies=_is_command)
@@ -520,7 +520,7 @@ def config_id(params: dict[str, Any]) -> str:
 
 
 def keys_markdown() -> str:
-    """README's table of suite keys, generated from the schema."""
+    """docs/suites.md's table of suite keys, generated from the schema."""
     rows = ["| key | default | role | what it sets |", "|---|---|---|---|"]
     for name, (_, default, help_text) in SWEEP_KEYS.items():
         cell = help_text.replace("|", "\\|")  # a | inside a cell would end it
@@ -536,5 +536,5 @@ def keys_help() -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m mgbench.config: README's key table
+if __name__ == "__main__":  # python -m mgbench.config: docs/suites.md's key table
     print(keys_markdown())

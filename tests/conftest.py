@@ -30,7 +30,8 @@ def run_cli(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedPr
 # (README's test command), a long file that starts last would leave one worker alone at
 # the end. Measured CPU seconds per file (MGBENCH_TEST_CPU below) decide the list. xdist
 # hands files out in this order (pytest_configure below turns its own reordering off).
-LONGEST_FIRST = ("integration/test_parallelism_cpu.py", "unit/test_check_gloo.py", "integration/test_modern.py",
+LONGEST_FIRST = ("integration/test_parallelism_cpu.py", "unit/test_docs.py", "unit/test_check_gloo.py",
+                 "integration/test_modern.py",
                  "integration/test_run_cpu.py", "integration/test_reliability.py", "integration/test_multinode.py",
                  "unit/test_memory_trace.py", "integration/test_hf_vision_cpu.py", "integration/test_comm_cpu.py",
                  "unit/test_tracked_memory.py", "integration/test_command_workload.py", "unit/test_strategies_gloo.py",

@@ -275,7 +275,7 @@ def cross_generation_coverage() -> dict[str, Any]:
 
 
 def coverage_statement() -> str:
-    """The intervals' coverage, computed: README states this sentence and a test checks
+    """The intervals' coverage, computed: docs/planner.md states this sentence and a test checks
     it is the computed one."""
     loo, cross = leave_one_out_coverage(), cross_generation_coverage()["counts"]
 

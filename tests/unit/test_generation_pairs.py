@@ -98,8 +98,8 @@ def test_a_pair_the_model_gets_wrong_falls_outside_and_widens_the_interval(pairs
     (row,) = [r for r in cov["ratio"] if r["id"] == "broken"]
     assert row["error_pct"] > 100.0 and not row["inside"]
     assert uncertainty.regime("h100-sxm", pipelined=False)["high"] > before + 0.5
-    # The coverage README states is the computed one: with the broken pair it no longer is.
-    assert uncertainty.coverage_statement() not in _readme()
+    # The coverage docs/planner.md states is the computed one: with the broken pair it no longer is.
+    assert uncertainty.coverage_statement() not in _planner_page()
 
 
 @pytest.mark.parametrize("broken, message", [
@@ -112,9 +112,9 @@ def test_a_pair_without_source_or_shape_is_refused(pairs_file, broken, message):
         validation.generation_pairs()
 
 
-def _readme() -> str:
-    return " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
+def _planner_page() -> str:
+    return " ".join((Path(__file__).parents[2] / "docs" / "planner.md").read_text().split())
 
 
-def test_readme_states_the_computed_coverage():
-    assert uncertainty.coverage_statement() in _readme()
+def test_planner_page_states_the_computed_coverage():
+    assert uncertainty.coverage_statement() in _planner_page()

@@ -8,7 +8,7 @@ sizes per strategy and presets from gpt2-small to llama3-70b (big presets with f
 blocks: their blocks and vocabularies are what the model has to get right; depth only
 repeats blocks, and gpt2-small runs at its full 12). `mgbench memory --model llama3-70b
 --zero 3 --num-gpus 64 --seq-len 8192 --trace` at full depth is too slow for CI (about
-half a minute); README gives its figures.
+half a minute); docs/planner.md gives its figures.
 """
 
 from __future__ import annotations
