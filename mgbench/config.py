@@ -45,7 +45,7 @@ FP8_RECIPES = ("tensorwise", "rowwise")
 SCHEDULES = schedules.NAMES  # the pipeline schedule registry (strategies/schedules.py)
 # The runner's activation checkpointing modes. "every_2nd" checkpoints every second block
 # (torchtitan's layer-wise selective AC at frequency 2); it is not Korthikanti et al.'s
-# selective recompute. The planner (`--recompute`, planner/memory.RECOMPUTE) uses these names.
+# selective recompute. The planner (`--recompute`, mgbench/layout.py RECOMPUTE) uses these names.
 CHECKPOINTING = ("none", "every_2nd", "full")
 DEVICES = ("auto", "cpu", "cuda")
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")

@@ -122,31 +122,32 @@ class Layout:
         """Model chunks each pipeline rank holds (schedule registry: virtual stages, or 2 in a V)."""
         return chunks_per_rank(self.schedule, self.virtual_stages)
 
-    # -- what is enabled: ask these, not strategy names --------------------------------------
+    # -- what is enabled: ask these, not strategy names. Plain comparisons, so that they
+    # answer per row where the fields are arrays (numpy compares elementwise).
     @property
     def tp_enabled(self) -> Any:
-        return np.asarray(self.tp) > 1 if _vector(self.tp) else self.tp > 1
+        return self.tp > 1
 
     @property
     def pipelined(self) -> Any:
-        return np.asarray(self.pp) > 1 if _vector(self.pp) else self.pp > 1
+        return self.pp > 1
 
     @property
     def cp_enabled(self) -> Any:
-        return np.asarray(self.cp) > 1 if _vector(self.cp) else self.cp > 1
+        return self.cp > 1
 
     @property
     def ep_enabled(self) -> Any:
-        return np.asarray(self.ep) > 1 if _vector(self.ep) else self.ep > 1
+        return self.ep > 1
 
     @property
     def fsdp_enabled(self) -> Any:
         """Parameters sharded over the data-parallel ranks (ZeRO-3: FSDP2's fully_shard)."""
-        return np.asarray(self.zero) == 3 if _vector(self.zero) else self.zero == 3
+        return self.zero == 3
 
     @property
     def hsdp_enabled(self) -> Any:
-        return np.asarray(self.replicas) > 1 if _vector(self.replicas) else self.replicas > 1
+        return self.replicas > 1
 
     @property
     def recompute_priced_only(self) -> bool:

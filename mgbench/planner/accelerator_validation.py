@@ -117,11 +117,13 @@ def shape_of(row: dict[str, Any]) -> ModelShape:
 
 
 def layout_of(row: dict[str, Any]) -> Layout:
-    """The Layout `mgbench predict` is given for the row (degrees as published)."""
+    """The Layout `mgbench predict` is given for a published training row (degrees as
+    published; accelerator_runs.toml and published_moe_runs.toml share the keys)."""
     return Layout(num_gpus=row["num_gpus"], tp=row.get("tp", 1), pp=row.get("pp", 1), cp=row.get("cp", 1),
                   ep=row.get("ep", 1), zero=row["zero"], micro_batch=row["micro_batch"], seq_len=row["seq"],
                   global_batch=row["global_batch"], precision=row["precision"], recompute=row["recompute"],
-                  sequence_parallel=row.get("tp", 1) > 1, schedule=row.get("schedule", "1f1b"),
+                  sequence_parallel=row.get("sequence_parallel", row.get("tp", 1) > 1),
+                  schedule=row.get("schedule", "1f1b"),
                   virtual_stages=row.get("virtual_stages", 1), replicas=row.get("replicas", 1))
 
 

@@ -30,7 +30,8 @@ from ..errors import MgbenchError
 from ..config import CHECKPOINTING
 from ..strategies import DATA_PARALLEL, ZERO_STAGE
 from ..model_shape import ModelShape
-from .memory import RECOMPUTE, act_bytes
+from ..layout import RECOMPUTE
+from .memory import act_bytes
 from . import perf
 from .perf import dp_window_fraction, link_from_all_reduce_fit
 

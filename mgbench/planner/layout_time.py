@@ -27,7 +27,7 @@ ep_comm   the expert-parallel all-to-alls by scope (planner/moe.py): dispatch an
           node and GPU, where node-limited routing pays), FP8 dispatch where the run does
           it, at the busiest receiver's load; exposed all of it, or under DualPipe /
           Megatron-Core's EP overlap only what the paired micro-batch's compute cannot
-          cover (moe.exposed_a2a). Its options (moe.MoeOptions): ``moe`` or moe.current().
+          cover (moe.exposed_a2a). Its options: ``moe`` (moe.MoeOptions; None: the defaults).
 moe       compute the MoE layers add to perf's (in the blocks, so the bubble scales too):
           the busiest rank's extra expert rows (load - 1 of perf's expert_gemm_s, or of
           the routed experts' FLOP share of the linears where perf reports none), the
@@ -162,8 +162,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     """Predicted step time and its parts for a layout with every axis (arrays
     broadcast); the step, its named terms in ``breakdown`` and ``notes``.
     ``hw`` is resolved at :func:`hardware_precision` (bf16 for fp8); ``moe``: how an MoE
-    model routes and moves its tokens (None: moe.current(), the defaults outside a
-    moe.using block)."""
+    model routes and moves its tokens (None: moe.MoeOptions's defaults)."""
     c = np.asarray(cp, dtype=float)
     d = np.asarray(dp, dtype=float)
     dense_p, expert_p = stage_param_split(shape, tp, pp, ep)
@@ -185,7 +184,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         blocks = blocks - b["linear_s"] * (1.0 - ratio) / hw.stack_eff
         notes.append(FP8_EFF_NOTE)
     lps = np.ceil(shape.layers / p)
-    opts = moe if moe is not None else moe_terms.current()
+    opts = moe if moe is not None else moe_terms.MoeOptions()
     e = act_bytes(precision)
     tokens_rank = s * np.asarray(micro_batch, dtype=float) / (c * t)  # a rank's tokens (sequence parallel over tp)
     moe_layers = np.minimum(lps, shape.moe_layers)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..layout import RECOMPUTE, RUNNER_RECOMPUTE  # noqa: F401  (read by the planner's modules here)
+from ..layout import RECOMPUTE
 from ..model_shape import ModelShape
 from ..strategies.schedules import NAMES as _SCHEDULE_NAMES
 from ..strategies.schedules import grad_sync
@@ -462,7 +462,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
                    largest_layer_params: Any = None, ep: Any = 1, cp: Any = 1, replicas: Any = 1,
                    offload: bool = False, state_bytes: tuple[float, float, float] | None = None,
                    loss: str = "chunked", loss_vocab_parallel: bool = False,
-                   margin: float = ALLOWANCE_FRACTION, fixed: bool = True) -> dict[str, Any]:
+                   margin: float = ALLOWANCE_FRACTION, fixed: bool = True, moe: Any = None) -> dict[str, Any]:
     """Everything one GPU holds at its peak under the planner's production assumptions,
     in bytes; the components add up to ``total_bytes``.
 
@@ -490,7 +490,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     - ``ep``: routed experts sharded over ep ranks (:func:`stage_param_split`); their
       ZeRO group is the expert data-parallel ranks, tp x dp x cp / ep (MoE parallel
       folding: with tp = 1 the data-parallel group / ep); MoE blocks' activations by
-      :func:`moe_mlp_extra`, at the busiest rank's load (planner/moe.py current());
+      :func:`moe_mlp_extra`, at the busiest rank's load (``moe``: planner/moe.py MoeOptions);
     - ``cp``: each rank holds s / cp tokens of each sequence, so every per-token
       activation is divided by cp; ZeRO shards over dp x cp (the cp ranks hold the same
       weights: torchtitan's FSDP mesh); plus :func:`cp_kv_bytes`;
@@ -549,11 +549,11 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     rc = np.asarray(recompute)
     lps = np.ceil(shape.layers / np.asarray(pp, dtype=float))
     ck = recomputed_blocks(lps, rc)
-    from .moe import current as moe_options
+    from .moe import MoeOptions
 
-    # The MoE options in force (planner/moe.py): the busiest rank's load and the
-    # Megatron-Core recompute modules that discard saved tensors.
-    mopts = moe_options()
+    # ``moe``: how an MoE model routes (planner/moe.py MoeOptions; None: the defaults): the
+    # busiest rank's load and the Megatron-Core recompute modules that discard saved tensors.
+    mopts = moe if moe is not None else MoeOptions()
     full_l = layer_activations(shape, tokens, tp, sp, precision, flash, seq, selective=rc == SELECTIVE,
                                op_sac=rc == OP_SAC, mla_up_proj="mla_up_proj" in mopts.recompute_modules)
     if shape.is_moe:  # the mean block of the stage: its MoE blocks save more (at the busiest rank's load)

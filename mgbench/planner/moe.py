@@ -57,11 +57,9 @@ Load (:meth:`MoeOptions.load`)
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -153,26 +151,6 @@ class MoeOptions:
     def dedup(self) -> bool:
         """One copy per destination node and GPU (DeepEP, HybridEP), not one per expert."""
         return self.dispatcher != "alltoall"
-
-
-_CURRENT: contextvars.ContextVar[MoeOptions | None] = contextvars.ContextVar("mgbench_moe_options", default=None)
-
-
-def current() -> MoeOptions:
-    """The options layout_time.step_time prices with when it is given none: those of an
-    enclosing :func:`using` block, else the defaults."""
-    return _CURRENT.get() or MoeOptions()
-
-
-@contextlib.contextmanager
-def using(options: MoeOptions) -> Iterator[MoeOptions]:
-    """Price every step inside the block with ``options`` (planner/moe_validation.py
-    predicts published rows through predict.predict(), which does not take them yet)."""
-    token = _CURRENT.set(options)
-    try:
-        yield options
-    finally:
-        _CURRENT.reset(token)
 
 
 # --- the expert-parallel group ----------------------------------------------------------

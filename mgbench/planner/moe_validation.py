@@ -4,8 +4,8 @@
 Every row is predicted through the path `mgbench predict` takes: resolve.resolve (the
 catalog system at the row's precision, the Megatron-LM stack) and predict.predict (the
 layout's rules, the step model, the memory), with the row's MoE options (moe.MoeOptions:
-routing, dispatcher, node limit, FP8 dispatch, overlap, recomputed modules) in force
-around it (moe.using: predict() takes no MoE options yet). A row whose layout predict
+routing, dispatcher, node limit, FP8 dispatch, overlap, recomputed modules) given to
+predict. A row whose layout predict
 refuses is reported with the refusal, not left out.
 
 Fit and held-out rows are scored apart (mean and worst |error|); the split follows the
@@ -24,9 +24,9 @@ from typing import Any
 
 from .. import catalog
 from ..errors import MgbenchError
-from ..layout import Layout
 from ..model_shape import ModelShape
 from . import moe
+from .accelerator_validation import layout_of
 
 # The issue's acceptance (26): mean |error| under 15% and none over 30%, on the fit and the
 # held-out rows alike.
@@ -91,15 +91,6 @@ def shape_of(row: dict[str, Any]) -> ModelShape:
     return dataclasses.replace(shape, **row.get("model_overrides", {}))
 
 
-def layout_of(row: dict[str, Any]) -> Layout:
-    """The Layout `mgbench predict` is given for the row (degrees as published)."""
-    return Layout(num_gpus=row["num_gpus"], tp=row["tp"], pp=row["pp"], cp=row.get("cp", 1), ep=row["ep"],
-                  zero=row["zero"], micro_batch=row["micro_batch"], seq_len=row["seq"],
-                  global_batch=row["global_batch"], precision=row["precision"], recompute=row["recompute"],
-                  sequence_parallel=row.get("sequence_parallel", row["tp"] > 1),
-                  schedule=row.get("schedule", "1f1b"), virtual_stages=row.get("virtual_stages", 1))
-
-
 def predict_row(row: dict[str, Any], options: moe.MoeOptions | None = None) -> dict[str, Any]:
     """`mgbench predict`'s answer for the row, with its MoE options (``options`` replaces
     them: for tests and what-ifs)."""
@@ -107,8 +98,7 @@ def predict_row(row: dict[str, Any], options: moe.MoeOptions | None = None) -> d
     from .resolve import resolve
 
     hw = resolve(precision=row["precision"], system=row["system"], stack=STACK)
-    with moe.using(options or moe.options_of(row)):
-        return predict(shape_of(row), hw, layout_of(row))
+    return predict(shape_of(row), hw, layout_of(row), moe=options or moe.options_of(row))
 
 
 def score(row: dict[str, Any], options: moe.MoeOptions | None = None) -> dict[str, Any]:

@@ -165,7 +165,7 @@ def head_flops_per_token(shape: ModelShape) -> float:
 
 
 def hardware_flops_per_token(shape: ModelShape, seq: Any, recompute: Any) -> Any:
-    """Model FLOPs plus recomputation (memory.RECOMPUTE's modes): full recompute repeats
+    """Model FLOPs plus recomputation (layout.RECOMPUTE's modes): full recompute repeats
     every block's forward (2 FLOPs a block weight + the attention forward, a third of
     ModelShape.attention_flops_per_token); every_2nd repeats the forward of every second
     block, ceil(L / 2) of the L blocks' share of it; selective repeats every block's core

@@ -63,7 +63,7 @@ def _floats(d: dict[str, Any]) -> dict[str, Any]:
 
 def memory(shape: ModelShape | None, layout: Layout, params: float | None = None,
            largest_layer_params: float | None = None, stack: str | None = None,
-           margin: float | None = None, fixed: bool = True) -> dict[str, Any]:
+           margin: float | None = None, fixed: bool = True, moe: Any = None) -> dict[str, Any]:
     """Bytes per GPU for `mgbench memory` (model states, and the ZeRO-3 working set when
     ``largest_layer_params`` is given, when only ``params`` is known), as ``stack`` (None:
     the default) holds them (planner/stack.py memory_of), with ``margin`` (None: the
@@ -75,7 +75,7 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
     validate(layout, shape)
     m = memory_per_gpu(shape, params=params, num_micro=layout.num_micro, **layout.model_kwargs(),
                        largest_layer_params=largest_layer_params, **memory_of(stack),
-                       margin=ALLOWANCE_FRACTION if margin is None else margin, fixed=fixed)
+                       margin=ALLOWANCE_FRACTION if margin is None else margin, fixed=fixed, moe=moe)
     out = {k: float(m[k]) for k in MEMORY_KEYS}
     # Offloaded model states: in host memory, not in the device total.
     out["host_bytes"] = float(m["host_bytes"])
@@ -89,15 +89,17 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
 
 
 def predict(shape: ModelShape, hw: Hardware, layout: Layout, overlap: float = perf.DEFAULT_OVERLAP,
-            host_ops: dict[str, float] | None = None, margin: float | None = None) -> dict[str, Any]:
+            host_ops: dict[str, float] | None = None, margin: float | None = None,
+            moe: Any = None) -> dict[str, Any]:
     """Step time, throughput, MFU, memory and whether it fits, for `mgbench predict`
-    (``host_ops``: the layout's counted non-matmul ops, for a probed CPU Hardware)."""
+    (``host_ops``: the layout's counted non-matmul ops, for a probed CPU Hardware; ``moe``:
+    how an MoE model routes and moves its tokens, planner/moe.py MoeOptions, None: its defaults)."""
     validate(layout, shape)
     out = layout_time.step_time(shape, hw, global_batch=layout.batch, overlap=overlap, host_ops=host_ops,
-                                **layout.model_kwargs())
+                                moe=moe, **layout.model_kwargs())
     notes = out.pop("notes")
     res = _floats(out)
-    mem = memory(shape, layout, stack=hw.stack, margin=margin, fixed=hw.ew_bw is None)  # a probed CPU: no CUDA
+    mem = memory(shape, layout, stack=hw.stack, margin=margin, fixed=hw.ew_bw is None, moe=moe)  # a probed CPU: no CUDA
     res["notes"] = notes + mem.pop("notes")
     res["memory"] = mem
     res["fits"] = mem["total_bytes"] <= hw.memory_bytes

@@ -15,7 +15,7 @@ from .. import catalog
 from ..errors import MgbenchError
 from ..model_shape import ModelShape
 from . import hardware, layout_time, stack
-from .memory import RECOMPUTE
+from ..layout import RECOMPUTE
 
 
 def published_runs() -> list[dict[str, Any]]:

@@ -188,7 +188,8 @@ def test_device_and_cluster_options_are_the_shared_declarations():
 
 
 def test_choices_come_from_the_planner_constants():
-    from mgbench.planner.memory import RECOMPUTE, SCHEDULES, STATE_BYTES
+    from mgbench.layout import RECOMPUTE
+    from mgbench.planner.memory import SCHEDULES, STATE_BYTES
 
     for name in ("memory", "predict"):
         params = _params(main.commands[name])

@@ -55,3 +55,15 @@ def test_each_rule_fires_on_a_layout_that_breaks_it(kw, rule):
     masks = R.rules(SHAPE, Layout(**args))
     assert not bool(masks[rule]), rule
     assert R.MESSAGES[rule]  # and says why in one line
+
+
+def test_experts_fold_over_tensor_and_data_parallel_ranks():
+    """Megatron-Core's MoE parallel folding: the ep group may take a stage's tp ranks too,
+    so ep may exceed dp (Qwen3-235B on H100 was published with tp 2, dp 16, ep 32); an ep
+    that divides no stage's tp x dp x cp ranks is still refused."""
+    shape = catalog.model_shape("qwen3-30b-a3b")  # 128 experts
+    ok = R.rules(shape, Layout(num_gpus=8, tp=2, ep=8, global_batch=16, seq_len=4096))
+    assert bool(ok["experts"])  # dp = 4 < ep = 8, tp x dp = 8
+    bad = R.rules(shape, Layout(num_gpus=8, tp=2, ep=16, global_batch=16, seq_len=4096))
+    assert not bool(bad["experts"])
+    assert "tp x dp x cp" in R.MESSAGES["experts"](Layout(num_gpus=8, tp=2, ep=16), shape)

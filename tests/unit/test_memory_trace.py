@@ -22,7 +22,7 @@ import torch
 from mgbench import catalog
 from mgbench.planner import memory as M
 from mgbench.planner import trace as T
-from mgbench.layout import for_strategy
+from mgbench.layout import RUNNER_RECOMPUTE, for_strategy
 from tests.factories import make_config
 
 TOLERANCE_PCT = 5.0
@@ -112,7 +112,7 @@ def table(rows: list[dict]) -> str:
 def test_grid_covers_what_the_acceptance_asks():
     assert len(GRID) >= 30
     assert {r[0] for r in GRID} == {"single", "ddp", "zero1", "fsdp", "fsdp_grad_op", "tp", "tp_sp", "pp", "fsdp+tp"}
-    assert {r[7] for r in GRID} == set(M.RUNNER_RECOMPUTE)  # the trace runs what the runner runs
+    assert {r[7] for r in GRID} == set(RUNNER_RECOMPUTE)  # the trace runs what the runner runs
     for st in {r[0] for r in GRID}:
         assert len({r[5] for r in GRID if r[0] == st}) >= 2, f"{st}: one micro-batch size only"
     assert {"gpt2-small", "llama3-70b"} <= {r[2] for r in GRID}
@@ -121,7 +121,7 @@ def test_grid_covers_what_the_acceptance_asks():
 def test_ci_rows_cover_every_strategy_and_recompute_mode():
     rows = [GRID[i] for i in CI_ROWS]
     assert {r[0] for r in rows} == {r[0] for r in GRID}
-    assert {r[7] for r in rows} == set(M.RUNNER_RECOMPUTE)
+    assert {r[7] for r in rows} == set(RUNNER_RECOMPUTE)
     assert {"gpt2-small", "llama3-70b"} <= {r[2] for r in rows}
 
 

@@ -16,6 +16,7 @@ from mgbench.cli import main
 from mgbench.cli_options import MODEL_GROUP
 from mgbench.errors import MgbenchError
 from mgbench.hf_config import shape_from_file, shape_from_hf
+from mgbench.layout import RECOMPUTE
 from mgbench.model_shape import ModelShape
 from mgbench.planner import memory as M
 from mgbench.planner import perf
@@ -82,7 +83,7 @@ def test_attention_flops_count_mla_widths_and_local_windows_by_hand():
     assert ds.attention_flops_per_token(4096) == (61 + 1) * 6 * 4096 * 128 * (192 + 128)
     # The MTP module passes the shared head once more: never recomputed, on the last stage.
     assert perf.head_flops_per_token(ds) == 2 * 6 * 7168 * 129280
-    none, full = (perf.hardware_flops_per_token(ds, 4096, M.RECOMPUTE.index(m)) for m in ("none", "full"))
+    none, full = (perf.hardware_flops_per_token(ds, 4096, RECOMPUTE.index(m)) for m in ("none", "full"))
     blocks_fwd = 2 * (ds.num_matmul_params() - ds.num_head_matmul_params()) + ds.attention_flops_per_token(4096) / 3
     assert full - none == pytest.approx(blocks_fwd)
     oss = catalog.model_shape("gpt-oss-120b")
@@ -205,16 +206,16 @@ def test_selective_recompute_drops_exactly_the_scores_from_the_planner_activatio
     # Korthikanti's 5 a s^2 b / t bytes of scores, softmax and dropout, and the fp32 LSE.
     assert plain - sel == pytest.approx(tokens * (5 * 96 * 2048 / t + M.LSE_BYTES * 96 / t))
     kw = dict(seq=2048, micro_batch=1, tp=8, pp=1, dp=1, flash=False, sp=True)
-    mem = {rc: M.memory_per_gpu(gpt3, recompute=M.RECOMPUTE.index(rc), **kw)["activations_bytes"]
+    mem = {rc: M.memory_per_gpu(gpt3, recompute=RECOMPUTE.index(rc), **kw)["activations_bytes"]
            for rc in ("none", "selective", "full")}
     assert mem["full"] < mem["selective"] < mem["none"]
 
 
 def test_selective_recompute_adds_the_attention_forward_only():
     s = catalog.model_shape("llama3-8b")
-    none = perf.hardware_flops_per_token(s, 8192, M.RECOMPUTE.index("none"))
+    none = perf.hardware_flops_per_token(s, 8192, RECOMPUTE.index("none"))
     sel = perf.hardware_flops_per_token(s, 8192, M.SELECTIVE)
-    full = perf.hardware_flops_per_token(s, 8192, M.RECOMPUTE.index("full"))
+    full = perf.hardware_flops_per_token(s, 8192, RECOMPUTE.index("full"))
     assert sel - none == pytest.approx(4 * 32 * 4096 * 8192)  # the forward's 4 L h s
     assert none < sel < full
 
@@ -231,7 +232,7 @@ def test_recompute_selective_works_in_memory_predict_and_plan_and_says_the_runne
 
     res = plan(catalog.model_shape("llama3-8b"), PlanOptions(tokens=1e11, systems=["dgx-h100"], max_gpus=8,
                                                              seq_len=8192), Prices(None, []))
-    assert res["num_candidates"] > 0 and {r["recompute"] for r in res["ranked"]} <= set(M.RECOMPUTE)
+    assert res["num_candidates"] > 0 and {r["recompute"] for r in res["ranked"]} <= set(RECOMPUTE)
 
 
 # --- hardware: a --system holding another GPU -----------------------------------------------
@@ -265,7 +266,7 @@ def test_op_level_checkpointing_by_hand():
     assert perf.hardware_flops_per_token(s, 512, M.OP_SAC) - none == pytest.approx(0.5 * 2 * block_weights)
     # Its memory sits between every_2nd's and none's for a deep model, above full's.
     big = catalog.model_shape("llama3-8b")
-    acts = {rc: M.memory_per_gpu(big, seq=8192, recompute=M.RECOMPUTE.index(rc), dp=8, zero=3)["activations_bytes"]
+    acts = {rc: M.memory_per_gpu(big, seq=8192, recompute=RECOMPUTE.index(rc), dp=8, zero=3)["activations_bytes"]
             for rc in ("none", "full", "op")}
     assert acts["full"] < acts["op"] < acts["none"]
 

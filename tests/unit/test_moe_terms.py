@@ -145,13 +145,11 @@ def test_dualpipe_step_exposes_less_all_to_all_than_1f1b():
     assert float(plain["ep_a2a_s"]) < 0.6 * float(megatron["ep_a2a_s"])
 
 
-def test_step_options_come_from_the_enclosing_using_block():
+def test_step_options_are_the_ones_given():
     kw = dict(seq=4096, global_batch=64, micro_batch=1, tp=1, pp=1, dp=16, zero=1, recompute=0, ep=16)
     default = layout_time.step_time(MIXTRAL, H100, **kw)["breakdown"]
-    with moe.using(moe.MoeOptions(imbalance=1.0)):
-        balanced = layout_time.step_time(MIXTRAL, H100, **kw)["breakdown"]
+    balanced = layout_time.step_time(MIXTRAL, H100, moe=moe.MoeOptions(imbalance=1.0), **kw)["breakdown"]
     assert float(default["moe_imbalance_s"]) > 0 and float(balanced["moe_imbalance_s"]) == 0
-    assert moe.current() == moe.MoeOptions()  # the block restores the defaults
 
 
 # --- compute the MoE layers add -----------------------------------------------------------
@@ -242,11 +240,11 @@ def test_runner_mla_blocks_count_the_same_on_cuda():
     assert M._runner_block_extra(small, dense_block, 2.0, 1, 1, "cpu") == pytest.approx(pad)
 
 
-def test_memory_reads_the_moe_options_in_force():
+def test_memory_reads_the_moe_options_given():
     kw = dict(seq=4096, micro_batch=1, num_micro=8, tp=1, pp=16, dp=128, zero=1, ep=64, schedule="dualpipev")
     base = M.memory_per_gpu(DSV3, **kw)["activations_bytes"]
-    with moe.using(moe.MoeOptions(recompute_modules=("mla_up_proj", "moe_act"))):
-        lean = M.memory_per_gpu(DSV3, **kw)["activations_bytes"]
+    lean = M.memory_per_gpu(DSV3, moe=moe.MoeOptions(recompute_modules=("mla_up_proj", "moe_act")),
+                            **kw)["activations_bytes"]
     assert float(lean) < 0.8 * float(base)
 
 

@@ -32,7 +32,9 @@ def test_korthikanti_table_2_for_the_step_time_model(t, sp, flash, expected):
 def test_the_runners_recompute_modes_are_the_planners_first_ones():
     # The planner adds what production stacks run (selective) after the runner's modes,
     # so a runner mode's index is the same in both.
-    assert M.RUNNER_RECOMPUTE == CHECKPOINTING == M.RECOMPUTE[:len(CHECKPOINTING)]
+    from mgbench.layout import RECOMPUTE, RUNNER_RECOMPUTE
+
+    assert RUNNER_RECOMPUTE == CHECKPOINTING == RECOMPUTE[:len(CHECKPOINTING)]
 
 
 def test_loss_chunks_match_the_workload():
