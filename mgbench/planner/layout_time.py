@@ -6,7 +6,7 @@ the run's closing projection all call it; calibration fits coefficients of the s
 FLOP and collective counts (perf.hardware_flops_per_token, perf.collective_counts).
 
     step = compute (+ moe) + bubble + tp_comm + pp_comm + exposed_dp_comm
-           + ep_comm + cp_comm + offload
+           + ep_comm + cp_comm + offload + moe_host
 
 compute   perf's; with context parallelism each of the cp ranks computes s / cp tokens
           of every sequence (queries) against the whole sequence (keys): perf is called
@@ -14,9 +14,12 @@ compute   perf's; with context parallelism each of the cp ranks computes s / cp 
           that split of tokens, the same micro-batch count and the gradient reduction
           over dp x cp ranks that torchtitan's FSDP mesh does. Under fp8 the blocks'
           linear layers (every block matmul but attention's scores and values) run at
-          the FP8 peak with the same fraction of it as bf16 matmuls get of theirs
-          (:data:`FP8_EFF_NOTE`); the output projection stays bf16 (torchao / torchtitan
-          leave it out, strategies/fp8.py). MFU stays against the bf16 peak.
+          the FP8 peak times the GPU's measured FP8 best-GEMM fraction over its bf16
+          one (efficiency.toml gemm_best_fp8 / gemm_best: Hopper reaches 0.88 of the
+          bf16 fraction, MI300X 0.87, B200 0.98), or, where no FP8 GEMM was measured,
+          the bf16 fraction (:func:`fp8_linear_ratio`); the output projection stays bf16
+          (torchao / torchtitan leave it out, strategies/fp8.py). MFU stays against the
+          bf16 peak.
 bubble    perf's: the schedule's theoretical idle fraction f (strategies/schedules.py's
           :func:`theoretical_bubble`, the one place for it), bubble = blocks x f / (1 - f),
           on the blocks' compute after the fp8 speed-up.
@@ -28,6 +31,10 @@ ep_comm   the expert-parallel all-to-alls by scope (planner/moe.py): dispatch an
           it, at the busiest receiver's load; exposed all of it, or under DualPipe /
           Megatron-Core's EP overlap only what the paired micro-batch's compute cannot
           cover (moe.exposed_a2a). Its options: ``moe`` (moe.MoeOptions; None: the defaults).
+moe_host  what the GPU waits on the host in eager dropless MoE layers (moe.host_seconds:
+          per MoE layer pass, a fixed and a per-local-expert time solved from published
+          Megatron-Bridge rows), stretched by the bubble like the stage's other work; 0
+          under MoeOptions(cuda_graphs=True).
 moe       compute the MoE layers add to perf's (in the blocks, so the bubble scales too):
           the busiest rank's extra expert rows (load - 1 of perf's expert_gemm_s, or of
           the routed experts' FLOP share of the linears where perf reports none), the
@@ -69,6 +76,8 @@ from .memory import VIRTUAL_SCHEDULES, act_bytes, attention_recomputed_share, re
 
 FP8_EFF_NOTE = ("FP8 linears at the bf16 matmul efficiency's fraction of the FP8 peak (an assumption: no FP8 "
                 "best-GEMM (MAMF) figure is recorded; casts and scaling are not priced)")
+FP8_MEASURED_NOTE = ("FP8 linears at the FP8 peak x the measured FP8 best-GEMM fraction ({ratio:.2f} of the bf16 one, "
+                     "efficiency.toml); casts and scaling are not priced")
 OFFLOAD_NOTE = "CPU offload: the optimizer step on the host CPU is not priced (no host memory bandwidth in the catalog)"
 
 
@@ -89,6 +98,14 @@ def fp8_peak_tflops(hw: Hardware) -> float:
         raise MgbenchError(f"--precision fp8: the catalog has no FP8 peak for {hw.gpu} (GPUs with one in "
                            f"hardware.toml: {', '.join(with_fp8)}); choose bf16")
     return float(peak)
+
+
+def fp8_linear_ratio(hw: Hardware) -> float:
+    """Seconds of an FP8 linear over the same linear's bf16 seconds on ``hw``: the peaks'
+    ratio, divided by the measured FP8 best-GEMM fraction over the bf16 one where the
+    GPU's profile has both (an H100 SXM's FP8 GEMMs reach 0.71 of the FP8 peak against
+    0.80 of the bf16 one: 0.5 / 0.88 = 0.57, not 0.5)."""
+    return hw.peak_tflops / fp8_peak_tflops(hw) / (hw.fp8_gemm_ratio or 1.0)
 
 
 def host_link_bw(hw: Hardware) -> float:
@@ -180,16 +197,16 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     if precision == "fp8":
         if host_ops is not None and hw.ew_bw is not None:
             raise MgbenchError("--precision fp8 is priced on catalog GPUs only (a probed CPU has no FP8 units)")
-        ratio = hw.peak_tflops / fp8_peak_tflops(hw)
+        ratio = fp8_linear_ratio(hw)
         blocks = blocks - b["linear_s"] * (1.0 - ratio) / hw.stack_eff
-        notes.append(FP8_EFF_NOTE)
+        notes.append(FP8_MEASURED_NOTE.format(ratio=hw.fp8_gemm_ratio) if hw.fp8_gemm_ratio else FP8_EFF_NOTE)
     lps = np.ceil(shape.layers / p)
     opts = moe if moe is not None else moe_terms.MoeOptions()
     e = act_bytes(precision)
     tokens_rank = s * np.asarray(micro_batch, dtype=float) / (c * t)  # a rank's tokens (sequence parallel over tp)
     moe_layers = np.minimum(lps, shape.moe_layers)
     zero_s = 0.0 * blocks
-    imbalance_s, moe_recompute_s, permute_s, a2a, ep_comm = zero_s, zero_s, zero_s, zero_s, zero_s
+    imbalance_s, moe_recompute_s, permute_s, a2a, ep_comm, host_s = zero_s, zero_s, zero_s, zero_s, zero_s, zero_s
     if shape.is_moe:
         linear_scale = (ratio if precision == "fp8" else 1.0) / hw.stack_eff  # the linears' seconds as run
         expert = np.asarray(b.get("expert_gemm_s", zero_s), dtype=float)
@@ -217,6 +234,8 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
                                      moe_layers=moe_layers, num_micro=m, moe_rerun_share=rerun)
         ep_comm = moe_terms.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule=schedule, virtual_stages=v,
                                         opts=opts)
+        # The host stall lengthens every stage's pass, so the bubble grows with it.
+        host_s = moe_terms.host_seconds(shape, ep=ep, moe_layers=moe_layers, num_micro=m, opts=opts) / (1.0 - f)
     cp_comm = cp_kv_exchange_s(shape, hw, seq=s, micro_batch=micro_batch, tp=t, cp=c, span=t * c,
                                precision=precision, layers=lps, num_micro=m, recompute=rc)
 
@@ -236,7 +255,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         offload_s = perf.zero3_gathers(m, p, schedule) * 4.0 * shard / bw
         notes.append(OFFLOAD_NOTE)
 
-    total = compute + bubble + b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s
+    total = compute + bubble + b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s + host_s
     n_gpus = t * p * dpc
     tokens = np.asarray(global_batch, dtype=float) * s
     tps = tokens / total
@@ -252,7 +271,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     res["breakdown"] = {**terms, "compute_s": compute, "bubble_s": bubble, "bubble_fraction": f, "dp_comm_s": dp_comm,
                         "exposed_dp_comm_s": exposed_dp, "ep_comm_s": ep_comm, "ep_a2a_s": a2a,
                         "moe_imbalance_s": imbalance_s, "moe_recompute_s": moe_recompute_s,
-                        "moe_permute_s": permute_s, "cp_comm_s": cp_comm,
+                        "moe_permute_s": permute_s, "moe_host_s": host_s, "cp_comm_s": cp_comm,
                         "offload_s": offload_s,
                         "exposed_comm_s": b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s}
     res["notes"] = notes
