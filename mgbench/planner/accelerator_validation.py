@@ -127,13 +127,23 @@ def layout_of(row: dict[str, Any]) -> Layout:
                   virtual_stages=row.get("virtual_stages", 1), replicas=row.get("replicas", 1))
 
 
+def moe_options_for(row: dict[str, Any]) -> Any:
+    """The MoE options a row is priced with: those published_moe_runs.toml states for the
+    same run (one place for them: routing, dispatcher, node limit, FP8 dispatch, overlap),
+    or the planner's defaults (None) for a run that file does not hold."""
+    from . import moe
+
+    same = [r for r in catalog.load("published_moe_runs.toml")["runs"] if r["id"] == row["id"]]
+    return moe.options_of(same[0]) if same else None
+
+
 def predict_on(row: dict[str, Any], system: str) -> dict[str, Any]:
     """`mgbench predict`'s answer for the row's model and layout on ``system``."""
     from .predict import predict
     from .resolve import resolve
 
     hw = resolve(precision=row["precision"], system=system, stack=row["stack"])
-    return predict(shape_of(row), hw, layout_of(row))
+    return predict(shape_of(row), hw, layout_of(row), moe=moe_options_for(row))
 
 
 @lru_cache(maxsize=1)

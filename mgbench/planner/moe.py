@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -125,6 +126,7 @@ class MoeOptions:
     fp8_dispatch: bool = False
     a2a_overlap: bool = False  # Megatron-Core overlap_moe_expert_parallel_comm (dualpipev: always)
     recompute_modules: tuple[str, ...] = ()
+    cuda_graphs: bool = False  # MoE layers captured in CUDA graphs: no per-layer host launch cost
 
     def __post_init__(self) -> None:
         if self.dispatcher not in DISPATCHERS:
@@ -332,6 +334,35 @@ def permute_seconds(shape: ModelShape, hw: Any, *, tokens: Any, act_bytes: float
     return nbytes / bw * np.asarray(moe_layers, dtype=float) * np.asarray(num_micro, dtype=float)
 
 
+# --- the host's launch cost ----------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def host_constants() -> dict[str, Any]:
+    """data/stacks.toml [moe_host]: the host time a dropless MoE layer adds per micro-batch
+    (forward and backward), fixed and per local expert, in ms, and how they were solved."""
+    from .. import catalog
+
+    return dict(catalog.load("stacks.toml")["moe_host"])
+
+
+def host_launches(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any) -> tuple[Any, Any]:
+    """(n, n x local experts): a stage's MoE layer passes a step (its MoE layers x the
+    micro-batches), and the same weighted by the experts each rank holds."""
+    n = np.asarray(moe_layers, dtype=float) * np.asarray(num_micro, dtype=float)
+    return n, n * shape.experts / np.asarray(ep, dtype=float)
+
+
+def host_seconds(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any, opts: MoeOptions) -> Any:
+    """Seconds a step the GPU waits on the host in dropless MoE layers run eagerly:
+    n x (per_layer + per_local_expert x experts / ep) ms (:func:`host_launches`,
+    :func:`host_constants`); 0 where the run captures its MoE layers in CUDA graphs."""
+    n, n_local = host_launches(shape, ep=ep, moe_layers=moe_layers, num_micro=num_micro)
+    if opts.cuda_graphs:
+        return 0.0 * n
+    c = host_constants()
+    return (float(c["per_layer_ms"]) * n + float(c["per_local_expert_ms"]) * n_local) * 1e-3
+
+
 def note(opts: MoeOptions, schedule: str) -> str:
     """One line of a prediction's notes: the MoE options it was priced with."""
     how = [f"{opts.dispatcher} dispatcher"]
@@ -349,7 +380,9 @@ def note(opts: MoeOptions, schedule: str) -> str:
         load = f"dropless, busiest expert rank at {opts.imbalance:g} x the mean (an assumption: moe.DEFAULT_IMBALANCE)"
     else:
         load = f"dropless, busiest expert rank at {opts.imbalance:g} x the mean"
-    return "MoE: " + ", ".join(how) + "; " + load
+    host = ("MoE layers in CUDA graphs (no host launch cost)" if opts.cuda_graphs else
+            "eager MoE layers: the host's launch time per layer and micro-batch added (fitted, stacks.toml [moe_host])")
+    return "MoE: " + ", ".join(how) + "; " + load + "; " + host
 
 
 def options_of(row: dict[str, Any]) -> MoeOptions:
@@ -362,7 +395,8 @@ def options_of(row: dict[str, Any]) -> MoeOptions:
                       capacity_factor=row.get("capacity_factor"), dispatcher=row.get("dispatcher", "alltoall"),
                       node_limit=row.get("node_limit"), device_limit=row.get("device_limit"),
                       fp8_dispatch=bool(row.get("fp8_dispatch", False)), a2a_overlap=bool(row.get("a2a_overlap", False)),
-                      recompute_modules=tuple(row.get("moe_recompute", ())))
+                      recompute_modules=tuple(row.get("moe_recompute", ())),
+                      cuda_graphs=bool(row.get("cuda_graphs", False)))
 
 
 def replace(opts: MoeOptions, **changes: Any) -> MoeOptions:

@@ -118,9 +118,51 @@ def score(row: dict[str, Any], options: moe.MoeOptions | None = None) -> dict[st
     out.update(predicted=pred, error_pct=100.0 * (pred - pub) / pub, fits=res["fits"],
                memory_gb=res["memory"]["total_bytes"] / 1e9,
                terms={k: float(b[k]) for k in ("compute_s", "bubble_s", "ep_a2a_s", "ep_comm_s", "moe_imbalance_s",
-                                               "moe_recompute_s", "moe_permute_s", "exposed_dp_comm_s", "tp_comm_s",
-                                               "pp_comm_s")} | {"step_time_s": float(res["step_time_s"])})
+                                               "moe_recompute_s", "moe_permute_s", "moe_host_s", "exposed_dp_comm_s",
+                                               "tp_comm_s", "pp_comm_s")} | {"step_time_s": float(res["step_time_s"])})
     return out
+
+
+def host_fit_rows() -> list[dict[str, Any]]:
+    """The rows the host launch constants are solved from: the "fit" rows of this file
+    that accelerator_runs.toml does not hold out (a row both files carry is fitted only
+    where neither holds it out)."""
+    from .accelerator_validation import runs as accelerator_rows
+
+    held = {r["id"] for r in accelerator_rows() if r["split"] == "held_out"}
+    return [r for r in runs() if r["split"] == "fit" and r["id"] not in held]
+
+
+def host_terms(row: dict[str, Any]) -> tuple[float, float, float]:
+    """(step seconds without the host term, d step / d per_layer_ms, d step /
+    d per_local_expert_ms): the step is linear in both constants (moe.host_seconds, the
+    bubble's share included), so one prediction gives every candidate's step."""
+    opts = dataclasses.replace(moe.options_of(row), cuda_graphs=True)
+    res = predict_row(row, opts)
+    b = res["breakdown"]
+    lps = -(-shape_of(row).layers // row.get("pp", 1))
+    n, n_local = moe.host_launches(shape_of(row), ep=row["ep"], moe_layers=min(lps, shape_of(row).moe_layers),
+                                   num_micro=res["num_micro_batches"])
+    stretch = 1e-3 / (1.0 - float(b["bubble_fraction"]))
+    return float(res["step_time_s"]), float(n) * stretch, float(n_local) * stretch
+
+
+def solve_host(rows: list[dict[str, Any]] | None = None) -> dict[str, float]:
+    """The (per_layer_ms, per_local_expert_ms) pair, on a 0.05 ms x 0.005 ms grid of
+    non-negative values, with the least mean |error| of tokens/s over ``rows``
+    (:func:`host_fit_rows`), and that mean."""
+    import numpy as np
+
+    rows = host_fit_rows() if rows is None else rows
+    terms = np.array([host_terms(r) for r in rows])
+    pub = np.array([r["global_batch"] * r["seq"] / (r["published"] * r["num_gpus"]) for r in rows])
+    c0 = np.arange(0.0, 20.0001, 0.05)[:, None, None]
+    c1 = np.arange(0.0, 2.0001, 0.005)[None, :, None]
+    step = terms[:, 0] + c0 * terms[:, 1] + c1 * terms[:, 2]
+    err = np.abs(pub / step - 1.0).mean(axis=2)
+    i, j = np.unravel_index(np.argmin(err), err.shape)
+    return {"per_layer_ms": round(float(c0[i, 0, 0]), 3), "per_local_expert_ms": round(float(c1[0, j, 0]), 3),
+            "mean_abs_pct": 100.0 * float(err[i, j]), "rows": [r["id"] for r in rows]}
 
 
 def scored_rows(rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:

@@ -107,5 +107,63 @@ def print_accelerator_tables() -> None:
           f"better: {', '.join(t['families_losing_to_baseline']) or 'none'}")
 
 
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}%"
+
+
+def family_name(family: str) -> str:
+    """'nvidia-ampere' -> 'NVIDIA Ampere', 'amd-cdna3' -> 'AMD CDNA3'."""
+    vendor, _, arch = family.partition("-")
+    return f"{vendor.upper()} {arch.upper() if arch.startswith('cdna') else arch.capitalize()}"
+
+
+def family_markdown() -> str:
+    """The per-family validation table and its targets line, as markdown (README and
+    docs/planner.md carry it as a generated part; tests/unit/test_docs.py keeps it equal)."""
+    from .accelerator_validation import TARGET_HELD_OUT_MEAN_PCT, TARGET_WORST_PCT, family_table, scored_rows, targets
+
+    scored = scored_rows()
+    rows = ["| family | rows | held out: mean / worst | one-constant baseline, held out | fit: mean / worst | "
+            "beats the baseline (held out) |", "|---|---|---|---|---|---|"]
+    for t in family_table(scored):
+        ho, fit = t["held_out"], t["fit"]
+        fit_txt = "-" if not fit["rows"] else f"{_pct(fit['model']['mean_abs_pct'])} / {_pct(fit['model']['worst_abs_pct'])}"
+        rows.append(f"| {family_name(t['family'])} | {t['rows']} | {_pct(ho['model']['mean_abs_pct'])} / "
+                    f"{_pct(ho['model']['worst_abs_pct'])} | {_pct(ho['baseline']['mean_abs_pct'])} | {fit_txt} | "
+                    f"{ {True: 'yes', False: '**no**', None: '-'}[t['beats_baseline_held_out']]} |")
+    g = targets(scored)
+    rows.append("")
+    rows.append(f"Held-out mean |error| {g['held_out_mean_abs_pct']:.1f}% (target under {TARGET_HELD_OUT_MEAN_PCT:.0f}%: "
+                f"{'met' if g['held_out_mean_met'] else 'not met'}); worst row `{g['worst_row']}` "
+                f"{g['worst_abs_pct']:.1f}% (target {TARGET_WORST_PCT:.0f}%: {'met' if g['worst_met'] else 'not met'}); "
+                f"families the baseline beats on their held-out rows: "
+                f"{', '.join(family_name(f) for f in g['families_losing_to_baseline']) or 'none'}.")
+    return "\n".join(rows)
+
+
+def moe_markdown() -> str:
+    """Every published MoE run predicted, and the per-split summary, as markdown."""
+    from .moe_validation import TARGET_MEAN_PCT, TARGET_WORST_PCT, scored_rows, summary
+
+    scored = scored_rows()
+    rows = ["| run | split | published | predicted | error | host launch s a step |", "|---|---|---|---|---|---|"]
+    for r in scored:
+        if r["error_pct"] is None:
+            rows.append(f"| `{r['id']}` | {r['split'].replace('_', ' ')} | {r['published']:.0f} | refused | - | - |")
+            continue
+        rows.append(f"| `{r['id']}` | {r['split'].replace('_', ' ')} | {r['published']:.0f} | {r['predicted']:.0f} | "
+                    f"{r['error_pct']:+.1f}% | {r['terms']['moe_host_s']:.2f} |")
+    rows.append("")
+    parts = []
+    for split, s in summary(scored).items():
+        if s["predicted"]:
+            parts.append(f"{split.replace('_', ' ')}: mean |error| {s['mean_abs_pct']:.1f}%, worst "
+                         f"{s['worst_abs_pct']:.1f}% (`{s['worst_row']}`)")
+    met = all(s["targets_met"] for s in summary(scored).values())
+    rows.append("; ".join(parts) + f". Targets (mean under {TARGET_MEAN_PCT:g}%, none over {TARGET_WORST_PCT:g}%, "
+                f"on both parts): {'met' if met else 'not met'}.")
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":
     main()

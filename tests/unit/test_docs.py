@@ -180,8 +180,28 @@ def strategy_names_markdown() -> str:
             f"{', '.join(f'`{s.name}`' for s in SCHEDULES)}.")
 
 
+def accelerator_families_markdown() -> str:
+    """The per-family validation table (README, docs/planner.md), from the validation files."""
+    from mgbench.planner.validation_report import family_markdown
+
+    return family_markdown()
+
+
+def moe_runs_markdown() -> str:
+    """Every published MoE run predicted and the summary line (docs/planner.md)."""
+    from mgbench.planner.validation_report import moe_markdown
+
+    return moe_markdown()
+
+
+def moe_summary_markdown() -> str:
+    """The MoE summary line alone (README)."""
+    return moe_runs_markdown().splitlines()[-1]
+
+
 GENERATORS = {"strategies": strategies_markdown, "schedules": schedules_markdown, "suite-keys": suite_keys_markdown,
-              "strategy-names": strategy_names_markdown}
+              "strategy-names": strategy_names_markdown, "accelerator-families": accelerator_families_markdown,
+              "moe-runs": moe_runs_markdown, "moe-summary": moe_summary_markdown}
 GENERATED = re.compile(r"(<!-- generated: ([a-z-]+)[^\n]*-->\n)(.*?)(<!-- end generated -->)", re.S)
 
 

@@ -72,9 +72,9 @@ def test_a_broken_row_moves_its_error(rows):
     doubled = V.score({**row, "published": 2 * row["published"]})
     assert doubled["predicted"] == good["predicted"]  # the prediction never reads the published figure
     assert 1 + doubled["error_pct"] / 100 == pytest.approx((1 + good["error_pct"] / 100) / 2)
-    # By hand: DeepSeek-V3's row is predicted about 11% slow (1369 of 1543 tokens/s per
-    # GPU), so against twice the figure it is about 56% slow: the error moved, and far.
-    assert -12.0 < good["error_pct"] < -10.0 and -57.0 < doubled["error_pct"] < -55.0
+    # By hand: DeepSeek-V3's row is predicted about 23% slow (1191 of 1543 tokens/s per
+    # GPU), so against twice the figure it is about 61% slow: the error moved, and far.
+    assert -24.0 < good["error_pct"] < -22.0 and -62.0 < doubled["error_pct"] < -60.0
     # A layout broken the other way: the all-to-all dispatcher and no node limit move more
     # bytes across nodes, so the same row predicts a slower run.
     plain = V.score(row, moe.MoeOptions())
@@ -84,10 +84,14 @@ def test_a_broken_row_moves_its_error(rows):
     assert refused["error_pct"] is None and "--ep 3" in refused["refused"]
 
 
-def test_the_deepseek_v3_report_row_is_within_the_target(scored):
-    # Issue 26's headline row (52% off before the MoE terms): within 15% now.
+def test_the_deepseek_v3_report_row_stays_where_the_report_says(scored):
+    # Issue 26's headline row: 52% off before the MoE terms, -11% with them, -23% since the
+    # eager host launch term (moe.host_seconds) is priced for every dropless run, DeepSeek's
+    # own stack included (no source says it avoids the dispatcher's host sync). The 15%
+    # target is not met; this guards against drifting further.
     ds = next(r for r in scored if r["id"] == "deepseek-v3-h800-pretraining")
-    assert abs(ds["error_pct"]) < V.TARGET_MEAN_PCT
+    assert -25.0 < ds["error_pct"] < -20.0
+    assert abs(ds["error_pct"]) > V.TARGET_MEAN_PCT
 
 
 def test_the_report_states_fit_and_held_out_bounds_apart(scored):
