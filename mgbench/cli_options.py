@@ -135,7 +135,7 @@ def _split_commas(ctx: click.Context, param: click.Parameter, value: str | None)
 def _with_default(help_text: str, value: Any) -> str:
     """Help text ending in click's `[default: X]`, written here because click prints a
     float's full repr (1.9733046...e-05) where three digits are what a reader wants."""
-    if value is None or value is False:
+    if value is None or value is False or value == ():
         return help_text
     shown = f"{value:.3g}" if isinstance(value, float) else str(value)
     return f"{help_text}  [default: {shown}]"
@@ -157,8 +157,10 @@ def field_option(cls: type, name: str) -> Opt:
         settings["required"] = True
     if tp is bool:
         settings["is_flag"] = True
-    elif typing.get_origin(tp) is list:
+    elif typing.get_origin(tp) in (list, tuple):
         settings["callback"] = _split_commas
+        if settings.get("default") in ((), []):
+            settings["default"] = None  # click reads an empty tuple default as a value; the field keeps its own
     elif "choices" in meta:
         settings["type"] = click.Choice(list(meta["choices"]))
     else:
@@ -203,6 +205,21 @@ def plan_options_from(kw: dict[str, Any], prefix: str | None = None) -> PlanOpti
     from .planner.search import PlanOptions
 
     return dataclass_from_options(PlanOptions, kw, prefix)
+
+
+def moe_group() -> list[Opt]:
+    """`--moe-*`: how an MoE model routes and moves its tokens, one per MoeOptions field."""
+    from .planner.moe import MoeOptions
+
+    return dataclass_options(MoeOptions, "moe")
+
+
+def moe_options_from(kw: dict[str, Any]) -> Any:
+    """The MoeOptions :func:`moe_group`'s options collected (popped from `kw`); a bad value
+    is an MgbenchError (one line, exit status 2)."""
+    from .planner.moe import MoeOptions
+
+    return dataclass_from_options(MoeOptions, kw, "moe")
 
 
 def plan_field(name: str) -> Opt:

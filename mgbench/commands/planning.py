@@ -10,8 +10,8 @@ import click
 from .. import catalog
 from ..cli_options import (AGAINST, CALIBRATION_GROUP, HARDWARE, DIM_NAMES, GPU, JSON, MODEL_GROUP, PLAN_HTML, PRICES,
                            SYSTEM, SYSTEM_FILE,
-                           LARGEST_LAYER, TRACE, TRACE_STRATEGY, deferred_command, layout_group, overlap_option, plan_field,
-                           plan_group, plan_options_from)
+                           LARGEST_LAYER, TRACE, TRACE_STRATEGY, deferred_command, layout_group, moe_group,
+                           moe_options_from, overlap_option, plan_field, plan_group, plan_options_from)
 from ..errors import MgbenchError
 from ..model_shape import ModelShape, default_ffn_hidden
 
@@ -65,8 +65,8 @@ def _gb(x: float) -> str:
 
 # Options are made on first use (deferred): the layout's come from the planner's modules,
 # which load numpy, and importing the CLI should not.
-@deferred_command(lambda: [*MODEL_GROUP, *layout_group(), plan_field("stack"), LARGEST_LAYER, HARDWARE, TRACE,
-                           TRACE_STRATEGY, JSON])
+@deferred_command(lambda: [*MODEL_GROUP, *layout_group(), plan_field("stack"), *moe_group(), LARGEST_LAYER, HARDWARE,
+                           TRACE, TRACE_STRATEGY, JSON])
 def memory(model, hf_config, params, as_json, largest_layer_params, hardware_profile, trace, trace_strategy, stack,  # type: ignore[no-untyped-def]
            **kw) -> None:
     """Memory per GPU: model states per ZeRO stage, activations, transient peaks, allowance.
@@ -89,6 +89,7 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
     from ..planner.predict import memory as memory_fn
 
     shape = resolve_shape(model, params, _dims(kw), hf_config)
+    moe = moe_options_from(kw)
     if trace and hardware_profile:
         raise MgbenchError("--trace compares the model with a traced run; --hardware checks the fit on a machine: give one")
     if trace:
@@ -100,7 +101,8 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
         raise MgbenchError("--largest-layer-params is for --params; with a model shape the layers are known")
     cpu_profile = bool(hardware_profile) and read_profile_device(hardware_profile) == "cpu"
     res = memory_fn(shape, _layout(kw), params=params, largest_layer_params=largest_layer_params,
-                    stack="mgbench" if hardware_profile else stack, margin=kw["memory_margin"], fixed=not cpu_profile)
+                    stack="mgbench" if hardware_profile else stack, margin=kw["memory_margin"], fixed=not cpu_profile,
+                    moe=moe)
     if hardware_profile:
         from ..probe.profile import memory_budget, read_profile
 
@@ -186,7 +188,7 @@ def _memory_trace(shape: ModelShape | None, layout: Any, strategy: str | None, a
 
 
 @deferred_command(lambda: [*MODEL_GROUP, *layout_group(), SYSTEM, SYSTEM_FILE, GPU, HARDWARE, AGAINST, overlap_option(),
-                           plan_field("stack"), *CALIBRATION_GROUP, JSON])
+                           plan_field("stack"), *moe_group(), *CALIBRATION_GROUP, JSON])
 def predict(model, hf_config, params, as_json, system, system_file, gpu, hardware_profile, against_run, overlap, stack, calibrate_run, comm_run,  # type: ignore[no-untyped-def]
             results_dir, **kw) -> None:
     """Predict step time, tokens/s, MFU and memory of one layout.
@@ -205,6 +207,7 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
     from ..planner.predict import predict as predict_fn
 
     dims = _dims(kw)
+    moe = moe_options_from(kw)
     profile = None
     stack = None if stack == stacks.DEFAULT_STACK else stack  # given only when it is another
     if system_file and len(system_file) == 1 and system is None and gpu is None and not calibrate_run:
@@ -260,7 +263,7 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
         overlap = profile_overlap(profile, kw["num_gpus"], perf.DEFAULT_OVERLAP)
     host_ops, host_notes = _counted_ops(shape, _layout(kw), hw, profile) or (None, [])
     res = predict_fn(shape, hw, _layout(kw), overlap=overlap if overlap is not None else over.get("overlap", perf.DEFAULT_OVERLAP),
-                     host_ops=host_ops, margin=kw["memory_margin"])
+                     host_ops=host_ops, margin=kw["memory_margin"], moe=moe)
     res["notes"] = list(res.get("notes", [])) + host_notes
     from ..planner import uncertainty
 
@@ -363,7 +366,8 @@ def _print_calibration(fit: dict[str, Any], as_json: bool) -> None:
                   else "- (no held-out fit attributed time to any term)"))
 
 
-@deferred_command(lambda: [*MODEL_GROUP, *plan_group(), SYSTEM_FILE, *PRICES, HARDWARE, *CALIBRATION_GROUP, PLAN_HTML, JSON])
+@deferred_command(lambda: [*MODEL_GROUP, *plan_group(), *moe_group(), SYSTEM_FILE, *PRICES, HARDWARE, *CALIBRATION_GROUP,
+                           PLAN_HTML, JSON])
 def plan(model, hf_config, params, system_file, prices_file, price_overrides, hardware_profile, calibrate_run, comm_run,  # type: ignore[no-untyped-def]
          results_dir, html_file, as_json, **kw) -> None:
     """Recommend hardware, GPU count and layout to train MODEL on TOKENS: time, cost, energy.
@@ -390,6 +394,7 @@ def plan(model, hf_config, params, system_file, prices_file, price_overrides, ha
     if shape is None:
         raise MgbenchError("plan needs the model's shape: --model NAME, --hf PATH or dims, not --params")
     opts = plan_options_from(kw)
+    opts.moe = moe_options_from(kw)
     if hardware_profile:
         from ..probe.profile import read_profile
 

@@ -58,7 +58,7 @@ Load (:meth:`MoeOptions.load`)
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -116,19 +116,34 @@ PERMUTE_PASSES = 4.0
 @dataclass(frozen=True)
 class MoeOptions:
     """How a run routes and moves its tokens; the planner's defaults are a learned
-    router, Megatron-Core's all-to-all dispatcher, no overlap beyond the schedule's own."""
+    router, Megatron-Core's all-to-all dispatcher, no overlap beyond the schedule's own.
+    Each field's metadata is its `--moe-*` option of predict, plan and memory
+    (cli_options.moe_group)."""
 
-    imbalance: float = DEFAULT_IMBALANCE  # busiest ep rank's routed rows / the mean (dropless)
-    capacity_factor: float | None = None  # None: dropless
-    dispatcher: str = "alltoall"
-    node_limit: int | None = None  # a token's experts on at most this many nodes
-    device_limit: int | None = None  # ... or on at most this many GPUs (DeepSeek-V2: 3)
-    fp8_dispatch: bool = False
-    a2a_overlap: bool = False  # Megatron-Core overlap_moe_expert_parallel_comm (dualpipev: always)
-    recompute_modules: tuple[str, ...] = ()
-    cuda_graphs: bool = False  # MoE layers captured in CUDA graphs: no per-layer host launch cost
+    imbalance: float = field(default=DEFAULT_IMBALANCE, metadata={
+        "metavar": "X", "help": "Dropless routing: the busiest expert-parallel rank's routed rows over the mean "
+                                "(1 = balanced; the default is an assumption for a learned router)."})
+    capacity_factor: float | None = field(default=None, metadata={
+        "metavar": "C", "help": "Drop tokens over C x the mean rows an expert (default: dropless)."})
+    dispatcher: str = field(default="alltoall", metadata={
+        "choices": DISPATCHERS, "help": "alltoall: Megatron-Core's (one row per chosen expert); deepep / hybridep: "
+                                        "one row per destination node and GPU, forwarded over NVLink."})
+    node_limit: int | None = field(default=None, metadata={
+        "metavar": "M", "help": "Each token's experts on at most M nodes (DeepSeek-V3: 4)."})
+    device_limit: int | None = field(default=None, metadata={
+        "metavar": "M", "help": "Each token's experts on at most M GPUs (DeepSeek-V2: 3)."})
+    fp8_dispatch: bool = field(default=False, metadata={
+        "help": "Dispatch all-to-alls carry FP8 with 1x128 scales (DeepSeek-V3); combine stays BF16."})
+    a2a_overlap: bool = field(default=False, metadata={
+        "help": "Overlap the expert all-to-all with another micro-batch's compute (Megatron-Core "
+                "overlap_moe_expert_parallel_comm; the dualpipev schedule always does)."})
+    recompute_modules: tuple[str, ...] = field(default=(), metadata={
+        "metavar": "LIST", "help": "Megatron-Core recompute_modules priced: " + ",".join(RECOMPUTE_MODULES) + "."})
+    cuda_graphs: bool = field(default=False, metadata={
+        "help": "MoE layers captured in CUDA graphs (a sync-free dispatcher): no host launch time per layer pass."})
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules or ()))  # a CLI list too
         if self.dispatcher not in DISPATCHERS:
             raise MgbenchError(f"MoE dispatcher must be one of {', '.join(DISPATCHERS)}, got {self.dispatcher!r}")
         if not self.imbalance >= 1.0:

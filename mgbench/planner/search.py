@@ -22,6 +22,7 @@ from ..errors import MgbenchError
 from ..layout import RECOMPUTE, Layout
 from ..model_shape import ModelShape
 from . import cost, decision, hardware, layout_rules, layout_time, ownership, perf, stack
+from .moe import MoeOptions
 from .memory import ALLOWANCE_FRACTION, SCHEDULES, STATE_BYTES, check_margin, memory_per_gpu
 
 TP_CHOICES = (1, 2, 4, 8)
@@ -132,6 +133,8 @@ class PlanOptions:
         metadata={"help": "Software stack whose published runs set the achieved efficiency "
                           "(mgbench/data/stacks.toml; a stack with no measured run is refused with the reason).",
                   "choices": tuple(stack.stacks())})
+    # How an MoE model routes and moves its tokens (planner/moe.py MoeOptions).
+    moe: MoeOptions = field(default_factory=MoeOptions, metadata={"set_by": "--moe-dispatcher"})  # and every --moe-*
     # A hardware profile (`mgbench probe`): plan on the probed machine instead of catalog systems.
     profile: dict[str, Any] = field(default_factory=dict, metadata={"set_by": "--hardware"})
     calibration: dict[str, Any] = field(default_factory=dict, metadata={"set_by": "--calibrate"})
@@ -325,10 +328,11 @@ def _evaluate_rows(shape: ModelShape, hw: hardware.Hardware, opts: PlanOptions, 
     cand = candidates(opts, B, offload=offload, **{k: rows[k] for k in ("num_gpus", "tp", "pp", "cp", "ep", "zero",
                                                                         "micro_batch", "recompute")})
     mem = memory_per_gpu(shape, num_micro=cand.num_micro, **cand.model_kwargs(), **stack.memory_of(opts.stack),
-                         margin=opts.memory_margin, fixed=hw.ew_bw is None)  # a probed CPU holds no CUDA context
+                         margin=opts.memory_margin, fixed=hw.ew_bw is None,  # a probed CPU holds no CUDA context
+                         moe=opts.moe)
     fits = mem["total_bytes"] <= hw.memory_bytes
     kept = cand.take(fits)
-    out = layout_time.step_time(shape, hw, global_batch=B, overlap=overlap, **kept.model_kwargs())
+    out = layout_time.step_time(shape, hw, global_batch=B, overlap=overlap, moe=opts.moe, **kept.model_kwargs())
     return {**{k: a[fits] for k, a in rows.items()}, "offload": np.full(fits.sum(), offload),
             "memory_per_gpu_bytes": mem["total_bytes"][fits],
             "host_memory_per_gpu_bytes": np.broadcast_to(mem["host_bytes"], fits.shape)[fits],

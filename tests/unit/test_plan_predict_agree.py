@@ -9,6 +9,7 @@ from mgbench.planner.cost import Prices
 from mgbench.layout import Layout
 from mgbench.planner.predict import predict
 from mgbench.planner.resolve import resolve
+from mgbench.planner.moe import MoeOptions
 from mgbench.planner.search import PlanOptions, plan
 
 CASES = [
@@ -19,6 +20,13 @@ CASES = [
     ("gpt-oss-120b", dict(tokens=1e11, systems=["hgx-h200"], max_gpus=128)),
     ("llama3-8b", dict(tokens=1e11, systems=["dgx-h100"], max_gpus=64, seq_len=32768)),  # context parallelism
     ("llama3-70b", dict(tokens=1e12, systems=["dgx-h100"], max_gpus=256, schedule="interleaved", virtual_stages=2)),
+    # MoE options given to both (--moe-*): DeepEP-style dispatch to at most 2 nodes, FP8
+    # dispatch, a balanced router, the MoE modules' activations recomputed, CUDA graphs.
+    ("qwen3-30b-a3b", dict(tokens=1e11, systems=["dgx-b200"], max_gpus=64, precision="fp8",
+                           moe=MoeOptions(imbalance=1.0, dispatcher="deepep", node_limit=2, fp8_dispatch=True,
+                                          recompute_modules=("moe_act",), cuda_graphs=True))),
+    ("deepseek-v3", dict(tokens=1e12, systems=["hgx-h800"], max_gpus=1024, precision="fp8",
+                         moe=MoeOptions(dispatcher="deepep", node_limit=4, a2a_overlap=True))),
 ]
 
 
@@ -36,7 +44,7 @@ def test_every_ranked_layout_is_predicted_the_same_by_predict(model, kw):
                      virtual_stages=opts.virtual_stages, offload=r["offload"])
         hw = resolve(precision=opts.precision, system=r["system"],
                      stack=None if opts.stack == "megatron-lm" else opts.stack)
-        p = predict(shape, hw, lay, overlap=opts.overlap)
+        p = predict(shape, hw, lay, overlap=opts.overlap, moe=opts.moe)
         tokens = lay.batch * opts.seq_len
         assert tokens / p["step_time_s"] == pytest.approx(r["tokens_per_s_point"], rel=1e-9), r
         assert p["memory"]["total_bytes"] == pytest.approx(r["memory_per_gpu_bytes"], rel=1e-9), r

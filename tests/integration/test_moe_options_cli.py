@@ -1,0 +1,59 @@
+"""`--moe-*` options of predict, plan and memory (planner/moe.py MoeOptions): they reach
+the step and memory models, and a bad value is one line with exit status 2."""
+
+import json
+
+import pytest
+
+B200_QWEN = ("--model", "qwen3-30b-a3b", "--system", "dgx-b200", "--num-gpus", "8", "--ep", "8", "--micro-batch", "1",
+             "--global-batch", "512", "--zero", "1", "--precision", "fp8", "--moe-imbalance", "1")
+
+
+def _json(p):
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def test_predict_takes_the_moe_options(cli):
+    eager = _json(cli("predict", *B200_QWEN, "--json"))
+    graphed = _json(cli("predict", *B200_QWEN, "--moe-cuda-graphs", "--json"))
+    # The published Megatron-Bridge 25.11 row of this layout is 9,299 tokens/s per GPU;
+    # the eager prediction is its validation row (moe_validation: -5.7%).
+    assert eager["tokens_per_s_per_gpu"] == pytest.approx(8772, rel=0.01)
+    # 48 MoE layers x 64 micro-batches x (4.25 + 16 x 0.195) ms = 22.64 s of host time.
+    assert eager["breakdown"]["moe_host_s"] == pytest.approx(22.64, rel=1e-3)
+    assert graphed["breakdown"]["moe_host_s"] == 0
+    assert graphed["step_time_s"] == pytest.approx(eager["step_time_s"] - eager["breakdown"]["moe_host_s"])
+    # The dispatcher and FP8 dispatch reach the all-to-all.
+    deepep = _json(cli("predict", *B200_QWEN, "--moe-dispatcher", "deepep", "--moe-fp8-dispatch", "--json"))
+    assert deepep["breakdown"]["ep_a2a_s"] < eager["breakdown"]["ep_a2a_s"]
+
+
+def test_memory_takes_the_recompute_modules(cli):
+    args = ("memory", "--model", "qwen3-30b-a3b", "--num-gpus", "8", "--ep", "8", "--micro-batch", "2", "--json")
+    plain = _json(cli(*args))
+    act = _json(cli(*args, "--moe-recompute-modules", "moe_act"))
+    assert act["activations_bytes"] < plain["activations_bytes"]
+
+
+def test_plan_takes_the_moe_options(cli):
+    args = ("plan", "--model", "qwen3-30b-a3b", "--tokens", "1e11", "--systems", "dgx-b200", "--max-gpus", "16",
+            "--precision", "fp8", "--json")
+    eager = _json(cli(*args))
+    graphed = _json(cli(*args, "--moe-cuda-graphs"))
+    # Without the host's launch time the same GPU counts run faster.
+    best = {r["num_gpus"]: r["tokens_per_s"] for r in eager["ranked"]}
+    faster = {r["num_gpus"]: r["tokens_per_s"] for r in graphed["ranked"]}
+    assert all(faster[n] > best[n] for n in best if n in faster)
+
+
+@pytest.mark.parametrize("bad,says", [
+    (("--moe-imbalance", "0.5"), "imbalance"),
+    (("--moe-recompute-modules", "attention"), "recompute modules"),
+    (("--moe-dispatcher", "nccl"), "moe-dispatcher"),
+    (("--moe-node-limit", "0"), "node_limit"),
+])
+def test_bad_moe_options_are_one_line_and_exit_2(cli, bad, says):
+    p = cli("predict", *B200_QWEN, *bad)
+    assert p.returncode == 2
+    assert says in p.stderr and "Traceback" not in p.stderr
