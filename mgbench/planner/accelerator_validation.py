@@ -21,6 +21,8 @@ rule in the data file's header, keeps a part no later calibration may touch.
 
 from __future__ import annotations
 
+import dataclasses
+
 from functools import lru_cache
 from statistics import mean, median
 from typing import Any
@@ -107,13 +109,23 @@ def split_by_rule(rows: list[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
+def moe_row_for(row: dict[str, Any]) -> dict[str, Any] | None:
+    """The same run in published_moe_runs.toml, where that file holds it: its MoE options
+    and model overrides are stated there, once."""
+    same = [r for r in catalog.load("published_moe_runs.toml")["runs"] if r["id"] == row["id"]]
+    return same[0] if same else None
+
+
 def shape_of(row: dict[str, Any]) -> ModelShape:
-    """The row's model: a models.toml preset or accelerator_runs.toml [shapes] entry."""
+    """The row's model: a models.toml preset or accelerator_runs.toml [shapes] entry, with
+    the model overrides published_moe_runs.toml states for the same run."""
     extra = _data().get("shapes", {})
     if row["model"] in extra:
         dims = {k: v for k, v in extra[row["model"]].items() if k != "source"}
         return ModelShape(name=row["model"], **dims)
-    return catalog.model_shape(row["model"])
+    moe_row = moe_row_for(row)
+    shape = catalog.model_shape(row["model"])
+    return dataclasses.replace(shape, **moe_row.get("model_overrides", {})) if moe_row else shape
 
 
 def layout_of(row: dict[str, Any]) -> Layout:
@@ -133,8 +145,8 @@ def moe_options_for(row: dict[str, Any]) -> Any:
     or the planner's defaults (None) for a run that file does not hold."""
     from . import moe
 
-    same = [r for r in catalog.load("published_moe_runs.toml")["runs"] if r["id"] == row["id"]]
-    return moe.options_of(same[0]) if same else None
+    moe_row = moe_row_for(row)
+    return moe.options_of(moe_row) if moe_row else None
 
 
 def predict_on(row: dict[str, Any], system: str) -> dict[str, Any]:

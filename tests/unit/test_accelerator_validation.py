@@ -130,3 +130,15 @@ def test_family_table_is_computed_from_the_rows_by_hand():
 def test_an_accelerator_in_no_family_is_refused():
     with pytest.raises(MgbenchError, match="no \\[families\\] list"):
         A.family_of("tpu-v5p")
+
+
+def test_a_run_both_validation_files_hold_is_predicted_the_same_in_both():
+    # Its MoE options and model overrides are stated once, in published_moe_runs.toml.
+    from mgbench.planner import moe_validation
+
+    moe_rows = {r["id"]: r for r in moe_validation.runs()}
+    shared = [r for r in A.runs() if r["id"] in moe_rows]
+    assert len(shared) >= 4
+    for r in shared:
+        own = A.predict_on(r, r["system"])["tokens_per_s_per_gpu"]
+        assert own == pytest.approx(moe_validation.predict_row(moe_rows[r["id"]])["tokens_per_s_per_gpu"]), r["id"]
