@@ -41,13 +41,29 @@ def layout_of_row(run: dict[str, Any]) -> Layout:
                   schedule=run.get("schedule", "1f1b"), virtual_stages=run.get("virtual_stages", 2))
 
 
+def moe_options_of(run: dict[str, Any]) -> Any:
+    """The MoE options a row states (routing, recompute modules), for an MoE model; None
+    (the planner's defaults) otherwise."""
+    if "routing" not in run and "moe_recompute" not in run:
+        return None
+    from .moe import options_of
+
+    return options_of(run)
+
+
 def predict_row(run: dict[str, Any]) -> dict[str, Any]:
     """The planner's memory for one row, beside what was published."""
     shape = catalog.model_shape(run["model"]) if "model" in run else ModelShape(name=run["id"], **run["shape"])
-    got = memory(shape, layout_of_row(run), stack=run["stack"])
+    got = memory(shape, layout_of_row(run), stack=run["stack"], moe=moe_options_of(run))
     # torchtitan publishes the caching allocator's reserved peak: the CUDA context and NCCL's
     # buffers are outside it; what must fit (total_bytes) decides the out-of-memory rows.
-    predicted = (got["total_bytes"] if run.get("oom") else got["reserved_bytes"]) / GIB
+    # Megatron publishes the peak allocated: the tensors without the allowance.
+    if run.get("oom"):
+        predicted = got["total_bytes"] / GIB
+    elif run.get("metric") == "allocated":
+        predicted = (got["reserved_bytes"] - got["allowance_bytes"]) / GIB
+    else:
+        predicted = got["reserved_bytes"] / GIB
     out = {"id": run["id"], "stack": run["stack"], "role": run["role"], "predicted_gib": predicted,
            "measured_gib": run.get("measured_gib"), "oom": bool(run.get("oom")), "why": run.get("why")}
     if out["oom"]:
@@ -63,9 +79,11 @@ def error_table() -> list[dict[str, Any]]:
     return [predict_row(r) for r in published_memory()]
 
 
-def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def summary(rows: list[dict[str, Any]], stack: str | None = None) -> dict[str, Any]:
     """Mean and worst |error| of the measured rows per role (informational rows apart),
-    and the published out-of-memory layouts the planner says fit (should be none)."""
+    and the published out-of-memory layouts the planner says fit (should be none); of
+    ``stack``'s rows only, where given."""
+    rows = [r for r in rows if stack is None or r["stack"] == stack]
     out: dict[str, Any] = {}
     for role in ("fit", "held_out"):
         errs = [abs(r["error_pct"]) for r in rows if r["role"] == role and r["error_pct"] is not None]
@@ -85,10 +103,14 @@ def main() -> None:
                      ("fits: WRONG" if r["predicted_fits"] else "does not fit: right") if r["oom"]
                      else f"{r['error_pct']:+.1f}%"] for r in rows],
                    headers=["run", "stack", "role", "published GiB", "predicted GiB", "error"]))
+    for stack in sorted({r["stack"] for r in rows}):
+        s = summary(rows, stack)
+        for role in ("fit", "held_out"):
+            p = s[role]
+            if p["rows"]:
+                print(f"{stack} {role}: {p['rows']} rows, mean |error| {p['mean_abs_error_pct']:.1f}%, "
+                      f"max {p['max_abs_error_pct']:.1f}%")
     s = summary(rows)
-    for role in ("fit", "held_out"):
-        p = s[role]
-        print(f"{role}: {p['rows']} rows, mean |error| {p['mean_abs_error_pct']:.1f}%, max {p['max_abs_error_pct']:.1f}%")
     print(f"published out-of-memory layouts: {s['oom_rows']}, predicted to fit: {s['oom_predicted_to_fit'] or 'none'}")
     for r in rows:
         if r["why"]:

@@ -57,9 +57,10 @@ def test_memory_takes_the_stack_and_the_full_fp32_loss_costs_what_it_costs():
 
 def test_published_peaks_held_out_within_15_percent_and_every_oom_predicted_not_to_fit():
     rows = V.error_table()
-    s = V.summary(rows)
+    s = V.summary(rows, "torchtitan")
     assert s["held_out"]["rows"] >= 10 and s["fit"]["rows"] >= 3
     assert s["held_out"]["mean_abs_error_pct"] < 15.0, s
+    s = V.summary(rows)
     assert s["oom_rows"] >= 1 and s["oom_predicted_to_fit"] == []
     roles = {r["role"] for r in V.published_memory()}
     assert roles <= {"fit", "held_out", "informational"}
@@ -77,10 +78,10 @@ def test_the_oom_check_fires_when_a_layout_is_said_to_fit(monkeypatch):
 def test_the_error_grows_when_the_stack_is_wrong(monkeypatch):
     # The stack's memory matters to the score: priced as mgbench's chunked loss, torchtitan's
     # 8B runs come out far lower than published.
-    right = V.summary(V.error_table())["fit"]["mean_abs_error_pct"]
+    right = V.summary(V.error_table(), "torchtitan")["fit"]["mean_abs_error_pct"]
     real = stack.memory_of
     monkeypatch.setattr("mgbench.planner.stack.memory_of", lambda name: real("mgbench"))
-    wrong = V.summary(V.error_table())["fit"]["mean_abs_error_pct"]
+    wrong = V.summary(V.error_table(), "torchtitan")["fit"]["mean_abs_error_pct"]
     assert wrong > right + 10
 
 
@@ -125,3 +126,21 @@ def test_fixed_costs_per_process_are_stated_and_counted_by_hand():
     # CPU ranks hold no CUDA context: nothing fixed.
     cpu = M.memory_per_gpu(tiny, seq=1024, dp=64, zero=3, fixed=False)
     assert float(cpu["fixed_bytes"]) == 0.0 and float(cpu["total_bytes"]) < float(m["total_bytes"])
+
+
+def test_megatron_peaks_are_scored_as_allocated_with_their_moe_options():
+    # Megatron publishes the peak allocated: predicted without the allowance. By hand for
+    # the Qwen3-30B-A3B row: reserved - allowance of the same memory() call.
+    from mgbench import catalog
+    from mgbench.planner import moe
+    from mgbench.planner.predict import memory
+
+    run = next(r for r in V.published_memory() if r["id"] == "mb-qwen3-30b-a3b-ep16")
+    got = memory(catalog.model_shape("qwen3-30b-a3b"), V.layout_of_row(run), stack="megatron-lm",
+                 moe=moe.MoeOptions(imbalance=1.0))
+    row = V.predict_row(run)
+    assert row["predicted_gib"] == pytest.approx((got["reserved_bytes"] - got["allowance_bytes"]) / V.GIB)
+    assert row["predicted_gib"] < (got["reserved_bytes"] / V.GIB)
+    s = V.summary(V.error_table(), "megatron-lm")
+    assert s["fit"]["rows"] >= 2 and s["held_out"]["rows"] >= 2
+
