@@ -153,7 +153,7 @@ def stage_param_split(shape: ModelShape, tp: Any, pp: Any, ep: Any = 1) -> tuple
 
 
 def moe_mlp_extra(shape: ModelShape, tokens: Any, tp: Any, precision: str, load: float = 1.0,
-                  modules: tuple[str, ...] = ()) -> Any:
+                  modules: tuple[str, ...] = (), te: bool = False) -> Any:
     """Bytes an MoE block saves for backward beyond a dense block of width ffn_hidden
     (what :func:`layer_activations` counts), for ``tokens`` tokens. Zero for a dense model.
 
@@ -170,19 +170,22 @@ def moe_mlp_extra(shape: ModelShape, tokens: Any, tp: Any, precision: str, load:
     Megatron-Core recompute_modules (MoeOptions.recompute_modules): "moe_act" discards
     the activation's output (the second GEMM's input, e F_e a row) and runs it again;
     "moe" checkpoints the whole MoE MLP, which then keeps only its input (counted by
-    layer_activations as the norm's output)."""
+    layer_activations as the norm's output). ``te`` (Transformer Engine under fp8): the
+    grouped GEMMs keep their inputs FP8-quantized (1 byte: the dispatched row and the
+    second GEMM's input), as layer_activations' linears do."""
     if not shape.is_moe:
         return 0.0 * np.asarray(tokens, dtype=float)
     e = act_bytes(precision)
     t = np.asarray(tp, dtype=float)
     h, fe = shape.hidden, shape.moe_ffn_hidden
+    f = 1.0 if (te and precision == "fp8") else e  # the bytes a linear keeps its input in
     act = 0.0 if "moe_act" in modules else 1.0
-    routed = load * shape.top_k * e * (h + (2.0 + act) * fe)
-    shared = (2.0 + act) * e * shape.shared_experts * fe / t
+    routed = load * shape.top_k * (f * h + (2.0 * e + act * f) * fe)
+    shared = (2.0 * e + act * f) * shape.shared_experts * fe / t
     router = (e + 4.0) * shape.experts
     if "moe" in modules:
         routed = shared = router = 0.0
-    dense_mlp = (4.0 if shape.gated_mlp else 2.0) * e * shape.ffn_hidden / t
+    dense_mlp = dense_mlp_bytes(shape, e, f, te) / t
     return np.asarray(tokens, dtype=float) * (routed + shared + router - dense_mlp)
 
 
@@ -252,7 +255,7 @@ def model_states(params: Any, dp: Any, zero: Any, precision: str,
 
 def layer_activations(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precision: str,
                       flash: Any = True, seq: Any = None, selective: Any = False, op_sac: Any = False,
-                      mla_up_proj: bool = False) -> Any:
+                      mla_up_proj: bool = False, te: bool = False) -> Any:
     """Bytes one transformer block of mgbench's workload saves for backward, for
     ``tokens`` tokens (micro-batch x sequence), per tensor-parallel rank.
 
@@ -288,6 +291,16 @@ def layer_activations(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precisio
     with their norms. ``mla_up_proj`` (Megatron-Core's recompute module of that name:
     the up-projections and rotary parts run again in backward, their outputs discarded)
     keeps of the heads only the attention output (e a v), beside the latents.
+
+    ``te`` (Megatron-Core on Transformer Engine, stacks.toml ``saved_inputs``): a norm and
+    the linear after it are one module (LayerNormLinear) that saves the normalised output
+    once, as the linear's input, sharded under sequence parallelism (the backward
+    all-gathers it again): per norm its input and that output, (e + f) h (/ t under
+    sequence parallelism), no whole copy; the fused SwiGLU saves its input (2 e F) and the
+    second linear its own input (f F); a GELU MLP e F + f F. f is the byte a linear keeps
+    its input in: 1 under fp8 (TE saves the FP8-quantized input for backward, linear.py
+    _Linear.forward), e otherwise; under fp8 the output projection also keeps an FP8 copy of
+    attention's output beside the bf16 one attention's backward reads (f a v / t).
     """
     N = np.asarray(tokens, dtype=float)
     t = np.asarray(tp, dtype=float)
@@ -296,8 +309,13 @@ def layer_activations(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precisio
     h, a, F = shape.hidden, shape.heads, shape.ffn_hidden
     q, k = shape.attn_dim, shape.kv_heads * shape.dim_head
     sel = np.asarray(selective, dtype=bool)
-    norm_own = 2.0 * e * h + NORM_SCALAR_BYTES
-    norms = 2.0 * (np.where(sp, norm_own / t, norm_own) + e * h)
+    f = 1.0 if (te and precision == "fp8") else e  # the bytes a linear keeps its input in
+    if te:
+        norm_own = (e + f) * h + NORM_SCALAR_BYTES
+        norms = 2.0 * np.where(sp, norm_own / t, norm_own)
+    else:
+        norm_own = 2.0 * e * h + NORM_SCALAR_BYTES
+        norms = 2.0 * (np.where(sp, norm_own / t, norm_own) + e * h)
     if shape.is_mla:
         heads_b, latent_b = mla_attention_bytes(shape, e)
         if mla_up_proj:
@@ -309,12 +327,25 @@ def layer_activations(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precisio
     else:
         attn = (e * (2.0 * q + 2.0 * k) + np.where(sel, 0.0, LSE_BYTES * a)) / t
         out_w, proj_w = q, q + 2.0 * k
-    mlp = (4.0 if shape.gated_mlp else 2.0) * e * F / t
+    mlp = dense_mlp_bytes(shape, e, f, te) / t
+    if te and f < e:  # the output projection's FP8 copy of attention's output
+        attn = attn + f * (a * shape.v_dim if shape.is_mla else q) / t
     scores = 0.0 if seq is None else np.where(flash | sel, 0.0, 5.0 * a * np.asarray(seq, dtype=float) * e / 2.0 / t)
     n_f = 2.0 if shape.gated_mlp else 1.0
     wide = np.where(sp, e * h / t, e * h)  # an h-wide tensor per rank
     op = wide + (e * out_w + LSE_BYTES * a) / t + e * (proj_w + n_f * F) / 2.0 / t + wide
     return N * np.where(np.asarray(op_sac, dtype=bool), op, norms + attn + mlp + scores)
+
+
+def dense_mlp_bytes(shape: ModelShape, e: float, f: float, te: bool) -> float:
+    """Bytes a dense MLP saves per token (before tensor parallelism): torch's SwiGLU keeps
+    w1 x, silu(w1 x), w3 x and their product (4 e F), GELU w1 x and its output (2 e F);
+    on Transformer Engine (``te``) the fused SwiGLU keeps its input (2 e F) and the second
+    linear its own input in f bytes (f F), GELU e F + f F."""
+    F = shape.ffn_hidden
+    if te:
+        return (2.0 * e + f) * F if shape.gated_mlp else (e + f) * F
+    return (4.0 if shape.gated_mlp else 2.0) * e * F
 
 
 def mla_attention_bytes(shape: ModelShape, e: float) -> tuple[float, float]:
@@ -461,7 +492,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
                    schedule: str = "1f1b", virtual_stages: int = 1,
                    largest_layer_params: Any = None, ep: Any = 1, cp: Any = 1, replicas: Any = 1,
                    offload: bool = False, state_bytes: tuple[float, float, float] | None = None,
-                   loss: str = "chunked", loss_vocab_parallel: bool = False,
+                   loss: str = "chunked", loss_vocab_parallel: bool = False, te_saved_inputs: bool = False,
                    margin: float = ALLOWANCE_FRACTION, fixed: bool = True, moe: Any = None) -> dict[str, Any]:
     """Everything one GPU holds at its peak under the planner's production assumptions,
     in bytes; the components add up to ``total_bytes``.
@@ -555,9 +586,11 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     # busiest rank's load and the Megatron-Core recompute modules that discard saved tensors.
     mopts = moe if moe is not None else MoeOptions()
     full_l = layer_activations(shape, tokens, tp, sp, precision, flash, seq, selective=rc == SELECTIVE,
-                               op_sac=rc == OP_SAC, mla_up_proj="mla_up_proj" in mopts.recompute_modules)
+                               op_sac=rc == OP_SAC, mla_up_proj="mla_up_proj" in mopts.recompute_modules,
+                               te=te_saved_inputs)
     if shape.is_moe:  # the mean block of the stage: its MoE blocks save more (at the busiest rank's load)
-        full_l = full_l + moe_mlp_extra(shape, tokens, tp, precision, mopts.load, mopts.recompute_modules) \
+        full_l = full_l + moe_mlp_extra(shape, tokens, tp, precision, mopts.load, mopts.recompute_modules,
+                                        te=te_saved_inputs) \
             * np.minimum(lps, shape.moe_layers) / lps
     ck_l = checkpointed_layer(shape, tokens, tp, sp, precision)
     blocks = (lps - ck) * full_l + ck * ck_l
@@ -579,7 +612,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     # computes it; a checkpointed block rebuilt in backward.
     # A block rebuilt in backward holds its whole activations for a moment (under op-level
     # checkpointing too: every block is rebuilt, from its saved matmul outputs).
-    whole_l = layer_activations(shape, tokens, tp, sp, precision, flash, seq)
+    whole_l = layer_activations(shape, tokens, tp, sp, precision, flash, seq, te=te_saved_inputs)
     rebuild = np.where((ck > 0) | (rc == OP_SAC), whole_l, 0.0)
     temps = np.where(p_arr == 1, np.maximum(loss_t, rebuild),
                      np.where(first >= last, rebuild, np.maximum(loss_t, rebuild)))

@@ -45,7 +45,8 @@ def efficiency(name: str) -> float:
 def memory_of(name: str | None) -> dict[str, Any]:
     """How the stack holds memory (data/stacks.toml [stacks.NAME.memory]), as keyword
     arguments of memory.memory_per_gpu: ``state_bytes`` (weights, gradients, optimizer
-    states per parameter under 16-bit training), ``loss`` and ``loss_vocab_parallel``.
+    states per parameter under 16-bit training), ``loss``, ``loss_vocab_parallel`` and
+    ``te_saved_inputs`` (saved_inputs = "transformer-engine": what its linears keep).
     ``None``: the default stack."""
     name = name or DEFAULT_STACK
     known = stacks()
@@ -53,7 +54,8 @@ def memory_of(name: str | None) -> dict[str, Any]:
         raise MgbenchError(f"unknown --stack {name!r}; known: {', '.join(known)}")
     m = known[name]["memory"]
     return {"state_bytes": tuple(float(x) for x in m["state_bytes"]), "loss": m["loss"],
-            "loss_vocab_parallel": bool(m["loss_vocab_parallel"])}
+            "loss_vocab_parallel": bool(m["loss_vocab_parallel"]),
+            "te_saved_inputs": m.get("saved_inputs", "torch") == "transformer-engine"}
 
 
 def apply(hw: Hardware, name: str | None) -> Hardware:

@@ -144,3 +144,36 @@ def test_megatron_peaks_are_scored_as_allocated_with_their_moe_options():
     s = V.summary(V.error_table(), "megatron-lm")
     assert s["fit"]["rows"] >= 2 and s["held_out"]["rows"] >= 2
 
+
+
+def test_transformer_engine_saved_inputs_by_hand():
+    # Llama 3 70B, one token, tp 4 with sequence parallelism, fp8, no recompute, flash:
+    # e = 2 bytes a bf16 element, f = 1 byte (TE keeps a linear's input FP8-quantized).
+    from mgbench import catalog
+    from mgbench.planner import memory as M
+
+    s = catalog.model_shape("llama3-70b")
+    h, F, q, k, a, t = 8192, 28672, 8192, 1024, 64, 4
+    scal = M.NORM_SCALAR_BYTES
+    norms = 2 * ((2 + 1) * h + scal) / t            # input + FP8 normalised output, sharded
+    attn = (2 * (2 * q + 2 * k) + M.LSE_BYTES * a) / t + 1 * q / t  # + the out-projection's FP8 copy
+    mlp = (2 * 2 + 1) * F / t                        # SwiGLU input (2F, bf16) + fc2's FP8 input
+    te = float(M.layer_activations(s, 1, t, True, "fp8", te=True))
+    assert te == pytest.approx(norms + attn + mlp)
+    # torch (torchtitan, DTensor, torchao): a whole bf16 copy of each norm's output and
+    # four F-wide tensors for SwiGLU; far more.
+    torch_ = float(M.layer_activations(s, 1, t, True, "fp8"))
+    assert torch_ == pytest.approx(2 * ((2 * 2 * h + scal) / t + 2 * h) + (2 * (2 * q + 2 * k) + M.LSE_BYTES * a) / t
+                                   + 4 * 2 * F / t)
+    assert te < 0.7 * torch_
+
+
+def test_the_megatron_rows_get_worse_without_transformer_engines_saved_inputs(monkeypatch):
+    rows = V.error_table()
+    right = V.summary(rows, "megatron-lm")
+    real = stack.memory_of
+    monkeypatch.setattr("mgbench.planner.stack.memory_of",
+                        lambda name: {**real(name), "te_saved_inputs": False})
+    wrong = V.summary(V.error_table(), "megatron-lm")
+    assert wrong["held_out"]["mean_abs_error_pct"] > right["held_out"]["mean_abs_error_pct"] + 15
+    assert wrong["fit"]["mean_abs_error_pct"] > right["fit"]["mean_abs_error_pct"] + 10
