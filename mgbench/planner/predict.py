@@ -63,18 +63,23 @@ def _floats(d: dict[str, Any]) -> dict[str, Any]:
 
 def memory(shape: ModelShape | None, layout: Layout, params: float | None = None,
            largest_layer_params: float | None = None, stack: str | None = None,
-           margin: float | None = None, fixed: bool = True, moe: Any = None) -> dict[str, Any]:
+           margin: float | None = None, fixed: bool = True, moe: Any = None,
+           state_bytes: tuple[float, float, float] | None = None) -> dict[str, Any]:
     """Bytes per GPU for `mgbench memory` (model states, and the ZeRO-3 working set when
     ``largest_layer_params`` is given, when only ``params`` is known), as ``stack`` (None:
     the default) holds them (planner/stack.py memory_of), with ``margin`` (None: the
     default allowance) kept free; ``fixed``: a GPU process's fixed costs counted (False for
-    CPU ranks)."""
+    CPU ranks); ``state_bytes``: a run's own bytes of weights, gradients and optimizer
+    states a parameter, where its recipe differs from the stack's default."""
     from .memory import ALLOWANCE_FRACTION
     from .stack import memory_of
 
     validate(layout, shape)
+    kw = memory_of(stack)
+    if state_bytes is not None:
+        kw["state_bytes"] = tuple(float(x) for x in state_bytes)
     m = memory_per_gpu(shape, params=params, num_micro=layout.num_micro, **layout.model_kwargs(),
-                       largest_layer_params=largest_layer_params, **memory_of(stack),
+                       largest_layer_params=largest_layer_params, **kw,
                        margin=ALLOWANCE_FRACTION if margin is None else margin, fixed=fixed, moe=moe)
     out = {k: float(m[k]) for k in MEMORY_KEYS}
     # Offloaded model states: in host memory, not in the device total.
