@@ -265,6 +265,8 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
     res = predict_fn(shape, hw, _layout(kw), overlap=overlap if overlap is not None else over.get("overlap", perf.DEFAULT_OVERLAP),
                      host_ops=host_ops, margin=kw["memory_margin"], moe=moe)
     res["notes"] = list(res.get("notes", [])) + host_notes
+    if not shape.is_moe and moe != type(moe)():
+        res["notes"].append(f"--moe-* options ignored: {shape.name} has no experts")
     from ..planner import uncertainty
 
     reg = (uncertainty.calibrated(fit) if calibrate_run
@@ -281,7 +283,8 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
                + (f" {kw['precision']}" if kw["precision"] == "fp8" else "")
                + (f" schedule={kw['schedule']}" if kw["pp"] > 1 else ""))
     click.echo(f"step time      {res['step_time_s']:.3f} s  (compute {b['compute_s']:.3f}, bubble {b['bubble_s']:.3f}, "
-               f"exposed comm {b['exposed_comm_s']:.3f})")
+               f"exposed comm {b['exposed_comm_s']:.3f}"
+               + (f", MoE host launches {b['moe_host_s']:.3f}" if b.get("moe_host_s") else "") + ")")
     lo, hi = res["step_time_s_interval"]
     click.echo(f"interval       {lo:.3f} to {hi:.3f} s ({res['regime']}: {'; '.join(res['interval_reasons'])})")
     click.echo(f"throughput     {res['tokens_per_s']:,.0f} tokens/s, {res['tokens_per_s_per_gpu']:,.0f} per GPU")
@@ -290,7 +293,7 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
         click.echo(f"stack          {hw.stack} (efficiency {hw.stack_eff:.3f} of the calibration stack's; --stack)")
     click.echo(f"memory         {_gb(res['memory']['total_bytes'])} of {_gb(res['device_memory_bytes'])}: "
                f"{'fits' if res['fits'] else 'DOES NOT FIT'}")
-    extra = {k: b[k] for k in ("ep_comm_s", "cp_comm_s", "offload_s") if b.get(k)}
+    extra = {k: b[k] for k in ("ep_comm_s", "moe_host_s", "cp_comm_s", "offload_s") if b.get(k)}
     if extra:
         click.echo("new axes       " + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.3f} s"
                                                   for k, v in extra.items()))

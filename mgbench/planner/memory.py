@@ -153,7 +153,7 @@ def stage_param_split(shape: ModelShape, tp: Any, pp: Any, ep: Any = 1) -> tuple
 
 
 def moe_mlp_extra(shape: ModelShape, tokens: Any, tp: Any, precision: str, load: float = 1.0,
-                  modules: tuple[str, ...] = (), te: bool = False) -> Any:
+                  modules: tuple[str, ...] = (), te: bool = False, fp8_act_cache: bool = False) -> Any:
     """Bytes an MoE block saves for backward beyond a dense block of width ffn_hidden
     (what :func:`layer_activations` counts), for ``tokens`` tokens. Zero for a dense model.
 
@@ -172,7 +172,9 @@ def moe_mlp_extra(shape: ModelShape, tokens: Any, tp: Any, precision: str, load:
     "moe" checkpoints the whole MoE MLP, which then keeps only its input (counted by
     layer_activations as the norm's output). ``te`` (Transformer Engine under fp8): the
     grouped GEMMs keep their inputs FP8-quantized (1 byte: the dispatched row and the
-    second GEMM's input), as layer_activations' linears do."""
+    second GEMM's input), as layer_activations' linears do. ``fp8_act_cache``: the experts'
+    SwiGLU input is cached in FP8 (DeepSeek-V3 section 3.3.3), 1 byte an element instead of
+    e, for the routed and shared experts."""
     if not shape.is_moe:
         return 0.0 * np.asarray(tokens, dtype=float)
     e = act_bytes(precision)
@@ -180,8 +182,9 @@ def moe_mlp_extra(shape: ModelShape, tokens: Any, tp: Any, precision: str, load:
     h, fe = shape.hidden, shape.moe_ffn_hidden
     f = 1.0 if (te and precision == "fp8") else e  # the bytes a linear keeps its input in
     act = 0.0 if "moe_act" in modules else 1.0
-    routed = load * shape.top_k * (f * h + (2.0 * e + act * f) * fe)
-    shared = (2.0 * e + act * f) * shape.shared_experts * fe / t
+    g = 1.0 if fp8_act_cache else e  # the bytes the SwiGLU keeps its input in
+    routed = load * shape.top_k * (f * h + (2.0 * g + act * f) * fe)
+    shared = (2.0 * g + act * f) * shape.shared_experts * fe / t
     router = (e + 4.0) * shape.experts
     if "moe" in modules:
         routed = shared = router = 0.0
@@ -255,7 +258,7 @@ def model_states(params: Any, dp: Any, zero: Any, precision: str,
 
 def layer_activations(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precision: str,
                       flash: Any = True, seq: Any = None, selective: Any = False, op_sac: Any = False,
-                      mla_up_proj: bool = False, te: bool = False) -> Any:
+                      mla_up_proj: bool = False, te: bool = False, layernorm: bool = False) -> Any:
     """Bytes one transformer block of mgbench's workload saves for backward, for
     ``tokens`` tokens (micro-batch x sequence), per tensor-parallel rank.
 
@@ -301,6 +304,14 @@ def layer_activations(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precisio
     its input in: 1 under fp8 (TE saves the FP8-quantized input for backward, linear.py
     _Linear.forward), e otherwise; under fp8 the output projection also keeps an FP8 copy of
     attention's output beside the bf16 one attention's backward reads (f a v / t).
+
+    ``layernorm`` (Megatron-Core's recompute module of that name): the norms' outputs are
+    discarded and computed again in backward from their inputs, which are kept (e h and the
+    scalars, / t under sequence parallelism). On Transformer Engine the linear after the
+    norm then saves its original input, the recomputed output (Megatron-Core sets
+    save_original_input on those linears with this module: Megatron-MoE-ModelZoo
+    design_docs/MR3465, TE PR 1865), so nothing more is kept; under torch the linear's whole
+    input copy stays.
     """
     N = np.asarray(tokens, dtype=float)
     t = np.asarray(tp, dtype=float)
@@ -311,8 +322,11 @@ def layer_activations(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precisio
     sel = np.asarray(selective, dtype=bool)
     f = 1.0 if (te and precision == "fp8") else e  # the bytes a linear keeps its input in
     if te:
-        norm_own = (e + f) * h + NORM_SCALAR_BYTES
+        norm_own = (e + (0.0 if layernorm else f)) * h + NORM_SCALAR_BYTES
         norms = 2.0 * np.where(sp, norm_own / t, norm_own)
+    elif layernorm:
+        norm_own = e * h + NORM_SCALAR_BYTES
+        norms = 2.0 * (np.where(sp, norm_own / t, norm_own) + e * h)
     else:
         norm_own = 2.0 * e * h + NORM_SCALAR_BYTES
         norms = 2.0 * (np.where(sp, norm_own / t, norm_own) + e * h)
@@ -539,11 +553,13 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
       optimizer states per parameter; default STATE_BYTES[precision]) and ``loss``, how
       the loss holds the logits (:data:`LOSS_MODES`; ``loss_vocab_parallel``: split over
       tp);
-    - ``precision = "fp8"`` (torchao float8): the same states and saved activations as
-      bf16 (torchao's float8 matmul saves its high-precision input and weight for
-      backward and casts again there), plus one block's float8 weight casts (1 byte a
-      weight) as a temporary; under ZeRO-3 the weights are all-gathered in float8
-      (tensorwise recipe), 1 byte a weight instead of 2.
+    - ``precision = "fp8"``: under torchao float8 (``te_saved_inputs`` False) the same
+      states and saved activations as bf16 (torchao's float8 matmul saves its
+      high-precision input and weight for backward and casts again there); under
+      Transformer Engine (``te_saved_inputs``: the megatron-lm stack) the linears keep
+      FP8-quantized inputs (:func:`layer_activations` ``te``); both add one block's float8
+      weight casts (1 byte a weight) as a temporary; under ZeRO-3 the weights are
+      all-gathered in float8 (tensorwise recipe), 1 byte a weight instead of 2.
     """
     check_margin(margin)
     c = np.asarray(cp, dtype=float)
@@ -587,10 +603,10 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     mopts = moe if moe is not None else MoeOptions()
     full_l = layer_activations(shape, tokens, tp, sp, precision, flash, seq, selective=rc == SELECTIVE,
                                op_sac=rc == OP_SAC, mla_up_proj="mla_up_proj" in mopts.recompute_modules,
-                               te=te_saved_inputs)
+                               te=te_saved_inputs, layernorm="layernorm" in mopts.recompute_modules)
     if shape.is_moe:  # the mean block of the stage: its MoE blocks save more (at the busiest rank's load)
         full_l = full_l + moe_mlp_extra(shape, tokens, tp, precision, mopts.load, mopts.recompute_modules,
-                                        te=te_saved_inputs) \
+                                        te=te_saved_inputs, fp8_act_cache=mopts.fp8_act_cache) \
             * np.minimum(lps, shape.moe_layers) / lps
     ck_l = checkpointed_layer(shape, tokens, tp, sp, precision)
     blocks = (lps - ck) * full_l + ck * ck_l

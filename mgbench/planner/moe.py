@@ -58,6 +58,7 @@ Load (:meth:`MoeOptions.load`)
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -103,8 +104,8 @@ FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
 # Megatron-Core recompute_modules (its MoE README, "Fine-grained Recomputation"): the
 # matmuls of "mla_up_proj", "mlp" and "moe" are priced again here; "mla_up_proj",
-# "moe_act" and "moe" discard what memory.py would count as saved ("mlp" and "layernorm":
-# not modelled there). The elementwise ones ("moe_act", "layernorm") run again at a
+# "moe_act", "moe" and "layernorm" discard what memory.py would count as saved ("mlp": not
+# modelled there). The elementwise ones ("moe_act", "layernorm") run again at a
 # memory traffic that is not priced.
 RECOMPUTE_MODULES = ("mla_up_proj", "mlp", "moe", "moe_act", "layernorm")
 # Passes over a token's rows (read + write) the permutation around one all-to-all pair
@@ -139,6 +140,8 @@ class MoeOptions:
                 "overlap_moe_expert_parallel_comm; the dualpipev schedule always does)."})
     recompute_modules: tuple[str, ...] = field(default=(), metadata={
         "metavar": "LIST", "help": "Megatron-Core recompute_modules priced: " + ",".join(RECOMPUTE_MODULES) + "."})
+    fp8_act_cache: bool = field(default=False, metadata={
+        "help": "The experts' SwiGLU input is cached in FP8 for backward (DeepSeek-V3 section 3.3.3): memory only."})
     cuda_graphs: bool = field(default=False, metadata={
         "help": "MoE layers captured in CUDA graphs (a sync-free dispatcher): no host launch time per layer pass."})
 
@@ -146,6 +149,10 @@ class MoeOptions:
         object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules or ()))  # a CLI list too
         if self.dispatcher not in DISPATCHERS:
             raise MgbenchError(f"MoE dispatcher must be one of {', '.join(DISPATCHERS)}, got {self.dispatcher!r}")
+        for name in ("imbalance", "capacity_factor"):
+            v = getattr(self, name)
+            if v is not None and not math.isfinite(v):
+                raise MgbenchError(f"MoE {name} must be a finite number, got {v}")
         if not self.imbalance >= 1.0:
             raise MgbenchError(f"MoE load imbalance is the busiest rank's load over the mean: >= 1, got {self.imbalance}")
         if self.capacity_factor is not None and not self.capacity_factor > 0:
@@ -396,7 +403,8 @@ def note(opts: MoeOptions, schedule: str) -> str:
     else:
         load = f"dropless, busiest expert rank at {opts.imbalance:g} x the mean"
     host = ("MoE layers in CUDA graphs (no host launch cost)" if opts.cuda_graphs else
-            "eager MoE layers: the host's launch time per layer and micro-batch added (fitted, stacks.toml [moe_host])")
+            "eager MoE layers: the host's launch time per layer and micro-batch added (solved from Megatron-Core "
+            "and DeepSeek runs, stacks.toml [moe_host]; applied to every stack, an assumption)")
     return "MoE: " + ", ".join(how) + "; " + load + "; " + host
 
 
@@ -411,6 +419,7 @@ def options_of(row: dict[str, Any]) -> MoeOptions:
                       node_limit=row.get("node_limit"), device_limit=row.get("device_limit"),
                       fp8_dispatch=bool(row.get("fp8_dispatch", False)), a2a_overlap=bool(row.get("a2a_overlap", False)),
                       recompute_modules=tuple(row.get("moe_recompute", ())),
+                      fp8_act_cache=bool(row.get("fp8_act_cache", False)),
                       cuda_graphs=bool(row.get("cuda_graphs", False)))
 
 

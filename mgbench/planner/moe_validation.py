@@ -137,13 +137,14 @@ def host_terms(row: dict[str, Any]) -> tuple[float, float, float]:
     """(step seconds without the host term, d step / d per_layer_ms, d step /
     d per_local_expert_ms): the step is linear in both constants (moe.host_seconds, the
     bubble's share included), so one prediction gives every candidate's step."""
+    graphed = moe.options_of(row).cuda_graphs  # a row run in CUDA graphs pays no host term
     opts = dataclasses.replace(moe.options_of(row), cuda_graphs=True)
     res = predict_row(row, opts)
     b = res["breakdown"]
     lps = -(-shape_of(row).layers // row.get("pp", 1))
     n, n_local = moe.host_launches(shape_of(row), ep=row["ep"], moe_layers=min(lps, shape_of(row).moe_layers),
                                    num_micro=res["num_micro_batches"])
-    stretch = 1e-3 / (1.0 - float(b["bubble_fraction"]))
+    stretch = 0.0 if graphed else 1e-3 / (1.0 - float(b["bubble_fraction"]))
     return float(res["step_time_s"]), float(n) * stretch, float(n_local) * stretch
 
 

@@ -155,11 +155,12 @@ def moe_markdown() -> str:
                     f"{r['error_pct']:+.1f}% | {r['terms']['moe_host_s']:.2f} |")
     rows.append("")
     parts = []
-    for split, s in summary(scored).items():
+    summ = summary(scored)
+    for split, s in summ.items():
         if s["predicted"]:
             parts.append(f"{split.replace('_', ' ')}: mean |error| {s['mean_abs_pct']:.1f}%, worst "
                          f"{s['worst_abs_pct']:.1f}% (`{s['worst_row']}`)")
-    met = all(s["targets_met"] for s in summary(scored).values())
+    met = all(s["targets_met"] for s in summ.values())
     rows.append("; ".join(parts) + f". Targets (mean under {TARGET_MEAN_PCT:g}%, none over {TARGET_WORST_PCT:g}%, "
                 f"on both parts): {'met' if met else 'not met'}.")
     return "\n".join(rows)

@@ -73,3 +73,23 @@ def test_the_term_lowers_the_error_on_held_out_rows_too():
     with_term = [abs(V.score(r)["error_pct"]) for r in rows]
     without = [abs(V.score(r, dataclasses.replace(moe.options_of(r), cuda_graphs=True))["error_pct"]) for r in rows]
     assert sum(with_term) / len(rows) < 0.5 * sum(without) / len(rows)
+
+
+def test_the_solves_arithmetic_is_the_step_models():
+    # host_terms rebuilds a step from the host-free one; with the stored constants it must
+    # equal what predict says for every row (pipelined ones included: the bubble stretch).
+    c = moe.host_constants()
+    for row in V.runs():
+        base, d0, d1 = V.host_terms(row)
+        got = float(V.predict_row(row)["step_time_s"])
+        assert got == pytest.approx(base + c["per_layer_ms"] * d0 + c["per_local_expert_ms"] * d1, rel=1e-9), row["id"]
+    assert any(r.get("pp", 1) > 1 for r in V.runs())
+
+
+def test_more_experts_a_rank_cost_more_host_time_by_hand():
+    row = next(r for r in V.runs() if r["id"] == "mbridge-25.11-b200-qwen3-30b-a3b-fp8")
+    c = moe.host_constants()
+    # ep 8 -> 4 on the same 8 GPUs: 32 experts a rank instead of 16.
+    four = float(V.predict_row({**row, "ep": 4})["breakdown"]["moe_host_s"])
+    assert four == pytest.approx(48 * 64 * (c["per_layer_ms"] + 32 * c["per_local_expert_ms"]) * 1e-3)
+
