@@ -87,6 +87,18 @@ class Layout:
                       virtual_stages=cfg.virtual_stages if cfg.pp_schedule in VIRTUAL else 1,
                       replicas=cfg.replicas if hsdp else 1, offload=bool(cfg.offload))
 
+    @classmethod
+    def from_published(cls, row: dict[str, Any]) -> "Layout":
+        """The layout of a published training row (data/accelerator_runs.toml and
+        data/published_moe_runs.toml share the keys): degrees as published, tp, pp, cp, ep
+        1 where absent, sequence parallel with tp unless the row says otherwise."""
+        return cls(num_gpus=row["num_gpus"], tp=row.get("tp", 1), pp=row.get("pp", 1), cp=row.get("cp", 1),
+                   ep=row.get("ep", 1), zero=row["zero"], micro_batch=row["micro_batch"], seq_len=row["seq"],
+                   global_batch=row["global_batch"], precision=row["precision"], recompute=row["recompute"],
+                   sequence_parallel=row.get("sequence_parallel", row.get("tp", 1) > 1),
+                   schedule=row.get("schedule", "1f1b"),
+                   virtual_stages=row.get("virtual_stages", 1), replicas=row.get("replicas", 1))
+
     # -- derived degrees -------------------------------------------------------------------
     @property
     def dp(self) -> Any:

@@ -21,7 +21,6 @@ rule in the data file's header, keeps a part no later calibration may touch.
 
 from __future__ import annotations
 
-import dataclasses
 
 from functools import lru_cache
 from statistics import mean, median
@@ -110,33 +109,32 @@ def split_by_rule(rows: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def moe_row_for(row: dict[str, Any]) -> dict[str, Any] | None:
-    """The same run in published_moe_runs.toml, where that file holds it: its MoE options
-    and model overrides are stated there, once."""
-    same = [r for r in catalog.load("published_moe_runs.toml")["runs"] if r["id"] == row["id"]]
+    """The same run in published_moe_runs.toml (checked there), where that file holds it:
+    its MoE options and model overrides are stated there, once."""
+    from .moe_validation import runs as moe_runs
+
+    same = [r for r in moe_runs() if r["id"] == row["id"]]
     return same[0] if same else None
 
 
 def shape_of(row: dict[str, Any]) -> ModelShape:
-    """The row's model: a models.toml preset or accelerator_runs.toml [shapes] entry, with
-    the model overrides published_moe_runs.toml states for the same run."""
+    """The row's model: a models.toml preset or accelerator_runs.toml [shapes] entry, or,
+    for a run published_moe_runs.toml holds, its shape there (model overrides applied)."""
     extra = _data().get("shapes", {})
     if row["model"] in extra:
         dims = {k: v for k, v in extra[row["model"]].items() if k != "source"}
         return ModelShape(name=row["model"], **dims)
     moe_row = moe_row_for(row)
-    shape = catalog.model_shape(row["model"])
-    return dataclasses.replace(shape, **moe_row.get("model_overrides", {})) if moe_row else shape
+    if moe_row:
+        from .moe_validation import shape_of as moe_shape_of
+
+        return moe_shape_of(moe_row)
+    return catalog.model_shape(row["model"])
 
 
 def layout_of(row: dict[str, Any]) -> Layout:
-    """The Layout `mgbench predict` is given for a published training row (degrees as
-    published; accelerator_runs.toml and published_moe_runs.toml share the keys)."""
-    return Layout(num_gpus=row["num_gpus"], tp=row.get("tp", 1), pp=row.get("pp", 1), cp=row.get("cp", 1),
-                  ep=row.get("ep", 1), zero=row["zero"], micro_batch=row["micro_batch"], seq_len=row["seq"],
-                  global_batch=row["global_batch"], precision=row["precision"], recompute=row["recompute"],
-                  sequence_parallel=row.get("sequence_parallel", row.get("tp", 1) > 1),
-                  schedule=row.get("schedule", "1f1b"),
-                  virtual_stages=row.get("virtual_stages", 1), replicas=row.get("replicas", 1))
+    """The Layout `mgbench predict` is given for a published training row."""
+    return Layout.from_published(row)
 
 
 def moe_options_for(row: dict[str, Any]) -> Any:

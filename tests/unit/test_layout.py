@@ -153,3 +153,15 @@ def test_model_kwargs_are_what_the_models_take():
     assert kw["recompute"] == 3
     for fn in (step_time, memory_per_gpu):
         assert set(kw) <= set(inspect.signature(fn).parameters), fn.__name__
+
+
+def test_a_published_row_becomes_its_layout():
+    # Megatron-Bridge's H100 Qwen3-30B-A3B row: 16 GPUs, PP 2 with 24 virtual stages, EP 8,
+    # GBS 512 of MBS 2: dp 8 and 512 / (2 x 8) = 32 micro-batches; no tp, so no sequence
+    # parallelism.
+    row = {"num_gpus": 16, "pp": 2, "ep": 8, "zero": 1, "micro_batch": 2, "seq": 4096, "global_batch": 512,
+           "precision": "fp8", "recompute": "none", "schedule": "interleaved", "virtual_stages": 24}
+    lay = Layout.from_published(row)
+    assert (lay.tp, lay.pp, lay.dp, lay.ep, lay.cp) == (1, 2, 8, 8, 1)
+    assert lay.num_micro == 32 and lay.virtual_stages == 24 and lay.sequence_parallel is False
+    assert Layout.from_published({**row, "tp": 2, "num_gpus": 32}).sequence_parallel is True
