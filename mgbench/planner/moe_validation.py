@@ -48,11 +48,15 @@ def _data() -> dict[str, Any]:
 
 def split_rule(rows: list[dict[str, Any]]) -> dict[str, str]:
     """The split the data file's header states: rows seen before it was written are fit;
-    the others alternate in file order, held_out first."""
+    rows added after the host launch term was built (``added_after_host_term``) are all
+    held out; the others alternate in file order, held_out first."""
     out, i = {}, 0
     for r in rows:
         if r["id"] in SEEN_BEFORE:
             out[r["id"]] = "fit"
+            continue
+        if r.get("added_after_host_term"):
+            out[r["id"]] = "held_out"
             continue
         out[r["id"]] = "held_out" if i % 2 == 0 else "fit"
         i += 1
@@ -131,6 +135,11 @@ def host_fit_rows() -> list[dict[str, Any]]:
     # rule; it imports this module, so the file is read here)
     held = {r["id"] for r in catalog.load("accelerator_runs.toml")["runs"] if r["split"] == "held_out"}
     return [r for r in runs() if r["split"] == "fit" and r["id"] not in held]
+
+
+def host_fit_rows_ids() -> list[str]:
+    """The ids of :func:`host_fit_rows`."""
+    return [r["id"] for r in host_fit_rows()]
 
 
 def host_terms(row: dict[str, Any]) -> tuple[float, float, float]:
