@@ -1,9 +1,23 @@
 """`--moe-*` options of predict, plan and memory (planner/moe.py MoeOptions): they reach
-the step and memory models, and a bad value is one line with exit status 2."""
+the step and memory models, and a bad value is one line with exit status 2. In process
+(click's runner): the planner commands start no ranks."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
+from click.testing import CliRunner
+
+from mgbench.cli import main
+
+
+@pytest.fixture
+def cli():
+    def _run(*args: str) -> SimpleNamespace:
+        r = CliRunner().invoke(main, list(args))
+        return SimpleNamespace(returncode=r.exit_code, stdout=r.stdout, stderr=r.stderr)
+
+    return _run
 
 B200_QWEN = ("--model", "qwen3-30b-a3b", "--system", "dgx-b200", "--num-gpus", "8", "--ep", "8", "--micro-batch", "1",
              "--global-batch", "512", "--zero", "1", "--precision", "fp8", "--moe-imbalance", "1")
