@@ -34,8 +34,10 @@ MICRO_BATCH_CHOICES = (1, 2, 4, 8)
 # start at 32K tokens). A search-cost choice, stated in the output.
 CP_MIN_SEQ = 16384
 CP_CHOICES = (1, 2, 4, 8, 16)
-# Expert-parallel degrees for MoE models (DeepSeek-V3 trained with 64).
-EP_CHOICES = (1, 2, 4, 8, 16, 32, 64)
+# Expert-parallel degrees for MoE models (DeepSeek-V3 trained with 64; Megatron-Bridge's
+# GB200 recipes run 64 inside one NVL72 domain; 128 and 256 spread 256-expert models one or
+# two experts a GPU). Degrees the model's experts do not divide are dropped.
+EP_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 # Defaults of the buy-versus-rent assumptions (data/ownership.toml [defaults], sourced there).

@@ -164,3 +164,15 @@ def test_stack_option_scales_every_candidate():
     assert tt["assumptions"]["stack"] == "torchtitan"
     assert tt["recommendation"]["days"] > mega["recommendation"]["days"]
     assert any("torchtitan" in line for line in tt["reasons"])  # the interval comes from its rows
+
+
+def test_expert_parallel_degrees_up_to_256_for_a_256_expert_model():
+    # DeepSeek-V3's 256 experts: every power of two up to 256 divides them; Mixtral's 8 stop
+    # at 8. A dense model searches ep = 1 only.
+    from mgbench import catalog
+    from mgbench.planner.search import PlanOptions, extra_axes
+
+    opts = PlanOptions(tokens=1e12)
+    assert extra_axes(catalog.model_shape("deepseek-v3"), opts)[1] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert extra_axes(catalog.model_shape("mixtral-8x7b"), opts)[1] == [1, 2, 4, 8]
+    assert extra_axes(catalog.model_shape("llama3-8b"), opts)[1] == [1]
