@@ -172,9 +172,9 @@ def moe_mlp_extra(shape: ModelShape, tokens: Any, tp: Any, precision: str, load:
     "moe" checkpoints the whole MoE MLP, which then keeps only its input (counted by
     layer_activations as the norm's output). ``te`` (Transformer Engine under fp8): the
     grouped GEMMs keep their inputs FP8-quantized (1 byte: the dispatched row and the
-    second GEMM's input), as layer_activations' linears do. ``fp8_act_cache``: the experts'
-    SwiGLU input is cached in FP8 (DeepSeek-V3 section 3.3.3), 1 byte an element instead of
-    e, for the routed and shared experts."""
+    second GEMM's input), as layer_activations' linears do. ``fp8_act_cache`` (under fp8
+    training only): the experts' SwiGLU input is cached in FP8 (DeepSeek-V3 section 3.3.3),
+    1 byte an element instead of e, for the routed and shared experts."""
     if not shape.is_moe:
         return 0.0 * np.asarray(tokens, dtype=float)
     e = act_bytes(precision)
@@ -182,7 +182,7 @@ def moe_mlp_extra(shape: ModelShape, tokens: Any, tp: Any, precision: str, load:
     h, fe = shape.hidden, shape.moe_ffn_hidden
     f = 1.0 if (te and precision == "fp8") else e  # the bytes a linear keeps its input in
     act = 0.0 if "moe_act" in modules else 1.0
-    g = 1.0 if fp8_act_cache else e  # the bytes the SwiGLU keeps its input in
+    g = 1.0 if (fp8_act_cache and precision == "fp8") else e  # the bytes the SwiGLU keeps its input in
     routed = load * shape.top_k * (f * h + (2.0 * g + act * f) * fe)
     shared = (2.0 * g + act * f) * shape.shared_experts * fe / t
     router = (e + 4.0) * shape.experts

@@ -128,7 +128,9 @@ def family_markdown() -> str:
     for t in family_table(scored):
         ho, fit = t["held_out"], t["fit"]
         fit_txt = "-" if not fit["rows"] else f"{_pct(fit['model']['mean_abs_pct'])} / {_pct(fit['model']['worst_abs_pct'])}"
-        rows.append(f"| {family_name(t['family'])} | {t['rows']} | {_pct(ho['model']['mean_abs_pct'])} / "
+        measured = sorted({r["accelerator"] for r in scored if r["family"] == t["family"]})
+        label = family_name(t["family"]) + (f" ({', '.join(measured)})" if measured else "")
+        rows.append(f"| {label} | {t['rows']} | {_pct(ho['model']['mean_abs_pct'])} / "
                     f"{_pct(ho['model']['worst_abs_pct'])} | {_pct(ho['baseline']['mean_abs_pct'])} | {fit_txt} | "
                     f"{ {True: 'yes', False: '**no**', None: '-'}[t['beats_baseline_held_out']]} |")
     g = targets(scored)
