@@ -641,7 +641,9 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     w_bytes = 1.0 if precision == "fp8" else STATE_BYTES[precision][0]
     gathered = np.where(held, stage_w * w_bytes, np.where(z3, 2.0 * layer_p * w_bytes, 0.0))
     temps = temps + cp_kv_bytes(shape, seq, micro_batch, tp, cp, precision)
-    if precision == "fp8":  # a block's float8 weight casts (under ZeRO-3 the gathered ones are the casts)
+    # A block's float8 weight casts under fp8 (under ZeRO-3 the gathered ones are the casts;
+    # weights already kept in FP8, 1 byte a weight in state_bytes, need none).
+    if precision == "fp8" and not (sb is not None and sb[0] <= 1.0):
         temps = temps + np.where(z3, 0.0, layer_p)
     subtotal = states["model_states_bytes"] + acts + gathered + temps
     allowance = margin * subtotal

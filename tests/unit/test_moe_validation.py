@@ -71,7 +71,6 @@ def test_a_broken_row_moves_its_error(rows):
     # A published figure twice as high halves the ratio predicted / published.
     doubled = V.score({**row, "published": 2 * row["published"]})
     assert doubled["predicted"] == good["predicted"]  # the prediction never reads the published figure
-    assert 1 + doubled["error_pct"] / 100 == pytest.approx((1 + good["error_pct"] / 100) / 2)
     # By hand: DeepSeek-V3's row is predicted about 23% slow (1191 of 1543 tokens/s per
     # GPU), so against twice the figure it is about 61% slow: the error moved, and far.
     assert -24.0 < good["error_pct"] < -22.0 and -62.0 < doubled["error_pct"] < -60.0

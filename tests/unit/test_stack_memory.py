@@ -216,3 +216,20 @@ def test_deepseek_v3s_published_layout_comes_close_to_80_gb_with_its_fp8_cache()
     saved = 1.0 * 2 * 2048 * (8 * 1.1 + 1) * 4096 * 17 * 4
     assert without["activations_bytes"] - with_["activations_bytes"] == pytest.approx(saved, rel=0.03)
     assert with_["total_bytes"] / 1e9 < 90
+
+
+def test_weights_kept_in_fp8_need_no_float8_cast_temporary():
+    # Llama 3 70B, tp 4, fp8, ZeRO-1: a block's weights on a rank are 855.7M / 4; torch
+    # casts them to float8 each forward (1 byte a weight, a temporary); weights already kept
+    # in FP8 (state_bytes weight 1, Megatron's fp8_param_gather) are the casts.
+    from mgbench import catalog
+    from mgbench.layout import Layout
+    from mgbench.planner.predict import memory
+
+    shape = catalog.model_shape("llama3-70b")
+    lay = Layout(num_gpus=8, tp=4, zero=1, micro_batch=1, seq_len=4096, global_batch=2, precision="fp8",
+                 sequence_parallel=True)
+    casts = memory(shape, lay, stack="megatron-lm", state_bytes=(2, 2, 12))["temporaries_bytes"]
+    kept = memory(shape, lay, stack="megatron-lm", state_bytes=(1, 2, 12))["temporaries_bytes"]
+    assert casts - kept == pytest.approx(shape.params_per_layer() / 4)
+    assert shape.params_per_layer() == pytest.approx(855.7e6, rel=1e-3)
