@@ -145,17 +145,6 @@ class HardwareProfile:
         k = self.gemm_best.kind
         return k if k in EVIDENCE and self.gemm_best.value is not None else "assumed"
 
-    def figures(self) -> dict[str, Figure]:
-        """Every figure by name (peaks as peak_<precision>), for listing and checks."""
-        out = {f"peak_{k}": v for k, v in self.peaks.items()}
-        out["mem_bw_peak"] = self.mem_bw_peak
-        out.update({name: getattr(self, name) for name in FIGURES})
-        if self.gemm_layer is not None:
-            out["gemm_layer"] = self.gemm_layer
-        for c in self.collectives:
-            out[f"{c.op}_{c.scope}_{c.gpus}"] = c.busbw
-        return out
-
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"accelerator": self.accelerator, "evidence": self.evidence,
                                "peaks": {k: v.to_dict() for k, v in self.peaks.items()},
@@ -209,7 +198,7 @@ def _fixed_cost(sweep: dict[str, Any], p: float, small: float, result_bytes: flo
     """t0 of one sweep at norm p: the median over its small rows of measured seconds minus
     the norm term (the best rate, the sweep's own measured bandwidth)."""
     rate, rows = _sweep_terms(sweep, result_bytes)
-    bw = sweep["mem_bw_tbps"] * 1e12
+    bw = achieved_mem_bw(sweep["accelerator"])
     return statistics.median(t - gemm_kernel_seconds(f, b, rate, bw, 0.0, p) for f, b, t, _ in rows if f < small)
 
 
@@ -230,7 +219,7 @@ def shape_model() -> dict[str, Any]:
         for sid, s in sweeps.items():
             rate, rows = _sweep_terms(s, rb)
             t0 = _fixed_cost(s, p, small, rb)
-            bw = s["mem_bw_tbps"] * 1e12
+            bw = achieved_mem_bw(s["accelerator"])
             # error of predicted throughput: measured time / predicted time - 1
             errors[p][sid] = [t / gemm_kernel_seconds(f, b, rate, bw, t0, p) - 1.0 for f, b, t, sk in rows if sk]
         worst[p] = max(abs(e) for es in errors[p].values() for e in es)
@@ -295,6 +284,12 @@ def _mem_fraction(acc_id: str, seen: tuple[str, ...] = ()) -> float:
     if "from" in spec:
         return _mem_fraction(spec["from"], seen + (acc_id,))
     return median_measured_mem_fraction()
+
+
+def achieved_mem_bw(acc_id: str) -> float:
+    """Bytes/s ``acc_id``'s memory achieves: its datasheet figure x :func:`_mem_fraction`
+    (measured, carried from a sibling, or the stated median assumption)."""
+    return _mem_fraction(acc_id) * float(catalog.accelerator(acc_id)["mem_bw_tbps"]) * 1e12
 
 
 def median_measured_mem_fraction() -> float:

@@ -85,6 +85,10 @@ def _runs() -> tuple[dict[str, Any], ...]:
     problems = [f"{r.get('id', '?')}: {p}" for r in rows for p in check_row(r)]
     ids = [r["id"] for r in rows]
     problems += [f"{i}: id repeated" for i in sorted({i for i in ids if ids.count(i) > 1})]
+    if not problems:  # the split is the header's rule, checked as published_moe_runs.toml's is
+        rule = split_by_rule(list(rows))
+        problems += [f"{r['id']}: split {r['split']!r}, but the header's rule gives {rule[r['id']]!r}"
+                     for r in rows if r["split"] != rule[r["id"]]]
     if problems:
         raise MgbenchError("accelerator_runs.toml: " + "; ".join(problems))
     return tuple(rows)
@@ -132,11 +136,6 @@ def shape_of(row: dict[str, Any]) -> ModelShape:
     return catalog.model_shape(row["model"])
 
 
-def layout_of(row: dict[str, Any]) -> Layout:
-    """The Layout `mgbench predict` is given for a published training row."""
-    return Layout.from_published(row)
-
-
 def moe_options_for(row: dict[str, Any]) -> Any:
     """The MoE options a row is priced with: those published_moe_runs.toml states for the
     same run (one place for them: routing, dispatcher, node limit, FP8 dispatch, overlap),
@@ -153,7 +152,7 @@ def predict_on(row: dict[str, Any], system: str) -> dict[str, Any]:
     from .resolve import resolve
 
     hw = resolve(precision=row["precision"], system=system, stack=row["stack"])
-    return predict(shape_of(row), hw, layout_of(row), moe=moe_options_for(row))
+    return predict(shape_of(row), hw, Layout.from_published(row), moe=moe_options_for(row))
 
 
 @lru_cache(maxsize=1)

@@ -44,7 +44,7 @@ class Hardware:
     # Where the efficiency came from (hardware_profile.HardwareProfile.evidence): "measured"
     # on this accelerator (a public GEMM measurement of it, or a probe of this machine),
     # "carried" from a named sibling, or "assumed" (uncertainty.py widens the interval by it).
-    evidence: str = "measured"
+    evidence: str = "assumed"  # every constructor states it; a Hardware built without says nothing was measured
     evidence_detail: str | None = None  # the figures' kinds and siblings, in words
     # GEMMs priced at the layer's own shapes (planner/perf.py gemm_seconds): every GEMM pays
     # gemm_fixed_s, and its operands stream at mem_bw x mem_bw_fraction, the two combined
@@ -58,8 +58,8 @@ class Hardware:
     # work streams at mem_bw x this. 1: mem_bw is already achieved (a probe measured it).
     mem_bw_fraction: float = 1.0
     # The best FP8 GEMM's fraction of the FP8 peak over the best bf16 GEMM's of the bf16
-    # peak (efficiency.toml); None where FP8 was not measured. For FP8 pricing
-    # (layout_time), which today assumes 1.
+    # peak (efficiency.toml); None where FP8 was not measured (layout_time.fp8_linear_ratio
+    # then carries the bf16 fraction, and says so).
     fp8_gemm_ratio: float | None = None
     # Probed CPU profiles only (probe/profile.py): a step's unfused non-matmul work priced
     # op by op (planner/perf.py, host terms). None/0 elsewhere: the catalog's two-term

@@ -57,7 +57,6 @@ Load (:meth:`MoeOptions.load`)
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -421,8 +420,3 @@ def options_of(row: dict[str, Any]) -> MoeOptions:
                       recompute_modules=tuple(row.get("moe_recompute", ())),
                       fp8_act_cache=bool(row.get("fp8_act_cache", False)),
                       cuda_graphs=bool(row.get("cuda_graphs", False)))
-
-
-def replace(opts: MoeOptions, **changes: Any) -> MoeOptions:
-    """``opts`` with ``changes`` (checked again)."""
-    return dataclasses.replace(opts, **changes)

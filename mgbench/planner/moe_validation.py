@@ -33,9 +33,6 @@ from . import moe
 TARGET_MEAN_PCT = 15.0
 TARGET_WORST_PCT = 30.0
 SPLITS = ("fit", "held_out")
-# Rows whose error had been seen before the data file was written: fit by its rule.
-SEEN_BEFORE = ("deepseek-v3-h800-pretraining", "mbridge-25.11-gb200-deepseek-v3-bf16",
-               "mbridge-25.11-gb200-gpt-oss-120b-bf16", "mbridge-25.11-b200-gpt-oss-120b-bf16")
 REQUIRED = ("id", "system", "model", "seq", "num_gpus", "tp", "pp", "ep", "micro_batch", "global_batch", "zero",
             "recompute", "precision", "routing", "dispatcher", "published", "split", "source", "date")
 STACK = "megatron-lm"  # Megatron-Bridge is Megatron-Core; DeepSeek's HAI-LLM is priced as it
@@ -47,12 +44,13 @@ def _data() -> dict[str, Any]:
 
 
 def split_rule(rows: list[dict[str, Any]]) -> dict[str, str]:
-    """The split the data file's header states: rows seen before it was written are fit;
+    """The split the data file's header states: rows seen before it was written
+    (``seen_before``) are fit;
     rows added after the host launch term was built (``added_after_host_term``) are all
     held out; the others alternate in file order, held_out first."""
     out, i = {}, 0
     for r in rows:
-        if r["id"] in SEEN_BEFORE:
+        if r.get("seen_before"):
             out[r["id"]] = "fit"
             continue
         if r.get("added_after_host_term"):
@@ -84,9 +82,14 @@ def check_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+@lru_cache(maxsize=1)
+def _checked() -> tuple[dict[str, Any], ...]:
+    return tuple(check_rows(list(_data()["runs"])))
+
+
 def runs() -> list[dict[str, Any]]:
-    """Every row of published_moe_runs.toml, checked."""
-    return check_rows(list(_data()["runs"]))
+    """Every row of published_moe_runs.toml, checked (once a process)."""
+    return list(_checked())
 
 
 def shape_of(row: dict[str, Any]) -> ModelShape:
@@ -135,11 +138,6 @@ def host_fit_rows() -> list[dict[str, Any]]:
     # rule; it imports this module, so the file is read here)
     held = {r["id"] for r in catalog.load("accelerator_runs.toml")["runs"] if r["split"] == "held_out"}
     return [r for r in runs() if r["split"] == "fit" and r["id"] not in held]
-
-
-def host_fit_rows_ids() -> list[str]:
-    """The ids of :func:`host_fit_rows`."""
-    return [r["id"] for r in host_fit_rows()]
 
 
 def host_terms(row: dict[str, Any]) -> tuple[float, float, float]:

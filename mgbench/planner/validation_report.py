@@ -86,14 +86,11 @@ def print_accelerator_tables() -> None:
                     for r in scored],
                    headers=["run", "family", "split", "metric", "published", "model", "error", "baseline", "error"]))
 
-    def pct(v: float | None) -> str:
-        return "-" if v is None else f"{v:.1f}%"
-
     table = family_table(scored)
-    print(tabulate([[t["family"], t["rows"], t["held_out"]["rows"], pct(t["held_out"]["model"]["mean_abs_pct"]),
-                     pct(t["held_out"]["model"]["worst_abs_pct"]), pct(t["held_out"]["baseline"]["mean_abs_pct"]),
-                     t["fit"]["rows"], pct(t["fit"]["model"]["mean_abs_pct"]), pct(t["fit"]["model"]["worst_abs_pct"]),
-                     pct(t["fit"]["baseline"]["mean_abs_pct"]),
+    print(tabulate([[t["family"], t["rows"], t["held_out"]["rows"], _pct(t["held_out"]["model"]["mean_abs_pct"]),
+                     _pct(t["held_out"]["model"]["worst_abs_pct"]), _pct(t["held_out"]["baseline"]["mean_abs_pct"]),
+                     t["fit"]["rows"], _pct(t["fit"]["model"]["mean_abs_pct"]), _pct(t["fit"]["model"]["worst_abs_pct"]),
+                     _pct(t["fit"]["baseline"]["mean_abs_pct"]),
                      {True: "yes", False: "NO", None: "-"}[t["beats_baseline_held_out"]],
                      ", ".join(t["accelerators_without_rows"]) or "-"] for t in table],
                    headers=["family", "rows", "held out", "model mean", "model worst", "baseline mean", "fit",

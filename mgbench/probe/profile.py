@@ -236,7 +236,7 @@ def hardware(profile: dict[str, Any], precision: str, ranks: int = 1) -> Hardwar
         memory_bytes=float(memory_bytes),
         # Unknown without a catalog entry; predict prices no energy, so NaN (not 0 W) is
         # never printed, and any future use of it shows up as NaN rather than as free power.
-        tdp_w=float(catalog.accelerator(acc)["tdp_w"]) if acc else float("nan"),
+        tdp_w=float(catalog.accelerator(acc).get("tdp_w") or float("nan")) if acc else float("nan"),
         intra_bw=link["bw"], intra_alpha_s=link["alpha_s"],
         inter_bw=link["bw"], inter_alpha_s=link["alpha_s"],
         max_power_kw=None,

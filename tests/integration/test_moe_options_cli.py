@@ -76,3 +76,11 @@ def test_bad_moe_options_are_one_line_and_exit_2(cli, bad, says):
     p = cli("predict", *B200_QWEN, *bad)
     assert p.returncode == 2
     assert says in p.stderr and "Traceback" not in p.stderr
+
+
+def test_moe_options_on_a_dense_model_are_said_to_be_ignored(cli):
+    p = cli("predict", "--model", "llama3-8b", "--system", "dgx-h100", "--num-gpus", "8", "--moe-cuda-graphs")
+    assert p.returncode == 0 and "--moe-* options ignored: llama3-8b has no experts" in p.stdout
+    plain = cli("predict", "--model", "llama3-8b", "--system", "dgx-h100", "--num-gpus", "8")
+    assert "options ignored" not in plain.stdout
+

@@ -9,7 +9,7 @@ import pytest
 
 from mgbench import catalog
 from mgbench.errors import MgbenchError
-from mgbench.layout import RECOMPUTE
+from mgbench.layout import RECOMPUTE, Layout
 from mgbench.planner import accelerator_validation as A
 from mgbench.planner import perf
 from mgbench.planner.predict import predict
@@ -53,7 +53,7 @@ def test_a_broken_row_is_refused():
 def test_a_row_is_predicted_through_predicts_path():
     row = next(r for r in A.runs() if r["id"] == "mbridge-25.11-h100-llama3-8b-fp8")
     hw = resolve(precision="fp8", system="dgx-h100", stack="megatron-lm")
-    direct = predict(catalog.model_shape("llama3-8b"), hw, A.layout_of(row))["tokens_per_s_per_gpu"]
+    direct = predict(catalog.model_shape("llama3-8b"), hw, Layout.from_published(row))["tokens_per_s_per_gpu"]
     s = A.score(row)
     assert s["predicted"] == pytest.approx(direct)
     assert s["error_pct"] == pytest.approx(100 * (direct - row["published"]) / row["published"])
@@ -64,8 +64,9 @@ def test_a_wrong_published_figure_moves_the_error():
     good = A.score(row)
     broken = A.score({**row, "published": 2 * row["published"]})
     assert broken["predicted"] == pytest.approx(good["predicted"])
-    pub = 2 * row["published"]
-    assert broken["error_pct"] == pytest.approx(100 * (good["predicted"] - pub) / pub)
+    # By hand: a figure twice as high moves the error from e to (1 + e) / 2 - 1; for this
+    # row (+8.6%, 4,082 predicted against 3,760) that is -45.7%.
+    assert good["error_pct"] == pytest.approx(8.6, abs=0.2) and broken["error_pct"] == pytest.approx(-45.7, abs=0.2)
     assert broken["baseline_error_pct"] != pytest.approx(good["baseline_error_pct"])
 
 
@@ -142,3 +143,18 @@ def test_a_run_both_validation_files_hold_is_predicted_the_same_in_both():
     for r in shared:
         own = A.predict_on(r, r["system"])["tokens_per_s_per_gpu"]
         assert own == pytest.approx(moe_validation.predict_row(moe_rows[r["id"]])["tokens_per_s_per_gpu"]), r["id"]
+
+
+def test_a_row_whose_split_breaks_the_rule_is_refused(monkeypatch):
+    rows = [dict(r) for r in A.runs()]
+    i = next(i for i, r in enumerate(rows) if r["split"] == "held_out")
+    rows[i]["split"] = "fit"
+    real = A._data()
+    monkeypatch.setattr(A, "_data", lambda: {**real, "runs": rows})
+    A._runs.cache_clear()
+    try:
+        with pytest.raises(MgbenchError, match=f"{rows[i]['id']}: split 'fit'"):
+            A.runs()
+    finally:
+        A._runs.cache_clear()
+

