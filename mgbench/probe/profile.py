@@ -4,7 +4,10 @@
 take it with ``--hardware PROFILE`` in place of catalog constants. Torch-free: reading a
 profile and predicting from it must not load the rank side.
 
-How measured figures become the planner's inputs (planner/hardware.py, Hardware):
+How measured figures become the planner's inputs (planner/hardware.py, Hardware). A GPU
+machine is priced from the typed profile (:func:`hardware_profile`, the type a catalog
+accelerator has; :func:`device_hardware`); CPU ranks from the rows, since what a rank gets
+depends on how many share the host (below):
 
 - matmul throughput = the probed GEMMs of a transformer layer's shapes (total FLOPs over
   total median time) at the precision asked. ``peak_tflops`` is the catalog peak when the
@@ -12,6 +15,9 @@ How measured figures become the planner's inputs (planner/hardware.py, Hardware)
   GEMM; ``compute_eff`` is then throughput / peak.
 - memory bandwidth = the probed elementwise add (median span); collective alpha and bus bandwidth = the
   probe's own `mgbench comm` all-reduce fit (same conversion as ``predict --comm``).
+- fused attention (GPU) = the probed causal SDPA forward + backward as a fraction of the
+  peak (FLOPs halved for the mask, the catalog's convention), priced as the catalog prices
+  a kernel figure (planner/perf.py flash_attention_s).
 - CPU ranks share the host. A rank of an n-rank run gets t = cores // n threads
   (launching.threads_per_rank), and the probe times its kernels (GEMMs, SDPA, per-op
   overhead, the step's non-matmul ops) in n processes at once, each at t threads
@@ -34,7 +40,7 @@ from typing import Any
 from .. import catalog
 from ..errors import MgbenchError
 from ..hardware_profile import Collective, Figure, HardwareProfile
-from ..planner.hardware import Hardware, planner_defaults
+from ..planner.hardware import Hardware, evidence_detail, planner_defaults
 from ..planner.perf import link_from_all_reduce_fit
 
 PROFILE_VERSION = 2
@@ -68,12 +74,16 @@ PROFILE_DTYPE = {"cuda": "bfloat16", "cpu": "float32"}
 PRECISION_OF_DTYPE = {v: k for k, v in PRECISION_DTYPE.items()}
 
 
-def hardware_profile(profile: dict[str, Any]) -> HardwareProfile:
+def hardware_profile(profile: dict[str, Any], precision: str | None = None) -> HardwareProfile:
     """The probe's measurements as the one hardware profile type (hardware_profile.py), the
     type the catalog's accelerators have (efficiency.toml): every figure "measured" on this
     machine, its source the probe run, or null with the reason. Fractions are of the
     catalog's datasheet peak where the device is a catalog accelerator, else of the
-    fastest probed GEMM (which then stands as the peak, as :func:`hardware` prices it)."""
+    fastest probed GEMM (which then stands as the peak, as :func:`hardware` prices it).
+
+    ``precision`` picks the dtype whose GEMMs and attention the figures are of; by default
+    the one the device trains in (PROFILE_DTYPE), the profile the probe writes beside its
+    rows. :func:`hardware` prices a device from this type at the precision asked."""
     acc = profile.get("accelerator")
     entry = catalog.accelerator(acc) if acc else None
     src = f"mgbench probe on {profile.get('hostname')} ({profile.get('device_name')})"
@@ -84,7 +94,8 @@ def hardware_profile(profile: dict[str, Any]) -> HardwareProfile:
             return Figure(value=None, unit=unit, kind="measured", reason=reason or "not probed")
         return Figure(value=float(value), unit=unit, kind="measured", source=src, date=date, detail=detail)
 
-    dtype = PROFILE_DTYPE.get(profile["device"], "float32")
+    dtype = (PRECISION_DTYPE.get(precision, precision) if precision is not None
+             else PROFILE_DTYPE.get(profile["device"], "float32"))
     precision = PRECISION_OF_DTYPE.get(dtype, dtype)
     rows = [g for g in profile.get("gemm") or [] if g["dtype"] == dtype]
     row = max(rows, key=lambda g: g["best_tflops"]) if rows else None
@@ -210,42 +221,73 @@ def overlap(profile: dict[str, Any], ranks: int, default: float) -> float:
 def hardware(profile: dict[str, Any], precision: str, ranks: int = 1) -> Hardware:
     """The planner's Hardware for ``ranks`` processes on the probed machine (one node).
 
-    On a GPU machine one rank is one device; on CPU the ranks share the host (module doc).
+    On a GPU machine one rank is one device (:func:`device_hardware`); on CPU the ranks
+    share the host (module doc).
     """
-    cpu = profile["device"] == "cpu"
-    if cpu:
-        row, share = gemm_row(profile, precision, ranks)
-        mem_bw = profile["memory"]["median_bytes_per_s"] / ranks
-        memory_bytes = profile["host_memory_bytes"] / ranks
-    else:
-        row, share = gemm_row(profile, precision)
-        mem_bw = profile["memory"]["median_bytes_per_s"]
-        memory_bytes = profile["device_memory_bytes"]
+    if profile["device"] != "cpu":
+        return device_hardware(profile, precision, ranks)
+    row, share = gemm_row(profile, precision, ranks)
     acc = profile.get("accelerator")
     catalog_peak = catalog.accelerator(acc)["tflops"].get(precision) if acc else None
     # Median-based throughput (what training steps see) against the same row's best.
     achieved = row["typical_tflops"] * share
     peak = float(catalog_peak) if catalog_peak else row["best_tflops"] * share
-    link = comm_link(profile, ranks)
     return Hardware(
+        **_machine(profile, ranks, memory_bytes=profile["host_memory_bytes"] / ranks),
+        peak_tflops=peak,
+        compute_eff=achieved / peak,
+        mem_bw=float(profile["memory"]["median_bytes_per_s"] / ranks),
+        evidence="measured", evidence_detail=f"probed on {profile.get('hostname')}",
+        **host_rates(profile, precision, ranks),
+    )
+
+
+def device_hardware(profile: dict[str, Any], precision: str, ranks: int = 1) -> Hardware:
+    """The planner's Hardware for ``ranks`` devices of a probed GPU machine, priced from
+    the typed profile (:func:`hardware_profile` at ``precision``), the type a catalog
+    accelerator has: matmuls at its layer-GEMM fraction of the peak, fused attention at
+    its attention fraction (null: scores and values priced as GEMMs, as for a catalog GPU
+    without a kernel figure), memory-bound work at its measured bandwidth. Links come from
+    the all-reduce fit (:func:`comm_link`), which the profile's collective figures are
+    made from."""
+    gemm_row(profile, precision)  # one clear error where that dtype was never probed
+    hp = hardware_profile(profile, precision)
+    peak, gemm, mem = hp.peaks.get(precision), hp.gemm_layer, hp.mem_bw
+    if peak is None or peak.value is None or gemm.value is None:
+        raise MgbenchError(f"the profile prices no {precision} matmuls ({gemm.reason or 'no peak'}); "
+                           "predict at a precision it probed")
+    if mem.value is None:
+        raise MgbenchError(f"the profile has no memory bandwidth ({mem.reason}); re-probe with `mgbench probe`")
+    return Hardware(
+        **_machine(profile, ranks, memory_bytes=profile["device_memory_bytes"]),
+        peak_tflops=peak.value,
+        compute_eff=gemm.value,
+        mem_bw=mem.value * 1e12,
+        attn_eff=hp.attention.value,
+        evidence=hp.evidence, evidence_detail=f"probed on {profile.get('hostname')}: {evidence_detail(hp)}",
+    )
+
+
+def _machine(profile: dict[str, Any], ranks: int, memory_bytes: float) -> dict[str, Any]:
+    """The Hardware fields a probed machine has whatever its device: its name, node,
+    memory, power and the links of its all-reduce fit."""
+    acc = profile.get("accelerator")
+    link = comm_link(profile, ranks)
+    return dict(
         stack="mgbench",  # a probe times mgbench's own runner: its memory is the runner's
         system=f"probed:{profile['hostname']}",
         gpu=acc or profile["device_name"],
         gpus_per_node=max(ranks, profile.get("num_devices", 1)),
-        peak_tflops=peak,
         memory_bytes=float(memory_bytes),
-        # Unknown without a catalog entry; predict prices no energy, so NaN (not 0 W) is
-        # never printed, and any future use of it shows up as NaN rather than as free power.
+        # Unknown without a catalog entry or a sourced TDP; predict prices no energy, so NaN
+        # (not 0 W) is never printed, and any use of it shows up as NaN, not as free power.
         tdp_w=float(catalog.accelerator(acc).get("tdp_w") or float("nan")) if acc else float("nan"),
         intra_bw=link["bw"], intra_alpha_s=link["alpha_s"],
         inter_bw=link["bw"], inter_alpha_s=link["alpha_s"],
         max_power_kw=None,
-        compute_eff=achieved / peak,
-        mem_bw=float(mem_bw),
         elementwise_passes=float(planner_defaults()["elementwise_passes"]),
         # Measured on this machine, GEMMs at the workload's own shapes: no shape model on top.
-        evidence="measured", evidence_detail=f"probed on {profile.get('hostname')}", gemm_shapes=False,
-        **(host_rates(profile, precision, ranks) if cpu else {}),
+        gemm_shapes=False,
     )
 
 

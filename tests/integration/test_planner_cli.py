@@ -98,3 +98,23 @@ def test_memory_and_plan_take_a_hardware_profile(cli, tmp_path):
     assert bad.returncode == 2 and "drop --systems" in bad.stderr and "Traceback" not in bad.stderr
     stack = cli("predict", "--model", "llama3-8b", "--gpu", "a100-sxm-80gb", "--stack", "mgbench")
     assert stack.returncode == 2 and "no GPU run of mgbench" in stack.stderr and "Traceback" not in stack.stderr
+
+
+def test_plan_on_a_probed_gpu_prices_its_measured_attention_kernel(cli, tmp_path):
+    # plan --hardware reads the typed profile: a probed attention kernel half as fast
+    # makes the same recommendation slower (were attention priced as GEMMs, as before the
+    # typed profile, the two would plan alike).
+    from tests.unit.test_probe_profile import _probed_h100
+
+    def plan(attention_tflops):
+        prof = tmp_path / f"h100-{attention_tflops}.json"
+        prof.write_text(json.dumps(_probed_h100(num_devices=8, attention=[
+            {"dtype": "bfloat16", "typical_tflops": attention_tflops, "shapes": []}])))
+        p = cli("plan", "--model", "llama3-8b", "--tokens", "1e10", "--seq-len", "8192",
+                "--hardware", str(prof), "--json")
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["recommendation"]
+
+    fast, slow = plan(400.0), plan(200.0)
+    per_gpu = [r["tokens_per_s"] / r["num_gpus"] for r in (fast, slow)]
+    assert fast["evidence"] == "measured" and per_gpu[1] < 0.97 * per_gpu[0]

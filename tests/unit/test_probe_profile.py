@@ -164,3 +164,41 @@ def test_a_probed_gpu_without_a_sourced_tdp_has_unknown_power_not_a_crash():
                                               "best_tflops": 750.0, "shapes": []}]), "bf16", ranks=1)
     assert math.isnan(probed("NVIDIA H800", "h800").tdp_w)
     assert probed("NVIDIA H100 80GB HBM3", "h100-sxm").tdp_w == 700.0
+
+
+def _probed_h100(**over):
+    figures = {"device_memory_bytes": 80e9, "memory": {"bytes_per_s": 3.0e12, "median_bytes_per_s": 2.8e12},
+               "gemm": [{"dtype": "bfloat16", "threads": 1, "typical_tflops": 600.0, "best_tflops": 700.0,
+                         "shapes": []}],
+               "attention": [{"dtype": "bfloat16", "typical_tflops": 330.0, "shapes": []}]}
+    return make_profile(device="cuda", device_name="NVIDIA H100 80GB HBM3", accelerator="h100-sxm",
+                        **{**figures, **over})
+
+
+def test_a_probed_gpu_is_priced_from_its_typed_profile():
+    # What `plan --hardware` / `predict --hardware` price a GPU machine with: the typed
+    # profile's figures, by hand: matmuls 600 / 989, attention 330 / 989, 2.8 TB/s.
+    hw = P.hardware(_probed_h100(), "bf16", ranks=1)
+    assert hw.peak_tflops == 989.0 and hw.compute_eff == pytest.approx(600 / 989)
+    assert hw.attn_eff == pytest.approx(330 / 989)  # the probed kernel, not the GEMM term
+    assert hw.mem_bw == pytest.approx(2.8e12) and hw.mem_bw_fraction == 1.0
+    assert hw.evidence == "measured" and "attention measured" in hw.evidence_detail
+    # 2 devices: the all-reduce fit on 2 ranks (alpha 400 us, algbw 2 GB/s) gives the links
+    hw2 = P.hardware(_probed_h100(), "bf16", ranks=2)
+    assert hw2.intra_alpha_s == pytest.approx(200e-6) and hw2.intra_bw == pytest.approx(2.0e9)
+
+
+def test_a_probed_gpu_without_attention_prices_it_as_gemms():
+    hw = P.hardware(_probed_h100(attention=[]), "bf16", ranks=1)
+    assert hw.attn_eff is None and "attention measured (none: priced as GEMMs)" in hw.evidence_detail
+
+
+def test_a_probed_gpu_at_another_probed_precision_uses_that_dtype():
+    gemm = [{"dtype": "bfloat16", "threads": 1, "typical_tflops": 600.0, "best_tflops": 700.0, "shapes": []},
+            {"dtype": "float32", "threads": 1, "typical_tflops": 50.0, "best_tflops": 60.0, "shapes": []}]
+    hw = P.hardware(_probed_h100(gemm=gemm), "fp32", ranks=1)
+    fp32_peak = 67.0  # hardware.toml h100-sxm fp32
+    assert hw.peak_tflops == fp32_peak and hw.compute_eff == pytest.approx(50 / fp32_peak)
+    assert hw.attn_eff is None  # attention was probed in bf16 only
+    with pytest.raises(MgbenchError, match="no float16 GEMMs"):
+        P.hardware(_probed_h100(gemm=gemm), "fp16", ranks=1)
