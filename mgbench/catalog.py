@@ -52,6 +52,13 @@ def accelerator(key: str) -> dict[str, Any]:
     return acc[key]
 
 
+def accelerator_peak(key: str, precision: str) -> float | None:
+    """The dense datasheet peak (TFLOP/s) of catalog accelerator ``key`` at ``precision``;
+    None where its source publishes none. MgbenchError for an unknown id."""
+    v = (accelerator(key).get("tflops") or {}).get(precision)
+    return None if v is None else float(v)
+
+
 def _fits(patterns: list[str], device_name: str) -> bool:
     """Whether a ``match`` pattern of hardware.toml claims ``device_name``: anywhere in the
     name, but only from the start of one of its words (after a space, a hyphen or the

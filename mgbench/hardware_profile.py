@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
+
 from . import catalog
 from .errors import MgbenchError
 
@@ -175,11 +177,12 @@ def _data() -> dict[str, Any]:
     return catalog.load("efficiency.toml")
 
 
-def gemm_kernel_seconds(flops: float, nbytes: float, rate: float, bw: float, t0: float, p: float) -> float:
-    """One GEMM's seconds: t0 + the p-norm of its compute and memory times (module doc of
-    efficiency.toml; planner/perf.py prices layers with the same expression)."""
-    a, b = flops / rate, nbytes / bw
-    return t0 + (max(a, b) if math.isinf(p) else (a ** p + b ** p) ** (1.0 / p))
+def gemm_kernel_seconds(flops: Any, nbytes: Any, rate: float, bw: float, t0: float, p: float) -> Any:
+    """One GEMM's seconds (or an array of them): t0 + the p-norm of its compute and memory
+    times (module doc of efficiency.toml). The one formula: the sweeps' fit here and the
+    layers' GEMMs (planner/perf.py gemm_seconds) both price with it."""
+    a, b = np.asarray(flops, dtype=float) / rate, np.asarray(nbytes, dtype=float) / bw
+    return t0 + (np.maximum(a, b) if math.isinf(p) else (a ** p + b ** p) ** (1.0 / p))
 
 
 def _sweep_terms(sweep: dict[str, Any], result_bytes: float) -> tuple[float, list[tuple[float, float, float, bool]]]:
@@ -231,11 +234,6 @@ def shape_model() -> dict[str, Any]:
 # --------------------------------------------------------------------------------------
 # Catalog profiles
 
-def _peak(acc: dict[str, Any], precision: str) -> float | None:
-    v = (acc.get("tflops") or {}).get(precision)
-    return None if v is None else float(v)
-
-
 def efficiency_entries() -> dict[str, dict[str, Any]]:
     """efficiency.toml's per-accelerator tables, keyed by catalog id."""
     return _data()["accelerators"]
@@ -250,7 +248,7 @@ def _entry(acc_id: str) -> dict[str, Any]:
 
 
 def _measured_fraction(acc_id: str, spec: dict[str, Any], precision: str) -> float | None:
-    peak = _peak(catalog.accelerator(acc_id), precision)
+    peak = catalog.accelerator_peak(acc_id, precision)
     return None if peak is None else float(spec["tflops"]) / peak
 
 

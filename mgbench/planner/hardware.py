@@ -169,7 +169,7 @@ def resolve(system: str | None = None, gpu: str | None = None, precision: str = 
         s = {**s, "gpu": gpu, "max_power_kw": None}
         label = f"{system}[{gpu}]"
     acc = catalog.accelerator(s["gpu"])
-    peak = acc.get("tflops", {}).get(precision)
+    peak = catalog.accelerator_peak(s["gpu"], precision)
     if peak is None:
         have = ", ".join(acc.get("tflops", {})) or "none"
         raise MgbenchError(f"catalog has no {precision} peak for {s['gpu']} (its source publishes none; peaks it "
@@ -184,7 +184,7 @@ def resolve(system: str | None = None, gpu: str | None = None, precision: str = 
         system=label,
         gpu=s["gpu"],
         gpus_per_node=s["gpus_per_node"],
-        peak_tflops=float(peak),
+        peak_tflops=peak,
         memory_bytes=float(acc["memory_gb"]) * GB,
         # No sourced TDP (hardware.toml leaves the key out): unknown, NaN as for a probed
         # profile's unknown GPU, so energy is null (search._row) rather than borrowed.

@@ -90,14 +90,14 @@ def hardware_precision(precision: str) -> str:
 def fp8_peak_tflops(hw: Hardware) -> float:
     """The catalog's dense FP8 peak of ``hw``'s GPU; MgbenchError where it has none."""
     try:
-        peak = catalog.accelerator(hw.gpu)["tflops"].get("fp8")
+        peak = catalog.accelerator_peak(hw.gpu, "fp8")
     except MgbenchError:
         peak = None
     if peak is None:
-        with_fp8 = [k for k, a in catalog.accelerators().items() if a["tflops"].get("fp8") is not None]
+        with_fp8 = [k for k in catalog.accelerators() if catalog.accelerator_peak(k, "fp8") is not None]
         raise MgbenchError(f"--precision fp8: the catalog has no FP8 peak for {hw.gpu} (GPUs with one in "
                            f"hardware.toml: {', '.join(with_fp8)}); choose bf16")
-    return float(peak)
+    return peak
 
 
 def fp8_linear_ratio(hw: Hardware) -> float:

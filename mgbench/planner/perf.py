@@ -63,6 +63,7 @@ from typing import Any
 
 import numpy as np
 
+from ..hardware_profile import gemm_kernel_seconds
 from ..model_shape import ModelShape
 from ..strategies.schedules import grad_sync, theoretical_bubble
 from .hardware import Hardware
@@ -210,12 +211,8 @@ def gemm_seconds(flops: Any, nbytes: Any, hw: Hardware, rate: float) -> Any:
     """Seconds of one GEMM of ``flops`` FLOPs moving ``nbytes`` bytes (operands read,
     result written) on ``hw`` at the large-GEMM ``rate`` (FLOP/s): the fixed cost
     ``hw.gemm_fixed_s`` plus the p-norm (``hw.gemm_norm``) of the compute time and the
-    memory time at the achieved bandwidth (hardware_profile.gemm_kernel_seconds, arrays)."""
-    a = np.asarray(flops, dtype=float) / rate
-    b = np.asarray(nbytes, dtype=float) / (hw.mem_bw * hw.mem_bw_fraction)
-    p = hw.gemm_norm
-    norm = np.maximum(a, b) if np.isinf(p) else (a ** p + b ** p) ** (1.0 / p)
-    return hw.gemm_fixed_s + norm
+    memory time at the achieved bandwidth (hardware_profile.gemm_kernel_seconds)."""
+    return gemm_kernel_seconds(flops, nbytes, rate, hw.mem_bw * hw.mem_bw_fraction, hw.gemm_fixed_s, hw.gemm_norm)
 
 
 def _gemm(m: Any, k: Any, n: Any, e: float) -> tuple[Any, Any]:

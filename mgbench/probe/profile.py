@@ -99,7 +99,7 @@ def hardware_profile(profile: dict[str, Any], precision: str | None = None) -> H
     precision = PRECISION_OF_DTYPE.get(dtype, dtype)
     rows = [g for g in profile.get("gemm") or [] if g["dtype"] == dtype]
     row = max(rows, key=lambda g: g["best_tflops"]) if rows else None
-    peak = (entry.get("tflops") or {}).get(precision) if entry else None
+    peak = catalog.accelerator_peak(acc, precision) if entry else None
     if entry:
         peaks = {k: Figure(value=float(v), unit="TFLOP/s", kind="datasheet", source=f"hardware.toml accelerators.{acc}",
                            date=entry.get("retrieved")) for k, v in (entry.get("tflops") or {}).items()}
@@ -228,10 +228,10 @@ def hardware(profile: dict[str, Any], precision: str, ranks: int = 1) -> Hardwar
         return device_hardware(profile, precision, ranks)
     row, share = gemm_row(profile, precision, ranks)
     acc = profile.get("accelerator")
-    catalog_peak = catalog.accelerator(acc)["tflops"].get(precision) if acc else None
+    catalog_peak = catalog.accelerator_peak(acc, precision) if acc else None
     # Median-based throughput (what training steps see) against the same row's best.
     achieved = row["typical_tflops"] * share
-    peak = float(catalog_peak) if catalog_peak else row["best_tflops"] * share
+    peak = catalog_peak if catalog_peak else row["best_tflops"] * share
     return Hardware(
         **_machine(profile, ranks, memory_bytes=profile["host_memory_bytes"] / ranks),
         peak_tflops=peak,
