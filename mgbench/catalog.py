@@ -126,11 +126,11 @@ def peak_tflops(device_name: str, precision: str, memory_gib: float | None = Non
             return None, f"device {device_name!r} with {memory_gib:.1f} GiB fits none of {', '.join(shared)}"
         return None, f"no peak FLOPS in the catalog for device {device_name!r}"
     kind = peak_precision(precision, fp32_matmul)
-    value = accelerators()[key].get("tflops", {}).get(kind)
+    value = accelerator_peak(key, kind)
     if value is None:
         return None, f"catalog has no {kind} peak for {key}"
     note = " (fp32 matmuls on TF32 tensor cores)" if kind != precision else ""
-    return float(value), f"{key} {kind} peak{note} from {accelerators()[key]['source']}"
+    return value, f"{key} {kind} peak{note} from {accelerators()[key]['source']}"
 
 
 def links() -> dict[str, dict[str, Any]]:
@@ -178,7 +178,7 @@ def _check_value(where: str, key: str, kind: str, v: Any, known: dict[str, set[s
         return None if isinstance(v, (str, datetime.date)) else f"{at} must be a date, got {v!r}"
     if kind in ("accelerator", "link"):
         if not isinstance(v, str):
-            return f"{at} must be a string naming a {kind}, got {v!r}"
+            return f"{at} must be a string naming {'an' if kind == 'accelerator' else 'a'} {kind}, got {v!r}"
         table = "accelerators" if kind == "accelerator" else "links"
         if v in known[table]:
             return None

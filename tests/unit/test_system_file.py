@@ -176,3 +176,31 @@ def test_an_accelerator_without_a_tdp_plans_with_energy_unknown(tmp_path):
              "--systems", "lab-box", "--max-gpus", "4", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["recommendation"]["energy_kwh"] is None
+
+
+_SYSTEM = "[systems.b]\ngpu = 'g'\ngpus_per_node = 2\nintra_link = 'pcie4'\ninter_link = 'eth-100g'\nnics_per_node = 1\n"
+_ACC = "[accelerators.g]\ntflops = { bf16 = 100.0 }\nmemory_gb = 40\nmem_bw_tbps = 1.0\n"
+
+
+@pytest.mark.parametrize("text,problem", [
+    (_ACC + "name = 7\n" + _SYSTEM, "[accelerators.g] name must be a string, got 7"),
+    (_ACC + "retrieved = 2026\n" + _SYSTEM, "[accelerators.g] retrieved must be a date, got 2026"),
+    (_ACC.replace("tflops = { bf16 = 100.0 }", "tflops = 100.0") + _SYSTEM,
+     "[accelerators.g] tflops must be a table of dense TFLOPS"),
+    (_ACC.replace("bf16 = 100.0", "int4 = 100.0") + _SYSTEM, "[accelerators.g] tflops: unknown precision 'int4'"),
+    (_ACC + "match = 'G100'\n" + _SYSTEM, "[accelerators.g] match must be a list of regular expressions"),
+    (_ACC + "match = ['G(100']\n" + _SYSTEM, "[accelerators.g] match: 'G(100' is not a regular expression"),
+    (_ACC + _SYSTEM.replace("gpu = 'g'", "gpu = 3"), "[systems.b] gpu must be a string naming an accelerator, got 3"),
+    ("[links.l]\npeak_gbps = 50.0\nbw_eff = 0.0\nalpha_us = 1.0\n" + _ACC + _SYSTEM.replace("'pcie4'", "'l'"),
+     "[links.l] bw_eff must be a fraction in (0, 1], got 0.0"),
+    ("[links.l]\npeak_gbps = 50.0\nbw_eff = 0.8\nalpha_us = -1.0\n" + _ACC + _SYSTEM.replace("'pcie4'", "'l'"),
+     "[links.l] alpha_us cannot be negative, got -1.0"),
+    ("links = 3\n" + _ACC + _SYSTEM, "[links] must be a table of named entries"),
+    ("[accelerators]\ng = 5\n" + _SYSTEM, "[accelerators.g] must be a table of keys, got 5"),
+])
+def test_every_value_check_of_a_system_file_fires_on_a_bad_value(text, problem):
+    # Each type and range check of check_system_file shown failing on one bad value.
+    import tomllib
+
+    problems = catalog.check_system_file(tomllib.loads(text))
+    assert any(p.startswith(problem) for p in problems), problems
