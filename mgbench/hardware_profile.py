@@ -252,35 +252,43 @@ def _measured_fraction(acc_id: str, spec: dict[str, Any], precision: str) -> flo
     return None if peak is None else float(spec["tflops"]) / peak
 
 
-def _gemm_fraction(acc_id: str, name: str, precision: str,
-                   seen: tuple[str, ...] = ()) -> tuple[float | None, dict[str, Any]]:
-    """(fraction of ``acc_id``'s peak at ``precision``, the spec it was read from) for the
-    figure ``name`` (gemm_best / gemm_best_fp8), following carried figures to the sibling
-    that measured them."""
+# The key that holds a figure's own value in efficiency.toml (a spec without it, or a
+# null_reason, is carried from the sibling it names with ``from``).
+_VALUE_KEY = {"gemm_best": "tflops", "gemm_best_fp8": "tflops", "mem_bw": "tbps", "gemm_small": "sweep",
+              "attention": "fraction"}
+
+
+def _holder(acc_id: str, name: str, seen: tuple[str, ...] = ()) -> tuple[str, dict[str, Any]]:
+    """(the accelerator whose own figure ``name`` stands for ``acc_id``'s, its spec):
+    ``acc_id`` itself where its spec has a value or a null_reason, else the sibling its
+    ``from`` names, followed on; a figure carried in a circle is refused."""
     if acc_id in seen:
         raise MgbenchError(f"efficiency.toml: {name} is carried in a circle: {' -> '.join(seen + (acc_id,))}")
     spec = _entry(acc_id)[name]
+    if _VALUE_KEY[name] in spec or spec.get("null_reason") or "from" not in spec:
+        return acc_id, spec
+    return _holder(spec["from"], name, seen + (acc_id,))
+
+
+def _gemm_fraction(acc_id: str, name: str, precision: str) -> float | None:
+    """Fraction of its own peak at ``precision`` that the accelerator measuring the figure
+    ``name`` (gemm_best / gemm_best_fp8: ``acc_id`` or the sibling it is carried from)
+    reached; None where null."""
+    holder, spec = _holder(acc_id, name)
     if spec.get("null_reason"):
-        return None, spec
-    if spec["kind"] == "measured":
-        return _measured_fraction(acc_id, spec, precision), spec
-    if "from" in spec:
-        frac, _ = _gemm_fraction(spec["from"], name, precision, seen + (acc_id,))
-        return frac, spec
-    raise MgbenchError(f"efficiency.toml: {acc_id}.{name} is {spec['kind']} but names no sibling (from) "
-                       "and no null_reason")
+        return None
+    if spec["kind"] != "measured":
+        raise MgbenchError(f"efficiency.toml: {holder}.{name} is {spec['kind']} but names no sibling (from) "
+                           "and no null_reason")
+    return _measured_fraction(holder, spec, precision)
 
 
-def _mem_fraction(acc_id: str, seen: tuple[str, ...] = ()) -> float:
+def _mem_fraction(acc_id: str) -> float:
     """Achieved / datasheet memory bandwidth of ``acc_id``: measured, a sibling's, or the
     median of the measured ones (the stated assumption for memories nothing measured)."""
-    if acc_id in seen:
-        raise MgbenchError(f"efficiency.toml: mem_bw is carried in a circle: {' -> '.join(seen + (acc_id,))}")
-    spec = _entry(acc_id)["mem_bw"]
+    holder, spec = _holder(acc_id, "mem_bw")
     if spec["kind"] == "measured":
-        return float(spec["tbps"]) / float(catalog.accelerator(acc_id)["mem_bw_tbps"])
-    if "from" in spec:
-        return _mem_fraction(spec["from"], seen + (acc_id,))
+        return float(spec["tbps"]) / float(catalog.accelerator(holder)["mem_bw_tbps"])
     return median_measured_mem_fraction()
 
 
@@ -299,22 +307,16 @@ def median_measured_mem_fraction() -> float:
     return statistics.median(vals)
 
 
-def _sweep_of(acc_id: str, seen: tuple[str, ...] = ()) -> str:
-    if acc_id in seen:
-        raise MgbenchError(f"efficiency.toml: gemm_small is carried in a circle: {' -> '.join(seen + (acc_id,))}")
-    spec = _entry(acc_id)["gemm_small"]
-    return spec["sweep"] if "sweep" in spec else _sweep_of(spec["from"], seen + (acc_id,))
+def _sweep_of(acc_id: str) -> str:
+    """The GEMM sweep (efficiency.toml gemm_sweep id) that prices ``acc_id``'s small GEMMs."""
+    return _holder(acc_id, "gemm_small")[1]["sweep"]
 
 
-def _attention(acc_id: str, seen: tuple[str, ...] = ()) -> float | None:
-    if acc_id in seen:
-        raise MgbenchError(f"efficiency.toml: attention is carried in a circle: {' -> '.join(seen + (acc_id,))}")
-    spec = _entry(acc_id)["attention"]
-    if spec.get("null_reason"):
-        return None
-    if "fraction" in spec:
-        return float(spec["fraction"])
-    return _attention(spec["from"], seen + (acc_id,))
+def _attention(acc_id: str) -> float | None:
+    """The fused attention kernel's fraction of the bf16 peak (``acc_id``'s or its
+    sibling's); None where nothing measured it."""
+    spec = _holder(acc_id, "attention")[1]
+    return None if spec.get("null_reason") else float(spec["fraction"])
 
 
 def _figure(spec: dict[str, Any], value: float | None, unit: str, default_source: str | None = None) -> Figure:
@@ -338,8 +340,8 @@ def catalog_profile(acc_id: str) -> HardwareProfile:
     peaks = {k: Figure(value=float(v), unit="TFLOP/s", kind="datasheet", source=src, date=acc.get("retrieved"))
              for k, v in (acc.get("tflops") or {}).items()}
     mem_peak = float(acc["mem_bw_tbps"])
-    best, _ = _gemm_fraction(acc_id, "gemm_best", "bf16")
-    best8, _ = _gemm_fraction(acc_id, "gemm_best_fp8", "fp8")
+    best = _gemm_fraction(acc_id, "gemm_best", "bf16")
+    best8 = _gemm_fraction(acc_id, "gemm_best_fp8", "fp8")
     gb = ent["gemm_best"]
     if best is None and not gb.get("null_reason"):
         gb = {**gb, "null_reason": "the catalog has no bf16 peak for it, so no fraction of it can be stated"

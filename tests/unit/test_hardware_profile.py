@@ -68,13 +68,14 @@ def test_measured_and_carried_fractions_by_hand():
     assert pro.gemm_best.value is None and "no bf16 peak" in pro.gemm_best.reason and pro.evidence == "assumed"
 
 
-def test_a_carried_circle_is_refused(monkeypatch):
+@pytest.mark.parametrize("figure", ["gemm_best", "gemm_best_fp8", "mem_bw", "gemm_small", "attention"])
+def test_a_carried_circle_is_refused(monkeypatch, figure):
     ent = {k: dict(v) for k, v in H.efficiency_entries().items()}
-    ent["h100-nvl"]["gemm_best"] = {"kind": "carried", "from": "h100-pcie", "reason": "r"}
-    ent["h100-pcie"]["gemm_best"] = {"kind": "carried", "from": "h100-nvl", "reason": "r"}
+    ent["h100-nvl"][figure] = {"kind": "carried", "from": "h100-pcie", "reason": "r"}
+    ent["h100-pcie"][figure] = {"kind": "carried", "from": "h100-nvl", "reason": "r"}
     monkeypatch.setattr(H, "efficiency_entries", lambda: ent)
-    with pytest.raises(MgbenchError, match="circle"):
-        H._gemm_fraction("h100-nvl", "gemm_best", "bf16")
+    with pytest.raises(MgbenchError, match=f"{figure} is carried in a circle: h100-nvl -> h100-pcie -> h100-nvl"):
+        H.catalog_profile.__wrapped__("h100-nvl")  # past the cache: built afresh from the patched entries
 
 
 def test_shape_model_is_read_off_the_sweeps_by_its_rule():
