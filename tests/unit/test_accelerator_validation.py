@@ -158,3 +158,18 @@ def test_a_row_whose_split_breaks_the_rule_is_refused(monkeypatch):
     finally:
         A._runs.cache_clear()
 
+
+
+def test_the_printed_targets_line_says_met_and_not_met_as_the_rows_decide(monkeypatch):
+    from mgbench.planner import validation_report as R
+
+    def line(errors):
+        rows = [{"id": f"r{i}", "family": "nvidia-hopper", "accelerator": "h100-sxm", "split": "held_out",
+                 "error_pct": e, "baseline_error_pct": 50.0} for i, e in enumerate(errors)]
+        monkeypatch.setattr(A, "scored_rows", lambda: rows)
+        return R.family_markdown().splitlines()[-1]
+
+    good = line([5.0, -10.0])
+    assert "(target under 15%: met)" in good and "(target 35%: met)" in good
+    bad = line([5.0, -40.0])  # mean 22.5%, a row at 40%
+    assert "(target under 15%: not met)" in bad and "`r1` 40.0% (target 35%: not met)" in bad
