@@ -313,6 +313,7 @@ def layout_group() -> list[Opt]:
     --seq-len and --precision are plan's (PlanOptions fields); the choices are the
     planner's own constants."""
     from .layout import RECOMPUTE
+    from .planner.memory import SCHEDULES
 
     return [
         plan_field("seq_len"),
@@ -331,8 +332,10 @@ def layout_group() -> list[Opt]:
         opt("--sequence-parallel", is_flag=True, help="Shard norms and dropout over the tensor-parallel group."),
         opt("--no-flash-attention", is_flag=True,
             help="Attention scores are materialised (5 a s^2 b bytes per layer)."),
-        plan_field("schedule"),
-        plan_field("virtual_stages"),
+        opt("--schedule", type=click.Choice(list(SCHEDULES)), default=SCHEDULES[0], show_default=True,
+            help="Pipeline schedule; zero-bubble: interleaved_zb, zbv, dualpipev."),
+        opt("--virtual-stages", type=int, default=1, show_default=True,
+            help="Model chunks per pipeline rank (interleaved, interleaved_zb; zbv and dualpipev hold two)."),
         opt("--ep", type=int, default=1, show_default=True,
             help="Expert-parallel degree (MoE models): routed experts sharded over ep of the data-parallel ranks."),
         opt("--cp", type=int, default=1, show_default=True,

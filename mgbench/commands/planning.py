@@ -392,6 +392,7 @@ def plan(model, hf_config, params, system_file, prices_file, price_overrides, ha
 
     from ..planner import calibrate, cost
     from ..planner.search import plan as plan_fn
+    from ..planner.search import schedule_label
 
     shape = resolve_shape(model, params, _dims(kw), hf_config)
     if shape is None:
@@ -434,12 +435,13 @@ def plan(model, hf_config, params, system_file, prices_file, price_overrides, ha
         return
     rows = [[r["system"], r["num_gpus"], f"{r['tp']}/{r['pp']}/{r['dp']}/{r['cp']}/{r['ep']}",
              f"{r['zero']}{'+off' if r['offload'] else ''}", r["micro_batch"], r["recompute"],
-             f"{r['days']:.1f}", f"{r['gpu_hours']:,.0f}", "-" if r["cost_usd"] is None else f"{r['cost_usd']:,.0f}",
+             schedule_label(r) if r["pp"] > 1 else "-", f"{r['days']:.1f}", f"{r['gpu_hours']:,.0f}", "-" if r["cost_usd"] is None else f"{r['cost_usd']:,.0f}",
              "-" if r["usd_per_million_tokens"] is None else f"{r['usd_per_million_tokens']:.3f}",
              "-" if r["energy_kwh"] is None else f"{r['energy_kwh']:,.0f}", f"{100 * r['mfu']:.0f}",
              f"{r['memory_per_gpu_bytes'] / 1e9:.0f}"]
             for r in res["ranked"]]
-    click.echo(tabulate(rows, headers=["system", "GPUs", "tp/pp/dp/cp/ep", "ZeRO", "mb", "recompute", "days", "GPU-h",
+    click.echo(tabulate(rows, headers=["system", "GPUs", "tp/pp/dp/cp/ep", "ZeRO", "mb", "recompute", "schedule",
+                                       "days", "GPU-h",
                                        "USD", "USD/Mtok", "kWh", "MFU%", "GB/GPU"]))
     click.echo(f"\n{res['num_candidates']:,} candidate layouts evaluated in {res['elapsed_s']:.2f} s, "
                f"{res['num_feasible']:,} fit and divide, {res['num_meeting_constraints']} (system, GPUs) options meet the constraints")

@@ -121,6 +121,8 @@ def projection(run_dir: Path, results_dir: str | Path = "results") -> dict[str, 
 
 def lines(p: dict[str, Any]) -> list[str]:
     """The section as text lines for the terminal."""
+    from .search import schedule_label
+
     if "null_reason" in p:
         return [f"Projection: none ({p['null_reason']})"]
     out = [f"Projection: {p['model']} at sequence {p['seq_len']}, {p['precision']}, one node of each system "
@@ -132,7 +134,8 @@ def lines(p: dict[str, Any]) -> list[str]:
         lo, hi = r["tokens_per_s_per_gpu_interval"]
         usd = "-" if r["usd_per_million_tokens"] is None else f"${r['usd_per_million_tokens']:.3g}/M tokens"
         out.append(f"  {r['system']:<10} {r['tokens_per_s_per_gpu']:>12,.0f} tokens/s/GPU ({lo:,.0f} to {hi:,.0f}), "
-                   f"tp={r['tp']} pp={r['pp']} dp={r['dp']} ZeRO-{r['zero']} mb={r['micro_batch']}, "
+                   f"tp={r['tp']} pp={r['pp']} dp={r['dp']} ZeRO-{r['zero']} mb={r['micro_batch']}"
+                   + (f" {schedule_label(r)}" if r["pp"] > 1 else "") + ", "
                    f"{r['memory_per_gpu_bytes'] / 1e9:.1f} GB/GPU, {usd}")
     m = p["this_machine"]
     if "null_reason" in m:

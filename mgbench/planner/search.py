@@ -21,6 +21,7 @@ from .. import catalog
 from ..errors import MgbenchError
 from ..layout import RECOMPUTE, Layout
 from ..model_shape import ModelShape
+from ..strategies.schedules import VIRTUAL
 from . import cost, decision, hardware, layout_rules, layout_time, ownership, perf, stack
 from .moe import MoeOptions
 from .memory import ALLOWANCE_FRACTION, SCHEDULES, STATE_BYTES, check_margin, memory_per_gpu
@@ -38,6 +39,12 @@ CP_CHOICES = (1, 2, 4, 8, 16)
 # GB200 recipes run 64 inside one NVL72 domain; 128 and 256 spread 256-expert models one or
 # two experts a GPU). Degrees the model's experts do not divide are dropped.
 EP_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# --schedule searched: what plan tries for every pipelined candidate, (schedule, virtual
+# stages). 1F1B and Megatron-LM's interleaved 1F1B, the schedules the stacks it serves run
+# by default (Megatron-LM, NeMo, torchtitan's Interleaved1F1B); the zero-bubble ones are
+# asked for by name.
+SEARCHED = "searched"
+SEARCHED_SCHEDULES = (("1f1b", 1), ("interleaved", 2), ("interleaved", 4))
 
 
 # Defaults of the buy-versus-rent assumptions (data/ownership.toml [defaults], sourced there).
@@ -68,11 +75,14 @@ class PlanOptions:
         metadata={"help": "Training precision: the peak FLOP/s used and the bytes per value.",
                   "choices": tuple(STATE_BYTES)})
     schedule: str = field(
-        default=SCHEDULES[0], metadata={"help": "Pipeline schedule (plan: of every pipelined candidate, not searched); "
-                                                "zero-bubble: interleaved_zb, zbv, dualpipev.",
-                                        "choices": SCHEDULES})
+        default=SEARCHED, metadata={"help": "Pipeline schedule of the pipelined candidates: 'searched' (default) tries "
+                                            "1F1B and interleaved 1F1B with 2 and 4 virtual stages and keeps each "
+                                            "layout's best; or one schedule for all (zero-bubble: interleaved_zb, "
+                                            "zbv, dualpipev).",
+                                    "choices": (SEARCHED, *SCHEDULES)})
     virtual_stages: int = field(default=1, metadata={
-        "help": "Model chunks per pipeline rank (interleaved, interleaved_zb; zbv and dualpipev hold two)."})
+        "help": "Model chunks per pipeline rank with a named --schedule (interleaved, interleaved_zb; zbv and "
+                "dualpipev hold two)."})
     offload: bool = field(default=False, metadata={
         "help": "FSDP2 CPU offload with ZeRO-3: weights, gradients and optimizer states in host memory, copied over "
                 "the host link (plan: considered beside no offload for ZeRO-3 layouts)."})
@@ -223,30 +233,39 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
     N, T, P, Z, MB, RC = (a[ok] for a in (N, T, P, Z, MB, RC))
     # The added axes, crossed with the rows that survive the checks above only, one value
     # at a time (a full cross product of millions of rows costs more in allocation).
-    picked: list[tuple[np.ndarray, int, int, bool]] = []
-    for cp in cps:
-        # ZeRO stages only differ with data parallelism (a search choice, not a rule).
-        D_cp = N // np.maximum(T * P * cp, 1)
-        differ = (D_cp * cp > 1) | (Z == 0)
-        for ep in eps:
-            for off in offs:
-                # The one set of rules predict keeps too (planner/layout_rules.py).
-                ok = layout_rules.keeps_all(layout_rules.rules(shape, candidates(
-                    opts, B, num_gpus=N, tp=T, pp=P, cp=cp, ep=ep, zero=Z, micro_batch=MB, recompute=RC, offload=off)))
-                picked.append((np.flatnonzero(ok & differ), cp, ep, off))
-    idx = np.concatenate([x[0] for x in picked])
-    CP, EP, OFF = (np.repeat(np.array([x[j] for x in picked]), [x[0].size for x in picked]) for j in (1, 2, 3))
-    N, T, P, Z, MB, RC = (a[idx] for a in (N, T, P, Z, MB, RC))
-    D = N // (T * P * CP)
-    M = B // (MB * D)
     names = ("num_gpus", "tp", "pp", "zero", "micro_batch", "recompute", "dp", "cp", "ep", "num_micro_batches")
-    rows = dict(zip(names, (N, T, P, Z, MB, RC, D, CP, EP, M)))
-    parts = [_evaluate_rows(shape, hw, opts, overlap, B, {k: a[OFF == off] for k, a in rows.items()}, bool(off))
-             for off in np.unique(OFF)]  # offload is one flag per call of the models
+    variants = schedule_variants(opts)
+    parts = []
+    for j, variant in enumerate(variants):
+        # The first schedule prices every candidate; the others only the pipelined ones
+        # (without a pipeline the schedule changes nothing).
+        piped = np.ones(N.shape, dtype=bool) if j == 0 else P > 1
+        evaluated += int(piped.sum()) * len(cps) * len(eps) * len(offs) if j else 0
+        picked: list[tuple[np.ndarray, int, int, bool]] = []
+        for cp in cps:
+            # ZeRO stages only differ with data parallelism (a search choice, not a rule).
+            D_cp = N // np.maximum(T * P * cp, 1)
+            differ = piped & ((D_cp * cp > 1) | (Z == 0))
+            for ep in eps:
+                for off in offs:
+                    # The one set of rules predict keeps too (planner/layout_rules.py).
+                    ok = layout_rules.keeps_all(layout_rules.rules(shape, candidates(
+                        opts, B, schedule=variant, num_gpus=N, tp=T, pp=P, cp=cp, ep=ep, zero=Z, micro_batch=MB,
+                        recompute=RC, offload=off)))
+                    picked.append((np.flatnonzero(ok & differ), cp, ep, off))
+        idx = np.concatenate([x[0] for x in picked])
+        CP, EP, OFF = (np.repeat(np.array([x[k] for x in picked]), [x[0].size for x in picked]) for k in (1, 2, 3))
+        Nj, Tj, Pj, Zj, MBj, RCj = (a[idx] for a in (N, T, P, Z, MB, RC))
+        D = Nj // (Tj * Pj * CP)
+        rows = dict(zip(names, (Nj, Tj, Pj, Zj, MBj, RCj, D, CP, EP, B // (MBj * D))))
+        for off in np.unique(OFF):  # offload and the schedule are one value per call of the models
+            got_j = _evaluate_rows(shape, hw, opts, overlap, B, {k: a[OFF == off] for k, a in rows.items()},
+                                   bool(off), variant)
+            parts.append(got_j | {"schedule_index": np.full(got_j["tp"].shape, j)})
     if parts:
         got = {k: np.concatenate([x[k] for x in parts]) for k in parts[0]}
     else:
-        got = {k: np.zeros(0, dtype=a.dtype) for k, a in rows.items()} | {
+        got = {k: np.zeros(0, dtype=np.int64) for k in (*names, "schedule_index")} | {
             k: np.zeros(0) for k in ("offload", "memory_per_gpu_bytes", "host_memory_per_gpu_bytes",
                                      "tokens_per_s", "mfu")}
     N, T, P, Z, MB, RC, D, CP, EP, M = (got[k] for k in names)
@@ -270,27 +289,38 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
         "energy_kwh": cost.energy_kwh(N, hw.tdp_w, hours, opts.power_fraction, opts.pue),
         "memory_per_gpu_bytes": mem_total, "host_memory_per_gpu_bytes": host,
         "tokens_per_s_point": tps_point, "mfu_point": mfu_point, "ranking_factor": factor,
+        "schedule_index": got["schedule_index"],
     }
     cols["_meta"] = {"system": system, "gpu": hw.gpu, "price_usd_per_gpu_hour": price, "price_source": price_source,
+                     "schedules": variants,
                      "evidence": evidence,
                      "device_memory_bytes": hw.memory_bytes, "max_power_kw": hw.max_power_kw,
                      "gpus_per_node": hw.gpus_per_node, "tdp_w": hw.tdp_w}  # type: ignore[assignment]
     return cols, evaluated
 
 
-def candidates(opts: PlanOptions, global_batch: Any, **columns: Any) -> Layout:
+def schedule_variants(opts: PlanOptions) -> tuple[tuple[str, int], ...]:
+    """The (schedule, virtual stages) pairs a plan prices its pipelined candidates with:
+    SEARCHED_SCHEDULES with ``--schedule searched``, else the one named."""
+    return SEARCHED_SCHEDULES if opts.schedule == SEARCHED else ((opts.schedule, opts.virtual_stages),)
+
+
+def candidates(opts: PlanOptions, global_batch: Any, schedule: tuple[str, int] | None = None,
+               **columns: Any) -> Layout:
     """The search's candidate layouts as one Layout whose degree fields are the columns
     given (num_gpus, tp, pp, cp, ep, zero, micro_batch, recompute as its index, offload;
-    arrays or scalars) and whose other fields are the plan's: its sequence, batch,
-    precision and schedule, sequence parallelism wherever tp > 1."""
+    arrays or scalars) and whose other fields are the plan's: its sequence, batch and
+    precision, sequence parallelism wherever tp > 1, and ``schedule`` (schedule, virtual
+    stages; default: the plan's first, :func:`schedule_variants`)."""
+    name, v = schedule or schedule_variants(opts)[0]
     return Layout(seq_len=opts.seq_len, global_batch=global_batch, precision=opts.precision,
-                  sequence_parallel=columns["tp"] > 1, schedule=opts.schedule, virtual_stages=opts.virtual_stages,
-                  **columns)
+                  sequence_parallel=columns["tp"] > 1, schedule=name, virtual_stages=v, **columns)
 
 
 def layout_of_row(r: dict[str, Any], opts: PlanOptions) -> Layout:
     """The Layout of one ranked row of a plan (what `mgbench predict` is given for it)."""
     return candidates(opts, r["micro_batch"] * r["dp"] * r["num_micro_batches"],
+                      schedule=(r["schedule"], r["virtual_stages"]),
                       **{k: r[k] for k in ("num_gpus", "tp", "pp", "cp", "ep", "zero", "micro_batch", "recompute",
                                            "offload")})
 
@@ -325,10 +355,10 @@ def ranking_factor(hw: hardware.Hardware, opts: PlanOptions, pipelined: np.ndarr
 
 
 def _evaluate_rows(shape: ModelShape, hw: hardware.Hardware, opts: PlanOptions, overlap: float, B: int,
-                   rows: dict[str, np.ndarray], offload: bool) -> dict[str, np.ndarray]:
-    """Memory of the candidate ``rows``; the ones that fit, with their throughput."""
-    cand = candidates(opts, B, offload=offload, **{k: rows[k] for k in ("num_gpus", "tp", "pp", "cp", "ep", "zero",
-                                                                        "micro_batch", "recompute")})
+                   rows: dict[str, np.ndarray], offload: bool, schedule: tuple[str, int]) -> dict[str, np.ndarray]:
+    """Memory of the candidate ``rows`` under ``schedule``; the ones that fit, with their throughput."""
+    cand = candidates(opts, B, schedule=schedule, offload=offload,
+                      **{k: rows[k] for k in ("num_gpus", "tp", "pp", "cp", "ep", "zero", "micro_batch", "recompute")})
     mem = memory_per_gpu(shape, num_micro=cand.num_micro, **cand.model_kwargs(), **stack.memory_of(opts.stack),
                          margin=opts.memory_margin, fixed=hw.ew_bw is None,  # a probed CPU holds no CUDA context
                          moe=opts.moe)
@@ -341,6 +371,11 @@ def _evaluate_rows(shape: ModelShape, hw: hardware.Hardware, opts: PlanOptions, 
             "tokens_per_s": out["tokens_per_s"], "mfu": out["mfu"]}
 
 
+def schedule_label(r: dict[str, Any]) -> str:
+    """A ranked row's pipeline schedule in words: ``interleaved v=4``, ``1f1b``."""
+    return r["schedule"] + (f" v={r['virtual_stages']}" if r["schedule"] in VIRTUAL else "")
+
+
 def _row(cols: dict[str, Any], i: int) -> dict[str, Any]:
     meta = cols["_meta"]
     r: dict[str, Any] = {"system": meta["system"], "gpu": meta["gpu"]}
@@ -350,6 +385,7 @@ def _row(cols: dict[str, Any], i: int) -> dict[str, Any]:
         x = v[i].item()
         r[k] = None if isinstance(x, float) and np.isnan(x) else x
     r["recompute"] = RECOMPUTE[int(r["recompute"])]
+    r["schedule"], r["virtual_stages"] = meta["schedules"][int(r.pop("schedule_index"))]
     nodes = -(-r["num_gpus"] // meta["gpus_per_node"])
     r["node_power_kw"] = meta["max_power_kw"]
     r["cluster_power_kw"] = meta["max_power_kw"] * nodes if meta["max_power_kw"] else None
@@ -545,7 +581,7 @@ def _recommend(rec: dict[str, Any] | None, rule: str, lead_why: list[str], cheap
         + (f" cp={r['cp']}" if r["cp"] > 1 else "") + (f" ep={r['ep']}" if r["ep"] > 1 else "")
         + f", ZeRO-{r['zero']}" + (" with CPU offload" if r["offload"] else "")
         + f", micro-batch {r['micro_batch']}, recompute {r['recompute']}"
-        + (f", schedule {opts.schedule}" if r["pp"] > 1 else ""),
+        + (f", schedule {schedule_label(r)}" if r["pp"] > 1 else ""),
         *lead_why,
         f"{r['days']:.1f} days at {r['tokens_per_s']:,.0f} tokens/s, MFU {100 * r['mfu']:.0f}%, goodput "
         f"{100 * r['goodput']:.0f}%" + (f", USD {r['cost_usd']:,.0f} ({r['usd_per_million_tokens']:.3f} per million "

@@ -155,7 +155,10 @@ def _all_commands():
 DIFFERENT_DEFAULTS = {"--timeout", "--overlap"}
 DIFFERENT_MEANING = {("run", "--timeout"), ("comm", "--timeout"), ("show", "--json"),
                      # probe: a profile file, not report's HTML; the dtypes and model whose GEMMs it times
-                     ("probe", "--output"), ("probe", "--dtype"), ("probe", "--model")}
+                     ("probe", "--output"), ("probe", "--dtype"), ("probe", "--model"),
+                     # plan: --schedule also takes "searched" (its default: it tries the schedules),
+                     # so --virtual-stages applies only to a schedule it is given by name
+                     ("plan", "--schedule"), ("plan", "--virtual-stages")}
 
 
 def test_a_shared_option_has_one_help_and_one_default():

@@ -40,8 +40,8 @@ def test_every_ranked_layout_is_predicted_the_same_by_predict(model, kw):
         lay = Layout(num_gpus=r["num_gpus"], tp=r["tp"], pp=r["pp"], cp=r["cp"], ep=r["ep"], zero=r["zero"],
                      micro_batch=r["micro_batch"], seq_len=opts.seq_len,
                      global_batch=r["micro_batch"] * r["dp"] * r["num_micro_batches"], precision=opts.precision,
-                     recompute=r["recompute"], sequence_parallel=r["tp"] > 1, schedule=opts.schedule,
-                     virtual_stages=opts.virtual_stages, offload=r["offload"])
+                     recompute=r["recompute"], sequence_parallel=r["tp"] > 1, schedule=r["schedule"],
+                     virtual_stages=r["virtual_stages"], offload=r["offload"])
         hw = resolve(precision=opts.precision, system=r["system"],
                      stack=None if opts.stack == "megatron-lm" else opts.stack)
         p = predict(shape, hw, lay, overlap=opts.overlap, moe=opts.moe)
@@ -50,3 +50,19 @@ def test_every_ranked_layout_is_predicted_the_same_by_predict(model, kw):
         assert p["memory"]["total_bytes"] == pytest.approx(r["memory_per_gpu_bytes"], rel=1e-9), r
         assert p["mfu"] == pytest.approx(r["mfu_point"], rel=1e-9), r
         assert p["fits"]
+
+
+def test_plan_searches_interleaved_schedules_and_only_gains_by_it():
+    # --schedule searched (the default) prices each pipelined layout under 1F1B and under
+    # interleaved 1F1B with 2 and 4 virtual stages: at every GPU count its best is at least
+    # the 1F1B-only plan's, and somewhere an interleaved schedule wins (its bubble is smaller).
+    shape = catalog.model_shape("llama3-70b")
+    kw = dict(tokens=1e12, systems=["dgx-h100"], max_gpus=256, top=100)
+    searched = plan(shape, PlanOptions(**kw), Prices(None, []))
+    fixed = plan(shape, PlanOptions(schedule="1f1b", **kw), Prices(None, []))
+    best = {r["num_gpus"]: r["tokens_per_s"] for r in fixed["ranked"]}
+    for r in searched["ranked"]:
+        if r["num_gpus"] in best:
+            assert r["tokens_per_s"] >= best[r["num_gpus"]] * (1 - 1e-12), r
+    assert all(r["schedule"] == "1f1b" for r in fixed["ranked"] if r["pp"] > 1)
+    assert any(r["schedule"] == "interleaved" and r["virtual_stages"] in (2, 4) for r in searched["ranked"])
