@@ -234,9 +234,16 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
                                      moe_layers=moe_layers, num_micro=m, moe_rerun_share=rerun)
         ep_comm = moe_terms.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule=schedule, virtual_stages=v,
                                         opts=opts)
-        # The host stall lengthens every stage's pass, so the bubble grows with it.
         host = moe_terms.host_seconds(shape, ep=ep, moe_layers=moe_layers, num_micro=m, opts=opts)
-        host_s = host if opts.cuda_graphs else host / (1.0 - f)
+        if opts.cuda_graphs:
+            host_s = host
+        elif moe_terms.host_syncs(opts):
+            # The host stall lengthens every stage's pass, so the bubble grows with it.
+            host_s = host / (1.0 - f)
+        else:
+            # No sync: the host launches ahead of the GPU; only launch time beyond the
+            # GPU's compute is exposed.
+            host_s = np.maximum(host - compute, 0.0)
     cp_comm = cp_kv_exchange_s(shape, hw, seq=s, micro_batch=micro_batch, tp=t, cp=c, span=t * c,
                                precision=precision, layers=lps, num_micro=m, recompute=rc)
 

@@ -124,7 +124,8 @@ class MoeOptions:
         "metavar": "X", "help": "Dropless routing: the busiest expert-parallel rank's routed rows over the mean "
                                 "(1 = balanced; the default is an assumption for a learned router)."})
     capacity_factor: float | None = field(default=None, metadata={
-        "metavar": "C", "help": "Drop tokens over C x the mean rows an expert (default: dropless)."})
+        "metavar": "C", "help": "Drop tokens over C x the mean rows an expert and pad to it (Megatron-Core's "
+                                "drop-and-pad: no host sync; default: dropless)."})
     dispatcher: str = field(default="alltoall", metadata={
         "choices": DISPATCHERS, "help": "alltoall: Megatron-Core's (one row per chosen expert); deepep / hybridep: "
                                         "one row per destination node and GPU, forwarded over NVLink."})
@@ -373,15 +374,27 @@ def host_launches(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any
     return n, n * shape.experts / np.asarray(ep, dtype=float)
 
 
+def host_syncs(opts: MoeOptions) -> bool:
+    """Whether each MoE layer makes the host wait for the GPU: dropless routing does (the
+    dispatcher copies the tokens per expert to the host before its all-to-all); drop-and-pad
+    does not (Megatron-Core's MoEAlltoAllTokenDispatcher with moe_pad_expert_input_to_capacity
+    knows every expert's rows, capacity x tp x ep, without the copy)."""
+    return opts.capacity_factor is None
+
+
 def host_seconds(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any, opts: MoeOptions) -> Any:
-    """Seconds a step the GPU waits on the host in dropless MoE layers run eagerly:
-    n x (per_layer + per_local_expert x experts / ep) ms (:func:`host_launches`,
-    :func:`host_constants`); 0 where the run captures its MoE layers in CUDA graphs."""
+    """Seconds of host time a step's eager MoE layers take: dropless, n x (per_layer +
+    per_local_expert x experts / ep) ms, the sync and the launches after it, which the GPU
+    waits for (:func:`host_launches`, :func:`host_constants`); drop-and-pad, the launches
+    alone, n x per_local_expert x experts / ep ms (no sync: the host runs ahead of the GPU,
+    and layout_time.step_time charges only what the GPU's own work does not cover); 0
+    where the run captures its MoE layers in CUDA graphs."""
     n, n_local = host_launches(shape, ep=ep, moe_layers=moe_layers, num_micro=num_micro)
     if opts.cuda_graphs:
         return 0.0 * n
     c = host_constants()
-    return (float(c["per_layer_ms"]) * n + float(c["per_local_expert_ms"]) * n_local) * 1e-3
+    per_layer = float(c["per_layer_ms"]) if host_syncs(opts) else 0.0
+    return (per_layer * n + float(c["per_local_expert_ms"]) * n_local) * 1e-3
 
 
 def note(opts: MoeOptions, schedule: str) -> str:
@@ -403,7 +416,9 @@ def note(opts: MoeOptions, schedule: str) -> str:
         load = f"dropless, busiest expert rank at {opts.imbalance:g} x the mean"
     host = ("MoE layers in CUDA graphs (no host launch cost)" if opts.cuda_graphs else
             "eager MoE layers: the host's launch time per layer and micro-batch added (solved from Megatron-Core "
-            "and DeepSeek runs, stacks.toml [moe_host]; applied to every stack, an assumption)")
+            "and DeepSeek runs, stacks.toml [moe_host]; applied to every stack, an assumption)" if host_syncs(opts) else
+            "eager drop-and-pad MoE layers: no host sync, so only the expert launches' host time beyond the GPU's "
+            "work is added (stacks.toml [moe_host] per local expert)")
     return "MoE: " + ", ".join(how) + "; " + load + "; " + host
 
 

@@ -142,8 +142,12 @@ def host_fit_rows() -> list[dict[str, Any]]:
 
 def host_terms(row: dict[str, Any]) -> tuple[float, float, float]:
     """(step seconds without the host term, d step / d per_layer_ms, d step /
-    d per_local_expert_ms): the step is linear in both constants (moe.host_seconds, the
-    bubble's share included), so one prediction gives every candidate's step."""
+    d per_local_expert_ms) of a dropless or graphed row: its step is linear in both
+    constants (moe.host_seconds, the bubble's share included), so one prediction gives
+    every candidate's step. An eager drop-and-pad row's is not (only the launches beyond
+    the GPU's compute count): MgbenchError; the fit rows have none."""
+    if not moe.options_of(row).cuda_graphs and not moe.host_syncs(moe.options_of(row)):
+        raise MgbenchError(f"{row['id']}: an eager drop-and-pad row's step is not linear in the host constants")
     graphed = moe.options_of(row).cuda_graphs  # a row run in CUDA graphs pays no host term
     opts = dataclasses.replace(moe.options_of(row), cuda_graphs=True)
     res = predict_row(row, opts)

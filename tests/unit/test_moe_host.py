@@ -79,15 +79,42 @@ def test_the_term_lowers_the_error_on_the_dropless_held_out_rows():
 def test_the_token_drop_rows_added_after_the_term_are_held_out_and_pay_no_host_term():
     added = [r for r in V.runs() if r.get("added_after_host_term")]
     assert len(added) == 8 and all(r["split"] == "held_out" for r in added)
+    # In CUDA graphs (B200, GB200), or eager on H100 with launches the compute hides.
     assert all(float(V.predict_row(r)["breakdown"]["moe_host_s"]) == 0.0 for r in added)
     assert not {r["id"] for r in added} & {r["id"] for r in V.host_fit_rows()}
+
+
+def test_drop_and_pad_pays_only_the_launches_its_compute_does_not_hide(monkeypatch):
+    # No sync under drop-and-pad: host time is the expert launches alone (no per-layer
+    # part), and only what exceeds the step's compute is charged.
+    from mgbench.errors import MgbenchError
+
+    row = next(r for r in V.runs() if r["id"] == "mbridge-25.09-h100-qwen3-30b-a3b-tokendrop")
+    opts = moe.options_of(row)
+    assert not opts.cuda_graphs and not moe.host_syncs(opts)
+    c = moe.host_constants()
+    shape = V.shape_of(row)
+    # 48 layers over pp 2, 512 / (2 x 8) = 32 micro-batches, 128 / 8 = 16 experts a rank
+    launches = float(moe.host_seconds(shape, ep=8, moe_layers=24, num_micro=32, opts=opts))
+    assert launches == pytest.approx(24 * 32 * 16 * c["per_local_expert_ms"] * 1e-3)
+    res = V.predict_row(row)
+    compute = float(res["breakdown"]["compute_s"])
+    assert launches < compute and float(res["breakdown"]["moe_host_s"]) == 0.0
+    # The same row with a 100x slower host: now the launches outrun the GPU's compute.
+    monkeypatch.setattr(moe, "host_constants", lambda: {**c, "per_local_expert_ms": 100 * c["per_local_expert_ms"]})
+    got = V.predict_row(row)
+    assert float(got["breakdown"]["moe_host_s"]) == pytest.approx(100 * launches - float(got["breakdown"]["compute_s"]))
+    with pytest.raises(MgbenchError, match="not linear"):
+        V.host_terms(row)
 
 
 def test_the_solves_arithmetic_is_the_step_models():
     # host_terms rebuilds a step from the host-free one; with the stored constants it must
     # equal what predict says for every row (pipelined ones included: the bubble stretch).
     c = moe.host_constants()
-    for row in V.runs():
+    linear = [r for r in V.runs() if moe.options_of(r).cuda_graphs or moe.host_syncs(moe.options_of(r))]
+    assert len(linear) == len(V.runs()) - 1  # the eager drop-and-pad row: below
+    for row in linear:
         base, d0, d1 = V.host_terms(row)
         got = float(V.predict_row(row)["step_time_s"])
         assert got == pytest.approx(base + c["per_layer_ms"] * d0 + c["per_local_expert_ms"] * d1, rel=1e-9), row["id"]
