@@ -21,7 +21,7 @@ from .. import catalog
 from ..errors import MgbenchError
 from ..layout import RECOMPUTE, Layout
 from ..model_shape import ModelShape
-from ..strategies.schedules import VIRTUAL
+from ..strategies.schedules import VIRTUAL, chunks_per_rank
 from . import cost, decision, hardware, layout_rules, layout_time, ownership, perf, stack
 from .moe import MoeOptions
 from .memory import ALLOWANCE_FRACTION, SCHEDULES, STATE_BYTES, check_margin, memory_per_gpu
@@ -320,7 +320,7 @@ def candidates(opts: PlanOptions, global_batch: Any, schedule: tuple[str, int] |
 def layout_of_row(r: dict[str, Any], opts: PlanOptions) -> Layout:
     """The Layout of one ranked row of a plan (what `mgbench predict` is given for it)."""
     return candidates(opts, r["micro_batch"] * r["dp"] * r["num_micro_batches"],
-                      schedule=(r["schedule"], r["virtual_stages"]),
+                      schedule=(r["schedule"] or "1f1b", r["virtual_stages"] or 1),
                       **{k: r[k] for k in ("num_gpus", "tp", "pp", "cp", "ep", "zero", "micro_batch", "recompute",
                                            "offload")})
 
@@ -371,6 +371,17 @@ def _evaluate_rows(shape: ModelShape, hw: hardware.Hardware, opts: PlanOptions, 
             "tokens_per_s": out["tokens_per_s"], "mfu": out["mfu"]}
 
 
+def check_schedule(opts: PlanOptions) -> None:
+    """One clear error for a schedule plan cannot search as asked: virtual stages without
+    a schedule that takes them, or an interleaved schedule without them."""
+    if opts.schedule == SEARCHED and opts.virtual_stages != 1:
+        raise MgbenchError(f"--virtual-stages {opts.virtual_stages} applies to a named --schedule (e.g. --schedule "
+                           "interleaved); --schedule searched tries 2 and 4 virtual stages itself")
+    if opts.schedule in VIRTUAL and chunks_per_rank(opts.schedule, opts.virtual_stages) < 2:
+        raise MgbenchError(f"--schedule {opts.schedule} runs 2 or more model chunks a pipeline rank: give "
+                           "--virtual-stages 2 or more (or --schedule 1f1b)")
+
+
 def schedule_label(r: dict[str, Any]) -> str:
     """A ranked row's pipeline schedule in words: ``interleaved v=4``, ``1f1b``."""
     return r["schedule"] + (f" v={r['virtual_stages']}" if r["schedule"] in VIRTUAL else "")
@@ -386,6 +397,8 @@ def _row(cols: dict[str, Any], i: int) -> dict[str, Any]:
         r[k] = None if isinstance(x, float) and np.isnan(x) else x
     r["recompute"] = RECOMPUTE[int(r["recompute"])]
     r["schedule"], r["virtual_stages"] = meta["schedules"][int(r.pop("schedule_index"))]
+    if r["pp"] == 1:  # no pipeline: no schedule
+        r["schedule"] = r["virtual_stages"] = None
     nodes = -(-r["num_gpus"] // meta["gpus_per_node"])
     r["node_power_kw"] = meta["max_power_kw"]
     r["cluster_power_kw"] = meta["max_power_kw"] * nodes if meta["max_power_kw"] else None
@@ -410,6 +423,7 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
     if opts.tokens <= 0:
         raise MgbenchError("--tokens must be positive (e.g. 1.5e13)")
     check_margin(opts.memory_margin)
+    check_schedule(opts)
     decision.check_premium(opts.premium)
     evaluated, feasible, bests, price_notes, notes = 0, 0, [], {}, []
     if opts.profile:

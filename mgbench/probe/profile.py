@@ -106,9 +106,13 @@ def hardware_profile(profile: dict[str, Any], precision: str | None = None) -> H
         mem_peak = Figure(value=float(entry["mem_bw_tbps"]), unit="TB/s", kind="datasheet",
                           source=f"hardware.toml accelerators.{acc}", date=entry.get("retrieved"))
     else:
-        peaks = {} if row is None else {precision: measured(row["best_tflops"], "TFLOP/s", note="fastest probed GEMM")}
+        peaks = {}
         mem_peak = Figure(value=None, unit="TB/s", kind="datasheet",
                           reason="not a catalog accelerator: no datasheet bandwidth")
+    if precision not in peaks and row is not None:
+        # No datasheet peak at this precision (not a catalog accelerator, or its source
+        # publishes none): the fastest probed GEMM stands as the peak.
+        peaks[precision] = measured(row["best_tflops"], "TFLOP/s", note="fastest probed GEMM (no datasheet peak)")
     base = float(peak) if peak else (row["best_tflops"] if row else None)
 
     def frac(v: float | None) -> float | None:

@@ -195,7 +195,8 @@ def build_plan_report(plan: dict[str, Any], output: str | Path) -> Path:
                                       "price (pass --server-price SYSTEM=USD)") + _ownership_table(plan)),
         ("What would change the answer", _lines(flips.get("why") or ["not available: no runner-up to compare"])),
         ("Options", _table(plan.get("ranked", []), [(k, k) for k in (
-            "system", "num_gpus", "tp", "pp", "dp", "cp", "ep", "zero", "micro_batch", "recompute", "days",
+            "system", "num_gpus", "tp", "pp", "dp", "cp", "ep", "zero", "micro_batch", "recompute", "schedule",
+            "virtual_stages", "days",
             "cost_usd", "usd_per_million_tokens", "mfu", "regime")])),
     ]
     body = "".join(f"<section><h2>{html.escape(t)}</h2>{b}</section>" for t, b in sections)

@@ -68,6 +68,10 @@ def test_plan_cost_options_change_the_answer(cli):
         (["predict", "--params", "1e9", "--system", "dgx-h100"], "needs the model's shape"),
         (["plan", "--model", "llama3-8b", "--tokens", "1e12", "--price", "h100-sxm=x"], "expected NAME=USD"),
         (["plan", "--model", "gpt5", "--tokens", "1e12"], "unknown model preset 'gpt5'"),
+        (["plan", "--model", "llama3-8b", "--tokens", "1e12", "--virtual-stages", "4"],
+         "--virtual-stages 4 applies to a named --schedule"),
+        (["plan", "--model", "llama3-8b", "--tokens", "1e12", "--schedule", "interleaved"],
+         "give --virtual-stages 2 or more"),
     ],
 )
 def test_planner_bad_input(cli, args, expected):
@@ -118,3 +122,15 @@ def test_plan_on_a_probed_gpu_prices_its_measured_attention_kernel(cli, tmp_path
     fast, slow = plan(400.0), plan(200.0)
     per_gpu = [r["tokens_per_s"] / r["num_gpus"] for r in (fast, slow)]
     assert fast["evidence"] == "measured" and per_gpu[1] < 0.97 * per_gpu[0]
+
+
+def test_the_plan_table_names_each_pipelined_rows_schedule(cli):
+    p = cli("plan", "--model", "llama3-70b", "--tokens", "1e12", "--systems", "dgx-h100", "--max-gpus", "256")
+    assert p.returncode == 0, p.stderr
+    header, _, *rows = p.stdout.splitlines()
+    assert "schedule" in header.split()
+    table = [r for r in rows[:20] if r.startswith("dgx-h100")]
+    pp = [int(r.split()[2].split("/")[1]) for r in table]
+    labels = [("interleaved v=" in r or " 1f1b " in r) for r in table]
+    assert all(lab for lab, q in zip(labels, pp) if q > 1) and any(q > 1 for q in pp)
+    assert all(" - " in r for r, q in zip(table, pp) if q == 1)

@@ -40,8 +40,8 @@ def test_every_ranked_layout_is_predicted_the_same_by_predict(model, kw):
         lay = Layout(num_gpus=r["num_gpus"], tp=r["tp"], pp=r["pp"], cp=r["cp"], ep=r["ep"], zero=r["zero"],
                      micro_batch=r["micro_batch"], seq_len=opts.seq_len,
                      global_batch=r["micro_batch"] * r["dp"] * r["num_micro_batches"], precision=opts.precision,
-                     recompute=r["recompute"], sequence_parallel=r["tp"] > 1, schedule=r["schedule"],
-                     virtual_stages=r["virtual_stages"], offload=r["offload"])
+                     recompute=r["recompute"], sequence_parallel=r["tp"] > 1, schedule=r["schedule"] or "1f1b",
+                     virtual_stages=r["virtual_stages"] or 1, offload=r["offload"])
         hw = resolve(precision=opts.precision, system=r["system"],
                      stack=None if opts.stack == "megatron-lm" else opts.stack)
         p = predict(shape, hw, lay, overlap=opts.overlap, moe=opts.moe)

@@ -26,7 +26,7 @@ def test_no_ranked_layout_exceeds_device_memory(plan70b):
         hw = hardware.resolve(system=r["system"])
         m = memory_per_gpu(shape, seq=4096, micro_batch=r["micro_batch"], num_micro=r["num_micro_batches"],
                            tp=r["tp"], pp=r["pp"], dp=r["dp"], zero=r["zero"], recompute=RECOMPUTE.index(r["recompute"]),
-                           sp=r["tp"] > 1, schedule=r["schedule"], virtual_stages=r["virtual_stages"],
+                           sp=r["tp"] > 1, schedule=r["schedule"] or "1f1b", virtual_stages=r["virtual_stages"] or 1,
                            **stack.memory_of(None))  # the default stack's memory
         assert float(m["total_bytes"]) == pytest.approx(r["memory_per_gpu_bytes"])
         assert r["memory_per_gpu_bytes"] <= hw.memory_bytes

@@ -171,8 +171,8 @@ def _probed_h100(**over):
                "gemm": [{"dtype": "bfloat16", "threads": 1, "typical_tflops": 600.0, "best_tflops": 700.0,
                          "shapes": []}],
                "attention": [{"dtype": "bfloat16", "typical_tflops": 330.0, "shapes": []}]}
-    return make_profile(device="cuda", device_name="NVIDIA H100 80GB HBM3", accelerator="h100-sxm",
-                        **{**figures, **over})
+    ident = {"device_name": "NVIDIA H100 80GB HBM3", "accelerator": "h100-sxm"}
+    return make_profile(device="cuda", **{**ident, **figures, **over})
 
 
 def test_a_probed_gpu_is_priced_from_its_typed_profile():
@@ -202,3 +202,13 @@ def test_a_probed_gpu_at_another_probed_precision_uses_that_dtype():
     assert hw.attn_eff is None  # attention was probed in bf16 only
     with pytest.raises(MgbenchError, match="no float16 GEMMs"):
         P.hardware(_probed_h100(gemm=gemm), "fp16", ranks=1)
+
+
+def test_a_probed_catalog_gpu_without_a_datasheet_peak_at_the_precision_stands_on_its_fastest_gemm():
+    # hardware.toml has no bf16 peak for the RTX PRO 6000 (its source publishes none): the
+    # probed best GEMM (700) is the peak, and the layer GEMMs (600) are 600 / 700 of it.
+    prof = _probed_h100(accelerator="rtx-pro-6000", device_name="NVIDIA RTX PRO 6000 Blackwell")
+    assert P.catalog.accelerator_peak("rtx-pro-6000", "bf16") is None
+    hw = P.hardware(prof, "bf16", ranks=1)
+    assert hw.peak_tflops == 700.0 and hw.compute_eff == pytest.approx(600 / 700)
+    assert P.hardware_profile(prof).peaks["bf16"].kind == "measured"
