@@ -225,7 +225,9 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
     N, T, P, Z, MB, RC = _grid(counts, tps_, pps,
                                np.array(ZERO_CHOICES), np.array(MICRO_BATCH_CHOICES), np.arange(len(RECOMPUTE)))
     cps, eps, offs = extra_axes(shape, opts)
-    evaluated = N.size * len(cps) * len(eps) * len(offs)
+    # Every candidate once, and the pipelined ones again under each further schedule.
+    variants = schedule_variants(opts)
+    evaluated = (N.size + (len(variants) - 1) * int((P > 1).sum())) * len(cps) * len(eps) * len(offs)
     heads_ok = (shape.heads % T == 0) & ((shape.kv_heads % T == 0) | (T % shape.kv_heads == 0))
     ok = heads_ok & (N % (T * P) == 0)
     # ZeRO stages only differ with data parallelism (dp x cp > 1): keep stage 0 alone without it.
@@ -234,13 +236,11 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
     # The added axes, crossed with the rows that survive the checks above only, one value
     # at a time (a full cross product of millions of rows costs more in allocation).
     names = ("num_gpus", "tp", "pp", "zero", "micro_batch", "recompute", "dp", "cp", "ep", "num_micro_batches")
-    variants = schedule_variants(opts)
     parts = []
     for j, variant in enumerate(variants):
         # The first schedule prices every candidate; the others only the pipelined ones
         # (without a pipeline the schedule changes nothing).
         piped = np.ones(N.shape, dtype=bool) if j == 0 else P > 1
-        evaluated += int(piped.sum()) * len(cps) * len(eps) * len(offs) if j else 0
         picked: list[tuple[np.ndarray, int, int, bool]] = []
         for cp in cps:
             # ZeRO stages only differ with data parallelism (a search choice, not a rule).
