@@ -79,9 +79,13 @@ def test_the_term_lowers_the_error_on_the_dropless_held_out_rows():
 
 def test_the_rows_added_after_the_term_are_held_out_and_pay_no_host_term():
     added = [r for r in V.runs() if r.get("added_after_host_term")]
-    assert len(added) == 12 and all(r["split"] == "held_out" for r in added)  # 8 token-drop, 4 of 26.08
-    # In CUDA graphs (B200, GB200), or eager on H100 with launches the compute hides.
-    assert all(float(V.predict_row(r)["breakdown"]["moe_host_s"]) == 0.0 for r in added)
+    # 8 token-drop rows of 25.09, 4 of 26.08, 13 of 26.02 - 26.06.01
+    assert len(added) == 25 and all(r["split"] == "held_out" for r in added)
+    # The token-drop rows and the graphed ones pay none: in CUDA graphs, or eager
+    # drop-and-pad with launches the compute hides.
+    quiet = [r for r in added if moe.options_of(r).cuda_graphs or not moe.host_syncs(moe.options_of(r))]
+    assert len(quiet) == 12
+    assert all(float(V.predict_row(r)["breakdown"]["moe_host_s"]) == 0.0 for r in quiet)
     assert not {r["id"] for r in added} & {r["id"] for r in V.host_fit_rows()}
 
 
