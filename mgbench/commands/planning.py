@@ -435,7 +435,7 @@ def plan(model, hf_config, params, system_file, prices_file, price_overrides, ha
         return
     rows = [[r["system"], r["num_gpus"], f"{r['tp']}/{r['pp']}/{r['dp']}/{r['cp']}/{r['ep']}",
              f"{r['zero']}{'+off' if r['offload'] else ''}", r["micro_batch"], r["recompute"],
-             schedule_label(r) if r["pp"] > 1 else "-", f"{r['days']:.1f}", f"{r['gpu_hours']:,.0f}", "-" if r["cost_usd"] is None else f"{r['cost_usd']:,.0f}",
+             schedule_label(r) or "-", f"{r['days']:.1f}", f"{r['gpu_hours']:,.0f}", "-" if r["cost_usd"] is None else f"{r['cost_usd']:,.0f}",
              "-" if r["usd_per_million_tokens"] is None else f"{r['usd_per_million_tokens']:.3f}",
              "-" if r["energy_kwh"] is None else f"{r['energy_kwh']:,.0f}", f"{100 * r['mfu']:.0f}",
              f"{r['memory_per_gpu_bytes'] / 1e9:.0f}"]

@@ -89,9 +89,30 @@ def _runs() -> tuple[dict[str, Any], ...]:
         rule = split_by_rule(list(rows))
         problems += [f"{r['id']}: split {r['split']!r}, but the header's rule gives {rule[r['id']]!r}"
                      for r in rows if r["split"] != rule[r["id"]]]
+    problems += shared_row_problems(rows)
     if problems:
         raise MgbenchError("accelerator_runs.toml: " + "; ".join(problems))
     return tuple(rows)
+
+
+def shared_row_problems(rows: Any) -> list[str]:
+    """One line for each thing a row states otherwise than published_moe_runs.toml's row
+    of the same id (the run is one fact, written in two files): its system, model,
+    published figure and layout (Layout.from_published, defaults applied alike)."""
+    from .moe_validation import runs as moe_runs
+
+    moe = {r["id"]: r for r in moe_runs()}
+    out = []
+    for r in rows:
+        other = moe.get(r["id"])
+        if other is None:
+            continue
+        for k in ("system", "model", "published"):
+            if r.get(k) != other.get(k):
+                out.append(f"{r['id']}: {k} {r.get(k)!r}, but published_moe_runs.toml says {other.get(k)!r}")
+        if Layout.from_published(r) != Layout.from_published(other):
+            out.append(f"{r['id']}: its layout differs from published_moe_runs.toml's row")
+    return out
 
 
 def runs() -> list[dict[str, Any]]:

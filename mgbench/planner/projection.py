@@ -135,7 +135,7 @@ def lines(p: dict[str, Any]) -> list[str]:
         usd = "-" if r["usd_per_million_tokens"] is None else f"${r['usd_per_million_tokens']:.3g}/M tokens"
         out.append(f"  {r['system']:<10} {r['tokens_per_s_per_gpu']:>12,.0f} tokens/s/GPU ({lo:,.0f} to {hi:,.0f}), "
                    f"tp={r['tp']} pp={r['pp']} dp={r['dp']} ZeRO-{r['zero']} mb={r['micro_batch']}"
-                   + (f" {schedule_label(r)}" if r["pp"] > 1 else "") + ", "
+                   + (f" {lab}" if (lab := schedule_label(r)) else "") + ", "
                    f"{r['memory_per_gpu_bytes'] / 1e9:.1f} GB/GPU, {usd}")
     m = p["this_machine"]
     if "null_reason" in m:

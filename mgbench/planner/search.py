@@ -21,7 +21,7 @@ from .. import catalog
 from ..errors import MgbenchError
 from ..layout import RECOMPUTE, Layout
 from ..model_shape import ModelShape
-from ..strategies.schedules import VIRTUAL, chunks_per_rank
+from ..strategies.schedules import VIRTUAL
 from . import cost, decision, hardware, layout_rules, layout_time, ownership, perf, stack
 from .moe import MoeOptions
 from .memory import ALLOWANCE_FRACTION, SCHEDULES, STATE_BYTES, check_margin, memory_per_gpu
@@ -377,13 +377,19 @@ def check_schedule(opts: PlanOptions) -> None:
     if opts.schedule == SEARCHED and opts.virtual_stages != 1:
         raise MgbenchError(f"--virtual-stages {opts.virtual_stages} applies to a named --schedule (e.g. --schedule "
                            "interleaved); --schedule searched tries 2 and 4 virtual stages itself")
-    if opts.schedule in VIRTUAL and chunks_per_rank(opts.schedule, opts.virtual_stages) < 2:
+    if opts.schedule in VIRTUAL and opts.virtual_stages < 2:
         raise MgbenchError(f"--schedule {opts.schedule} runs 2 or more model chunks a pipeline rank: give "
                            "--virtual-stages 2 or more (or --schedule 1f1b)")
+    if opts.schedule not in VIRTUAL and opts.schedule != SEARCHED and opts.virtual_stages != 1:
+        raise MgbenchError(f"--virtual-stages {opts.virtual_stages}: --schedule {opts.schedule} holds a fixed number "
+                           f"of chunks a rank; virtual stages are for {', '.join(VIRTUAL)}")
 
 
 def schedule_label(r: dict[str, Any]) -> str:
-    """A ranked row's pipeline schedule in words: ``interleaved v=4``, ``1f1b``."""
+    """A ranked row's pipeline schedule in words, ``interleaved v=4``, ``1f1b``; "" for a
+    row without a pipeline (its schedule is None: _row) or from before plan searched them."""
+    if not r.get("schedule"):
+        return ""
     return r["schedule"] + (f" v={r['virtual_stages']}" if r["schedule"] in VIRTUAL else "")
 
 
@@ -595,7 +601,7 @@ def _recommend(rec: dict[str, Any] | None, rule: str, lead_why: list[str], cheap
         + (f" cp={r['cp']}" if r["cp"] > 1 else "") + (f" ep={r['ep']}" if r["ep"] > 1 else "")
         + f", ZeRO-{r['zero']}" + (" with CPU offload" if r["offload"] else "")
         + f", micro-batch {r['micro_batch']}, recompute {r['recompute']}"
-        + (f", schedule {schedule_label(r)}" if r["pp"] > 1 else ""),
+        + (f", schedule {lab}" if (lab := schedule_label(r)) else ""),
         *lead_why,
         f"{r['days']:.1f} days at {r['tokens_per_s']:,.0f} tokens/s, MFU {100 * r['mfu']:.0f}%, goodput "
         f"{100 * r['goodput']:.0f}%" + (f", USD {r['cost_usd']:,.0f} ({r['usd_per_million_tokens']:.3f} per million "

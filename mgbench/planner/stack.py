@@ -23,6 +23,9 @@ from .hardware import Hardware
 # Megatron-LM rows): the one with the most evidence behind it, so the default. Users of
 # another stack say so with --stack; its interval then comes from that stack's rows.
 DEFAULT_STACK = "megatron-lm"
+# What a stack's linears keep for backward (stacks.toml saved_inputs): torch autograd's
+# tensors, or Transformer Engine's (memory.layer_activations te=).
+SAVED_INPUTS = ("torch", "transformer-engine")
 
 
 def stacks() -> dict[str, dict[str, Any]]:
@@ -53,9 +56,13 @@ def memory_of(name: str | None) -> dict[str, Any]:
     if name not in known:
         raise MgbenchError(f"unknown --stack {name!r}; known: {', '.join(known)}")
     m = known[name]["memory"]
+    saved = m.get("saved_inputs", "torch")
+    if saved not in SAVED_INPUTS:
+        raise MgbenchError(f"stacks.toml [stacks.{name}.memory] saved_inputs must be one of {', '.join(SAVED_INPUTS)}, "
+                           f"got {saved!r}")
     return {"state_bytes": tuple(float(x) for x in m["state_bytes"]), "loss": m["loss"],
             "loss_vocab_parallel": bool(m["loss_vocab_parallel"]),
-            "te_saved_inputs": m.get("saved_inputs", "torch") == "transformer-engine"}
+            "te_saved_inputs": saved == "transformer-engine"}
 
 
 def apply(hw: Hardware, name: str | None) -> Hardware:

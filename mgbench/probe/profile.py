@@ -256,10 +256,9 @@ def device_hardware(profile: dict[str, Any], precision: str, ranks: int = 1) -> 
     made from."""
     gemm_row(profile, precision)  # one clear error where that dtype was never probed
     hp = hardware_profile(profile, precision)
-    peak, gemm, mem = hp.peaks.get(precision), hp.gemm_layer, hp.mem_bw
-    if peak is None or peak.value is None or gemm.value is None:
-        raise MgbenchError(f"the profile prices no {precision} matmuls ({gemm.reason or 'no peak'}); "
-                           "predict at a precision it probed")
+    # A probed dtype has a layer-GEMM figure and a peak (its fastest GEMM where no datasheet
+    # gives one): hardware_profile.
+    peak, gemm, mem = hp.peaks[precision], hp.gemm_layer, hp.mem_bw
     if mem.value is None:
         raise MgbenchError(f"the profile has no memory bandwidth ({mem.reason}); re-probe with `mgbench probe`")
     return Hardware(

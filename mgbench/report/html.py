@@ -145,7 +145,7 @@ def projection_section(run_dir: Path, results_dir: str | Path, p: dict[str, Any]
         lo, hi = r["tokens_per_s_per_gpu_interval"]
         rows.append({"system": r["system"], "layout": f"{r['num_gpus']} GPUs, tp={r['tp']} pp={r['pp']} dp={r['dp']} "
                                                       f"ZeRO-{r['zero']} mb={r['micro_batch']}"
-                                                      + (f" {schedule_label(r)}" if r["pp"] > 1 else ""),
+                                                      + (f" {lab}" if (lab := schedule_label(r)) else ""),
                      "tps": f"{r['tokens_per_s_per_gpu']:,.0f}", "interval": f"{lo:,.0f} to {hi:,.0f}",
                      "mem": f"{r['memory_per_gpu_bytes'] / 1e9:.2f}",
                      "usd": "-" if r["usd_per_million_tokens"] is None else f"{r['usd_per_million_tokens']:.3g}",

@@ -72,6 +72,8 @@ def test_plan_cost_options_change_the_answer(cli):
          "--virtual-stages 4 applies to a named --schedule"),
         (["plan", "--model", "llama3-8b", "--tokens", "1e12", "--schedule", "interleaved"],
          "give --virtual-stages 2 or more"),
+        (["plan", "--model", "llama3-8b", "--tokens", "1e12", "--schedule", "1f1b", "--virtual-stages", "4"],
+         "--schedule 1f1b holds a fixed number of chunks"),
     ],
 )
 def test_planner_bad_input(cli, args, expected):
@@ -127,10 +129,11 @@ def test_plan_on_a_probed_gpu_prices_its_measured_attention_kernel(cli, tmp_path
 def test_the_plan_table_names_each_pipelined_rows_schedule(cli):
     p = cli("plan", "--model", "llama3-70b", "--tokens", "1e12", "--systems", "dgx-h100", "--max-gpus", "256")
     assert p.returncode == 0, p.stderr
-    header, _, *rows = p.stdout.splitlines()
-    assert "schedule" in header.split()
-    table = [r for r in rows[:20] if r.startswith("dgx-h100")]
-    pp = [int(r.split()[2].split("/")[1]) for r in table]
-    labels = [("interleaved v=" in r or " 1f1b " in r) for r in table]
-    assert all(lab for lab, q in zip(labels, pp) if q > 1) and any(q > 1 for q in pp)
-    assert all(" - " in r for r, q in zip(table, pp) if q == 1)
+    header, rule, *rows = p.stdout.splitlines()
+    start = header.index("schedule")
+    end = start + len(rule[start:].split()[0])  # the column's width, from its rule of dashes
+    table = [r for r in rows if r.startswith("dgx-h100")]
+    cells = [(int(r.split()[2].split("/")[1]), r[start:end].strip()) for r in table]
+    assert any(pp > 1 for pp, _ in cells) and any(pp == 1 for pp, _ in cells)
+    for pp, cell in cells:
+        assert cell == "-" if pp == 1 else (cell == "1f1b" or cell in ("interleaved v=2", "interleaved v=4")), (pp, cell)

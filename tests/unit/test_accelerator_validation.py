@@ -145,6 +145,18 @@ def test_a_run_both_validation_files_hold_is_predicted_the_same_in_both():
         assert own == pytest.approx(moe_validation.predict_row(moe_rows[r["id"]])["tokens_per_s_per_gpu"]), r["id"]
 
 
+def test_a_shared_run_stated_otherwise_in_the_two_files_is_refused():
+    # The same run in both validation files: its figure and layout must agree.
+    rows = [dict(r) for r in A.runs()]
+    i = next(i for i, r in enumerate(rows) if r["id"] == "mbridge-25.11-gb200-deepseek-v3-bf16")
+    assert A.shared_row_problems(rows) == []
+    rows[i]["published"] = 3140
+    rows[i]["micro_batch"] = 2
+    assert A.shared_row_problems(rows) == [
+        "mbridge-25.11-gb200-deepseek-v3-bf16: published 3140, but published_moe_runs.toml says 3139",
+        "mbridge-25.11-gb200-deepseek-v3-bf16: its layout differs from published_moe_runs.toml's row"]
+
+
 def test_a_row_whose_split_breaks_the_rule_is_refused(monkeypatch):
     rows = [dict(r) for r in A.runs()]
     i = next(i for i, r in enumerate(rows) if r["split"] == "held_out")

@@ -130,3 +130,11 @@ def test_resolved_hardware_carries_the_profile():
     assert hw.fp8_gemm_ratio == pytest.approx((1402.6 / 1979) / (794.5 / 989))
     assert hardware.resolve(system="h100-nvl-8").evidence == "carried"
     assert "gemm_best carried from h100-pcie" in hardware.resolve(system="h100-nvl-8").evidence_detail
+
+
+def test_a_carried_figure_that_names_no_sibling_is_refused(monkeypatch):
+    ent = {k: dict(v) for k, v in H.efficiency_entries().items()}
+    ent["h100-nvl"]["gemm_best"] = {"kind": "carried", "reason": "r"}  # no from, no null_reason
+    monkeypatch.setattr(H, "efficiency_entries", lambda: ent)
+    with pytest.raises(MgbenchError, match="h100-nvl.gemm_best is carried but names no sibling"):
+        H.catalog_profile.__wrapped__("h100-nvl")

