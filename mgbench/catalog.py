@@ -59,6 +59,13 @@ def accelerator_peak(key: str, precision: str) -> float | None:
     return None if v is None else float(v)
 
 
+def accelerator_tdp(key: str) -> float:
+    """The sourced TDP (W) of catalog accelerator ``key``; NaN where hardware.toml has none
+    (unknown, so energy is unknown rather than borrowed or free)."""
+    v = accelerator(key).get("tdp_w")
+    return float("nan") if v is None else float(v)
+
+
 def _fits(patterns: list[str], device_name: str) -> bool:
     """Whether a ``match`` pattern of hardware.toml claims ``device_name``: anywhere in the
     name, but only from the start of one of its words (after a space, a hyphen or the

@@ -314,6 +314,7 @@ def layout_group() -> list[Opt]:
     planner's own constants."""
     from .layout import RECOMPUTE
     from .planner.memory import SCHEDULES
+    from .planner.search import VIRTUAL_STAGES_HELP
 
     return [
         plan_field("seq_len"),
@@ -334,8 +335,7 @@ def layout_group() -> list[Opt]:
             help="Attention scores are materialised (5 a s^2 b bytes per layer)."),
         opt("--schedule", type=click.Choice(list(SCHEDULES)), default=SCHEDULES[0], show_default=True,
             help="Pipeline schedule; zero-bubble: interleaved_zb, zbv, dualpipev."),
-        opt("--virtual-stages", type=int, default=1, show_default=True,
-            help="Model chunks per pipeline rank (interleaved, interleaved_zb; zbv and dualpipev hold two)."),
+        opt("--virtual-stages", type=int, default=1, show_default=True, help=VIRTUAL_STAGES_HELP),
         opt("--ep", type=int, default=1, show_default=True,
             help="Expert-parallel degree (MoE models): routed experts sharded over ep of the data-parallel ranks."),
         opt("--cp", type=int, default=1, show_default=True,

@@ -255,7 +255,7 @@ def _measured_fraction(acc_id: str, spec: dict[str, Any], precision: str) -> flo
 # The key that holds a figure's own value in efficiency.toml (a spec without it, or a
 # null_reason, is carried from the sibling it names with ``from``).
 _VALUE_KEY = {"gemm_best": "tflops", "gemm_best_fp8": "tflops", "mem_bw": "tbps", "gemm_small": "sweep",
-              "attention": "fraction"}
+              "attention": "fraction", "host_link": "gbps"}
 
 
 def _holder(acc_id: str, name: str, seen: tuple[str, ...] = ()) -> tuple[str, dict[str, Any]]:
@@ -350,8 +350,8 @@ def catalog_profile(acc_id: str) -> HardwareProfile:
     small = ent["gemm_small"]
     fixed_spec = {**small, "source": small.get("source") or f"efficiency.toml gemm_sweep {sweep}"}
     host = ent["host_link"]
-    host_val = None if host.get("null_reason") else (float(host["gbps"]) if "gbps" in host else
-                                                     _host_link(host["from"]))
+    host_spec = _holder(acc_id, "host_link")[1]
+    host_val = None if host_spec.get("null_reason") else float(host_spec["gbps"])
     colls = []
     for c in ent.get("collectives") or []:
         spec = {"kind": c.get("kind", "measured"), **{k: v for k, v in c.items() if k not in ("op", "gpus", "scope")}}
@@ -364,13 +364,8 @@ def catalog_profile(acc_id: str) -> HardwareProfile:
         gemm_best_fp8=_figure(ent["gemm_best_fp8"], best8, "fraction of the fp8 peak"),
         gemm_fixed=_figure(fixed_spec, shape_model()["fixed_s"][sweep], "s"),
         attention=_figure(ent["attention"], _attention(acc_id), "fraction of the bf16 peak"),
-        mem_bw=_figure(ent["mem_bw"], _mem_fraction(acc_id) * mem_peak, "TB/s"),
+        mem_bw=_figure(ent["mem_bw"], achieved_mem_bw(acc_id) / 1e12, "TB/s"),
         host_link=_figure(host, host_val, "GB/s"),
         collectives=tuple(colls))
 
 
-def _host_link(acc_id: str) -> float | None:
-    spec = _entry(acc_id)["host_link"]
-    if spec.get("null_reason"):
-        return None
-    return float(spec["gbps"]) if "gbps" in spec else _host_link(spec["from"])

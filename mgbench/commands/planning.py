@@ -293,7 +293,7 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
         click.echo(f"stack          {hw.stack} (efficiency {hw.stack_eff:.3f} of the calibration stack's; --stack)")
     click.echo(f"memory         {_gb(res['memory']['total_bytes'])} of {_gb(res['device_memory_bytes'])}: "
                f"{'fits' if res['fits'] else 'DOES NOT FIT'}")
-    extra = {k: b[k] for k in ("ep_comm_s", "moe_host_s", "cp_comm_s", "offload_s") if b.get(k)}
+    extra = {k: b[k] for k in ("ep_comm_s", "cp_comm_s", "offload_s") if b.get(k)}  # MoE host time: the step line
     if extra:
         click.echo("new axes       " + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.3f} s"
                                                   for k, v in extra.items()))
@@ -422,6 +422,8 @@ def plan(model, hf_config, params, system_file, prices_file, price_overrides, ha
         links = calibrate.comm_links(comm_run, results_dir)
         opts.links = {name: links["fields"] for name, s in all_systems().items() if s["gpu"] == links["gpu"]}
     res = plan_fn(shape, opts, cost.Prices(prices_file, list(price_overrides)))
+    if not shape.is_moe and opts.moe != type(opts.moe)():
+        res["reasons"].append(f"--moe-* options ignored: {shape.name} has no experts")
     if html_file:
         from ..report.plan_page import build_plan_report
 

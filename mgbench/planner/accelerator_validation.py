@@ -204,10 +204,10 @@ def baseline_mfu() -> dict[str, Any]:
 
 
 def _bf16_peak(accelerator: str) -> float:
-    peak = catalog.accelerator(accelerator).get("tflops", {}).get("bf16")
+    peak = catalog.accelerator_peak(accelerator, "bf16")
     if peak is None:
         raise MgbenchError(f"{accelerator}: no bf16 peak in the catalog, so no baseline")
-    return float(peak) * 1e12
+    return peak * 1e12
 
 
 def baseline(row: dict[str, Any], mfu: float | None = None) -> float:

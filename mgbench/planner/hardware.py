@@ -188,7 +188,7 @@ def resolve(system: str | None = None, gpu: str | None = None, precision: str = 
         memory_bytes=float(acc["memory_gb"]) * GB,
         # No sourced TDP (hardware.toml leaves the key out): unknown, NaN as for a probed
         # profile's unknown GPU, so energy is null (search._row) rather than borrowed.
-        tdp_w=float(acc["tdp_w"]) if acc.get("tdp_w") is not None else float("nan"),
+        tdp_w=catalog.accelerator_tdp(s["gpu"]),
         intra_bw=intra["peak_gbps"] * GB * intra["bw_eff"] * comm_eff_scale,
         intra_alpha_s=intra["alpha_us"] * 1e-6,
         inter_bw=inter["peak_gbps"] * GB * inter["bw_eff"] * nic_share * comm_eff_scale,

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..layout import Layout
 from ..model_shape import ModelShape
-from ..strategies.schedules import bubble_unknown_reason, chunks_per_rank, schedule_problem, theoretical_bubble
+from ..strategies.schedules import VIRTUAL, bubble_unknown_reason, chunks_per_rank, schedule_problem, theoretical_bubble
 
 
 def schedule_runs(schedule: str, pp: Any, num_micro: Any, virtual_stages: int) -> Any:
@@ -59,6 +59,8 @@ def rules(shape: ModelShape | None, layout: Layout) -> dict[str, Any]:
         "offload": ~np.asarray(offload, dtype=bool) | (Z == 3),
         "hsdp": (R == 1) | ((Z == 3) & ((D * C) % R == 0) & (D * C != R) & (E == 1)),
         "schedule": schedule_runs(schedule, P, M, virtual_stages),
+        # An interleaved schedule with one chunk a rank is 1F1B under another name.
+        "chunks": (P == 1) | (chunks >= 2) if schedule in VIRTUAL else np.ones(P.shape, dtype=bool),
     }
     if shape is not None:
         out.update({
@@ -101,6 +103,8 @@ MESSAGES: dict[str, Callable[[Any, ModelShape], str]] = {
                           else f"--hsdp {L.replicas} must divide the {L.dp * L.cp} data-parallel ranks (dp x cp) and "
                                "leave at least 2 to shard over"),
     "schedule": lambda L, s: _schedule_message(L),
+    "chunks": lambda L, s: (f"--schedule {L.schedule} runs 2 or more model chunks a pipeline rank: give "
+                            "--virtual-stages 2 or more (or --schedule 1f1b)"),
 }
 
 

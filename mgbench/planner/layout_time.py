@@ -235,10 +235,9 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         ep_comm = moe_terms.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule=schedule, virtual_stages=v,
                                         opts=opts)
         host = moe_terms.host_seconds(shape, ep=ep, moe_layers=moe_layers, num_micro=m, opts=opts)
-        if opts.cuda_graphs:
-            host_s = host
-        elif moe_terms.host_syncs(opts):
-            # The host stall lengthens every stage's pass, so the bubble grows with it.
+        if moe_terms.host_syncs(opts) or opts.cuda_graphs:
+            # A synced host stall (0 in CUDA graphs) lengthens every stage's pass, so the
+            # bubble grows with it.
             host_s = host / (1.0 - f)
         else:
             # No sync: the host launches ahead of the GPU; only launch time beyond the
@@ -271,8 +270,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     # which it does not overlap, are about 1F1B's exposed count. (Tried at v x on
     # 2026-11-27, with the validation rows in view: Hopper's interleaved rows came out 2 to
     # 10 points slower, its held-out mean 7.5% -> 8.4%; the mechanism, not that, decided.)
-    pp_comm = b["pp_comm_s"]
-    total = compute + bubble + b["tp_comm_s"] + pp_comm + exposed_dp + ep_comm + cp_comm + offload_s + host_s
+    total = compute + bubble + b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s + host_s
     n_gpus = t * p * dpc
     tokens = np.asarray(global_batch, dtype=float) * s
     tps = tokens / total
@@ -285,11 +283,11 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         "mfu": model_flops * tps / n_gpus / (hw.peak_tflops * 1e12),
     }
     terms = {k: v for k, v in b.items() if k not in ("num_micro_batches", "blocks_s")}
-    res["breakdown"] = {**terms, "pp_comm_s": pp_comm, "compute_s": compute, "bubble_s": bubble, "bubble_fraction": f, "dp_comm_s": dp_comm,
+    res["breakdown"] = {**terms, "compute_s": compute, "bubble_s": bubble, "bubble_fraction": f, "dp_comm_s": dp_comm,
                         "exposed_dp_comm_s": exposed_dp, "ep_comm_s": ep_comm, "ep_a2a_s": a2a,
                         "moe_imbalance_s": imbalance_s, "moe_recompute_s": moe_recompute_s,
                         "moe_permute_s": permute_s, "moe_host_s": host_s, "cp_comm_s": cp_comm,
                         "offload_s": offload_s,
-                        "exposed_comm_s": b["tp_comm_s"] + pp_comm + exposed_dp + ep_comm + cp_comm + offload_s}
+                        "exposed_comm_s": b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s}
     res["notes"] = notes
     return res

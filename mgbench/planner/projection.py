@@ -75,7 +75,7 @@ def _left_out(system: str, precision: str) -> str | None:
     """Why ``system`` has no row at ``precision``, known before pricing it: an fp8 run is
     projected onto GPUs with FP8 units only (the catalog's fp8 peak); None otherwise."""
     gpu = catalog.systems()[system]["gpu"]
-    if precision == "fp8" and catalog.accelerator(gpu).get("tflops", {}).get("fp8") is None:
+    if precision == "fp8" and catalog.accelerator_peak(gpu, "fp8") is None:
         return f"left out: its {gpu} has no FP8 peak in the catalog (an fp8 run is projected onto FP8 GPUs only)"
     return None
 

@@ -44,6 +44,8 @@ EP_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # by default (Megatron-LM, NeMo, torchtitan's Interleaved1F1B); the zero-bubble ones are
 # asked for by name.
 SEARCHED = "searched"
+# --virtual-stages, as predict, memory and plan take it (cli_options.layout_group).
+VIRTUAL_STAGES_HELP = "Model chunks per pipeline rank (interleaved, interleaved_zb; zbv and dualpipev hold two)."
 SEARCHED_SCHEDULES = (("1f1b", 1), ("interleaved", 2), ("interleaved", 4))
 
 
@@ -80,9 +82,7 @@ class PlanOptions:
                                             "layout's best; or one schedule for all (zero-bubble: interleaved_zb, "
                                             "zbv, dualpipev).",
                                     "choices": (SEARCHED, *SCHEDULES)})
-    virtual_stages: int = field(default=1, metadata={
-        "help": "Model chunks per pipeline rank with a named --schedule (interleaved, interleaved_zb; zbv and "
-                "dualpipev hold two)."})
+    virtual_stages: int = field(default=1, metadata={"help": VIRTUAL_STAGES_HELP + " With a named --schedule."})
     offload: bool = field(default=False, metadata={
         "help": "FSDP2 CPU offload with ZeRO-3: weights, gradients and optimizer states in host memory, copied over "
                 "the host link (plan: considered beside no offload for ZeRO-3 layouts)."})

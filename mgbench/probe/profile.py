@@ -284,7 +284,7 @@ def _machine(profile: dict[str, Any], ranks: int, memory_bytes: float) -> dict[s
         memory_bytes=float(memory_bytes),
         # Unknown without a catalog entry or a sourced TDP; predict prices no energy, so NaN
         # (not 0 W) is never printed, and any use of it shows up as NaN, not as free power.
-        tdp_w=float(catalog.accelerator(acc).get("tdp_w") or float("nan")) if acc else float("nan"),
+        tdp_w=catalog.accelerator_tdp(acc) if acc else float("nan"),
         intra_bw=link["bw"], intra_alpha_s=link["alpha_s"],
         inter_bw=link["bw"], inter_alpha_s=link["alpha_s"],
         max_power_kw=None,

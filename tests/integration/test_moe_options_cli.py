@@ -84,3 +84,6 @@ def test_moe_options_on_a_dense_model_are_said_to_be_ignored(cli):
     plain = cli("predict", "--model", "llama3-8b", "--system", "dgx-h100", "--num-gpus", "8")
     assert "options ignored" not in plain.stdout
 
+    planned = cli("plan", "--model", "llama3-8b", "--tokens", "1e11", "--systems", "dgx-h100", "--max-gpus", "8",
+                  "--moe-cuda-graphs")
+    assert planned.returncode == 0 and "--moe-* options ignored: llama3-8b has no experts" in planned.stdout

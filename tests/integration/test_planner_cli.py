@@ -68,6 +68,8 @@ def test_plan_cost_options_change_the_answer(cli):
         (["predict", "--params", "1e9", "--system", "dgx-h100"], "needs the model's shape"),
         (["plan", "--model", "llama3-8b", "--tokens", "1e12", "--price", "h100-sxm=x"], "expected NAME=USD"),
         (["plan", "--model", "gpt5", "--tokens", "1e12"], "unknown model preset 'gpt5'"),
+        (["predict", "--model", "llama3-8b", "--system", "dgx-h100", "--num-gpus", "8", "--pp", "2", "--schedule",
+          "interleaved"], "--schedule interleaved runs 2 or more model chunks"),
         (["plan", "--model", "llama3-8b", "--tokens", "1e12", "--virtual-stages", "4"],
          "--virtual-stages 4 applies to a named --schedule"),
         (["plan", "--model", "llama3-8b", "--tokens", "1e12", "--schedule", "interleaved"],

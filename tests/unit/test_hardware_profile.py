@@ -68,7 +68,7 @@ def test_measured_and_carried_fractions_by_hand():
     assert pro.gemm_best.value is None and "no bf16 peak" in pro.gemm_best.reason and pro.evidence == "assumed"
 
 
-@pytest.mark.parametrize("figure", ["gemm_best", "gemm_best_fp8", "mem_bw", "gemm_small", "attention"])
+@pytest.mark.parametrize("figure", ["gemm_best", "gemm_best_fp8", "mem_bw", "gemm_small", "attention", "host_link"])
 def test_a_carried_circle_is_refused(monkeypatch, figure):
     ent = {k: dict(v) for k, v in H.efficiency_entries().items()}
     ent["h100-nvl"][figure] = {"kind": "carried", "from": "h100-pcie", "reason": "r"}
