@@ -31,15 +31,17 @@ ep_comm   the expert-parallel all-to-alls by scope (planner/moe.py): dispatch an
           it, at the busiest receiver's load; exposed all of it, or under DualPipe /
           Megatron-Core's EP overlap only what the paired micro-batch's compute cannot
           cover (moe.exposed_a2a). Its options: ``moe`` (moe.MoeOptions; None: the defaults).
-moe_host  what the GPU waits on the host in eager dropless MoE layers (moe.host_seconds:
-          per MoE layer pass, a fixed and a per-local-expert time solved from published
-          Megatron-Bridge rows), stretched by the bubble like the stage's other work; 0
-          under MoeOptions(cuda_graphs=True).
+moe_host  what the GPU waits on the host in eager MoE layers (moe.host_seconds: per MoE
+          layer pass, a fixed and a per-local-expert time solved from published
+          Megatron-Bridge rows; moe.host_wait: behind the dropless sync all of it,
+          stretched by the bubble like the stage's other work, under drop-and-pad what
+          the compute does not cover); 0 under MoeOptions(cuda_graphs=True).
 moe       compute the MoE layers add to perf's (in the blocks, so the bubble scales too):
           the busiest rank's extra expert rows (load - 1 of perf's expert_gemm_s, or of
           the routed experts' FLOP share of the linears where perf reports none), the
-          Megatron-Core recompute modules the run names, and the token permutation
-          around the all-to-alls (memory-bound).
+          Megatron-Core recompute modules the run names, the token permutation
+          around the all-to-alls and the routed rows' activation traffic beyond the
+          dense MLP perf's elementwise term counts (both memory-bound).
 cp_comm   the all-gather form of context parallelism: per block and micro-batch an
           all-gather of K and V (s b 2 k e / t bytes in all, k = kv heads x head dim)
           and a reduce-scatter of their gradients (ring collectives over cp ranks, plus
@@ -207,6 +209,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     moe_layers = np.minimum(lps, shape.moe_layers)
     zero_s = 0.0 * blocks
     imbalance_s, moe_recompute_s, permute_s, a2a, ep_comm, host_s = zero_s, zero_s, zero_s, zero_s, zero_s, zero_s
+    traffic_s = zero_s
     if shape.is_moe:
         linear_scale = (ratio if precision == "fp8" else 1.0) / hw.stack_eff  # the linears' seconds as run
         expert = np.asarray(b.get("expert_gemm_s", zero_s), dtype=float)
@@ -217,7 +220,10 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         moe_recompute_s = rc_flops * rank_tokens / (hw.peak_tflops * 1e12 * hw.compute_eff) * linear_scale
         permute_s = moe_terms.permute_seconds(shape, hw, tokens=tokens_rank, act_bytes=e, opts=opts,
                                               moe_layers=moe_layers, num_micro=m) / hw.stack_eff
-        blocks = blocks + imbalance_s + moe_recompute_s + permute_s
+        traffic_s = perf.moe_traffic_seconds(shape, hw, tokens=tokens_rank * t, tp=t, precision=precision,
+                                             load=opts.load, moe_layers=moe_layers, num_micro=m,
+                                             recompute=rc) / hw.stack_eff
+        blocks = blocks + imbalance_s + moe_recompute_s + permute_s + traffic_s
         notes.append(moe_terms.note(opts, schedule))
     compute = blocks + b["head_s"]
     f = perf.bubble_fraction(p, m, schedule, v)
@@ -235,14 +241,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         ep_comm = moe_terms.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule=schedule, virtual_stages=v,
                                         opts=opts)
         host = moe_terms.host_seconds(shape, ep=ep, moe_layers=moe_layers, num_micro=m, opts=opts)
-        if moe_terms.host_syncs(opts) or opts.cuda_graphs:
-            # A synced host stall (0 in CUDA graphs) lengthens every stage's pass, so the
-            # bubble grows with it.
-            host_s = host / (1.0 - f)
-        else:
-            # No sync: the host launches ahead of the GPU; only launch time beyond the
-            # GPU's compute is exposed.
-            host_s = np.maximum(host - compute, 0.0)
+        host_s = moe_terms.host_wait(host, compute=compute, bubble_fraction=f, opts=opts)
     cp_comm = cp_kv_exchange_s(shape, hw, seq=s, micro_batch=micro_batch, tp=t, cp=c, span=t * c,
                                precision=precision, layers=lps, num_micro=m, recompute=rc)
 
@@ -286,7 +285,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     res["breakdown"] = {**terms, "compute_s": compute, "bubble_s": bubble, "bubble_fraction": f, "dp_comm_s": dp_comm,
                         "exposed_dp_comm_s": exposed_dp, "ep_comm_s": ep_comm, "ep_a2a_s": a2a,
                         "moe_imbalance_s": imbalance_s, "moe_recompute_s": moe_recompute_s,
-                        "moe_permute_s": permute_s, "moe_host_s": host_s, "cp_comm_s": cp_comm,
+                        "moe_permute_s": permute_s, "moe_traffic_s": traffic_s, "moe_host_s": host_s, "cp_comm_s": cp_comm,
                         "offload_s": offload_s,
                         "exposed_comm_s": b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s}
     res["notes"] = notes

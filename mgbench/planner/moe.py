@@ -383,18 +383,30 @@ def host_syncs(opts: MoeOptions) -> bool:
 
 
 def host_seconds(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any, opts: MoeOptions) -> Any:
-    """Seconds of host time a step's eager MoE layers take: dropless, n x (per_layer +
-    per_local_expert x experts / ep) ms, the sync and the launches after it, which the GPU
-    waits for (:func:`host_launches`, :func:`host_constants`); drop-and-pad, the launches
-    alone, n x per_local_expert x experts / ep ms (no sync: the host runs ahead of the GPU,
-    and layout_time.step_time charges only what the GPU's own work does not cover); 0
-    where the run captures its MoE layers in CUDA graphs."""
+    """Seconds of host time a step's eager MoE layers take, n x (per_layer +
+    per_local_expert x experts / ep) ms (:func:`host_launches`, :func:`host_constants`):
+    the launch work of each layer pass and of each local expert's GEMMs. Dropless, the GPU
+    waits for all of it (the sync before the all-to-all keeps the host from running ahead);
+    drop-and-pad has no sync, so layout_time.step_time charges only what the GPU's own work
+    does not cover (the launches are the same: NVIDIA's DeepSeek-V3 GB200 account calls the
+    eager baseline launch-bound, "the CPU kernel launch speed cannot keep up", not
+    sync-bound). 0 where the run captures its MoE layers in CUDA graphs."""
     n, n_local = host_launches(shape, ep=ep, moe_layers=moe_layers, num_micro=num_micro)
     if opts.cuda_graphs:
         return 0.0 * n
     c = host_constants()
-    per_layer = float(c["per_layer_ms"]) if host_syncs(opts) else 0.0
-    return (per_layer * n + float(c["per_local_expert_ms"]) * n_local) * 1e-3
+    return (float(c["per_layer_ms"]) * n + float(c["per_local_expert_ms"]) * n_local) * 1e-3
+
+
+def host_wait(host: Any, *, compute: Any, bubble_fraction: Any, opts: MoeOptions) -> Any:
+    """Seconds a step waits for ``host`` seconds of MoE host time (:func:`host_seconds`)
+    beside ``compute`` seconds of the GPU's: behind a sync (dropless; 0 in CUDA graphs) all
+    of it, and since it lengthens every stage's pass the pipeline bubble grows with it
+    (/ (1 - bubble fraction)); without one (drop-and-pad) the host launches ahead of the GPU
+    and only what the GPU's compute does not cover."""
+    if host_syncs(opts) or opts.cuda_graphs:
+        return host / (1.0 - bubble_fraction)
+    return np.maximum(host - compute, 0.0)
 
 
 def note(opts: MoeOptions, schedule: str) -> str:
@@ -417,8 +429,8 @@ def note(opts: MoeOptions, schedule: str) -> str:
     host = ("MoE layers in CUDA graphs (no host launch cost)" if opts.cuda_graphs else
             "eager MoE layers: the host's launch time per layer and micro-batch added (solved from Megatron-Core "
             "and DeepSeek runs, stacks.toml [moe_host]; applied to every stack, an assumption)" if host_syncs(opts) else
-            "eager drop-and-pad MoE layers: no host sync, so only the expert launches' host time beyond the GPU's "
-            "work is added (stacks.toml [moe_host] per local expert)")
+            "eager drop-and-pad MoE layers: no host sync, so only the host's launch time beyond the GPU's "
+            "work is added (stacks.toml [moe_host])")
     return "MoE: " + ", ".join(how) + "; " + load + "; " + host
 
 

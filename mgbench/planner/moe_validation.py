@@ -2,7 +2,7 @@
 (data/published_moe_runs.toml; issue 26, item 5).
 
 Every row is predicted through the path `mgbench predict` takes: resolve.resolve (the
-catalog system at the row's precision, the Megatron-LM stack) and predict.predict (the
+catalog system at the row's precision, the row's stack, Megatron-LM unless it names another) and predict.predict (the
 layout's rules, the step model, the memory), with the row's MoE options (moe.MoeOptions:
 routing, dispatcher, node limit, FP8 dispatch, overlap, recomputed modules) given to
 predict. A row whose layout predict
@@ -35,7 +35,9 @@ TARGET_WORST_PCT = 30.0
 SPLITS = ("fit", "held_out")
 REQUIRED = ("id", "system", "model", "seq", "num_gpus", "tp", "pp", "ep", "micro_batch", "global_batch", "zero",
             "recompute", "precision", "routing", "dispatcher", "published", "split", "source", "date")
-STACK = "megatron-lm"  # Megatron-Bridge is Megatron-Core; DeepSeek's HAI-LLM is priced as it
+# A row's stack (data/stacks.toml) where it names one; Megatron-Bridge is Megatron-Core, and
+# DeepSeek's HAI-LLM is priced as it.
+STACK = "megatron-lm"
 
 
 @lru_cache(maxsize=1)
@@ -104,7 +106,7 @@ def predict_row(row: dict[str, Any], options: moe.MoeOptions | None = None) -> d
     from .predict import predict
     from .resolve import resolve
 
-    hw = resolve(precision=row["precision"], system=row["system"], stack=STACK)
+    hw = resolve(precision=row["precision"], system=row["system"], stack=row.get("stack", STACK))
     return predict(shape_of(row), hw, Layout.from_published(row), moe=options or moe.options_of(row))
 
 

@@ -68,7 +68,7 @@ from ..model_shape import ModelShape
 from ..strategies.schedules import grad_sync, theoretical_bubble
 from .hardware import Hardware
 from .memory import (act_bytes, attention_recomputed_share, elementwise_recomputed, matmul_recomputed_share,
-                     pipeline_fsdp_unsharded_from_forward, recomputed_share)
+                     moe_mlp_extra, pipeline_fsdp_unsharded_from_forward, recomputed_share)
 
 DEFAULT_OVERLAP = 1.0
 
@@ -312,6 +312,26 @@ def host_terms(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any, rank_t
         attention = attn_mm
     ops = host_ops["ops"] * hw.op_overhead_s + host_ops["bytes"] / hw.ew_bw + host_ops.get("fixed_s", 0.0)
     return attn_mm, attention, ops
+
+
+def moe_traffic_seconds(shape: ModelShape, hw: Hardware, *, tokens: Any, tp: Any, precision: str, load: float,
+                        moe_layers: Any, num_micro: Any, recompute: Any) -> Any:
+    """Seconds of the memory-bound work an MoE block does beyond a dense MLP of width
+    ffn_hidden, which :func:`compute_terms`' elementwise term prices (Korthikanti's count):
+    the same elementwise passes (``hw.elementwise_passes``) over what an MoE block keeps
+    beyond it (memory.moe_mlp_extra: top_k routed rows of the hidden size and of the
+    expert's width at the busiest rank's ``load``, the shared experts, the router's
+    scores). A model whose top_k x expert width exceeds its ffn_hidden (gpt-oss: 4 x 2880
+    against 2880) does that much more activation work than the dense count says.
+    ``tokens``: a rank's tokens of one micro-batch before sequence parallelism splits them
+    over ``tp`` (the experts' rows are split over tp as the tokens are); per MoE layer and
+    micro-batch, a third more where the blocks' elementwise work runs again (full
+    recompute), as the dense part."""
+    per_token = moe_mlp_extra(shape, 1.0, 1, precision, load) / np.asarray(tp, dtype=float)
+    nbytes = hw.elementwise_passes * np.maximum(per_token, 0.0) * np.asarray(tokens, dtype=float)
+    again = np.where(elementwise_recomputed(recompute), 4.0 / 3.0, 1.0)
+    return nbytes * again / (hw.mem_bw * hw.mem_bw_fraction) * np.asarray(moe_layers, dtype=float) \
+        * np.asarray(num_micro, dtype=float)
 
 
 def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, micro_batch: Any,

@@ -187,6 +187,34 @@ def test_without_gemm_shapes_the_expert_share_comes_from_the_flops():
     assert float(b["moe_imbalance_s"]) == pytest.approx(0.5 * share * float(b["linear_s"]) / flat.stack_eff)
 
 
+def test_an_moe_blocks_activation_traffic_by_hand():
+    # gpt-oss-120b: 4 routed rows of width 2880 a token, where the dense count (perf's
+    # elementwise term) has one MLP of ffn_hidden 2880. Per token, bf16, balanced: the
+    # dispatched row (2 h) and the SwiGLU's input and output (2 x 2 + 2) x F_e, 4 of them,
+    # the router's bf16 logits and fp32 probabilities (6 x 128), less the dense MLP's
+    # 4 x 2 x 2880: 4 x (5760 + 17280) + 768 - 23040 = 69,888 bytes.
+    gpt = catalog.model_shape("gpt-oss-120b")
+    kw = dict(seq=4096, global_batch=64, micro_batch=4, tp=1, pp=1, dp=8, zero=1, recompute=0, ep=8)
+    b = layout_time.step_time(gpt, H100, moe=BALANCED, **kw)["breakdown"]
+    bw = H100.mem_bw * H100.mem_bw_fraction
+    # 36 MoE layers, 64 / (4 x 8) = 2 micro-batches of 4 x 4096 tokens each.
+    by_hand = H100.elementwise_passes * 69888 * 4 * 4096 * 36 * 2 / bw / H100.stack_eff
+    assert float(b["moe_traffic_s"]) == pytest.approx(by_hand)
+    # Tensor parallelism splits the tokens, and so the rows: half a rank's traffic at tp 2
+    # (16 GPUs, the same 8 data-parallel ranks).
+    tp2 = layout_time.step_time(gpt, H100, moe=BALANCED, **{**kw, "tp": 2})["breakdown"]
+    assert float(tp2["moe_traffic_s"]) == pytest.approx(by_hand / 2)
+    # Full recompute runs the activations again (a third more, as the dense ones), and the
+    # busiest rank's load scales the routed rows.
+    rc = layout_time.step_time(gpt, H100, moe=BALANCED, **{**kw, "recompute": 2})["breakdown"]
+    assert float(rc["moe_traffic_s"]) == pytest.approx(by_hand * 4 / 3)
+    heavy = layout_time.step_time(gpt, H100, moe=moe.MoeOptions(imbalance=1.5), **kw)["breakdown"]
+    assert float(heavy["moe_traffic_s"]) == pytest.approx(by_hand * (69888 + 0.5 * 92160) / 69888)
+    # A dense model has none.
+    dense = layout_time.step_time(catalog.model_shape("llama3-8b"), H100, **{**kw, "ep": 1})["breakdown"]
+    assert float(dense["moe_traffic_s"]) == 0.0
+
+
 def test_recompute_modules_flops_by_hand():
     # mla_up_proj: the q and kv up-projections' forward again, in every block and the MTP's.
     q_up, kv_up = 1536 * 128 * 192, 512 * 128 * (128 + 128)
