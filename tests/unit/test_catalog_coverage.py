@@ -101,13 +101,16 @@ def test_the_default_plan_leaves_out_systems_without_the_precision_and_says_why(
 
 
 def test_a_cloud_instance_type_is_never_priced_at_its_gpus_market_price():
-    """azure-nd-mi300x-v5 has no price of its own in data/prices.toml: its cost is unknown
-    with the reason, not MI300X's market median (Azure lists its own rate); a catalog
-    server with the same GPU still takes the GPU's price."""
+    """gcp-a4 has no on-demand price of its own in data/prices.toml (Google sells A4 by
+    reservation, DWS and Spot): its cost is unknown with the reason, not B200's market
+    median; a catalog server with the same GPU still takes the GPU's price, and an instance
+    type with a listed price takes its own (Azure's MI300X VM, not MI300X's median)."""
     from mgbench.planner.cost import Prices
 
     prices = Prices()
-    assert prices.lookup("mi300x-8", "mi300x")[0] is not None
-    usd, why = prices.lookup("azure-nd-mi300x-v5", "mi300x")
-    assert usd is None and "azure instance type azure-nd-mi300x-v5" in why and "--price azure-nd-mi300x-v5=USD" in why
-    assert Prices(None, ["azure-nd-mi300x-v5=6.0"]).lookup("azure-nd-mi300x-v5", "mi300x")[0] == 6.0
+    assert prices.lookup("dgx-b200", "b200")[0] is not None
+    usd, why = prices.lookup("gcp-a4", "b200")
+    assert usd is None and "gcp instance type gcp-a4" in why and "--price gcp-a4=USD" in why
+    assert Prices(None, ["gcp-a4=9.5"]).lookup("gcp-a4", "b200")[0] == 9.5
+    assert prices.lookup("azure-nd-mi300x-v5", "mi300x")[0] == pytest.approx(48.00 / 8)
+    assert prices.lookup("azure-nd-mi300x-v5", "mi300x")[0] != prices.lookup("mi300x-8", "mi300x")[0]
