@@ -336,6 +336,10 @@ def layout_group() -> list[Opt]:
         opt("--schedule", type=click.Choice(list(SCHEDULES)), default=SCHEDULES[0], show_default=True,
             help="Pipeline schedule; zero-bubble: interleaved_zb, zbv, dualpipev."),
         opt("--virtual-stages", type=int, default=1, show_default=True, help=VIRTUAL_STAGES_HELP),
+        opt("--pp-last-layers", type=int, default=None, metavar="K",
+            help="Blocks on the last pipeline stage, which also runs the output layer: the others share the rest "
+                 "(Megatron-LM's --decoder-last-pipeline-num-layers, or a pipeline layout that lightens the last "
+                 "stage). Default: every stage ceil(layers / pp), Megatron-LM's default split."),
         opt("--ep", type=int, default=1, show_default=True,
             help="Expert-parallel degree (MoE models): routed experts sharded over ep of the data-parallel ranks."),
         opt("--cp", type=int, default=1, show_default=True,

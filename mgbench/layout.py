@@ -67,6 +67,10 @@ class Layout:
     virtual_stages: int = 1
     replicas: Any = 1  # HSDP: ZeRO-3 shards over dp x cp / replicas ranks, replicated across (1: plain)
     offload: Any = False  # FSDP2 CPU offload of weights, gradients and optimizer states (ZeRO-3)
+    # Blocks on the last pipeline stage where the run sets them to make room for the output
+    # layer (Megatron-LM --decoder-last-pipeline-num-layers, a pipeline layout string); the
+    # other stages share the rest. None: every stage ceil(layers / pp). Priced, not run.
+    pp_last_layers: Any = None
 
     @classmethod
     def of(cls, *, dp: int = 1, tp: int = 1, pp: int = 1, ep: int = 1, cp: int = 1, **knobs: Any) -> "Layout":
@@ -97,7 +101,8 @@ class Layout:
                    global_batch=row["global_batch"], precision=row["precision"], recompute=row["recompute"],
                    sequence_parallel=row.get("sequence_parallel", row.get("tp", 1) > 1),
                    schedule=row.get("schedule", "1f1b"),
-                   virtual_stages=row.get("virtual_stages", 1), replicas=row.get("replicas", 1))
+                   virtual_stages=row.get("virtual_stages", 1), replicas=row.get("replicas", 1),
+                   pp_last_layers=row.get("pp_last_layers"))
 
     # -- derived degrees -------------------------------------------------------------------
     @property
@@ -178,7 +183,7 @@ class Layout:
                     zero=self.zero, precision=self.precision, recompute=self.recompute_index,
                     sp=self.sequence_parallel, flash=self.flash_attention, schedule=self.schedule,
                     virtual_stages=self.virtual_stages, ep=self.ep, cp=self.cp, replicas=self.replicas,
-                    offload=self.offload)
+                    offload=self.offload, pp_last_layers=self.pp_last_layers)
 
     def take(self, index: Any) -> "Layout":
         """The rows ``index`` (a mask or indices) of a vectorised layout; scalars stay."""
@@ -202,7 +207,7 @@ class Layout:
         return {"num_gpus": self.num_gpus, "tp": self.tp, "pp": self.pp, "dp": self.dp, "zero": self.zero,
                 "micro_batch": self.micro_batch, "precision": self.precision, "recompute": self.recompute_name,
                 "ep": self.ep, "cp": self.cp, "hsdp_replicas": self.replicas, "offload": bool(self.offload),
-                "schedule": self.schedule}
+                "schedule": self.schedule, "pp_last_layers": self.pp_last_layers}
 
     # -- the runner's rules and strategy names ---------------------------------------------------
     def runner_problems(self, world: int, *, layers: int | None = None, heads: int | None = None,

@@ -52,7 +52,7 @@ def _layout(kw: dict[str, Any]):
                   recompute=kw["recompute"], sequence_parallel=kw["sequence_parallel"],
                   flash_attention=not kw["no_flash_attention"], schedule=kw["schedule"],
                   virtual_stages=kw["virtual_stages"], ep=kw["ep"], cp=kw["cp"], replicas=kw["replicas"],
-                  offload=kw["offload"])
+                  offload=kw["offload"], pp_last_layers=kw["pp_last_layers"])
 
 
 def _dims(kw: dict[str, Any]) -> dict[str, Any]:
@@ -281,7 +281,8 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
                + "".join(f" {k}={kw[k]}" for k in ("cp", "ep") if kw[k] > 1)
                + (f" hsdp={kw['replicas']}" if kw["replicas"] > 1 else "") + (" offload" if kw["offload"] else "")
                + (f" {kw['precision']}" if kw["precision"] == "fp8" else "")
-               + (f" schedule={kw['schedule']}" if kw["pp"] > 1 else ""))
+               + (f" schedule={kw['schedule']}" if kw["pp"] > 1 else "")
+               + (f" last-stage-layers={kw['pp_last_layers']}" if kw.get("pp_last_layers") is not None else ""))
     click.echo(f"step time      {res['step_time_s']:.3f} s  (compute {b['compute_s']:.3f}, bubble {b['bubble_s']:.3f}, "
                f"exposed comm {b['exposed_comm_s']:.3f}"
                + (f", MoE host launches {b['moe_host_s']:.3f}" if b.get("moe_host_s") else "") + ")")

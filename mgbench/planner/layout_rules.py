@@ -67,12 +67,23 @@ def rules(shape: ModelShape | None, layout: Layout) -> dict[str, Any]:
             "heads": shape.heads % T == 0,
             "kv_heads": (shape.kv_heads % T == 0) | (T % shape.kv_heads == 0),
             "layers": np.where(P > 1, P * chunks, 1) <= shape.layers,
+            # A set last stage (Layout.pp_last_layers) needs a pipeline, and leaves the
+            # other stages at least one block each.
+            "last_stage": _last_stage_ok(L.pp_last_layers, P, shape.layers),
             # Megatron-Core's MoE parallel folding: the ep group is ep of the tp x dp x cp
             # ranks of a pipeline stage (attention's tp folds into it), as the MoE step and
             # memory terms price it (planner/moe.py).
             "experts": (E == 1) | (((T * D * C) % E == 0) & (shape.experts % E == 0)) if shape.is_moe else (E == 1),
         })
     return out
+
+
+def _last_stage_ok(last: Any, pp: Any, layers: int) -> Any:
+    """Where the last stage's blocks, if set, are 0 to layers - (pp - 1) on a pipeline."""
+    if last is None:
+        return np.ones(np.shape(pp), dtype=bool)
+    k = np.asarray(last, dtype=np.int64)
+    return (pp > 1) & (k >= 0) & (k <= layers - (pp - 1))
 
 
 def keeps_all(masks: dict[str, Any]) -> Any:
@@ -95,6 +106,9 @@ MESSAGES: dict[str, Callable[[Any, ModelShape], str]] = {
                             f"the {s.layers} layers"),
     "experts": lambda L, s: (f"--ep {L.ep} must divide the {s.experts} experts and the {L.tp * L.dp * L.cp} ranks "
                              "of a pipeline stage (tp x dp x cp: Megatron-Core's MoE parallel folding)"),
+    "last_stage": lambda L, s: (f"--pp-last-layers {L.pp_last_layers} needs a pipeline (--pp 2 or more)" if L.pp == 1
+                                else f"--pp-last-layers {L.pp_last_layers}: the last of {L.pp} stages may hold 0 to "
+                                     f"{s.layers - (L.pp - 1)} of the {s.layers} layers (one at least on each other stage)"),
     "cp_seq": lambda L, s: (f"--cp {L.cp}: the sequence ({L.seq_len}) must split into 2 x cp = {2 * L.cp} equal chunks "
                             "(causal load balancing); choose a --seq-len that is a multiple of it"),
     "offload": lambda L, s: "--offload is modelled for FSDP2's ZeRO-3 sharding: add --zero 3",

@@ -74,7 +74,8 @@ from ..strategies.schedules import bubble_unknown_reason
 from . import moe as moe_terms
 from . import perf
 from .hardware import GB, Hardware
-from .memory import VIRTUAL_SCHEDULES, act_bytes, attention_recomputed_share, recomputed_share, stage_param_split
+from .memory import (VIRTUAL_SCHEDULES, act_bytes, attention_recomputed_share, recomputed_share, stage_layers,
+                     stage_param_split)
 
 FP8_EFF_NOTE = ("FP8 linears at the bf16 matmul efficiency's fraction of the FP8 peak (an assumption: no FP8 "
                 "best-GEMM (MAMF) figure is recorded; casts and scaling are not priced)")
@@ -177,19 +178,22 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
               dp: Any, zero: Any, recompute: Any, precision: str = "bf16", schedule: str = "1f1b",
               virtual_stages: int = 1, overlap: float = perf.DEFAULT_OVERLAP, sp: Any = False, flash: Any = True,
               ep: Any = 1, cp: Any = 1, replicas: Any = 1, offload: bool = False,
-              host_ops: dict[str, float] | None = None, moe: moe_terms.MoeOptions | None = None) -> dict[str, Any]:
+              host_ops: dict[str, float] | None = None, moe: moe_terms.MoeOptions | None = None,
+              pp_last_layers: Any = None) -> dict[str, Any]:
     """Predicted step time and its parts for a layout with every axis (arrays
     broadcast); the step, its named terms in ``breakdown`` and ``notes``.
     ``hw`` is resolved at :func:`hardware_precision` (bf16 for fp8); ``moe``: how an MoE
-    model routes and moves its tokens (None: moe.MoeOptions's defaults)."""
+    model routes and moves its tokens (None: moe.MoeOptions's defaults);
+    ``pp_last_layers``: the last pipeline stage's blocks where the run sets them
+    (memory.stage_layers; None: Megatron-LM's even split)."""
     c = np.asarray(cp, dtype=float)
     d = np.asarray(dp, dtype=float)
-    dense_p, expert_p = stage_param_split(shape, tp, pp, ep)
+    dense_p, expert_p = stage_param_split(shape, tp, pp, ep, pp_last_layers)
     virtual = schedule in VIRTUAL_SCHEDULES
     v = virtual_stages if virtual else 1
     b = perf.compute_terms(shape, hw, seq=seq, global_batch=global_batch, micro_batch=np.asarray(micro_batch) / c,
                            tp=tp, pp=pp, dp=d * c, recompute=recompute, precision=hardware_precision(precision),
-                           sp=sp, flash=flash, host_ops=host_ops, ep=ep)
+                           sp=sp, flash=flash, host_ops=host_ops, ep=ep, pp_last_layers=pp_last_layers)
     m = b["num_micro_batches"]
     s = np.asarray(seq, dtype=float)
     rc = np.asarray(recompute)
@@ -202,7 +206,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         ratio = fp8_linear_ratio(hw)
         blocks = blocks - b["linear_s"] * (1.0 - ratio) / hw.stack_eff
         notes.append(FP8_MEASURED_NOTE.format(ratio=hw.fp8_gemm_ratio) if hw.fp8_gemm_ratio else FP8_EFF_NOTE)
-    lps = np.ceil(shape.layers / p)
+    lps, last_layers = stage_layers(shape.layers, p, pp_last_layers)
     opts = moe if moe is not None else moe_terms.MoeOptions()
     e = act_bytes(precision)
     tokens_rank = s * np.asarray(micro_batch, dtype=float) / (c * t)  # a rank's tokens (sequence parallel over tp)
@@ -225,7 +229,12 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
                                              recompute=rc) / hw.stack_eff
         blocks = blocks + imbalance_s + moe_recompute_s + permute_s + traffic_s
         notes.append(moe_terms.note(opts, schedule))
-    compute = blocks + b["head_s"]
+    # The output layer runs on the last stage. Evenly split, that stage has a first
+    # stage's blocks besides and sets the pace; where the run gives it fewer blocks
+    # (pp_last_layers), they make room for the output layer, which paces the pipeline only
+    # by what the room does not cover.
+    room = np.where(p > 1, (lps - last_layers) / lps, 0.0) * blocks
+    compute = blocks + np.maximum(b["head_s"] - room, 0.0)
     f = perf.bubble_fraction(p, m, schedule, v)
     if np.any(np.isnan(f)):
         bad = np.argwhere(np.isnan(np.broadcast_to(f, np.broadcast(p, m).shape)))[0]

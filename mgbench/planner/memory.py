@@ -112,22 +112,41 @@ def act_bytes(precision: str) -> float:
     return 4.0 if precision == "fp32" else 2.0
 
 
-def stage_params(shape: ModelShape, tp: Any, pp: Any) -> Any:
+def stage_layers(layers: int, pp: Any, last: Any = None) -> tuple[Any, Any]:
+    """(blocks of the busiest pipeline stage but the last, blocks of the last stage).
+
+    Megatron-LM's default split gives every stage ceil(L / p) blocks, the last one besides
+    the output layer (``last`` None: both ceil(L / p)). A run that sets the last stage's
+    blocks to ``last`` = k to make room for the output layer (and the MTP module) -
+    Megatron-LM's --decoder-last-pipeline-num-layers, a pipeline_model_parallel_layout
+    string, torchtitan's split by cost - spreads the other L - k over p - 1 stages,
+    ceil((L - k) / (p - 1)) each. Without a pipeline: (L, L)."""
+    p = np.asarray(pp, dtype=float)
+    even = np.ceil(layers / p)
+    if last is None:
+        return even, even
+    k = np.asarray(last, dtype=float)
+    others = np.where(p > 1, np.ceil((layers - k) / np.maximum(p - 1.0, 1.0)), float(layers))
+    return others, np.where(p > 1, k, float(layers))
+
+
+def stage_params(shape: ModelShape, tp: Any, pp: Any, pp_last_layers: Any = None) -> Any:
     """Parameters held by one GPU of the heaviest pipeline stage, before ZeRO sharding.
 
-    Blocks are split evenly over pp stages (ceil for the heaviest), every matrix over tp.
+    Blocks are split evenly over pp stages (ceil for the heaviest; with ``pp_last_layers``
+    the first stage's share of the rest: :func:`stage_layers`), every matrix over tp.
     With pp = 1 one GPU holds the embedding and the output projection (once if tied);
     with pp > 1 the first stage holds the embedding and the last the projection, so the
     heaviest holds one of them.
     """
     tp, pp = np.asarray(tp), np.asarray(pp)
     emb = shape.padded_vocab * shape.hidden
-    layers_per_stage = np.ceil(shape.layers / pp)
+    layers_per_stage = stage_layers(shape.layers, pp, pp_last_layers)[0]
     ends = np.where(pp == 1, emb * (1 if shape.tie_embeddings else 2), emb)
     return (layers_per_stage * shape.params_per_layer() + ends) / tp + shape.hidden
 
 
-def stage_param_split(shape: ModelShape, tp: Any, pp: Any, ep: Any = 1) -> tuple[Any, Any]:
+def stage_param_split(shape: ModelShape, tp: Any, pp: Any, ep: Any = 1, pp_last_layers: Any = None) -> tuple[Any, Any]:
     """(dense, expert) parameters one GPU of the heaviest pipeline stage holds, before
     ZeRO sharding; their sum is :func:`stage_params` when ep = 1 and the stage's layers
     are all MoE layers.
@@ -139,10 +158,10 @@ def stage_param_split(shape: ModelShape, tp: Any, pp: Any, ep: Any = 1) -> tuple
     shared experts, dense MLPs, embedding, head) follows :func:`stage_params`. A dense
     model: (stage_params, 0)."""
     if not shape.is_moe:
-        dense = stage_params(shape, tp, pp)
+        dense = stage_params(shape, tp, pp, pp_last_layers)
         return dense, 0.0 * dense
     tp, pp = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
-    lps = np.ceil(shape.layers / pp)
+    lps = stage_layers(shape.layers, pp, pp_last_layers)[0]
     per_layer_experts = shape.experts * shape.expert_params()
     emb = shape.padded_vocab * shape.hidden
     ends = np.where(pp == 1, emb * (1 if shape.tie_embeddings else 2), emb)
@@ -507,7 +526,8 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
                    largest_layer_params: Any = None, ep: Any = 1, cp: Any = 1, replicas: Any = 1,
                    offload: bool = False, state_bytes: tuple[float, float, float] | None = None,
                    loss: str = "chunked", loss_vocab_parallel: bool = False, te_saved_inputs: bool = False,
-                   margin: float = ALLOWANCE_FRACTION, fixed: bool = True, moe: Any = None) -> dict[str, Any]:
+                   margin: float = ALLOWANCE_FRACTION, fixed: bool = True, moe: Any = None,
+                   pp_last_layers: Any = None) -> dict[str, Any]:
     """Everything one GPU holds at its peak under the planner's production assumptions,
     in bytes; the components add up to ``total_bytes``.
 
@@ -549,6 +569,9 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
       workspace, allowance), ``total_bytes`` what must fit in device memory;
     - ``margin``: the allowance's fraction (ALLOWANCE_FRACTION unless the user runs closer
       to, or further from, the edge: --memory-margin);
+    - ``pp_last_layers``: the last pipeline stage's blocks where the run sets them
+      (:func:`stage_layers`): the first stage, whose weights and in-flight activations
+      are counted, holds its share of the rest;
     - the stack (planner/stack.py memory_of): ``state_bytes`` (weights, gradients,
       optimizer states per parameter; default STATE_BYTES[precision]) and ``loss``, how
       the loss holds the logits (:data:`LOSS_MODES`; ``loss_vocab_parallel``: split over
@@ -577,7 +600,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
                 "reserved_bytes": subtotal, "total_bytes": subtotal,
                 "host_bytes": host, "gathered_params_known": largest_layer_params is not None}
     p_arr = np.asarray(pp)
-    dense_p, expert_p = stage_param_split(shape, tp, pp, ep)
+    dense_p, expert_p = stage_param_split(shape, tp, pp, ep, pp_last_layers)
     sb = None if precision == "fp32" else state_bytes  # fp32 training keeps fp32 everything
     # Routed experts' ZeRO group: their expert data-parallel ranks, t x dp x cp / ep
     # (MoE parallel folding, planner/moe.py: ep consecutive ranks of the t x dp x cp).
@@ -594,7 +617,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
               "model_states_bytes": states["params_bytes"] + grads + states["optimizer_bytes"]}
     tokens = np.asarray(seq, dtype=float) * np.asarray(micro_batch, dtype=float) / c
     rc = np.asarray(recompute)
-    lps = np.ceil(shape.layers / np.asarray(pp, dtype=float))
+    lps = stage_layers(shape.layers, pp, pp_last_layers)[0]
     ck = recomputed_blocks(lps, rc)
     from .moe import MoeOptions
 

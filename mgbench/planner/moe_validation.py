@@ -27,6 +27,7 @@ from ..errors import MgbenchError
 from ..layout import Layout
 from ..model_shape import ModelShape
 from . import moe
+from .memory import stage_layers
 
 # The acceptance (26): mean |error| under 15% and none over 30%, on the fit and the
 # held-out rows alike.
@@ -154,7 +155,7 @@ def host_terms(row: dict[str, Any]) -> tuple[float, float, float]:
     opts = dataclasses.replace(moe.options_of(row), cuda_graphs=True)
     res = predict_row(row, opts)
     b = res["breakdown"]
-    lps = -(-shape_of(row).layers // row.get("pp", 1))
+    lps = float(stage_layers(shape_of(row).layers, row.get("pp", 1), row.get("pp_last_layers"))[0])
     n, n_local = moe.host_launches(shape_of(row), ep=row["ep"], moe_layers=min(lps, shape_of(row).moe_layers),
                                    num_micro=res["num_micro_batches"])
     stretch = 0.0 if graphed else 1e-3 / (1.0 - float(b["bubble_fraction"]))

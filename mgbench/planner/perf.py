@@ -69,6 +69,7 @@ from ..strategies.schedules import grad_sync, theoretical_bubble
 from .hardware import Hardware
 from .memory import (act_bytes, attention_recomputed_share, elementwise_recomputed, matmul_recomputed_share,
                      moe_mlp_extra, pipeline_fsdp_unsharded_from_forward, recomputed_share)
+from .memory import stage_layers as memory_stage_layers
 
 DEFAULT_OVERLAP = 1.0
 
@@ -336,7 +337,8 @@ def moe_traffic_seconds(shape: ModelShape, hw: Hardware, *, tokens: Any, tp: Any
 
 def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, micro_batch: Any,
                   tp: Any, pp: Any, dp: Any, recompute: Any, precision: str = "bf16", sp: Any = False,
-                  flash: Any = True, host_ops: dict[str, float] | None = None, ep: Any = 1) -> dict[str, Any]:
+                  flash: Any = True, host_ops: dict[str, float] | None = None, ep: Any = 1,
+                  pp_last_layers: Any = None) -> dict[str, Any]:
     """The compute of the busiest GPU's step and its tensor- and pipeline-parallel
     communication, in seconds (arrays broadcast): the terms of the step model that
     depend on neither the schedule's bubble nor data-parallel traffic, which
@@ -347,6 +349,8 @@ def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: An
     non-matmul work op by op instead of by elementwise passes (see :func:`host_terms`).
     ``ep``: the expert-parallel degree, which sets how many rows each routed expert's GEMM
     has (:func:`shaped_gemms`).
+    ``pp_last_layers``: the last pipeline stage's blocks where the run sets them
+    (memory.stage_layers); the blocks priced are then the first stage's share of the rest.
 
     Terms (seconds of the busiest GPU's step; ``*_s`` before the stack's efficiency except
     ``blocks_s`` and ``head_s``): ``matmul_s`` every GEMM, ``linear_s`` the blocks' GEMMs
@@ -366,9 +370,11 @@ def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: An
     tokens = B * s
     rate = hw.peak_tflops * 1e12 * hw.compute_eff
     head_tok = head_flops_per_token(shape)
-    stage_layers = np.ceil(shape.layers / p)
-    # The busiest GPU: ceil(L / p) blocks of its pipeline's 1 / (t d) share of the tokens,
-    # and (on the last stage; every GPU when p = 1) the output layer.
+    stage_layers = memory_stage_layers(shape.layers, p, pp_last_layers)[0]
+    # The busiest GPU: ceil(L / p) blocks of its pipeline's 1 / (t d) share of the tokens
+    # (or the share of a first stage where the run sets the last one's: memory.stage_layers),
+    # and (on the last stage; every GPU when p = 1) the output layer: layout_time.step_time
+    # puts the two on the critical path.
     blocks_mm = (hardware_flops_per_token(shape, s, rc) - head_tok) * tokens * stage_layers / shape.layers / (t * d) / rate
     head_mm = head_tok * tokens / (t * d) / rate
     act_per_token = korthikanti_bytes_per_layer(shape, s, 1, t, sp, flash, precision) / s

@@ -76,6 +76,10 @@ def test_plan_cost_options_change_the_answer(cli):
          "give --virtual-stages 2 or more"),
         (["plan", "--model", "llama3-8b", "--tokens", "1e12", "--schedule", "1f1b", "--virtual-stages", "4"],
          "--schedule 1f1b holds a fixed number of chunks"),
+        (["predict", "--model", "llama3-8b", "--system", "dgx-h100", "--num-gpus", "8", "--pp-last-layers", "1"],
+         "--pp-last-layers 1 needs a pipeline"),
+        (["memory", "--model", "llama3-8b", "--num-gpus", "8", "--pp", "4", "--pp-last-layers", "40"],
+         "the last of 4 stages may hold 0 to 29 of the 32 layers"),
     ],
 )
 def test_planner_bad_input(cli, args, expected):

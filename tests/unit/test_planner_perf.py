@@ -71,6 +71,37 @@ def test_output_layer_sits_on_the_last_pipeline_stage_by_hand():
     assert float(one["compute_s"]) == pytest.approx(blocks * 8 + head) and float(one["bubble_s"]) == 0.0
 
 
+def test_a_lighter_last_stage_makes_room_for_the_output_layer_by_hand():
+    # The same llama3-8b pipeline (32 blocks, pp 8, 8 micro-batches) with its last stage set
+    # to 1 block (Megatron-LM --decoder-last-pipeline-num-layers 1): the other 7 share 31,
+    # ceil(31 / 7) = 5 a stage; the last runs 1 block and the output layer (~2 blocks' work).
+    shape = catalog.model_shape("llama3-8b")
+    hw = dataclasses.replace(hardware.resolve(system="dgx-h100"), elementwise_passes=0.0, gemm_shapes=False)
+    kw = dict(seq=4096, global_batch=8, micro_batch=1, tp=1, dp=1, zero=0, recompute=0, flash=False, pp=8)
+    rate = hw.peak_tflops * 1e12 * hw.compute_eff
+    tokens = 8 * 4096
+    head = 6 * 4096 * 128256 * tokens / rate
+    block = (shape.flops_per_token(4096) - 6 * 4096 * 128256) * tokens / 32 / rate  # one block, the step's tokens
+    assert head < 4 * block  # the output layer fits in the 4 blocks' room
+    out = layout_time.step_time(shape, hw, pp_last_layers=1, **kw)["breakdown"]
+    assert float(out["compute_s"]) == pytest.approx(5 * block)  # a 5-block stage sets the pace
+    assert float(out["bubble_s"]) == pytest.approx(7 * 5 * block / 8)
+    # Too little room: with 4 blocks left on the last stage (ceil(28 / 7) = 4 elsewhere) the
+    # output layer is paid in full, as in the even split.
+    full = layout_time.step_time(shape, hw, pp_last_layers=4, **kw)["breakdown"]
+    assert float(full["compute_s"]) == pytest.approx(4 * block + head)
+    # Between: 3 blocks, ceil(29 / 7) = 5 elsewhere, the room is 2 blocks.
+    mid = layout_time.step_time(shape, hw, pp_last_layers=3, **kw)["breakdown"]
+    assert float(mid["compute_s"]) == pytest.approx(5 * block + max(head - 2 * block, 0.0))
+    # The first stage, which memory counts, holds the 5 blocks.
+    from mgbench.planner import memory as M
+    assert float(M.stage_layers(32, 8, 1)[0]) == 5 and float(M.stage_layers(32, 8)[0]) == 4
+    assert float(M.stage_layers(32, 1, None)[0]) == 32
+    lighter = M.memory_per_gpu(shape, num_micro=8, seq=4096, pp=8, pp_last_layers=1)
+    even = M.memory_per_gpu(shape, num_micro=8, seq=4096, pp=8)
+    assert lighter["activations_bytes"] == pytest.approx(even["activations_bytes"] * 5 / 4, rel=0.05)
+
+
 def test_stack_efficiency_divides_compute_time():
     from mgbench.planner import stack
 
