@@ -82,8 +82,8 @@ def _last_stage_ok(last: Any, pp: Any, layers: int) -> Any:
     """Where the last stage's blocks, if set, are 0 to layers - (pp - 1) on a pipeline."""
     if last is None:
         return np.ones(np.shape(pp), dtype=bool)
-    k = np.asarray(last, dtype=np.int64)
-    return (pp > 1) & (k >= 0) & (k <= layers - (pp - 1))
+    k = np.asarray(last, dtype=float)
+    return np.isnan(k) | ((pp > 1) & (k >= 0) & (k <= layers - (pp - 1)))
 
 
 def keeps_all(masks: dict[str, Any]) -> Any:

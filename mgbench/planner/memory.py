@@ -120,14 +120,17 @@ def stage_layers(layers: int, pp: Any, last: Any = None) -> tuple[Any, Any]:
     blocks to ``last`` = k to make room for the output layer (and the MTP module) -
     Megatron-LM's --decoder-last-pipeline-num-layers, a pipeline_model_parallel_layout
     string, torchtitan's split by cost - spreads the other L - k over p - 1 stages,
-    ceil((L - k) / (p - 1)) each. Without a pipeline: (L, L)."""
+    ceil((L - k) / (p - 1)) each. Without a pipeline: (L, L); a NaN ``last`` (rows of a
+    search whose last stage is not set) is the even split."""
     p = np.asarray(pp, dtype=float)
     even = np.ceil(layers / p)
     if last is None:
         return even, even
     k = np.asarray(last, dtype=float)
-    others = np.where(p > 1, np.ceil((layers - k) / np.maximum(p - 1.0, 1.0)), float(layers))
-    return others, np.where(p > 1, k, float(layers))
+    unset = np.isnan(k) | (p <= 1)  # NaN: a row of many whose last stage is not set
+    k = np.where(unset, 0.0, k)
+    others = np.ceil((layers - k) / np.maximum(p - 1.0, 1.0))
+    return np.where(unset, even, others), np.where(unset, even, k)
 
 
 def stage_params(shape: ModelShape, tp: Any, pp: Any, pp_last_layers: Any = None) -> Any:

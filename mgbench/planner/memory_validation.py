@@ -38,7 +38,8 @@ def layout_of_row(run: dict[str, Any]) -> Layout:
                   zero=run["zero"], micro_batch=run["micro_batch"], seq_len=run["seq_len"],
                   global_batch=run["micro_batch"] * dp * run.get("num_micro", 1), precision=run["precision"],
                   recompute=run["recompute"], sequence_parallel=run["sequence_parallel"],
-                  schedule=run.get("schedule", "1f1b"), virtual_stages=run.get("virtual_stages", 1))
+                  schedule=run.get("schedule", "1f1b"), virtual_stages=run.get("virtual_stages", 1),
+                  pp_last_layers=run.get("pp_last_layers"))
 
 
 def moe_options_of(run: dict[str, Any]) -> Any:

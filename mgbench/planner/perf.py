@@ -166,6 +166,33 @@ def head_flops_per_token(shape: ModelShape) -> float:
     return 6.0 * shape.hidden * shape.padded_vocab * (1 + shape.mtp_layers)
 
 
+def balanced_last_layers(shape: ModelShape, seq: int, pp: Any) -> Any:
+    """Blocks a balanced split gives the last pipeline stage, which also runs the output
+    layer (NaN without a pipeline): the fewest blocks n on every other stage such that the
+    last, with the rest (k = L - (p - 1) n, at least 0) and the output layer, is no slower
+    than n blocks, or the n that minimises the slower of the two. The output layer counts
+    as its FLOPs in blocks (h V over a block's mean FLOPs a token, at ``seq``), as
+    practitioners size these layouts (Megatron-LM's account_for_loss_in_pipeline_split
+    counts it as one block; DeepSeek-V3's recipes give the last stage 3 blocks fewer)."""
+    L = shape.layers
+    head = head_flops_per_token(shape)
+    h = float(head / ((hardware_flops_per_token(shape, seq, 0) - head) / L))
+    p = np.asarray(pp, dtype=float)
+    first = np.ceil(L / p)
+    best_t = np.full(p.shape, np.inf)
+    best_k = np.full(p.shape, np.nan)
+    for j in range(L + 1):
+        n = first + j
+        k = L - (p - 1.0) * n
+        t = np.maximum(n, np.maximum(k, 0.0) + h)
+        better = (p > 1) & (k >= 0) & (t < best_t)
+        best_t = np.where(better, t, best_t)
+        best_k = np.where(better, k, best_k)
+        if not np.any((p > 1) & (k > 0)):
+            break
+    return best_k
+
+
 def hardware_flops_per_token(shape: ModelShape, seq: Any, recompute: Any) -> Any:
     """Model FLOPs plus recomputation (layout.RECOMPUTE's modes): full recompute repeats
     every block's forward (2 FLOPs a block weight + the attention forward, a third of

@@ -83,6 +83,12 @@ class PlanOptions:
                                             "zbv, dualpipev).",
                                     "choices": (SEARCHED, *SCHEDULES)})
     virtual_stages: int = field(default=1, metadata={"help": VIRTUAL_STAGES_HELP + " With a named --schedule."})
+    pp_split: str = field(default=SEARCHED, metadata={
+        "help": "How pipelined candidates split their blocks: 'even' gives every stage ceil(layers / pp), "
+                "Megatron-LM's default; 'balanced' lightens the last stage to make room for the output layer, as "
+                "Megatron-LM's --decoder-last-pipeline-num-layers and its recipes' layouts do (the plan shows "
+                "'last=K', the blocks to give it); 'searched' (default) prices both and keeps each layout's better.",
+        "choices": (SEARCHED, "balanced", "even")})
     offload: bool = field(default=False, metadata={
         "help": "FSDP2 CPU offload with ZeRO-3: weights, gradients and optimizer states in host memory, copied over "
                 "the host link (plan: considered beside no offload for ZeRO-3 layouts)."})
@@ -227,7 +233,8 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
     cps, eps, offs = extra_axes(shape, opts)
     # Every candidate once, and the pipelined ones again under each further schedule.
     variants = schedule_variants(opts)
-    evaluated = (N.size + (len(variants) - 1) * int((P > 1).sum())) * len(cps) * len(eps) * len(offs)
+    n_splits = 2 if opts.pp_split == SEARCHED else 1  # _splits: the pipelined rows once a split
+    evaluated = (N.size + (len(variants) * n_splits - 1) * int((P > 1).sum())) * len(cps) * len(eps) * len(offs)
     heads_ok = (shape.heads % T == 0) & ((shape.kv_heads % T == 0) | (T % shape.kv_heads == 0))
     ok = heads_ok & (N % (T * P) == 0)
     # ZeRO stages only differ with data parallelism (dp x cp > 1): keep stage 0 alone without it.
@@ -258,16 +265,18 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
         Nj, Tj, Pj, Zj, MBj, RCj = (a[idx] for a in (N, T, P, Z, MB, RC))
         D = Nj // (Tj * Pj * CP)
         rows = dict(zip(names, (Nj, Tj, Pj, Zj, MBj, RCj, D, CP, EP, B // (MBj * D))))
-        for off in np.unique(OFF):  # offload and the schedule are one value per call of the models
-            got_j = _evaluate_rows(shape, hw, opts, overlap, B, {k: a[OFF == off] for k, a in rows.items()},
-                                   bool(off), variant)
-            parts.append(got_j | {"schedule_index": np.full(got_j["tp"].shape, j)})
+        for split_rows in _splits(shape, opts, rows):
+            for off in np.unique(OFF[split_rows["_index"]]):  # offload and the schedule: one value a call
+                at = OFF[split_rows["_index"]] == off
+                got_j = _evaluate_rows(shape, hw, opts, overlap, B,
+                                       {k: a[at] for k, a in split_rows.items() if k != "_index"}, bool(off), variant)
+                parts.append(got_j | {"schedule_index": np.full(got_j["tp"].shape, j)})
     if parts:
         got = {k: np.concatenate([x[k] for x in parts]) for k in parts[0]}
     else:
         got = {k: np.zeros(0, dtype=np.int64) for k in (*names, "schedule_index")} | {
             k: np.zeros(0) for k in ("offload", "memory_per_gpu_bytes", "host_memory_per_gpu_bytes",
-                                     "tokens_per_s", "mfu")}
+                                     "tokens_per_s", "mfu", "pp_last_layers")}
     N, T, P, Z, MB, RC, D, CP, EP, M = (got[k] for k in names)
     OFF, mem_total, host, tps, mfu = (got[k] for k in ("offload", "memory_per_gpu_bytes", "host_memory_per_gpu_bytes",
                                                        "tokens_per_s", "mfu"))
@@ -289,7 +298,7 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
         "energy_kwh": cost.energy_kwh(N, hw.tdp_w, hours, opts.power_fraction, opts.pue),
         "memory_per_gpu_bytes": mem_total, "host_memory_per_gpu_bytes": host,
         "tokens_per_s_point": tps_point, "mfu_point": mfu_point, "ranking_factor": factor,
-        "schedule_index": got["schedule_index"],
+        "schedule_index": got["schedule_index"], "pp_last_layers": got["pp_last_layers"],
     }
     cols["_meta"] = {"system": system, "gpu": hw.gpu, "price_usd_per_gpu_hour": price, "price_source": price_source,
                      "schedules": variants,
@@ -322,7 +331,7 @@ def layout_of_row(r: dict[str, Any], opts: PlanOptions) -> Layout:
     return candidates(opts, r["micro_batch"] * r["dp"] * r["num_micro_batches"],
                       schedule=(r["schedule"] or "1f1b", r["virtual_stages"] or 1),
                       **{k: r[k] for k in ("num_gpus", "tp", "pp", "cp", "ep", "zero", "micro_batch", "recompute",
-                                           "offload")})
+                                           "offload")}, pp_last_layers=r.get("pp_last_layers"))
 
 
 def evidence_of(reg: dict[str, Any]) -> str:
@@ -354,11 +363,30 @@ def ranking_factor(hw: hardware.Hardware, opts: PlanOptions, pipelined: np.ndarr
     return out, evidence
 
 
+def _splits(shape: ModelShape, opts: PlanOptions, rows: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """The candidate ``rows`` under each block split the plan prices (--pp-split): even
+    (pp_last_layers NaN: Megatron-LM's default), balanced (the pipelined rows whose last
+    stage a balanced split lightens: perf.balanced_last_layers), or both ("searched",
+    plan's default: ranking then keeps each layout's better). ``_index`` gives each
+    returned row's place in ``rows``."""
+    n = rows["pp"].shape[0]
+    out = []
+    if opts.pp_split in ("even", "searched"):
+        out.append({**rows, "pp_last_layers": np.full(n, np.nan), "_index": np.arange(n)})
+    if opts.pp_split in ("balanced", "searched"):
+        last = perf.balanced_last_layers(shape, opts.seq_len, rows["pp"])
+        keep = ~np.isnan(last) if opts.pp_split == "searched" else np.ones(n, dtype=bool)
+        out.append({**{k: a[keep] for k, a in rows.items()}, "pp_last_layers": last[keep],
+                    "_index": np.flatnonzero(keep)})
+    return out
+
+
 def _evaluate_rows(shape: ModelShape, hw: hardware.Hardware, opts: PlanOptions, overlap: float, B: int,
                    rows: dict[str, np.ndarray], offload: bool, schedule: tuple[str, int]) -> dict[str, np.ndarray]:
     """Memory of the candidate ``rows`` under ``schedule``; the ones that fit, with their throughput."""
     cand = candidates(opts, B, schedule=schedule, offload=offload,
-                      **{k: rows[k] for k in ("num_gpus", "tp", "pp", "cp", "ep", "zero", "micro_batch", "recompute")})
+                      **{k: rows[k] for k in ("num_gpus", "tp", "pp", "cp", "ep", "zero", "micro_batch", "recompute",
+                                              "pp_last_layers")})
     mem = memory_per_gpu(shape, num_micro=cand.num_micro, **cand.model_kwargs(), **stack.memory_of(opts.stack),
                          margin=opts.memory_margin, fixed=hw.ew_bw is None,  # a probed CPU holds no CUDA context
                          moe=opts.moe)
@@ -386,11 +414,13 @@ def check_schedule(opts: PlanOptions) -> None:
 
 
 def schedule_label(r: dict[str, Any]) -> str:
-    """A ranked row's pipeline schedule in words, ``interleaved v=4``, ``1f1b``; "" for a
-    row without a pipeline (its schedule is None: _row) or from before plan searched them."""
+    """A ranked row's pipeline schedule in words, ``interleaved v=4``, ``1f1b``, with the
+    last stage's blocks where the split sets them (``1f1b last=1``); "" for a row without
+    a pipeline (its schedule is None: _row) or from before plan searched them."""
     if not r.get("schedule"):
         return ""
-    return r["schedule"] + (f" v={r['virtual_stages']}" if r["schedule"] in VIRTUAL else "")
+    last = f" last={r['pp_last_layers']:g}" if r.get("pp_last_layers") is not None else ""
+    return r["schedule"] + (f" v={r['virtual_stages']}" if r["schedule"] in VIRTUAL else "") + last
 
 
 def _row(cols: dict[str, Any], i: int) -> dict[str, Any]:
@@ -405,6 +435,8 @@ def _row(cols: dict[str, Any], i: int) -> dict[str, Any]:
     r["schedule"], r["virtual_stages"] = meta["schedules"][int(r.pop("schedule_index"))]
     if r["pp"] == 1:  # no pipeline: no schedule
         r["schedule"] = r["virtual_stages"] = None
+    if r.get("pp_last_layers") is not None:
+        r["pp_last_layers"] = int(r["pp_last_layers"])
     nodes = -(-r["num_gpus"] // meta["gpus_per_node"])
     r["node_power_kw"] = meta["max_power_kw"]
     r["cluster_power_kw"] = meta["max_power_kw"] * nodes if meta["max_power_kw"] else None

@@ -106,7 +106,7 @@ def predict_run(run: dict[str, Any], matmul_eff: float | None = None,
         tp=run["tp"], pp=run["pp"], dp=dp, zero=run.get("zero", 0),
         recompute=RECOMPUTE.index(run["recompute"]), schedule=run.get("schedule", "1f1b"),
         virtual_stages=run.get("virtual_stages", 1), flash=run.get("flash", True), ep=run.get("ep", 1), cp=cp,
-        precision=run.get("precision", "bf16"),
+        precision=run.get("precision", "bf16"), pp_last_layers=run.get("pp_last_layers"),
     )
     key, field, unit = METRICS[run["metric"]]
     predicted = float(out[key])

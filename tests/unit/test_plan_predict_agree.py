@@ -41,7 +41,8 @@ def test_every_ranked_layout_is_predicted_the_same_by_predict(model, kw):
                      micro_batch=r["micro_batch"], seq_len=opts.seq_len,
                      global_batch=r["micro_batch"] * r["dp"] * r["num_micro_batches"], precision=opts.precision,
                      recompute=r["recompute"], sequence_parallel=r["tp"] > 1, schedule=r["schedule"] or "1f1b",
-                     virtual_stages=r["virtual_stages"] or 1, offload=r["offload"])
+                     virtual_stages=r["virtual_stages"] or 1, offload=r["offload"],
+                     pp_last_layers=r["pp_last_layers"])
         hw = resolve(precision=opts.precision, system=r["system"],
                      stack=None if opts.stack == "megatron-lm" else opts.stack)
         p = predict(shape, hw, lay, overlap=opts.overlap, moe=opts.moe)
@@ -52,17 +53,37 @@ def test_every_ranked_layout_is_predicted_the_same_by_predict(model, kw):
         assert p["fits"]
 
 
-def test_plan_searches_interleaved_schedules_and_only_gains_by_it():
-    # --schedule searched (the default) prices each pipelined layout under 1F1B and under
-    # interleaved 1F1B with 2 and 4 virtual stages: at every GPU count its best is at least
-    # the 1F1B-only plan's, and somewhere an interleaved schedule wins (its bubble is smaller).
+def _searched_against_fixed(searched_kw: dict, fixed_kw: dict) -> tuple[dict, dict, dict]:
+    """Two llama3-70b plans on up to 256 H100s, one searching a choice and one with it
+    fixed; asserts the searched one's best at every GPU count is at least the fixed one's.
+    Returns both plans and the fixed one's best tokens/s by GPU count."""
     shape = catalog.model_shape("llama3-70b")
     kw = dict(tokens=1e12, systems=["dgx-h100"], max_gpus=256, top=100)
-    searched = plan(shape, PlanOptions(**kw), Prices(None, []))
-    fixed = plan(shape, PlanOptions(schedule="1f1b", **kw), Prices(None, []))
+    searched = plan(shape, PlanOptions(**kw, **searched_kw), Prices(None, []))
+    fixed = plan(shape, PlanOptions(**kw, **fixed_kw), Prices(None, []))
     best = {r["num_gpus"]: r["tokens_per_s"] for r in fixed["ranked"]}
     for r in searched["ranked"]:
         if r["num_gpus"] in best:
             assert r["tokens_per_s"] >= best[r["num_gpus"]] * (1 - 1e-12), r
+    return searched, fixed, best
+
+
+def test_plan_searches_interleaved_schedules_and_only_gains_by_it():
+    # --schedule searched (the default) prices each pipelined layout under 1F1B and under
+    # interleaved 1F1B with 2 and 4 virtual stages: at every GPU count its best is at least
+    # the 1F1B-only plan's, and somewhere an interleaved schedule wins (its bubble is smaller).
+    searched, fixed, _ = _searched_against_fixed({}, {"schedule": "1f1b"})
     assert all(r["schedule"] == "1f1b" for r in fixed["ranked"] if r["pp"] > 1)
     assert any(r["schedule"] == "interleaved" and r["virtual_stages"] in (2, 4) for r in searched["ranked"])
+
+
+def test_plan_lightens_the_last_stage_and_only_gains_by_it():
+    # --pp-split searched (the default) prices each pipelined layout evenly split and with a
+    # last stage lightened to make room for the output layer (perf.balanced_last_layers):
+    # at every GPU count its best is at least the even plan's, somewhere the lighter last
+    # stage wins, and the rows say its blocks (an even plan's rows none).
+    balanced, even, best = _searched_against_fixed({"schedule": "1f1b"}, {"schedule": "1f1b", "pp_split": "even"})
+    lighter = [r for r in balanced["ranked"] if r["pp_last_layers"] is not None]
+    assert lighter and all(r["pp"] > 1 and r["pp_last_layers"] < -(-80 // r["pp"]) for r in lighter)
+    assert any(r["tokens_per_s"] > best.get(r["num_gpus"], 0) * 1.001 for r in lighter)
+    assert all(r["pp_last_layers"] is None for r in even["ranked"])

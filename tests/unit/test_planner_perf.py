@@ -102,6 +102,26 @@ def test_a_lighter_last_stage_makes_room_for_the_output_layer_by_hand():
     assert lighter["activations_bytes"] == pytest.approx(even["activations_bytes"] * 5 / 4, rel=0.05)
 
 
+def test_the_balanced_split_chooses_what_the_recipes_chose():
+    # perf.balanced_last_layers against the layouts NVIDIA's recipes set by hand (data rows'
+    # pp_last_layers_source): DeepSeek-V3 (61 blocks + MTP, a 129K vocabulary) gets 1, 5
+    # and 13 blocks on the last of 16, 8 and 4 stages, as Megatron-Bridge's layout map and
+    # MLPerf's 'Et*4|(t*4|)*14tmL' give it; Qwen3-235B-A22B (94) 10 of pp 8 where the
+    # recipes' account_for_embedding/loss give 11; Llama 3.1 405B (126) 14 of pp 8 and 6
+    # of pp 16 where they give 15 and 7 (the recipes count the output layer as one block,
+    # the chooser as its FLOPs, a little more).
+    import numpy as np
+
+    def last(model, seq, pp):
+        return list(perf.balanced_last_layers(catalog.model_shape(model), seq, np.array(pp)))
+
+    assert last("deepseek-v3", 4096, [16, 8, 4]) == [1, 5, 13]
+    assert last("qwen3-235b-a22b", 4096, [8]) == [10]
+    assert last("llama3-405b", 8192, [8, 16]) == [14, 6]
+    # No pipeline, or too many stages to lighten one (36 blocks over 16): not set (NaN).
+    assert all(np.isnan(last("gpt-oss-120b", 4096, [1, 16])))
+
+
 def test_stack_efficiency_divides_compute_time():
     from mgbench.planner import stack
 
