@@ -120,14 +120,15 @@ def zero3_gathers(num_micro: Any, pp: Any = 1, schedule: str = "1f1b") -> Any:
 
 
 def collective_counts(layers: int, tp: Any, pp: Any, dp: Any, zero: Any, num_micro: Any, recompute: Any,
-                      schedule: str = "1f1b") -> dict[str, Any]:
+                      schedule: str = "1f1b", stage_layers: Any = None) -> dict[str, Any]:
     """Collectives a step issues in these terms, per group (0 where its degree is 1); the
     one statement of them, which :func:`compute_terms` and layout_time.step_time price
     and planner/against.py counts:
 
     tp  4 all-reduces per layer per micro-batch (2 forward, 2 backward), 2 more per
         recomputed block (memory.recomputed_blocks: all under full, every second under
-        every_2nd), over a stage's ceil(L / p) layers
+        every_2nd), over a stage's ceil(L / p) layers (``stage_layers`` where the run
+        sets its last stage's: memory.stage_layers)
     pp  one send forward and one backward per micro-batch and stage boundary, on the
         critical path (m + p - 1) times
     dp  one gradient all-reduce (ZeRO 0-2: ZeRO-2's reduce-scatter and all-gather move
@@ -135,7 +136,7 @@ def collective_counts(layers: int, tp: Any, pp: Any, dp: Any, zero: Any, num_mic
         one reduce-scatter"""
     t, p, d = (np.asarray(x, dtype=float) for x in (tp, pp, dp))
     m = np.asarray(num_micro, dtype=float)
-    stage = np.ceil(layers / p)
+    stage = np.ceil(layers / p) if stage_layers is None else np.asarray(stage_layers, dtype=float)
     per_layer = 4.0 + 2.0 * recomputed_share(stage, recompute)  # a recomputed block's forward all-reduces again
     return {"tp": np.where(t > 1, per_layer * stage * m, 0.0),
             "pp": np.where(p > 1, 2.0 * (m + p - 1.0), 0.0),
@@ -441,7 +442,7 @@ def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: An
     head = head_mm / hw.stack_eff
 
     act = s * b * shape.hidden * act_bytes(precision)
-    counts = collective_counts(shape.layers, t, p, d, 0, m, rc)
+    counts = collective_counts(shape.layers, t, p, d, 0, m, rc, stage_layers=stage_layers)
     tp_bw, tp_alpha = _group_link(t, hw)
     tp_comm = counts["tp"] * ring_time(act, t, tp_bw, tp_alpha, 2.0)
     # Pipeline neighbours are t * d ranks apart: same node only if that fits in one.
