@@ -68,7 +68,8 @@ class Prices:
         for name in ((system,) if cloud else (system, gpu)):
             entry = self.table[tier].get(name)
             if entry is not None:
-                flag = " (illustrative)" if entry.get("illustrative") else ""
+                flag = (" (illustrative)" if entry.get("illustrative") else "") + (
+                    " (second-hand: re-check the provider's price)" if entry.get("secondary") else "")
                 return float(entry["usd"]), f"{entry.get('source', '?')}{flag}"
         if cloud:
             return None, (f"no {tier.replace('_', '-')} price for {cloud} instance type {system} in data/prices.toml; "

@@ -15,7 +15,9 @@ import numpy as np
 
 from ..layout import Layout
 from ..model_shape import ModelShape
-from ..strategies.schedules import VIRTUAL, bubble_unknown_reason, chunks_per_rank, schedule_problem, theoretical_bubble
+from ..strategies.schedules import (BY_NAME, VIRTUAL, bubble_unknown_reason, chunks_per_rank, schedule_problem,
+                                   theoretical_bubble)
+from .memory import max_last_layers
 
 
 def schedule_runs(schedule: str, pp: Any, num_micro: Any, virtual_stages: int) -> Any:
@@ -67,9 +69,10 @@ def rules(shape: ModelShape | None, layout: Layout) -> dict[str, Any]:
             "heads": shape.heads % T == 0,
             "kv_heads": (shape.kv_heads % T == 0) | (T % shape.kv_heads == 0),
             "layers": np.where(P > 1, P * chunks, 1) <= shape.layers,
-            # A set last stage (Layout.pp_last_layers) needs a pipeline, and leaves the
-            # other stages at least one block each.
-            "last_stage": _last_stage_ok(L.pp_last_layers, P, shape.layers),
+            # A set last stage (Layout.pp_last_layers) needs a pipeline whose ranks hold
+            # their chunks in a loop (in a V the output layer shares rank 0 with the
+            # embedding), and is lighter than the other stages, not heavier.
+            "last_stage": _last_stage_ok(L.pp_last_layers, P, shape.layers, schedule),
             # Megatron-Core's MoE parallel folding: the ep group is ep of the tp x dp x cp
             # ranks of a pipeline stage (attention's tp folds into it), as the MoE step and
             # memory terms price it (planner/moe.py).
@@ -78,12 +81,14 @@ def rules(shape: ModelShape | None, layout: Layout) -> dict[str, Any]:
     return out
 
 
-def _last_stage_ok(last: Any, pp: Any, layers: int) -> Any:
-    """Where the last stage's blocks, if set, are 0 to layers - (pp - 1) on a pipeline."""
+def _last_stage_ok(last: Any, pp: Any, layers: int, schedule: str) -> Any:
+    """Where the last stage's blocks, if set, are 0 to memory.max_last_layers on a
+    pipeline of loop placement (NaN: not set)."""
     if last is None:
         return np.ones(np.shape(pp), dtype=bool)
     k = np.asarray(last, dtype=float)
-    return np.isnan(k) | ((pp > 1) & (k >= 0) & (k <= layers - (pp - 1)))
+    loop = BY_NAME[schedule].placement != "v"
+    return np.isnan(k) | ((pp > 1) & (k >= 0) & (k <= max_last_layers(layers, pp)) & loop)
 
 
 def keeps_all(masks: dict[str, Any]) -> Any:
@@ -107,8 +112,12 @@ MESSAGES: dict[str, Callable[[Any, ModelShape], str]] = {
     "experts": lambda L, s: (f"--ep {L.ep} must divide the {s.experts} experts and the {L.tp * L.dp * L.cp} ranks "
                              "of a pipeline stage (tp x dp x cp: Megatron-Core's MoE parallel folding)"),
     "last_stage": lambda L, s: (f"--pp-last-layers {L.pp_last_layers} needs a pipeline (--pp 2 or more)" if L.pp == 1
+                                else f"--pp-last-layers with --schedule {L.schedule}: its V puts the output layer on "
+                                     "rank 0 beside the embedding, which is not modelled; use a loop schedule"
+                                if BY_NAME[L.schedule].placement == "v"
                                 else f"--pp-last-layers {L.pp_last_layers}: the last of {L.pp} stages may hold 0 to "
-                                     f"{s.layers - (L.pp - 1)} of the {s.layers} layers (one at least on each other stage)"),
+                                     f"{int(max_last_layers(s.layers, L.pp))} of the {s.layers} layers (no more than "
+                                     "each other stage: it makes room for the output layer)"),
     "cp_seq": lambda L, s: (f"--cp {L.cp}: the sequence ({L.seq_len}) must split into 2 x cp = {2 * L.cp} equal chunks "
                             "(causal load balancing); choose a --seq-len that is a multiple of it"),
     "offload": lambda L, s: "--offload is modelled for FSDP2's ZeRO-3 sharding: add --zero 3",

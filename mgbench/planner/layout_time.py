@@ -207,6 +207,14 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         blocks = blocks - b["linear_s"] * (1.0 - ratio) / hw.stack_eff
         notes.append(FP8_MEASURED_NOTE.format(ratio=hw.fp8_gemm_ratio) if hw.fp8_gemm_ratio else FP8_EFF_NOTE)
     lps, last_layers = stage_layers(shape.layers, p, pp_last_layers)
+    # Megatron-Core builds the MTP modules on the last pipeline stage, beside the output
+    # layer (a pipeline layout's "tmL"): perf spreads their FLOPs over the blocks, so a
+    # pipelined stage holds L / (L + mtp) of its share and the last stage the mtp blocks
+    # besides, each priced as a mean block.
+    mtp_s = 0.0 * blocks
+    if shape.mtp_layers:
+        blocks = np.where(p > 1, blocks * shape.layers / (shape.layers + shape.mtp_layers), blocks)
+        mtp_s = np.where(p > 1, blocks * shape.mtp_layers / lps, 0.0)
     opts = moe if moe is not None else moe_terms.MoeOptions()
     e = act_bytes(precision)
     tokens_rank = s * np.asarray(micro_batch, dtype=float) / (c * t)  # a rank's tokens (sequence parallel over tp)
@@ -229,12 +237,12 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
                                              recompute=rc) / hw.stack_eff
         blocks = blocks + imbalance_s + moe_recompute_s + permute_s + traffic_s
         notes.append(moe_terms.note(opts, schedule))
-    # The output layer runs on the last stage. Evenly split, that stage has a first
-    # stage's blocks besides and sets the pace; where the run gives it fewer blocks
-    # (pp_last_layers), they make room for the output layer, which paces the pipeline only
-    # by what the room does not cover.
+    # The output layer (and the MTP modules) run on the last stage. Evenly split, that
+    # stage has a first stage's blocks besides and sets the pace; where the run gives it
+    # fewer blocks (pp_last_layers), they make room for the output layer, which paces the
+    # pipeline only by what the room does not cover.
     room = np.where(p > 1, (lps - last_layers) / lps, 0.0) * blocks
-    compute = blocks + np.maximum(b["head_s"] - room, 0.0)
+    compute = blocks + np.maximum(b["head_s"] + mtp_s - room, 0.0)
     f = perf.bubble_fraction(p, m, schedule, v)
     if np.any(np.isnan(f)):
         bad = np.argwhere(np.isnan(np.broadcast_to(f, np.broadcast(p, m).shape)))[0]

@@ -133,6 +133,15 @@ def stage_layers(layers: int, pp: Any, last: Any = None) -> tuple[Any, Any]:
     return np.where(unset, even, others), np.where(unset, even, k)
 
 
+def max_last_layers(layers: int, pp: Any) -> Any:
+    """The most blocks a last stage set lighter (:func:`stage_layers`) may hold: no more
+    than each other stage, k <= ceil((L - k) / (p - 1)), which is k < (L + p - 1) / p.
+    (A heavier last stage is not what the setting is for, and memory, which counts the
+    first stage, would miss it.)"""
+    p = np.asarray(pp, dtype=float)
+    return np.ceil((layers + p - 1.0) / p) - 1.0
+
+
 def stage_params(shape: ModelShape, tp: Any, pp: Any, pp_last_layers: Any = None) -> Any:
     """Parameters held by one GPU of the heaviest pipeline stage, before ZeRO sharding.
 

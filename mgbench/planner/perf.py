@@ -37,7 +37,11 @@ priced). In 1F1B the slowest stage sets the pace: with t_L one micro-batch of a 
 stage and t_H that of the output layer (its 6 h V FLOPs per token, never recomputed, all
 on the last stage), a step takes (m - 1)(t_L + t_H) + sum of every stage's t =
 m (t_L + t_H) + (p - 1) t_L. So ``compute`` is the last stage's busy time
-m (t_L + t_H) and the bubble (p - 1) t_L. With p = 1 this is the even split.
+m (t_L + t_H) and the bubble (p - 1) t_L. With p = 1 this is the even split. The MTP
+modules run on the last stage too, each as a mean block. A run that gives the last stage
+fewer blocks (Layout.pp_last_layers; plan's balanced split, :func:`balanced_last_layers`)
+leaves t_L the other stages' and lets the output layer pace the pipeline only by what the
+missing blocks do not cover (layout_time.step_time).
 tp_comm   all-reduces of s b h 16-bit activations over the tensor-parallel group, not
           overlapped (Megatron-LM, Narayanan et al. 2021, section 3.3)
 pp_comm   sends of one micro-batch's activations across each stage boundary, on the
@@ -174,10 +178,11 @@ def balanced_last_layers(shape: ModelShape, seq: int, pp: Any) -> Any:
     than n blocks, or the n that minimises the slower of the two. The output layer counts
     as its FLOPs in blocks (h V over a block's mean FLOPs a token, at ``seq``), as
     practitioners size these layouts (Megatron-LM's account_for_loss_in_pipeline_split
-    counts it as one block; DeepSeek-V3's recipes give the last stage 3 blocks fewer)."""
+    counts it as one block; DeepSeek-V3's recipes give the last stage 3 blocks fewer), and
+    the MTP modules, which run there too (layout_time.step_time), as a mean block each."""
     L = shape.layers
     head = head_flops_per_token(shape)
-    h = float(head / ((hardware_flops_per_token(shape, seq, 0) - head) / L))
+    h = float(head / ((hardware_flops_per_token(shape, seq, 0) - head) / (L + shape.mtp_layers))) + shape.mtp_layers
     p = np.asarray(pp, dtype=float)
     first = np.ceil(L / p)
     best_t = np.full(p.shape, np.inf)

@@ -21,7 +21,7 @@ from .. import catalog
 from ..errors import MgbenchError
 from ..layout import RECOMPUTE, Layout
 from ..model_shape import ModelShape
-from ..strategies.schedules import VIRTUAL
+from ..strategies.schedules import BY_NAME, VIRTUAL
 from . import cost, decision, hardware, layout_rules, layout_time, ownership, perf, stack
 from .moe import MoeOptions
 from .memory import ALLOWANCE_FRACTION, SCHEDULES, STATE_BYTES, check_margin, memory_per_gpu
@@ -265,7 +265,7 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
         Nj, Tj, Pj, Zj, MBj, RCj = (a[idx] for a in (N, T, P, Z, MB, RC))
         D = Nj // (Tj * Pj * CP)
         rows = dict(zip(names, (Nj, Tj, Pj, Zj, MBj, RCj, D, CP, EP, B // (MBj * D))))
-        for split_rows in _splits(shape, opts, rows):
+        for split_rows in _splits(shape, opts, rows, variant[0]):
             for off in np.unique(OFF[split_rows["_index"]]):  # offload and the schedule: one value a call
                 at = OFF[split_rows["_index"]] == off
                 got_j = _evaluate_rows(shape, hw, opts, overlap, B,
@@ -363,17 +363,20 @@ def ranking_factor(hw: hardware.Hardware, opts: PlanOptions, pipelined: np.ndarr
     return out, evidence
 
 
-def _splits(shape: ModelShape, opts: PlanOptions, rows: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+def _splits(shape: ModelShape, opts: PlanOptions, rows: dict[str, np.ndarray],
+            schedule: str) -> list[dict[str, np.ndarray]]:
     """The candidate ``rows`` under each block split the plan prices (--pp-split): even
     (pp_last_layers NaN: Megatron-LM's default), balanced (the pipelined rows whose last
     stage a balanced split lightens: perf.balanced_last_layers), or both ("searched",
-    plan's default: ranking then keeps each layout's better). ``_index`` gives each
+    plan's default: ranking then keeps each layout's better); a V-shaped ``schedule``
+    (its output layer beside the embedding on rank 0) only even. ``_index`` gives each
     returned row's place in ``rows``."""
     n = rows["pp"].shape[0]
     out = []
-    if opts.pp_split in ("even", "searched"):
+    v_shaped = BY_NAME[schedule].placement == "v"
+    if opts.pp_split in ("even", "searched") or v_shaped:
         out.append({**rows, "pp_last_layers": np.full(n, np.nan), "_index": np.arange(n)})
-    if opts.pp_split in ("balanced", "searched"):
+    if opts.pp_split in ("balanced", "searched") and not v_shaped:
         last = perf.balanced_last_layers(shape, opts.seq_len, rows["pp"])
         keep = ~np.isnan(last) if opts.pp_split == "searched" else np.ones(n, dtype=bool)
         out.append({**{k: a[keep] for k, a in rows.items()}, "pp_last_layers": last[keep],

@@ -78,8 +78,12 @@ def test_plan_cost_options_change_the_answer(cli):
          "--schedule 1f1b holds a fixed number of chunks"),
         (["predict", "--model", "llama3-8b", "--system", "dgx-h100", "--num-gpus", "8", "--pp-last-layers", "1"],
          "--pp-last-layers 1 needs a pipeline"),
-        (["memory", "--model", "llama3-8b", "--num-gpus", "8", "--pp", "4", "--pp-last-layers", "40"],
-         "the last of 4 stages may hold 0 to 29 of the 32 layers"),
+        (["memory", "--model", "llama3-8b", "--num-gpus", "8", "--pp", "4", "--pp-last-layers", "9"],
+         "the last of 4 stages may hold 0 to 8 of the 32 layers"),
+        (["predict", "--model", "llama3-8b", "--system", "dgx-h100", "--num-gpus", "8", "--pp", "4", "--global-batch",
+          "16", "--schedule", "zbv", "--pp-last-layers", "2"], "its V puts the output layer on rank 0"),
+        (["memory", "--model", "llama3-8b", "--num-gpus", "8", "--pp", "4", "--pp-last-layers", "2", "--trace"],
+         "--pp-last-layers 2 is priced without --trace"),
     ],
 )
 def test_planner_bad_input(cli, args, expected):
@@ -147,3 +151,14 @@ def test_the_plan_table_names_each_pipelined_rows_schedule(cli):
         assert cell == "-" if pp == 1 else (sched == "1f1b" or sched in ("interleaved v=2", "interleaved v=4")), (pp, cell)
         if " last=" in cell:
             assert 0 <= int(cell.split(" last=")[1]) < -(-80 // pp), (pp, cell)
+
+
+def test_predict_and_memory_carry_the_last_stages_blocks(cli):
+    args = ("--model", "llama3-8b", "--num-gpus", "8", "--pp", "4", "--global-batch", "8")
+    light = json.loads(cli("predict", *args, "--system", "dgx-h100", "--pp-last-layers", "6", "--json").stdout)
+    even = json.loads(cli("predict", *args, "--system", "dgx-h100", "--json").stdout)
+    assert light["memory"]["layout"]["pp_last_layers"] == 6 and even["memory"]["layout"]["pp_last_layers"] is None
+    assert light["step_time_s"] < even["step_time_s"]  # a 128K vocabulary's output layer fits in the room
+    mem = json.loads(cli("memory", *args, "--pp-last-layers", "6", "--json").stdout)
+    assert mem["layout"]["pp_last_layers"] == 6
+    assert mem["activations_bytes"] > json.loads(cli("memory", *args, "--json").stdout)["activations_bytes"]

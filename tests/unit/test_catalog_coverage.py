@@ -113,4 +113,6 @@ def test_a_cloud_instance_type_is_never_priced_at_its_gpus_market_price():
     assert usd is None and "gcp instance type gcp-a4" in why and "--price gcp-a4=USD" in why
     assert Prices(None, ["gcp-a4=9.5"]).lookup("gcp-a4", "b200")[0] == 9.5
     assert prices.lookup("azure-nd-mi300x-v5", "mi300x")[0] == pytest.approx(48.00 / 8)
+    assert "second-hand" in prices.lookup("azure-nd-mi300x-v5", "mi300x")[1]  # the source says so
+    assert "second-hand" not in prices.lookup("aws-p5", "h100-sxm")[1]
     assert prices.lookup("azure-nd-mi300x-v5", "mi300x")[0] != prices.lookup("mi300x-8", "mi300x")[0]

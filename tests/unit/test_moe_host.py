@@ -102,9 +102,9 @@ def test_drop_and_pad_pays_only_the_host_time_its_compute_does_not_hide(monkeypa
     assert launches == pytest.approx(24 * 32 * (c["per_layer_ms"] + 16 * c["per_local_expert_ms"]) * 1e-3)
     res = V.predict_row(row)
     compute = float(res["breakdown"]["compute_s"])
-    # The host outruns this row's compute a little: the excess alone is charged.
-    assert launches > compute
-    assert float(res["breakdown"]["moe_host_s"]) == pytest.approx(launches - compute)
+    # The launches and this row's compute are close (5.9 s and 6.3 s a step with the stored
+    # constants): only an excess is charged.
+    assert float(res["breakdown"]["moe_host_s"]) == pytest.approx(max(launches - compute, 0.0))
     # The same row with a 10x faster host: the compute covers the launches, nothing is charged;
     # with a 10x slower one the excess grows with it.
     monkeypatch.setattr(moe, "host_constants", lambda: {**c, "per_layer_ms": c["per_layer_ms"] / 10,
