@@ -643,6 +643,11 @@ def _recommend(rec: dict[str, Any] | None, rule: str, lead_why: list[str], cheap
                                         "tokens)" if r["cost_usd"] is not None else ", no price known"),
         f"needs {r['memory_per_gpu_bytes'] / 1e9:.1f} GB per GPU of {r['device_memory_bytes'] / 1e9:.0f} GB",
     ]
+    if r.get("pp_last_layers") is not None:
+        reasons.append(f"last={r['pp_last_layers']}: give the last pipeline stage {r['pp_last_layers']} blocks and the "
+                       f"other {r['pp'] - 1} the rest, to make room for the output layer (Megatron-LM "
+                       f"--decoder-last-pipeline-num-layers {r['pp_last_layers']}; mgbench predict --pp-last-layers "
+                       f"{r['pp_last_layers']})")
     if (warn := decision.long_run_warning(r)) is not None:
         reasons.append(warn)
     for name, other in (("cheapest", cheapest), ("fastest", fastest)):

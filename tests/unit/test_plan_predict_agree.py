@@ -87,3 +87,15 @@ def test_plan_lightens_the_last_stage_and_only_gains_by_it():
     assert lighter and all(r["pp"] > 1 and r["pp_last_layers"] < -(-80 // r["pp"]) for r in lighter)
     assert any(r["tokens_per_s"] > best.get(r["num_gpus"], 0) * 1.001 for r in lighter)
     assert all(r["pp_last_layers"] is None for r in even["ranked"])
+
+
+def test_the_recommendation_says_how_to_set_a_lighter_last_stage():
+    # llama3-70b on up to 96 H100s: the lead is a 12-stage pipeline whose last stage holds
+    # fewer blocks; the reasons say how many and how to ask a stack for it.
+    res = plan(catalog.model_shape("llama3-70b"), PlanOptions(tokens=1e12, systems=["dgx-h100"], max_gpus=96),
+               Prices(None, []))
+    lead = res["recommendation"]
+    k = lead["pp_last_layers"]
+    assert lead["pp"] > 1 and k is not None
+    assert any(f"last={k}: give the last pipeline stage {k} blocks" in x and
+               f"--decoder-last-pipeline-num-layers {k}" in x for x in res["reasons"])
