@@ -214,9 +214,14 @@ def moe_mlp_extra(shape: ModelShape, tokens: Any, tp: Any, precision: str, load:
     f = 1.0 if (te and precision == "fp8") else e  # the bytes a linear keeps its input in
     act = 0.0 if "moe_act" in modules else 1.0
     g = 1.0 if (fp8_act_cache and precision == "fp8") else e  # the bytes the SwiGLU keeps its input in
-    routed = load * shape.top_k * (f * h + (2.0 * g + act * f) * fe)
+    # Sequence parallelism gives each tensor-parallel rank s / t of the tokens, and the
+    # router and the dispatcher work on those (Megatron-Core's MoE parallel folding: the
+    # experts' all-to-all spans the tp ranks, planner/moe.py), so the routed rows and the
+    # router's scores are a 1 / t share; the shared experts run tensor-parallel on every
+    # token, their widths split.
+    routed = load * shape.top_k * (f * h + (2.0 * g + act * f) * fe) / t
     shared = (2.0 * g + act * f) * shape.shared_experts * fe / t
-    router = (e + 4.0) * shape.experts
+    router = (e + 4.0) * shape.experts / t
     if "moe" in modules:
         routed = shared = router = 0.0
     dense_mlp = dense_mlp_bytes(shape, e, f, te) / t

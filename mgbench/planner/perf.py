@@ -358,10 +358,10 @@ def moe_traffic_seconds(shape: ModelShape, hw: Hardware, *, tokens: Any, tp: Any
     scores). A model whose top_k x expert width exceeds its ffn_hidden (gpt-oss: 4 x 2880
     against 2880) does that much more activation work than the dense count says.
     ``tokens``: a rank's tokens of one micro-batch before sequence parallelism splits them
-    over ``tp`` (the experts' rows are split over tp as the tokens are); per MoE layer and
+    over ``tp`` (moe_mlp_extra splits the experts' rows over tp as the tokens are); per MoE layer and
     micro-batch, a third more where the blocks' elementwise work runs again (full
     recompute), as the dense part."""
-    per_token = moe_mlp_extra(shape, 1.0, 1, precision, load) / np.asarray(tp, dtype=float)
+    per_token = moe_mlp_extra(shape, 1.0, tp, precision, load)
     nbytes = hw.elementwise_passes * np.maximum(per_token, 0.0) * np.asarray(tokens, dtype=float)
     again = np.where(elementwise_recomputed(recompute), 4.0 / 3.0, 1.0)
     return nbytes * again / (hw.mem_bw * hw.mem_bw_fraction) * np.asarray(moe_layers, dtype=float) \

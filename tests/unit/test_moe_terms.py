@@ -278,6 +278,20 @@ def test_memory_reads_the_moe_options_given():
     assert float(lean) < 0.8 * float(base)
 
 
+def test_tensor_parallel_ranks_split_the_routed_rows_they_keep():
+    # Sequence parallelism gives each of t ranks s / t tokens, which it routes and
+    # dispatches itself (MoE parallel folding): the routed rows an MoE block keeps, the
+    # router's scores, the shared experts' split widths and the dense MLP the count is
+    # taken against are all a 1 / t share, so the block's extra bytes halve at tp 2.
+    one = M.moe_mlp_extra(MIXTRAL, 4096, 1, "bf16")
+    two = M.moe_mlp_extra(MIXTRAL, 4096, 2, "bf16")
+    assert float(two) == pytest.approx(float(one) / 2)
+    # By hand, mixtral-8x7b (top 2 of 8 experts of 14336 on hidden 4096), one token, tp 1:
+    # 2 x (2 x 4096 + 6 x 14336) routed + 6 x 8 router - 4 x 2 x 14336 dense.
+    assert float(M.moe_mlp_extra(MIXTRAL, 1, 1, "bf16")) == pytest.approx(
+        2 * (2 * 4096 + 6 * 14336) + 6 * 8 - 8 * 14336)
+
+
 def test_expert_states_shard_over_the_folded_expert_data_parallel_group():
     # tp 2, dp 16, ep 32 (Megatron-Bridge's Qwen3-235B on H100s): the ep group of 32 takes
     # tp x dp = 32 ranks, so each expert has one copy and ZeRO-1 cannot shard its states.
