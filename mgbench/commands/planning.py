@@ -167,6 +167,9 @@ def _memory_trace(shape: ModelShape | None, layout: Any, strategy: str | None, a
 
     if shape is None:
         raise MgbenchError("--trace builds the model: give --model NAME or its dims, not --params")
+    if layout.pp_last_layers is not None:
+        raise MgbenchError(f"--trace runs the runner's own pipeline split (every stage ceil(layers / pp)): "
+                           f"--pp-last-layers {layout.pp_last_layers} is priced without --trace")
     validate(layout, shape)
     res = trace_memory(runner_config(shape, layout, strategy))
     if as_json:

@@ -72,7 +72,7 @@ def rules(shape: ModelShape | None, layout: Layout) -> dict[str, Any]:
             # A set last stage (Layout.pp_last_layers) needs a pipeline whose ranks hold
             # their chunks in a loop (in a V the output layer shares rank 0 with the
             # embedding), and is lighter than the other stages, not heavier.
-            "last_stage": _last_stage_ok(L.pp_last_layers, P, shape.layers, schedule),
+            "last_stage": _last_stage_ok(L.pp_last_layers, P, shape, schedule),
             # Megatron-Core's MoE parallel folding: the ep group is ep of the tp x dp x cp
             # ranks of a pipeline stage (attention's tp folds into it), as the MoE step and
             # memory terms price it (planner/moe.py).
@@ -81,14 +81,14 @@ def rules(shape: ModelShape | None, layout: Layout) -> dict[str, Any]:
     return out
 
 
-def _last_stage_ok(last: Any, pp: Any, layers: int, schedule: str) -> Any:
+def _last_stage_ok(last: Any, pp: Any, shape: ModelShape, schedule: str) -> Any:
     """Where the last stage's blocks, if set, are 0 to memory.max_last_layers on a
     pipeline of loop placement (NaN: not set)."""
     if last is None:
         return np.ones(np.shape(pp), dtype=bool)
     k = np.asarray(last, dtype=float)
     loop = BY_NAME[schedule].placement != "v"
-    return np.isnan(k) | ((pp > 1) & (k >= 0) & (k <= max_last_layers(layers, pp)) & loop)
+    return np.isnan(k) | ((pp > 1) & (k >= 0) & (k <= max_last_layers(shape.layers, pp, shape.mtp_layers)) & loop)
 
 
 def keeps_all(masks: dict[str, Any]) -> Any:
@@ -116,8 +116,9 @@ MESSAGES: dict[str, Callable[[Any, ModelShape], str]] = {
                                      "rank 0 beside the embedding, which is not modelled; use a loop schedule"
                                 if BY_NAME[L.schedule].placement == "v"
                                 else f"--pp-last-layers {L.pp_last_layers}: the last of {L.pp} stages may hold 0 to "
-                                     f"{int(max_last_layers(s.layers, L.pp))} of the {s.layers} layers (no more than "
-                                     "each other stage: it makes room for the output layer)"),
+                                     f"{int(max_last_layers(s.layers, L.pp, s.mtp_layers))} of the {s.layers} layers "
+                                     "(with its MTP modules no more than each other stage: it makes room for the "
+                                     "output layer)"),
     "cp_seq": lambda L, s: (f"--cp {L.cp}: the sequence ({L.seq_len}) must split into 2 x cp = {2 * L.cp} equal chunks "
                             "(causal load balancing); choose a --seq-len that is a multiple of it"),
     "offload": lambda L, s: "--offload is modelled for FSDP2's ZeRO-3 sharding: add --zero 3",

@@ -211,10 +211,8 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     # layer (a pipeline layout's "tmL"): perf spreads their FLOPs over the blocks, so a
     # pipelined stage holds L / (L + mtp) of its share and the last stage the mtp blocks
     # besides, each priced as a mean block.
-    mtp_s = 0.0 * blocks
     if shape.mtp_layers:
         blocks = np.where(p > 1, blocks * shape.layers / (shape.layers + shape.mtp_layers), blocks)
-        mtp_s = np.where(p > 1, blocks * shape.mtp_layers / lps, 0.0)
     opts = moe if moe is not None else moe_terms.MoeOptions()
     e = act_bytes(precision)
     tokens_rank = s * np.asarray(micro_batch, dtype=float) / (c * t)  # a rank's tokens (sequence parallel over tp)
@@ -234,13 +232,15 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
                                               moe_layers=moe_layers, num_micro=m) / hw.stack_eff
         traffic_s = perf.moe_traffic_seconds(shape, hw, tokens=tokens_rank * t, tp=t, precision=precision,
                                              load=opts.load, moe_layers=moe_layers, num_micro=m,
-                                             recompute=rc) / hw.stack_eff
+                                             recompute=rc, sp=sp) / hw.stack_eff
         blocks = blocks + imbalance_s + moe_recompute_s + permute_s + traffic_s
         notes.append(moe_terms.note(opts, schedule))
     # The output layer (and the MTP modules) run on the last stage. Evenly split, that
     # stage has a first stage's blocks besides and sets the pace; where the run gives it
     # fewer blocks (pp_last_layers), they make room for the output layer, which paces the
     # pipeline only by what the room does not cover.
+    # An MTP module is a mean block of the stage, its MoE terms included.
+    mtp_s = np.where(p > 1, blocks * shape.mtp_layers / lps, 0.0)
     room = np.where(p > 1, (lps - last_layers) / lps, 0.0) * blocks
     compute = blocks + np.maximum(b["head_s"] + mtp_s - room, 0.0)
     f = perf.bubble_fraction(p, m, schedule, v)
@@ -303,6 +303,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
                         "exposed_dp_comm_s": exposed_dp, "ep_comm_s": ep_comm, "ep_a2a_s": a2a,
                         "moe_imbalance_s": imbalance_s, "moe_recompute_s": moe_recompute_s,
                         "moe_permute_s": permute_s, "moe_traffic_s": traffic_s, "moe_host_s": host_s, "cp_comm_s": cp_comm,
+                        "mtp_last_stage_s": mtp_s,
                         "offload_s": offload_s,
                         "exposed_comm_s": b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s}
     res["notes"] = notes

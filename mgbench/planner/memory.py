@@ -133,13 +133,13 @@ def stage_layers(layers: int, pp: Any, last: Any = None) -> tuple[Any, Any]:
     return np.where(unset, even, others), np.where(unset, even, k)
 
 
-def max_last_layers(layers: int, pp: Any) -> Any:
-    """The most blocks a last stage set lighter (:func:`stage_layers`) may hold: no more
-    than each other stage, k <= ceil((L - k) / (p - 1)), which is k < (L + p - 1) / p.
-    (A heavier last stage is not what the setting is for, and memory, which counts the
-    first stage, would miss it.)"""
+def max_last_layers(layers: int, pp: Any, mtp: int = 0) -> Any:
+    """The most blocks a last stage set lighter (:func:`stage_layers`) may hold: with its
+    ``mtp`` MTP modules, no more than each other stage, k + mtp <= ceil((L - k) / (p - 1)),
+    which is k < (L - (mtp - 1)(p - 1)) / p. (A heavier last stage is not what the setting
+    is for, and memory, which counts the first stage, would miss it.)"""
     p = np.asarray(pp, dtype=float)
-    return np.ceil((layers + p - 1.0) / p) - 1.0
+    return np.ceil((layers - (mtp - 1.0) * (p - 1.0)) / p) - 1.0
 
 
 def stage_params(shape: ModelShape, tp: Any, pp: Any, pp_last_layers: Any = None) -> Any:
@@ -184,7 +184,8 @@ def stage_param_split(shape: ModelShape, tp: Any, pp: Any, ep: Any = 1, pp_last_
 
 
 def moe_mlp_extra(shape: ModelShape, tokens: Any, tp: Any, precision: str, load: float = 1.0,
-                  modules: tuple[str, ...] = (), te: bool = False, fp8_act_cache: bool = False) -> Any:
+                  modules: tuple[str, ...] = (), te: bool = False, fp8_act_cache: bool = False,
+                  sp: Any = True) -> Any:
     """Bytes an MoE block saves for backward beyond a dense block of width ffn_hidden
     (what :func:`layer_activations` counts), for ``tokens`` tokens. Zero for a dense model.
 
@@ -214,14 +215,16 @@ def moe_mlp_extra(shape: ModelShape, tokens: Any, tp: Any, precision: str, load:
     f = 1.0 if (te and precision == "fp8") else e  # the bytes a linear keeps its input in
     act = 0.0 if "moe_act" in modules else 1.0
     g = 1.0 if (fp8_act_cache and precision == "fp8") else e  # the bytes the SwiGLU keeps its input in
-    # Sequence parallelism gives each tensor-parallel rank s / t of the tokens, and the
-    # router and the dispatcher work on those (Megatron-Core's MoE parallel folding: the
-    # experts' all-to-all spans the tp ranks, planner/moe.py), so the routed rows and the
-    # router's scores are a 1 / t share; the shared experts run tensor-parallel on every
-    # token, their widths split.
-    routed = load * shape.top_k * (f * h + (2.0 * g + act * f) * fe) / t
+    # Sequence parallelism (``sp``; Megatron-LM requires it for MoE with tp > 1) gives each
+    # tensor-parallel rank s / t of the tokens, and the router and the dispatcher work on
+    # those (Megatron-Core's MoE parallel folding: the experts' all-to-all spans the tp
+    # ranks, planner/moe.py), so the routed rows and the router's scores are a 1 / t share;
+    # without it every rank routes every token. The shared experts run tensor-parallel on
+    # every token, their widths split.
+    share = np.where(np.asarray(sp, dtype=bool), t, 1.0)
+    routed = load * shape.top_k * (f * h + (2.0 * g + act * f) * fe) / share
     shared = (2.0 * g + act * f) * shape.shared_experts * fe / t
-    router = (e + 4.0) * shape.experts / t
+    router = (e + 4.0) * shape.experts / share
     if "moe" in modules:
         routed = shared = router = 0.0
     dense_mlp = dense_mlp_bytes(shape, e, f, te) / t
@@ -646,7 +649,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
                                te=te_saved_inputs, layernorm="layernorm" in mopts.recompute_modules)
     if shape.is_moe:  # the mean block of the stage: its MoE blocks save more (at the busiest rank's load)
         full_l = full_l + moe_mlp_extra(shape, tokens, tp, precision, mopts.load, mopts.recompute_modules,
-                                        te=te_saved_inputs, fp8_act_cache=mopts.fp8_act_cache) \
+                                        te=te_saved_inputs, fp8_act_cache=mopts.fp8_act_cache, sp=sp) \
             * np.minimum(lps, shape.moe_layers) / lps
     ck_l = checkpointed_layer(shape, tokens, tp, sp, precision)
     blocks = (lps - ck) * full_l + ck * ck_l

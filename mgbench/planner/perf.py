@@ -349,7 +349,7 @@ def host_terms(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any, rank_t
 
 
 def moe_traffic_seconds(shape: ModelShape, hw: Hardware, *, tokens: Any, tp: Any, precision: str, load: float,
-                        moe_layers: Any, num_micro: Any, recompute: Any) -> Any:
+                        moe_layers: Any, num_micro: Any, recompute: Any, sp: Any = True) -> Any:
     """Seconds of the memory-bound work an MoE block does beyond a dense MLP of width
     ffn_hidden, which :func:`compute_terms`' elementwise term prices (Korthikanti's count):
     the same elementwise passes (``hw.elementwise_passes``) over what an MoE block keeps
@@ -361,7 +361,7 @@ def moe_traffic_seconds(shape: ModelShape, hw: Hardware, *, tokens: Any, tp: Any
     over ``tp`` (moe_mlp_extra splits the experts' rows over tp as the tokens are); per MoE layer and
     micro-batch, a third more where the blocks' elementwise work runs again (full
     recompute), as the dense part."""
-    per_token = moe_mlp_extra(shape, 1.0, tp, precision, load)
+    per_token = moe_mlp_extra(shape, 1.0, tp, precision, load, sp=sp)
     nbytes = hw.elementwise_passes * np.maximum(per_token, 0.0) * np.asarray(tokens, dtype=float)
     again = np.where(elementwise_recomputed(recompute), 4.0 / 3.0, 1.0)
     return nbytes * again / (hw.mem_bw * hw.mem_bw_fraction) * np.asarray(moe_layers, dtype=float) \

@@ -233,8 +233,9 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
     cps, eps, offs = extra_axes(shape, opts)
     # Every candidate once, and the pipelined ones again under each further schedule.
     variants = schedule_variants(opts)
-    n_splits = 2 if opts.pp_split == SEARCHED else 1  # _splits: the pipelined rows once a split
-    evaluated = (N.size + (len(variants) * n_splits - 1) * int((P > 1).sum())) * len(cps) * len(eps) * len(offs)
+    # _splits: the pipelined rows once a split, twice where the split is searched (not in a V)
+    passes = sum(2 if opts.pp_split == SEARCHED and BY_NAME[name].placement != "v" else 1 for name, _ in variants)
+    evaluated = (N.size + (passes - 1) * int((P > 1).sum())) * len(cps) * len(eps) * len(offs)
     heads_ok = (shape.heads % T == 0) & ((shape.kv_heads % T == 0) | (T % shape.kv_heads == 0))
     ok = heads_ok & (N % (T * P) == 0)
     # ZeRO stages only differ with data parallelism (dp x cp > 1): keep stage 0 alone without it.
@@ -522,6 +523,8 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
         if r is not None and "days_interval" not in r:
             _add_interval(r, opts)
     reasons = _recommend(rec, rule, lead_why, cheapest, fastest, ranked, bests, opts)
+    if rec is not None and rec.get("pp_last_layers") is not None:
+        reasons.append(last_stage_reason(shape, rec))
     reasons += notes
     reasons += evidence_lines(rec, ranked)
     reasons += _distinguishable(rec, ranked[: opts.top])
@@ -643,11 +646,6 @@ def _recommend(rec: dict[str, Any] | None, rule: str, lead_why: list[str], cheap
                                         "tokens)" if r["cost_usd"] is not None else ", no price known"),
         f"needs {r['memory_per_gpu_bytes'] / 1e9:.1f} GB per GPU of {r['device_memory_bytes'] / 1e9:.0f} GB",
     ]
-    if r.get("pp_last_layers") is not None:
-        reasons.append(f"last={r['pp_last_layers']}: give the last pipeline stage {r['pp_last_layers']} blocks and the "
-                       f"other {r['pp'] - 1} the rest, to make room for the output layer (Megatron-LM "
-                       f"--decoder-last-pipeline-num-layers {r['pp_last_layers']}; mgbench predict --pp-last-layers "
-                       f"{r['pp_last_layers']})")
     if (warn := decision.long_run_warning(r)) is not None:
         reasons.append(warn)
     for name, other in (("cheapest", cheapest), ("fastest", fastest)):
@@ -657,6 +655,21 @@ def _recommend(rec: dict[str, Any] | None, rule: str, lead_why: list[str], cheap
                            f"{cost}" + (f" ({decision.long_run_warning(other)})"
                                         if decision.long_run_warning(other) else ""))
     return reasons
+
+
+def last_stage_reason(shape: ModelShape, r: dict[str, Any]) -> str:
+    """What ``last=K`` asks of a stack: K blocks on the last pipeline stage, the rest on the
+    others. Megatron-LM's --decoder-last-pipeline-num-layers K takes it only where the rest
+    splits evenly over the other stages (and, interleaved, every stage's blocks over its
+    chunks); a pipeline layout string (--pipeline-model-parallel-layout) takes any split."""
+    k, p, v = r["pp_last_layers"], r["pp"], r.get("virtual_stages") or 1
+    rest = shape.layers - k
+    flag = rest % (p - 1) == 0 and (v == 1 or (k % v == 0 and (rest // (p - 1)) % v == 0))
+    how = (f"Megatron-LM --decoder-last-pipeline-num-layers {k}" if flag else
+           "a Megatron-Core --pipeline-model-parallel-layout string that does so "
+           f"(--decoder-last-pipeline-num-layers {k} needs the rest to split evenly over the stages and chunks)")
+    return (f"last={k}: give the last pipeline stage {k} blocks and the other {p - 1} the rest, to make room for the "
+            f"output layer: {how}; mgbench predict --pp-last-layers {k}")
 
 
 def _lead_memory(shape: ModelShape, r: dict[str, Any], opts: PlanOptions) -> dict[str, Any]:

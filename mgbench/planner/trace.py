@@ -566,9 +566,6 @@ def runner_config(shape: Any, layout: Any, strategy: str | None = None) -> Any:
     num_micro = L.batch // (L.micro_batch * dims.dp) if L.batch % (L.micro_batch * dims.dp) == 0 else 0
     if num_micro < 1:
         raise MgbenchError(f"--global-batch {L.batch} is not a multiple of micro-batch {L.micro_batch} x dp {dims.dp}")
-    if L.pp_last_layers is not None:
-        raise MgbenchError(f"--trace runs the runner's own pipeline split (every stage ceil(layers / pp)): "
-                           f"--pp-last-layers {L.pp_last_layers} is priced without --trace")
     if L.recompute_priced_only:
         raise MgbenchError(f"--trace runs the runner's own code, which checkpoints {', '.join(RUNNER_RECOMPUTE)}: "
                            f"--recompute {L.recompute} is priced without --trace")

@@ -162,3 +162,17 @@ def test_predict_and_memory_carry_the_last_stages_blocks(cli):
     mem = json.loads(cli("memory", *args, "--pp-last-layers", "6", "--json").stdout)
     assert mem["layout"]["pp_last_layers"] == 6
     assert mem["activations_bytes"] > json.loads(cli("memory", *args, "--json").stdout)["activations_bytes"]
+
+
+def test_predict_on_a_probed_cpu_takes_a_lighter_last_stage(cli, tmp_path):
+    # A probed CPU profile prices the runner config's ops (planner/against.py): a set last
+    # stage is priced there too, not refused as --trace refuses it.
+    from tests.unit.test_probe_profile import make_profile
+
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps(make_profile(host_memory_bytes=64e9)))
+    args = ("predict", "--model", "mini", "--micro-batch", "2", "--seq-len", "128", "--precision", "fp32",
+            "--num-gpus", "2", "--pp", "2", "--global-batch", "8", "--hardware", str(prof), "--json")
+    p = cli(*args, "--pp-last-layers", "0")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["memory"]["layout"]["pp_last_layers"] == 0

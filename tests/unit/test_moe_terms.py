@@ -200,10 +200,14 @@ def test_an_moe_blocks_activation_traffic_by_hand():
     # 36 MoE layers, 64 / (4 x 8) = 2 micro-batches of 4 x 4096 tokens each.
     by_hand = H100.elementwise_passes * 69888 * 4 * 4096 * 36 * 2 / bw / H100.stack_eff
     assert float(b["moe_traffic_s"]) == pytest.approx(by_hand)
-    # Tensor parallelism splits the tokens, and so the rows: half a rank's traffic at tp 2
-    # (16 GPUs, the same 8 data-parallel ranks).
-    tp2 = layout_time.step_time(gpt, H100, moe=BALANCED, **{**kw, "tp": 2})["breakdown"]
+    # Sequence-parallel tensor parallelism splits the tokens, and so the rows: half a
+    # rank's traffic at tp 2 (16 GPUs, the same 8 data-parallel ranks); without sequence
+    # parallelism every rank routes every token and only the dense MLP it is counted
+    # against is split.
+    tp2 = layout_time.step_time(gpt, H100, moe=BALANCED, sp=True, **{**kw, "tp": 2})["breakdown"]
     assert float(tp2["moe_traffic_s"]) == pytest.approx(by_hand / 2)
+    no_sp = layout_time.step_time(gpt, H100, moe=BALANCED, **{**kw, "tp": 2})["breakdown"]
+    assert float(no_sp["moe_traffic_s"]) == pytest.approx(by_hand * (69888 + 23040 / 2) / 69888 / 1)
     # Full recompute runs the activations again (a third more, as the dense ones), and the
     # busiest rank's load scales the routed rows.
     rc = layout_time.step_time(gpt, H100, moe=BALANCED, **{**kw, "recompute": 2})["breakdown"]
@@ -286,6 +290,10 @@ def test_tensor_parallel_ranks_split_the_routed_rows_they_keep():
     one = M.moe_mlp_extra(MIXTRAL, 4096, 1, "bf16")
     two = M.moe_mlp_extra(MIXTRAL, 4096, 2, "bf16")
     assert float(two) == pytest.approx(float(one) / 2)
+    # Without sequence parallelism each rank routes all the tokens: only the dense MLP the
+    # count is taken against (8 x 14336 a token) is split.
+    whole = M.moe_mlp_extra(MIXTRAL, 1, 2, "bf16", sp=False)
+    assert float(whole) == pytest.approx(2 * (2 * 4096 + 6 * 14336) + 6 * 8 - 8 * 14336 / 2)
     # By hand, mixtral-8x7b (top 2 of 8 experts of 14336 on hidden 4096), one token, tp 1:
     # 2 x (2 x 4096 + 6 x 14336) routed + 6 x 8 router - 4 x 2 x 14336 dense.
     assert float(M.moe_mlp_extra(MIXTRAL, 1, 1, "bf16")) == pytest.approx(

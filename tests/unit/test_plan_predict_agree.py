@@ -99,3 +99,28 @@ def test_the_recommendation_says_how_to_set_a_lighter_last_stage():
     assert lead["pp"] > 1 and k is not None
     assert any(f"last={k}: give the last pipeline stage {k} blocks" in x and
                f"--decoder-last-pipeline-num-layers {k}" in x for x in res["reasons"])
+
+
+def test_a_v_shaped_schedule_keeps_the_even_split():
+    # ZB-V's V puts the output layer on rank 0 beside the embedding: plan does not lighten
+    # a last stage there (predict would refuse it: layout_rules' last_stage).
+    res = plan(catalog.model_shape("llama3-70b"), PlanOptions(tokens=1e12, systems=["dgx-h100"], max_gpus=128,
+                                                             schedule="zbv", top=100), Prices(None, []))
+    assert any(r["pp"] > 1 for r in res["ranked"])
+    assert all(r["pp_last_layers"] is None for r in res["ranked"])
+
+
+def test_the_reason_names_the_megatron_setting_that_takes_the_split():
+    from mgbench.planner.search import last_stage_reason
+
+    shape = catalog.model_shape("llama3-70b")  # 80 blocks
+    # 8 stages, 4 on the last: 76 does not split over 7, so a layout string is named; 3 on
+    # the last: 77 over 7 does, so Megatron-LM's flag.
+    assert "--pipeline-model-parallel-layout" in last_stage_reason(shape, {"pp_last_layers": 4, "pp": 8})
+    assert "Megatron-LM --decoder-last-pipeline-num-layers 3;" in last_stage_reason(shape, {"pp_last_layers": 3, "pp": 8})
+    # Interleaved over 2 chunks, 10 stages: 8 on the last and 8 on each other split over the
+    # chunks; 3 on the last of 8 (11 elsewhere) do not.
+    assert "--decoder-last-pipeline-num-layers 8;" in last_stage_reason(
+        shape, {"pp_last_layers": 8, "pp": 10, "virtual_stages": 2})
+    assert "--pipeline-model-parallel-layout" in last_stage_reason(
+        shape, {"pp_last_layers": 3, "pp": 8, "virtual_stages": 2})

@@ -127,6 +127,33 @@ def test_the_balanced_split_chooses_what_the_recipes_chose():
     assert all(np.isnan(last("gpt-oss-120b", 4096, [1, 16])))
 
 
+def test_the_mtp_module_runs_on_the_last_stage_by_hand():
+    # deepseek-v3 (61 blocks + 1 MTP module) over 16 stages of 4 blocks: the MTP module is
+    # a mean block of the stage on the last one, beside the output layer; without a
+    # pipeline it is part of the one stage's work.
+    shape = catalog.model_shape("deepseek-v3")
+    hw = hardware.resolve(system="dgx-h100")
+    kw = dict(seq=4096, global_batch=64, micro_batch=1, tp=1, dp=4, zero=1, recompute=0, ep=4)
+    out = layout_time.step_time(shape, hw, pp=16, **kw)["breakdown"]
+    blocks = float(out["compute_s"]) - float(out["head_s"]) - float(out["mtp_last_stage_s"])
+    assert float(out["mtp_last_stage_s"]) == pytest.approx(blocks / 4)
+    # A last stage of 1 block leaves 3 blocks' room, which the output layer and the MTP
+    # module fill up to what they exceed it by.
+    light = layout_time.step_time(shape, hw, pp=16, pp_last_layers=1, **kw)["breakdown"]
+    assert float(light["compute_s"]) == pytest.approx(
+        blocks + max(float(out["head_s"]) + blocks / 4 - 3 * blocks / 4, 0.0))
+    one = layout_time.step_time(shape, hw, pp=1, **{**kw, "dp": 64, "ep": 8})["breakdown"]
+    assert float(one["mtp_last_stage_s"]) == 0.0
+    # The rule counts it too: at pp 8 the last stage may hold 7 blocks + MTP (8 elsewhere).
+    from mgbench.planner import memory as M
+    assert float(M.max_last_layers(61, 8, 1)) == 7 and float(M.max_last_layers(61, 8)) == 8
+    for L in (30, 61, 126):
+        for p in (2, 3, 8, 16):
+            for mtp in (0, 1, 2):
+                best = max(k for k in range(L - p + 2) if k + mtp <= -(-(L - k) // (p - 1)))
+                assert float(M.max_last_layers(L, p, mtp)) == best, (L, p, mtp)
+
+
 def test_stack_efficiency_divides_compute_time():
     from mgbench.planner import stack
 
