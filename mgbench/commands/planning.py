@@ -285,7 +285,7 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
                + (f" hsdp={kw['replicas']}" if kw["replicas"] > 1 else "") + (" offload" if kw["offload"] else "")
                + (f" {kw['precision']}" if kw["precision"] == "fp8" else "")
                + (f" schedule={kw['schedule']}" if kw["pp"] > 1 else "")
-               + (f" last-stage-layers={kw['pp_last_layers']}" if kw.get("pp_last_layers") is not None else ""))
+               + (f" last={kw['pp_last_layers']}" if kw.get("pp_last_layers") is not None else ""))
     click.echo(f"step time      {res['step_time_s']:.3f} s  (compute {b['compute_s']:.3f}, bubble {b['bubble_s']:.3f}, "
                f"exposed comm {b['exposed_comm_s']:.3f}"
                + (f", MoE host launches {b['moe_host_s']:.3f}" if b.get("moe_host_s") else "") + ")")

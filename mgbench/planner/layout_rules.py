@@ -15,8 +15,8 @@ import numpy as np
 
 from ..layout import Layout
 from ..model_shape import ModelShape
-from ..strategies.schedules import (BY_NAME, VIRTUAL, bubble_unknown_reason, chunks_per_rank, schedule_problem,
-                                   theoretical_bubble)
+from ..strategies.schedules import (VIRTUAL, bubble_unknown_reason, chunks_per_rank, schedule_problem,
+                                   theoretical_bubble, v_shaped)
 from .memory import max_last_layers
 
 
@@ -87,7 +87,7 @@ def _last_stage_ok(last: Any, pp: Any, shape: ModelShape, schedule: str) -> Any:
     if last is None:
         return np.ones(np.shape(pp), dtype=bool)
     k = np.asarray(last, dtype=float)
-    loop = BY_NAME[schedule].placement != "v"
+    loop = not v_shaped(schedule)
     return np.isnan(k) | ((pp > 1) & (k >= 0) & (k <= max_last_layers(shape.layers, pp, shape.mtp_layers)) & loop)
 
 
@@ -114,7 +114,7 @@ MESSAGES: dict[str, Callable[[Any, ModelShape], str]] = {
     "last_stage": lambda L, s: (f"--pp-last-layers {L.pp_last_layers} needs a pipeline (--pp 2 or more)" if L.pp == 1
                                 else f"--pp-last-layers with --schedule {L.schedule}: its V puts the output layer on "
                                      "rank 0 beside the embedding, which is not modelled; use a loop schedule"
-                                if BY_NAME[L.schedule].placement == "v"
+                                if v_shaped(L.schedule)
                                 else f"--pp-last-layers {L.pp_last_layers}: the last of {L.pp} stages may hold 0 to "
                                      f"{int(max_last_layers(s.layers, L.pp, s.mtp_layers))} of the {s.layers} layers "
                                      "(with its MTP modules no more than each other stage: it makes room for the "

@@ -404,7 +404,7 @@ def host_wait(host: Any, *, compute: Any, bubble_fraction: Any, opts: MoeOptions
     of it, and since it lengthens every stage's pass the pipeline bubble grows with it
     (/ (1 - bubble fraction)); without one (drop-and-pad) the host launches ahead of the GPU
     and only what the GPU's compute does not cover."""
-    if host_syncs(opts) or opts.cuda_graphs:
+    if host_syncs(opts):
         return host / (1.0 - bubble_fraction)
     return np.maximum(host - compute, 0.0)
 

@@ -158,8 +158,11 @@ def host_terms(row: dict[str, Any]) -> tuple[float, float, float]:
     lps = float(stage_layers(shape_of(row).layers, row.get("pp", 1), row.get("pp_last_layers"))[0])
     n, n_local = moe.host_launches(shape_of(row), ep=row["ep"], moe_layers=min(lps, shape_of(row).moe_layers),
                                    num_micro=res["num_micro_batches"])
-    stretch = 0.0 if graphed else 1e-3 / (1.0 - float(b["bubble_fraction"]))
-    return float(res["step_time_s"]), float(n) * stretch, float(n_local) * stretch
+    def wait(launches: float) -> float:  # the step's wait for that many ms of host time (moe.host_wait)
+        return 0.0 if graphed else float(moe.host_wait(launches * 1e-3, compute=0.0,
+                                                       bubble_fraction=b["bubble_fraction"], opts=moe.options_of(row)))
+
+    return float(res["step_time_s"]), wait(float(n)), wait(float(n_local))
 
 
 def solve_host(rows: list[dict[str, Any]] | None = None) -> dict[str, float]:

@@ -124,15 +124,15 @@ def zero3_gathers(num_micro: Any, pp: Any = 1, schedule: str = "1f1b") -> Any:
 
 
 def collective_counts(layers: int, tp: Any, pp: Any, dp: Any, zero: Any, num_micro: Any, recompute: Any,
-                      schedule: str = "1f1b", stage_layers: Any = None) -> dict[str, Any]:
+                      schedule: str = "1f1b", pp_last_layers: Any = None) -> dict[str, Any]:
     """Collectives a step issues in these terms, per group (0 where its degree is 1); the
     one statement of them, which :func:`compute_terms` and layout_time.step_time price
     and planner/against.py counts:
 
     tp  4 all-reduces per layer per micro-batch (2 forward, 2 backward), 2 more per
         recomputed block (memory.recomputed_blocks: all under full, every second under
-        every_2nd), over a stage's ceil(L / p) layers (``stage_layers`` where the run
-        sets its last stage's: memory.stage_layers)
+        every_2nd), over a stage's ceil(L / p) layers (the first stage's share where
+        the run sets its last stage's: memory.stage_layers)
     pp  one send forward and one backward per micro-batch and stage boundary, on the
         critical path (m + p - 1) times
     dp  one gradient all-reduce (ZeRO 0-2: ZeRO-2's reduce-scatter and all-gather move
@@ -140,7 +140,7 @@ def collective_counts(layers: int, tp: Any, pp: Any, dp: Any, zero: Any, num_mic
         one reduce-scatter"""
     t, p, d = (np.asarray(x, dtype=float) for x in (tp, pp, dp))
     m = np.asarray(num_micro, dtype=float)
-    stage = np.ceil(layers / p) if stage_layers is None else np.asarray(stage_layers, dtype=float)
+    stage = memory_stage_layers(layers, p, pp_last_layers)[0]
     per_layer = 4.0 + 2.0 * recomputed_share(stage, recompute)  # a recomputed block's forward all-reduces again
     return {"tp": np.where(t > 1, per_layer * stage * m, 0.0),
             "pp": np.where(p > 1, 2.0 * (m + p - 1.0), 0.0),
@@ -348,6 +348,13 @@ def host_terms(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any, rank_t
     return attn_mm, attention, ops
 
 
+def elementwise_rerun(recompute: Any) -> Any:
+    """The factor on a step's elementwise traffic where the blocks' forward runs again in
+    backward (memory.elementwise_recomputed): a third more, else 1 (the one statement of
+    it, for the dense elementwise term and the MoE traffic)."""
+    return np.where(elementwise_recomputed(recompute), 4.0 / 3.0, 1.0)
+
+
 def moe_traffic_seconds(shape: ModelShape, hw: Hardware, *, tokens: Any, tp: Any, precision: str, load: float,
                         moe_layers: Any, num_micro: Any, recompute: Any, sp: Any = True) -> Any:
     """Seconds of the memory-bound work an MoE block does beyond a dense MLP of width
@@ -363,7 +370,7 @@ def moe_traffic_seconds(shape: ModelShape, hw: Hardware, *, tokens: Any, tp: Any
     recompute), as the dense part."""
     per_token = moe_mlp_extra(shape, 1.0, tp, precision, load, sp=sp)
     nbytes = hw.elementwise_passes * np.maximum(per_token, 0.0) * np.asarray(tokens, dtype=float)
-    again = np.where(elementwise_recomputed(recompute), 4.0 / 3.0, 1.0)
+    again = elementwise_rerun(recompute)
     return nbytes * again / (hw.mem_bw * hw.mem_bw_fraction) * np.asarray(moe_layers, dtype=float) \
         * np.asarray(num_micro, dtype=float)
 
@@ -412,7 +419,7 @@ def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: An
     head_mm = head_tok * tokens / (t * d) / rate
     act_per_token = korthikanti_bytes_per_layer(shape, s, 1, t, sp, flash, precision) / s
     ew_bytes = hw.elementwise_passes * act_per_token * (tokens / d) * stage_layers
-    elementwise = ew_bytes * np.where(elementwise_recomputed(rc), 4.0 / 3.0, 1.0) / (hw.mem_bw * hw.mem_bw_fraction)
+    elementwise = ew_bytes * elementwise_rerun(rc) / (hw.mem_bw * hw.mem_bw_fraction)
     rank_tokens = tokens * stage_layers / shape.layers / (t * d)
     # The block linears: every block GEMM but attention's scores and values (what fp8 speeds up).
     linear = blocks_mm - attention_flops_per_token(shape, s, rc) * rank_tokens / rate
@@ -447,7 +454,7 @@ def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: An
     head = head_mm / hw.stack_eff
 
     act = s * b * shape.hidden * act_bytes(precision)
-    counts = collective_counts(shape.layers, t, p, d, 0, m, rc, stage_layers=stage_layers)
+    counts = collective_counts(shape.layers, t, p, d, 0, m, rc, pp_last_layers=pp_last_layers)
     tp_bw, tp_alpha = _group_link(t, hw)
     tp_comm = counts["tp"] * ring_time(act, t, tp_bw, tp_alpha, 2.0)
     # Pipeline neighbours are t * d ranks apart: same node only if that fits in one.

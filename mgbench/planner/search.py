@@ -21,7 +21,7 @@ from .. import catalog
 from ..errors import MgbenchError
 from ..layout import RECOMPUTE, Layout
 from ..model_shape import ModelShape
-from ..strategies.schedules import BY_NAME, VIRTUAL
+from ..strategies.schedules import VIRTUAL, v_shaped
 from . import cost, decision, hardware, layout_rules, layout_time, ownership, perf, stack
 from .moe import MoeOptions
 from .memory import ALLOWANCE_FRACTION, SCHEDULES, STATE_BYTES, check_margin, memory_per_gpu
@@ -233,8 +233,8 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
     cps, eps, offs = extra_axes(shape, opts)
     # Every candidate once, and the pipelined ones again under each further schedule.
     variants = schedule_variants(opts)
-    # _splits: the pipelined rows once a split, twice where the split is searched (not in a V)
-    passes = sum(2 if opts.pp_split == SEARCHED and BY_NAME[name].placement != "v" else 1 for name, _ in variants)
+    # The pipelined rows once a split under each schedule (_splits).
+    passes = sum(len(split_kinds(opts, name)) for name, _ in variants)
     evaluated = (N.size + (passes - 1) * int((P > 1).sum())) * len(cps) * len(eps) * len(offs)
     heads_ok = (shape.heads % T == 0) & ((shape.kv_heads % T == 0) | (T % shape.kv_heads == 0))
     ok = heads_ok & (N % (T * P) == 0)
@@ -364,22 +364,32 @@ def ranking_factor(hw: hardware.Hardware, opts: PlanOptions, pipelined: np.ndarr
     return out, evidence
 
 
+def split_kinds(opts: PlanOptions, schedule: str) -> tuple[str, ...]:
+    """The block splits plan prices a pipelined candidate with under ``schedule``
+    (--pp-split): "even" (Megatron-LM's default), "balanced" (a lighter last stage:
+    perf.balanced_last_layers), or both where the split is searched (plan's default:
+    ranking then keeps each layout's better); a V-shaped schedule, whose output layer
+    shares rank 0 with the embedding, only even."""
+    if v_shaped(schedule):
+        return ("even",)
+    return ("even", "balanced") if opts.pp_split == SEARCHED else (opts.pp_split,)
+
+
 def _splits(shape: ModelShape, opts: PlanOptions, rows: dict[str, np.ndarray],
             schedule: str) -> list[dict[str, np.ndarray]]:
-    """The candidate ``rows`` under each block split the plan prices (--pp-split): even
-    (pp_last_layers NaN: Megatron-LM's default), balanced (the pipelined rows whose last
-    stage a balanced split lightens: perf.balanced_last_layers), or both ("searched",
-    plan's default: ranking then keeps each layout's better); a V-shaped ``schedule``
-    (its output layer beside the embedding on rank 0) only even. ``_index`` gives each
-    returned row's place in ``rows``."""
+    """The candidate ``rows`` under each of :func:`split_kinds`, with their pp_last_layers
+    (NaN: even; a balanced split that cannot lighten a row leaves it even, and a searched
+    one drops it, the even pass having priced it). ``_index`` gives each returned row's
+    place in ``rows``."""
     n = rows["pp"].shape[0]
+    kinds = split_kinds(opts, schedule)
     out = []
-    v_shaped = BY_NAME[schedule].placement == "v"
-    if opts.pp_split in ("even", "searched") or v_shaped:
-        out.append({**rows, "pp_last_layers": np.full(n, np.nan), "_index": np.arange(n)})
-    if opts.pp_split in ("balanced", "searched") and not v_shaped:
+    for kind in kinds:
+        if kind == "even":
+            out.append({**rows, "pp_last_layers": np.full(n, np.nan), "_index": np.arange(n)})
+            continue
         last = perf.balanced_last_layers(shape, opts.seq_len, rows["pp"])
-        keep = ~np.isnan(last) if opts.pp_split == "searched" else np.ones(n, dtype=bool)
+        keep = ~np.isnan(last) if "even" in kinds else np.ones(n, dtype=bool)
         out.append({**{k: a[keep] for k, a in rows.items()}, "pp_last_layers": last[keep],
                     "_index": np.flatnonzero(keep)})
     return out

@@ -54,10 +54,15 @@ def chunks_per_rank(schedule: str, virtual_stages: int) -> int:
     return virtual_stages if fixed is None else fixed
 
 
+def v_shaped(schedule: str) -> bool:
+    """Whether ``schedule`` places its chunks in a V: rank 0 holds the first chunk and the
+    last (the embedding and the output layer on one rank)."""
+    return BY_NAME[schedule].placement == "v"
+
+
 def rank_chunks(schedule: str, pp_rank: int, pp: int, virtual_stages: int) -> list[int]:
     """The chunk ids pipeline rank ``pp_rank`` holds, in the order torch expects its stages."""
-    s = BY_NAME[schedule]
-    if s.placement == "v":
+    if v_shaped(schedule):
         return [pp_rank, 2 * pp - 1 - pp_rank]
     return [pp_rank + k * pp for k in range(chunks_per_rank(schedule, virtual_stages))]
 

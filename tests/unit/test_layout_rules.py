@@ -49,6 +49,7 @@ def test_the_masks_accept_what_predict_accepts():
     (dict(num_gpus=8, zero=1, offload=True), "offload"),
     (dict(num_gpus=8, zero=3, replicas=8), "hsdp"),
     (dict(num_gpus=8, pp=4, global_batch=6, micro_batch=1, schedule="interleaved", virtual_stages=2), "schedule"),
+    (dict(num_gpus=8, pp=2, global_batch=16, schedule="interleaved", virtual_stages=1), "chunks"),
     (dict(num_gpus=8, pp_last_layers=1), "last_stage"),
     (dict(num_gpus=8, pp=4, pp_last_layers=9), "last_stage"),  # heavier than the others' 8
     (dict(num_gpus=8, pp=4, pp_last_layers=-1), "last_stage"),

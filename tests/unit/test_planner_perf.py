@@ -94,7 +94,7 @@ def test_a_lighter_last_stage_makes_room_for_the_output_layer_by_hand():
     mid = layout_time.step_time(shape, hw, pp_last_layers=3, **kw)["breakdown"]
     assert float(mid["compute_s"]) == pytest.approx(5 * block + max(head - 2 * block, 0.0))
     # Its tensor-parallel all-reduces are the 5-block stage's too: 4 a block and micro-batch.
-    assert float(perf.collective_counts(32, 2, 8, 1, 0, 8, 0, stage_layers=5)["tp"]) == 4 * 5 * 8
+    assert float(perf.collective_counts(32, 2, 8, 1, 0, 8, 0, pp_last_layers=1)["tp"]) == 4 * 5 * 8
     tp2 = layout_time.step_time(shape, hw, pp_last_layers=1, **{**kw, "tp": 2})["breakdown"]
     tp2_even = layout_time.step_time(shape, hw, **{**kw, "tp": 2})["breakdown"]
     assert float(tp2["tp_comm_s"]) == pytest.approx(float(tp2_even["tp_comm_s"]) * 5 / 4)
