@@ -33,9 +33,9 @@ ep_comm   the expert-parallel all-to-alls by scope (planner/moe.py): dispatch an
           cover (moe.exposed_a2a). Its options: ``moe`` (moe.MoeOptions; None: the defaults).
 moe_host  what the GPU waits on the host in eager MoE layers (moe.host_seconds: per MoE
           layer pass, a fixed and a per-local-expert time solved from published
-          Megatron-Bridge rows; moe.host_wait: behind the dropless sync all of it,
-          stretched by the bubble like the stage's other work, under drop-and-pad what
-          the compute does not cover); 0 under MoeOptions(cuda_graphs=True).
+          Megatron-Bridge rows; moe.host_wait: all of it, dropless or drop-and-pad,
+          stretched by the bubble like the stage's other work); 0 under
+          MoeOptions(cuda_graphs=True).
 moe       compute the MoE layers add to perf's (in the blocks, so the bubble scales too):
           the busiest rank's extra expert rows (load - 1 of perf's expert_gemm_s, or of
           the routed experts' FLOP share of the linears where perf reports none), the
@@ -258,7 +258,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         ep_comm = moe_terms.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule=schedule, virtual_stages=v,
                                         opts=opts)
         host = moe_terms.host_seconds(shape, ep=ep, moe_layers=moe_layers, num_micro=m, opts=opts)
-        host_s = moe_terms.host_wait(host, compute=compute, bubble_fraction=f, opts=opts)
+        host_s = moe_terms.host_wait(host, bubble_fraction=f)
     cp_comm = cp_kv_exchange_s(shape, hw, seq=s, micro_batch=micro_batch, tp=t, cp=c, span=t * c,
                                precision=precision, layers=lps, num_micro=m, recompute=rc)
 

@@ -125,7 +125,7 @@ class MoeOptions:
                                 "(1 = balanced; the default is an assumption for a learned router)."})
     capacity_factor: float | None = field(default=None, metadata={
         "metavar": "C", "help": "Drop tokens over C x the mean rows an expert and pad to it (Megatron-Core's "
-                                "drop-and-pad: no host sync; default: dropless)."})
+                                "drop-and-pad; default: dropless)."})
     dispatcher: str = field(default="alltoall", metadata={
         "choices": DISPATCHERS, "help": "alltoall: Megatron-Core's (one row per chosen expert); deepep / hybridep: "
                                         "one row per destination node and GPU, forwarded over NVLink."})
@@ -360,7 +360,7 @@ def permute_seconds(shape: ModelShape, hw: Any, *, tokens: Any, act_bytes: float
 
 @lru_cache(maxsize=1)
 def host_constants() -> dict[str, Any]:
-    """data/stacks.toml [moe_host]: the host time a dropless MoE layer adds per micro-batch
+    """data/stacks.toml [moe_host]: the host time an eager MoE layer adds per micro-batch
     (forward and backward), fixed and per local expert, in ms, and how they were solved."""
     from .. import catalog
 
@@ -374,23 +374,13 @@ def host_launches(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any
     return n, n * shape.experts / np.asarray(ep, dtype=float)
 
 
-def host_syncs(opts: MoeOptions) -> bool:
-    """Whether each MoE layer makes the host wait for the GPU: dropless routing does (the
-    dispatcher copies the tokens per expert to the host before its all-to-all); drop-and-pad
-    does not (Megatron-Core's MoEAlltoAllTokenDispatcher with moe_pad_expert_input_to_capacity
-    knows every expert's rows, capacity x tp x ep, without the copy)."""
-    return opts.capacity_factor is None
-
-
 def host_seconds(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any, opts: MoeOptions) -> Any:
-    """Seconds of host time a step's eager MoE layers take, n x (per_layer +
-    per_local_expert x experts / ep) ms (:func:`host_launches`, :func:`host_constants`):
-    the launch work of each layer pass and of each local expert's GEMMs. Dropless, the GPU
-    waits for all of it (the sync before the all-to-all keeps the host from running ahead);
-    drop-and-pad has no sync, so layout_time.step_time charges only what the GPU's own work
-    does not cover (the launches are the same: NVIDIA's DeepSeek-V3 GB200 account calls the
-    eager baseline launch-bound, "the CPU kernel launch speed cannot keep up", not
-    sync-bound). 0 where the run captures its MoE layers in CUDA graphs."""
+    """Seconds a step's eager MoE layers add, n x (per_layer + per_local_expert x
+    experts / ep) ms (:func:`host_launches`, :func:`host_constants`): the launch work of
+    each layer pass and of each local expert's small kernels, which the GPU waits for (the
+    DeepSeek-V3 GB200 account NVIDIA published calls the eager baseline launch-bound: "the
+    CPU kernel launch speed cannot keep up"). 0 where the run captures its MoE layers in
+    CUDA graphs."""
     n, n_local = host_launches(shape, ep=ep, moe_layers=moe_layers, num_micro=num_micro)
     if opts.cuda_graphs:
         return 0.0 * n
@@ -398,15 +388,19 @@ def host_seconds(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any,
     return (float(c["per_layer_ms"]) * n + float(c["per_local_expert_ms"]) * n_local) * 1e-3
 
 
-def host_wait(host: Any, *, compute: Any, bubble_fraction: Any, opts: MoeOptions) -> Any:
-    """Seconds a step waits for ``host`` seconds of MoE host time (:func:`host_seconds`)
-    beside ``compute`` seconds of the GPU's: behind a sync (dropless; 0 in CUDA graphs) all
-    of it, and since it lengthens every stage's pass the pipeline bubble grows with it
-    (/ (1 - bubble fraction)); without one (drop-and-pad) the host launches ahead of the GPU
-    and only what the GPU's compute does not cover."""
-    if host_syncs(opts):
-        return host / (1.0 - bubble_fraction)
-    return np.maximum(host - compute, 0.0)
+def host_wait(host: Any, *, bubble_fraction: Any) -> Any:
+    """Seconds a step waits for ``host`` seconds of eager MoE time (:func:`host_seconds`):
+    all of it, and since it lengthens every stage's pass the pipeline bubble grows with it
+    (/ (1 - bubble fraction)).
+
+    Dropless and drop-and-pad alike. Megatron-Core's drop-and-pad dispatcher has no
+    device-to-host sync (moe_pad_expert_input_to_capacity fixes every expert's rows), so the
+    host could in principle launch ahead and hide behind the GPU's compute; the published
+    eager drop-and-pad runs say it does not (data/published_moe_runs.toml: five held-out
+    Megatron-Bridge 25.09 token-drop rows, +27% to +55% too fast when only the host time
+    beyond the compute was charged, -21% to +5% with all of it; docs/planner.md says this
+    choice was made with those rows in view)."""
+    return host / (1.0 - bubble_fraction)
 
 
 def note(opts: MoeOptions, schedule: str) -> str:
@@ -428,9 +422,8 @@ def note(opts: MoeOptions, schedule: str) -> str:
         load = f"dropless, busiest expert rank at {opts.imbalance:g} x the mean"
     host = ("MoE layers in CUDA graphs (no host launch cost)" if opts.cuda_graphs else
             "eager MoE layers: the host's launch time per layer and micro-batch added (solved from Megatron-Core "
-            "and DeepSeek runs, stacks.toml [moe_host]; applied to every stack, an assumption)" if host_syncs(opts) else
-            "eager drop-and-pad MoE layers: no host sync, so only the host's launch time beyond the GPU's "
-            "work is added (stacks.toml [moe_host])")
+            "and DeepSeek runs, stacks.toml [moe_host]; applied to every stack, dropless or drop-and-pad, an "
+            "assumption)")
     return "MoE: " + ", ".join(how) + "; " + load + "; " + host
 
 

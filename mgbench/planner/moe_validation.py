@@ -145,12 +145,9 @@ def host_fit_rows() -> list[dict[str, Any]]:
 
 def host_terms(row: dict[str, Any]) -> tuple[float, float, float]:
     """(step seconds without the host term, d step / d per_layer_ms, d step /
-    d per_local_expert_ms) of a dropless or graphed row: its step is linear in both
-    constants (moe.host_seconds, the bubble's share included), so one prediction gives
-    every candidate's step. An eager drop-and-pad row's is not (only the launches beyond
-    the GPU's compute count): MgbenchError; the fit rows have none."""
-    if not moe.options_of(row).cuda_graphs and not moe.host_syncs(moe.options_of(row)):
-        raise MgbenchError(f"{row['id']}: an eager drop-and-pad row's step is not linear in the host constants")
+    d per_local_expert_ms) of a row: its step is linear in both constants
+    (moe.host_seconds, the bubble's share included), so one prediction gives every
+    candidate's step."""
     graphed = moe.options_of(row).cuda_graphs  # a row run in CUDA graphs pays no host term
     opts = dataclasses.replace(moe.options_of(row), cuda_graphs=True)
     res = predict_row(row, opts)
@@ -159,8 +156,7 @@ def host_terms(row: dict[str, Any]) -> tuple[float, float, float]:
     n, n_local = moe.host_launches(shape_of(row), ep=row["ep"], moe_layers=min(lps, shape_of(row).moe_layers),
                                    num_micro=res["num_micro_batches"])
     def wait(launches: float) -> float:  # the step's wait for that many ms of host time (moe.host_wait)
-        return 0.0 if graphed else float(moe.host_wait(launches * 1e-3, compute=0.0,
-                                                       bubble_fraction=b["bubble_fraction"], opts=moe.options_of(row)))
+        return 0.0 if graphed else float(moe.host_wait(launches * 1e-3, bubble_fraction=b["bubble_fraction"]))
 
     return float(res["step_time_s"]), wait(float(n)), wait(float(n_local))
 
