@@ -70,7 +70,8 @@ def test_the_term_lowers_the_error_on_the_eager_held_out_rows():
     # far below the one without (68% without, 20% with, over the dropless ones when the term
     # was added; their errors were in view when its form was chosen: docs/planner.md says so;
     # 47% without, 24% with, once the torchtitan and AutoModel rows of 2026-11-27 joined
-    # them; the five eager drop-and-pad rows joined once they paid all of it).
+    # them; then the five eager drop-and-pad rows, once they paid all of it, and nine eager
+    # Megatron-LM recipe rows: 50% without, 21% with, over 43 rows).
     rows = [r for r in V.runs() if r["split"] == "held_out" and not moe.options_of(r).cuda_graphs]
     assert len(rows) >= 11
     with_term = [abs(V.score(r)["error_pct"]) for r in rows]
@@ -90,8 +91,8 @@ def test_the_rows_added_after_the_term_are_held_out_and_graphed_ones_pay_no_host
 
 def test_eager_drop_and_pad_pays_the_whole_term_as_dropless_does():
     # Megatron-Core's drop-and-pad dispatcher does not sync, yet the published eager
-    # drop-and-pad rows pay all of the term (moe.host_wait's docstring): by hand, the
-    # bubble-free row's step is its graphed step plus every launch.
+    # drop-and-pad rows pay all of the term (moe.host_wait's docstring): by hand, the row's
+    # step is its graphed step plus every launch, stretched by its (small) bubble.
     row = next(r for r in V.runs() if r["id"] == "mbridge-25.09-h100-qwen3-30b-a3b-tokendrop")
     opts = moe.options_of(row)
     assert not opts.cuda_graphs and opts.capacity_factor == 1.0
@@ -101,12 +102,9 @@ def test_eager_drop_and_pad_pays_the_whole_term_as_dropless_does():
     res = V.predict_row(row)
     f = float(res["breakdown"]["bubble_fraction"])
     assert float(res["breakdown"]["moe_host_s"]) == pytest.approx(launches / (1.0 - f))
-    # The same launches are more than this row's compute covers by far less: charging only
-    # the excess (the rule before) would have been a different figure.
-    assert launches / (1.0 - f) > 1.5 * max(launches - float(res["breakdown"]["compute_s"]), 0.0)
     graphed = V.predict_row(row, dataclasses.replace(opts, cuda_graphs=True))
     assert float(res["step_time_s"]) == pytest.approx(float(graphed["step_time_s"]) + launches / (1.0 - f))
-    # Dropless, the same layout pays the same launches.
+    # Dropless, the same layout pays the same launches (as it did under the rule before).
     dropless = V.predict_row(row, dataclasses.replace(opts, capacity_factor=None))
     assert float(dropless["breakdown"]["moe_host_s"]) == pytest.approx(launches / (1.0 - f))
 
