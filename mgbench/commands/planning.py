@@ -464,9 +464,11 @@ def plan(model, hf_config, params, system_file, prices_file, price_overrides, ha
     if res["pareto"]:
         click.echo("time/cost Pareto front: " + "; ".join(
             f"{r['num_gpus']}x {r['gpu']} {r['days']:.1f} d USD {r['cost_usd']:,.0f}" for r in res["pareto"]))
-    missing = [s for s, src in res["prices"].items() if src.startswith("no ")]
+    missing = {s: src for s, src in res["prices"].items() if src.startswith("no ")}
     if missing:
-        click.echo(f"no price for: {', '.join(missing)} (cost shown as '-'; pass --price GPU=USD)")
+        click.echo(f"no price for {', '.join(missing)} (cost shown as '-'):")
+        for src in missing.values():  # each says which name --price takes for it
+            click.echo(f"  - {src}")
 
 
 def _ownership_line(o: dict[str, Any]) -> str:

@@ -27,6 +27,12 @@ PUE = 1.2  # facility overhead (a modern data centre; the industry average is hi
 TIERS = ("on_demand", "reserved_1yr", "reserved_3yr", "spot")
 
 
+
+def price_hint(name: str = "NAME", spot: bool = False) -> str:
+    """How to give a missing price on the command line, with its unit: --price takes USD per
+    GPU-hour, also for a cloud instance type (its instance-hour price / its GPUs)."""
+    return f"pass --price {name}{':spot' if spot else ''}=USD (USD per GPU-hour)"
+
 class Prices:
     """Hourly USD per GPU by accelerator or system id, per rental tier, with sources."""
 
@@ -73,8 +79,8 @@ class Prices:
                 return float(entry["usd"]), f"{entry.get('source', '?')}{flag}"
         if cloud:
             return None, (f"no {tier.replace('_', '-')} price for {cloud} instance type {system} in data/prices.toml; "
-                          f"pass --price {system}{':spot' if spot else ''}=USD")
-        return None, f"no {tier.replace('_', '-')} price for {system} / {gpu}; pass --price {gpu}{':spot' if spot else ''}=USD"
+                          f"{price_hint(system, spot)}")
+        return None, f"no {tier.replace('_', '-')} price for {system} / {gpu}; {price_hint(gpu, spot)}"
 
 
 def goodput(num_gpus: Any, gpus_per_node: int, checkpoint_minutes: float, failure_rate: float,

@@ -28,6 +28,7 @@ import math
 from typing import Any
 
 from ..errors import MgbenchError
+from .cost import price_hint
 
 YEAR_DAYS = 365.0
 # The operating point's premium over the cheapest option (--premium).
@@ -89,7 +90,7 @@ def lead(ranked: list[dict[str, Any]], constrained: bool, premium: float = PREMI
         return ranked[0], "cheapest_meeting_constraints", ["the cheapest option that meets the deadline / budget"]
     if all(r.get("cost_usd") is None for r in ranked):
         fastest = min(ranked, key=lambda r: r["days"])
-        return fastest, "fastest_unpriced", ["no option has a price: the fastest leads (pass --price GPU=USD)"]
+        return fastest, "fastest_unpriced", [f"no option has a price: the fastest leads ({price_hint()})"]
     row = operating_point(front(ranked), premium)
     cheapest = ranked[0]
     why = [f"the operating point (no deadline or budget given): the fastest option that costs at most "
@@ -132,7 +133,7 @@ def flips(lead_row: dict[str, Any], other: dict[str, Any] | None) -> dict[str, A
     if lead_row.get("cost_usd") is None or other.get("cost_usd") is None:
         return {"runner_up": other, "price_flip_pct": None, "efficiency_flip_pct": None, "odds_cheaper": None,
                 "odds_faster": odds(lead_row.get("days_interval"), other.get("days_interval")),
-                "why": ["a price is missing: cost flips are unknown (pass --price GPU=USD)"]}
+                "why": [f"a price is missing: cost flips are unknown ({price_hint()})"]}
     ratio = other["cost_usd"] / lead_row["cost_usd"]
     # Cost = price x GPU-hours, GPU-hours ~ 1 / throughput: the same ratio flips either.
     price_pct = 100.0 * (ratio - 1.0)

@@ -110,7 +110,9 @@ def test_a_cloud_instance_type_is_never_priced_at_its_gpus_market_price():
     prices = Prices()
     assert prices.lookup("dgx-b200", "b200")[0] is not None
     usd, why = prices.lookup("gcp-a4", "b200")
-    assert usd is None and "gcp instance type gcp-a4" in why and "--price gcp-a4=USD" in why
+    assert usd is None and "gcp instance type gcp-a4" in why and "--price gcp-a4=USD (USD per GPU-hour)" in why
+    # a catalog server without a price names its accelerator, with the same unit
+    assert prices.lookup("h100-pcie-8", "h100-pcie")[1].endswith("pass --price h100-pcie=USD (USD per GPU-hour)")
     assert Prices(None, ["gcp-a4=9.5"]).lookup("gcp-a4", "b200")[0] == 9.5
     assert prices.lookup("azure-nd-mi300x-v5", "mi300x")[0] == pytest.approx(48.00 / 8)
     assert "second-hand" in prices.lookup("azure-nd-mi300x-v5", "mi300x")[1]  # the source says so
