@@ -171,7 +171,7 @@ def head_flops_per_token(shape: ModelShape) -> float:
     return 6.0 * shape.hidden * shape.padded_vocab * (1 + shape.mtp_layers)
 
 
-def balanced_last_layers(shape: ModelShape, seq: int, pp: Any) -> Any:
+def balanced_last_layers(shape: ModelShape, seq: int, pp: Any, recompute: Any = 0) -> Any:
     """Blocks a balanced split gives the last pipeline stage, which also runs the output
     layer (NaN without a pipeline): the fewest blocks n on every other stage such that the
     last, with the rest (k = L - (p - 1) n, at least 0) and the output layer, is no slower
@@ -179,11 +179,15 @@ def balanced_last_layers(shape: ModelShape, seq: int, pp: Any) -> Any:
     as its FLOPs in blocks (h V over a block's mean FLOPs a token, at ``seq``), as
     practitioners size these layouts (Megatron-LM's account_for_loss_in_pipeline_split
     counts it as one block; DeepSeek-V3's recipes give the last stage 3 blocks fewer), and
-    the MTP modules, which run there too (layout_time.step_time), as a mean block each."""
+    the MTP modules, which run there too (layout_time.step_time), as a mean block each.
+    A block's FLOPs include what ``recompute`` (layout.RECOMPUTE's codes, one per ``pp``
+    entry or one for all) runs again, which the output layer never does: recomputation
+    makes the output layer lighter in blocks."""
     L = shape.layers
     head = head_flops_per_token(shape)
-    h = float(head / ((hardware_flops_per_token(shape, seq, 0) - head) / (L + shape.mtp_layers))) + shape.mtp_layers
+    block = (hardware_flops_per_token(shape, seq, recompute) - head) / (L + shape.mtp_layers)
     p = np.asarray(pp, dtype=float)
+    h = np.broadcast_to(head / block + shape.mtp_layers, p.shape)
     first = np.ceil(L / p)
     best_t = np.full(p.shape, np.inf)
     best_k = np.full(p.shape, np.nan)

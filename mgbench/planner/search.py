@@ -388,7 +388,7 @@ def _splits(shape: ModelShape, opts: PlanOptions, rows: dict[str, np.ndarray],
         if kind == "even":
             out.append({**rows, "pp_last_layers": np.full(n, np.nan), "_index": np.arange(n)})
             continue
-        last = perf.balanced_last_layers(shape, opts.seq_len, rows["pp"])
+        last = perf.balanced_last_layers(shape, opts.seq_len, rows["pp"], rows["recompute"])
         keep = ~np.isnan(last) if "even" in kinds else np.ones(n, dtype=bool)
         out.append({**{k: a[keep] for k, a in rows.items()}, "pp_last_layers": last[keep],
                     "_index": np.flatnonzero(keep)})

@@ -4,7 +4,7 @@ import pytest
 
 from mgbench import catalog
 from mgbench.planner import hardware, layout_time, perf, validation
-from mgbench.layout import Layout
+from mgbench.layout import RECOMPUTE, Layout
 from mgbench.planner.predict import predict
 
 
@@ -125,6 +125,27 @@ def test_the_balanced_split_chooses_what_the_recipes_chose():
     assert last("llama3-405b", 8192, [8, 16]) == [14, 6]
     # No pipeline, or too many stages to lighten one (36 blocks over 16): not set (NaN).
     assert all(np.isnan(last("gpt-oss-120b", 4096, [1, 16])))
+
+
+def test_the_balanced_split_counts_recomputation_which_the_output_layer_never_runs():
+    # Llama 3 70B (80 blocks) over 8 stages. By hand: the output layer is 6 h V FLOPs a
+    # token; a block is (the model's hardware FLOPs - the head) / 80. Without recompute
+    # the head weighs more than a block, so 10 blocks + head (10 + h) is slower than 11
+    # and the chooser gives the others 11 and the last 80 - 77 = 3; with full recompute
+    # every block's forward runs twice and the head weighs less than one (h < 1), so
+    # 10 + h beats 11 and the even split (10 on the last) wins.
+    import numpy as np
+
+    shape = catalog.model_shape("llama3-70b")
+    head = perf.head_flops_per_token(shape)
+
+    def h(rc):
+        return head / ((perf.hardware_flops_per_token(shape, 8192, rc) - head) / 80)
+
+    full = RECOMPUTE.index("full")
+    assert h(0) > 1.0 > h(full)
+    assert list(perf.balanced_last_layers(shape, 8192, np.array([8, 8]), np.array([0, full]))) == [3, 10]
+    assert perf.balanced_last_layers(shape, 8192, np.array([8]), full)[0] == 10  # one code for all
 
 
 def test_the_mtp_module_runs_on_the_last_stage_by_hand():
