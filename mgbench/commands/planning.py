@@ -268,8 +268,7 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
     res = predict_fn(shape, hw, _layout(kw), overlap=overlap if overlap is not None else over.get("overlap", perf.DEFAULT_OVERLAP),
                      host_ops=host_ops, margin=kw["memory_margin"], moe=moe)
     res["notes"] = list(res.get("notes", [])) + host_notes
-    if not shape.is_moe and moe != type(moe)():
-        res["notes"].append(f"--moe-* options ignored: {shape.name} has no experts")
+    res["notes"] += _moe_ignored(shape, moe)
     from ..planner import uncertainty
 
     reg = (uncertainty.calibrated(fit) if calibrate_run
@@ -426,8 +425,7 @@ def plan(model, hf_config, params, system_file, prices_file, price_overrides, ha
         links = calibrate.comm_links(comm_run, results_dir)
         opts.links = {name: links["fields"] for name, s in all_systems().items() if s["gpu"] == links["gpu"]}
     res = plan_fn(shape, opts, cost.Prices(prices_file, list(price_overrides)))
-    if not shape.is_moe and opts.moe != type(opts.moe)():
-        res["reasons"].append(f"--moe-* options ignored: {shape.name} has no experts")
+    res["reasons"] += _moe_ignored(shape, opts.moe)
     if html_file:
         from ..report.plan_page import build_plan_report
 
@@ -469,6 +467,13 @@ def plan(model, hf_config, params, system_file, prices_file, price_overrides, ha
         click.echo(f"no price for {', '.join(missing)} (cost shown as '-'):")
         for src in missing.values():  # each says which name --price takes for it
             click.echo(f"  - {src}")
+
+
+def _moe_ignored(shape: Any, moe: Any) -> list[str]:
+    """The line predict and plan add where --moe-* options were given for a dense model."""
+    if shape.is_moe or moe == type(moe)():
+        return []
+    return [f"--moe-* options ignored: {shape.name} has no experts"]
 
 
 def _ownership_line(o: dict[str, Any]) -> str:
