@@ -15,8 +15,8 @@ import numpy as np
 
 from ..layout import Layout
 from ..model_shape import ModelShape
-from ..strategies.schedules import (VIRTUAL, bubble_unknown_reason, chunks_per_rank, schedule_problem,
-                                   theoretical_bubble, v_shaped)
+from ..strategies.schedules import (bubble_unknown_reason, chunks_per_rank, schedule_problem, theoretical_bubble,
+                                   too_few_chunks, v_shaped)
 from .memory import max_last_layers
 
 
@@ -62,7 +62,7 @@ def rules(shape: ModelShape | None, layout: Layout) -> dict[str, Any]:
         "hsdp": (R == 1) | ((Z == 3) & ((D * C) % R == 0) & (D * C != R) & (E == 1)),
         "schedule": schedule_runs(schedule, P, M, virtual_stages),
         # An interleaved schedule with one chunk a rank is 1F1B under another name.
-        "chunks": (P == 1) | (chunks >= 2) if schedule in VIRTUAL else np.ones(P.shape, dtype=bool),
+        "chunks": (P == 1) | (not too_few_chunks(schedule, virtual_stages)),
     }
     if shape is not None:
         out.update({

@@ -21,7 +21,7 @@ from .. import catalog
 from ..errors import MgbenchError
 from ..layout import RECOMPUTE, Layout
 from ..model_shape import ModelShape
-from ..strategies.schedules import VIRTUAL, v_shaped
+from ..strategies.schedules import VIRTUAL, too_few_chunks, v_shaped
 from . import cost, decision, hardware, layout_rules, layout_time, ownership, perf, stack
 from .moe import MoeOptions
 from .memory import ALLOWANCE_FRACTION, SCHEDULES, STATE_BYTES, check_margin, memory_per_gpu
@@ -419,7 +419,7 @@ def check_schedule(opts: PlanOptions) -> None:
     if opts.schedule == SEARCHED and opts.virtual_stages != 1:
         raise MgbenchError(f"--virtual-stages {opts.virtual_stages} applies to a named --schedule (e.g. --schedule "
                            "interleaved); --schedule searched tries 2 and 4 virtual stages itself")
-    if opts.schedule in VIRTUAL and opts.virtual_stages < 2:
+    if too_few_chunks(opts.schedule, opts.virtual_stages):
         raise MgbenchError(f"--schedule {opts.schedule} runs 2 or more model chunks a pipeline rank: give "
                            "--virtual-stages 2 or more (or --schedule 1f1b)")
     if opts.schedule not in VIRTUAL and opts.schedule != SEARCHED and opts.virtual_stages != 1:

@@ -545,7 +545,7 @@ def runner_config(shape: Any, layout: Any, strategy: str | None = None) -> Any:
     from ..errors import MgbenchError
     from ..layout import RUNNER_RECOMPUTE, for_strategy
     from ..strategies import BY_NAME
-    from ..strategies.schedules import VIRTUAL, chunks_per_rank
+    from ..strategies.schedules import VIRTUAL, chunks_per_rank, too_few_chunks
 
     L = layout
     dp_mode = ("hsdp" if L.hsdp_enabled else "fsdp") if L.fsdp_enabled else "ddp"  # pp+tp+dp's replicas
@@ -577,7 +577,7 @@ def runner_config(shape: Any, layout: Any, strategy: str | None = None) -> Any:
     # The schedule registry says which schedules take --virtual-stages (interleaved and
     # interleaved_zb) and how many chunks a rank holds (ZB-V and DualPipeV: two).
     v = L.virtual_stages if L.schedule in VIRTUAL else 1
-    if L.schedule in VIRTUAL and v < 2:
+    if too_few_chunks(L.schedule, v):
         raise MgbenchError(f"the {L.schedule} schedule needs --virtual-stages 2 or more")
     problems = dims.runner_problems(L.num_gpus, layers=shape.layers, heads=shape.heads, kv_heads=shape.kv_heads,
                                     virtual_stages=chunks_per_rank(L.schedule, v) if L.pp > 1 else 1,

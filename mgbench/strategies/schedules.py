@@ -54,6 +54,12 @@ def chunks_per_rank(schedule: str, virtual_stages: int) -> int:
     return virtual_stages if fixed is None else fixed
 
 
+def too_few_chunks(schedule: str, virtual_stages: int) -> bool:
+    """Whether ``schedule`` takes virtual stages and is given fewer than 2: with one chunk a
+    rank an interleaved schedule is 1F1B under another name."""
+    return schedule in VIRTUAL and virtual_stages < 2
+
+
 def v_shaped(schedule: str) -> bool:
     """Whether ``schedule`` places its chunks in a V: rank 0 holds the first chunk and the
     last (the embedding and the output layer on one rank)."""
