@@ -44,9 +44,12 @@ EP_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # by default (Megatron-LM, NeMo, torchtitan's Interleaved1F1B); the zero-bubble ones are
 # asked for by name.
 SEARCHED = "searched"
+SEARCHED_SCHEDULES = (("1f1b", 1), ("interleaved", 2), ("interleaved", 4))
+# --pp-split's fixed choices: the blocks split evenly over the stages (Megatron-LM's
+# default), or the last stage lightened for the output layer (perf.balanced_last_layers).
+EVEN, BALANCED = "even", "balanced"
 # --virtual-stages, as predict, memory and plan take it (cli_options.layout_group).
 VIRTUAL_STAGES_HELP = "Model chunks per pipeline rank (interleaved, interleaved_zb; zbv and dualpipev hold two)."
-SEARCHED_SCHEDULES = (("1f1b", 1), ("interleaved", 2), ("interleaved", 4))
 
 
 # Defaults of the buy-versus-rent assumptions (data/ownership.toml [defaults], sourced there).
@@ -88,7 +91,7 @@ class PlanOptions:
                 "Megatron-LM's default; 'balanced' lightens the last stage to make room for the output layer, as "
                 "Megatron-LM's --decoder-last-pipeline-num-layers and its recipes' layouts do (the plan shows "
                 "'last=K', the blocks to give it); 'searched' (default) prices both and keeps each layout's better.",
-        "choices": (SEARCHED, "balanced", "even")})
+        "choices": (SEARCHED, BALANCED, EVEN)})
     offload: bool = field(default=False, metadata={
         "help": "FSDP2 CPU offload with ZeRO-3: weights, gradients and optimizer states in host memory, copied over "
                 "the host link (plan: considered beside no offload for ZeRO-3 layouts)."})
@@ -371,8 +374,8 @@ def split_kinds(opts: PlanOptions, schedule: str) -> tuple[str, ...]:
     ranking then keeps each layout's better); a V-shaped schedule, whose output layer
     shares rank 0 with the embedding, only even."""
     if v_shaped(schedule):
-        return ("even",)
-    return ("even", "balanced") if opts.pp_split == SEARCHED else (opts.pp_split,)
+        return (EVEN,)
+    return (EVEN, BALANCED) if opts.pp_split == SEARCHED else (opts.pp_split,)
 
 
 def _splits(shape: ModelShape, opts: PlanOptions, rows: dict[str, np.ndarray],
@@ -385,11 +388,11 @@ def _splits(shape: ModelShape, opts: PlanOptions, rows: dict[str, np.ndarray],
     kinds = split_kinds(opts, schedule)
     out = []
     for kind in kinds:
-        if kind == "even":
+        if kind == EVEN:
             out.append({**rows, "pp_last_layers": np.full(n, np.nan), "_index": np.arange(n)})
             continue
         last = perf.balanced_last_layers(shape, opts.seq_len, rows["pp"], rows["recompute"])
-        keep = ~np.isnan(last) if "even" in kinds else np.ones(n, dtype=bool)
+        keep = ~np.isnan(last) if EVEN in kinds else np.ones(n, dtype=bool)
         out.append({**{k: a[keep] for k, a in rows.items()}, "pp_last_layers": last[keep],
                     "_index": np.flatnonzero(keep)})
     return out
