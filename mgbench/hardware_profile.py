@@ -261,15 +261,16 @@ _VALUE_KEY = {"gemm_best": "tflops", "gemm_best_fp8": "tflops", "mem_bw": "tbps"
 def _holder(acc_id: str, name: str, seen: tuple[str, ...] = ()) -> tuple[str, dict[str, Any]]:
     """(the accelerator whose own figure ``name`` stands for ``acc_id``'s, its spec):
     ``acc_id`` itself where its spec has a value or a null_reason, else the sibling its
-    ``from`` names, followed on, else itself where it is a stated assumption (kind
-    "assumed"); a figure carried in a circle, or with none of these, is refused."""
+    ``from`` names, followed on, else itself where it is a stated assumption its reader
+    prices (mem_bw of kind "assumed": the median measured fraction); a figure carried in
+    a circle, or with none of these, is refused."""
     if acc_id in seen:
         raise MgbenchError(f"efficiency.toml: {name} is carried in a circle: {' -> '.join(seen + (acc_id,))}")
     spec = _entry(acc_id)[name]
     if _VALUE_KEY[name] in spec or spec.get("null_reason"):
         return acc_id, spec
     if "from" not in spec:
-        if spec.get("kind") == "assumed":  # a stated assumption its reader prices (mem_bw's median)
+        if name == "mem_bw" and spec.get("kind") == "assumed":  # _mem_fraction prices it: the median
             return acc_id, spec
         raise MgbenchError(f"efficiency.toml: {acc_id}.{name} is {spec.get('kind', 'given')} but names no sibling "
                            f"(from), no {_VALUE_KEY[name]} and no null_reason")

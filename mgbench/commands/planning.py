@@ -99,6 +99,9 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
         raise MgbenchError("--strategy chooses what --trace runs; add --trace")
     if largest_layer_params is not None and shape is not None:
         raise MgbenchError("--largest-layer-params is for --params; with a model shape the layers are known")
+    if shape is None and kw["pp_last_layers"] is not None:
+        raise MgbenchError(f"--pp-last-layers {kw['pp_last_layers']} needs the model's layers: give --model or its "
+                           "dimensions instead of --params")
     cpu_profile = bool(hardware_profile) and read_profile_device(hardware_profile) == "cpu"
     res = memory_fn(shape, _layout(kw), params=params, largest_layer_params=largest_layer_params,
                     stack="mgbench" if hardware_profile else stack, margin=kw["memory_margin"], fixed=not cpu_profile,
@@ -313,6 +316,9 @@ def _counted_ops(shape: Any, layout: Any, hw: Any, profile: Any = None) -> tuple
     hardware does not price them (catalog, GPU or older profiles)."""
     if hw.ew_bw is None:
         return None
+    if layout.pp_last_layers is not None:  # the runner splits blocks evenly: its ops would be another layout's
+        raise MgbenchError(f"--pp-last-layers {layout.pp_last_layers} with a probed CPU profile: its ops are counted "
+                           "by tracing the runner, which splits the blocks evenly; give it without --hardware")
     from ..planner.against import counted_ops
     from ..planner.trace import runner_config
 

@@ -27,11 +27,11 @@ PUE = 1.2  # facility overhead (a modern data centre; the industry average is hi
 TIERS = ("on_demand", "reserved_1yr", "reserved_3yr", "spot")
 
 
-
 def price_hint(name: str = "NAME", spot: bool = False) -> str:
     """How to give a missing price on the command line, with its unit: --price takes USD per
     GPU-hour, also for a cloud instance type (its instance-hour price / its GPUs)."""
     return f"pass --price {name}{':spot' if spot else ''}=USD (USD per GPU-hour)"
+
 
 class Prices:
     """Hourly USD per GPU by accelerator or system id, per rental tier, with sources."""

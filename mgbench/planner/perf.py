@@ -72,7 +72,7 @@ from ..model_shape import ModelShape
 from ..strategies.schedules import grad_sync, theoretical_bubble
 from .hardware import Hardware
 from .memory import (act_bytes, attention_recomputed_share, elementwise_recomputed, matmul_recomputed_share,
-                     moe_mlp_extra, pipeline_fsdp_unsharded_from_forward, recomputed_share)
+                     max_last_layers, moe_mlp_extra, pipeline_fsdp_unsharded_from_forward, recomputed_share)
 from .memory import stage_layers as memory_stage_layers
 
 DEFAULT_OVERLAP = 1.0
@@ -179,8 +179,9 @@ def balanced_last_layers(shape: ModelShape, seq: int, pp: Any, recompute: Any = 
     as its FLOPs in blocks (h V over a block's mean FLOPs a token, at ``seq``), as
     practitioners size these layouts (Megatron-LM's account_for_loss_in_pipeline_split
     counts it as one block; DeepSeek-V3's recipes give the last stage 3 blocks fewer), and
-    the MTP modules, which run there too (layout_time.step_time), as a mean block each.
-    A block's FLOPs include what ``recompute`` (layout.RECOMPUTE's codes, one per ``pp``
+    the MTP modules, which run there too (layout_time.step_time), as a mean block each;
+    never more blocks than memory.max_last_layers allows (NaN where no lighter last stage
+    beats the even split: that split is the even one). A block's FLOPs include what ``recompute`` (layout.RECOMPUTE's codes, one per ``pp``
     entry or one for all) runs again, which the output layer never does: recomputation
     makes the output layer lighter in blocks."""
     L = shape.layers
@@ -189,18 +190,19 @@ def balanced_last_layers(shape: ModelShape, seq: int, pp: Any, recompute: Any = 
     p = np.asarray(pp, dtype=float)
     h = np.broadcast_to(head / block + shape.mtp_layers, p.shape)
     first = np.ceil(L / p)
+    most = max_last_layers(L, p, shape.mtp_layers)  # what the layout rule lets a set last stage hold
     best_t = np.full(p.shape, np.inf)
     best_k = np.full(p.shape, np.nan)
     for j in range(L + 1):
         n = first + j
         k = L - (p - 1.0) * n
         t = np.maximum(n, np.maximum(k, 0.0) + h)
-        better = (p > 1) & (k >= 0) & (t < best_t)
+        better = (p > 1) & (k >= 0) & (k <= most) & (t < best_t)
         best_t = np.where(better, t, best_t)
         best_k = np.where(better, k, best_k)
         if not np.any((p > 1) & (k > 0)):
             break
-    return best_k
+    return np.where(best_k >= first, np.nan, best_k)  # as many blocks as the even split's: that split
 
 
 def hardware_flops_per_token(shape: ModelShape, seq: Any, recompute: Any) -> Any:

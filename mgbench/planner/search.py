@@ -428,6 +428,10 @@ def check_schedule(opts: PlanOptions) -> None:
     if opts.schedule not in VIRTUAL and opts.schedule != SEARCHED and opts.virtual_stages != 1:
         raise MgbenchError(f"--virtual-stages {opts.virtual_stages}: --schedule {opts.schedule} holds a fixed number "
                            f"of chunks a rank; virtual stages are for {', '.join(VIRTUAL)}")
+    if opts.pp_split == BALANCED and opts.schedule != SEARCHED and v_shaped(opts.schedule):
+        raise MgbenchError(f"--pp-split balanced with --schedule {opts.schedule}: its V puts the output layer on rank 0 "
+                           "beside the embedding, so there is no last stage to lighten; use --pp-split even or a loop "
+                           "schedule (1f1b, interleaved)")
 
 
 def schedule_label(r: dict[str, Any]) -> str:

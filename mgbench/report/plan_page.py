@@ -18,6 +18,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from .. import __version__
+from ..planner.cost import price_hint
 from .figures import LAYOUT
 from .html import CSS, _figure_block, _table
 
@@ -188,7 +189,7 @@ def build_plan_report(plan: dict[str, Any], output: str | Path) -> Path:
     flips = plan.get("flips") or {}
     sections = [
         ("Recommendation", f"<p><b>{html.escape(head)}</b></p>" + _lines(plan.get("reasons", []))),
-        ("Time and cost", _figure_block(front_figure(plan), "not available: no option has a price (pass --price)")),
+        ("Time and cost", _figure_block(front_figure(plan), f"not available: no option has a price ({price_hint()})")),
         ("Accelerators", _figure_block(accelerator_figure(plan), "not available: no option was evaluated")),
         ("Memory", _figure_block(memory_figure(plan), "not available: no lead layout")),
         ("Buy or rent", _figure_block(ownership_figure(plan), "not available: no server in the plan has a public "

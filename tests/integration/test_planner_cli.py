@@ -78,6 +78,10 @@ def test_plan_cost_options_change_the_answer(cli):
          "--schedule 1f1b holds a fixed number of chunks"),
         (["predict", "--model", "llama3-8b", "--system", "dgx-h100", "--num-gpus", "8", "--pp-last-layers", "1"],
          "--pp-last-layers 1 needs a pipeline"),
+        (["memory", "--params", "7e9", "--num-gpus", "8", "--pp", "2", "--pp-last-layers", "999"],
+         "--pp-last-layers 999 needs the model's layers"),
+        (["plan", "--model", "llama3-8b", "--tokens", "1e12", "--schedule", "zbv", "--pp-split", "balanced"],
+         "no last stage to lighten"),
         (["memory", "--model", "llama3-8b", "--num-gpus", "8", "--pp", "4", "--pp-last-layers", "9"],
          "the last of 4 stages may hold 0 to 8 of the 32 layers"),
         (["predict", "--model", "llama3-8b", "--system", "dgx-h100", "--num-gpus", "8", "--pp", "4", "--global-batch",
@@ -165,8 +169,9 @@ def test_predict_and_memory_carry_the_last_stages_blocks(cli):
 
 
 def test_predict_on_a_probed_cpu_takes_a_lighter_last_stage(cli, tmp_path):
-    # A probed CPU profile prices the runner config's ops (planner/against.py): a set last
-    # stage is priced there too, not refused as --trace refuses it.
+    # A probed CPU profile without op probes prices a set last stage as a GPU would; one
+    # with them counts the runner's ops, on its even split, and refuses the pair
+    # (test_probe_host_terms.py), as --trace does.
     from tests.unit.test_probe_profile import make_profile
 
     prof = tmp_path / "p.json"

@@ -140,3 +140,14 @@ def test_a_carried_figure_that_names_no_sibling_is_refused(monkeypatch, name):
     monkeypatch.setattr(H, "efficiency_entries", lambda: ent)
     with pytest.raises(MgbenchError, match=f"h100-nvl.{name} is carried but names no sibling"):
         H.catalog_profile.__wrapped__("h100-nvl")
+
+
+@pytest.mark.parametrize("name", ["gemm_best", "gemm_best_fp8", "gemm_small", "attention", "host_link"])
+def test_an_assumed_figure_without_a_value_is_refused_but_mem_bw(monkeypatch, name):
+    # Only mem_bw's reader prices an assumption with no value (the median measured
+    # fraction); any other figure stated "assumed" with nothing to price is one line.
+    ent = {k: dict(v) for k, v in H.efficiency_entries().items()}
+    ent["h100-nvl"][name] = {"kind": "assumed", "reason": "r"}
+    monkeypatch.setattr(H, "efficiency_entries", lambda: ent)
+    with pytest.raises(MgbenchError, match=f"h100-nvl.{name} is assumed but names no sibling"):
+        H.catalog_profile.__wrapped__("h100-nvl")

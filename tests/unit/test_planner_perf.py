@@ -133,7 +133,7 @@ def test_the_balanced_split_counts_recomputation_which_the_output_layer_never_ru
     # the head weighs more than a block, so 10 blocks + head (10 + h) is slower than 11
     # and the chooser gives the others 11 and the last 80 - 77 = 3; with full recompute
     # every block's forward runs twice and the head weighs less than one (h < 1), so
-    # 10 + h beats 11 and the even split (10 on the last) wins.
+    # 10 + h beats 11 and the even split (10 on the last) wins: NaN, nothing to lighten.
     import numpy as np
 
     shape = catalog.model_shape("llama3-70b")
@@ -144,8 +144,26 @@ def test_the_balanced_split_counts_recomputation_which_the_output_layer_never_ru
 
     full = RECOMPUTE.index("full")
     assert h(0) > 1.0 > h(full)
-    assert list(perf.balanced_last_layers(shape, 8192, np.array([8, 8]), np.array([0, full]))) == [3, 10]
-    assert perf.balanced_last_layers(shape, 8192, np.array([8]), full)[0] == 10  # one code for all
+    got = perf.balanced_last_layers(shape, 8192, np.array([8, 8]), np.array([0, full]))
+    assert got[0] == 3 and np.isnan(got[1])
+    assert np.isnan(perf.balanced_last_layers(shape, 8192, np.array([8]), full)[0])  # one code for all
+
+
+def test_the_balanced_split_stays_within_what_the_layout_rule_allows():
+    # 32 blocks and one MTP module over 8 stages: the MTP module rides on the last stage,
+    # so a set last stage may hold at most memory.max_last_layers = 3 blocks; the chooser
+    # never offers more (it would have offered 4, which predict refuses), and where no
+    # allowed split beats the even one it offers none (NaN).
+    import dataclasses
+
+    import numpy as np
+
+    from mgbench.planner.memory import max_last_layers
+
+    shape = dataclasses.replace(catalog.model_shape("llama3-8b"), mtp_layers=1)
+    assert max_last_layers(32, 8, 1) == 3
+    k = perf.balanced_last_layers(shape, 4096, np.array([8]))[0]
+    assert np.isnan(k) or k <= 3
 
 
 def test_the_mtp_module_runs_on_the_last_stage_by_hand():

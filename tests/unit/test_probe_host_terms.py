@@ -72,3 +72,15 @@ def test_a_profile_without_the_op_probes_keeps_the_roofline():
     from mgbench.planner.against import counted_ops
 
     assert counted_ops(None, hw) is None
+
+
+def test_counted_ops_refuse_a_set_last_stage():
+    # The counted ops come from tracing the runner, which splits the blocks evenly: with a
+    # set last stage they would be another layout's, so predict refuses the pair (one line).
+    from mgbench.commands.planning import _counted_ops
+    from mgbench.errors import MgbenchError
+
+    hw = P.hardware(host_profile(), "fp32", ranks=2)
+    layout = Layout.of(dp=1, pp=2, micro_batch=2, seq_len=128, global_batch=8, precision="fp32", pp_last_layers=0)
+    with pytest.raises(MgbenchError, match="--pp-last-layers 0 with a probed CPU profile"):
+        _counted_ops(MINI, layout, hw)
