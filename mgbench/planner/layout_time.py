@@ -18,8 +18,9 @@ compute   perf's; with context parallelism each of the cp ranks computes s / cp 
           one (efficiency.toml gemm_best_fp8 / gemm_best: Hopper reaches 0.88 of the
           bf16 fraction, MI300X 0.87, B200 0.98), or, where no FP8 GEMM was measured,
           the bf16 fraction (:func:`fp8_linear_ratio`); the output projection stays bf16
-          (torchao / torchtitan leave it out, strategies/fp8.py). MFU stays against the
-          bf16 peak.
+          (torchao / torchtitan leave it out, strategies/fp8.py); quantizing each
+          linear's input and output gradient costs memory traffic besides
+          (perf.fp8_cast_seconds, ``fp8_cast_s``). MFU stays against the bf16 peak.
 bubble    perf's: the schedule's theoretical idle fraction f (strategies/schedules.py's
           :func:`theoretical_bubble`, the one place for it), bubble = blocks x f / (1 - f),
           on the blocks' compute after the fp8 speed-up.
@@ -78,9 +79,11 @@ from .memory import (VIRTUAL_SCHEDULES, act_bytes, attention_recomputed_share, r
                      stage_param_split)
 
 FP8_EFF_NOTE = ("FP8 linears at the bf16 matmul efficiency's fraction of the FP8 peak (an assumption: no FP8 "
-                "best-GEMM (MAMF) figure is recorded; casts and scaling are not priced)")
+                "best-GEMM (MAMF) figure is recorded); " + "{casts}")
 FP8_MEASURED_NOTE = ("FP8 linears at the FP8 peak x the measured FP8 best-GEMM fraction ({ratio:.2f} of the bf16 one, "
-                     "efficiency.toml); casts and scaling are not priced")
+                     "efficiency.toml); {casts}")
+FP8_CAST_NOTE = ("every linear's input and output gradient quantized at the achieved memory bandwidth, unfused "
+                 "(fp8_cast_s: a stack that fuses the casts into its norms and activations pays less)")
 OFFLOAD_NOTE = "CPU offload: the optimizer step on the host CPU is not priced (no host memory bandwidth in the catalog)"
 
 
@@ -205,7 +208,8 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
             raise MgbenchError("--precision fp8 is priced on catalog GPUs only (a probed CPU has no FP8 units)")
         ratio = fp8_linear_ratio(hw)
         blocks = blocks - b["linear_s"] * (1.0 - ratio) / hw.stack_eff
-        notes.append(FP8_MEASURED_NOTE.format(ratio=hw.fp8_gemm_ratio) if hw.fp8_gemm_ratio else FP8_EFF_NOTE)
+        notes.append(FP8_MEASURED_NOTE.format(ratio=hw.fp8_gemm_ratio, casts=FP8_CAST_NOTE) if hw.fp8_gemm_ratio
+                     else FP8_EFF_NOTE.format(casts=FP8_CAST_NOTE))
     lps, last_layers = stage_layers(shape.layers, p, pp_last_layers)
     # Megatron-Core builds the MTP modules on the last pipeline stage, beside the output
     # layer (a pipeline layout's "tmL"): perf spreads their FLOPs over the blocks, so a
@@ -235,6 +239,11 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
                                              recompute=rc, sp=sp) / hw.stack_eff
         blocks = blocks + imbalance_s + moe_recompute_s + permute_s + traffic_s
         notes.append(moe_terms.note(opts, schedule))
+    cast_s = zero_s
+    if precision == "fp8":
+        cast_s = perf.fp8_cast_seconds(shape, hw, tokens=tokens_rank * t, tp=t, blocks=lps, num_micro=m, recompute=rc,
+                                       load=opts.load if shape.is_moe else 1.0, sp=sp) / hw.stack_eff
+        blocks = blocks + cast_s
     # The output layer (and the MTP modules) run on the last stage. Evenly split, that
     # stage has a first stage's blocks besides and sets the pace; where the run gives it
     # fewer blocks (pp_last_layers), they make room for the output layer, which paces the
@@ -302,7 +311,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     res["breakdown"] = {**terms, "compute_s": compute, "bubble_s": bubble, "bubble_fraction": f, "dp_comm_s": dp_comm,
                         "exposed_dp_comm_s": exposed_dp, "ep_comm_s": ep_comm, "ep_a2a_s": a2a,
                         "moe_imbalance_s": imbalance_s, "moe_recompute_s": moe_recompute_s,
-                        "moe_permute_s": permute_s, "moe_traffic_s": traffic_s, "moe_host_s": host_s, "cp_comm_s": cp_comm,
+                        "moe_permute_s": permute_s, "moe_traffic_s": traffic_s, "fp8_cast_s": cast_s, "moe_host_s": host_s, "cp_comm_s": cp_comm,
                         "mtp_last_stage_s": mtp_s,
                         "offload_s": offload_s,
                         "exposed_comm_s": b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s}

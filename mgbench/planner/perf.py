@@ -381,6 +381,66 @@ def moe_traffic_seconds(shape: ModelShape, hw: Hardware, *, tokens: Any, tp: Any
         * np.asarray(num_micro, dtype=float)
 
 
+# Bytes an FP8 linear's operand costs to quantize, per element: the bf16 tensor read once
+# (2) and written twice in FP8 (1 + 1), row-wise for the GEMM that consumes it and
+# column-wise (transposed) for the backward GEMM that consumes it the other way round
+# (Transformer Engine's cast-transpose: Hopper's FP8 GEMMs take TN operands only, and
+# Blackwell's MXFP8 scales 1 x 32 blocks along one axis, so both copies are made).
+FP8_CAST_BYTES = 4.0
+
+
+def fp8_cast_elements(shape: ModelShape, load: float = 1.0) -> dict[str, float]:
+    """Elements a token quantizes to FP8 in one block, averaged over dense and MoE blocks:
+    ``forward`` every linear's input, ``backward`` every linear's output gradient (the
+    dgrad and wgrad GEMMs' FP8 operand); ``routed`` the part of both that the routed
+    experts' rows make (top_k x ``load`` rows a token, the busiest rank's), which is split
+    over tensor-parallel ranks only under sequence parallelism (memory.moe_mlp_extra).
+    The router stays in bf16/fp32 and the output layer in bf16 (Megatron-LM's fp8 covers
+    the transformer blocks), so neither is counted; weights are cast once a step, not
+    counted."""
+    c = block_gemm_classes(shape)
+    h = float(shape.hidden)
+    fwd = h + c["attn_out_k"]  # attention's input projection, its output projection
+    bwd = c["attn_in_n"] + h
+    w = c["moe_frac"]
+    fwd += (1.0 - w) * (h + c["mlp_down_k"])
+    bwd += (1.0 - w) * (c["mlp_up_n"] + h)
+    routed_f = routed_b = 0.0
+    if w > 0.0:
+        s = float(shape.shared_experts)
+        fwd += w * s * (h + c["expert_down_k"])
+        bwd += w * s * (c["expert_up_n"] + h)
+        rows = float(shape.top_k) * load
+        routed_f = w * rows * (h + c["expert_down_k"])
+        routed_b = w * rows * (c["expert_up_n"] + h)
+    return {"forward": fwd, "backward": bwd, "routed_forward": routed_f, "routed_backward": routed_b}
+
+
+def fp8_cast_seconds(shape: ModelShape, hw: Hardware, *, tokens: Any, tp: Any, blocks: Any, num_micro: Any,
+                     recompute: Any, load: float = 1.0, sp: Any = True) -> Any:
+    """Seconds a rank's step spends quantizing its linears' operands to FP8 (what
+    ``precision fp8`` adds beside faster GEMMs): :func:`fp8_cast_elements` x
+    :data:`FP8_CAST_BYTES` at the achieved memory bandwidth, for ``tokens`` (a rank's
+    tokens of one micro-batch before tensor parallelism splits them over ``tp``) through
+    ``blocks`` blocks, ``num_micro`` micro-batches; the forward casts run again for the
+    forward share ``recompute`` reruns. Column-parallel outputs and row-parallel inputs
+    split over tp, and sequence parallelism quantizes each rank's share before its FP8
+    all-gather, so a rank casts 1 / tp of the dense elements.
+
+    Counted unfused: a stack that fuses the cast into the norm or the activation that
+    produces the operand (Transformer Engine's norm-and-quantize and
+    activation-and-quantize kernels) saves the read, and this over-prices it."""
+    el = fp8_cast_elements(shape, load)
+    t = np.asarray(tp, dtype=float)
+    share = np.where(np.asarray(sp, dtype=bool), t, 1.0)
+    again = 1.0 + matmul_recomputed_share(shape.layers, recompute)
+    per_token = ((el["forward"] * again + el["backward"]) / t
+                 + (el["routed_forward"] * again + el["routed_backward"]) / share)
+    nbytes = FP8_CAST_BYTES * per_token * np.asarray(tokens, dtype=float) * np.asarray(blocks, dtype=float) \
+        * np.asarray(num_micro, dtype=float)
+    return nbytes / (hw.mem_bw * hw.mem_bw_fraction)
+
+
 def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, micro_batch: Any,
                   tp: Any, pp: Any, dp: Any, recompute: Any, precision: str = "bf16", sp: Any = False,
                   flash: Any = True, host_ops: dict[str, float] | None = None, ep: Any = 1,

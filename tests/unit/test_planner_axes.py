@@ -182,14 +182,56 @@ def test_fp8_speeds_up_the_blocks_linears_by_the_measured_fp8_rate():
     # 1979) over its bf16 one (794.5 of 989): 0.5 / 0.882 = 0.567 of their bf16 seconds.
     fp8_rate = (989.0 / 1979.0) / ((1402.6 / 1979.0) / (794.5 / 989.0))
     saved = linears * (1 - fp8_rate) / H100.stack_eff
-    assert float(b["compute_s"] - f8["breakdown"]["compute_s"]) == pytest.approx(saved, rel=1e-9)
+    cast = float(f8["breakdown"]["fp8_cast_s"])  # what quantizing costs: the next test, by hand
+    assert cast > 0.0 and float(b["fp8_cast_s"]) == 0.0
+    assert float(b["compute_s"] - f8["breakdown"]["compute_s"]) == pytest.approx(saved - cast, rel=1e-9)
     assert float(f8["mfu"]) == pytest.approx(float(f8["model_tflops_per_gpu"]) / 989.0)  # bf16 peak
     # Without a measured FP8 GEMM the bf16 fraction is carried: the peaks' ratio alone.
     unmeasured = dataclasses.replace(H100, fp8_gemm_ratio=None)
     f8u = layout_time.step_time(LLAMA8, unmeasured, precision="fp8", **kw)
     saved_u = linears * (1 - 989.0 / 1979.0) / H100.stack_eff
-    assert float(b["compute_s"] - f8u["breakdown"]["compute_s"]) == pytest.approx(saved_u, rel=1e-9)
+    assert float(b["compute_s"] - f8u["breakdown"]["compute_s"]) == pytest.approx(saved_u - cast, rel=1e-9)
     assert any("no FP8" in n for n in f8u["notes"]) and any("measured FP8" in n for n in f8["notes"])
+
+
+def test_fp8_pays_for_quantizing_every_linears_input_and_output_gradient_by_hand():
+    # Llama 3 8B (h 4096, 32 heads of 128, 8 KV heads, SwiGLU 14336), one block, a token:
+    # forward the inputs of q/k/v (4096), of the output projection (32 x 128), of the
+    # MLP's gate/up (4096) and down (14336) projections; backward the output gradients of
+    # q/k/v (4096 + 2 x 8 x 128), of the output projection (4096), of gate/up (2 x 14336)
+    # and down (4096). Each element: read in bf16, written twice in FP8 (rows and
+    # columns): 4 bytes.
+    fwd, bwd = 4096 + 4096 + 4096 + 14336, (4096 + 2048) + 4096 + 2 * 14336 + 4096
+    el = perf.fp8_cast_elements(LLAMA8)
+    assert (el["forward"], el["backward"], el["routed_forward"]) == (fwd, bwd, 0.0)
+    kw = dict(seq=8192, global_batch=16, micro_batch=1, tp=1, pp=1, dp=8, zero=3)
+    bw = H100.mem_bw * H100.mem_bw_fraction
+    # 2 micro-batches of 8192 tokens through 32 blocks
+    by_hand = 4.0 * (fwd + bwd) * 8192 * 32 * 2 / bw / H100.stack_eff
+    f8 = layout_time.step_time(LLAMA8, H100, precision="fp8", recompute=0, **kw)["breakdown"]
+    assert float(f8["fp8_cast_s"]) == pytest.approx(by_hand, rel=1e-9)
+    # Full recompute runs every forward again: its casts too. Tensor parallelism splits
+    # them over the ranks.
+    full = layout_time.step_time(LLAMA8, H100, precision="fp8", recompute=2, **kw)["breakdown"]
+    assert float(full["fp8_cast_s"]) == pytest.approx(by_hand * (2 * fwd + bwd) / (fwd + bwd), rel=1e-9)
+    tp2 = layout_time.step_time(LLAMA8, H100, precision="fp8", recompute=0, sp=True, **{**kw, "tp": 2, "dp": 4})
+    assert float(tp2["breakdown"]["fp8_cast_s"]) == pytest.approx(by_hand * 2 / 2, rel=1e-9)  # 2x micro-batches, 1/2
+
+
+def test_fp8_casts_of_the_routed_experts_by_hand():
+    # Qwen3-30B-A3B (h 2048, 32 heads of 128, 4 KV heads, 128 experts of 768, top 8, no
+    # shared expert, every block MoE): each routed row casts the experts' input (2048) and
+    # the down projection's (768) forward, the gradients of gate/up (2 x 768) and down
+    # (2048) backward, at the busiest rank's load.
+    shape = catalog.model_shape("qwen3-30b-a3b")
+    el = perf.fp8_cast_elements(shape, load=1.1)
+    assert el["forward"] == 2048 + 4096 and el["backward"] == (4096 + 2 * 4 * 128) + 2048
+    assert el["routed_forward"] == pytest.approx(8 * 1.1 * (2048 + 768))
+    assert el["routed_backward"] == pytest.approx(8 * 1.1 * (2 * 768 + 2048))
+    # The router's GEMM stays in bf16: the number of experts does not enter, the vocabulary
+    # (the output layer, bf16 too) neither.
+    other = dataclasses.replace(shape, experts=64, vocab=1000)
+    assert perf.fp8_cast_elements(other, load=1.1) == el
 
 
 def test_offload_transfer_over_the_host_link_by_hand():
