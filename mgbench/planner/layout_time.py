@@ -82,8 +82,9 @@ FP8_EFF_NOTE = ("FP8 linears at the bf16 matmul efficiency's fraction of the FP8
                 "best-GEMM (MAMF) figure is recorded); " + "{casts}")
 FP8_MEASURED_NOTE = ("FP8 linears at the FP8 peak x the measured FP8 best-GEMM fraction ({ratio:.2f} of the bf16 one, "
                      "efficiency.toml); {casts}")
-FP8_CAST_NOTE = ("every linear's input and output gradient quantized at the achieved memory bandwidth, unfused "
-                 "(fp8_cast_s: a stack that fuses the casts into its norms and activations pays less)")
+FP8_CAST_NOTE = ("every linear's input and output gradient cast to FP8 at 4 bytes an element at the achieved memory "
+                 "bandwidth (fp8_cast_s; one figure for every recipe: current scaling's amax pass costs more, fused "
+                 "casts less)")
 OFFLOAD_NOTE = "CPU offload: the optimizer step on the host CPU is not priced (no host memory bandwidth in the catalog)"
 
 

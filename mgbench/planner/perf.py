@@ -383,59 +383,83 @@ def moe_traffic_seconds(shape: ModelShape, hw: Hardware, *, tokens: Any, tp: Any
 
 # Bytes an FP8 linear's operand costs to quantize, per element: the bf16 tensor read once
 # (2) and written twice in FP8 (1 + 1), row-wise for the GEMM that consumes it and
-# column-wise (transposed) for the backward GEMM that consumes it the other way round
-# (Transformer Engine's cast-transpose: Hopper's FP8 GEMMs take TN operands only, and
-# Blackwell's MXFP8 scales 1 x 32 blocks along one axis, so both copies are made).
+# column-wise for the backward GEMM that consumes it the other way round (Transformer
+# Engine's cast-transpose: Hopper's FP8 GEMMs take TN operands only, and Blackwell's MXFP8
+# scales 1 x 32 blocks along one axis, so both copies are made). The recipe moves it
+# (docs/planner.md: current scaling's amax pass adds a read, per-tensor scaling on
+# Blackwell makes no column copy, torchao's dynamic casts keep the bf16 input and cast
+# more); this is the one figure, counted unfused.
 FP8_CAST_BYTES = 4.0
 
 
+def _attention_cast_widths(shape: ModelShape) -> dict[str, float]:
+    """Widths attention's linears cast a token: ``seq_*`` on tensors a rank holds 1 / tp of
+    only under sequence parallelism (a column-parallel linear's input, a row-parallel one's
+    output gradient, MLA's down projections, which every tensor-parallel rank runs whole),
+    ``tp_*`` on widths tensor parallelism splits (a column-parallel linear's output gradient,
+    a row-parallel one's input); ``*_f`` forward inputs, ``*_b`` backward output gradients."""
+    h, a = float(shape.hidden), float(shape.heads)
+    out_in = a * shape.v_dim  # the output projection's input
+    if not shape.is_mla:
+        qkv = a * shape.dim_head + 2.0 * shape.kv_heads * shape.dim_head
+        return {"seq_f": h, "seq_b": h, "tp_f": out_in, "tp_b": qkv}
+    kv_down = float(shape.kv_lora_rank + shape.qk_rope_head_dim)
+    kv_up = a * (shape.qk_nope_head_dim + shape.v_dim)
+    q_out = a * shape.qk_head_dim
+    if shape.q_lora_rank is None:  # queries projected directly: a column-parallel linear of h
+        return {"seq_f": 2.0 * h + shape.kv_lora_rank, "seq_b": kv_down + h,
+                "tp_f": out_in, "tp_b": q_out + kv_up}
+    q_lora = float(shape.q_lora_rank)
+    return {"seq_f": 2.0 * h + q_lora + shape.kv_lora_rank, "seq_b": q_lora + kv_down + h,
+            "tp_f": out_in, "tp_b": q_out + kv_up}
+
+
 def fp8_cast_elements(shape: ModelShape, load: float = 1.0) -> dict[str, float]:
-    """Elements a token quantizes to FP8 in one block, averaged over dense and MoE blocks:
-    ``forward`` every linear's input, ``backward`` every linear's output gradient (the
-    dgrad and wgrad GEMMs' FP8 operand); ``routed`` the part of both that the routed
-    experts' rows make (top_k x ``load`` rows a token, the busiest rank's), which is split
-    over tensor-parallel ranks only under sequence parallelism (memory.moe_mlp_extra).
-    The router stays in bf16/fp32 and the output layer in bf16 (Megatron-LM's fp8 covers
-    the transformer blocks), so neither is counted; weights are cast once a step, not
-    counted."""
+    """Elements a token casts to FP8 in one block, averaged over dense and MoE blocks, by
+    how parallelism splits them (:func:`_attention_cast_widths`): forward every linear's
+    input, backward every linear's output gradient (the dgrad and wgrad GEMMs' FP8
+    operand). ``routed_*``: what the routed experts' rows cast (top_k x ``load`` rows a
+    token, the busiest rank's), split over tensor-parallel ranks only under sequence
+    parallelism (memory.moe_mlp_extra). The router and the output layer stay in bf16
+    (Megatron-LM's fp8 covers the transformer blocks' linears), so neither is counted;
+    weights are cast once a step, not counted."""
     c = block_gemm_classes(shape)
     h = float(shape.hidden)
-    fwd = h + c["attn_out_k"]  # attention's input projection, its output projection
-    bwd = c["attn_in_n"] + h
+    el = _attention_cast_widths(shape)
     w = c["moe_frac"]
-    fwd += (1.0 - w) * (h + c["mlp_down_k"])
-    bwd += (1.0 - w) * (c["mlp_up_n"] + h)
-    routed_f = routed_b = 0.0
+    # a dense MLP: the up projection column-parallel, the down projection row-parallel
+    el["seq_f"] += (1.0 - w) * h
+    el["seq_b"] += (1.0 - w) * h
+    el["tp_f"] += (1.0 - w) * c["mlp_down_k"]
+    el["tp_b"] += (1.0 - w) * c["mlp_up_n"]
+    el["routed_f"] = el["routed_b"] = 0.0
     if w > 0.0:
-        s = float(shape.shared_experts)
-        fwd += w * s * (h + c["expert_down_k"])
-        bwd += w * s * (c["expert_up_n"] + h)
+        n = float(shape.shared_experts)  # tensor-parallel like a dense MLP
+        el["seq_f"] += w * n * h
+        el["seq_b"] += w * n * h
+        el["tp_f"] += w * n * c["expert_down_k"]
+        el["tp_b"] += w * n * c["expert_up_n"]
         rows = float(shape.top_k) * load
-        routed_f = w * rows * (h + c["expert_down_k"])
-        routed_b = w * rows * (c["expert_up_n"] + h)
-    return {"forward": fwd, "backward": bwd, "routed_forward": routed_f, "routed_backward": routed_b}
+        el["routed_f"] = w * rows * (h + c["expert_down_k"])
+        el["routed_b"] = w * rows * (c["expert_up_n"] + h)
+    return el
 
 
 def fp8_cast_seconds(shape: ModelShape, hw: Hardware, *, tokens: Any, tp: Any, blocks: Any, num_micro: Any,
                      recompute: Any, load: float = 1.0, sp: Any = True) -> Any:
-    """Seconds a rank's step spends quantizing its linears' operands to FP8 (what
-    ``precision fp8`` adds beside faster GEMMs): :func:`fp8_cast_elements` x
-    :data:`FP8_CAST_BYTES` at the achieved memory bandwidth, for ``tokens`` (a rank's
-    tokens of one micro-batch before tensor parallelism splits them over ``tp``) through
-    ``blocks`` blocks, ``num_micro`` micro-batches; the forward casts run again for the
-    forward share ``recompute`` reruns. Column-parallel outputs and row-parallel inputs
-    split over tp, and sequence parallelism quantizes each rank's share before its FP8
-    all-gather, so a rank casts 1 / tp of the dense elements.
-
-    Counted unfused: a stack that fuses the cast into the norm or the activation that
-    produces the operand (Transformer Engine's norm-and-quantize and
-    activation-and-quantize kernels) saves the read, and this over-prices it."""
+    """Seconds a rank's step spends casting its linears' operands to FP8 (what ``precision
+    fp8`` adds beside faster GEMMs): :func:`fp8_cast_elements` x :data:`FP8_CAST_BYTES` at
+    the achieved memory bandwidth, for ``tokens`` (a rank's tokens of one micro-batch before
+    tensor parallelism splits them over ``tp``) through ``blocks`` blocks, ``num_micro``
+    micro-batches; the forward casts run again for the forward share ``recompute`` reruns.
+    Widths split over tp are 1 / tp a rank; sequence-split tensors are 1 / tp only under
+    sequence parallelism ``sp``, which casts each rank's share before its FP8 all-gather."""
     el = fp8_cast_elements(shape, load)
     t = np.asarray(tp, dtype=float)
     share = np.where(np.asarray(sp, dtype=bool), t, 1.0)
     again = 1.0 + matmul_recomputed_share(shape.layers, recompute)
-    per_token = ((el["forward"] * again + el["backward"]) / t
-                 + (el["routed_forward"] * again + el["routed_backward"]) / share)
+    per_token = ((el["seq_f"] * again + el["seq_b"] + el["routed_f"] * again + el["routed_b"]) / share
+                 + (el["tp_f"] * again + el["tp_b"]) / t)
     nbytes = FP8_CAST_BYTES * per_token * np.asarray(tokens, dtype=float) * np.asarray(blocks, dtype=float) \
         * np.asarray(num_micro, dtype=float)
     return nbytes / (hw.mem_bw * hw.mem_bw_fraction)

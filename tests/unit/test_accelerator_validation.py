@@ -190,20 +190,27 @@ def test_the_printed_targets_line_says_met_and_not_met_as_the_rows_decide(monkey
 def test_pricing_the_fp8_casts_lowers_the_error_on_the_published_fp8_rows(monkeypatch):
     # perf.fp8_cast_seconds (no fitted constant: 4 bytes an element, Transformer Engine's
     # cast-transpose) against the published FP8 runs of both validation files, fit and held
-    # out alike: dense 13.6% -> 13.3% over 34 rows, MoE 24.7% -> 23.0% over 41 (2026-11-27,
-    # host constants as stored). With the term removed the test fails.
+    # out alike, each side with the MoE host constants solved on the fit rows with it and
+    # without it (moe_validation.solve_host). With the term removed the test fails.
+    from mgbench.planner import moe
     from mgbench.planner import moe_validation as V
 
     dense = [r for r in A.runs() if r["precision"] == "fp8"]
     moe_rows = [r for r in V.runs() if r["precision"] == "fp8"]
     assert len(dense) >= 30 and len(moe_rows) >= 35
 
+    stored = moe.host_constants()
+
     def errors():
+        solved = V.solve_host()
+        monkeypatch.setattr(moe, "host_constants", lambda: {**stored, **solved})
         d = mean(abs(A.score(r)["error_pct"]) for r in dense)
         m = mean(abs(V.score(r)["error_pct"]) for r in moe_rows)
+        monkeypatch.undo()
         return d, m
 
     with_casts = errors()
     monkeypatch.setattr(perf, "FP8_CAST_BYTES", 0.0)
     without = errors()
+    print(f"dense {without[0]:.1f}% -> {with_casts[0]:.1f}%, MoE {without[1]:.1f}% -> {with_casts[1]:.1f}%")
     assert with_casts[0] < without[0] and with_casts[1] < without[1], (with_casts, without)

@@ -196,42 +196,57 @@ def test_fp8_speeds_up_the_blocks_linears_by_the_measured_fp8_rate():
 
 def test_fp8_pays_for_quantizing_every_linears_input_and_output_gradient_by_hand():
     # Llama 3 8B (h 4096, 32 heads of 128, 8 KV heads, SwiGLU 14336), one block, a token:
-    # forward the inputs of q/k/v (4096), of the output projection (32 x 128), of the
-    # MLP's gate/up (4096) and down (14336) projections; backward the output gradients of
-    # q/k/v (4096 + 2 x 8 x 128), of the output projection (4096), of gate/up (2 x 14336)
-    # and down (4096). Each element: read in bf16, written twice in FP8 (rows and
-    # columns): 4 bytes.
-    fwd, bwd = 4096 + 4096 + 4096 + 14336, (4096 + 2048) + 4096 + 2 * 14336 + 4096
+    # forward the inputs of q/k/v (4096) and of the MLP's gate/up (4096), which sequence
+    # parallelism splits, and of the output projection (32 x 128) and the down projection
+    # (14336), which tensor parallelism splits; backward the output gradients of the output
+    # and down projections (4096 each, sequence-split) and of q/k/v (4096 + 2 x 8 x 128) and
+    # gate/up (2 x 14336, tensor-split). Each element: read in bf16, written twice in FP8
+    # (rows and columns): 4 bytes.
+    seq_f, seq_b, tp_f, tp_b = 4096 + 4096, 4096 + 4096, 4096 + 14336, (4096 + 2048) + 2 * 14336
     el = perf.fp8_cast_elements(LLAMA8)
-    assert (el["forward"], el["backward"], el["routed_forward"]) == (fwd, bwd, 0.0)
+    assert (el["seq_f"], el["seq_b"], el["tp_f"], el["tp_b"], el["routed_f"]) == (seq_f, seq_b, tp_f, tp_b, 0.0)
+    fwd, bwd = seq_f + tp_f, seq_b + tp_b
     kw = dict(seq=8192, global_batch=16, micro_batch=1, tp=1, pp=1, dp=8, zero=3)
     bw = H100.mem_bw * H100.mem_bw_fraction
     # 2 micro-batches of 8192 tokens through 32 blocks
     by_hand = 4.0 * (fwd + bwd) * 8192 * 32 * 2 / bw / H100.stack_eff
     f8 = layout_time.step_time(LLAMA8, H100, precision="fp8", recompute=0, **kw)["breakdown"]
     assert float(f8["fp8_cast_s"]) == pytest.approx(by_hand, rel=1e-9)
-    # Full recompute runs every forward again: its casts too. Tensor parallelism splits
-    # them over the ranks.
+    # Full recompute runs every forward again: its casts too.
     full = layout_time.step_time(LLAMA8, H100, precision="fp8", recompute=2, **kw)["breakdown"]
     assert float(full["fp8_cast_s"]) == pytest.approx(by_hand * (2 * fwd + bwd) / (fwd + bwd), rel=1e-9)
-    tp2 = layout_time.step_time(LLAMA8, H100, precision="fp8", recompute=0, sp=True, **{**kw, "tp": 2, "dp": 4})
-    assert float(tp2["breakdown"]["fp8_cast_s"]) == pytest.approx(by_hand * 2 / 2, rel=1e-9)  # 2x micro-batches, 1/2
+    # Tensor parallelism over 2 (4 micro-batches a rank): with sequence parallelism a rank
+    # casts half of everything; without it, the sequence-split tensors whole.
+    tp2 = {**kw, "tp": 2, "dp": 4}
+    with_sp = layout_time.step_time(LLAMA8, H100, precision="fp8", recompute=0, sp=True, **tp2)["breakdown"]
+    assert float(with_sp["fp8_cast_s"]) == pytest.approx(by_hand * 2 / 2, rel=1e-9)
+    without = layout_time.step_time(LLAMA8, H100, precision="fp8", recompute=0, sp=False, **tp2)["breakdown"]
+    assert float(without["fp8_cast_s"]) == pytest.approx(by_hand * 2 * (seq_f + seq_b + (tp_f + tp_b) / 2)
+                                                         / (fwd + bwd), rel=1e-9)
 
 
-def test_fp8_casts_of_the_routed_experts_by_hand():
+def test_fp8_casts_of_mla_and_of_the_routed_experts_by_hand():
     # Qwen3-30B-A3B (h 2048, 32 heads of 128, 4 KV heads, 128 experts of 768, top 8, no
     # shared expert, every block MoE): each routed row casts the experts' input (2048) and
     # the down projection's (768) forward, the gradients of gate/up (2 x 768) and down
     # (2048) backward, at the busiest rank's load.
     shape = catalog.model_shape("qwen3-30b-a3b")
     el = perf.fp8_cast_elements(shape, load=1.1)
-    assert el["forward"] == 2048 + 4096 and el["backward"] == (4096 + 2 * 4 * 128) + 2048
-    assert el["routed_forward"] == pytest.approx(8 * 1.1 * (2048 + 768))
-    assert el["routed_backward"] == pytest.approx(8 * 1.1 * (2 * 768 + 2048))
+    assert (el["seq_f"], el["seq_b"], el["tp_f"], el["tp_b"]) == (2048, 2048, 32 * 128, 32 * 128 + 2 * 4 * 128)
+    assert el["routed_f"] == pytest.approx(8 * 1.1 * (2048 + 768))
+    assert el["routed_b"] == pytest.approx(8 * 1.1 * (2 * 768 + 2048))
     # The router's GEMM stays in bf16: the number of experts does not enter, the vocabulary
     # (the output layer, bf16 too) neither.
-    other = dataclasses.replace(shape, experts=64, vocab=1000)
-    assert perf.fp8_cast_elements(other, load=1.1) == el
+    assert perf.fp8_cast_elements(dataclasses.replace(shape, experts=64, vocab=1000), load=1.1) == el
+    # DeepSeek-V3's MLA (h 7168, 128 heads, q_lora 1536, kv_lora 512 + a 64-wide rotary key,
+    # per head 128 + 64 query/key and 128 value dims), linear by linear: forward the down
+    # projections' input twice (7168 each), the up projections' inputs (1536, 512), the
+    # output projection's (128 x 128); backward the down projections' outputs (1536,
+    # 512 + 64), the output projection's (7168), the up projections' (128 x 192,
+    # 128 x (128 + 128)).
+    w = perf._attention_cast_widths(catalog.model_shape("deepseek-v3"))
+    assert w == {"seq_f": 2 * 7168 + 1536 + 512, "seq_b": 1536 + 576 + 7168, "tp_f": 128 * 128,
+                 "tp_b": 128 * 192 + 128 * 256}
 
 
 def test_offload_transfer_over_the_host_link_by_hand():
