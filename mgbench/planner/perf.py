@@ -389,7 +389,7 @@ def moe_traffic_seconds(shape: ModelShape, hw: Hardware, *, tokens: Any, tp: Any
 # (docs/planner.md: current scaling's amax pass adds a read, per-tensor scaling on
 # Blackwell makes no column copy, torchao's dynamic casts keep the bf16 input and cast
 # more); this is the one figure, counted unfused.
-FP8_CAST_BYTES = 4.0
+FP8_CAST_BYTES = 4.0  # per recipe: docs/research/fp8_recipes.md
 
 
 def _attention_cast_widths(shape: ModelShape) -> dict[str, float]:
