@@ -34,7 +34,9 @@ def price_hint(name: str = "NAME", spot: bool = False) -> str:
 
 
 class Prices:
-    """Hourly USD per GPU by accelerator or system id, per rental tier, with sources."""
+    """Hourly USD per GPU by accelerator or system id, per rental tier, with sources. An
+    entry of prices.toml without ``usd`` has a ``null_reason``: a price looked for and not
+    found, which :meth:`lookup` reports instead of a generic "no price"."""
 
     def __init__(self, extra_file: str | None = None, overrides: list[str] | None = None) -> None:
         data = catalog.load("prices.toml")
@@ -73,6 +75,9 @@ class Prices:
         cloud = catalog.systems().get(system, {}).get("cloud")
         for name in ((system,) if cloud else (system, gpu)):
             entry = self.table[tier].get(name)
+            if entry is not None and entry.get("usd") is None:  # looked for, not found: prices.toml says why
+                return None, (f"no {tier.replace('_', '-')} price for {name}: {entry['null_reason']}; "
+                              f"{price_hint(name, spot)}")
             if entry is not None:
                 flag = (" (illustrative)" if entry.get("illustrative") else "") + (
                     " (second-hand: re-check the provider's price)" if entry.get("secondary") else "")

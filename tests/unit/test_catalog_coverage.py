@@ -110,7 +110,13 @@ def test_a_cloud_instance_type_is_never_priced_at_its_gpus_market_price():
     prices = Prices()
     assert prices.lookup("dgx-b200", "b200")[0] is not None
     usd, why = prices.lookup("gcp-a4", "b200")
+    # the reason prices.toml records for the missing price, then how to give one
+    assert usd is None and "no on-demand list price" in why and "--price gcp-a4=USD (USD per GPU-hour)" in why
+    # an instance type prices.toml says nothing about gets the generic reason
+    del prices.table["on_demand"]["gcp-a4"]
+    usd, why = prices.lookup("gcp-a4", "b200")
     assert usd is None and "gcp instance type gcp-a4" in why and "--price gcp-a4=USD (USD per GPU-hour)" in why
+    prices = Prices()
     # a catalog server without a price names its accelerator, with the same unit
     assert prices.lookup("h100-pcie-8", "h100-pcie")[1].endswith("pass --price h100-pcie=USD (USD per GPU-hour)")
     assert Prices(None, ["gcp-a4=9.5"]).lookup("gcp-a4", "b200")[0] == 9.5
@@ -118,3 +124,21 @@ def test_a_cloud_instance_type_is_never_priced_at_its_gpus_market_price():
     assert "second-hand" in prices.lookup("azure-nd-mi300x-v5", "mi300x")[1]  # the source says so
     assert "second-hand" not in prices.lookup("aws-p5", "h100-sxm")[1]
     assert prices.lookup("azure-nd-mi300x-v5", "mi300x")[0] != prices.lookup("mi300x-8", "mi300x")[0]
+
+
+def test_every_missing_cloud_price_says_why_and_the_plan_shows_it():
+    """prices.toml's entries without usd are prices looked for and not found: each has a
+    null_reason, and a plan over such a system shows that reason, not a generic line."""
+    from mgbench import catalog
+    from mgbench.planner.cost import Prices
+
+    data = catalog.load("prices.toml")
+    unpriced = [(t, n) for t in ("on_demand", "spot", "reserved_1yr", "reserved_3yr")
+                for n, e in data.get(t, {}).items() if "usd" not in e]
+    assert {n for _, n in unpriced} >= {"aws-p5e", "gcp-a4", "azure-nd-h200-v5"}
+    for t, n in unpriced:
+        assert data[t][n].get("null_reason"), (t, n)
+    res = plan(SMALL, PlanOptions(tokens=1e9, seq_len=1024, global_batch_tokens=2**18, max_gpus=8,
+                                  systems=["azure-nd-h200-v5"]))
+    assert "exactly 1.30x apart" in res["prices"]["azure-nd-h200-v5"]
+    assert Prices().lookup("azure-nd-h200-v5", "h200")[0] is None
