@@ -211,6 +211,7 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
     from ..planner import calibrate, hardware, perf
     from ..planner import stack as stacks
     from ..planner.predict import predict as predict_fn
+    from ..planner.search import schedule_label
 
     dims = _dims(kw)
     moe = moe_options_from(kw)
@@ -286,8 +287,8 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
                + "".join(f" {k}={kw[k]}" for k in ("cp", "ep") if kw[k] > 1)
                + (f" hsdp={kw['replicas']}" if kw["replicas"] > 1 else "") + (" offload" if kw["offload"] else "")
                + (f" {kw['precision']}" if kw["precision"] == "fp8" else "")
-               + (f" schedule={kw['schedule']}" if kw["pp"] > 1 else "")
-               + (f" last={kw['pp_last_layers']}" if kw.get("pp_last_layers") is not None else ""))
+               + (" schedule=" + schedule_label({"schedule": kw["schedule"], "virtual_stages": kw["virtual_stages"],
+                                                 "pp_last_layers": kw.get("pp_last_layers")}) if kw["pp"] > 1 else ""))
     click.echo(f"step time      {res['step_time_s']:.3f} s  (compute {b['compute_s']:.3f}, bubble {b['bubble_s']:.3f}, "
                f"exposed comm {b['exposed_comm_s']:.3f}"
                + (f", MoE host launches {b['moe_host_s']:.3f}" if b.get("moe_host_s") else "") + ")")
