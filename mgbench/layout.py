@@ -71,6 +71,16 @@ class Layout:
     # layer (Megatron-LM --decoder-last-pipeline-num-layers, a pipeline layout string); the
     # other stages share the rest. None: every stage ceil(layers / pp). Priced, not run.
     pp_last_layers: Any = None
+    # The FP8 scaling recipe under precision fp8 (planner/perf.py FP8_RECIPES): what casting
+    # costs. None: the stack's (planner/stack.py fp8_recipe). Priced, not run.
+    fp8_recipe: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.fp8_recipe is not None and self.precision != "fp8":
+            from .errors import MgbenchError
+
+            raise MgbenchError(f"--fp8-recipe {self.fp8_recipe} applies to --precision fp8 (this layout trains in "
+                               f"{self.precision}): drop it, or add --precision fp8")
 
     @classmethod
     def of(cls, *, dp: int = 1, tp: int = 1, pp: int = 1, ep: int = 1, cp: int = 1, **knobs: Any) -> "Layout":
@@ -102,7 +112,7 @@ class Layout:
                    sequence_parallel=row.get("sequence_parallel", row.get("tp", 1) > 1),
                    schedule=row.get("schedule", "1f1b"),
                    virtual_stages=row.get("virtual_stages", 1), replicas=row.get("replicas", 1),
-                   pp_last_layers=row.get("pp_last_layers"))
+                   pp_last_layers=row.get("pp_last_layers"), fp8_recipe=row.get("fp8_recipe"))
 
     # -- derived degrees -------------------------------------------------------------------
     @property
@@ -183,7 +193,7 @@ class Layout:
                     zero=self.zero, precision=self.precision, recompute=self.recompute_index,
                     sp=self.sequence_parallel, flash=self.flash_attention, schedule=self.schedule,
                     virtual_stages=self.virtual_stages, ep=self.ep, cp=self.cp, replicas=self.replicas,
-                    offload=self.offload, pp_last_layers=self.pp_last_layers)
+                    offload=self.offload, pp_last_layers=self.pp_last_layers, fp8_recipe=self.fp8_recipe)
 
     def take(self, index: Any) -> "Layout":
         """The rows ``index`` (a mask or indices) of a vectorised layout; scalars stay."""

@@ -52,7 +52,7 @@ def _layout(kw: dict[str, Any]):
                   recompute=kw["recompute"], sequence_parallel=kw["sequence_parallel"],
                   flash_attention=not kw["no_flash_attention"], schedule=kw["schedule"],
                   virtual_stages=kw["virtual_stages"], ep=kw["ep"], cp=kw["cp"], replicas=kw["replicas"],
-                  offload=kw["offload"], pp_last_layers=kw["pp_last_layers"])
+                  offload=kw["offload"], pp_last_layers=kw["pp_last_layers"], fp8_recipe=kw["fp8_recipe"])
 
 
 def _dims(kw: dict[str, Any]) -> dict[str, Any]:

@@ -67,6 +67,8 @@ def check_row(row: dict[str, Any]) -> list[str]:
         out.append(f"split {row.get('split')!r} is not one of {', '.join(SPLITS)}")
     if row.get("metric") == "ratio" and "relative_to" not in row:
         out.append("a ratio row names the accelerator and system it is relative to (relative_to)")
+    if (recipe := perf.row_recipe_problem(row)) is not None:
+        out.append(recipe)
     if "published" in row and not (isinstance(row["published"], (int, float)) and row["published"] > 0):
         out.append(f"published {row['published']!r} is not a positive number")
     sysname = row.get("system")

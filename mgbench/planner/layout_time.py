@@ -79,12 +79,11 @@ from .memory import (VIRTUAL_SCHEDULES, act_bytes, attention_recomputed_share, r
                      stage_param_split)
 
 FP8_EFF_NOTE = ("FP8 linears at the bf16 matmul efficiency's fraction of the FP8 peak (an assumption: no FP8 "
-                "best-GEMM (MAMF) figure is recorded); " + "{casts}")
+                "best-GEMM (MAMF) figure is recorded)")
 FP8_MEASURED_NOTE = ("FP8 linears at the FP8 peak x the measured FP8 best-GEMM fraction ({ratio:.2f} of the bf16 one, "
-                     "efficiency.toml); {casts}")
-FP8_CAST_NOTE = ("every linear's input and output gradient cast to FP8 at 4 bytes an element at the achieved memory "
-                 "bandwidth (fp8_cast_s; one figure for every recipe: current scaling's amax pass costs more, fused "
-                 "casts less)")
+                     "efficiency.toml)")
+FP8_CAST_NOTE = ("FP8 casts: every linear's input and output gradient cast under the {recipe} recipe, {bytes:.3g} bytes "
+                 "an element at the achieved memory bandwidth, unfused (fp8_cast_s; --fp8-recipe)")
 OFFLOAD_NOTE = "CPU offload: the optimizer step on the host CPU is not priced (no host memory bandwidth in the catalog)"
 
 
@@ -183,13 +182,14 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
               virtual_stages: int = 1, overlap: float = perf.DEFAULT_OVERLAP, sp: Any = False, flash: Any = True,
               ep: Any = 1, cp: Any = 1, replicas: Any = 1, offload: bool = False,
               host_ops: dict[str, float] | None = None, moe: moe_terms.MoeOptions | None = None,
-              pp_last_layers: Any = None) -> dict[str, Any]:
+              pp_last_layers: Any = None, fp8_recipe: str | None = None) -> dict[str, Any]:
     """Predicted step time and its parts for a layout with every axis (arrays
     broadcast); the step, its named terms in ``breakdown`` and ``notes``.
     ``hw`` is resolved at :func:`hardware_precision` (bf16 for fp8); ``moe``: how an MoE
     model routes and moves its tokens (None: moe.MoeOptions's defaults);
     ``pp_last_layers``: the last pipeline stage's blocks where the run sets them
-    (memory.stage_layers; None: Megatron-LM's even split)."""
+    (memory.stage_layers; None: Megatron-LM's even split); ``fp8_recipe``: the FP8 scaling
+    recipe under ``precision`` fp8 (perf.FP8_RECIPES; None: the stack's, stack.fp8_recipe)."""
     c = np.asarray(cp, dtype=float)
     d = np.asarray(dp, dtype=float)
     dense_p, expert_p = stage_param_split(shape, tp, pp, ep, pp_last_layers)
@@ -209,8 +209,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
             raise MgbenchError("--precision fp8 is priced on catalog GPUs only (a probed CPU has no FP8 units)")
         ratio = fp8_linear_ratio(hw)
         blocks = blocks - b["linear_s"] * (1.0 - ratio) / hw.stack_eff
-        notes.append(FP8_MEASURED_NOTE.format(ratio=hw.fp8_gemm_ratio, casts=FP8_CAST_NOTE) if hw.fp8_gemm_ratio
-                     else FP8_EFF_NOTE.format(casts=FP8_CAST_NOTE))
+        notes.append(FP8_MEASURED_NOTE.format(ratio=hw.fp8_gemm_ratio) if hw.fp8_gemm_ratio else FP8_EFF_NOTE)
     lps, last_layers = stage_layers(shape.layers, p, pp_last_layers)
     # Megatron-Core builds the MTP modules on the last pipeline stage, beside the output
     # layer (a pipeline layout's "tmL"): perf spreads their FLOPs over the blocks, so a
@@ -242,9 +241,13 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         notes.append(moe_terms.note(opts, schedule))
     cast_s = zero_s
     if precision == "fp8":
+        from .stack import fp8_recipe as stack_recipe
+
+        recipe = fp8_recipe or stack_recipe(hw.stack)
         cast_s = perf.fp8_cast_seconds(shape, hw, tokens=tokens_rank * t, tp=t, blocks=lps, num_micro=m, recompute=rc,
-                                       load=opts.load if shape.is_moe else 1.0, sp=sp) / hw.stack_eff
+                                       load=opts.load if shape.is_moe else 1.0, sp=sp, recipe=recipe) / hw.stack_eff
         blocks = blocks + cast_s
+        notes.append(FP8_CAST_NOTE.format(recipe=recipe, bytes=perf.FP8_CAST_BYTES[recipe]))
     # The output layer (and the MTP modules) run on the last stage. Evenly split, that
     # stage has a first stage's blocks besides and sets the pace; where the run gives it
     # fewer blocks (pp_last_layers), they make room for the output layer, which paces the

@@ -547,7 +547,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
                    offload: bool = False, state_bytes: tuple[float, float, float] | None = None,
                    loss: str = "chunked", loss_vocab_parallel: bool = False, te_saved_inputs: bool = False,
                    margin: float = ALLOWANCE_FRACTION, fixed: bool = True, moe: Any = None,
-                   pp_last_layers: Any = None) -> dict[str, Any]:
+                   pp_last_layers: Any = None, fp8_recipe: str | None = None) -> dict[str, Any]:
     """Everything one GPU holds at its peak under the planner's production assumptions,
     in bytes; the components add up to ``total_bytes``.
 
@@ -602,7 +602,10 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
       Transformer Engine (``te_saved_inputs``: the megatron-lm stack) the linears keep
       FP8-quantized inputs (:func:`layer_activations` ``te``); both add one block's float8
       weight casts (1 byte a weight) as a temporary; under ZeRO-3 the weights are
-      all-gathered in float8 (tensorwise recipe), 1 byte a weight instead of 2.
+      all-gathered in float8 (tensorwise recipe), 1 byte a weight instead of 2;
+      ``fp8_recipe`` (the layout's: what casting costs in time, layout_time.step_time) is
+      taken and not counted: the recipes' scale tensors are a small fraction of a byte a
+      value.
     """
     check_margin(margin)
     c = np.asarray(cp, dtype=float)

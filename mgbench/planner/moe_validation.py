@@ -26,7 +26,7 @@ from .. import catalog
 from ..errors import MgbenchError
 from ..layout import Layout
 from ..model_shape import ModelShape
-from . import moe
+from . import moe, perf
 from .memory import stage_layers
 
 # The acceptance (26): mean |error| under 15% and none over 30%, on the fit and the
@@ -74,6 +74,8 @@ def check_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if missing:
             problems.append(f"{r.get('id', '?')}: missing {', '.join(missing)}")
             continue
+        if (recipe := perf.row_recipe_problem(r)) is not None:
+            problems.append(f"{r['id']}: {recipe}")
         if r["split"] != rule[r["id"]]:
             problems.append(f"{r['id']}: split {r['split']!r}, but the header's rule gives {rule[r['id']]!r}")
         try:

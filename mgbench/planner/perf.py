@@ -67,6 +67,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import MgbenchError
 from ..hardware_profile import gemm_kernel_seconds
 from ..model_shape import ModelShape
 from ..strategies.schedules import grad_sync, theoretical_bubble
@@ -381,15 +382,37 @@ def moe_traffic_seconds(shape: ModelShape, hw: Hardware, *, tokens: Any, tp: Any
         * np.asarray(num_micro, dtype=float)
 
 
-# Bytes an FP8 linear's operand costs to quantize, per element: the bf16 tensor read once
-# (2) and written twice in FP8 (1 + 1), row-wise for the GEMM that consumes it and
+# Bytes an FP8 linear's operand costs to cast, per element, by scaling recipe (Megatron-Core's
+# names, TransformerConfig.fp8_recipe; torchao's for rowwise). Every recipe reads the bf16
+# tensor (2) and writes it twice in FP8 (1 + 1), row-wise for the GEMM that consumes it and
 # column-wise for the backward GEMM that consumes it the other way round (Transformer
-# Engine's cast-transpose: Hopper's FP8 GEMMs take TN operands only, and Blackwell's MXFP8
-# scales 1 x 32 blocks along one axis, so both copies are made). The recipe moves it
-# (docs/planner.md: current scaling's amax pass adds a read, per-tensor scaling on
-# Blackwell makes no column copy, torchao's dynamic casts keep the bf16 input and cast
-# more); this is the one figure, counted unfused.
-FP8_CAST_BYTES = 4.0  # per recipe: docs/research/fp8_recipes.md
+# Engine's cast-transpose: Hopper's FP8 GEMMs take TN operands only, and MXFP8 scales
+# 1 x 32 blocks along one axis, so both copies are made); besides:
+#   delayed     nothing: the scale comes from the amax history of earlier steps
+#   tensorwise  per-tensor current scaling (Megatron-Bridge's "FP8-CS", torchao's default
+#               dynamic scaling): a pass that reads the tensor for its amax first (2)
+#   rowwise     torchao's per-row dynamic scaling: the same amax read
+#   mxfp8       one E8M0 scale byte per 32 elements, for each copy
+#   blockwise   one fp32 scale per 128 elements (1 x 128 tiles), for each copy
+# Unfused: few of Megatron-Core's casts are fused into the ops that make their operands.
+# A review against Transformer Engine's code and every FP8 row's recipe, with sources:
+# docs/research/fp8_recipes.md (Blackwell's per-tensor GEMMs take any layout, so there
+# tensorwise makes no column copy: 5 bytes, not told apart here).
+FP8_CAST_BYTES = {"delayed": 4.0, "tensorwise": 6.0, "rowwise": 6.0, "mxfp8": 4.0 + 2.0 / 32.0,
+                  "blockwise": 4.0 + 2.0 * 4.0 / 128.0}
+FP8_RECIPES = tuple(FP8_CAST_BYTES)
+
+
+def row_recipe_problem(row: dict[str, Any]) -> str | None:
+    """What is wrong with a published row's FP8 recipe (the validation files): an FP8 row
+    names one of :data:`FP8_RECIPES`, a row in another precision none; None if right."""
+    recipe = row.get("fp8_recipe")
+    if row.get("precision") == "fp8":
+        if recipe not in FP8_RECIPES:
+            return f"an FP8 row names its scaling recipe: fp8_recipe one of {', '.join(FP8_RECIPES)}, got {recipe!r}"
+    elif recipe is not None:
+        return f"fp8_recipe {recipe!r} on a {row.get('precision')} row"
+    return None
 
 
 def _attention_cast_widths(shape: ModelShape) -> dict[str, float]:
@@ -446,10 +469,10 @@ def fp8_cast_elements(shape: ModelShape, load: float = 1.0) -> dict[str, float]:
 
 
 def fp8_cast_seconds(shape: ModelShape, hw: Hardware, *, tokens: Any, tp: Any, blocks: Any, num_micro: Any,
-                     recompute: Any, load: float = 1.0, sp: Any = True) -> Any:
+                     recompute: Any, load: float = 1.0, sp: Any = True, recipe: str = "delayed") -> Any:
     """Seconds a rank's step spends casting its linears' operands to FP8 (what ``precision
-    fp8`` adds beside faster GEMMs): :func:`fp8_cast_elements` x :data:`FP8_CAST_BYTES` at
-    the achieved memory bandwidth, for ``tokens`` (a rank's tokens of one micro-batch before
+    fp8`` adds beside faster GEMMs): :func:`fp8_cast_elements` x the ``recipe``'s
+    :data:`FP8_CAST_BYTES` at the achieved memory bandwidth, for ``tokens`` (a rank's tokens of one micro-batch before
     tensor parallelism splits them over ``tp``) through ``blocks`` blocks, ``num_micro``
     micro-batches; the forward casts run again for the forward share ``recompute`` reruns.
     Widths split over tp are 1 / tp a rank; sequence-split tensors are 1 / tp only under
@@ -460,7 +483,9 @@ def fp8_cast_seconds(shape: ModelShape, hw: Hardware, *, tokens: Any, tp: Any, b
     again = 1.0 + matmul_recomputed_share(shape.layers, recompute)
     per_token = ((el["seq_f"] * again + el["seq_b"] + el["routed_f"] * again + el["routed_b"]) / share
                  + (el["tp_f"] * again + el["tp_b"]) / t)
-    nbytes = FP8_CAST_BYTES * per_token * np.asarray(tokens, dtype=float) * np.asarray(blocks, dtype=float) \
+    if recipe not in FP8_CAST_BYTES:
+        raise MgbenchError(f"FP8 recipe {recipe!r} is not one of {', '.join(FP8_RECIPES)}")
+    nbytes = FP8_CAST_BYTES[recipe] * per_token * np.asarray(tokens, dtype=float) * np.asarray(blocks, dtype=float) \
         * np.asarray(num_micro, dtype=float)
     return nbytes / (hw.mem_bw * hw.mem_bw_fraction)
 

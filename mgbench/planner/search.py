@@ -25,6 +25,7 @@ from ..strategies.schedules import VIRTUAL, too_few_chunks, v_shaped
 from . import cost, decision, hardware, layout_rules, layout_time, ownership, perf, stack
 from .moe import MoeOptions
 from .memory import ALLOWANCE_FRACTION, SCHEDULES, STATE_BYTES, check_margin, memory_per_gpu
+from .perf import FP8_RECIPES
 
 TP_CHOICES = (1, 2, 4, 8)
 PP_CHOICES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128)
@@ -79,6 +80,13 @@ class PlanOptions:
         default="bf16",
         metadata={"help": "Training precision: the peak FLOP/s used and the bytes per value.",
                   "choices": tuple(STATE_BYTES)})
+    fp8_recipe: str | None = field(
+        default=None, metadata={"help": "FP8 scaling recipe under --precision fp8, for what casting each linear's "
+                                        "operands costs: delayed (Transformer Engine's and Megatron-Core's default), "
+                                        "tensorwise (per-tensor current scaling: Megatron-Bridge's FP8-CS, "
+                                        "torchao's default), rowwise (torchao), mxfp8 (Blackwell), blockwise "
+                                        "(DeepSeek-V3's 1 x 128 tiles). Default: the --stack's.",
+                                "choices": FP8_RECIPES})
     schedule: str = field(
         default=SEARCHED, metadata={"help": "Pipeline schedule of the pipelined candidates: 'searched' (default) tries "
                                             "1F1B and interleaved 1F1B with 2 and 4 virtual stages and keeps each "
@@ -327,7 +335,8 @@ def candidates(opts: PlanOptions, global_batch: Any, schedule: tuple[str, int] |
     stages; default: the plan's first, :func:`schedule_variants`)."""
     name, v = schedule or schedule_variants(opts)[0]
     return Layout(seq_len=opts.seq_len, global_batch=global_batch, precision=opts.precision,
-                  sequence_parallel=columns["tp"] > 1, schedule=name, virtual_stages=v, **columns)
+                  fp8_recipe=opts.fp8_recipe, sequence_parallel=columns["tp"] > 1, schedule=name, virtual_stages=v,
+                  **columns)
 
 
 def layout_of_row(r: dict[str, Any], opts: PlanOptions) -> Layout:

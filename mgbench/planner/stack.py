@@ -26,6 +26,10 @@ DEFAULT_STACK = "megatron-lm"
 # What a stack's linears keep for backward (stacks.toml saved_inputs): torch autograd's
 # tensors, or Transformer Engine's (memory.layer_activations te=).
 SAVED_INPUTS = ("torch", "transformer-engine")
+# The FP8 scaling recipe of a stack that names none (stacks.toml fp8_recipe): Megatron-Core's
+# own default (TransformerConfig.fp8_recipe = "delayed", NVIDIA/Megatron-LM
+# megatron/core/transformer/transformer_config.py @d98e8a64), Transformer Engine's too.
+DEFAULT_FP8_RECIPE = "delayed"
 
 
 def stacks() -> dict[str, dict[str, Any]]:
@@ -69,3 +73,17 @@ def apply(hw: Hardware, name: str | None) -> Hardware:
     """``hw`` with the stack's efficiency (``None``: the default stack)."""
     name = name or DEFAULT_STACK
     return dataclasses.replace(hw, stack_eff=efficiency(name), stack=name)
+
+
+def fp8_recipe(name: str | None) -> str:
+    """The FP8 scaling recipe a stack trains with unless told otherwise (stacks.toml
+    ``fp8_recipe``, else :data:`DEFAULT_FP8_RECIPE`): what planner/perf.py prices its FP8
+    casts at (``--fp8-recipe`` overrides it)."""
+    from .perf import FP8_RECIPES
+
+    name = name or DEFAULT_STACK
+    recipe = stacks().get(name, {}).get("fp8_recipe", DEFAULT_FP8_RECIPE)
+    if recipe not in FP8_RECIPES:
+        raise MgbenchError(f"stacks.toml [stacks.{name}] fp8_recipe must be one of {', '.join(FP8_RECIPES)}, "
+                           f"got {recipe!r}")
+    return recipe

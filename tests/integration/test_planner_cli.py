@@ -88,6 +88,10 @@ def test_plan_cost_options_change_the_answer(cli):
           "16", "--schedule", "zbv", "--pp-last-layers", "2"], "its V puts the output layer on rank 0"),
         (["memory", "--model", "llama3-8b", "--num-gpus", "8", "--pp", "4", "--pp-last-layers", "2", "--trace"],
          "--pp-last-layers 2 is priced without --trace"),
+        (["predict", "--model", "llama3-8b", "--system", "dgx-h100", "--num-gpus", "8", "--fp8-recipe", "mxfp8"],
+         "--fp8-recipe mxfp8 applies to --precision fp8"),
+        (["plan", "--model", "llama3-8b", "--tokens", "1e11", "--systems", "dgx-h100", "--fp8-recipe", "delayed"],
+         "--fp8-recipe delayed applies to --precision fp8"),
     ],
 )
 def test_planner_bad_input(cli, args, expected):

@@ -188,10 +188,10 @@ def test_the_printed_targets_line_says_met_and_not_met_as_the_rows_decide(monkey
 
 
 def test_pricing_the_fp8_casts_lowers_the_error_on_the_published_fp8_rows(monkeypatch):
-    # perf.fp8_cast_seconds (no fitted constant: 4 bytes an element, Transformer Engine's
-    # cast-transpose) against the published FP8 runs of both validation files, fit and held
-    # out alike, each side with the MoE host constants solved on the fit rows with it and
-    # without it (moe_validation.solve_host). With the term removed the test fails.
+    # perf.fp8_cast_seconds (no fitted constant: the bytes each row's recipe casts, Transformer
+    # Engine's cast-transpose) against the published FP8 runs of both validation files, fit
+    # and held out alike, each side with the MoE host constants solved on the fit rows with
+    # it and without it (moe_validation.solve_host). With the term removed the test fails.
     from mgbench.planner import moe
     from mgbench.planner import moe_validation as V
 
@@ -210,7 +210,23 @@ def test_pricing_the_fp8_casts_lowers_the_error_on_the_published_fp8_rows(monkey
         return d, m
 
     with_casts = errors()
-    monkeypatch.setattr(perf, "FP8_CAST_BYTES", 0.0)
+    monkeypatch.setattr(perf, "FP8_CAST_BYTES", dict.fromkeys(perf.FP8_CAST_BYTES, 0.0))
     without = errors()
     print(f"dense {without[0]:.1f}% -> {with_casts[0]:.1f}%, MoE {without[1]:.1f}% -> {with_casts[1]:.1f}%")
     assert with_casts[0] < without[0] and with_casts[1] < without[1], (with_casts, without)
+
+
+def test_every_fp8_row_names_its_recipe_and_a_row_without_one_is_refused():
+    from mgbench.planner import moe_validation as V
+
+    rows = [r for r in A.runs() if r["precision"] == "fp8"] + [r for r in V.runs() if r["precision"] == "fp8"]
+    assert len(rows) >= 70 and all(r["fp8_recipe"] in perf.FP8_RECIPES for r in rows)
+    fp8 = next(r for r in A.runs() if r["precision"] == "fp8")
+    assert A.check_row(fp8) == []
+    broken = {k: v for k, v in fp8.items() if k != "fp8_recipe"}
+    assert any("names its scaling recipe" in p for p in A.check_row(broken))
+    bf16 = next(r for r in A.runs() if r["precision"] == "bf16")
+    assert any("on a bf16 row" in p for p in A.check_row({**bf16, "fp8_recipe": "mxfp8"}))
+    moe_fp8 = next(r for r in V.runs() if r["precision"] == "fp8")
+    with pytest.raises(MgbenchError, match="names its scaling recipe"):
+        V.check_rows([{k: v for k, v in moe_fp8.items() if k != "fp8_recipe"}])

@@ -225,6 +225,34 @@ def test_fp8_pays_for_quantizing_every_linears_input_and_output_gradient_by_hand
                                                          / (fwd + bwd), rel=1e-9)
 
 
+def test_the_fp8_recipe_sets_what_a_cast_costs_by_hand():
+    # Every recipe reads the bf16 tensor (2 bytes) and writes an FP8 copy for each GEMM
+    # that consumes it (1 + 1); current scaling (tensorwise, rowwise) reads it once more for
+    # its amax; MXFP8 writes an E8M0 scale a 32 elements, blockwise an fp32 scale a 128, for
+    # each copy.
+    assert perf.FP8_CAST_BYTES == {"delayed": 4.0, "tensorwise": 6.0, "rowwise": 6.0, "mxfp8": 4.0625,
+                                   "blockwise": 4.0625}
+    kw = dict(seq=8192, global_batch=16, micro_batch=1, tp=1, pp=1, dp=8, zero=3, recompute=0, precision="fp8")
+    cast = {r: float(layout_time.step_time(LLAMA8, H100, fp8_recipe=r, **kw)["breakdown"]["fp8_cast_s"])
+            for r in perf.FP8_RECIPES}
+    assert cast["tensorwise"] == pytest.approx(1.5 * cast["delayed"], rel=1e-12)
+    assert cast["mxfp8"] == pytest.approx(cast["delayed"] * 4.0625 / 4.0, rel=1e-12)
+    # No recipe given: the stack's (Megatron-LM: Megatron-Core's default, delayed; torchtitan:
+    # torchao's, tensorwise), said in the notes.
+    from mgbench.planner import stack
+
+    default = layout_time.step_time(LLAMA8, H100, **kw)
+    assert float(default["breakdown"]["fp8_cast_s"]) == cast["delayed"]
+    assert any("under the delayed recipe" in n for n in default["notes"])
+    assert stack.fp8_recipe("megatron-lm") == "delayed" and stack.fp8_recipe("torchtitan") == "tensorwise"
+    titan = layout_time.step_time(LLAMA8, stack.apply(H100, "torchtitan"), **kw)
+    assert any("under the tensorwise recipe" in n for n in titan["notes"])
+    from mgbench.errors import MgbenchError
+
+    with pytest.raises(MgbenchError, match="FP8 recipe 'e4m3'"):
+        layout_time.step_time(LLAMA8, H100, fp8_recipe="e4m3", **kw)
+
+
 def test_fp8_casts_of_mla_and_of_the_routed_experts_by_hand():
     # Qwen3-30B-A3B (h 2048, 32 heads of 128, 4 KV heads, 128 experts of 768, top 8, no
     # shared expert, every block MoE): each routed row casts the experts' input (2048) and
