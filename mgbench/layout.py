@@ -99,7 +99,8 @@ class Layout:
                       precision=cfg.precision, recompute=cfg.activation_checkpointing,
                       sequence_parallel=strategy.sequence_parallel, schedule=cfg.pp_schedule,
                       virtual_stages=cfg.virtual_stages if cfg.pp_schedule in VIRTUAL else 1,
-                      replicas=cfg.replicas if hsdp else 1, offload=bool(cfg.offload))
+                      replicas=cfg.replicas if hsdp else 1, offload=bool(cfg.offload),
+                      fp8_recipe=cfg.fp8_recipe if cfg.precision == "fp8" else None)
 
     @classmethod
     def from_published(cls, row: dict[str, Any]) -> "Layout":
@@ -217,7 +218,7 @@ class Layout:
         return {"num_gpus": self.num_gpus, "tp": self.tp, "pp": self.pp, "dp": self.dp, "zero": self.zero,
                 "micro_batch": self.micro_batch, "precision": self.precision, "recompute": self.recompute_name,
                 "ep": self.ep, "cp": self.cp, "hsdp_replicas": self.replicas, "offload": bool(self.offload),
-                "schedule": self.schedule, "pp_last_layers": self.pp_last_layers}
+                "schedule": self.schedule, "pp_last_layers": self.pp_last_layers, "fp8_recipe": self.fp8_recipe}
 
     # -- the runner's rules and strategy names ---------------------------------------------------
     def runner_problems(self, world: int, *, layers: int | None = None, heads: int | None = None,

@@ -286,7 +286,7 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
                f"zero={kw['zero']} mb={kw['micro_batch']} gb={res['global_batch']} s={kw['seq_len']}"
                + "".join(f" {k}={kw[k]}" for k in ("cp", "ep") if kw[k] > 1)
                + (f" hsdp={kw['replicas']}" if kw["replicas"] > 1 else "") + (" offload" if kw["offload"] else "")
-               + (f" {kw['precision']}" if kw["precision"] == "fp8" else "")
+               + (f" fp8 ({kw['fp8_recipe'] or stacks.fp8_recipe(stack)} recipe)" if kw["precision"] == "fp8" else "")
                + (" schedule=" + schedule_label({"schedule": kw["schedule"], "virtual_stages": kw["virtual_stages"],
                                                  "pp_last_layers": kw.get("pp_last_layers")}) if kw["pp"] > 1 else ""))
     click.echo(f"step time      {res['step_time_s']:.3f} s  (compute {b['compute_s']:.3f}, bubble {b['bubble_s']:.3f}, "
@@ -455,8 +455,10 @@ def plan(model, hf_config, params, system_file, prices_file, price_overrides, ha
     click.echo(tabulate(rows, headers=["system", "GPUs", "tp/pp/dp/cp/ep", "ZeRO", "mb", "recompute", "schedule",
                                        "days", "GPU-h",
                                        "USD", "USD/Mtok", "kWh", "MFU%", "GB/GPU"]))
+    recipe = res["assumptions"].get("fp8_recipe")
     click.echo(f"\n{res['num_candidates']:,} candidate layouts evaluated in {res['elapsed_s']:.2f} s, "
-               f"{res['num_feasible']:,} fit and divide, {res['num_meeting_constraints']} (system, GPUs) options meet the constraints")
+               f"{res['num_feasible']:,} fit and divide, {res['num_meeting_constraints']} (system, GPUs) options meet the constraints"
+               + (f"; FP8 casts priced under the {recipe} recipe (--fp8-recipe)" if recipe else ""))
     click.echo("\nrecommendation:" if res["recommendation"] else "\nno recommendation:")
     for line in res["reasons"]:
         click.echo(f"  - {line}")

@@ -245,7 +245,8 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
 
         recipe = fp8_recipe or stack_recipe(hw.stack)
         cast_s = perf.fp8_cast_seconds(shape, hw, tokens=tokens_rank * t, tp=t, blocks=lps, num_micro=m, recompute=rc,
-                                       load=opts.load if shape.is_moe else 1.0, sp=sp, recipe=recipe) / hw.stack_eff
+                                       load=opts.load if shape.is_moe else 1.0, sp=sp, recipe=recipe,
+                                       modules=opts.recompute_modules) / hw.stack_eff
         blocks = blocks + cast_s
         notes.append(FP8_CAST_NOTE.format(recipe=recipe, bytes=perf.FP8_CAST_BYTES[recipe]))
     # The output layer (and the MTP modules) run on the last stage. Evenly split, that

@@ -439,13 +439,16 @@ def _attention_cast_widths(shape: ModelShape) -> dict[str, float]:
 
 def fp8_cast_elements(shape: ModelShape, load: float = 1.0) -> dict[str, float]:
     """Elements a token casts to FP8 in one block, averaged over dense and MoE blocks, by
-    how parallelism splits them (:func:`_attention_cast_widths`): forward every linear's
-    input, backward every linear's output gradient (the dgrad and wgrad GEMMs' FP8
-    operand). ``routed_*``: what the routed experts' rows cast (top_k x ``load`` rows a
-    token, the busiest rank's), split over tensor-parallel ranks only under sequence
-    parallelism (memory.moe_mlp_extra). The router and the output layer stay in bf16
-    (Megatron-LM's fp8 covers the transformer blocks' linears), so neither is counted;
-    weights are cast once a step, not counted."""
+    how parallelism splits them (:func:`_attention_cast_widths`): ``*_f`` forward every
+    linear's input, ``*_b`` backward every linear's output gradient (the dgrad and wgrad
+    GEMMs' FP8 operand). ``routed_*``: what the routed experts' rows cast (top_k x ``load``
+    rows a token, the busiest rank's), split over tensor-parallel ranks only under sequence
+    parallelism (memory.moe_mlp_extra). The shared experts run as one MLP of their summed
+    width (Megatron-Core's shared-expert MLP), so its input and output gradient are cast
+    once. The router and the output layer stay in bf16 (Megatron-LM's fp8 covers the
+    transformer blocks' linears), so neither is counted; weights are cast once a step, not
+    counted. ``mlp_f``, ``moe_f``, ``mla_up_f``: the forward casts Megatron-Core's
+    recompute_modules "mlp", "moe" and "mla_up_proj" run again (:func:`fp8_cast_seconds`)."""
     c = block_gemm_classes(shape)
     h = float(shape.hidden)
     el = _attention_cast_widths(shape)
@@ -456,36 +459,59 @@ def fp8_cast_elements(shape: ModelShape, load: float = 1.0) -> dict[str, float]:
     el["tp_f"] += (1.0 - w) * c["mlp_down_k"]
     el["tp_b"] += (1.0 - w) * c["mlp_up_n"]
     el["routed_f"] = el["routed_b"] = 0.0
+    el["mlp_f"] = (1.0 - w) * (h + c["mlp_down_k"])
+    el["moe_f"] = 0.0
     if w > 0.0:
-        n = float(shape.shared_experts)  # tensor-parallel like a dense MLP
-        el["seq_f"] += w * n * h
-        el["seq_b"] += w * n * h
+        n = float(shape.shared_experts)  # tensor-parallel like a dense MLP, n experts' width
+        shared_f = (h if n else 0.0) + n * c["expert_down_k"]
+        el["seq_f"] += w * (h if n else 0.0)
+        el["seq_b"] += w * (h if n else 0.0)
         el["tp_f"] += w * n * c["expert_down_k"]
         el["tp_b"] += w * n * c["expert_up_n"]
         rows = float(shape.top_k) * load
         el["routed_f"] = w * rows * (h + c["expert_down_k"])
         el["routed_b"] = w * rows * (c["expert_up_n"] + h)
+        el["moe_f"] = w * shared_f + el["routed_f"]
+    el["mla_up_f"] = (float((shape.q_lora_rank or 0) + shape.kv_lora_rank) if shape.is_mla else 0.0)
     return el
 
 
 def fp8_cast_seconds(shape: ModelShape, hw: Hardware, *, tokens: Any, tp: Any, blocks: Any, num_micro: Any,
-                     recompute: Any, load: float = 1.0, sp: Any = True, recipe: str = "delayed") -> Any:
+                     recompute: Any, load: float = 1.0, sp: Any = True, recipe: str = "delayed",
+                     modules: tuple[str, ...] = ()) -> Any:
     """Seconds a rank's step spends casting its linears' operands to FP8 (what ``precision
     fp8`` adds beside faster GEMMs): :func:`fp8_cast_elements` x the ``recipe``'s
-    :data:`FP8_CAST_BYTES` at the achieved memory bandwidth, for ``tokens`` (a rank's tokens of one micro-batch before
-    tensor parallelism splits them over ``tp``) through ``blocks`` blocks, ``num_micro``
-    micro-batches; the forward casts run again for the forward share ``recompute`` reruns.
+    :data:`FP8_CAST_BYTES` at the achieved memory bandwidth, for ``tokens`` (a rank's
+    tokens of one micro-batch before tensor parallelism splits them over ``tp``) through
+    ``blocks`` blocks, ``num_micro`` micro-batches. The forward casts run again for the
+    share ``recompute`` reruns, and for what Megatron-Core's recompute ``modules`` rerun
+    beyond it (moe.RECOMPUTE_MODULES: "mlp", "moe", "mla_up_proj").
     Widths split over tp are 1 / tp a rank; sequence-split tensors are 1 / tp only under
-    sequence parallelism ``sp``, which casts each rank's share before its FP8 all-gather."""
-    el = fp8_cast_elements(shape, load)
-    t = np.asarray(tp, dtype=float)
-    share = np.where(np.asarray(sp, dtype=bool), t, 1.0)
-    again = 1.0 + matmul_recomputed_share(shape.layers, recompute)
-    per_token = ((el["seq_f"] * again + el["seq_b"] + el["routed_f"] * again + el["routed_b"]) / share
-                 + (el["tp_f"] * again + el["tp_b"]) / t)
+    sequence parallelism ``sp``, where a rank casts its share before the all-gather. Under
+    the per-tensor recipes (delayed, tensorwise) Transformer Engine gathers only the
+    row-wise FP8 copy and makes the column-wise one by transposing the gathered tensor on
+    every rank (transformer_engine/pytorch/module/linear.py: "All-gather is not supported
+    with FP8 column-wise data"), so a sequence-split element costs its bytes less the
+    column copy over tp, plus a read and a write of the gathered one (2 bytes)."""
     if recipe not in FP8_CAST_BYTES:
         raise MgbenchError(f"FP8 recipe {recipe!r} is not one of {', '.join(FP8_RECIPES)}")
-    nbytes = FP8_CAST_BYTES[recipe] * per_token * np.asarray(tokens, dtype=float) * np.asarray(blocks, dtype=float) \
+    el = fp8_cast_elements(shape, load)
+    t = np.asarray(tp, dtype=float)
+    split = np.asarray(sp, dtype=bool) & (t > 1)
+    share = np.where(split, t, 1.0)
+    shared_rec = matmul_recomputed_share(shape.layers, recompute)
+    again = 1.0 + shared_rec
+    B = FP8_CAST_BYTES[recipe]
+    seq_bytes = np.where(split & (recipe in ("delayed", "tensorwise")), (B - 1.0) / share + 2.0, B / share)
+    seq_el = el["seq_f"] * again + el["seq_b"]
+    routed_el = el["routed_f"] * again + el["routed_b"]
+    tp_el = el["tp_f"] * again + el["tp_b"]
+    # recompute modules: their forward casts once more, where a whole-block rerun does not
+    # already (the share of blocks recomputed whole); priced at the dense widths' mean split
+    rerun = (el["mlp_f"] * ("mlp" in modules) + el["moe_f"] * ("moe" in modules)
+             + el["mla_up_f"] * ("mla_up_proj" in modules)) * (1.0 - np.minimum(shared_rec, 1.0))
+    per_token_bytes = (seq_el * seq_bytes + (routed_el + rerun) * B / share + tp_el * B / t)
+    nbytes = per_token_bytes * np.asarray(tokens, dtype=float) * np.asarray(blocks, dtype=float) \
         * np.asarray(num_micro, dtype=float)
     return nbytes / (hw.mem_bw * hw.mem_bw_fraction)
 

@@ -426,8 +426,11 @@ def _evaluate_rows(shape: ModelShape, hw: hardware.Hardware, opts: PlanOptions, 
 
 
 def check_schedule(opts: PlanOptions) -> None:
-    """One clear error for a schedule plan cannot search as asked: virtual stages without
-    a schedule that takes them, or an interleaved schedule without them."""
+    """One clear error for options plan cannot search as asked: virtual stages without
+    a schedule that takes them, or an interleaved schedule without them; an FP8 recipe
+    without FP8 (the Layout's own refusal, said once rather than once a system)."""
+    if opts.fp8_recipe is not None and opts.precision != "fp8":
+        Layout(precision=opts.precision, fp8_recipe=opts.fp8_recipe)  # raises its MgbenchError
     if opts.schedule == SEARCHED and opts.virtual_stages != 1:
         raise MgbenchError(f"--virtual-stages {opts.virtual_stages} applies to a named --schedule (e.g. --schedule "
                            "interleaved); --schedule searched tries 2 and 4 virtual stages itself")
@@ -573,6 +576,8 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
             "failure_rate_per_gpu_hour": opts.failure_rate, "checkpoint_minutes": opts.checkpoint_minutes,
             "restart_minutes": opts.restart_minutes, "power_fraction_of_tdp": opts.power_fraction, "pue": opts.pue,
             "spot": opts.spot, "overlap": opts.overlap, "stack": None if opts.profile else opts.stack,
+            "precision": opts.precision,
+            "fp8_recipe": (opts.fp8_recipe or stack.fp8_recipe(opts.stack)) if opts.precision == "fp8" else None,
             "hardware_profile": opts.profile.get("hostname") if opts.profile else None,
         },
     }

@@ -587,8 +587,14 @@ def runner_config(shape: Any, layout: Any, strategy: str | None = None) -> Any:
         hint = (f" (give --global-batch {L.micro_batch * dims.dp * L.pp} or more)"
                 if L.pp > 1 and num_micro < L.pp else "")
         raise MgbenchError("; ".join(problems) + hint)
+    from ..config import FP8_RECIPES as RUNNER_FP8_RECIPES
+
+    if L.fp8_recipe is not None and L.fp8_recipe not in RUNNER_FP8_RECIPES:
+        raise MgbenchError(f"--trace runs the runner's torchao float8, whose recipes are "
+                           f"{', '.join(RUNNER_FP8_RECIPES)}: --fp8-recipe {L.fp8_recipe} is priced without --trace")
+    recipe = {"fp8_recipe": L.fp8_recipe} if L.fp8_recipe is not None else {}
     cfg = RunConfig(model=shape, strategy=strategy, nproc=L.num_gpus, micro_batch=L.micro_batch, seq_len=L.seq_len,
-                    grad_accum=num_micro, precision=L.precision, activation_checkpointing=L.recompute,
+                    grad_accum=num_micro, precision=L.precision, activation_checkpointing=L.recompute, **recipe,
                     pp_schedule=L.schedule, virtual_stages=max(v, 2), offload=bool(L.offload),
                     dp_mode=dp_mode if BY_NAME[strategy].pipelined and degrees else "ddp", device="cpu",
                     **({"replicas": L.replicas} if L.hsdp_enabled else {}))

@@ -107,6 +107,7 @@ def predict_run(run: dict[str, Any], matmul_eff: float | None = None,
         recompute=RECOMPUTE.index(run["recompute"]), schedule=run.get("schedule", "1f1b"),
         virtual_stages=run.get("virtual_stages", 1), flash=run.get("flash", True), ep=run.get("ep", 1), cp=cp,
         precision=run.get("precision", "bf16"), pp_last_layers=run.get("pp_last_layers"),
+        fp8_recipe=run.get("fp8_recipe"),
     )
     key, field, unit = METRICS[run["metric"]]
     predicted = float(out[key])

@@ -185,3 +185,15 @@ def test_predict_on_a_probed_cpu_takes_a_lighter_last_stage(cli, tmp_path):
     p = cli(*args, "--pp-last-layers", "0")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["memory"]["layout"]["pp_last_layers"] == 0
+
+
+def test_predict_names_its_schedule_and_fp8_recipe_in_its_header(cli):
+    p = cli("predict", "--model", "llama3-70b", "--system", "dgx-h100", "--num-gpus", "64", "--pp", "4", "--zero", "1",
+            "--global-batch", "64", "--schedule", "interleaved", "--virtual-stages", "2", "--pp-last-layers", "19",
+            "--precision", "fp8", "--fp8-recipe", "tensorwise")
+    assert p.returncode == 0, p.stderr
+    head = p.stdout.splitlines()[0]
+    assert "fp8 (tensorwise recipe)" in head and "schedule=interleaved v=2 last=19" in head, head
+    # plan refuses a recipe without FP8 once, not once a system
+    bad = cli("plan", "--model", "llama3-8b", "--tokens", "1e11", "--fp8-recipe", "delayed")
+    assert bad.returncode == 2 and bad.stderr.count("applies to --precision fp8") == 1, bad.stderr

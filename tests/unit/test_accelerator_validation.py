@@ -230,3 +230,12 @@ def test_every_fp8_row_names_its_recipe_and_a_row_without_one_is_refused():
     moe_fp8 = next(r for r in V.runs() if r["precision"] == "fp8")
     with pytest.raises(MgbenchError, match="names its scaling recipe"):
         V.check_rows([{k: v for k, v in moe_fp8.items() if k != "fp8_recipe"}])
+
+
+def test_the_dense_validation_files_fp8_rows_name_their_recipe_too():
+    # published_runs.toml (the A100 / H100 calibration and axes rows): each FP8 row is
+    # priced at its own recipe (torchtitan's float8: tensorwise; DeepSeek-V3: blockwise)
+    runs = catalog.load("published_runs.toml")["runs"]
+    fp8 = [r for r in runs if r.get("precision") == "fp8"]
+    assert len(fp8) >= 8 and [r["id"] for r in runs if perf.row_recipe_problem(r)] == []
+    assert {r["id"]: r["fp8_recipe"] for r in fp8}["deepseek-v3-pretraining"] == "blockwise"

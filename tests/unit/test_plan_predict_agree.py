@@ -27,6 +27,9 @@ CASES = [
                                           recompute_modules=("moe_act",), cuda_graphs=True))),
     ("deepseek-v3", dict(tokens=1e12, systems=["hgx-h800"], max_gpus=1024, precision="fp8",
                          moe=MoeOptions(dispatcher="deepep", node_limit=4, a2a_overlap=True))),
+    # an FP8 recipe given (--fp8-recipe), with the MoE layers recomputed: their casts again
+    ("qwen3-30b-a3b", dict(tokens=1e11, systems=["dgx-h100"], max_gpus=64, precision="fp8", fp8_recipe="tensorwise",
+                           moe=MoeOptions(recompute_modules=("moe",)))),
 ]
 
 
@@ -42,7 +45,7 @@ def test_every_ranked_layout_is_predicted_the_same_by_predict(model, kw):
                      global_batch=r["micro_batch"] * r["dp"] * r["num_micro_batches"], precision=opts.precision,
                      recompute=r["recompute"], sequence_parallel=r["tp"] > 1, schedule=r["schedule"] or "1f1b",
                      virtual_stages=r["virtual_stages"] or 1, offload=r["offload"],
-                     pp_last_layers=r["pp_last_layers"])
+                     pp_last_layers=r["pp_last_layers"], fp8_recipe=opts.fp8_recipe)
         hw = resolve(precision=opts.precision, system=r["system"],
                      stack=None if opts.stack == "megatron-lm" else opts.stack)
         p = predict(shape, hw, lay, overlap=opts.overlap, moe=opts.moe)

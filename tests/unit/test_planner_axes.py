@@ -215,14 +215,21 @@ def test_fp8_pays_for_quantizing_every_linears_input_and_output_gradient_by_hand
     # Full recompute runs every forward again: its casts too.
     full = layout_time.step_time(LLAMA8, H100, precision="fp8", recompute=2, **kw)["breakdown"]
     assert float(full["fp8_cast_s"]) == pytest.approx(by_hand * (2 * fwd + bwd) / (fwd + bwd), rel=1e-9)
-    # Tensor parallelism over 2 (4 micro-batches a rank): with sequence parallelism a rank
-    # casts half of everything; without it, the sequence-split tensors whole.
+    # Tensor parallelism over 2 (4 micro-batches a rank). Without sequence parallelism a
+    # rank casts the sequence-split tensors whole and half of the rest. With it, a rank
+    # casts its half of a sequence-split tensor row-wise (read 2, write 1) and, under the
+    # per-tensor recipes, transposes the gathered whole into the column copy (read 1, write
+    # 1): 3 / 2 + 2 bytes an element; MXFP8 makes both copies before the gather: 4.0625 / 2.
     tp2 = {**kw, "tp": 2, "dp": 4}
-    with_sp = layout_time.step_time(LLAMA8, H100, precision="fp8", recompute=0, sp=True, **tp2)["breakdown"]
-    assert float(with_sp["fp8_cast_s"]) == pytest.approx(by_hand * 2 / 2, rel=1e-9)
+    per_el = by_hand / (4.0 * (fwd + bwd))  # seconds an element a token costs a byte, 2 micro-batches
     without = layout_time.step_time(LLAMA8, H100, precision="fp8", recompute=0, sp=False, **tp2)["breakdown"]
-    assert float(without["fp8_cast_s"]) == pytest.approx(by_hand * 2 * (seq_f + seq_b + (tp_f + tp_b) / 2)
-                                                         / (fwd + bwd), rel=1e-9)
+    assert float(without["fp8_cast_s"]) == pytest.approx(2 * per_el * 4.0 * (seq_f + seq_b + (tp_f + tp_b) / 2),
+                                                         rel=1e-9)
+    with_sp = layout_time.step_time(LLAMA8, H100, precision="fp8", recompute=0, sp=True, **tp2)["breakdown"]
+    assert float(with_sp["fp8_cast_s"]) == pytest.approx(
+        2 * per_el * ((seq_f + seq_b) * (3.0 / 2 + 2.0) + (tp_f + tp_b) * 4.0 / 2), rel=1e-9)
+    mx = layout_time.step_time(LLAMA8, H100, precision="fp8", fp8_recipe="mxfp8", recompute=0, sp=True, **tp2)
+    assert float(mx["breakdown"]["fp8_cast_s"]) == pytest.approx(2 * per_el * 4.0625 * (fwd + bwd) / 2, rel=1e-9)
 
 
 def test_the_fp8_recipe_sets_what_a_cast_costs_by_hand():
@@ -263,6 +270,22 @@ def test_fp8_casts_of_mla_and_of_the_routed_experts_by_hand():
     assert (el["seq_f"], el["seq_b"], el["tp_f"], el["tp_b"]) == (2048, 2048, 32 * 128, 32 * 128 + 2 * 4 * 128)
     assert el["routed_f"] == pytest.approx(8 * 1.1 * (2048 + 768))
     assert el["routed_b"] == pytest.approx(8 * 1.1 * (2 * 768 + 2048))
+    # Megatron-Core's recompute modules run their forward casts again: "moe" the routed
+    # rows' (no shared expert here), where no whole block is recomputed.
+    assert el["moe_f"] == el["routed_f"] and el["mlp_f"] == 0.0 and el["mla_up_f"] == 0.0
+    hw, kw = H100, dict(tokens=4096, tp=1, blocks=48, num_micro=1, recompute=0, load=1.1)
+    plain = float(perf.fp8_cast_seconds(shape, hw, **kw))
+    moe_rc = float(perf.fp8_cast_seconds(shape, hw, modules=("moe",), **kw))
+    assert moe_rc - plain == pytest.approx(4.0 * el["routed_f"] * 4096 * 48 / (hw.mem_bw * hw.mem_bw_fraction))
+    assert float(perf.fp8_cast_seconds(shape, hw, modules=("moe",), **{**kw, "recompute": 2})) == pytest.approx(
+        float(perf.fp8_cast_seconds(shape, hw, **{**kw, "recompute": 2})))  # full recompute reruns it already
+    # DeepSeek-V2's two shared experts run as one MLP twice as wide: its input and output
+    # gradient cast once (5120 each), its widths twice (2 x 1536 in, 2 x 2 x 1536 out).
+    v2 = catalog.model_shape("deepseek-v2")
+    e2, w = perf.fp8_cast_elements(v2), v2.moe_layers / v2.layers
+    mla = perf._attention_cast_widths(v2)
+    assert e2["seq_f"] == pytest.approx(mla["seq_f"] + (1 - w) * 5120 + w * 5120)
+    assert e2["tp_f"] == pytest.approx(mla["tp_f"] + (1 - w) * v2.ffn_hidden + w * 2 * 1536)
     # The router's GEMM stays in bf16: the number of experts does not enter, the vocabulary
     # (the output layer, bf16 too) neither.
     assert perf.fp8_cast_elements(dataclasses.replace(shape, experts=64, vocab=1000), load=1.1) == el
@@ -496,3 +519,35 @@ def test_split_backward_fsdp_gathers_once_per_step():
     ob = layout_time.dp_comm_s(H100, pp=2, schedule="1f1b", **kw)
     assert float(zb) == pytest.approx(1 * gather + gather)  # one all-gather, one reduce-scatter
     assert float(ob) == pytest.approx((2 * m) * gather + gather)
+
+
+def test_the_runners_fp8_recipe_reaches_the_planner_and_back():
+    # A runner config's recipe (torchao's tensorwise or rowwise) is the layout's under fp8,
+    # and none under bf16 (RunConfig carries a default recipe either way); --trace gives the
+    # layout's recipe to the runner and refuses one the runner cannot run.
+    from mgbench.config import RunConfig
+    from mgbench.errors import MgbenchError
+    from mgbench.layout import Layout
+    from mgbench.planner.trace import runner_config
+
+    tiny = catalog.model_shape("gpt2-small")
+    cfg = RunConfig(model=tiny, strategy="fsdp", nproc=2, precision="fp8", fp8_recipe="rowwise")
+    assert Layout.from_config(cfg).fp8_recipe == "rowwise"
+    assert Layout.from_config(dataclasses.replace(cfg, precision="bf16")).fp8_recipe is None
+    lay = Layout(num_gpus=2, zero=3, precision="fp8", fp8_recipe="rowwise", seq_len=256)
+    assert runner_config(tiny, lay).fp8_recipe == "rowwise"
+    with pytest.raises(MgbenchError, match="--fp8-recipe mxfp8 is priced without --trace"):
+        runner_config(tiny, dataclasses.replace(lay, fp8_recipe="mxfp8"))
+
+
+def test_a_stack_names_a_known_recipe_and_the_runners_is_its_config_default(monkeypatch):
+    from mgbench.config import RunConfig
+    from mgbench.errors import MgbenchError
+    from mgbench.planner import stack
+
+    # one fact in two places, kept equal: the mgbench stack prices what the runner runs
+    assert stack.fp8_recipe("mgbench") == RunConfig.__dataclass_fields__["fp8_recipe"].default
+    broken = {**stack.stacks(), "torchtitan": {**stack.stacks()["torchtitan"], "fp8_recipe": "e5m2"}}
+    monkeypatch.setattr(stack, "stacks", lambda: broken)
+    with pytest.raises(MgbenchError, match=r"\[stacks.torchtitan\] fp8_recipe must be one of"):
+        stack.fp8_recipe("torchtitan")
