@@ -166,7 +166,7 @@ _OPTIONAL = {
     "systems": {"name": "text", "host_link": "link", "max_power_kw": "positive", "source": "text",
                 "retrieved": "date", "cloud": "text"},
     "accelerators": {"name": "text", "match": "patterns", "vendor": "text", "tdp_w": "positive", "form": "text",
-                     "source": "text", "retrieved": "date"},
+                     "source": "text", "retrieved": "date", "mx_formats": "flag"},
     "links": {"name": "text", "source": "text", "eff_source": "text", "alpha_source": "text", "retrieved": "date"},
 }
 PEAK_PRECISIONS = ("bf16", "fp16", "fp8", "tf32", "fp32")
@@ -181,6 +181,8 @@ def _check_value(where: str, key: str, kind: str, v: Any, known: dict[str, set[s
     at = f"{where} {key}"
     if kind == "text":
         return None if isinstance(v, str) else f"{at} must be a string, got {v!r}"
+    if kind == "flag":
+        return None if isinstance(v, bool) else f"{at} must be true or false, got {v!r}"
     if kind == "date":  # "2026-11-26" as hardware.toml writes it, or a bare TOML date
         return None if isinstance(v, (str, datetime.date)) else f"{at} must be a date, got {v!r}"
     if kind in ("accelerator", "link"):

@@ -244,6 +244,10 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         from .stack import fp8_recipe as stack_recipe
 
         recipe = fp8_recipe or stack_recipe(hw.stack)
+        if recipe == "mxfp8" and not catalog.accelerators().get(hw.gpu, {}).get("mx_formats", False):
+            raise MgbenchError(f"--fp8-recipe mxfp8 needs tensor cores that take MX block-scaled operands "
+                               f"(Blackwell, CDNA 4: hardware.toml mx_formats), which {hw.gpu} has not; give "
+                               "tensorwise, delayed or blockwise")
         cast_s = perf.fp8_cast_seconds(shape, hw, tokens=tokens_rank * t, tp=t, blocks=lps, num_micro=m, recompute=rc,
                                        load=opts.load if shape.is_moe else 1.0, sp=sp, recipe=recipe,
                                        modules=opts.recompute_modules) / hw.stack_eff

@@ -120,6 +120,9 @@ def test_without_the_file_its_system_is_unknown(tmp_path):
      "nics_per_node = 8\nnic_count = 8\n", "[systems.b] unknown key 'nic_count'"),
     ("[systems.dgx-h100]\ngpu = 'h100-sxm'\ngpus_per_node = 8\nintra_link = 'nvlink4'\ninter_link = 'ib-ndr'\n"
      "nics_per_node = 8\n", "[systems.dgx-h100]: the catalog already has a system 'dgx-h100'"),
+    ("[accelerators.g]\ntflops = { bf16 = 100 }\nmemory_gb = 40\nmem_bw_tbps = 1.0\nmx_formats = 'yes'\n"
+     "[systems.b]\ngpu = 'g'\ngpus_per_node = 2\nintra_link = 'pcie4'\ninter_link = 'eth-100g'\nnics_per_node = 1\n",
+     "[accelerators.g] mx_formats must be true or false, got 'yes'"),
     ("[accelerators.g]\ntflops = { bf16 = 0 }\nmemory_gb = 40\nmem_bw_tbps = 1.0\n"
      "[systems.b]\ngpu = 'g'\ngpus_per_node = 2\nintra_link = 'pcie4'\ninter_link = 'eth-100g'\nnics_per_node = 1\n",
      "[accelerators.g] tflops.bf16 must be a positive number of TFLOPS, got 0"),
