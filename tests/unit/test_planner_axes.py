@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from mgbench import catalog
 from mgbench.cli import main
+from mgbench.errors import MgbenchError
 from mgbench.planner import hardware, layout_time, perf
 from mgbench.planner import memory as M
 from mgbench.planner.search import PlanOptions, plan
@@ -228,8 +229,15 @@ def test_fp8_pays_for_quantizing_every_linears_input_and_output_gradient_by_hand
     with_sp = layout_time.step_time(LLAMA8, H100, precision="fp8", recompute=0, sp=True, **tp2)["breakdown"]
     assert float(with_sp["fp8_cast_s"]) == pytest.approx(
         2 * per_el * ((seq_f + seq_b) * (3.0 / 2 + 2.0) + (tp_f + tp_b) * 4.0 / 2), rel=1e-9)
-    mx = layout_time.step_time(LLAMA8, H100, precision="fp8", fp8_recipe="mxfp8", recompute=0, sp=True, **tp2)
-    assert float(mx["breakdown"]["fp8_cast_s"]) == pytest.approx(2 * per_el * 4.0625 * (fwd + bwd) / 2, rel=1e-9)
+    # MXFP8 (on a B200: H100's tensor cores take no MX operands) makes both copies before
+    # the gather: 4.0625 / 2 bytes an element.
+    B200 = dataclasses.replace(hardware.resolve(system="dgx-b200"), gemm_shapes=False)
+    b200_el = per_el * (H100.mem_bw * H100.mem_bw_fraction) / (B200.mem_bw * B200.mem_bw_fraction) \
+        * H100.stack_eff / B200.stack_eff
+    mx = layout_time.step_time(LLAMA8, B200, precision="fp8", fp8_recipe="mxfp8", recompute=0, sp=True, **tp2)
+    assert float(mx["breakdown"]["fp8_cast_s"]) == pytest.approx(2 * b200_el * 4.0625 * (fwd + bwd) / 2, rel=1e-9)
+    with pytest.raises(MgbenchError, match="which h100-sxm has not"):
+        layout_time.step_time(LLAMA8, H100, precision="fp8", fp8_recipe="mxfp8", recompute=0, sp=True, **tp2)
 
 
 def test_the_fp8_recipe_sets_what_a_cast_costs_by_hand():
@@ -240,7 +248,8 @@ def test_the_fp8_recipe_sets_what_a_cast_costs_by_hand():
     assert perf.FP8_CAST_BYTES == {"delayed": 4.0, "tensorwise": 6.0, "rowwise": 6.0, "mxfp8": 4.0625,
                                    "blockwise": 4.0625}
     kw = dict(seq=8192, global_batch=16, micro_batch=1, tp=1, pp=1, dp=8, zero=3, recompute=0, precision="fp8")
-    cast = {r: float(layout_time.step_time(LLAMA8, H100, fp8_recipe=r, **kw)["breakdown"]["fp8_cast_s"])
+    B200 = hardware.resolve(system="dgx-b200")  # takes every recipe, MXFP8 included
+    cast = {r: float(layout_time.step_time(LLAMA8, B200, fp8_recipe=r, **kw)["breakdown"]["fp8_cast_s"])
             for r in perf.FP8_RECIPES}
     assert cast["tensorwise"] == pytest.approx(1.5 * cast["delayed"], rel=1e-12)
     assert cast["mxfp8"] == pytest.approx(cast["delayed"] * 4.0625 / 4.0, rel=1e-12)
@@ -248,7 +257,7 @@ def test_the_fp8_recipe_sets_what_a_cast_costs_by_hand():
     # torchao's, tensorwise), said in the notes.
     from mgbench.planner import stack
 
-    default = layout_time.step_time(LLAMA8, H100, **kw)
+    default = layout_time.step_time(LLAMA8, B200, **kw)
     assert float(default["breakdown"]["fp8_cast_s"]) == cast["delayed"]
     assert any("under the delayed recipe" in n for n in default["notes"])
     assert stack.fp8_recipe("megatron-lm") == "delayed" and stack.fp8_recipe("torchtitan") == "tensorwise"
