@@ -212,11 +212,22 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         notes.append(FP8_MEASURED_NOTE.format(ratio=hw.fp8_gemm_ratio) if hw.fp8_gemm_ratio else FP8_EFF_NOTE)
     lps, last_layers = stage_layers(shape.layers, p, pp_last_layers)
     # Megatron-Core builds the MTP modules on the last pipeline stage, beside the output
-    # layer (a pipeline layout's "tmL"): perf spreads their FLOPs over the blocks, so a
-    # pipelined stage holds L / (L + mtp) of its share and the last stage the mtp blocks
-    # besides, each priced as a mean block.
+    # layer (a pipeline layout's "tmL"). perf prices the blocks' FLOPs per token with the
+    # MTP modules' among them, spread over the stages (flop_spread_s): a pipelined stage
+    # gives that share back, the MTP modules' exact FLOPs (the model's FLOPs less those of
+    # the same model without them), keeping its own blocks' whole; the last stage runs the
+    # MTP modules' FLOPs besides (mtp_flops_s), with a mean block's other terms each.
+    # The FLOP-priced part as run: under fp8 the linears' FLOPs at the FP8 rate.
+    flop_part = b["flop_spread_s"]
+    if precision == "fp8":
+        flop_part = flop_part - (b["linear_s"] - b["block_shape_loss_s"]) * (1.0 - ratio) / hw.stack_eff
+    mtp_flops_s = 0.0 * blocks
     if shape.mtp_layers:
-        blocks = np.where(p > 1, blocks * shape.layers / (shape.layers + shape.mtp_layers), blocks)
+        own, mtp_flops = perf.block_flops_per_token(shape, s, rc)
+        moved = flop_part * mtp_flops / (own + mtp_flops)
+        blocks = np.where(p > 1, blocks - moved, blocks)
+        mtp_flops_s = np.where(p > 1, moved * shape.layers / lps, 0.0)
+    flop_own = flop_part - np.where(p > 1, mtp_flops_s * lps / shape.layers, 0.0)
     opts = moe if moe is not None else moe_terms.MoeOptions()
     e = act_bytes(precision)
     tokens_rank = s * np.asarray(micro_batch, dtype=float) / (c * t)  # a rank's tokens (sequence parallel over tp)
@@ -257,8 +268,9 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     # stage has a first stage's blocks besides and sets the pace; where the run gives it
     # fewer blocks (pp_last_layers), they make room for the output layer, which paces the
     # pipeline only by what the room does not cover.
-    # An MTP module is a mean block of the stage, its MoE terms included.
-    mtp_s = np.where(p > 1, blocks * shape.mtp_layers / lps, 0.0)
+    # An MTP module: its own FLOPs, and a mean block of the stage's other terms (elementwise,
+    # GEMM shape losses, MoE terms).
+    mtp_s = np.where(p > 1, mtp_flops_s + (blocks - flop_own) * shape.mtp_layers / lps, 0.0)
     room = np.where(p > 1, (lps - last_layers) / lps, 0.0) * blocks
     compute = blocks + np.maximum(b["head_s"] + mtp_s - room, 0.0)
     f = perf.bubble_fraction(p, m, schedule, v)
@@ -316,7 +328,8 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         "hardware_tflops_per_gpu": perf.hardware_flops_per_token(shape, s, rc) * tps / n_gpus / 1e12,
         "mfu": model_flops * tps / n_gpus / (hw.peak_tflops * 1e12),
     }
-    terms = {k: v for k, v in b.items() if k not in ("num_micro_batches", "blocks_s")}
+    terms = {k: v for k, v in b.items() if k not in ("num_micro_batches", "blocks_s", "flop_spread_s",
+                                                      "block_shape_loss_s")}
     res["breakdown"] = {**terms, "compute_s": compute, "bubble_s": bubble, "bubble_fraction": f, "dp_comm_s": dp_comm,
                         "exposed_dp_comm_s": exposed_dp, "ep_comm_s": ep_comm, "ep_a2a_s": a2a,
                         "moe_imbalance_s": imbalance_s, "moe_recompute_s": moe_recompute_s,

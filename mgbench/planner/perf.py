@@ -38,7 +38,8 @@ stage and t_H that of the output layer (its 6 h V FLOPs per token, never recompu
 on the last stage), a step takes (m - 1)(t_L + t_H) + sum of every stage's t =
 m (t_L + t_H) + (p - 1) t_L. So ``compute`` is the last stage's busy time
 m (t_L + t_H) and the bubble (p - 1) t_L. With p = 1 this is the even split. The MTP
-modules run on the last stage too, each as a mean block. A run that gives the last stage
+modules run on the last stage too: their own FLOPs (:func:`block_flops_per_token`) and a
+mean block's other terms each. A run that gives the last stage
 fewer blocks (Layout.pp_last_layers; plan's balanced split, :func:`balanced_last_layers`)
 leaves t_L the other stages' and lets the output layer pace the pipeline only by what the
 missing blocks do not cover (layout_time.step_time).
@@ -172,6 +173,20 @@ def head_flops_per_token(shape: ModelShape) -> float:
     return 6.0 * shape.hidden * shape.padded_vocab * (1 + shape.mtp_layers)
 
 
+def block_flops_per_token(shape: ModelShape, seq: Any, recompute: Any) -> tuple[Any, Any]:
+    """(FLOPs a token of the L blocks, of the MTP modules), recomputation included: the
+    model's hardware FLOPs less the output layer's, split by pricing the same model without
+    its MTP modules (Megatron-Core builds them on the last pipeline stage)."""
+    import dataclasses
+
+    every = hardware_flops_per_token(shape, seq, recompute) - head_flops_per_token(shape)
+    if not shape.mtp_layers:
+        return every, 0.0 * every
+    plain = dataclasses.replace(shape, mtp_layers=0)
+    blocks = hardware_flops_per_token(plain, seq, recompute) - head_flops_per_token(plain)
+    return blocks, every - blocks
+
+
 def balanced_last_layers(shape: ModelShape, seq: int, pp: Any, recompute: Any = 0) -> Any:
     """Blocks a balanced split gives the last pipeline stage, which also runs the output
     layer (NaN without a pipeline): the fewest blocks n on every other stage such that the
@@ -180,16 +195,18 @@ def balanced_last_layers(shape: ModelShape, seq: int, pp: Any, recompute: Any = 
     as its FLOPs in blocks (h V over a block's mean FLOPs a token, at ``seq``), as
     practitioners size these layouts (Megatron-LM's account_for_loss_in_pipeline_split
     counts it as one block; DeepSeek-V3's recipes give the last stage 3 blocks fewer), and
-    the MTP modules, which run there too (layout_time.step_time), as a mean block each;
+    the MTP modules, which run there too (layout_time.step_time), as their own FLOPs in
+    blocks (:func:`block_flops_per_token`);
     never more blocks than memory.max_last_layers allows (NaN where no lighter last stage
     beats the even split: that split is the even one). A block's FLOPs include what ``recompute`` (layout.RECOMPUTE's codes, one per ``pp``
     entry or one for all) runs again, which the output layer never does: recomputation
     makes the output layer lighter in blocks."""
     L = shape.layers
     head = head_flops_per_token(shape)
-    block = (hardware_flops_per_token(shape, seq, recompute) - head) / (L + shape.mtp_layers)
+    blocks, mtp = block_flops_per_token(shape, seq, recompute)
+    block = blocks / L
     p = np.asarray(pp, dtype=float)
-    h = np.broadcast_to(head / block + shape.mtp_layers, p.shape)
+    h = np.broadcast_to((head + mtp) / block, p.shape)
     first = np.ceil(L / p)
     most = max_last_layers(L, p, shape.mtp_layers)  # what the layout rule lets a set last stage hold
     best_t = np.full(p.shape, np.inf)
@@ -565,6 +582,7 @@ def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: An
     # The block linears: every block GEMM but attention's scores and values (what fp8 speeds up).
     linear = blocks_mm - attention_flops_per_token(shape, s, rc) * rank_tokens / rate
     shape_loss = 0.0 * linear
+    block_loss = shape_loss
     expert = 0.0 * linear
     if hw.gemm_shapes:
         # Each block GEMM at its shape, per micro-batch, over the stage's blocks; the rest
@@ -582,6 +600,7 @@ def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: An
         linear = linear + shape_loss
         blocks_mm = blocks_mm + shape_loss
         head_mm = head_mm + head_loss
+        block_loss = shape_loss
         shape_loss = shape_loss + head_loss
     attention = 0.0 * linear
     if hw.ew_bw is not None and host_ops is not None:
@@ -593,6 +612,10 @@ def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: An
         blocks_mm = np.where(on, linear, blocks_mm)
     blocks = (blocks_mm + attention + elementwise) / hw.stack_eff
     head = head_mm / hw.stack_eff
+    # What of ``blocks`` is priced from the model's FLOPs per token, which count the MTP
+    # modules' blocks with the others (layout_time.step_time moves their share to the last
+    # stage); the elementwise traffic and the GEMMs' shape losses are the stage's own blocks'.
+    spread = (blocks_mm - block_loss + attention) / hw.stack_eff
 
     act = s * b * shape.hidden * act_bytes(precision)
     counts = collective_counts(shape.layers, t, p, d, 0, m, rc, pp_last_layers=pp_last_layers)
@@ -605,6 +628,8 @@ def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: An
     return {
         "num_micro_batches": m,
         "blocks_s": blocks,
+        "flop_spread_s": spread,
+        "block_shape_loss_s": block_loss,
         "head_s": head,
         "matmul_s": blocks_mm + head_mm,
         "elementwise_s": elementwise,
