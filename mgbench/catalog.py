@@ -52,6 +52,16 @@ def accelerator(key: str) -> dict[str, Any]:
     return acc[key]
 
 
+def accelerator_mx_formats(key: str) -> bool | None:
+    """Whether accelerator ``key``'s tensor cores take MX block-scaled operands
+    (``mx_formats``): hardware.toml states it for the parts that do (Blackwell, CDNA 4), so
+    its other entries do not; None for a --system-file's accelerator that does not say."""
+    v = accelerator(key).get("mx_formats")
+    if v is not None:
+        return bool(v)
+    return False if key in load("hardware.toml")["accelerators"] else None
+
+
 def accelerator_peak(key: str, precision: str) -> float | None:
     """The dense datasheet peak (TFLOP/s) of catalog accelerator ``key`` at ``precision``;
     None where its source publishes none. MgbenchError for an unknown id."""

@@ -46,6 +46,15 @@ RECOMPUTE = ("none", "every_2nd", "full", "selective", "op")
 RUNNER_RECOMPUTE = ("none", "every_2nd", "full")
 
 
+def fp8_recipe_problem(precision: str, recipe: str | None) -> str | None:
+    """Why an FP8 scaling recipe cannot go with ``precision`` (one only goes with fp8), in
+    one line; None where it can."""
+    if recipe is not None and precision != "fp8":
+        return (f"--fp8-recipe {recipe} applies to --precision fp8 (this layout trains in {precision}): drop it, "
+                "or add --precision fp8")
+    return None
+
+
 @dataclass(frozen=True)
 class Layout:
     """Degrees and knobs of one parallel layout (or, with array fields, of many)."""
@@ -76,11 +85,10 @@ class Layout:
     fp8_recipe: str | None = None
 
     def __post_init__(self) -> None:
-        if self.fp8_recipe is not None and self.precision != "fp8":
+        if (why := fp8_recipe_problem(self.precision, self.fp8_recipe)) is not None:
             from .errors import MgbenchError
 
-            raise MgbenchError(f"--fp8-recipe {self.fp8_recipe} applies to --precision fp8 (this layout trains in "
-                               f"{self.precision}): drop it, or add --precision fp8")
+            raise MgbenchError(why)
 
     @classmethod
     def of(cls, *, dp: int = 1, tp: int = 1, pp: int = 1, ep: int = 1, cp: int = 1, **knobs: Any) -> "Layout":

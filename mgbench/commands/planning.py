@@ -286,7 +286,7 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
                f"zero={kw['zero']} mb={kw['micro_batch']} gb={res['global_batch']} s={kw['seq_len']}"
                + "".join(f" {k}={kw[k]}" for k in ("cp", "ep") if kw[k] > 1)
                + (f" hsdp={kw['replicas']}" if kw["replicas"] > 1 else "") + (" offload" if kw["offload"] else "")
-               + (f" fp8 ({kw['fp8_recipe'] or stacks.fp8_recipe(stack)} recipe)" if kw["precision"] == "fp8" else "")
+               + (f" fp8 ({res['assumptions']['fp8_recipe']} recipe)" if kw["precision"] == "fp8" else "")
                + (" schedule=" + schedule_label({"schedule": kw["schedule"], "virtual_stages": kw["virtual_stages"],
                                                  "pp_last_layers": kw.get("pp_last_layers")}) if kw["pp"] > 1 else ""))
     click.echo(f"step time      {res['step_time_s']:.3f} s  (compute {b['compute_s']:.3f}, bubble {b['bubble_s']:.3f}, "

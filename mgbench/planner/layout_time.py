@@ -221,13 +221,12 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     flop_part = b["flop_spread_s"]
     if precision == "fp8":
         flop_part = flop_part - (b["linear_s"] - b["block_shape_loss_s"]) * (1.0 - ratio) / hw.stack_eff
-    mtp_flops_s = 0.0 * blocks
+    moved = 0.0 * blocks  # the stage's share of the MTP modules' FLOPs
     if shape.mtp_layers:
         own, mtp_flops = perf.block_flops_per_token(shape, s, rc)
-        moved = flop_part * mtp_flops / (own + mtp_flops)
-        blocks = np.where(p > 1, blocks - moved, blocks)
-        mtp_flops_s = np.where(p > 1, moved * shape.layers / lps, 0.0)
-    flop_own = flop_part - np.where(p > 1, mtp_flops_s * lps / shape.layers, 0.0)
+        moved = np.where(p > 1, flop_part * mtp_flops / (own + mtp_flops), 0.0)
+        blocks = blocks - moved
+    flop_own = flop_part - moved
     opts = moe if moe is not None else moe_terms.MoeOptions()
     e = act_bytes(precision)
     tokens_rank = s * np.asarray(micro_batch, dtype=float) / (c * t)  # a rank's tokens (sequence parallel over tp)
@@ -252,13 +251,16 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         notes.append(moe_terms.note(opts, schedule))
     cast_s = zero_s
     if precision == "fp8":
-        from .stack import fp8_recipe as stack_recipe
+        from .stack import fp8_recipe as recipe_of
 
-        recipe = fp8_recipe or stack_recipe(hw.stack)
-        if recipe == "mxfp8" and not catalog.accelerators().get(hw.gpu, {}).get("mx_formats", False):
+        recipe = recipe_of(hw.stack, fp8_recipe)
+        if recipe == "mxfp8" and hw.gpu in catalog.accelerators() and not catalog.accelerator_mx_formats(hw.gpu):
+            what = ("has none" if catalog.accelerator_mx_formats(hw.gpu) is False
+                    else "has no mx_formats entry saying it does")
+            others = ", ".join(r for r in perf.FP8_RECIPES if r != "mxfp8")
             raise MgbenchError(f"--fp8-recipe mxfp8 needs tensor cores that take MX block-scaled operands "
-                               f"(Blackwell, CDNA 4: hardware.toml mx_formats), which {hw.gpu} has not; give "
-                               "tensorwise, delayed or blockwise")
+                               f"(hardware.toml mx_formats: Blackwell, CDNA 4), and {hw.gpu} {what}; give one of "
+                               f"{others}")
         cast_s = perf.fp8_cast_seconds(shape, hw, tokens=tokens_rank * t, tp=t, blocks=lps, num_micro=m, recompute=rc,
                                        load=opts.load if shape.is_moe else 1.0, sp=sp, recipe=recipe,
                                        modules=opts.recompute_modules) / hw.stack_eff
@@ -270,7 +272,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     # pipeline only by what the room does not cover.
     # An MTP module: its own FLOPs, and a mean block of the stage's other terms (elementwise,
     # GEMM shape losses, MoE terms).
-    mtp_s = np.where(p > 1, mtp_flops_s + (blocks - flop_own) * shape.mtp_layers / lps, 0.0)
+    mtp_s = np.where(p > 1, moved * shape.layers / lps + (blocks - flop_own) * shape.mtp_layers / lps, 0.0)
     room = np.where(p > 1, (lps - last_layers) / lps, 0.0) * blocks
     compute = blocks + np.maximum(b["head_s"] + mtp_s - room, 0.0)
     f = perf.bubble_fraction(p, m, schedule, v)
@@ -337,5 +339,6 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
                         "mtp_last_stage_s": mtp_s,
                         "offload_s": offload_s,
                         "exposed_comm_s": b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s}
+    res["fp8_recipe"] = recipe if precision == "fp8" else None
     res["notes"] = notes
     return res

@@ -423,26 +423,25 @@ FP8_RECIPES = tuple(FP8_CAST_BYTES)
 def row_recipe_problem(row: dict[str, Any]) -> str | None:
     """What is wrong with a published row's FP8 recipe (the validation files): an FP8 row
     names one of :data:`FP8_RECIPES`, a row in another precision none; None if right."""
+    from ..layout import fp8_recipe_problem
+
     recipe = row.get("fp8_recipe")
-    if row.get("precision") == "fp8":
-        if recipe not in FP8_RECIPES:
-            return f"an FP8 row names its scaling recipe: fp8_recipe one of {', '.join(FP8_RECIPES)}, got {recipe!r}"
-    elif recipe is not None:
-        return f"fp8_recipe {recipe!r} on a {row.get('precision')} row"
-    return None
+    if row.get("precision") == "fp8" and recipe not in FP8_RECIPES:
+        return f"an FP8 row names its scaling recipe: fp8_recipe one of {', '.join(FP8_RECIPES)}, got {recipe!r}"
+    return fp8_recipe_problem(row.get("precision", "bf16"), recipe)
 
 
-def _attention_cast_widths(shape: ModelShape) -> dict[str, float]:
+def _attention_cast_widths(shape: ModelShape, c: dict[str, Any] | None = None) -> dict[str, float]:
     """Widths attention's linears cast a token: ``seq_*`` on tensors a rank holds 1 / tp of
     only under sequence parallelism (a column-parallel linear's input, a row-parallel one's
     output gradient, MLA's down projections, which every tensor-parallel rank runs whole),
     ``tp_*`` on widths tensor parallelism splits (a column-parallel linear's output gradient,
     a row-parallel one's input); ``*_f`` forward inputs, ``*_b`` backward output gradients."""
+    c = block_gemm_classes(shape) if c is None else c
     h, a = float(shape.hidden), float(shape.heads)
-    out_in = a * shape.v_dim  # the output projection's input
-    if not shape.is_mla:
-        qkv = a * shape.dim_head + 2.0 * shape.kv_heads * shape.dim_head
-        return {"seq_f": h, "seq_b": h, "tp_f": out_in, "tp_b": qkv}
+    out_in = c["attn_out_k"]  # the output projection's input
+    if not shape.is_mla:  # one q/k/v projection of h, as wide as its weights / h
+        return {"seq_f": h, "seq_b": h, "tp_f": out_in, "tp_b": c["attn_in_n"]}
     kv_down = float(shape.kv_lora_rank + shape.qk_rope_head_dim)
     kv_up = a * (shape.qk_nope_head_dim + shape.v_dim)
     q_out = a * shape.qk_head_dim
@@ -464,11 +463,11 @@ def fp8_cast_elements(shape: ModelShape, load: float = 1.0) -> dict[str, float]:
     width (Megatron-Core's shared-expert MLP), so its input and output gradient are cast
     once. The router and the output layer stay in bf16 (Megatron-LM's fp8 covers the
     transformer blocks' linears), so neither is counted; weights are cast once a step, not
-    counted. ``mlp_f``, ``moe_f``, ``mla_up_f``: the forward casts Megatron-Core's
-    recompute_modules "mlp", "moe" and "mla_up_proj" run again (:func:`fp8_cast_seconds`)."""
+    counted. ``rerun``: by Megatron-Core recompute module ("mlp", "moe", "mla_up_proj"), the
+    forward casts it runs again, split as the rest (sequence, tensor, routed)."""
     c = block_gemm_classes(shape)
     h = float(shape.hidden)
-    el = _attention_cast_widths(shape)
+    el = _attention_cast_widths(shape, c)
     w = c["moe_frac"]
     # a dense MLP: the up projection column-parallel, the down projection row-parallel
     el["seq_f"] += (1.0 - w) * h
@@ -476,11 +475,12 @@ def fp8_cast_elements(shape: ModelShape, load: float = 1.0) -> dict[str, float]:
     el["tp_f"] += (1.0 - w) * c["mlp_down_k"]
     el["tp_b"] += (1.0 - w) * c["mlp_up_n"]
     el["routed_f"] = el["routed_b"] = 0.0
-    el["mlp_f"] = (1.0 - w) * (h + c["mlp_down_k"])
-    el["moe_f"] = 0.0
+    # what each recompute module's forward casts again: (sequence-split, tensor-split, routed)
+    el["rerun"] = {"mlp": ((1.0 - w) * h, (1.0 - w) * c["mlp_down_k"], 0.0), "moe": (0.0, 0.0, 0.0),
+                   "mla_up_proj": (float((shape.q_lora_rank or 0) + shape.kv_lora_rank) if shape.is_mla else 0.0,
+                                   0.0, 0.0)}
     if w > 0.0:
         n = float(shape.shared_experts)  # tensor-parallel like a dense MLP, n experts' width
-        shared_f = (h if n else 0.0) + n * c["expert_down_k"]
         el["seq_f"] += w * (h if n else 0.0)
         el["seq_b"] += w * (h if n else 0.0)
         el["tp_f"] += w * n * c["expert_down_k"]
@@ -488,8 +488,7 @@ def fp8_cast_elements(shape: ModelShape, load: float = 1.0) -> dict[str, float]:
         rows = float(shape.top_k) * load
         el["routed_f"] = w * rows * (h + c["expert_down_k"])
         el["routed_b"] = w * rows * (c["expert_up_n"] + h)
-        el["moe_f"] = w * shared_f + el["routed_f"]
-    el["mla_up_f"] = (float((shape.q_lora_rank or 0) + shape.kv_lora_rank) if shape.is_mla else 0.0)
+        el["rerun"]["moe"] = (w * (h if n else 0.0), w * n * c["expert_down_k"], el["routed_f"])
     return el
 
 
@@ -524,10 +523,12 @@ def fp8_cast_seconds(shape: ModelShape, hw: Hardware, *, tokens: Any, tp: Any, b
     routed_el = el["routed_f"] * again + el["routed_b"]
     tp_el = el["tp_f"] * again + el["tp_b"]
     # recompute modules: their forward casts once more, where a whole-block rerun does not
-    # already (the share of blocks recomputed whole); priced at the dense widths' mean split
-    rerun = (el["mlp_f"] * ("mlp" in modules) + el["moe_f"] * ("moe" in modules)
-             + el["mla_up_f"] * ("mla_up_proj" in modules)) * (1.0 - np.minimum(shared_rec, 1.0))
-    per_token_bytes = (seq_el * seq_bytes + (routed_el + rerun) * B / share + tp_el * B / t)
+    # already (the share of blocks recomputed whole)
+    for module, (seq_r, tp_r, routed_r) in el["rerun"].items():
+        if module in modules:
+            left = 1.0 - np.minimum(shared_rec, 1.0)
+            seq_el, tp_el, routed_el = seq_el + seq_r * left, tp_el + tp_r * left, routed_el + routed_r * left
+    per_token_bytes = seq_el * seq_bytes + routed_el * B / share + tp_el * B / t
     nbytes = per_token_bytes * np.asarray(tokens, dtype=float) * np.asarray(blocks, dtype=float) \
         * np.asarray(num_micro, dtype=float)
     return nbytes / (hw.mem_bw * hw.mem_bw_fraction)

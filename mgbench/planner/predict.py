@@ -103,6 +103,7 @@ def predict(shape: ModelShape, hw: Hardware, layout: Layout, overlap: float = pe
     out = layout_time.step_time(shape, hw, global_batch=layout.batch, overlap=overlap, host_ops=host_ops,
                                 moe=moe, **layout.model_kwargs())
     notes = out.pop("notes")
+    recipe = out.pop("fp8_recipe")
     res = _floats(out)
     mem = memory(shape, layout, stack=hw.stack, margin=margin, fixed=hw.ew_bw is None, moe=moe)  # a probed CPU: no CUDA
     res["notes"] = notes + mem.pop("notes")
@@ -116,6 +117,7 @@ def predict(shape: ModelShape, hw: Hardware, layout: Layout, overlap: float = pe
                           f"({layout_time.hardware_precision(layout.precision)})"}
     if layout.precision == "fp8":
         res["assumptions"]["fp8_peak_tflops"] = layout_time.fp8_peak_tflops(hw)
+        res["assumptions"]["fp8_recipe"] = recipe  # the one the casts were priced under
     if hw.ew_bw is not None and host_ops is not None:
         res["assumptions"].update(op_overhead_s=hw.op_overhead_s, elementwise_bytes_per_s=hw.ew_bw,
                                   host_ops=host_ops["ops"], host_bytes=host_ops["bytes"])

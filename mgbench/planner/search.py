@@ -19,12 +19,13 @@ import numpy as np
 
 from .. import catalog
 from ..errors import MgbenchError
-from ..layout import RECOMPUTE, Layout
+from ..layout import RECOMPUTE, Layout, fp8_recipe_problem
 from ..model_shape import ModelShape
 from ..strategies.schedules import VIRTUAL, too_few_chunks, v_shaped
 from . import cost, decision, hardware, layout_rules, layout_time, ownership, perf, stack
 from .moe import MoeOptions
 from .memory import ALLOWANCE_FRACTION, SCHEDULES, STATE_BYTES, check_margin, memory_per_gpu
+from ..probe.profile import STACK as profile_stack
 from .perf import FP8_RECIPES
 
 TP_CHOICES = (1, 2, 4, 8)
@@ -82,9 +83,9 @@ class PlanOptions:
                   "choices": tuple(STATE_BYTES)})
     fp8_recipe: str | None = field(
         default=None, metadata={"help": "FP8 scaling recipe under --precision fp8, for what casting each linear's "
-                                        "operands costs: delayed (Transformer Engine's and Megatron-Core's default), "
+                                        "operands costs: delayed (Megatron-Core's default), "
                                         "tensorwise (per-tensor current scaling: Megatron-Bridge's FP8-CS, "
-                                        "torchao's default), rowwise (torchao), mxfp8 (Blackwell), blockwise "
+                                        "torchao's default), rowwise (torchao), mxfp8 (B200, GB200, MI355X), blockwise "
                                         "(DeepSeek-V3's 1 x 128 tiles). Default: the --stack's.",
                                 "choices": FP8_RECIPES})
     schedule: str = field(
@@ -429,8 +430,8 @@ def check_schedule(opts: PlanOptions) -> None:
     """One clear error for options plan cannot search as asked: virtual stages without
     a schedule that takes them, or an interleaved schedule without them; an FP8 recipe
     without FP8 (the Layout's own refusal, said once rather than once a system)."""
-    if opts.fp8_recipe is not None and opts.precision != "fp8":
-        Layout(precision=opts.precision, fp8_recipe=opts.fp8_recipe)  # raises its MgbenchError
+    if (why := fp8_recipe_problem(opts.precision, opts.fp8_recipe)) is not None:
+        raise MgbenchError(why)
     if opts.schedule == SEARCHED and opts.virtual_stages != 1:
         raise MgbenchError(f"--virtual-stages {opts.virtual_stages} applies to a named --schedule (e.g. --schedule "
                            "interleaved); --schedule searched tries 2 and 4 virtual stages itself")
@@ -577,7 +578,8 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
             "restart_minutes": opts.restart_minutes, "power_fraction_of_tdp": opts.power_fraction, "pue": opts.pue,
             "spot": opts.spot, "overlap": opts.overlap, "stack": None if opts.profile else opts.stack,
             "precision": opts.precision,
-            "fp8_recipe": (opts.fp8_recipe or stack.fp8_recipe(opts.stack)) if opts.precision == "fp8" else None,
+            "fp8_recipe": (stack.fp8_recipe(profile_stack if opts.profile else opts.stack, opts.fp8_recipe)
+                           if opts.precision == "fp8" else None),
             "hardware_profile": opts.profile.get("hostname") if opts.profile else None,
         },
     }

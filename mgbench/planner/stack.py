@@ -75,13 +75,22 @@ def apply(hw: Hardware, name: str | None) -> Hardware:
     return dataclasses.replace(hw, stack_eff=efficiency(name), stack=name)
 
 
-def fp8_recipe(name: str | None) -> str:
-    """The FP8 scaling recipe a stack trains with unless told otherwise (stacks.toml
-    ``fp8_recipe``, else :data:`DEFAULT_FP8_RECIPE`): what planner/perf.py prices its FP8
-    casts at (``--fp8-recipe`` overrides it)."""
+def fp8_recipe(name: str | None, given: str | None = None) -> str:
+    """The FP8 scaling recipe a run on stack ``name`` is priced under: ``given``
+    (--fp8-recipe), else the stack's (stacks.toml ``fp8_recipe``, else
+    :data:`DEFAULT_FP8_RECIPE`). The one resolution: layout_time.step_time prices with it,
+    predict and plan print it."""
     from .perf import FP8_RECIPES
 
+    if given is not None:
+        return given
+    from ..probe.profile import STACK as RUNNER_STACK
+
     name = name or DEFAULT_STACK
+    if name == RUNNER_STACK and "fp8_recipe" not in stacks().get(name, {}):
+        from ..config import RunConfig  # the runner's own default, stated once (config.py)
+
+        return RunConfig.__dataclass_fields__["fp8_recipe"].default
     recipe = stacks().get(name, {}).get("fp8_recipe", DEFAULT_FP8_RECIPE)
     if recipe not in FP8_RECIPES:
         raise MgbenchError(f"stacks.toml [stacks.{name}] fp8_recipe must be one of {', '.join(FP8_RECIPES)}, "

@@ -46,6 +46,10 @@ from ..planner.perf import link_from_all_reduce_fit
 PROFILE_VERSION = 2
 PRECISION_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
+# A probe times mgbench's own runner: a probed Hardware's stack is the runner's (its memory,
+# its FP8 recipe).
+STACK = "mgbench"
+
 
 def read_profile(path: str | Path) -> dict[str, Any]:
     """A profile written by `mgbench probe`; one clear error for anything else."""
@@ -277,7 +281,7 @@ def _machine(profile: dict[str, Any], ranks: int, memory_bytes: float) -> dict[s
     acc = profile.get("accelerator")
     link = comm_link(profile, ranks)
     return dict(
-        stack="mgbench",  # a probe times mgbench's own runner: its memory is the runner's
+        stack=STACK,
         system=f"probed:{profile['hostname']}",
         gpu=acc or profile["device_name"],
         gpus_per_node=max(ranks, profile.get("num_devices", 1)),

@@ -93,7 +93,7 @@ def test_plan_cost_options_change_the_answer(cli):
         (["plan", "--model", "llama3-8b", "--tokens", "1e11", "--systems", "dgx-h100", "--fp8-recipe", "delayed"],
          "--fp8-recipe delayed applies to --precision fp8"),
         (["predict", "--model", "llama3-8b", "--system", "dgx-h100", "--num-gpus", "8", "--precision", "fp8",
-          "--fp8-recipe", "mxfp8"], "which h100-sxm has not; give tensorwise, delayed or blockwise"),
+          "--fp8-recipe", "mxfp8"], "and h100-sxm has none; give one of delayed, tensorwise, rowwise, blockwise"),
     ],
 )
 def test_planner_bad_input(cli, args, expected):

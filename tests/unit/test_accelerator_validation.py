@@ -226,7 +226,8 @@ def test_every_fp8_row_names_its_recipe_and_a_row_without_one_is_refused():
     broken = {k: v for k, v in fp8.items() if k != "fp8_recipe"}
     assert any("names its scaling recipe" in p for p in A.check_row(broken))
     bf16 = next(r for r in A.runs() if r["precision"] == "bf16")
-    assert any("on a bf16 row" in p for p in A.check_row({**bf16, "fp8_recipe": "mxfp8"}))
+    assert any("applies to --precision fp8 (this layout trains in bf16)" in p
+               for p in A.check_row({**bf16, "fp8_recipe": "mxfp8"}))
     moe_fp8 = next(r for r in V.runs() if r["precision"] == "fp8")
     with pytest.raises(MgbenchError, match="names its scaling recipe"):
         V.check_rows([{k: v for k, v in moe_fp8.items() if k != "fp8_recipe"}])

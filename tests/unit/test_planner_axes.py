@@ -236,8 +236,17 @@ def test_fp8_pays_for_quantizing_every_linears_input_and_output_gradient_by_hand
         * H100.stack_eff / B200.stack_eff
     mx = layout_time.step_time(LLAMA8, B200, precision="fp8", fp8_recipe="mxfp8", recompute=0, sp=True, **tp2)
     assert float(mx["breakdown"]["fp8_cast_s"]) == pytest.approx(2 * b200_el * 4.0625 * (fwd + bwd) / 2, rel=1e-9)
-    with pytest.raises(MgbenchError, match="which h100-sxm has not"):
+    with pytest.raises(MgbenchError, match="h100-sxm has none"):
         layout_time.step_time(LLAMA8, H100, precision="fp8", fp8_recipe="mxfp8", recompute=0, sp=True, **tp2)
+    # The dense MLP's recomputed forward casts split as the main term: its input over the
+    # sequence split (whole without sequence parallelism), its down projection's over tp.
+    w_dense = perf.fp8_cast_elements(LLAMA8)["rerun"]["mlp"]
+    assert w_dense == (4096, 14336, 0.0)
+    bw = H100.mem_bw * H100.mem_bw_fraction
+    base = dict(tokens=8192, tp=2, blocks=32, num_micro=1, recompute=0, sp=False)
+    extra = float(perf.fp8_cast_seconds(LLAMA8, H100, modules=("mlp",), **base)
+                  - perf.fp8_cast_seconds(LLAMA8, H100, **base))
+    assert extra == pytest.approx(4.0 * (4096 + 14336 / 2) * 8192 * 32 / bw)
 
 
 def test_the_fp8_recipe_sets_what_a_cast_costs_by_hand():
@@ -281,7 +290,7 @@ def test_fp8_casts_of_mla_and_of_the_routed_experts_by_hand():
     assert el["routed_b"] == pytest.approx(8 * 1.1 * (2 * 768 + 2048))
     # Megatron-Core's recompute modules run their forward casts again: "moe" the routed
     # rows' (no shared expert here), where no whole block is recomputed.
-    assert el["moe_f"] == el["routed_f"] and el["mlp_f"] == 0.0 and el["mla_up_f"] == 0.0
+    assert el["rerun"] == {"moe": (0.0, 0.0, el["routed_f"]), "mlp": (0.0, 0.0, 0.0), "mla_up_proj": (0.0, 0.0, 0.0)}
     hw, kw = H100, dict(tokens=4096, tp=1, blocks=48, num_micro=1, recompute=0, load=1.1)
     plain = float(perf.fp8_cast_seconds(shape, hw, **kw))
     moe_rc = float(perf.fp8_cast_seconds(shape, hw, modules=("moe",), **kw))
@@ -554,9 +563,36 @@ def test_a_stack_names_a_known_recipe_and_the_runners_is_its_config_default(monk
     from mgbench.errors import MgbenchError
     from mgbench.planner import stack
 
-    # one fact in two places, kept equal: the mgbench stack prices what the runner runs
-    assert stack.fp8_recipe("mgbench") == RunConfig.__dataclass_fields__["fp8_recipe"].default
+    # the mgbench stack prices what the runner runs: its config's default, read there
+    assert stack.fp8_recipe("mgbench") == RunConfig.__dataclass_fields__["fp8_recipe"].default == "tensorwise"
+    assert stack.fp8_recipe("torchtitan", "mxfp8") == "mxfp8"  # --fp8-recipe wins
     broken = {**stack.stacks(), "torchtitan": {**stack.stacks()["torchtitan"], "fp8_recipe": "e5m2"}}
     monkeypatch.setattr(stack, "stacks", lambda: broken)
     with pytest.raises(MgbenchError, match=r"\[stacks.torchtitan\] fp8_recipe must be one of"):
         stack.fp8_recipe("torchtitan")
+
+
+def test_mxfp8_is_priced_only_where_the_tensor_cores_take_mx_operands():
+    # plan leaves an H100 system out with the reason and keeps a B200 one; an accelerator of
+    # a --system-file that does not say is refused as not stated, not as lacking.
+    res = plan(LLAMA8, PlanOptions(tokens=1e11, max_gpus=8, precision="fp8", fp8_recipe="mxfp8"))
+    out = [r for r in res["reasons"] if r.startswith("dgx-h100 not considered")]
+    assert out and "h100-sxm has none" in out[0]
+    assert {r["system"] for r in res["ranked"]} & {"dgx-b200", "gb200-nvl72"}
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "mine.toml"
+        f.write_text("[accelerators.mine]\ntflops = { bf16 = 1000, fp8 = 2000 }\nmemory_gb = 96\nmem_bw_tbps = 4.0\n"
+                     "[systems.mine-8]\ngpu = 'mine'\ngpus_per_node = 8\nintra_link = 'nvlink4'\n"
+                     "inter_link = 'ib-ndr'\nnics_per_node = 8\n")
+        catalog.use_system_file(str(f))
+        try:
+            assert catalog.accelerator_mx_formats("mine") is None and catalog.accelerator_mx_formats("h100-sxm") is False
+            with pytest.raises(MgbenchError, match="mine has no mx_formats entry saying it does"):
+                layout_time.step_time(LLAMA8, hardware.resolve(system="mine-8"), seq=4096, global_batch=8,
+                                      micro_batch=1, tp=1, pp=1, dp=8, zero=0, recompute=0, precision="fp8",
+                                      fp8_recipe="mxfp8")
+        finally:
+            catalog.clear_system_file()

@@ -355,3 +355,20 @@ def test_an_mtp_module_changes_no_other_stage_and_costs_its_own_flops_on_the_las
     own_flops = float(flops(with_mtp) - flops(base)) * tokens / rate / hw.stack_eff
     elementwise_block = float(b["elementwise_s"]) / hw.stack_eff / 8  # the stage's 8 blocks
     assert mtp == pytest.approx(own_flops + elementwise_block, rel=1e-9)
+
+
+def test_the_balanced_split_never_gives_a_last_stage_more_than_the_layout_rule_allows():
+    # 11 blocks and 2 MTP modules over 4 stages: the last stage, holding the MTP modules,
+    # may hold at most memory.max_last_layers = 1 block (k + 2 <= ceil((11 - k) / 3)); left
+    # to the FLOP balance alone the chooser would offer 2 (predict refuses that layout), and
+    # no allowed lighter split beats the even one, so it offers none.
+    import dataclasses
+
+    import numpy as np
+
+    from mgbench.planner.memory import max_last_layers
+
+    shape = dataclasses.replace(catalog.model_shape("llama3-8b"), layers=11, mtp_layers=2)
+    assert float(max_last_layers(11, 4, 2)) == 1
+    k = float(perf.balanced_last_layers(shape, 4096, np.array([4]))[0])
+    assert np.isnan(k)
