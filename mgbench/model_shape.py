@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import MgbenchError
 
@@ -19,6 +19,24 @@ GATED_MLP_KINDS = ("swiglu", "geglu")
 MLP_KINDS = GATED_MLP_KINDS + ("gelu", "squared_relu")
 # What mgbench's own decoder (workloads/gpt.py) builds. The planner prices every kind.
 RUNNER_MLP_KINDS = ("swiglu", "gelu")
+
+
+class AttnPart(NamedTuple):
+    """One weight of a block's attention, in the order the runner registers them
+    (workloads/gpt.py) and Megatron-Core builds them: a linear of ``k`` inputs and ``n``
+    outputs, or a norm's scale of width ``n`` (``k`` = 1). ``split``: how tensor
+    parallelism cuts it, "column" (its outputs), "row" (its inputs), "replicated" (whole
+    on every rank: MLA's down-projections) or "norm"."""
+
+    name: str
+    k: int
+    n: int
+    split: str
+
+
+# MLA's up-projections: the linears from a latent back to the heads (Megatron-Core's
+# recompute module "mla_up_proj" reruns them).
+MLA_UP_PROJECTIONS = ("wq_b", "wkv_b")
 
 
 def default_ffn_hidden(hidden: int, mlp: str) -> int:
@@ -293,18 +311,28 @@ class ModelShape:
         """Weights of one routed expert (SwiGLU: three hidden x width matrices)."""
         return 3 * self.hidden * self.moe_ffn_hidden
 
-    def _attn_params(self) -> int:
+    def attention_parts(self) -> tuple[AttnPart, ...]:
+        """The weights of one block's attention (:class:`AttnPart`), the one statement of
+        its geometry: grouped-query attention's q, k, v and output projections; MLA's query
+        path (down to q_lora_rank, a norm, up to heads x qk; or one projection from h), its
+        kv path (down to kv_lora_rank plus the shared rotary key, a norm, up to heads x
+        (nope key + value)) and the output projection."""
         h, a = self.hidden, self.heads
         if not self.is_mla:
-            d = self.dim_head
-            return h * a * d + 2 * h * self.kv_heads * d + a * d * h
-        qk, rope = self.qk_head_dim, self.qk_rope_head_dim
-        # q: down to q_lora_rank, a norm, up to heads x qk (or directly from h)
-        q = h * a * qk if self.q_lora_rank is None else h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * a * qk
-        # k/v: down to kv_lora_rank plus the shared rotary key, a norm, up to heads x
-        # (nope key + value); then the output projection
-        kv = h * (self.kv_lora_rank + rope) + self.kv_lora_rank + self.kv_lora_rank * a * (self.qk_nope_head_dim + self.v_dim)
-        return q + kv + a * self.v_dim * h
+            d, kv = self.dim_head, self.kv_heads * self.dim_head
+            return (AttnPart("wq", h, a * d, "column"), AttnPart("wk", h, kv, "column"),
+                    AttnPart("wv", h, kv, "column"), AttnPart("wo", a * d, h, "row"))
+        r_q, r_kv = self.q_lora_rank, self.kv_lora_rank
+        q = (AttnPart("wq", h, a * self.qk_head_dim, "column"),) if r_q is None else (
+            AttnPart("wq_a", h, r_q, "replicated"), AttnPart("q_norm", 1, r_q, "norm"),
+            AttnPart("wq_b", r_q, a * self.qk_head_dim, "column"))
+        return q + (AttnPart("wkv_a", h, r_kv + self.qk_rope_head_dim, "replicated"),
+                    AttnPart("kv_norm", 1, r_kv, "norm"),
+                    AttnPart("wkv_b", r_kv, a * (self.qk_nope_head_dim + self.v_dim), "column"),
+                    AttnPart("wo", a * self.v_dim, h, "row"))
+
+    def _attn_params(self) -> int:
+        return sum(p.k * p.n for p in self.attention_parts())
 
     def _mlp_params(self) -> int:
         """A dense layer's MLP."""

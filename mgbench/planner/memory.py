@@ -376,10 +376,10 @@ def layer_activations(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precisio
         attn = (heads_b + np.where(sel, 0.0, LSE_BYTES * a)) / t + latent_b
         # op-level: attention's output (a v wide) and half the projections' outputs.
         out_w = a * shape.v_dim
-        proj_w = mla_projection_widths(shape)
     else:
         attn = (e * (2.0 * q + 2.0 * k) + np.where(sel, 0.0, LSE_BYTES * a)) / t
-        out_w, proj_w = q, q + 2.0 * k
+        out_w = q
+    proj_w = projection_widths(shape)
     mlp = dense_mlp_bytes(shape, e, f, te) / t
     if te and f < e:  # the output projection's FP8 copy of attention's output
         attn = attn + f * (a * shape.v_dim if shape.is_mla else q) / t
@@ -429,13 +429,12 @@ def mla_attention_bytes(shape: ModelShape, e: float) -> tuple[float, float]:
     return heads, latent
 
 
-def mla_projection_widths(shape: ModelShape) -> float:
-    """Elements a token's MLA projections output: the query latent and its up-projection
-    (or the one query projection), the kv down-projection with the rotary key, and the
-    kv up-projection (what op-level checkpointing keeps half of, as q, k, v for GQA)."""
-    a = shape.heads
-    q = a * shape.qk_head_dim + (shape.q_lora_rank or 0)
-    return q + shape.kv_lora_rank + shape.qk_rope_head_dim + a * (shape.qk_nope_head_dim + shape.v_dim)
+def projection_widths(shape: ModelShape) -> float:
+    """Elements a token's attention input projections output (every one but the output
+    projection): q, k and v for grouped-query attention; MLA's query latent and its
+    up-projection (or the one query projection), the kv down-projection with the rotary
+    key and the kv up-projection. Op-level checkpointing keeps half of them."""
+    return float(sum(p.n for p in shape.attention_parts() if p.split in ("column", "replicated")))
 
 
 def checkpointed_layer(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precision: str) -> Any:
@@ -1136,16 +1135,9 @@ def _block_params(shape: ModelShape, tp: int, moe: bool, ep: int) -> list[tuple[
     (wq, wk, wv, wo; MLA: wq or wq_a, q_norm, wq_b, then wkv_a, kv_norm, wkv_b, wo);
     mlp_norm; a dense MLP's w1, w2, (w3), or an MoE layer's router, its experts' stacked
     w1, w3, w2 (experts / ep of them) and the shared experts' w1, w2, w3."""
-    h, a, F = shape.hidden, shape.heads, shape.ffn_hidden
-    if shape.is_mla:
-        qk, v, rope, r_kv = shape.dim_head, shape.v_dim, shape.qk_rope_head_dim, shape.kv_lora_rank
-        r_q = shape.q_lora_rank
-        attn = [(h * a * qk / tp, True)] if r_q is None else [(h * r_q, True), (r_q, False), (r_q * a * qk / tp, True)]
-        attn += [(h * (r_kv + rope), True), (r_kv, False), (r_kv * a * (shape.qk_nope_head_dim + v) / tp, True),
-                 (a * v * h / tp, True)]
-    else:
-        q, k = a * shape.dim_head, shape.kv_heads * shape.dim_head
-        attn = [(h * q / tp, True), (h * k / tp, True), (h * k / tp, True), (q * h / tp, True)]
+    h, F = shape.hidden, shape.ffn_hidden
+    attn = [(p.k * p.n / (tp if p.split in ("column", "row") else 1), p.split != "norm")
+            for p in shape.attention_parts()]
     out = [(h, False, False)] + [(n, mm, False) for n, mm in attn] + [(h, False, False)]
     if not moe:
         return out + [(h * F / tp, True, False), (F * h / tp, True, False)] + (

@@ -65,7 +65,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import MgbenchError
-from ..model_shape import ModelShape
+from ..model_shape import MLA_UP_PROJECTIONS, ModelShape
 from ..strategies.schedules import VIRTUAL
 
 # DeepEP's normal (training) kernels on H800, DeepSeek-V3's pretraining setting (4096
@@ -328,9 +328,8 @@ def recompute_flops_per_token(shape: ModelShape, modules: tuple[str, ...], load:
     h = shape.hidden
     out = 0.0
     if "mla_up_proj" in modules and shape.is_mla:
-        q_up = shape.q_lora_rank * shape.heads * shape.qk_head_dim if shape.q_lora_rank is not None else 0
-        kv_up = shape.kv_lora_rank * shape.heads * (shape.qk_nope_head_dim + shape.v_dim)
-        out += 2.0 * (q_up + kv_up) * (shape.layers + shape.mtp_layers)
+        up = sum(p.k * p.n for p in shape.attention_parts() if p.name in MLA_UP_PROJECTIONS)
+        out += 2.0 * up * (shape.layers + shape.mtp_layers)
     if "mlp" in modules:
         out += 2.0 * (3 if shape.gated_mlp else 2) * h * shape.ffn_hidden * (shape.layers - shape.moe_layers)
     if "moe" in modules and shape.is_moe:

@@ -431,26 +431,21 @@ def row_recipe_problem(row: dict[str, Any]) -> str | None:
     return fp8_recipe_problem(row.get("precision", "bf16"), recipe)
 
 
-def _attention_cast_widths(shape: ModelShape, c: dict[str, Any] | None = None) -> dict[str, float]:
-    """Widths attention's linears cast a token: ``seq_*`` on tensors a rank holds 1 / tp of
-    only under sequence parallelism (a column-parallel linear's input, a row-parallel one's
-    output gradient, MLA's down projections, which every tensor-parallel rank runs whole),
-    ``tp_*`` on widths tensor parallelism splits (a column-parallel linear's output gradient,
-    a row-parallel one's input); ``*_f`` forward inputs, ``*_b`` backward output gradients."""
-    c = block_gemm_classes(shape) if c is None else c
-    h, a = float(shape.hidden), float(shape.heads)
-    out_in = c["attn_out_k"]  # the output projection's input
-    if not shape.is_mla:  # one q/k/v projection of h, as wide as its weights / h
-        return {"seq_f": h, "seq_b": h, "tp_f": out_in, "tp_b": c["attn_in_n"]}
-    kv_down = float(shape.kv_lora_rank + shape.qk_rope_head_dim)
-    kv_up = a * (shape.qk_nope_head_dim + shape.v_dim)
-    q_out = a * shape.qk_head_dim
-    if shape.q_lora_rank is None:  # queries projected directly: a column-parallel linear of h
-        return {"seq_f": 2.0 * h + shape.kv_lora_rank, "seq_b": kv_down + h,
-                "tp_f": out_in, "tp_b": q_out + kv_up}
-    q_lora = float(shape.q_lora_rank)
-    return {"seq_f": 2.0 * h + q_lora + shape.kv_lora_rank, "seq_b": q_lora + kv_down + h,
-            "tp_f": out_in, "tp_b": q_out + kv_up}
+def _attention_cast_widths(shape: ModelShape) -> dict[str, float]:
+    """Widths attention's linears (ModelShape.attention_parts) cast a token: ``seq_*`` on
+    tensors a rank holds 1 / tp of only under sequence parallelism (a column-parallel or
+    replicated linear's input, a row-parallel or replicated one's output gradient: MLA's
+    down-projections run whole on every tensor-parallel rank), ``tp_*`` on widths tensor
+    parallelism splits (a column-parallel linear's output gradient, a row-parallel one's
+    input); ``*_f`` forward inputs, ``*_b`` backward output gradients."""
+    parts = [p for p in shape.attention_parts() if p.split != "norm"]
+    el = {"seq_f": float(sum(p.k for p in parts if p.split != "row")),
+          "seq_b": float(sum(p.n for p in parts if p.split != "column")),
+          "tp_f": float(sum(p.k for p in parts if p.split == "row")),
+          "tp_b": float(sum(p.n for p in parts if p.split == "column"))}
+    if not shape.is_mla:  # Megatron-Core fuses q, k and v into one linear (linear_qkv): h cast once
+        el["seq_f"] = float(shape.hidden)
+    return el
 
 
 def fp8_cast_elements(shape: ModelShape, load: float = 1.0) -> dict[str, float]:
@@ -467,7 +462,7 @@ def fp8_cast_elements(shape: ModelShape, load: float = 1.0) -> dict[str, float]:
     forward casts it runs again, split as the rest (sequence, tensor, routed)."""
     c = block_gemm_classes(shape)
     h = float(shape.hidden)
-    el = _attention_cast_widths(shape, c)
+    el = _attention_cast_widths(shape)
     w = c["moe_frac"]
     # a dense MLP: the up projection column-parallel, the down projection row-parallel
     el["seq_f"] += (1.0 - w) * h

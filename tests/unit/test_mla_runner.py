@@ -42,6 +42,11 @@ def test_parameters_are_the_shapes_count_and_the_runner_builds_mla(q_lora_rank):
     q_names = {"wq.weight"} if q_lora_rank is None else {"wq_a.weight", "q_norm.weight", "wq_b.weight"}
     assert {n for n, _ in attn.named_parameters()} == q_names | {"wkv_a.weight", "kv_norm.weight", "wkv_b.weight",
                                                                    "wo.weight"}
+    # ModelShape.attention_parts, the one statement of the geometry the planner prices
+    # (memory, FP8 casts, recompute), is the module's weights in its order and shapes
+    # (torch stores a linear k -> n as n x k).
+    built = [(n.removesuffix(".weight"), tuple(w.shape)) for n, w in attn.named_parameters()]
+    assert built == [(p.name, (p.n,) if p.split == "norm" else (p.n, p.k)) for p in shape.attention_parts()]
     model = DecoderLM(shape, 32)
     assert sum(p.numel() for p in model.parameters()) == shape.num_params()
     assert all(isinstance(b.attn, MLAttention) for b in model.blocks.values())
