@@ -23,7 +23,7 @@ RUNNER_MLP_KINDS = ("swiglu", "gelu")
 
 class AttnPart(NamedTuple):
     """One weight of a block's attention, in the order the runner registers them
-    (workloads/gpt.py) and Megatron-Core builds them: a linear of ``k`` inputs and ``n``
+    (workloads/gpt.py; for MLA, Megatron-Core's order too: it fuses GQA's q, k, v): a linear of ``k`` inputs and ``n``
     outputs, or a norm's scale of width ``n`` (``k`` = 1). ``split``: how tensor
     parallelism cuts it, "column" (its outputs), "row" (its inputs), "replicated" (whole
     on every rank: MLA's down-projections) or "norm"."""

@@ -379,14 +379,15 @@ def layer_activations(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precisio
     else:
         attn = (e * (2.0 * q + 2.0 * k) + np.where(sel, 0.0, LSE_BYTES * a)) / t
         out_w = q
-    proj_w = projection_widths(shape)
+    proj_split, proj_whole = projection_widths(shape)
     mlp = dense_mlp_bytes(shape, e, f, te) / t
     if te and f < e:  # the output projection's FP8 copy of attention's output
         attn = attn + f * (a * shape.v_dim if shape.is_mla else q) / t
     scores = 0.0 if seq is None else np.where(flash | sel, 0.0, 5.0 * a * np.asarray(seq, dtype=float) * e / 2.0 / t)
     n_f = 2.0 if shape.gated_mlp else 1.0
     wide = np.where(sp, e * h / t, e * h)  # an h-wide tensor per rank
-    op = wide + (e * out_w + LSE_BYTES * a) / t + e * (proj_w + n_f * F) / 2.0 / t + wide
+    # half the projections' outputs: MLA's down-projections run whole on every tp rank
+    op = wide + (e * out_w + LSE_BYTES * a) / t + e * ((proj_split + n_f * F) / t + proj_whole) / 2.0 + wide
     return N * np.where(np.asarray(op_sac, dtype=bool), op, norms + attn + mlp + scores)
 
 
@@ -429,12 +430,15 @@ def mla_attention_bytes(shape: ModelShape, e: float) -> tuple[float, float]:
     return heads, latent
 
 
-def projection_widths(shape: ModelShape) -> float:
+def projection_widths(shape: ModelShape) -> tuple[float, float]:
     """Elements a token's attention input projections output (every one but the output
-    projection): q, k and v for grouped-query attention; MLA's query latent and its
-    up-projection (or the one query projection), the kv down-projection with the rotary
-    key and the kv up-projection. Op-level checkpointing keeps half of them."""
-    return float(sum(p.n for p in shape.attention_parts() if p.split in ("column", "replicated")))
+    projection), as (split over tensor-parallel ranks, whole on each): q, k and v for
+    grouped-query attention, all split; MLA's query and kv up-projections (or the one query
+    projection) split, its down-projections (the query latent, the kv latent with the
+    rotary key) whole. Op-level checkpointing keeps half of them."""
+    parts = shape.attention_parts()
+    return (float(sum(p.n for p in parts if p.split == "column")),
+            float(sum(p.n for p in parts if p.split == "replicated")))
 
 
 def checkpointed_layer(shape: ModelShape, tokens: Any, tp: Any, sp: Any, precision: str) -> Any:

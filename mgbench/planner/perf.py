@@ -70,7 +70,7 @@ import numpy as np
 
 from ..errors import MgbenchError
 from ..hardware_profile import gemm_kernel_seconds
-from ..model_shape import ModelShape
+from ..model_shape import MLA_UP_PROJECTIONS, ModelShape
 from ..strategies.schedules import grad_sync, theoretical_bubble
 from .hardware import Hardware
 from .memory import (act_bytes, attention_recomputed_share, elementwise_recomputed, matmul_recomputed_share,
@@ -472,7 +472,7 @@ def fp8_cast_elements(shape: ModelShape, load: float = 1.0) -> dict[str, float]:
     el["routed_f"] = el["routed_b"] = 0.0
     # what each recompute module's forward casts again: (sequence-split, tensor-split, routed)
     el["rerun"] = {"mlp": ((1.0 - w) * h, (1.0 - w) * c["mlp_down_k"], 0.0), "moe": (0.0, 0.0, 0.0),
-                   "mla_up_proj": (float((shape.q_lora_rank or 0) + shape.kv_lora_rank) if shape.is_mla else 0.0,
+                   "mla_up_proj": (float(sum(p.k for p in shape.attention_parts() if p.name in MLA_UP_PROJECTIONS)),
                                    0.0, 0.0)}
     if w > 0.0:
         n = float(shape.shared_experts)  # tensor-parallel like a dense MLP, n experts' width

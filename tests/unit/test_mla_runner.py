@@ -50,6 +50,13 @@ def test_parameters_are_the_shapes_count_and_the_runner_builds_mla(q_lora_rank):
     model = DecoderLM(shape, 32)
     assert sum(p.numel() for p in model.parameters()) == shape.num_params()
     assert all(isinstance(b.attn, MLAttention) for b in model.blocks.values())
+    # Grouped-query attention likewise (wq, wk, wv, wo: Megatron-Core fuses the first three,
+    # which the FP8 cast widths account for).
+    gqa = ModelShape(layers=1, hidden=64, heads=4, kv_heads=2, ffn_hidden=128, vocab=256)
+    block = next(iter(DecoderLM(gqa, 32).blocks.values()))
+    assert [(n.removesuffix(".weight"), tuple(w.shape)) for n, w in block.attn.named_parameters()] == [
+        ("wq", (64, 64)), ("wk", (32, 64)), ("wv", (32, 64)), ("wo", (64, 64))] == [
+        (p.name, (p.n, p.k)) for p in gqa.attention_parts()]
     # Rotary tables of the rope part only (nope + rope = 24 would be dim_head).
     assert tuple(model.rope_cos.shape) == (32, shape.qk_rope_head_dim // 2)
     # The runner builds MLA; MTP, parallel blocks and local attention stay planner-only.

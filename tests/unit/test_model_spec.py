@@ -4,6 +4,7 @@ without transformers give the published parameter counts; every model option is 
 attention and selective recompute are priced; the runner refuses what it does not build;
 a --system holding another GPU than --gpu is honoured and said."""
 
+import dataclasses
 import json
 import tomllib
 from pathlib import Path
@@ -260,6 +261,17 @@ def test_op_level_checkpointing_by_hand():
     want = N * (e * h + e * q + M.LSE_BYTES * a + e * (q + 2 * k + 2 * F) / 2 + e * h)
     assert float(M.layer_activations(s, N, 1, False, "bf16", op_sac=True)) == pytest.approx(want)
     assert want < float(M.layer_activations(s, N, 1, False, "bf16"))
+    # MLA (DeepSeek-V3's attention) at tp 2: the up-projections' outputs (128 x 192 queries,
+    # 128 x 256 keys and values) are split, the down-projections' (the 1,536 query latent, the
+    # 512 kv latent with its 64-wide rotary key) are whole on each rank.
+    v3 = catalog.model_shape("deepseek-v3")
+    a3, v, h3 = 128, 128, 7168
+    want = N * (e * h3 + (e * a3 * v + M.LSE_BYTES * a3) / 2 + e * ((a3 * 192 + a3 * 256 + 18432 * 2) / 2
+                                                                  + 1536 + 576) / 2 + e * h3)
+    got = float(M.layer_activations(dataclasses.replace(v3, experts=0, top_k=0, shared_experts=0, dense_layers=0,
+                                                        expert_ffn_hidden=None, mtp_layers=0),
+                                    N, 2, False, "bf16", op_sac=True))
+    assert got == pytest.approx(want)
     # Half of the blocks' matmul forward is recomputed; attention's is saved, not redone.
     block_weights = s.num_matmul_params() - s.hidden - s.padded_vocab * s.hidden
     none = perf.hardware_flops_per_token(s, 512, 0)
