@@ -35,6 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
+
+from mgbench.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -371,6 +374,28 @@ def test_toml_snippets_are_valid_suites():
         except MgbenchError as e:
             problems.append(f"{b.where}: {e}")
     assert not problems, "\n".join(problems)
+
+
+WORKED_PLAN = "mgbench plan --model llama3-8b --tokens 1e12 --systems dgx-h100,dgx-b200 --max-gpus 512"
+
+
+def test_the_worked_purchase_decision_shows_current_output():
+    """docs/planner.md's worked purchase decision quotes plan's output, wrapped and with
+    parts elided ('...'): every quoted line is the command's output today (its figures
+    went stale once, when a catalog figure changed)."""
+    block = next(b for b in blocks(ROOT / "docs" / "planner.md")
+                 if b.language == "console" and any(e.command == WORKED_PLAN for e in examples(b)))
+    logical: list[str] = []
+    for line in block.lines[1:]:
+        if line.startswith("  - ") or not line[:1].isspace():
+            logical.append(line.strip())
+        else:  # a wrapped line continues the one before
+            logical[-1] += " " + line.strip()
+    res = CliRunner().invoke(main, WORKED_PLAN.split()[1:])
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())
+    stale = [frag for text in logical for frag in (f.strip() for f in text.split("...")) if frag and frag not in out]
+    assert not stale, "docs/planner.md's worked plan no longer matches the output:\n" + "\n".join(stale)
 
 
 # What a checkout holds that the examples use: the suites, and the committed reference
