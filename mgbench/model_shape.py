@@ -288,6 +288,22 @@ class ModelShape:
         keys_local = seq_len - (seq_len - w) * (seq_len > w)  # min(seq, window), arrays too
         return per_key * (full * seq_len + local * keys_local)
 
+    def causal_attention_flops_per_token(self, seq_len: Any) -> Any:
+        """:meth:`attention_flops_per_token` as a causal kernel computes them: a query
+        attends to the keys up to its own, so over a sequence of s a full layer's query
+        sees s / 2 keys on average and a local layer's min(i, window) at position i, on
+        average w - w^2 / (2 s) for s > w (about the whole window when s >> w, not half of
+        it), s / 2 otherwise."""
+        s = seq_len
+        per_key = 6.0 * self.heads * (self.qk_head_dim + self.v_dim)
+        local = self.num_local_layers
+        full = self.layers + self.mtp_layers - local
+        if not local:
+            return per_key * full * s / 2.0
+        w = float(self.sliding_window)
+        keys_local = s / 2.0 + (w - w * w / (2.0 * s) - s / 2.0) * (s > w)
+        return per_key * (full * s / 2.0 + local * keys_local)
+
     # -- mixture of experts ----------------------------------------------------------------
     @property
     def is_moe(self) -> bool:

@@ -250,6 +250,14 @@ def attention_flops_per_token(shape: ModelShape, seq: Any, recompute: Any) -> An
     return attn + attn / 3.0 * attention_recomputed_share(shape.layers, recompute)
 
 
+def causal_attention_flops_per_token(shape: ModelShape, seq: Any, recompute: Any) -> Any:
+    """:func:`attention_flops_per_token` as a causal kernel computes them
+    (ModelShape.causal_attention_flops_per_token: half a full layer's, nearly all of a
+    sliding window's), with the recomputed forward's third."""
+    attn = shape.causal_attention_flops_per_token(np.asarray(seq, dtype=float))
+    return attn + attn / 3.0 * attention_recomputed_share(shape.layers, recompute)
+
+
 def flash_attention_s(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any, rank_tokens: Any) -> Any:
     """Seconds attention's scores and values take in the flash-attention kernel for one
     rank's ``rank_tokens`` (its share of the layers); None where the GPU has no recorded
@@ -258,11 +266,12 @@ def flash_attention_s(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any,
     The fused kernel is not a layer GEMM, and its fraction of peak differs by generation
     far more than the GEMMs' does: FlashAttention-2 reaches up to 73% of an A100's peak
     but about 34% of an H100's (Dao 2023, arXiv:2307.08691, section 4.1), where best
-    GEMMs reach 87% and 80% (MAMF). Its FLOPs are counted halved for the causal mask, as
-    that paper counts them."""
+    GEMMs reach 87% and 80% (MAMF). Its FLOPs are the causal kernel's (halved for a full
+    layer, as that paper counts them; a sliding window's nearly whole:
+    :func:`causal_attention_flops_per_token`)."""
     if hw.attn_eff is None:
         return None
-    return 0.5 * attention_flops_per_token(shape, seq, recompute) * rank_tokens / (hw.peak_tflops * 1e12 * hw.attn_eff)
+    return causal_attention_flops_per_token(shape, seq, recompute) * rank_tokens / (hw.peak_tflops * 1e12 * hw.attn_eff)
 
 
 def gemm_seconds(flops: Any, nbytes: Any, hw: Hardware, rate: float) -> Any:
@@ -365,7 +374,7 @@ def host_terms(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any, rank_t
     pts = sorted(hw.attn_points or ())
     if pts:
         rate = np.interp(np.asarray(seq, dtype=float), [p[0] for p in pts], [p[1] for p in pts])
-        attention = 0.5 * attn_hw_flops / rate
+        attention = causal_attention_flops_per_token(shape, seq, recompute) * rank_tokens / rate
     else:  # no SDPA probed: keep the GEMM rate
         attention = attn_mm
     ops = host_ops["ops"] * hw.op_overhead_s + host_ops["bytes"] / hw.ew_bw + host_ops.get("fixed_s", 0.0)

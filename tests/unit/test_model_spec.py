@@ -19,6 +19,7 @@ from mgbench.errors import MgbenchError
 from mgbench.hf_config import shape_from_file, shape_from_hf
 from mgbench.layout import RECOMPUTE
 from mgbench.model_shape import ModelShape
+from mgbench.planner import hardware
 from mgbench.planner import memory as M
 from mgbench.planner import perf
 
@@ -92,6 +93,14 @@ def test_attention_flops_count_mla_widths_and_local_windows_by_hand():
     per_key = 6 * 64 * (64 + 64)
     assert oss.attention_flops_per_token(8192) == per_key * (18 * 8192 + 18 * 128)
     assert oss.attention_flops_per_token(64) == per_key * 36 * 64  # shorter than the window: all alike
+    # What a causal kernel computes: a global layer's query sees s / 2 keys on average, a
+    # local one's all 128 of its window but the first 128 positions' (128 - 128^2 / 2s),
+    # not half the window; shorter than the window, half the sequence.
+    assert oss.causal_attention_flops_per_token(8192) == pytest.approx(per_key * (18 * 4096 + 18 * (128 - 1.0)))
+    assert oss.causal_attention_flops_per_token(64) == pytest.approx(per_key * 36 * 32)
+    h100 = hardware.resolve(system="dgx-h100")
+    assert perf.flash_attention_s(oss, h100, 8192, 0, 1000.0) == pytest.approx(
+        per_key * (18 * 4096 + 18 * 127) * 1000 / (h100.peak_tflops * 1e12 * h100.attn_eff))
     dense = catalog.model_shape("llama3-8b")  # full attention: PaLM's 12 L h s
     assert dense.attention_flops_per_token(2048) == 12 * 32 * 4096 * 2048
 
