@@ -62,6 +62,13 @@ def accelerator_mx_formats(key: str) -> bool | None:
     return False if key in load("hardware.toml")["accelerators"] else None
 
 
+def accelerator_fp8_any_layout(key: str) -> bool:
+    """Whether accelerator ``key``'s FP8 GEMMs take operands in any layout (not only TN),
+    so that Transformer Engine's per-tensor FP8 makes no transposed copy for backward
+    (``fp8_any_layout`` in hardware.toml: the sm 10.x parts); False where not stated."""
+    return bool(accelerator(key).get("fp8_any_layout", False))
+
+
 def accelerator_peak(key: str, precision: str) -> float | None:
     """The dense datasheet peak (TFLOP/s) of catalog accelerator ``key`` at ``precision``;
     None where its source publishes none. MgbenchError for an unknown id."""
@@ -176,7 +183,7 @@ _OPTIONAL = {
     "systems": {"name": "text", "host_link": "link", "max_power_kw": "positive", "source": "text",
                 "retrieved": "date", "cloud": "text"},
     "accelerators": {"name": "text", "match": "patterns", "vendor": "text", "tdp_w": "positive", "form": "text",
-                     "source": "text", "retrieved": "date", "mx_formats": "flag"},
+                     "source": "text", "retrieved": "date", "mx_formats": "flag", "fp8_any_layout": "flag"},
     "links": {"name": "text", "source": "text", "eff_source": "text", "alpha_source": "text", "retrieved": "date"},
 }
 PEAK_PRECISIONS = ("bf16", "fp16", "fp8", "tf32", "fp32")

@@ -261,11 +261,12 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
             raise MgbenchError(f"--fp8-recipe mxfp8 needs tensor cores that take MX block-scaled operands "
                                f"(hardware.toml mx_formats: Blackwell, CDNA 4), and {hw.gpu} {what}; give one of "
                                f"{others}")
+        any_layout = hw.gpu in catalog.accelerators() and catalog.accelerator_fp8_any_layout(hw.gpu)
         cast_s = perf.fp8_cast_seconds(shape, hw, tokens=tokens_rank * t, tp=t, blocks=lps, num_micro=m, recompute=rc,
                                        load=opts.load if shape.is_moe else 1.0, sp=sp, recipe=recipe,
-                                       modules=opts.recompute_modules) / hw.stack_eff
+                                       modules=opts.recompute_modules, any_layout=any_layout) / hw.stack_eff
         blocks = blocks + cast_s
-        notes.append(FP8_CAST_NOTE.format(recipe=recipe, bytes=perf.FP8_CAST_BYTES[recipe]))
+        notes.append(FP8_CAST_NOTE.format(recipe=recipe, bytes=perf.fp8_cast_bytes(recipe, any_layout)))
     # The output layer (and the MTP modules) run on the last stage. Evenly split, that
     # stage has a first stage's blocks besides and sets the pace; where the run gives it
     # fewer blocks (pp_last_layers), they make room for the output layer, which paces the

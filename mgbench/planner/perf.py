@@ -422,11 +422,20 @@ def moe_traffic_seconds(shape: ModelShape, hw: Hardware, *, tokens: Any, tp: Any
 #   blockwise   one fp32 scale per 128 elements (1 x 128 tiles), for each copy
 # Unfused: few of Megatron-Core's casts are fused into the ops that make their operands.
 # A review against Transformer Engine's code and every FP8 row's recipe, with sources:
-# docs/research/fp8_recipes.md (Blackwell's per-tensor GEMMs take any layout, so there
-# tensorwise makes no column copy: 5 bytes, not told apart here).
+# docs/research/fp8_recipes.md. Where FP8 GEMMs take any operand layout (hardware.toml
+# fp8_any_layout: B200, GB200) Transformer Engine's per-tensor recipes make no column copy
+# (one byte less; fp8_cast_seconds ``any_layout``); MXFP8 scales along one axis, so it
+# still makes both.
 FP8_CAST_BYTES = {"delayed": 4.0, "tensorwise": 6.0, "rowwise": 6.0, "mxfp8": 4.0 + 2.0 / 32.0,
                   "blockwise": 4.0 + 2.0 * 4.0 / 128.0}
 FP8_RECIPES = tuple(FP8_CAST_BYTES)
+
+
+def fp8_cast_bytes(recipe: str, any_layout: bool = False) -> float:
+    """Bytes an element costs to cast under ``recipe`` (:data:`FP8_CAST_BYTES`), one less
+    for Transformer Engine's per-tensor recipes where the GPU's FP8 GEMMs take any layout
+    (no column copy)."""
+    return FP8_CAST_BYTES[recipe] - (1.0 if any_layout and recipe in ("delayed", "tensorwise") else 0.0)
 
 
 def row_recipe_problem(row: dict[str, Any]) -> str | None:
@@ -498,7 +507,7 @@ def fp8_cast_elements(shape: ModelShape, load: float = 1.0) -> dict[str, float]:
 
 def fp8_cast_seconds(shape: ModelShape, hw: Hardware, *, tokens: Any, tp: Any, blocks: Any, num_micro: Any,
                      recompute: Any, load: float = 1.0, sp: Any = True, recipe: str = "delayed",
-                     modules: tuple[str, ...] = ()) -> Any:
+                     modules: tuple[str, ...] = (), any_layout: bool = False) -> Any:
     """Seconds a rank's step spends casting its linears' operands to FP8 (what ``precision
     fp8`` adds beside faster GEMMs): :func:`fp8_cast_elements` x the ``recipe``'s
     :data:`FP8_CAST_BYTES` at the achieved memory bandwidth, for ``tokens`` (a rank's
@@ -512,7 +521,10 @@ def fp8_cast_seconds(shape: ModelShape, hw: Hardware, *, tokens: Any, tp: Any, b
     row-wise FP8 copy and makes the column-wise one by transposing the gathered tensor on
     every rank (transformer_engine/pytorch/module/linear.py: "All-gather is not supported
     with FP8 column-wise data"), so a sequence-split element costs its bytes less the
-    column copy over tp, plus a read and a write of the gathered one (2 bytes)."""
+    column copy over tp, plus a read and a write of the gathered one (2 bytes).
+    ``any_layout``: the GPU's FP8 GEMMs take any operand layout (catalog
+    accelerator_fp8_any_layout), so the per-tensor recipes make no column copy at all
+    (Transformer Engine reuses the row-wise data, gathered or not)."""
     if recipe not in FP8_CAST_BYTES:
         raise MgbenchError(f"FP8 recipe {recipe!r} is not one of {', '.join(FP8_RECIPES)}")
     el = fp8_cast_elements(shape, load)
@@ -521,8 +533,9 @@ def fp8_cast_seconds(shape: ModelShape, hw: Hardware, *, tokens: Any, tp: Any, b
     share = np.where(split, t, 1.0)
     shared_rec = matmul_recomputed_share(shape.layers, recompute)
     again = 1.0 + shared_rec
-    B = FP8_CAST_BYTES[recipe]
-    seq_bytes = np.where(split & (recipe in ("delayed", "tensorwise")), (B - 1.0) / share + 2.0, B / share)
+    B = fp8_cast_bytes(recipe, any_layout)
+    transposed = recipe in ("delayed", "tensorwise") and not any_layout
+    seq_bytes = np.where(split & transposed, (B - 1.0) / share + 2.0, B / share)
     seq_el = el["seq_f"] * again + el["seq_b"]
     routed_el = el["routed_f"] * again + el["routed_b"]
     tp_el = el["tp_f"] * again + el["tp_b"]

@@ -260,8 +260,24 @@ def test_the_fp8_recipe_sets_what_a_cast_costs_by_hand():
     B200 = hardware.resolve(system="dgx-b200")  # takes every recipe, MXFP8 included
     cast = {r: float(layout_time.step_time(LLAMA8, B200, fp8_recipe=r, **kw)["breakdown"]["fp8_cast_s"])
             for r in perf.FP8_RECIPES}
-    assert cast["tensorwise"] == pytest.approx(1.5 * cast["delayed"], rel=1e-12)
-    assert cast["mxfp8"] == pytest.approx(cast["delayed"] * 4.0625 / 4.0, rel=1e-12)
+    # The B200's FP8 GEMMs take any operand layout (hardware.toml fp8_any_layout), so
+    # Transformer Engine's per-tensor recipes make no column copy: delayed 3 bytes,
+    # tensorwise 5; torchao's rowwise and the block-scaled recipes keep both copies.
+    assert cast["tensorwise"] == pytest.approx(5.0 / 3.0 * cast["delayed"], rel=1e-12)
+    assert cast["rowwise"] == pytest.approx(6.0 / 3.0 * cast["delayed"], rel=1e-12)
+    assert cast["mxfp8"] == pytest.approx(cast["delayed"] * 4.0625 / 3.0, rel=1e-12)
+    # On an H100 (TN-only FP8 GEMMs) both copies: tensorwise 6 against delayed 4.
+    h100 = {r: float(layout_time.step_time(LLAMA8, H100, fp8_recipe=r, **kw)["breakdown"]["fp8_cast_s"])
+            for r in ("delayed", "tensorwise")}
+    assert h100["tensorwise"] == pytest.approx(1.5 * h100["delayed"], rel=1e-12)
+    assert catalog.accelerator_fp8_any_layout("gb200") and not catalog.accelerator_fp8_any_layout("rtx-5090")
+    # Under sequence parallelism a B200 casts its share and gathers the row-wise copy, which
+    # serves backward too: no transpose of the gathered tensor (the H100's 3 / tp + 2 bytes).
+    sp = dict(tokens=8192, tp=2, blocks=32, num_micro=1, recompute=0, sp=True, recipe="tensorwise")
+    el = perf.fp8_cast_elements(LLAMA8)
+    by_hand = ((el["seq_f"] + el["seq_b"]) * 5.0 / 2 + (el["tp_f"] + el["tp_b"]) * 5.0 / 2) * 8192 * 32 \
+        / (B200.mem_bw * B200.mem_bw_fraction)
+    assert float(perf.fp8_cast_seconds(LLAMA8, B200, any_layout=True, **sp)) == pytest.approx(by_hand, rel=1e-12)
     # No recipe given: the stack's (Megatron-LM: Megatron-Core's default, delayed; torchtitan:
     # torchao's, tensorwise), said in the notes.
     from mgbench.planner import stack
