@@ -52,21 +52,28 @@ def accelerator(key: str) -> dict[str, Any]:
     return acc[key]
 
 
-def accelerator_mx_formats(key: str) -> bool | None:
-    """Whether accelerator ``key``'s tensor cores take MX block-scaled operands
-    (``mx_formats``): hardware.toml states it for the parts that do (Blackwell, CDNA 4), so
-    its other entries do not; None for a --system-file's accelerator that does not say."""
-    v = accelerator(key).get("mx_formats")
+def _accelerator_flag(key: str, name: str) -> bool | None:
+    """An accelerator's optional flag ``name``: hardware.toml states it for the parts that
+    have the feature, so its other entries lack it (False); None for a --system-file's
+    accelerator that does not say (unknown)."""
+    v = accelerator(key).get(name)
     if v is not None:
         return bool(v)
     return False if key in load("hardware.toml")["accelerators"] else None
 
 
-def accelerator_fp8_any_layout(key: str) -> bool:
+def accelerator_mx_formats(key: str) -> bool | None:
+    """Whether accelerator ``key``'s tensor cores take MX block-scaled operands
+    (``mx_formats``: Blackwell, CDNA 4); None where a --system-file part does not say."""
+    return _accelerator_flag(key, "mx_formats")
+
+
+def accelerator_fp8_any_layout(key: str) -> bool | None:
     """Whether accelerator ``key``'s FP8 GEMMs take operands in any layout (not only TN),
     so that Transformer Engine's per-tensor FP8 makes no transposed copy for backward
-    (``fp8_any_layout`` in hardware.toml: the sm 10.x parts); False where not stated."""
-    return bool(accelerator(key).get("fp8_any_layout", False))
+    (``fp8_any_layout``: the compute capability 10.x parts); None where a --system-file
+    part does not say."""
+    return _accelerator_flag(key, "fp8_any_layout")
 
 
 def accelerator_peak(key: str, precision: str) -> float | None:

@@ -87,6 +87,7 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
       mgbench memory --model gpt2-small --micro-batch 8 --seq-len 1024 --hardware PROFILE   # fits this machine?
     """
     from ..planner.predict import memory as memory_fn
+    from ..probe.profile import STACK as PROFILE_STACK
 
     shape = resolve_shape(model, params, _dims(kw), hf_config)
     moe = moe_options_from(kw)
@@ -104,7 +105,7 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
                            "dimensions instead of --params")
     cpu_profile = bool(hardware_profile) and read_profile_device(hardware_profile) == "cpu"
     res = memory_fn(shape, _layout(kw), params=params, largest_layer_params=largest_layer_params,
-                    stack="mgbench" if hardware_profile else stack, margin=kw["memory_margin"], fixed=not cpu_profile,
+                    stack=PROFILE_STACK if hardware_profile else stack, margin=kw["memory_margin"], fixed=not cpu_profile,
                     moe=moe)
     if hardware_profile:
         from ..probe.profile import memory_budget, read_profile

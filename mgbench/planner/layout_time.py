@@ -84,6 +84,8 @@ FP8_MEASURED_NOTE = ("FP8 linears at the FP8 peak x the measured FP8 best-GEMM f
                      "efficiency.toml)")
 FP8_CAST_NOTE = ("FP8 casts: every linear's input and output gradient cast under the {recipe} recipe, {bytes:.3g} bytes "
                  "an element at the achieved memory bandwidth, unfused (fp8_cast_s; --fp8-recipe)")
+FP8_LAYOUT_UNKNOWN_NOTE = ("FP8 casts on {gpu}: whether its FP8 GEMMs take any operand layout is not stated "
+                           "(fp8_any_layout): priced with the column-wise copy a TN-only GPU makes, the larger cost")
 OFFLOAD_NOTE = "CPU offload: the optimizer step on the host CPU is not priced (no host memory bandwidth in the catalog)"
 
 
@@ -254,14 +256,18 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         from .stack import fp8_recipe as recipe_of
 
         recipe = recipe_of(hw.stack, fp8_recipe)
-        if recipe == "mxfp8" and hw.gpu in catalog.accelerators() and not catalog.accelerator_mx_formats(hw.gpu):
+        known = hw.gpu in catalog.accelerators()  # a catalog or --system-file part (not a probed device)
+        if recipe == "mxfp8" and known and not catalog.accelerator_mx_formats(hw.gpu):
             what = ("has none" if catalog.accelerator_mx_formats(hw.gpu) is False
                     else "has no mx_formats entry saying it does")
             others = ", ".join(r for r in perf.FP8_RECIPES if r != "mxfp8")
             raise MgbenchError(f"--fp8-recipe mxfp8 needs tensor cores that take MX block-scaled operands "
                                f"(hardware.toml mx_formats: Blackwell, CDNA 4), and {hw.gpu} {what}; give one of "
                                f"{others}")
-        any_layout = hw.gpu in catalog.accelerators() and catalog.accelerator_fp8_any_layout(hw.gpu)
+        any_layout = catalog.accelerator_fp8_any_layout(hw.gpu) if known else None
+        if any_layout is None and recipe in perf.TE_PER_TENSOR_RECIPES:
+            notes.append(FP8_LAYOUT_UNKNOWN_NOTE.format(gpu=hw.gpu))
+        any_layout = bool(any_layout)
         cast_s = perf.fp8_cast_seconds(shape, hw, tokens=tokens_rank * t, tp=t, blocks=lps, num_micro=m, recompute=rc,
                                        load=opts.load if shape.is_moe else 1.0, sp=sp, recipe=recipe,
                                        modules=opts.recompute_modules, any_layout=any_layout) / hw.stack_eff

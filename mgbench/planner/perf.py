@@ -64,6 +64,7 @@ tensor-parallel fastest, then data-parallel, then pipeline (Megatron-LM's defaul
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -177,8 +178,6 @@ def block_flops_per_token(shape: ModelShape, seq: Any, recompute: Any) -> tuple[
     """(FLOPs a token of the L blocks, of the MTP modules), recomputation included: the
     model's hardware FLOPs less the output layer's, split by pricing the same model without
     its MTP modules (Megatron-Core builds them on the last pipeline stage)."""
-    import dataclasses
-
     every = hardware_flops_per_token(shape, seq, recompute) - head_flops_per_token(shape)
     if not shape.mtp_layers:
         return every, 0.0 * every
@@ -429,13 +428,16 @@ def moe_traffic_seconds(shape: ModelShape, hw: Hardware, *, tokens: Any, tp: Any
 FP8_CAST_BYTES = {"delayed": 4.0, "tensorwise": 6.0, "rowwise": 6.0, "mxfp8": 4.0 + 2.0 / 32.0,
                   "blockwise": 4.0 + 2.0 * 4.0 / 128.0}
 FP8_RECIPES = tuple(FP8_CAST_BYTES)
+# Transformer Engine's per-tensor recipes: the ones whose column copy is a transpose of the
+# row-wise one (none where FP8 GEMMs take any layout).
+TE_PER_TENSOR_RECIPES = ("delayed", "tensorwise")
 
 
 def fp8_cast_bytes(recipe: str, any_layout: bool = False) -> float:
     """Bytes an element costs to cast under ``recipe`` (:data:`FP8_CAST_BYTES`), one less
     for Transformer Engine's per-tensor recipes where the GPU's FP8 GEMMs take any layout
     (no column copy)."""
-    return FP8_CAST_BYTES[recipe] - (1.0 if any_layout and recipe in ("delayed", "tensorwise") else 0.0)
+    return FP8_CAST_BYTES[recipe] - (1.0 if any_layout and recipe in TE_PER_TENSOR_RECIPES else 0.0)
 
 
 def row_recipe_problem(row: dict[str, Any]) -> str | None:
@@ -534,7 +536,7 @@ def fp8_cast_seconds(shape: ModelShape, hw: Hardware, *, tokens: Any, tp: Any, b
     shared_rec = matmul_recomputed_share(shape.layers, recompute)
     again = 1.0 + shared_rec
     B = fp8_cast_bytes(recipe, any_layout)
-    transposed = recipe in ("delayed", "tensorwise") and not any_layout
+    transposed = recipe in TE_PER_TENSOR_RECIPES and not any_layout
     seq_bytes = np.where(split & transposed, (B - 1.0) / share + 2.0, B / share)
     seq_el = el["seq_f"] * again + el["seq_b"]
     routed_el = el["routed_f"] * again + el["routed_b"]

@@ -85,7 +85,8 @@ class PlanOptions:
         default=None, metadata={"help": "FP8 scaling recipe under --precision fp8, for what casting each linear's "
                                         "operands costs: delayed (Megatron-Core's default), "
                                         "tensorwise (per-tensor current scaling: Megatron-Bridge's FP8-CS, "
-                                        "torchao's default), rowwise (torchao), mxfp8 (B200, GB200, MI355X), blockwise "
+                                        "torchao's default), rowwise (torchao), mxfp8 (parts with mx_formats in hardware.toml: "
+                                        "Blackwell, CDNA 4), blockwise "
                                         "(DeepSeek-V3's 1 x 128 tiles). Default: the --stack's.",
                                 "choices": FP8_RECIPES})
     schedule: str = field(
@@ -710,7 +711,7 @@ def _lead_memory(shape: ModelShape, r: dict[str, Any], opts: PlanOptions) -> dic
     from .predict import memory
 
     lay = layout_of_row(r, opts)
-    out = memory(shape, lay, stack="mgbench" if opts.profile else opts.stack, margin=opts.memory_margin,
+    out = memory(shape, lay, stack=profile_stack if opts.profile else opts.stack, margin=opts.memory_margin,
                  fixed=not opts.profile or opts.profile.get("device") != "cpu")
     out["device_memory_bytes"] = r["device_memory_bytes"]
     return out

@@ -610,5 +610,22 @@ def test_mxfp8_is_priced_only_where_the_tensor_cores_take_mx_operands():
                 layout_time.step_time(LLAMA8, hardware.resolve(system="mine-8"), seq=4096, global_batch=8,
                                       micro_batch=1, tp=1, pp=1, dp=8, zero=0, recompute=0, precision="fp8",
                                       fp8_recipe="mxfp8")
+            # Whether its FP8 GEMMs take any layout is not stated either: its casts are priced
+            # with the column copy (the larger cost), and the notes say so; a catalog part that
+            # states it (B200) or lacks it (H100) gets no such note.
+            assert catalog.accelerator_fp8_any_layout("mine") is None
+            assert catalog.accelerator_fp8_any_layout("h100-sxm") is False
+            kw = dict(seq=4096, global_batch=8, micro_batch=1, tp=1, pp=1, dp=8, zero=0, recompute=0,
+                      precision="fp8", fp8_recipe="tensorwise")
+            mine = hardware.resolve(system="mine-8")
+            r = layout_time.step_time(LLAMA8, mine, **kw)
+            assert any("fp8_any_layout" in n and "not stated" in n for n in r["notes"])
+            tokens = 4096.0
+            want = perf.fp8_cast_seconds(LLAMA8, mine, tokens=tokens, tp=1, blocks=32, num_micro=1, recompute=0,
+                                         sp=False, recipe="tensorwise") / mine.stack_eff
+            assert float(r["breakdown"]["fp8_cast_s"]) == pytest.approx(float(want), rel=1e-12)
+            for system in ("dgx-b200", "dgx-h100"):
+                notes = layout_time.step_time(LLAMA8, hardware.resolve(system=system), **kw)["notes"]
+                assert not any("fp8_any_layout" in n for n in notes), system
         finally:
             catalog.clear_system_file()

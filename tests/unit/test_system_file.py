@@ -123,6 +123,9 @@ def test_without_the_file_its_system_is_unknown(tmp_path):
     ("[accelerators.g]\ntflops = { bf16 = 100 }\nmemory_gb = 40\nmem_bw_tbps = 1.0\nmx_formats = 'yes'\n"
      "[systems.b]\ngpu = 'g'\ngpus_per_node = 2\nintra_link = 'pcie4'\ninter_link = 'eth-100g'\nnics_per_node = 1\n",
      "[accelerators.g] mx_formats must be true or false, got 'yes'"),
+    ("[accelerators.g]\ntflops = { bf16 = 100 }\nmemory_gb = 40\nmem_bw_tbps = 1.0\nfp8_any_layout = 1\n"
+     "[systems.b]\ngpu = 'g'\ngpus_per_node = 2\nintra_link = 'pcie4'\ninter_link = 'eth-100g'\nnics_per_node = 1\n",
+     "[accelerators.g] fp8_any_layout must be true or false, got 1"),
     ("[accelerators.g]\ntflops = { bf16 = 0 }\nmemory_gb = 40\nmem_bw_tbps = 1.0\n"
      "[systems.b]\ngpu = 'g'\ngpus_per_node = 2\nintra_link = 'pcie4'\ninter_link = 'eth-100g'\nnics_per_node = 1\n",
      "[accelerators.g] tflops.bf16 must be a positive number of TFLOPS, got 0"),
