@@ -87,10 +87,12 @@ def test_six_config_fault_suite(cli, tmp_path):
 
 
 def test_sigkill_mid_sweep_then_resume_records_every_config_once(tmp_path, cli):
+    # Three of smoke's configs (one rank each): two recorded before the kill, one left for the
+    # resume; more would only burn CI's CPU.
     proc = popen_run(tmp_path, "smoke", "--run-id", "k", "--set", "measured_steps=20", "--set", "nproc=[1]",
-                      "--set", "track_memory=false")
+                      "--set", 'strategy=["single","ddp","zero1"]', "--set", "track_memory=false")
     rec_file = tmp_path / "results" / "k" / "records.jsonl"
-    assert wait_for(lambda: rec_file.exists() and len(rec_file.read_text().splitlines()) >= 3)
+    assert wait_for(lambda: rec_file.exists() and len(rec_file.read_text().splitlines()) >= 2)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     run = tmp_path / "results" / "k"
