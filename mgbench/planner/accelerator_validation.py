@@ -36,6 +36,7 @@ from . import perf
 TARGET_HELD_OUT_MEAN_PCT = 15.0
 TARGET_WORST_PCT = 35.0
 SPLITS = ("fit", "held_out")
+UNSCORED = "unscored"  # the value published_moe_runs.toml gives a run stated with two layouts (moe_validation)
 METRICS = ("tokens", "model", "ratio")
 REQUIRED = ("id", "accelerator", "system", "seq", "num_gpus", "micro_batch", "global_batch", "zero", "recompute",
             "precision", "stack", "metric", "published", "split", "source", "date")
@@ -63,8 +64,8 @@ def check_row(row: dict[str, Any]) -> list[str]:
     out = [f"missing {k}" for k in REQUIRED if k not in row]
     if row.get("metric") not in METRICS:
         out.append(f"metric {row.get('metric')!r} is not one of {', '.join(METRICS)}")
-    if row.get("split") not in SPLITS:
-        out.append(f"split {row.get('split')!r} is not one of {', '.join(SPLITS)}")
+    if row.get("split") not in SPLITS + (UNSCORED,):
+        out.append(f"split {row.get('split')!r} is not one of {', '.join(SPLITS + (UNSCORED,))}")
     if row.get("metric") == "ratio" and "relative_to" not in row:
         out.append("a ratio row names the accelerator and system it is relative to (relative_to)")
     if (recipe := perf.row_recipe_problem(row)) is not None:
@@ -124,14 +125,18 @@ def runs() -> list[dict[str, Any]]:
 
 def split_by_rule(rows: list[dict[str, Any]]) -> dict[str, str]:
     """The split the data file's rule gives each row: within each family in file order,
-    the 1st, 3rd, 5th ... held out, the 2nd, 4th ... fit."""
+    the 1st, 3rd, 5th ... held out, the 2nd, 4th ... fit; a row whose run
+    published_moe_runs.toml states with two layouts (its ``layout_conflict``) keeps its
+    place in that order but is unscored."""
     seen: dict[str, int] = {}
     out = {}
     for r in rows:
         fam = family_of(r["accelerator"])
         i = seen.get(fam, 0)
         seen[fam] = i + 1
-        out[r["id"]] = "held_out" if i % 2 == 0 else "fit"
+        twin = moe_row_for(r)
+        out[r["id"]] = (UNSCORED if twin and twin.get("layout_conflict") else
+                        "held_out" if i % 2 == 0 else "fit")
     return out
 
 
@@ -238,9 +243,15 @@ def score(row: dict[str, Any]) -> dict[str, Any]:
     pub = float(row["published"])
     pred = predicted(row)
     base = baseline(row)
-    return {"id": row["id"], "family": family_of(row["accelerator"]), "accelerator": row["accelerator"],
-            "split": row["split"], "metric": row["metric"], "published": pub, "predicted": pred,
-            "error_pct": 100.0 * (pred - pub) / pub, "baseline": base, "baseline_error_pct": 100.0 * (base - pub) / pub}
+    out = {"id": row["id"], "family": family_of(row["accelerator"]), "accelerator": row["accelerator"],
+           "split": row["split"], "metric": row["metric"], "published": pub, "predicted": pred,
+           "error_pct": 100.0 * (pred - pub) / pub, "baseline": base, "baseline_error_pct": 100.0 * (base - pub) / pub}
+    twin = moe_row_for(row)
+    if twin and twin.get("layout_conflict"):  # the same run, priced with its other layout (moe_validation)
+        from .moe_validation import score as moe_score
+
+        out["other"] = moe_score(twin)["other"]
+    return out
 
 
 def scored_rows(rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -260,9 +271,10 @@ def family_table(scored: list[dict[str, Any]] | None = None) -> list[dict[str, A
     scored = scored_rows() if scored is None else scored
     out = []
     for fam, accs in families().items():
-        mine = [r for r in scored if r["family"] == fam]
+        mine = [r for r in scored if r["family"] == fam and r["split"] in SPLITS]
         have = {r["accelerator"] for r in mine}
         entry: dict[str, Any] = {"family": fam, "rows": len(mine),
+                                 "unscored": [r["id"] for r in scored if r["family"] == fam and r["split"] == UNSCORED],
                                  "accelerators_without_rows": [a for a in accs if a not in have]}
         for split in SPLITS:
             sel = [r for r in mine if r["split"] == split]
@@ -280,7 +292,7 @@ def targets(scored: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     scored = scored_rows() if scored is None else scored
     table = family_table(scored)
     held = [abs(r["error_pct"]) for r in scored if r["split"] == "held_out"]
-    worst = max(scored, key=lambda r: abs(r["error_pct"]))
+    worst = max((r for r in scored if r["split"] in SPLITS), key=lambda r: abs(r["error_pct"]))
     return {
         "held_out_mean_abs_pct": mean(held), "held_out_mean_met": mean(held) < TARGET_HELD_OUT_MEAN_PCT,
         "worst_row": worst["id"], "worst_abs_pct": abs(worst["error_pct"]),

@@ -34,6 +34,11 @@ from .memory import stage_layers
 TARGET_MEAN_PCT = 15.0
 TARGET_WORST_PCT = 30.0
 SPLITS = ("fit", "held_out")
+# A row whose source states its layout two ways (the table one, the recipe at the
+# release's tag another) cannot score the model: it is printed priced both ways
+# (``layout_conflict`` names the other layout's fields) and counted in neither split.
+UNSCORED = "unscored"
+LAYOUT_FIELDS = ("tp", "pp", "ep", "cp", "virtual_stages", "micro_batch", "global_batch", "num_gpus")
 REQUIRED = ("id", "system", "model", "seq", "num_gpus", "tp", "pp", "ep", "micro_batch", "global_batch", "zero",
             "recompute", "precision", "routing", "dispatcher", "published", "split", "source", "date")
 # A row's stack (data/stacks.toml) where it names one; Megatron-Bridge is Megatron-Core, and
@@ -47,12 +52,15 @@ def _data() -> dict[str, Any]:
 
 
 def split_rule(rows: list[dict[str, Any]]) -> dict[str, str]:
-    """The split the data file's header states: rows seen before it was written
-    (``seen_before``) are fit;
-    rows added after the host launch term was built (``added_after_host_term``) are all
-    held out; the others alternate in file order, held_out first."""
+    """The split the data file's header states: a row whose source states two layouts
+    (``layout_conflict``) is unscored; rows seen before it was written (``seen_before``)
+    are fit; rows added after the host launch term was built (``added_after_host_term``)
+    are all held out; the others alternate in file order, held_out first."""
     out, i = {}, 0
     for r in rows:
+        if r.get("layout_conflict"):
+            out[r["id"]] = UNSCORED
+            continue
         if r.get("seen_before"):
             out[r["id"]] = "fit"
             continue
@@ -82,9 +90,33 @@ def check_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             moe.options_of(r)
         except MgbenchError as exc:
             problems.append(f"{r['id']}: {exc}")
+        problems += [f"{r['id']}: {p}" for p in conflict_problems(r)]
     if problems:
         raise MgbenchError("published_moe_runs.toml: " + "; ".join(problems))
     return rows
+
+
+def conflict_problems(row: dict[str, Any]) -> list[str]:
+    """What is wrong with a row's ``layout_conflict`` (a table: ``why``, and the layout
+    fields the other statement gives, each differing from the row's own)."""
+    c = row.get("layout_conflict")
+    if c is None:
+        return []
+    if not isinstance(c, dict) or not isinstance(c.get("why"), str):
+        return ["layout_conflict is a table with a 'why' (where the two statements disagree)"]
+    fields = {k: v for k, v in c.items() if k != "why"}
+    bad = sorted(k for k in fields if k not in LAYOUT_FIELDS)
+    if bad or not fields:
+        return [f"layout_conflict names {', '.join(bad) or 'no layout field'}; "
+                f"give one or more of {', '.join(LAYOUT_FIELDS)}"]
+    return [f"layout_conflict's {k} = {v!r} is the row's own" for k, v in fields.items() if row.get(k) == v]
+
+
+def conflicting(row: dict[str, Any]) -> dict[str, Any] | None:
+    """The row as its other statement lays it out (``layout_conflict`` applied), or None
+    where its source states one layout."""
+    c = row.get("layout_conflict")
+    return None if c is None else {**row, **{k: v for k, v in c.items() if k != "why"}}
 
 
 @lru_cache(maxsize=1)
@@ -116,10 +148,15 @@ def predict_row(row: dict[str, Any], options: moe.MoeOptions | None = None) -> d
 def score(row: dict[str, Any], options: moe.MoeOptions | None = None) -> dict[str, Any]:
     """One row: published and predicted tokens/s per GPU and the error (predicted -
     published) / published in %, or the refusal (``error_pct`` None) where predict
-    refuses the layout."""
+    refuses the layout; for a row stated two ways, ``other`` scores its other layout."""
     pub = float(row["published"])
     out = {"id": row["id"], "split": row["split"], "system": row["system"], "model": row["model"],
            "published": pub, "predicted": None, "error_pct": None, "refused": None, "terms": {}}
+    if (alt := conflicting(row)) is not None:
+        other = score({**alt, "layout_conflict": None}, options)
+        out["other"] = {"layout": {k: v for k, v in row["layout_conflict"].items() if k != "why"},
+                        "why": row["layout_conflict"]["why"], "predicted": other["predicted"],
+                        "error_pct": other["error_pct"], "refused": other["refused"]}
     try:
         res = predict_row(row, options)
     except MgbenchError as exc:
@@ -204,6 +241,15 @@ def summary(scored: list[dict[str, Any]] | None = None) -> dict[str, dict[str, A
     return out
 
 
+def conflict_line(other: dict[str, Any]) -> str:
+    """What is said of an unscored row: its other layout's prediction, and where the
+    source states that layout."""
+    lay = ", ".join(f"{k} {v}" for k, v in other["layout"].items())
+    got = (f"refused: {other['refused']}" if other["error_pct"] is None
+           else f"{other['predicted']:.0f} ({other['error_pct']:+.1f}%)")
+    return f"unscored; priced with {lay} instead: {got}; {other['why']}"
+
+
 def report(scored: list[dict[str, Any]] | None = None) -> str:
     """The table, one row per published run and the per-split summary, as text (what
     validation_report prints)."""
@@ -215,11 +261,13 @@ def report(scored: list[dict[str, Any]] | None = None) -> str:
     for r in scored:
         if r["error_pct"] is None:
             lines.append(f"{r['id']:<42}  {r['split']:<8}  {r['published']:>9.0f}  refused: {r['refused']}")
-            continue
-        t = r["terms"]
-        lines.append(f"{r['id']:<42}  {r['split']:<8}  {r['published']:>9.0f}  {r['predicted']:>9.0f}  "
-                     f"{r['error_pct']:>+6.1f}%  {t['compute_s']:>8.2f}  {t['ep_a2a_s']:>7.2f}  {t['ep_comm_s']:>7.2f}  "
-                     f"{t['bubble_s']:>7.2f}")
+        else:
+            t = r["terms"]
+            lines.append(f"{r['id']:<42}  {r['split']:<8}  {r['published']:>9.0f}  {r['predicted']:>9.0f}  "
+                         f"{r['error_pct']:>+6.1f}%  {t['compute_s']:>8.2f}  {t['ep_a2a_s']:>7.2f}  "
+                         f"{t['ep_comm_s']:>7.2f}  {t['bubble_s']:>7.2f}")
+        if "other" in r:
+            lines.append("    " + conflict_line(r["other"]))
     for split, s in summary(scored).items():
         if s["predicted"]:
             lines.append(f"{split}: {s['predicted']} of {s['rows']} rows predicted, mean |error| "

@@ -76,6 +76,7 @@ def print_accelerator_tables() -> None:
 
     from .accelerator_validation import TARGET_HELD_OUT_MEAN_PCT, TARGET_WORST_PCT, baseline_mfu, family_table, \
         scored_rows, targets
+    from .moe_validation import conflict_line
 
     scored = scored_rows()
     base = baseline_mfu()
@@ -85,6 +86,9 @@ def print_accelerator_tables() -> None:
                      f"{r['error_pct']:+.1f}%", f"{r['baseline']:.4g}", f"{r['baseline_error_pct']:+.1f}%"]
                     for r in scored],
                    headers=["run", "family", "split", "metric", "published", "model", "error", "baseline", "error"]))
+    for r in scored:
+        if "other" in r:
+            print(f"{r['id']}: {conflict_line(r['other'])}")
 
     table = family_table(scored)
     print(tabulate([[t["family"], t["rows"], t["held_out"]["rows"], _pct(t["held_out"]["model"]["mean_abs_pct"]),
@@ -118,6 +122,7 @@ def family_markdown() -> str:
     """The per-family validation table and its targets line, as markdown (README and
     docs/planner.md carry it as a generated part; tests/unit/test_docs.py keeps it equal)."""
     from .accelerator_validation import TARGET_HELD_OUT_MEAN_PCT, TARGET_WORST_PCT, family_table, scored_rows, targets
+    from .moe_validation import conflict_line
 
     scored = scored_rows()
     rows = ["| family | rows | held out: mean / worst | one-constant baseline, held out | fit: mean / worst | "
@@ -137,12 +142,16 @@ def family_markdown() -> str:
                 f"{g['worst_abs_pct']:.1f}% (target {TARGET_WORST_PCT:.0f}%: {'met' if g['worst_met'] else 'not met'}); "
                 f"families the baseline beats on their held-out rows: "
                 f"{', '.join(family_name(f) for f in g['families_losing_to_baseline']) or 'none'}.")
+    unscored = [r for r in scored if "other" in r]
+    if unscored:
+        rows.append("Not counted, as its source states its layout two ways: " + " ".join(
+            f"`{r['id']}` ({conflict_line(r['other'])})." for r in unscored))
     return "\n".join(rows)
 
 
 def moe_markdown() -> str:
     """Every published MoE run predicted, and the per-split summary, as markdown."""
-    from .moe_validation import TARGET_MEAN_PCT, TARGET_WORST_PCT, scored_rows, summary
+    from .moe_validation import TARGET_MEAN_PCT, TARGET_WORST_PCT, conflict_line, scored_rows, summary
 
     scored = scored_rows()
     rows = ["| run | split | published | predicted | error | host launch s a step |", "|---|---|---|---|---|---|"]
@@ -153,6 +162,7 @@ def moe_markdown() -> str:
         rows.append(f"| `{r['id']}` | {r['split'].replace('_', ' ')} | {r['published']:.0f} | {r['predicted']:.0f} | "
                     f"{r['error_pct']:+.1f}% | {r['terms']['moe_host_s']:.2f} |")
     rows.append("")
+    rows += [f"`{r['id']}`: {conflict_line(r['other'])}.\n" for r in scored if "other" in r]
     parts = []
     summ = summary(scored)
     for split, s in summ.items():

@@ -128,6 +128,35 @@ def test_family_table_is_computed_from_the_rows_by_hand():
     assert {t["family"]: t for t in A.family_table(better)}["amd-cdna3"]["beats_baseline_held_out"] is True
 
 
+def test_a_run_stated_with_two_layouts_is_shown_both_ways_and_counted_nowhere(monkeypatch):
+    # published_moe_runs.toml's layout_conflict makes the same run unscored here too: it
+    # keeps its place in its family's alternation, and no mean or worst counts it.
+    rows = A.runs()
+    rule = A.split_by_rule(rows)
+    assert rule["mbridge-25.11-b200-gpt-oss-120b-bf16"] == A.UNSCORED
+    scored = A.scored_rows(rows)
+    row = next(r for r in scored if r["split"] == A.UNSCORED)
+    assert row["other"]["layout"] == {"ep": 64} and row["other"]["error_pct"] is not None
+    fake = [dict(r) for r in scored]
+    for r in fake:
+        if r["id"] == row["id"]:
+            r["error_pct"] = 500.0  # worse than any row: still not the worst row, nor in any mean
+    blackwell = {t["family"]: t for t in A.family_table(fake)}["nvidia-blackwell"]
+    assert blackwell["unscored"] == [row["id"]]
+    assert blackwell["rows"] == blackwell["fit"]["rows"] + blackwell["held_out"]["rows"]
+    assert A.targets(fake)["worst_row"] != row["id"]
+    assert A.family_table(fake) == A.family_table(scored)
+    # Negative control: the same row scored as fit is the worst row.
+    fake_fit = [dict(r, split="fit") if r["id"] == row["id"] else r for r in fake]
+    assert A.targets(fake_fit)["worst_row"] == row["id"]
+    # Without its twin's conflict the file's rule gives it its alternating split again.
+    from mgbench.planner import moe_validation
+
+    plain = [dict(r, layout_conflict=None) if r["id"] == row["id"] else r for r in moe_validation.runs()]
+    monkeypatch.setattr(moe_validation, "runs", lambda: plain)
+    assert A.split_by_rule(rows)[row["id"]] in A.SPLITS
+
+
 def test_an_accelerator_in_no_family_is_refused():
     with pytest.raises(MgbenchError, match="no \\[families\\] list"):
         A.family_of("tpu-v5p")

@@ -26,7 +26,7 @@ def scored(rows):
 
 def test_every_row_is_sourced_and_its_split_follows_the_rule(rows):
     assert len(rows) >= 12
-    assert {r["split"] for r in rows} == {"fit", "held_out"}
+    assert {r["split"] for r in rows} == {"fit", "held_out", V.UNSCORED}
     assert sum(r["split"] == "held_out" for r in rows) >= 5
     for r in rows:
         assert r["source"] and r["date"], r["id"]
@@ -38,7 +38,33 @@ def test_every_row_is_sourced_and_its_split_follows_the_rule(rows):
     seen = {r["id"] for r in rows if r.get("seen_before")}
     assert seen == {"deepseek-v3-h800-pretraining", "mbridge-25.11-gb200-deepseek-v3-bf16",
                     "mbridge-25.11-gb200-gpt-oss-120b-bf16", "mbridge-25.11-b200-gpt-oss-120b-bf16"}
-    assert all(r["split"] == "fit" for r in rows if r["id"] in seen)
+    assert all(r["split"] == ("unscored" if r.get("layout_conflict") else "fit") for r in rows if r["id"] in seen)
+
+
+def test_a_row_stated_with_two_layouts_is_priced_both_ways_and_scored_in_neither(rows, scored):
+    row = next(r for r in rows if r["id"] == "mbridge-25.11-b200-gpt-oss-120b-bf16")
+    assert row["split"] == V.UNSCORED and row["ep"] == 8 and row["layout_conflict"]["ep"] == 64
+    s = next(x for x in scored if x["id"] == row["id"])
+    # Its other layout is priced through predict too: EP 64 crosses the B200 nodes, so it is slower.
+    assert s["other"]["layout"] == {"ep": 64} and s["other"]["predicted"] < s["predicted"]
+    assert s["other"]["predicted"] == pytest.approx(V.score({**row, "ep": 64, "layout_conflict": None})["predicted"])
+    # Counted in no split, solved from by no constant, and the report says both.
+    summ = V.summary(scored)
+    assert summ["fit"]["rows"] + summ["held_out"]["rows"] == len(rows) - 1
+    assert row["id"] not in {r["id"] for r in V.host_fit_rows()}
+    text = V.report(scored)
+    assert "unscored; priced with ep 64 instead:" in text and "expert_model_parallel_size=64" in text
+    # Marked fit or held out instead, the row breaks the rule; a conflict without a
+    # reason, naming no layout field, or restating the row's own value is refused.
+    for split in ("fit", "held_out"):
+        broken = [dict(r, split=split) if r["id"] == row["id"] else r for r in rows]
+        with pytest.raises(MgbenchError, match=f"{row['id']}: split '{split}'"):
+            V.check_rows(broken)
+    for conflict, match in (({"ep": 64}, "a 'why'"), ({"why": "x", "routing": "learned"}, "names routing"),
+                            ({"why": "x", "ep": 8}, "ep = 8 is the row's own")):
+        broken = [dict(r, layout_conflict=conflict) if r["id"] == row["id"] else r for r in rows]
+        with pytest.raises(MgbenchError, match=match):
+            V.check_rows(broken)
 
 
 def test_a_split_against_the_rule_is_refused(rows):
