@@ -38,6 +38,10 @@ TARGET_WORST_PCT = 35.0
 SPLITS = ("fit", "held_out")
 UNSCORED = "unscored"  # the value published_moe_runs.toml gives a run stated with two layouts (moe_validation)
 METRICS = ("tokens", "model", "ratio")
+# How a "model" row's source counts a token's FLOPs, where not as the planner does
+# (ModelShape.flops_per_token: 6 x the matmul parameters + attention): "all_params", 6 x
+# every parameter (the input embedding's too, as sum(p.numel()) gives) + the attention.
+FLOPS_COUNTED = ("all_params",)
 REQUIRED = ("id", "accelerator", "system", "seq", "num_gpus", "micro_batch", "global_batch", "zero", "recompute",
             "precision", "stack", "metric", "published", "split", "source", "date")
 
@@ -66,6 +70,8 @@ def check_row(row: dict[str, Any]) -> list[str]:
         out.append(f"metric {row.get('metric')!r} is not one of {', '.join(METRICS)}")
     if row.get("split") not in SPLITS + (UNSCORED,):
         out.append(f"split {row.get('split')!r} is not one of {', '.join(SPLITS + (UNSCORED,))}")
+    if "flops_counted" in row and (row.get("metric") != "model" or row["flops_counted"] not in FLOPS_COUNTED):
+        out.append(f"flops_counted {row['flops_counted']!r}: a \"model\" row's, one of {', '.join(FLOPS_COUNTED)}")
     if row.get("metric") == "ratio" and "relative_to" not in row:
         out.append("a ratio row names the accelerator and system it is relative to (relative_to)")
     if (recipe := perf.row_recipe_problem(row)) is not None:
@@ -228,13 +234,25 @@ def baseline(row: dict[str, Any], mfu: float | None = None) -> float:
     return rate / float(shape_of(row).flops_per_token(row["seq"]))
 
 
+def counted_flops_per_token(row: dict[str, Any]) -> float:
+    """A token's FLOPs as the row's source counts them (``flops_counted``; the planner's
+    count, ModelShape.flops_per_token, where the row says nothing)."""
+    shape = shape_of(row)
+    if row.get("flops_counted") == "all_params":
+        return 6.0 * shape.num_params() + float(shape.attention_flops_per_token(row["seq"]))
+    return float(shape.flops_per_token(row["seq"]))
+
+
 def predicted(row: dict[str, Any]) -> float:
-    """The model's figure for the row, in its metric."""
+    """The model's figure for the row, in its metric: a "model" row's TFLOP/s are the
+    predicted tokens/s times a token's FLOPs as its source counts them."""
     own = predict_on(row, row["system"])
     if row["metric"] == "ratio":
         other = predict_on(row, row["relative_to"]["system"])
         return own["tokens_per_s_per_gpu"] / other["tokens_per_s_per_gpu"]
-    return own["tokens_per_s_per_gpu"] if row["metric"] == "tokens" else own["model_tflops_per_gpu"]
+    if row["metric"] == "tokens":
+        return own["tokens_per_s_per_gpu"]
+    return own["tokens_per_s_per_gpu"] * counted_flops_per_token(row) / 1e12
 
 
 def score(row: dict[str, Any]) -> dict[str, Any]:

@@ -157,6 +157,28 @@ def test_a_run_stated_with_two_layouts_is_shown_both_ways_and_counted_nowhere(mo
     assert A.split_by_rule(rows)[row["id"]] in A.SPLITS
 
 
+def test_a_model_row_counted_with_every_parameter_is_predicted_in_its_sources_flops():
+    # SemiAnalysis's reproducer counts 6 x sum(p.numel()) + 12 L H D T: Llama 3 8B's input
+    # embedding (128,256 x 4,096) is in its N, not in the planner's 6N.
+    row = next(r for r in A.runs() if r["id"] == "semianalysis-mi300x-llama3-8b-bf16-fsdp")
+    assert row["flops_counted"] == "all_params"
+    shape = A.shape_of(row)
+    by_hand = 6.0 * shape.num_params() + 12.0 * 32 * 32 * 128 * 4096
+    assert A.counted_flops_per_token(row) == pytest.approx(by_hand)
+    assert by_hand - shape.flops_per_token(4096) == pytest.approx(6.0 * 128256 * 4096)
+    tokens = A.predict_on(row, row["system"])["tokens_per_s_per_gpu"]
+    assert A.predicted(row) == pytest.approx(tokens * by_hand / 1e12)
+    plain = {k: v for k, v in row.items() if k != "flops_counted"}  # negative control: the planner's count
+    assert A.predicted(plain) == pytest.approx(A.predict_on(plain, plain["system"])["model_tflops_per_gpu"])
+    assert A.predicted(row) / A.predicted(plain) == pytest.approx(by_hand / shape.flops_per_token(4096))
+    # Only a "model" row counts FLOPs, and only in a known way.
+    assert A.check_row({**row, "flops_counted": "6N"})[0].startswith("flops_counted '6N'")
+    assert A.check_row({**row, "metric": "tokens"})[0].startswith("flops_counted 'all_params'")
+    # The FP8 reproducer's Llama has the 4 key/value heads TransformerEngine built.
+    fp8 = next(r for r in A.runs() if r["id"] == "amd-mi300x-llama3-8b-fp8-fsdp")
+    assert A.shape_of(fp8).kv_heads == 4 and A.shape_of(row).kv_heads == 8
+
+
 def test_an_accelerator_in_no_family_is_refused():
     with pytest.raises(MgbenchError, match="no \\[families\\] list"):
         A.family_of("tpu-v5p")
