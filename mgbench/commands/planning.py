@@ -212,8 +212,11 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
     from ..planner import calibrate, hardware, perf
     from ..planner import stack as stacks
     from ..planner.predict import predict as predict_fn
-    from ..planner.search import schedule_label
+    from ..planner.search import field_problem, schedule_label
 
+    for name, value in (("overlap", overlap), ("seq_len", kw["seq_len"])):  # plan's fields, plan's bounds
+        if (problem := field_problem(name, value)) is not None:
+            raise MgbenchError(problem)
     dims = _dims(kw)
     moe = moe_options_from(kw)
     profile = None
@@ -405,7 +408,8 @@ def plan(model, hf_config, params, system_file, prices_file, price_overrides, ha
     from ..planner.search import plan as plan_fn
     from ..planner.search import schedule_label
 
-    shape = resolve_shape(model, params, _dims(kw), hf_config)
+    dims = _dims(kw)
+    shape = resolve_shape(model, params, dims, hf_config)
     if shape is None:
         raise MgbenchError("plan needs the model's shape: --model NAME, --hf PATH or dims, not --params")
     opts = plan_options_from(kw)
@@ -435,6 +439,10 @@ def plan(model, hf_config, params, system_file, prices_file, price_overrides, ha
     res = plan_fn(shape, opts, cost.Prices(prices_file, list(price_overrides)))
     for line in _moe_ignored(shape, opts.moe):
         res["reasons"].append(line)
+    if res.get("recommendation") is not None:  # the lead, as `mgbench predict` takes it
+        res["recommendation"]["predict_command"] = predict_command(
+            res["recommendation"], opts, _model_args(model, hf_config, dims),
+            hardware_profile=hardware_profile, calibrate_run=calibrate_run, comm_run=comm_run, results_dir=results_dir)
     if html_file:
         from ..report.plan_page import build_plan_report
 
@@ -446,7 +454,8 @@ def plan(model, hf_config, params, system_file, prices_file, price_overrides, ha
     if as_json:
         click.echo(json.dumps(res, indent=2, default=float))
         return
-    rows = [[r["system"], r["num_gpus"], f"{r['tp']}/{r['pp']}/{r['dp']}/{r['cp']}/{r['ep']}",
+    rows = [[r["system"], r["num_gpus"] if r["billed_gpus"] == r["num_gpus"] else f"{r['num_gpus']} (bills {r['billed_gpus']})",
+             f"{r['tp']}/{r['pp']}/{r['dp']}/{r['cp']}/{r['ep']}",
              f"{r['zero']}{'+off' if r['offload'] else ''}", r["micro_batch"], r["recompute"],
              schedule_label(r) or "-", f"{r['days']:.1f}", f"{r['gpu_hours']:,.0f}", "-" if r["cost_usd"] is None else f"{r['cost_usd']:,.0f}",
              "-" if r["usd_per_million_tokens"] is None else f"{r['usd_per_million_tokens']:.3f}",
@@ -463,6 +472,9 @@ def plan(model, hf_config, params, system_file, prices_file, price_overrides, ha
     click.echo("\nrecommendation:" if res["recommendation"] else "\nno recommendation:")
     for line in res["reasons"]:
         click.echo(f"  - {line}")
+    if res["recommendation"] is not None:
+        click.echo(f"  - the lead alone, as predict prices it (its point estimate, memory and notes): "
+                   f"{res['recommendation']['predict_command']}")
     for o in res.get("ownership", []):
         click.echo(_ownership_line(o))
     flips = res.get("flips") or {}
@@ -472,12 +484,83 @@ def plan(model, hf_config, params, system_file, prices_file, price_overrides, ha
             click.echo(f"  - {line}")
     if res["pareto"]:
         click.echo("time/cost Pareto front: " + "; ".join(
-            f"{r['num_gpus']}x {r['gpu']} {r['days']:.1f} d USD {r['cost_usd']:,.0f}" for r in res["pareto"]))
+            f"{r['num_gpus']}x {r['gpu']} ({r['system']}) {r['days']:.1f} d USD {r['cost_usd']:,.0f}"
+            for r in res["pareto"]))
     missing = {s: src for s, src in res["prices"].items() if src.startswith("no ")}
     if missing:
         click.echo(f"no price for {', '.join(missing)} (cost shown as '-'):")
         for src in missing.values():  # each says which name --price takes for it
             click.echo(f"  - {src}")
+
+
+def _model_args(model: str | None, hf_config: str | None, dims: dict[str, Any]) -> list[str]:
+    """The model options a plan was given, as predict takes them."""
+    import shlex
+
+    out = [f"--model {shlex.quote(model)}"] if model else []
+    if hf_config:
+        out.append(f"--hf {shlex.quote(hf_config)}")
+    for name, value in dims.items():
+        flag = f"--{name.replace('_', '-')}"
+        if value is True:
+            out.append(flag)
+        elif value is not None and value is not False:
+            out.append(f"{flag} {value}")
+    return out
+
+
+def predict_command(row: dict[str, Any], opts: Any, model_args: list[str], *, hardware_profile: str | None = None,
+                    calibrate_run: str | None = None, comm_run: str | None = None,
+                    results_dir: str = "results") -> str:
+    """The `mgbench predict` line that prices a plan's row alone: its layout
+    (search.layout_of_row: sequence parallelism wherever tp > 1, the global batch the
+    plan's tokens per step make), and the plan's options that predict shares (precision,
+    FP8 recipe, stack, overlap, memory margin, MoE options, hardware)."""
+    import dataclasses
+    import shlex
+
+    from ..planner.moe import MoeOptions
+    from ..planner.search import PlanOptions, layout_of_row
+
+    lay = layout_of_row(row, opts)
+    defaults = {f.name: f.default for f in dataclasses.fields(PlanOptions)}
+    out = ["mgbench predict", *model_args]
+    if hardware_profile:
+        out.append(f"--hardware {shlex.quote(hardware_profile)}")
+    else:
+        source = str(catalog.systems().get(row["system"], {}).get("source", ""))
+        if source.startswith("--system-file "):
+            out.append(f"--system-file {shlex.quote(source[len('--system-file '):])}")
+        out.append(f"--system {row['system']}")
+    for flag, value in (("--calibrate", calibrate_run), ("--comm", comm_run)):
+        if value:
+            out.append(f"{flag} {shlex.quote(value)}")
+    if (calibrate_run or comm_run) and results_dir != "results":
+        out.append(f"--results-dir {shlex.quote(results_dir)}")
+    out += [f"--num-gpus {lay.num_gpus}", f"--tp {lay.tp}", f"--pp {lay.pp}"]
+    out += [f"--{k} {getattr(lay, k)}" for k in ("cp", "ep") if getattr(lay, k) > 1]
+    out += [f"--zero {lay.zero}", f"--micro-batch {lay.micro_batch}", f"--global-batch {lay.batch}",
+            f"--seq-len {lay.seq_len}", f"--recompute {lay.recompute_name}", f"--precision {lay.precision}"]
+    if lay.fp8_recipe:
+        out.append(f"--fp8-recipe {lay.fp8_recipe}")
+    if lay.sequence_parallel:
+        out.append("--sequence-parallel")
+    if lay.pp > 1:
+        out.append(f"--schedule {lay.schedule}" + (f" --virtual-stages {lay.virtual_stages}"
+                                                   if lay.virtual_stages > 1 else ""))
+        if lay.pp_last_layers is not None:
+            out.append(f"--pp-last-layers {lay.pp_last_layers}")
+    if lay.offload:
+        out.append("--offload")
+    for name in ("stack", "overlap", "memory_margin"):
+        if getattr(opts, name) != defaults[name] and not (name == "stack" and hardware_profile):
+            out.append(f"--{name.replace('_', '-')} {getattr(opts, name)}")
+    for f in dataclasses.fields(MoeOptions):
+        value = getattr(opts.moe, f.name)
+        if value != f.default:
+            flag = f"--moe-{f.name.replace('_', '-')}"
+            out.append(flag if value is True else f"{flag} {','.join(value) if isinstance(value, tuple) else value}")
+    return " ".join(out)
 
 
 def _moe_ignored(shape: Any, moe: Any) -> list[str]:

@@ -33,6 +33,20 @@ def price_hint(name: str = "NAME", spot: bool = False) -> str:
     return f"pass --price {name}{':spot' if spot else ''}=USD (USD per GPU-hour)"
 
 
+def unpriceable(name: str) -> str | None:
+    """Why a price's name prices nothing (None: an accelerator or system of the catalog,
+    a --system-file's included): a typo would otherwise leave the catalog's price in use."""
+    import difflib
+
+    known = [*catalog.accelerators(), *catalog.systems()]
+    if name in known:
+        return None
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+    return (f"{name!r} is no accelerator or system of the catalog"
+            + (f"; did you mean {' or '.join(close)}?" if close else "; e.g. h100-sxm (an accelerator) or dgx-h100 "
+               "(a system), as mgbench/data/hardware.toml names them"))
+
+
 class Prices:
     """Hourly USD per GPU by accelerator or system id, per rental tier, with sources. An
     entry of prices.toml without ``usd`` has a ``null_reason``: a price looked for and not
@@ -52,6 +66,8 @@ class Prices:
                 for name, entry in user.get(tier, {}).items():
                     if not isinstance(entry, dict) or not isinstance(entry.get("usd"), (int, float)):
                         raise MgbenchError(f"--prices {extra_file}: [{tier}.{name}] needs usd = <number>")
+                    if (unknown := unpriceable(name)) is not None:
+                        raise MgbenchError(f"--prices {extra_file}: [{tier}.{name}]: {unknown}")
                     self.table[tier][name] = {**entry, "source": entry.get("source", extra_file)}
         for item in overrides or []:
             name, _, value = item.partition("=")
@@ -64,6 +80,8 @@ class Prices:
                 raise MgbenchError(f"--price {item!r}: expected NAME=USD, e.g. --price h100-sxm=2.5") from None
             if usd < 0:
                 raise MgbenchError(f"--price {item!r}: a price cannot be negative")
+            if (unknown := unpriceable(name)) is not None:
+                raise MgbenchError(f"--price {item!r}: {unknown}")
             self.table[tier][name] = {"usd": usd, "source": "--price", "illustrative": False}
 
     def lookup(self, system: str, gpu: str, spot: bool = False, tier: str | None = None) -> tuple[float | None, str]:

@@ -123,13 +123,18 @@ def runner_up(lead_row: dict[str, Any], ranked: list[dict[str, Any]], rule: str,
     return min(others, key=lambda r: (r["cost_usd"], r["days"]))
 
 
-def flips(lead_row: dict[str, Any], other: dict[str, Any] | None) -> dict[str, Any]:
+def flips(lead_row: dict[str, Any], other: dict[str, Any] | None, ranked: list[dict[str, Any]] | None = None
+          ) -> dict[str, Any]:
     """What would reverse the lead and the runner-up's order on cost: the lead's price rise
     (percent) and the lead's throughput fall (percent) that make the two cost the same,
-    and the interval odds that the lead is the cheaper and the faster."""
+    and the interval odds that the lead is the cheaper and the faster. Without a
+    runner-up, the accelerators of ``ranked`` left out for want of a price are named."""
     if other is None:
+        unpriced = sorted({r["gpu"] for r in ranked or [] if r["gpu"] != lead_row["gpu"] and r.get("cost_usd") is None})
+        why = (f"no priced option on another accelerator to compare with: {', '.join(unpriced)} planned without a "
+               f"price ({price_hint(unpriced[0])})" if unpriced else "no option on another accelerator to compare with")
         return {"runner_up": None, "price_flip_pct": None, "efficiency_flip_pct": None, "odds_cheaper": None,
-                "odds_faster": None, "why": ["no option on another accelerator to compare with"]}
+                "odds_faster": None, "why": [why]}
     if lead_row.get("cost_usd") is None or other.get("cost_usd") is None:
         return {"runner_up": other, "price_flip_pct": None, "efficiency_flip_pct": None, "odds_cheaper": None,
                 "odds_faster": odds(lead_row.get("days_interval"), other.get("days_interval")),

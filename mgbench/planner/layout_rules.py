@@ -50,7 +50,7 @@ def rules(shape: ModelShape | None, layout: Layout) -> dict[str, Any]:
     D = np.where(divides, N // np.maximum(width, 1), 1)  # data-parallel ranks where the degrees divide
     # Without a global batch, one micro-batch per data-parallel rank (Layout.batch).
     B = np.asarray(L.global_batch, dtype=np.int64) if L.global_batch is not None else MB * D
-    batch = B % (MB * D) == 0
+    batch = (B >= MB * D) & (B % np.maximum(MB * D, 1) == 0)  # one micro-batch a rank at least
     M = np.where(batch, B // np.maximum(MB * D, 1), 1)
     schedule, virtual_stages, seq_len, offload = L.schedule, L.virtual_stages, L.seq_len, L.offload
     chunks = chunks_per_rank(schedule, virtual_stages)
@@ -103,8 +103,9 @@ def keeps_all(masks: dict[str, Any]) -> Any:
 MESSAGES: dict[str, Callable[[Any, ModelShape], str]] = {
     "divides": lambda L, s: (f"tp ({L.tp}) x pp ({L.pp}) x cp ({L.cp}) = {L.tp * L.pp * L.cp} does not divide the "
                              f"{L.num_gpus} GPUs; choose degrees whose product divides --num-gpus"),
-    "batch": lambda L, s: (f"global batch {L.batch} is not a multiple of micro-batch {L.micro_batch} x dp {L.dp} "
-                           f"(dp = {L.num_gpus} GPUs / (tp {L.tp} x pp {L.pp} x cp {L.cp}))"),
+    "batch": lambda L, s: (f"global batch {L.batch} is not a positive multiple of micro-batch {L.micro_batch} x dp "
+                           f"{L.dp} (dp = {L.num_gpus} GPUs / (tp {L.tp} x pp {L.pp} x cp {L.cp})); give --global-batch "
+                           f"{L.micro_batch * L.dp} or a multiple of it"),
     "heads": lambda L, s: f"tp={L.tp} does not divide the {s.heads} attention heads",
     "kv_heads": lambda L, s: f"tp={L.tp} neither divides nor is a multiple of the {s.kv_heads} kv heads",
     "layers": lambda L, s: (f"pp={L.pp} x {chunks_per_rank(L.schedule, L.virtual_stages)} virtual stage(s) exceeds "
@@ -136,7 +137,7 @@ def _schedule_message(L: Any) -> str:
     """The schedule registry's own reason (strategies/schedules.py), in predict's words."""
     problem = schedule_problem(L.schedule, L.pp, L.num_micro, compile=False)
     if problem is not None:
-        return problem.replace("grad_accum", "micro-batches per step (--global-batch)")
+        return problem.replace("grad_accum,", "--global-batch / (micro-batch x dp),")
     unknown = bubble_unknown_reason(L.pp, L.num_micro, L.schedule)
     return (f"--schedule {L.schedule}: {(unknown or 'no known bubble').replace('grad_accum', 'micro-batches per step')}"
             "; raise --global-batch")

@@ -11,6 +11,7 @@ forms the ranked table and the time-vs-cost Pareto front.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,25 +59,59 @@ VIRTUAL_STAGES_HELP = "Model chunks per pipeline rank (interleaved, interleaved_
 _OWN = catalog.load("ownership.toml")["defaults"]
 
 
+@dataclass(frozen=True)
+class Bound:
+    """The values a number option takes: from ``low`` (excluded when ``low_open``) to
+    ``high``, finite. A PlanOptions field's metadata "bounds" (checked by
+    :func:`check_bounds`, before anything is priced)."""
+
+    low: float
+    high: float = math.inf
+    low_open: bool = False
+
+    def describe(self) -> str:
+        if self.high == math.inf:
+            return "positive" if (self.low, self.low_open) == (0, True) else f"{self.low:g} or more"
+        return f"{'above' if self.low_open else 'from'} {self.low:g} {'and at most' if self.low_open else 'to'} {self.high:g}"
+
+    def problem(self, flag: str, value: Any) -> str | None:
+        """One line where ``value`` (None: not given) is outside the bound."""
+        if value is None:
+            return None
+        v = float(value)
+        if not math.isfinite(v):
+            return f"{flag} must be a finite number, {self.describe()}, got {value}"
+        if (v > self.low if self.low_open else v >= self.low) and v <= self.high:
+            return None
+        return f"{flag} must be {self.describe()}, got {value}"
+
+
+POSITIVE = Bound(0.0, low_open=True)
+NON_NEGATIVE = Bound(0.0)
+AT_LEAST_ONE = Bound(1.0)
+FRACTION = Bound(0.0, 1.0)
+
+
 @dataclass
 class PlanOptions:
     """What `mgbench plan` searches and the cost assumptions it prices with.
 
     Each field's metadata is its command-line option (mgbench/cli_options.py builds
     `plan`'s options and `report`'s --plan-* options from these fields): "help" is the
-    option's help text, "choices" its allowed values, "metavar" its placeholder, and
-    "set_by" names the option that fills a field which is not an option itself. A
-    field added here is an option of `plan` with no other edit.
+    option's help text, "choices" its allowed values, "metavar" its placeholder,
+    "bounds" the :class:`Bound` of a number's values, and "set_by" names the option that
+    fills a field which is not an option itself. A field added here is an option of
+    `plan` with no other edit.
     """
 
-    tokens: float = field(metadata={"help": "Training tokens, e.g. 1.5e13."})
-    seq_len: int = field(default=4096, metadata={"help": "Sequence length in tokens."})
+    tokens: float = field(metadata={"bounds": POSITIVE, "help": "Training tokens, e.g. 1.5e13."})
+    seq_len: int = field(default=4096, metadata={"bounds": AT_LEAST_ONE, "help": "Sequence length in tokens."})
     global_batch_tokens: int = field(
         default=4 * 2**20,  # 4M tokens per step, a common large-model batch
-        metadata={"help": "Tokens per optimizer step (global batch x sequence length)."})
+        metadata={"bounds": AT_LEAST_ONE, "help": "Tokens per optimizer step (global batch x sequence length)."})
     systems: list[str] | None = field(
         default=None, metadata={"help": "Comma-separated catalog systems (default: all).", "metavar": "A,B,..."})
-    max_gpus: int = field(default=4096, metadata={"help": "Largest GPU count considered."})
+    max_gpus: int = field(default=4096, metadata={"bounds": AT_LEAST_ONE, "help": "Largest GPU count considered."})
     precision: str = field(
         default="bf16",
         metadata={"help": "Training precision: the peak FLOP/s used and the bytes per value.",
@@ -95,7 +130,7 @@ class PlanOptions:
                                             "layout's best; or one schedule for all (zero-bubble: interleaved_zb, "
                                             "zbv, dualpipev).",
                                     "choices": (SEARCHED, *SCHEDULES)})
-    virtual_stages: int = field(default=1, metadata={"help": VIRTUAL_STAGES_HELP + " With a named --schedule."})
+    virtual_stages: int = field(default=1, metadata={"bounds": AT_LEAST_ONE, "help": VIRTUAL_STAGES_HELP + " With a named --schedule."})
     pp_split: str = field(default=SEARCHED, metadata={
         "help": "How pipelined candidates split their blocks: 'even' gives every stage ceil(layers / pp), "
                 "Megatron-LM's default; 'balanced' lightens the last stage to make room for the output layer, as "
@@ -106,33 +141,33 @@ class PlanOptions:
         "help": "FSDP2 CPU offload with ZeRO-3: weights, gradients and optimizer states in host memory, copied over "
                 "the host link (plan: considered beside no offload for ZeRO-3 layouts)."})
     deadline_days: float | None = field(
-        default=None, metadata={"help": "Keep only options that finish within this many days."})
+        default=None, metadata={"bounds": POSITIVE, "help": "Keep only options that finish within this many days."})
     budget_usd: float | None = field(
-        default=None, metadata={"help": "Keep only options that cost at most this many USD."})
+        default=None, metadata={"bounds": POSITIVE, "help": "Keep only options that cost at most this many USD."})
     spot: bool = field(default=False, metadata={"help": "Spot prices and preemptions."})
     checkpoint_minutes: float = field(
-        default=60.0, metadata={"help": "Minutes between checkpoints (a failure loses half of one, on average)."})
+        default=60.0, metadata={"bounds": POSITIVE, "help": "Minutes between checkpoints (a failure loses half of one, on average)."})
     failure_rate: float = field(
         default=cost.FAILURE_RATE_PER_GPU_HOUR,
-        metadata={"help": "Failures per GPU-hour (default from Llama 3's 54-day report)."})
+        metadata={"bounds": NON_NEGATIVE, "help": "Failures per GPU-hour (default from Llama 3's 54-day report)."})
     restart_minutes: float = field(
         default=cost.RESTART_MINUTES,
-        metadata={"help": "Minutes to detect a failure, reschedule and reload a checkpoint (an assumption)."})
+        metadata={"bounds": NON_NEGATIVE, "help": "Minutes to detect a failure, reschedule and reload a checkpoint (an assumption)."})
     checkpoint_write_minutes: float = field(
         default=cost.CHECKPOINT_WRITE_MINUTES,
-        metadata={"help": "Minutes the job stalls per checkpoint save (an assumption)."})
+        metadata={"bounds": NON_NEGATIVE, "help": "Minutes the job stalls per checkpoint save (an assumption)."})
     preemption_rate: float = field(
         default=cost.SPOT_PREEMPTIONS_PER_NODE_HOUR,
-        metadata={"help": "Spot preemptions per node-hour, when on spot (an assumption)."})
+        metadata={"bounds": NON_NEGATIVE, "help": "Spot preemptions per node-hour, when on spot (an assumption)."})
     power_fraction: float = field(
         default=cost.POWER_FRACTION_OF_TDP,
-        metadata={"help": "Average GPU power as a fraction of TDP (an assumption)."})
+        metadata={"bounds": Bound(0.0, 1.0, low_open=True), "help": "Average GPU power as a fraction of TDP (an assumption)."})
     pue: float = field(
         default=cost.PUE, metadata={"help": "Facility power usage effectiveness (an assumption)."})
     overlap: float = field(
         default=perf.DEFAULT_OVERLAP,
-        metadata={"help": "Fraction of the data-parallel communication window hidden behind backward."})
-    top: int = field(default=20, metadata={"help": "Rows of the ranked table."})
+        metadata={"bounds": FRACTION, "help": "Fraction of the data-parallel communication window hidden behind backward."})
+    top: int = field(default=20, metadata={"bounds": AT_LEAST_ONE, "help": "Rows of the ranked table."})
     premium: float = field(
         default=decision.PREMIUM,
         metadata={"help": "Without a deadline or budget, plan leads with the fastest option costing at most this "
@@ -175,10 +210,36 @@ class PlanOptions:
     links: dict[str, dict[str, float]] = field(default_factory=dict, metadata={"set_by": "--comm"})
 
 
+def field_problem(name: str, value: Any) -> str | None:
+    """The one-line problem of a PlanOptions field's value outside its bounds (None: in
+    them, or a field without bounds): for commands that share the field's option."""
+    f = next(x for x in dataclasses.fields(PlanOptions) if x.name == name)
+    b = f.metadata.get("bounds")
+    return None if b is None else b.problem(f"--{name.replace('_', '-')}", value)
+
+
+def check_bounds(opts: PlanOptions) -> None:
+    """MgbenchError naming every option outside its bounds, and a step of fewer tokens
+    than one sequence, before anything is priced (a NaN, a negative rate or a zero
+    interval would otherwise surface as a traceback or an absurd figure)."""
+    problems = [p for f in dataclasses.fields(PlanOptions) if (p := field_problem(f.name, getattr(opts, f.name)))]
+    if not problems and opts.global_batch_tokens < opts.seq_len:
+        problems.append(f"--global-batch-tokens {opts.global_batch_tokens} is less than one sequence (--seq-len "
+                        f"{opts.seq_len}): give {opts.seq_len} or more")
+    if problems:
+        raise MgbenchError("; ".join(problems))
+
+
 def gpu_counts(gpus_per_node: int, max_gpus: int) -> np.ndarray:
-    """Partial nodes by powers of two, then whole nodes up to max_gpus."""
-    small = [n for n in (1, 2, 4) if n < gpus_per_node and n <= max_gpus]
-    return np.array(small + list(range(gpus_per_node, max_gpus + 1, gpus_per_node)), dtype=np.int64)
+    """Partial nodes by powers of two, then whole nodes up to max_gpus; where a node is
+    not a power of two (a GB200 NVL72 rack of 72), also multiples of its largest power of
+    two, that many GPUs of each node: a batch of 2^k sequences splits over no multiple of
+    72, and NVIDIA's GB200 runs use 64, 128, 256 GPUs (Megatron-Bridge's tables)."""
+    small = [1 << k for k in range(gpus_per_node.bit_length()) if (1 << k) < gpus_per_node]
+    whole = list(range(gpus_per_node, max_gpus + 1, gpus_per_node))
+    part = 1 << (gpus_per_node.bit_length() - 1)  # the largest power of two <= gpus_per_node
+    spread = list(range(2 * part, max_gpus + 1, part)) if part != gpus_per_node else []
+    return np.array(sorted({n for n in small + whole + spread if n <= max_gpus}), dtype=np.int64)
 
 
 def extra_axes(shape: ModelShape, opts: PlanOptions) -> tuple[list[int], list[int], list[bool]]:
@@ -302,13 +363,16 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
     good = cost.goodput(N, hw.gpus_per_node, opts.checkpoint_minutes, opts.failure_rate, opts.restart_minutes,
                         opts.checkpoint_write_minutes, opts.spot, opts.preemption_rate)
     hours = opts.tokens / tps / 3600.0 / good
-    gpu_hours = N * hours
+    # A cloud instance type is rented whole: a layout on part of one pays for all its GPUs.
+    billed = billed_gpus(system, N, hw.gpus_per_node)
+    gpu_hours = billed * hours
     price, price_source = prices.lookup(system, hw.gpu, opts.spot)
     usd = gpu_hours * price if price is not None else np.full(N.shape, np.nan)
     cols = {
         "num_gpus": N, "tp": T, "pp": P, "dp": D, "cp": CP, "ep": EP, "offload": OFF, "zero": Z, "micro_batch": MB,
         "recompute": RC, "num_micro_batches": M, "tokens_per_s": tps, "mfu": mfu, "goodput": good, "days": hours / 24.0,
-        "gpu_hours": gpu_hours, "cost_usd": usd, "usd_per_million_tokens": usd / (opts.tokens / 1e6),
+        "gpu_hours": gpu_hours, "billed_gpus": billed, "cost_usd": usd,
+        "usd_per_million_tokens": usd / (opts.tokens / 1e6),
         "energy_kwh": cost.energy_kwh(N, hw.tdp_w, hours, opts.power_fraction, opts.pue),
         "memory_per_gpu_bytes": mem_total, "host_memory_per_gpu_bytes": host,
         "tokens_per_s_point": tps_point, "mfu_point": mfu_point, "ranking_factor": factor,
@@ -320,6 +384,16 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
                      "device_memory_bytes": hw.memory_bytes, "max_power_kw": hw.max_power_kw,
                      "gpus_per_node": hw.gpus_per_node, "tdp_w": hw.tdp_w}  # type: ignore[assignment]
     return cols, evaluated
+
+
+def billed_gpus(system: str, num_gpus: Any, gpus_per_node: int) -> Any:
+    """The GPUs a layout pays for: on a cloud instance type (hardware.toml ``cloud``),
+    whole instances of ``gpus_per_node`` (4 GPUs of an 8-GPU p5.48xlarge bill 8); the
+    GPUs it uses elsewhere (a price per GPU-hour, as GPU clouds sell them)."""
+    n = np.asarray(num_gpus)
+    if not catalog.systems().get(system, {}).get("cloud"):
+        return n
+    return -(-n // gpus_per_node) * gpus_per_node
 
 
 def schedule_variants(opts: PlanOptions) -> tuple[tuple[str, int], ...]:
@@ -484,17 +558,17 @@ def _row(cols: dict[str, Any], i: int) -> dict[str, Any]:
 def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None) -> dict[str, Any]:
     """Search every system's layouts; return ranked bests, the Pareto front and a recommendation."""
     t0 = time.perf_counter()
+    check_bounds(opts)
     prices = prices or cost.Prices()
     assumptions = _assumptions(opts)
     own = _owned(opts)
+    rents = prices  # what renting costs, for buy versus rent (under --own, plan's prices are the energy)
     if own is not None:
         opts, prices = _plan_on_owned(opts, prices, assumptions, *own)
     names = opts.systems or list(hardware.systems())
     for s in names:
         if s not in hardware.systems():
             raise MgbenchError(f"--systems: unknown system {s!r}; known: {', '.join(hardware.systems())}")
-    if opts.tokens <= 0:
-        raise MgbenchError("--tokens must be positive (e.g. 1.5e13)")
     check_margin(opts.memory_margin)
     check_schedule(opts)
     decision.check_premium(opts.premium)
@@ -569,9 +643,9 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
         "elapsed_s": elapsed, "candidates_per_s": evaluated / elapsed if elapsed > 0 else None,
         "recommendation": rec, "reasons": reasons, "ranked": ranked[: opts.top],
         "lead": {"rule": rule, "row": rec, "why": lead_why}, "cheapest": cheapest, "fastest": fastest,
-        "flips": decision.flips(rec, other) if rec is not None else None,
+        "flips": decision.flips(rec, other, ranked) if rec is not None else None,
         "lead_memory": _lead_memory(shape, rec, opts) if rec is not None else None,
-        "ownership": _ownership([rec, cheapest, other], prices, assumptions, opts) if rec is not None else [],
+        "ownership": _ownership([rec, cheapest, other], rents, assumptions, opts) if rec is not None else [],
         "owned": None if own is None else {"system": own[0], "gpus": own[1]},
         "options": bests, "pareto": front, "prices": price_notes,
         "assumptions": {
@@ -677,7 +751,9 @@ def _recommend(rec: dict[str, Any] | None, rule: str, lead_why: list[str], cheap
         *lead_why,
         f"{r['days']:.1f} days at {r['tokens_per_s']:,.0f} tokens/s, MFU {100 * r['mfu']:.0f}%, goodput "
         f"{100 * r['goodput']:.0f}%" + (f", USD {r['cost_usd']:,.0f} ({r['usd_per_million_tokens']:.3f} per million "
-                                        "tokens)" if r["cost_usd"] is not None else ", no price known"),
+                                        "tokens)" if r["cost_usd"] is not None else ", no price known")
+        + (f", billed for {r['billed_gpus']} GPUs (whole {r['system']} instances)"
+           if r["billed_gpus"] != r["num_gpus"] else ""),
         f"needs {r['memory_per_gpu_bytes'] / 1e9:.1f} GB per GPU of {r['device_memory_bytes'] / 1e9:.0f} GB",
     ]
     if (warn := decision.long_run_warning(r)) is not None:

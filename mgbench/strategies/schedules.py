@@ -126,8 +126,8 @@ def schedule_problem(schedule: str, pp: int, num_micro: int, compile: bool) -> s
     of any dp_mode (:func:`grad_sync` says how their gradients are reduced)."""
     s = BY_NAME[schedule]
     if s.fixed_chunks is None and num_micro % pp:
-        return (f"the {schedule} schedule needs grad_accum (micro-batches, {num_micro}) to be a multiple of pp "
-                f"({pp})")
+        return (f"the {schedule} schedule needs grad_accum, the micro-batches per step ({num_micro}), to be a "
+                f"multiple of pp ({pp})")
     if schedule == "dualpipev" and num_micro < 2 * pp:
         return (f"the dualpipev schedule needs at least as many micro-batches as stages (2 x pp = {2 * pp}); "
                 f"set grad_accum >= {2 * pp}")
