@@ -44,11 +44,32 @@ def accelerators() -> dict[str, dict[str, Any]]:
     return _hardware_table("accelerators")
 
 
+def closest(name: str, known: Any) -> list[str]:
+    """The catalog names a mistyped ``name`` most likely meant: the same name in another
+    case, names that contain it (p5 -> aws-p5), then close spellings (h100sxm -> h100-sxm)."""
+    import difflib
+
+    known = list(known)
+    same = [k for k in known if k.lower() == name.lower()]
+    within = [k for k in known if name.lower() in k.lower() and k not in same] if len(name) >= 2 else []
+    close = difflib.get_close_matches(name.lower(), known, n=3, cutoff=0.6)
+    return list(dict.fromkeys(same + within + close))[:3]
+
+
+def unknown_name(kind: str, name: str, known: Any) -> str:
+    """The one line for a name the catalog lacks: what it is not, what it may have meant,
+    and every name it holds."""
+    known = list(known)
+    hint = closest(name, known)
+    return (f"unknown {kind} {name!r}" + (f"; did you mean {' or '.join(hint)}?" if hint else "")
+            + f" (known: {', '.join(known)})")
+
+
 def accelerator(key: str) -> dict[str, Any]:
     """One accelerator by catalog id; MgbenchError naming the valid ids otherwise."""
     acc = accelerators()
     if key not in acc:
-        raise MgbenchError(f"unknown accelerator {key!r}; known: {', '.join(acc)}")
+        raise MgbenchError(unknown_name("accelerator", key, acc))
     return acc[key]
 
 
@@ -341,9 +362,10 @@ def model_shape(name: str) -> ModelShape:
     """The ModelShape of a preset; MgbenchError listing the presets otherwise."""
     presets = model_presets()
     if name not in presets:
+        hint = closest(name, presets)
         raise MgbenchError(
-            f"unknown model preset {name!r}; choose one of: {', '.join(presets)} "
-            "or give explicit dims {layers, hidden, heads, ffn_hidden, vocab}"
+            f"unknown model preset {name!r}" + (f"; did you mean {' or '.join(hint)}?" if hint else "")
+            + f" Choose one of: {', '.join(presets)}, or give explicit dims {{layers, hidden, heads, ffn_hidden, vocab}}"
         )
     fields = {k: v for k, v in presets[name].items() if k != "source"}
     return ModelShape(name=name, **fields)

@@ -36,12 +36,10 @@ def price_hint(name: str = "NAME", spot: bool = False) -> str:
 def unpriceable(name: str) -> str | None:
     """Why a price's name prices nothing (None: an accelerator or system of the catalog,
     a --system-file's included): a typo would otherwise leave the catalog's price in use."""
-    import difflib
-
     known = [*catalog.accelerators(), *catalog.systems()]
     if name in known:
         return None
-    close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+    close = catalog.closest(name, known)
     return (f"{name!r} is no accelerator or system of the catalog"
             + (f"; did you mean {' or '.join(close)}?" if close else "; e.g. h100-sxm (an accelerator) or dgx-h100 "
                "(a system), as mgbench/data/hardware.toml names them"))

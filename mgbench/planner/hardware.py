@@ -161,7 +161,7 @@ def resolve(system: str | None = None, gpu: str | None = None, precision: str = 
         if system is None:
             raise MgbenchError(f"no system in the catalog uses {gpu}; pass --system")
     if system not in systems():
-        raise MgbenchError(f"unknown system {system!r}; known: {', '.join(systems())}")
+        raise MgbenchError(catalog.unknown_name("system", system, systems()))
     s = systems()[system]
     label = system
     if gpu is not None and gpu != s["gpu"]:

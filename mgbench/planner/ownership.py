@@ -69,7 +69,7 @@ def server(system: str, price_overrides: dict[str, float] | None = None) -> dict
 
     known = systems()
     if system not in known:
-        raise MgbenchError(f"unknown system {system!r}; known: {', '.join(known)}")
+        raise MgbenchError(catalog.unknown_name("system", system, known))
     entry = dict(data().get("servers", {}).get(system, {}))
     out: dict[str, Any] = {"system": system, "gpu": known[system]["gpu"], "gpus": known[system]["gpus_per_node"],
                            "usd": entry.get("usd"), "price_source": entry.get("source"),

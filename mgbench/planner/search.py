@@ -568,7 +568,7 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
     names = opts.systems or list(hardware.systems())
     for s in names:
         if s not in hardware.systems():
-            raise MgbenchError(f"--systems: unknown system {s!r}; known: {', '.join(hardware.systems())}")
+            raise MgbenchError("--systems: " + catalog.unknown_name("system", s, hardware.systems()))
     check_margin(opts.memory_margin)
     check_schedule(opts)
     decision.check_premium(opts.premium)

@@ -128,3 +128,19 @@ def test_the_front_names_each_options_system_and_an_unpriced_rival_is_named():
     front = next(line for line in r.output.splitlines() if line.startswith("time/cost Pareto front"))
     assert all("(" in part for part in front.split(": ", 1)[1].split("; "))
     assert "mi355x planned without a price (pass --price mi355x=USD" in r.output
+
+
+@pytest.mark.parametrize("args,words", [
+    (["plan", "--model", "llama3-8b", "--tokens", "1e12", "--systems", "p5"], "did you mean aws-p5"),
+    (["plan", "--model", "llama3-8b", "--tokens", "1e12", "--systems", "nd-mi300x-v5"],
+     "did you mean azure-nd-mi300x-v5"),
+    (["plan", "--model", "llama3-8b", "--tokens", "1e12", "--systems", "DGX-H100"], "did you mean dgx-h100"),
+    (["plan", "--model", "Llama3-8B", "--tokens", "1e12"], "did you mean llama3-8b"),
+    (["predict", "--model", "llama3-8b", "--gpu", "h100"], "did you mean h100-pcie or h100-nvl or h100-sxm"),
+])
+def test_a_mistyped_catalog_name_gets_the_names_it_may_mean(args, words):
+    r = _run(args)
+    assert r.exit_code == 2 and words in r.output and "Traceback" not in r.output, r.output
+    bad = next(a for a in args if a in ("p5", "nd-mi300x-v5", "DGX-H100", "Llama3-8B", "h100"))
+    other = _run(["zzzz" if a == bad else a for a in args])  # nothing close: no guess, the names listed
+    assert other.exit_code == 2 and "did you mean" not in other.output and "'zzzz'" in other.output
