@@ -230,6 +230,31 @@ def check_bounds(opts: PlanOptions) -> None:
         raise MgbenchError("; ".join(problems))
 
 
+def largest_prime_factor(n: int) -> int:
+    """The largest prime dividing ``n`` (1 for 1)."""
+    largest, p = 1, 2
+    while p * p <= n:
+        while n % p == 0:
+            n, largest = n // p, p
+        p += 1
+    return n if n > 1 else largest
+
+
+def batch_note(opts: PlanOptions) -> str | None:
+    """A line where the step's sequences have an odd factor above 7: every layout's micro-
+    batch x data-parallel degree must divide them (Megatron-LM's rule, layout_rules
+    "batch"), so such a batch shuts out most GPU counts; the nearest multiples of 256
+    sequences, which do not, are named. None for a batch without one."""
+    B = max(1, opts.global_batch_tokens // opts.seq_len)
+    largest = largest_prime_factor(B)
+    if largest <= 7:
+        return None
+    lo, hi = max(256, B // 256 * 256), (B // 256 + 1) * 256
+    return (f"the step's {B} sequences (--global-batch-tokens {opts.global_batch_tokens} / --seq-len {opts.seq_len}) "
+            f"have the factor {largest}, and micro-batch x dp must divide them: most GPU counts are shut out; "
+            f"{lo} or {hi} sequences (--global-batch-tokens {lo * opts.seq_len} or {hi * opts.seq_len}) open them")
+
+
 def gpu_counts(gpus_per_node: int, max_gpus: int) -> np.ndarray:
     """Partial nodes by powers of two, then whole nodes up to max_gpus; where a node is
     not a power of two (a GB200 NVL72 rack of 72), also multiples of its largest power of
@@ -593,6 +618,8 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
             raise MgbenchError("no system can be considered: " + "; ".join(notes))
         if max(extra_axes(shape, opts)[0]) == 1 and opts.seq_len < CP_MIN_SEQ:
             notes.append(f"context parallelism searched from --seq-len {CP_MIN_SEQ} on (cp = 1 here)")
+        if (why := batch_note(opts)) is not None:
+            notes.append(why)
     for cols in pieces:
         s = cols["_meta"]["system"]
         k = cols["num_gpus"].size
@@ -736,7 +763,8 @@ def _recommend(rec: dict[str, Any] | None, rule: str, lead_why: list[str], cheap
                opts: PlanOptions) -> list[str]:
     """The lines that explain the lead answer, then the cheapest and the fastest beside it."""
     if not all_rows:
-        return ["no layout of any system fits this model in memory within --max-gpus"]
+        return ["no layout within --max-gpus keeps the layout rules (tp dividing the heads, micro-batch x dp dividing "
+                "the step's sequences, ...) and fits in memory; raise --max-gpus, or see the notes below"]
     if rec is None:
         fastest_any = min(all_rows, key=lambda r: r["days"])
         return [f"no layout meets the constraints; the fastest is {fastest_any['num_gpus']}x {fastest_any['gpu']} "

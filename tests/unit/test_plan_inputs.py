@@ -144,3 +144,12 @@ def test_a_mistyped_catalog_name_gets_the_names_it_may_mean(args, words):
     bad = next(a for a in args if a in ("p5", "nd-mi300x-v5", "DGX-H100", "Llama3-8B", "h100"))
     other = _run(["zzzz" if a == bad else a for a in args])  # nothing close: no guess, the names listed
     assert other.exit_code == 2 and "did you mean" not in other.output and "'zzzz'" in other.output
+
+
+def test_a_batch_with_a_large_odd_factor_is_named_with_the_batches_that_open_the_counts():
+    assert [search.largest_prime_factor(n) for n in (1, 2, 1024, 1220, 1210, 1000, 97)] == [1, 2, 2, 61, 11, 5, 97]
+    note = search.batch_note(search.PlanOptions(tokens=1e12, global_batch_tokens=5_000_000))
+    assert note.startswith("the step's 1220 sequences") and "factor 61" in note and "1024 or 1280 sequences" in note
+    assert search.batch_note(search.PlanOptions(tokens=1e12)) is None  # 1024 sequences: no note
+    r = _run([*PLAN, "--global-batch-tokens", "5000000"])
+    assert r.exit_code == 0 and "have the factor 61" in r.output
