@@ -550,7 +550,8 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
                    offload: bool = False, state_bytes: tuple[float, float, float] | None = None,
                    loss: str = "chunked", loss_vocab_parallel: bool = False, te_saved_inputs: bool = False,
                    margin: float = ALLOWANCE_FRACTION, fixed: bool = True, moe: Any = None,
-                   pp_last_layers: Any = None, fp8_recipe: str | None = None) -> dict[str, Any]:
+                   pp_last_layers: Any = None, fp8_recipe: str | None = None,
+                   pipeline_outputs_freed: bool = False) -> dict[str, Any]:
     """Everything one GPU holds at its peak under the planner's production assumptions,
     in bytes; the components add up to ``total_bytes``.
 
@@ -598,7 +599,8 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     - the stack (planner/stack.py memory_of): ``state_bytes`` (weights, gradients,
       optimizer states per parameter; default STATE_BYTES[precision]) and ``loss``, how
       the loss holds the logits (:data:`LOSS_MODES`; ``loss_vocab_parallel``: split over
-      tp);
+      tp); ``pipeline_outputs_freed``: a stage's output, once sent, holds no data
+      (Megatron-LM's deallocate_pipeline_outputs), so in-flight micro-batches do not keep it;
     - ``precision = "fp8"``: under torchao float8 (``te_saved_inputs`` False) the same
       states and saved activations as bf16 (torchao's float8 matmul saves its
       high-precision input and weight for backward and casts again there); under
@@ -662,9 +664,10 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     e = act_bytes(precision)
     t = np.asarray(tp, dtype=float)
     # Rotary tables in the stream dtype (once per forward) and, off the last stage, the
-    # stage's output kept for its backward; on the last, the final norm and the logits.
+    # stage's output kept for its backward (none where the stack frees a sent output:
+    # pipeline_outputs_freed); on the last, the final norm and the logits.
     rope = np.asarray(seq, dtype=float) / c * shape.dim_head * e
-    out_first = tokens * e * shape.hidden / np.where(sp, t, 1.0)
+    out_first = 0.0 if pipeline_outputs_freed else tokens * e * shape.hidden / np.where(sp, t, 1.0)
     final_norm = tokens * (np.where(sp, (2.0 * e * shape.hidden + NORM_SCALAR_BYTES) / t,
                                     2.0 * e * shape.hidden + NORM_SCALAR_BYTES) + e * shape.hidden)
     logits, loss_t = loss_bytes(shape, tokens, tp, precision, loss, loss_vocab_parallel)

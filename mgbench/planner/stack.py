@@ -53,8 +53,9 @@ def memory_of(name: str | None) -> dict[str, Any]:
     """How the stack holds memory (data/stacks.toml [stacks.NAME.memory]), as keyword
     arguments of memory.memory_per_gpu: ``state_bytes`` (weights, gradients, optimizer
     states per parameter under 16-bit training), ``loss``, ``loss_vocab_parallel`` and
-    ``te_saved_inputs`` (saved_inputs = "transformer-engine": what its linears keep).
-    ``None``: the default stack."""
+    ``te_saved_inputs`` (saved_inputs = "transformer-engine": what its linears keep) and
+    ``pipeline_outputs_freed`` (a sent stage output keeps no data). ``None``: the default
+    stack."""
     name = name or DEFAULT_STACK
     known = stacks()
     if name not in known:
@@ -66,7 +67,8 @@ def memory_of(name: str | None) -> dict[str, Any]:
                            f"got {saved!r}")
     return {"state_bytes": tuple(float(x) for x in m["state_bytes"]), "loss": m["loss"],
             "loss_vocab_parallel": bool(m["loss_vocab_parallel"]),
-            "te_saved_inputs": saved == "transformer-engine"}
+            "te_saved_inputs": saved == "transformer-engine",
+            "pipeline_outputs_freed": bool(m.get("pipeline_outputs_freed", False))}
 
 
 def apply(hw: Hardware, name: str | None) -> Hardware:

@@ -14,6 +14,24 @@ from mgbench.planner import stack
 LLAMA8 = catalog.model_shape("llama3-8b")
 
 
+def test_a_stack_that_frees_sent_pipeline_outputs_keeps_none_in_flight():
+    # Megatron-LM sets deallocate_pipeline_outputs: a first stage of 1F1B over pp 4 holds
+    # 4 micro-batches in flight, each no longer with its output (2 x 8192 tokens x 4096 x
+    # 2 bytes, / tp 2 under sequence parallelism).
+    assert stack.memory_of("megatron-lm")["pipeline_outputs_freed"] is True
+    assert stack.memory_of("torchtitan")["pipeline_outputs_freed"] is False
+    kw = dict(seq=8192, micro_batch=2, num_micro=8, tp=2, pp=4, dp=1, sp=True, schedule="1f1b", fixed=False)
+    kept = M.memory_per_gpu(LLAMA8, **kw)
+    freed = M.memory_per_gpu(LLAMA8, **kw, pipeline_outputs_freed=True)
+    out = 2 * 8192 * 4096 * 2 / 2
+    assert kept["activations_bytes"] - freed["activations_bytes"] == pytest.approx(4 * out)
+    assert kept["total_bytes"] - freed["total_bytes"] == pytest.approx(4 * out * (1 + M.ALLOWANCE_FRACTION))
+    # Without a pipeline there is nothing sent: the same either way (negative control).
+    one = dict(kw, pp=1, num_micro=1)
+    assert M.memory_per_gpu(LLAMA8, **one)["total_bytes"] == M.memory_per_gpu(
+        LLAMA8, **one, pipeline_outputs_freed=True)["total_bytes"]
+
+
 def test_loss_modes_by_hand():
     # 2 x 8192 tokens, vocabulary 128256, tp 8.
     N, V_, t = 16384, 128256, 8
