@@ -16,7 +16,24 @@ from .errors import MgbenchError
 
 class Group(click.Group):
     """Turns MgbenchError into one line on stderr and exit status 2 (no traceback
-    unless --debug)."""
+    unless --debug); click's own usage errors (an unknown option, a value of the wrong
+    type or range, a missing argument) likewise, as one line naming the --help to read."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        if kwargs.get("standalone_mode", True) is False:
+            return super().main(*args, **kwargs)
+        try:
+            return super().main(*args, **{**kwargs, "standalone_mode": False})
+        except click.UsageError as e:
+            where = e.ctx.command_path if e.ctx is not None else "mgbench"
+            click.echo(f"mgbench: error: {e.format_message()} (see `{where} --help`)", err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            click.echo(f"mgbench: error: {e.format_message()}", err=True)
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("mgbench: interrupted", err=True)
+            sys.exit(130)
 
     def invoke(self, ctx: click.Context):  # type: ignore[no-untyped-def]
         try:
@@ -61,16 +78,23 @@ def main(ctx: click.Context, debug: bool) -> None:
               help="Do not close with the projection (catalog hardware, and the model checked against this "
                    "machine; the default suite probes the machine first when it has no profile).")
 @click.option("--reports-dir", default="reports", show_default=True, help="Where the HTML report goes.")
+@click.option("--strict", is_flag=True,
+              help="Exit 1 when a config ends in error, oom or timeout (for CI). Without it such configs are "
+                   "recorded with their reason and the sweep exits 0: a failed config is a result.")
 @options(JSON)
 def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, ...], device: str,
         timeout: int | None, resume: str | None, dry_run: bool, nnodes: int, node_rank: int,
         rdzv_endpoint: str | None, nproc_per_node: int | None, from_slurm: bool, no_report: bool,
-        no_projection: bool, reports_dir: str, as_json: bool) -> None:
+        no_projection: bool, reports_dir: str, strict: bool, as_json: bool) -> None:
     """Run a benchmark SUITE (a .toml path or a name in suites/; default: default).
 
     Expands the suite's sweep into configs, runs them through torchrun (one job per
     world size), checks each strategy's loss against a single-process reference, and
     writes results/<run_id>/ with manifest.json, records.jsonl and raw samples.
+
+    Exit status: 0 when the sweep finished (configs that failed are recorded, with
+    --strict exit 1); 2 when nothing could run (every config skipped: their reasons are
+    printed, no run folder is written); 130 when interrupted (resume with --resume).
 
     \b
     Examples:
@@ -116,12 +140,23 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
         s = suite_mod.load_suite(suite, kind)
     if overrides:
         suite_mod.apply_overrides(s, list(overrides))
+    configs = suite_mod.expand(s, kind, count)
+    if dry_run and as_json:
+        import json as _json
+
+        click.echo(_json.dumps({"suite": s.name, "device_kind": kind, "num_devices": count, "configs": [
+            {"config_id": c.config_id, "label": c.label, "skip_reason": c.skip_reason} for c in configs]}, indent=2))
+        return
     if dry_run:
-        configs = suite_mod.expand(s, kind, count)
         for c in configs:
             click.echo(f"{c.config_id}  {c.label}" + (f"  [skipped: {c.skip_reason}]" if c.skip_reason else ""))
         click.echo(f"{len(configs)} configs, {sum(c.skip_reason is None for c in configs)} runnable on {count} {kind} device(s)")
         return
+    if not resume and configs and all(c.skip_reason for c in configs):
+        reasons = list(dict.fromkeys(c.skip_reason for c in configs))
+        raise MgbenchError(f"nothing to run: every one of the {len(configs)} configs is skipped on {count} {kind} "
+                           f"device(s) ({'; '.join(reasons[:3])}{'; ...' if len(reasons) > 3 else ''}); change the "
+                           "sweep (--set) and check it with --dry-run")
     click.echo(f"suite {s.name} ({s.path}) on {count} {kind} device(s)", err=as_json)
     if s.name == "default" and not resume and not no_projection and cluster is None:
         _probe_once(kind, results_dir, lambda m: click.echo(m, err=as_json))
@@ -163,6 +198,18 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
 
     if store.read_manifest(run_dir)["status"] == "interrupted":
         sys.exit(130)
+    failed = [r for r in store.latest_records(store.read_records(run_dir)) if r["status"] in FAILED_STATUSES]
+    if failed:
+        counts = ", ".join(f"{sum(r['status'] == s for r in failed)} {s}" for s in FAILED_STATUSES
+                           if any(r["status"] == s for r in failed))
+        click.echo(f"{len(failed)} config(s) failed ({counts}): their reasons are in the table and in "
+                   f"{run_dir / 'records.jsonl'}" + ("" if strict else "; --strict makes that exit 1"), err=True)
+        if strict:
+            sys.exit(1)
+
+
+# Record statuses of a config that ran and did not finish (record.py STATUSES).
+FAILED_STATUSES = ("error", "oom", "timeout")
 
 
 def _probe_once(kind: str, results_dir: str, progress) -> None:  # type: ignore[no-untyped-def]
@@ -205,6 +252,14 @@ def show(run: str | None, results_dir: str, fmt: str | None) -> None:
     from .show import render
 
     run_dir = store.resolve_run(run, results_dir) if run else store.latest_run(results_dir)
+    if store.read_manifest(run_dir).get("kind") == "comm":  # a `mgbench comm` sweep: its own table
+        if fmt is not None:
+            raise MgbenchError(f"{run_dir.name} is a `mgbench comm` run: --json and --csv show training records; its "
+                               f"rows are in {run_dir / 'comm.jsonl'} (and `mgbench report {run_dir.name}`)")
+        from .comm.run import render as render_comm
+
+        click.echo(render_comm(run_dir))
+        return
     click.echo(render(run_dir, fmt or "table"))
 
 
@@ -317,7 +372,7 @@ def compare(base: str, new: str, results_dir: str, metric: str, threshold: float
                             headers=["config", f"base {metric}", f"new {metric}", "change %", "p", "verdict"]))
         bases = sorted({r["p_basis"] for r in rows if r.get("p_basis")})
         for b in bases:
-            click.echo(f"p from {b}")
+            click.echo(f"p: {b}" if b.startswith("no test") else f"p from {b}")
         for f in failures:
             click.echo(f"GATE FAILED: {f}")
         for w in wrong:
@@ -334,11 +389,13 @@ def compare(base: str, new: str, results_dir: str, metric: str, threshold: float
 @click.option("--collectives", default=",".join(COLLECTIVE_NAMES), show_default=True,
               help="Comma-separated collectives to measure (the registry in mgbench/collectives.py).")
 @click.option("--dtype", "dtypes", default="float32", show_default=True, help="Comma-separated: float32,bfloat16,float16.")
-@click.option("--min-bytes", type=int, default=None, help="Smallest message (default: 4 KiB on CPU, 8 KiB on GPU).")
-@click.option("--max-bytes", type=int, default=None, help="Largest message (default: 4 MiB on CPU, 1 GiB on GPU).")
-@click.option("--factor", type=int, default=None, help="Size step multiplier (default 4).")
-@click.option("--warmup", type=int, default=None, help="Untimed iterations per size.")
-@click.option("--iters", type=int, default=None, help="Timed iterations per size.")
+@click.option("--min-bytes", type=click.IntRange(min=1), default=None,
+              help="Smallest message (default: 4 KiB on CPU, 8 KiB on GPU).")
+@click.option("--max-bytes", type=click.IntRange(min=1), default=None,
+              help="Largest message (default: 4 MiB on CPU, 1 GiB on GPU).")
+@click.option("--factor", type=click.IntRange(min=2), default=None, help="Size step multiplier (default 4).")
+@click.option("--warmup", type=click.IntRange(min=0), default=None, help="Untimed iterations per size.")
+@click.option("--iters", type=click.IntRange(min=1), default=None, help="Timed iterations per size.")
 @click.option("--link", default=None, help="Catalog link to compare busbw with (default: the detected one).")
 @options(RESULTS_DIR, RUN_ID)
 @click.option("--timeout", type=int, default=900, show_default=True, help="Seconds before the sweep is stopped.")
@@ -464,13 +521,16 @@ def slurm(suite: str, nodes: int, gpus_per_node: int, partition: str | None, tim
 
 
 @main.command()
-@click.argument("run")
+@click.argument("run", required=False)
 @options(RESULTS_DIR, JSON)
-def status(run: str, results_dir: str, as_json: bool) -> None:
-    """The state of a run: its Slurm job (squeue / sacct) and its records so far.
+def status(run: str | None, results_dir: str, as_json: bool) -> None:
+    """The state of a run (RUN: run id or folder; default: the newest run): its Slurm
+    job (squeue / sacct) and its records so far. A run whose manifest still says
+    running but whose mgbench process on this host is gone reads "dead".
 
     \b
-    Example:
+    Examples:
+      mgbench status
       mgbench status 20261121-093012-smoke-1a2b
     """
     import json as _json
@@ -479,19 +539,43 @@ def status(run: str, results_dir: str, as_json: bool) -> None:
     from . import store
     from .cluster import job_state
 
-    run_dir = store.resolve_run(run, results_dir)
+    run_dir = store.resolve_run(run, results_dir) if run else store.latest_run(results_dir)
     m = store.read_manifest(run_dir)
     job = (m.get("slurm") or {}).get("job_id")
     state = job_state(job) if job else None
     counts = Counter(r["status"] for r in store.latest_records(store.read_records(run_dir)))
-    out = {"run_id": m["run_id"], "status": m.get("status"), "slurm_job": job, "slurm_state": state,
+    run_status = m.get("status")
+    if run_status == "running" and not job and _process_gone(m):
+        run_status = f"dead (its mgbench process {m['pid']} is gone; resume with `mgbench run --resume {m['run_id']}`)"
+    out = {"run_id": m["run_id"], "status": run_status, "slurm_job": job, "slurm_state": state,
            "num_configs": m.get("num_configs"), "recorded": sum(counts.values()), "counts": dict(counts)}
     if as_json:
         click.echo(_json.dumps(out, indent=2))
         return
     click.echo(f"run {out['run_id']}: {out['status']}" + (f", Slurm job {job}: {state}" if job else ""))
+    if m.get("kind") == "comm":
+        click.echo(f"a `mgbench comm` sweep: `mgbench show {out['run_id']}` prints its table")
+        return
     click.echo(f"{out['recorded']} of {out['num_configs']} configs recorded: "
                + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none yet"))
+
+
+def _process_gone(manifest: dict[str, Any]) -> bool:
+    """Whether the mgbench process a running manifest names is gone: only where it ran on
+    this host (another node's process cannot be seen from here) and its pid is recorded."""
+    import os
+    import socket
+
+    pid = manifest.get("pid")
+    if not isinstance(pid, int) or (manifest.get("machine") or {}).get("hostname") != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
 
 
 from .config import keys_help  # noqa: E402

@@ -55,6 +55,17 @@ def fp8_recipe_problem(precision: str, recipe: str | None) -> str | None:
     return None
 
 
+def joined_problems(problems: list[str]) -> str:
+    """Layout.runner_problems' lines as one: their shared "layout ... on world size N: "
+    said once ("layout X: tp=3 does not divide the 4 attention heads; ... the 2 kv heads")."""
+    if not problems:
+        return ""
+    head = problems[0].split(": ", 1)[0] + ": "
+    if len(problems) > 1 and all(p.startswith(head) for p in problems):
+        return head + "; ".join(p[len(head):] for p in problems)
+    return "; ".join(problems)
+
+
 @dataclass(frozen=True)
 class Layout:
     """Degrees and knobs of one parallel layout (or, with array fields, of many)."""

@@ -78,16 +78,20 @@ def step_time_fields(xs: Sequence[float]) -> dict[str, float | None]:
     return {field: s[key] for key, field in STEP_TIME_FIELDS.items()}
 
 
+# Samples per side from which the Mann-Whitney U normal approximation is used.
+MIN_TEST_SAMPLES = 5
+
+
 def mann_whitney_u(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
     """Two-sided Mann-Whitney U test: (U of ``a``, p-value).
 
     Normal approximation with tie correction and continuity correction (e.g. Conover,
-    section 5.1), adequate from about 5 samples per side; with fewer, p is reported as 1.0
-    (no significance can be claimed).
+    section 5.1), adequate from about 5 samples per side (MIN_TEST_SAMPLES); with fewer
+    there is no test: U and p are NaN (not 1.0, which would read as "no difference").
     """
     n1, n2 = len(a), len(b)
-    if n1 < 5 or n2 < 5:
-        return float("nan"), 1.0
+    if n1 < MIN_TEST_SAMPLES or n2 < MIN_TEST_SAMPLES:
+        return float("nan"), float("nan")
     pooled = sorted([(x, 0) for x in a] + [(x, 1) for x in b])
     ranks = [0.0] * len(pooled)
     ties = 0.0

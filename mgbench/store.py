@@ -382,12 +382,20 @@ def datasets_dir(results_dir: str | Path = "results") -> Path:
 
 
 def latest_run(results_dir: str | Path = "results") -> Path:
-    """The newest run folder (run ids sort by time)."""
+    """The newest run folder: the latest its manifest says it started (a chosen --run-id
+    such as "slow" does not sort by time as generated ids do), then the folder name."""
     root = Path(results_dir)
-    runs = sorted(p for p in root.glob("*") if RunDir(p).manifest.exists()) if root.is_dir() else []
+    runs = [p for p in root.glob("*") if RunDir(p).manifest.exists()] if root.is_dir() else []
     if not runs:
         raise MgbenchError(f"no runs under {root}/; run `mgbench run` first or pass --results-dir")
-    return runs[-1]
+
+    def started(p: Path) -> tuple[str, str]:
+        try:
+            return str(read_manifest(p).get("started_at") or ""), p.name
+        except MgbenchError:  # a damaged manifest: last in the order, not a crash of `show`
+            return "", p.name
+
+    return max(runs, key=started)
 
 
 def load(runs: Iterable[str | Path], results_dir: str | Path = "results") -> "Any":

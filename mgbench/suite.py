@@ -21,7 +21,7 @@ from typing import Any
 from . import faults
 from .config import FIELDS, SWEEP_KEYS, RunConfig, applies, config_id, is_hsdp
 from .errors import MgbenchError
-from .layout import Layout, for_strategy
+from .layout import Layout, for_strategy, joined_problems
 from .strategies import (DATA_PARALLEL, FP8_ALIGN, PIPELINED, RING_FORMS, RING_NEEDS_CUDA, moe_problem,
                          schedules)
 
@@ -246,7 +246,7 @@ def _skip_reason(cfg: RunConfig, device_kind: str, num_devices: int) -> str | No
         num_microbatches=p["grad_accum"] if pipelined else None, experts=experts or None,
         seq_len=p["seq_len"] if cfg.cp > 1 else None)
     if problems:
-        return "; ".join(problems)
+        return joined_problems(problems)
     if p["strategy"] == "cp" and p["compile"]:
         return "compile = true is not wired to cp (its K/V all-gather inside compiled blocks is untested); use false"
     if p["strategy"] == "cp" and p["cp_attention"] in RING_FORMS and p["device"] != "cuda":

@@ -543,7 +543,7 @@ def runner_config(shape: Any, layout: Any, strategy: str | None = None) -> Any:
 
     from ..config import RunConfig
     from ..errors import MgbenchError
-    from ..layout import RUNNER_RECOMPUTE, for_strategy
+    from ..layout import RUNNER_RECOMPUTE, for_strategy, joined_problems
     from ..strategies import BY_NAME
     from ..strategies.schedules import VIRTUAL, chunks_per_rank, too_few_chunks
 
@@ -586,7 +586,7 @@ def runner_config(shape: Any, layout: Any, strategy: str | None = None) -> Any:
     if problems:
         hint = (f" (give --global-batch {L.micro_batch * dims.dp * L.pp} or more)"
                 if L.pp > 1 and num_micro < L.pp else "")
-        raise MgbenchError("; ".join(problems) + hint)
+        raise MgbenchError(joined_problems(problems) + hint)
     from ..config import FP8_RECIPES as RUNNER_FP8_RECIPES
 
     if L.fp8_recipe is not None and L.fp8_recipe not in RUNNER_FP8_RECIPES:

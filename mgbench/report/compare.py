@@ -138,12 +138,18 @@ def correctness_regression(base: dict[str, Any], new: dict[str, Any]) -> str | N
     return None
 
 
-def significance(base: dict[str, Any], new: dict[str, Any]) -> tuple[float, str]:
-    """p-value of "same distribution" for two records' step times, and what it was computed on."""
+def significance(base: dict[str, Any], new: dict[str, Any]) -> tuple[float | None, str]:
+    """p-value of "same distribution" for two records' step times, and what it was
+    computed on; None (no test: the threshold alone decides, as for one value a run) where
+    a run has fewer steps than the test needs."""
     bw, nw = base.get("repeat_medians_s") or [], new.get("repeat_medians_s") or []
     if len(bw) >= MIN_WINDOWS and len(nw) >= MIN_WINDOWS:
         return stats.mann_whitney_u(bw, nw)[1], f"window medians ({len(bw)} vs {len(nw)})"
-    return (stats.mann_whitney_u(base.get("step_times_s") or [], new.get("step_times_s") or [])[1],
+    bs, ns = base.get("step_times_s") or [], new.get("step_times_s") or []
+    if min(len(bs), len(ns)) < stats.MIN_TEST_SAMPLES:
+        return None, (f"no test: {len(bs)} vs {len(ns)} measured steps, fewer than {stats.MIN_TEST_SAMPLES} a run, so "
+                      f"the threshold alone decides (raise measured_steps)")
+    return (stats.mann_whitney_u(bs, ns)[1],
             f"steps (fewer than {MIN_WINDOWS} windows; correlated in time, so p is optimistic: set rounds = {MIN_WINDOWS})")
 
 

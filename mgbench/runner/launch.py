@@ -159,6 +159,7 @@ def create_run(suite: Suite, results_dir: str | Path, run_id: str | None, device
         "started_at": dt.datetime.now().isoformat(timespec="seconds"),
         "finished_at": None,
         "argv": argv or sys.argv,
+        "pid": os.getpid(),  # the mgbench process: `mgbench status` tells a killed run from a running one
         "suite": {"name": suite.name, "description": suite.description, "path": suite.path,
                   "sha256": suite.sha256, "text": suite.text, "sweeps": suite.sweeps},
         "device_kind": device_kind,

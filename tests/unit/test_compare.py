@@ -89,6 +89,22 @@ def test_few_windows_fall_back_to_steps():
     assert p == stats.mann_whitney_u(a["step_times_s"], b["step_times_s"])[1]
 
 
+def test_too_few_steps_to_test_leave_the_threshold_to_decide_and_the_gate_bites(tmp_path):
+    """A run of 4 measured steps (smoke's, until 2026-11-27) cannot be tested: p was
+    reported as 1.0, so a 54% slowdown read as noise and passed a --fail-on gate."""
+    cfg = make_config(strategy="ddp", nproc=2)
+    make_run(tmp_path, "a", [make_record(cfg, "a", step_times_s=[0.10, 0.11, 0.10, 0.12])])
+    make_run(tmp_path, "b", [make_record(cfg, "b", step_times_s=[0.23, 0.22, 0.24, 0.23])])
+    row = compare_runs("a", "b", tmp_path, metric="tokens_per_s")[0]
+    assert row["p_value"] is None and row["p_basis"].startswith("no test: 4 vs 4 measured steps")
+    assert row["verdict"] == "worse" and row["change_pct"] < -50
+    assert "(no test)" in gate_failures([row], [Gate("tokens_per_s", -5.0)])[0]
+    # Within the threshold, no verdict either way (negative control).
+    make_run(tmp_path, "c", [make_record(cfg, "c", step_times_s=[0.105, 0.11, 0.10, 0.115])])
+    near = compare_runs("a", "c", tmp_path, metric="tokens_per_s")[0]
+    assert near["verdict"] == "~" and gate_failures([near], [Gate("tokens_per_s", -5.0)]) == []
+
+
 def test_peak_memory_has_no_test_and_the_threshold_decides(tmp_path):
     for run_id, gib in (("a", 2.0), ("b", 2.1), ("c", 2.6)):
         make_run(tmp_path, run_id, [make_record(make_config(strategy="ddp", nproc=2), run_id, mem_peak_gib=gib,

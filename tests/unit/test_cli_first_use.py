@@ -1,0 +1,115 @@
+"""The benchmark side as a first user met it (a reviewer's read-only pass, each item
+reproduced): a sweep that can run nothing, failed configs and --strict, the newest run,
+a killed run's status, click's own errors, comm's bounds, machine-readable output, a
+comm run in `show`, and the table's numbers."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from mgbench import store
+from mgbench.cli import main
+from mgbench.show import number
+from tests.factories import make_config, make_record, make_run
+
+
+def _run(args, **kw):
+    return CliRunner().invoke(main, args, **kw)
+
+
+def test_a_sweep_that_can_run_nothing_is_one_line_exit_2_and_writes_no_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = _run(["run", "smoke", "--set", "strategy=tp", "--set", "nproc=3", "--device", "cpu"])
+    assert r.exit_code == 2 and "nothing to run: every one of the 1 configs is skipped" in r.output
+    # The runner's reasons said once per layout, not once per reason.
+    assert r.output.count("on world size 3") == 1 and "does not divide the 4 attention heads" in r.output
+    assert not (tmp_path / "results").exists()
+    ok = _run(["run", "smoke", "--set", "strategy=tp", "--set", "nproc=2", "--device", "cpu", "--dry-run"])
+    assert ok.exit_code == 0 and "1 runnable" in ok.output  # negative control: a layout that runs
+    js = json.loads(_run(["run", "smoke", "--device", "cpu", "--dry-run", "--json"]).output)
+    assert js["suite"] == "smoke" and all({"config_id", "label", "skip_reason"} <= set(c) for c in js["configs"])
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_failed_configs_are_named_and_strict_exits_1(tmp_path, monkeypatch, strict):
+    import mgbench.runner.launch as launch
+
+    cfg, bad = make_config(strategy="ddp", nproc=2), make_config(strategy="fsdp", nproc=2)
+    rd = make_run(tmp_path / "results", "r", [make_record(cfg, "r", step_times_s=[0.1] * 6),
+                                              make_record(bad, "r", status="error", error="rank 1: boom")],
+                  status="complete", suite={"name": "smoke"})
+    monkeypatch.setattr(launch, "run_suite", lambda *a, **k: rd.path)
+    monkeypatch.setattr("mgbench.show.render", lambda run_dir, fmt="table": "table")
+    args = ["run", "smoke", "--device", "cpu", "--no-report", "--no-projection", "--results-dir",
+            str(tmp_path / "results"), *(["--strict"] if strict else [])]
+    r = _run(args)
+    assert "1 config(s) failed (1 error)" in r.output
+    assert r.exit_code == (1 if strict else 0), r.output
+
+
+def test_show_and_status_take_the_run_that_started_last(tmp_path):
+    root = tmp_path / "results"
+    make_run(root, "slow", started_at="2026-11-27T10:00:00", status="complete")
+    make_run(root, "20261127-110000-smoke-ab12", started_at="2026-11-27T11:00:00", status="complete")
+    assert store.latest_run(root).name == "20261127-110000-smoke-ab12"  # "slow" sorts last by name only
+    r = _run(["status", "--results-dir", str(root)])
+    assert r.exit_code == 0 and "20261127-110000-smoke-ab12" in r.output
+
+
+def test_a_killed_runs_status_reads_dead(tmp_path):
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()  # its pid is gone now
+    root = tmp_path / "results"
+    make_run(root, "k", status="running", pid=p.pid, machine={"hostname": socket.gethostname()}, num_configs=3)
+    r = _run(["status", "k", "--results-dir", str(root)])
+    assert "dead (its mgbench process" in r.output and "--resume k" in r.output
+    import os
+
+    make_run(root, "alive", status="running", pid=os.getpid(), machine={"hostname": socket.gethostname()})
+    assert "running" in _run(["status", "alive", "--results-dir", str(root)]).output  # negative control
+    make_run(root, "elsewhere", status="running", pid=p.pid, machine={"hostname": "another-node"})
+    assert "dead" not in _run(["status", "elsewhere", "--results-dir", str(root)]).output
+
+
+@pytest.mark.parametrize("args,words", [
+    (["run", "--timeout", "abc"], "Invalid value for '--timeout': 'abc' is not a valid integer"),
+    (["status", "x", "--bogus"], "No such option '--bogus'"),
+    (["comm", "--iters", "0"], "Invalid value for '--iters': 0 is not in the range x>=1"),
+    (["comm", "--warmup", "-1"], "Invalid value for '--warmup'"),
+])
+def test_clicks_own_errors_are_one_line_and_exit_2(args, words):
+    r = _run(args)
+    assert r.exit_code == 2 and r.output.startswith("mgbench: error: ") and words in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1 and "--help`" in r.output
+
+
+def test_a_comm_run_shows_its_own_table_and_refuses_training_formats(tmp_path):
+    root = tmp_path / "results"
+    rd = make_run(root, "c", kind="comm", status="complete", comm={})
+    (rd.path / "comm.jsonl").write_text("")
+    r = _run(["show", "c", "--json", "--results-dir", str(root)])
+    assert r.exit_code == 2 and "is a `mgbench comm` run" in r.output
+
+
+def test_table_numbers_read_as_the_progress_line_says_them():
+    assert number(15156.3) == "15,156" and number(10020.0) == "10,020" and number(0.012774) == "0.01277"
+    assert number(999.94) == "999.9"
+
+
+def test_show_csv_writes_lists_as_json(tmp_path):
+    root = tmp_path / "results"
+    cfg = make_config(strategy="ddp", nproc=2)
+    make_run(root, "r", [make_record(cfg, "r", step_times_s=[0.1, 0.2, 0.1, 0.1, 0.1, 0.1])], status="complete",
+             suite={"name": "smoke"})
+    import csv
+    import io
+
+    out = _run(["show", "r", "--csv", "--results-dir", str(root)]).output
+    row = next(csv.DictReader(io.StringIO(out)))
+    assert json.loads(row["step_times_s"]) == [0.1, 0.2, 0.1, 0.1, 0.1, 0.1]
