@@ -364,7 +364,7 @@ def model_shape(name: str) -> ModelShape:
     if name not in presets:
         hint = closest(name, presets)
         raise MgbenchError(
-            f"unknown model preset {name!r}" + (f"; did you mean {' or '.join(hint)}?" if hint else "")
+            f"unknown model preset {name!r}" + (f"; did you mean {' or '.join(hint)}?" if hint else ".")
             + f" Choose one of: {', '.join(presets)}, or give explicit dims {{layers, hidden, heads, ffn_hidden, vocab}}"
         )
     fields = {k: v for k, v in presets[name].items() if k != "source"}

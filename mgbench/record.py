@@ -104,6 +104,7 @@ class Record:
     step_time_max_s: float | None = figure("s", "slowest step")
     step_time_ci95_low_s: float | None = figure("s", "95% confidence interval of the median, low")
     step_time_ci95_high_s: float | None = figure("s", "95% confidence interval of the median, high")
+    step_time_ci95_reason: str | None = figure("", "why the interval is null (too few measured steps)")
     step_times_s: list[float] | None = figure("s", "every measured step")
     num_steps_measured: int | None = figure("count", "measured steps over all windows and rounds")
     repeat_medians_s: list[float] | None = figure("s", "median of each measured window (compare tests these)")
@@ -201,7 +202,8 @@ class Record:
     energy_device_match: list[str | None] | None = figure("", "per rank: how its energy meter found its device "
                                                           "(NVML by PCI bus id, UUID or index)")
     energy_method: str | None = figure("", "nvml_counter | nvml_power_sampling | rapl | none")
-    energy_reason: str | None = figure("", "why energy is null")
+    energy_reason: str | None = figure("", "why energy is null, and with it power_w, power_w_per_device and "
+                                           "energy_per_token_j (all read from the same counter)")
     # losses and the correctness check
     losses: list[float] | None = figure("nats", "global loss of every warm-up and measured step")
     loss_first: float | None = figure("nats", "first step's loss")

@@ -67,6 +67,19 @@ def _ms(seconds: float) -> str:
     return f"{ms:.3g}" if ms < 100 else f"{ms:,.0f}"  # 0.251, 19, 805, 1,474: never 1.47e+03
 
 
+# A median step time whose 95% interval is wider than this share of it is called noisy.
+NOISY_CI_PCT = 10.0
+
+
+def noise_pct(r: Any) -> float | None:
+    """The width of a record's 95% interval of the median step time, in % of the median
+    (None where it has none: too few steps, or no timing); a dict or a pandas row."""
+    med, lo, hi = (r.get(k) for k in ("step_time_s", "step_time_ci95_low_s", "step_time_ci95_high_s"))
+    if not med or any(v is None or (isinstance(v, float) and math.isnan(v)) for v in (lo, hi)):
+        return None
+    return 100.0 * (hi - lo) / med
+
+
 def input_bound_note(r: dict[str, Any]) -> str:
     """What an input-bound config means and what to try."""
     return (f"input-bound: waits {_ms(r['data_wait_s'])} ms per step for data, {100 * r['data_wait_fraction']:.0f}% "
@@ -130,6 +143,13 @@ def render(run_dir: Path, fmt: str = "table") -> str:
     notes += [f"  {r['config_id']}: negative control: {control_verdict(r)}" for r in records if r["status"] == "checked"]
     notes += [f"  {r['config_id']}: {input_bound_note(r)}" for r in records if r.get("input_bound")]
     notes += [f"  {r['config_id']}: {r['ranks_warning']}" for r in records if r.get("ranks_warning")]
+    notes += [f"  {r['config_id']}: noisy: the median step time's 95% interval is {w:.0f}% of it (above "
+              f"{NOISY_CI_PCT:.0f}%); raise measured_steps, or set rounds = 5, before comparing it"
+              for r in records if r["status"] == "ok" and (w := noise_pct(r)) is not None and w > NOISY_CI_PCT]
+    crowded = sorted({r["rank_spread_reason"].split(":")[0] for r in records
+                      if r["status"] == "ok" and "cores" in str(r.get("rank_spread_reason") or "")})
+    notes += [f"  ranks share this host's cores ({c}): timings of such configs are the machine's contention as "
+              "much as the strategy's" for c in crowded]
     notes += [f"  {r['config_id']}: straggler rank(s) {r['straggler_ranks']}: busy "
               + ", ".join(f"{b * 1000:.1f}" for b in r["per_rank_busy_s"]) + " ms/step per rank "
               f"(spread {r['rank_spread_pct']:.0f}%)" for r in records if r.get("straggler_ranks")]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Sequence
+from typing import Any, Sequence
 
 
 def percentile(xs: Sequence[float], q: float) -> float:
@@ -72,10 +72,15 @@ STEP_TIME_FIELDS = {"median": "step_time_s", "p10": "step_time_p10_s", "p90": "s
                     "max": "step_time_max_s", "ci95_low": "step_time_ci95_low_s", "ci95_high": "step_time_ci95_high_s"}
 
 
-def step_time_fields(xs: Sequence[float]) -> dict[str, float | None]:
-    """The record's step-time statistics of ``xs`` (seconds), by field name."""
+def step_time_fields(xs: Sequence[float]) -> dict[str, Any]:
+    """The record's step-time statistics of ``xs`` (seconds), by field name; where the
+    median's confidence interval is null, ``step_time_ci95_reason`` says why."""
     s = summarize(xs)
-    return {field: s[key] for key, field in STEP_TIME_FIELDS.items()}
+    out: dict[str, Any] = {field: s[key] for key, field in STEP_TIME_FIELDS.items()}
+    if xs and s["ci95_low"] is None:
+        out["step_time_ci95_reason"] = (f"{len(xs)} measured steps: the median's 95% interval from order statistics "
+                                        "needs 6 or more (raise measured_steps)")
+    return out
 
 
 # Samples per side from which the Mann-Whitney U normal approximation is used.

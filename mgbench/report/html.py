@@ -12,7 +12,7 @@ import pandas as pd
 
 from .. import __version__, store
 from ..record import control_verdict
-from ..show import input_bound_note
+from ..show import NOISY_CI_PCT, input_bound_note, noise_pct
 from . import figures
 
 CSS = """
@@ -65,12 +65,12 @@ def warnings(df: pd.DataFrame) -> list[str]:
         if r.get("correct") is False:
             out.append(f"{label}: INCORRECT — {r.get('correct_reason')}; its throughput is not a result")
         med = r.get("step_time_s")
-        lo, hi = r.get("step_time_ci95_low_s"), r.get("step_time_ci95_high_s")
-        if med and lo is not None and hi is not None and pd.notna(lo) and (hi - lo) / med > 0.10:
-            shared.setdefault("noisy: the 95% CI of the median step time is wider than 10% of it; raise "
-                              "measured_steps, or set rounds = 5 on a shared machine, before comparing these",
-                              []).append(
-                f"{label} ({100 * (hi - lo) / med:.0f}%)")
+        lo = r.get("step_time_ci95_low_s")
+        width = noise_pct(r)
+        if width is not None and width > NOISY_CI_PCT:
+            shared.setdefault(f"noisy: the 95% CI of the median step time is wider than {NOISY_CI_PCT:.0f}% of it; "
+                              "raise measured_steps, or set rounds = 5 on a shared machine, before comparing these",
+                              []).append(f"{label} ({width:.0f}%)")
         elif med and (lo is None or pd.isna(lo)):
             shared.setdefault("fewer than 6 measured steps, so no confidence interval; raise measured_steps", []).append(
                 str(label))

@@ -421,7 +421,7 @@ def rank_spread(cfg: RunConfig, per_rank: list[RankFigures], device: torch.devic
     CPU ranks; on GPUs kernels run asynchronously and it is null with the reason.
     """
     if len(per_rank) < 2:
-        return {}
+        return {"rank_spread_reason": "one rank: no spread between ranks to measure"}
     if device.type != "cpu":
         return {"per_rank_busy_s": None, "rank_spread_pct": None, "straggler_ranks": None,
                 "rank_spread_reason": "busy time is read from thread CPU time, which only works on CPU ranks"}

@@ -113,3 +113,19 @@ def test_show_csv_writes_lists_as_json(tmp_path):
     out = _run(["show", "r", "--csv", "--results-dir", str(root)]).output
     row = next(csv.DictReader(io.StringIO(out)))
     assert json.loads(row["step_times_s"]) == [0.1, 0.2, 0.1, 0.1, 0.1, 0.1]
+
+
+def test_show_notes_a_noisy_median_and_ranks_sharing_cores(tmp_path):
+    from mgbench.show import render
+
+    root = tmp_path / "results"
+    noisy, quiet = make_config(strategy="ddp", nproc=2), make_config(strategy="fsdp", nproc=2)
+    rd = make_run(root, "r", [
+        make_record(noisy, "r", step_times_s=[0.1] * 6, step_time_s=0.1, step_time_ci95_low_s=0.08,
+                    step_time_ci95_high_s=0.12, rank_spread_reason="4 ranks x 1 thread(s) on 2 cores: a rank ..."),
+        make_record(quiet, "r", step_times_s=[0.1] * 6, step_time_s=0.1, step_time_ci95_low_s=0.099,
+                    step_time_ci95_high_s=0.101)], status="complete", suite={"name": "smoke"}, machine={})
+    text = render(rd.path)
+    assert f"{noisy.config_id}: noisy: the median step time's 95% interval is 40% of it" in text
+    assert f"{quiet.config_id}: noisy" not in text  # 2%: not noisy
+    assert "ranks share this host's cores (4 ranks x 1 thread(s) on 2 cores)" in text

@@ -65,6 +65,9 @@ def test_step_time_fields_are_declared_record_fields_with_the_summary_values():
 
     declared = {f.name for f in dataclasses.fields(Record)}
     got = stats.step_time_fields([4.0, 1.0, 3.0, 2.0])
-    assert set(got) <= declared and len(got) == len(stats.STEP_TIME_FIELDS)
+    assert set(got) <= declared and len(got) == len(stats.STEP_TIME_FIELDS) + 1
     assert got["step_time_s"] == 2.5 and got["step_time_min_s"] == 1.0 and got["step_time_max_s"] == 4.0
     assert got["step_time_mean_s"] == 2.5 and got["step_time_ci95_low_s"] is None  # fewer than 6 samples
+    assert got["step_time_ci95_reason"].startswith("4 measured steps")  # and why
+    six = stats.step_time_fields([4.0, 1.0, 3.0, 2.0, 5.0, 6.0])
+    assert six["step_time_ci95_low_s"] is not None and "step_time_ci95_reason" not in six
