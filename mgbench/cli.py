@@ -547,8 +547,23 @@ def status(run: str | None, results_dir: str, as_json: bool) -> None:
     run_status = m.get("status")
     if run_status == "running" and not job and _process_gone(m):
         run_status = f"dead (its mgbench process {m['pid']} is gone; resume with `mgbench run --resume {m['run_id']}`)"
+    running = []  # what the ranks are on now: the progress files the workers keep (runner/worker.mark_started)
+    if run_status == "running":
+        import json as _j
+        import time as _t
+
+        done = {r["config_id"] for r in store.latest_records(store.read_records(run_dir))}
+        for f in sorted(store.RunDir(run_dir).progress_dir.glob("*.json")):
+            try:
+                cur = _j.loads(f.read_text())
+            except (OSError, ValueError):
+                continue
+            if cur.get("config_id") not in done:
+                running.append({"config_id": cur.get("config_id"), "seconds": round(_t.time() - cur["started"], 1),
+                                "round": cur.get("round"), "rounds": cur.get("rounds")})
     out = {"run_id": m["run_id"], "status": run_status, "slurm_job": job, "slurm_state": state,
-           "num_configs": m.get("num_configs"), "recorded": sum(counts.values()), "counts": dict(counts)}
+           "num_configs": m.get("num_configs"), "recorded": sum(counts.values()), "counts": dict(counts),
+           "running": running}
     if as_json:
         click.echo(_json.dumps(out, indent=2))
         return
@@ -558,6 +573,9 @@ def status(run: str | None, results_dir: str, as_json: bool) -> None:
         return
     click.echo(f"{out['recorded']} of {out['num_configs']} configs recorded: "
                + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none yet"))
+    for r in running:
+        click.echo(f"running now: {r['config_id']}, {r['seconds']:.0f} s so far"
+                   + (f" (round {r['round']} of {r['rounds']})" if (r.get("rounds") or 1) > 1 else ""))
 
 
 def _process_gone(manifest: dict[str, Any]) -> bool:

@@ -45,6 +45,7 @@ from ..telemetry.interconnect import detect
 from ..telemetry.machine import fingerprint
 
 Progress = Callable[[str], None]
+HEARTBEAT_S = 30.0  # seconds between "still running" lines of one long config
 STARTUP_LIMIT_S = 300  # a job that has not started its first config by then is stuck
 
 
@@ -342,6 +343,7 @@ def _run_group(run_dir: RunDir, run_id: str, gi: int, nproc: int, device: str, g
                                     preexec_fn=die_with_parent)
             t_launch = time.monotonic()
             shown_round, t_round1 = 0, 0.0
+            beat_id, t_beat = None, time.monotonic()  # the config last heard of, and when
             while True:
                 rc = proc.poll()
                 yield from _new_records(tail, remaining, seen)
@@ -356,6 +358,14 @@ def _run_group(run_dir: RunDir, run_id: str, gi: int, nproc: int, device: str, g
                         f", ETA {_fmt_s((now - t_round1) / (shown_round - 1) * (cur['rounds'] - shown_round + 1))}"
                     progress(f"round {shown_round}/{cur['rounds']} of {len(remaining)} config(s) "
                              f"(elapsed {_fmt_s(now - t_launch)}{eta})")
+                if cur and cur["config_id"] != beat_id:
+                    beat_id, t_beat = cur["config_id"], time.monotonic()
+                elif cur and cur["config_id"] in by_id and time.monotonic() - t_beat >= HEARTBEAT_S:
+                    # A long config says it is alive, as nccl-tests and torchtitan print as they go.
+                    t_beat = time.monotonic()
+                    c = by_id[cur["config_id"]]
+                    progress(f"  still running {c.label}: {_fmt_s(time.time() - cur['started'])} so far "
+                             f"(stopped as timeout at {_fmt_s(c.timeout_s)})")
                 if stop.signal:
                     killed_for = "interrupted"
                 elif cur and cur["config_id"] not in seen and cur["config_id"] in by_id \

@@ -129,3 +129,49 @@ def test_show_notes_a_noisy_median_and_ranks_sharing_cores(tmp_path):
     assert f"{noisy.config_id}: noisy: the median step time's 95% interval is 40% of it" in text
     assert f"{quiet.config_id}: noisy" not in text  # 2%: not noisy
     assert "ranks share this host's cores (4 ranks x 1 thread(s) on 2 cores)" in text
+
+
+def test_status_names_the_config_running_now(tmp_path):
+    import os
+    import time
+
+    root = tmp_path / "results"
+    done, now = make_config(strategy="ddp", nproc=2), make_config(strategy="fsdp", nproc=2)
+    rd = make_run(root, "live", [make_record(done, "live", step_times_s=[0.1] * 6)], status="running",
+                  pid=os.getpid(), machine={"hostname": socket.gethostname()}, num_configs=2)
+    (rd.path / "progress" / "g.json").write_text(json.dumps({"config_id": now.config_id, "started": time.time() - 42,
+                                                             "round": 1, "rounds": 1}))
+    out = _run(["status", "live", "--results-dir", str(root)]).output
+    assert f"running now: {now.config_id}, 4" in out
+    # A config already recorded is not running (its progress file is the last one written).
+    (rd.path / "progress" / "g.json").write_text(json.dumps({"config_id": done.config_id, "started": time.time(),
+                                                             "round": 1, "rounds": 1}))
+    assert "running now" not in _run(["status", "live", "--results-dir", str(root)]).output
+
+
+# A torchrun stand-in: starts the job's first config (as worker.mark_started does), runs
+# 1.5 s and ends without a record.
+FAKE_LONG_CONFIG = """
+import json, os, pathlib, sys, time
+job = json.loads(pathlib.Path(sys.argv[1]).read_text())
+path = pathlib.Path(job["run_dir"]) / "progress" / (os.environ.get("MGBENCH_GROUP", "group") + ".json")
+path.write_text(json.dumps({"config_id": job["configs"][0]["config_id"], "started": time.time(), "round": 1,
+                            "rounds": 1}))
+time.sleep(1.5)
+"""
+
+
+def test_a_long_config_says_it_is_still_running(tmp_path, monkeypatch):
+    from mgbench.runner import launch
+    from mgbench.store import RunDir
+
+    assert 10 <= launch.HEARTBEAT_S <= 60  # a line at least every minute, not a flood
+    monkeypatch.setattr(launch, "HEARTBEAT_S", 0.4)
+    monkeypatch.setattr(launch, "torchrun_argv", lambda nproc, job_path, log_dir, **kw:
+                        [sys.executable, "-c", FAKE_LONG_CONFIG, str(job_path)])
+    cfg = make_config(strategy="ddp", nproc=2)
+    said: list[str] = []
+    list(launch._run_group(RunDir.create(tmp_path, "r"), "r", 0, 2, "cpu", [cfg], launch.StopFlag(), said.append))
+    beats = [m for m in said if m.startswith("  still running")]
+    assert beats and cfg.label in beats[0] and "so far" in beats[0], said
+    assert len(beats) <= 4  # one every 0.4 s of a 1.5 s config
