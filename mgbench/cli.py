@@ -65,7 +65,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 @main.command()
 @click.argument("suite", required=False, default="default")
 @options(RESULTS_DIR, RUN_ID, OVERRIDES, DEVICE)
-@click.option("--timeout", type=int, default=None, metavar="S",
+@click.option("--timeout", type=click.IntRange(min=1), default=None, metavar="S",
               help="Seconds a config may run before it is stopped and recorded as timeout (suite key timeout_s).")
 @click.option("--resume", default=None, metavar="RUN",
               help="Continue an interrupted or killed run (run id or folder): run only the configs it lacks.")
@@ -135,7 +135,11 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
     if resume:
         if suite != "default" or overrides or run_id:
             raise MgbenchError("--resume continues a run as it was defined: give no SUITE, --set, --timeout or --run-id")
-        s = suite_mod.suite_from_manifest(store.read_manifest(store.resolve_run(resume, results_dir)))
+        resumed = store.read_manifest(store.resolve_run(resume, results_dir))
+        if resumed.get("status") == "complete":
+            click.echo(f"nothing to resume: run {resumed['run_id']} is complete (`mgbench show {resumed['run_id']}`)")
+            return
+        s = suite_mod.suite_from_manifest(resumed)
     else:
         s = suite_mod.load_suite(suite, kind)
     if overrides:

@@ -175,3 +175,14 @@ def test_a_long_config_says_it_is_still_running(tmp_path, monkeypatch):
     beats = [m for m in said if m.startswith("  still running")]
     assert beats and cfg.label in beats[0] and "so far" in beats[0], said
     assert len(beats) <= 4  # one every 0.4 s of a 1.5 s config
+
+
+def test_resuming_a_complete_run_changes_nothing(tmp_path):
+    root = tmp_path / "results"
+    rd = make_run(root, "done", status="complete", suite={"name": "smoke"})
+    before = (rd.path / "manifest.json").read_text()
+    r = _run(["run", "--resume", "done", "--results-dir", str(root)])
+    assert r.exit_code == 0 and "nothing to resume: run done is complete" in r.output
+    assert (rd.path / "manifest.json").read_text() == before
+    bad = _run(["run", "--timeout", "0"])
+    assert bad.exit_code == 2 and "'--timeout': 0 is not in the range x>=1" in bad.output
