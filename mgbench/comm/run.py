@@ -101,9 +101,23 @@ def run_comm(nproc: int, device: str, collectives: list[str], dtypes: list[str],
                     counts={"rows": len(rows), "wrong": sum(r["wrong"] for r in rows)})
     store.write_manifest(run_dir, manifest)
     if status != "complete":
-        tail = " | ".join(log.read_text(errors="replace").splitlines()[-3:])
-        raise MgbenchError(f"mgbench comm {status} (results so far in {run_dir}): {tail[-400:]}")
+        why = rank_error(run_dir.rank_logs(JOB_TAG)) or " | ".join(log.read_text(errors="replace").splitlines()[-3:])
+        raise MgbenchError(f"mgbench comm {status} (results so far in {run_dir}; logs in {log.parent}): {why[-400:]}")
     return run_dir.path
+
+
+def rank_error(rank_logs: Path) -> str | None:
+    """The exception a rank died of, as its stderr's last "SomethingError: ..." line
+    (torchrun's own summary names no cause: "error_file: <N/A>"), prefixed with the
+    rank's folder; None where no rank wrote one."""
+    import re
+
+    for f in sorted(rank_logs.glob("**/stderr.log")):
+        lines = [ln for ln in f.read_text(errors="replace").splitlines()
+                 if re.match(r"^[\w.]*(Error|Exception)\b.*:", ln.strip())]
+        if lines:
+            return f"rank {f.parent.name}: {lines[-1].strip()}"
+    return None
 
 
 def _follow_comm(cluster: Cluster, run_dir: RunDir, device: str, timeout_s: int) -> Path:

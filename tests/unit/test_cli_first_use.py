@@ -186,3 +186,14 @@ def test_resuming_a_complete_run_changes_nothing(tmp_path):
     assert (rd.path / "manifest.json").read_text() == before
     bad = _run(["run", "--timeout", "0"])
     assert bad.exit_code == 2 and "'--timeout': 0 is not in the range x>=1" in bad.output
+
+
+def test_a_failed_comm_rank_is_named_with_its_exception(tmp_path):
+    from mgbench.comm.run import rank_error
+
+    d = tmp_path / "logs" / "rdzv" / "attempt_0" / "1"
+    d.mkdir(parents=True)
+    (d / "stderr.log").write_text("Traceback (most recent call last):\n  File x\n"
+                                  "TypeError: unsupported operand type(s) for /: 'int' and 'NoneType'\n")
+    assert rank_error(tmp_path / "logs") == "rank 1: TypeError: unsupported operand type(s) for /: 'int' and 'NoneType'"
+    assert rank_error(tmp_path / "nothing") is None
