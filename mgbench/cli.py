@@ -14,6 +14,11 @@ from .collectives import NAMES as COLLECTIVE_NAMES
 from .errors import MgbenchError
 
 
+# click >= 8.2 raises this for a group run without a command (it shows the help); older
+# clicks print the help themselves.
+NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 class Group(click.Group):
     """Turns MgbenchError into one line on stderr and exit status 2 (no traceback
     unless --debug); click's own usage errors (an unknown option, a value of the wrong
@@ -24,6 +29,9 @@ class Group(click.Group):
             return super().main(*args, **kwargs)
         try:
             return super().main(*args, **{**kwargs, "standalone_mode": False})
+        except NO_ARGS_IS_HELP as e:  # `mgbench` alone: the help, as click shows it
+            e.show()
+            sys.exit(e.exit_code)
         except click.UsageError as e:
             where = e.ctx.command_path if e.ctx is not None else "mgbench"
             click.echo(f"mgbench: error: {e.format_message()} (see `{where} --help`)", err=True)

@@ -197,3 +197,8 @@ def test_a_failed_comm_rank_is_named_with_its_exception(tmp_path):
                                   "TypeError: unsupported operand type(s) for /: 'int' and 'NoneType'\n")
     assert rank_error(tmp_path / "logs") == "rank 1: TypeError: unsupported operand type(s) for /: 'int' and 'NoneType'"
     assert rank_error(tmp_path / "nothing") is None
+
+
+def test_mgbench_alone_shows_the_help_not_an_error():
+    r = _run([])
+    assert r.output.startswith("Usage: mgbench") and "mgbench: error" not in r.output
