@@ -12,6 +12,7 @@ from .cli_options import (DEVICE, JSON, METRIC, MODEL, NPROC_PER_NODE, OVERRIDES
                           cluster_options, deferred_command, options, plan_group, plan_options_from)
 from .collectives import NAMES as COLLECTIVE_NAMES
 from .errors import MgbenchError
+from .record import FAILED_STATUSES
 
 
 # click >= 8.2 raises this for a group run without a command (it shows the help); older
@@ -87,8 +88,9 @@ def main(ctx: click.Context, debug: bool) -> None:
                    "machine; the default suite probes the machine first when it has no profile).")
 @click.option("--reports-dir", default="reports", show_default=True, help="Where the HTML report goes.")
 @click.option("--strict", is_flag=True,
-              help="Exit 1 when a config ends in error, oom or timeout (for CI). Without it such configs are "
-                   "recorded with their reason and the sweep exits 0: a failed config is a result.")
+              help="Exit 1 when a config ends in error, oom or timeout, or computes a loss that differs from the "
+                   "single-process reference (for CI). Without it such configs are recorded with their reason and "
+                   "the sweep exits 0: a failed config is a result.")
 @options(JSON)
 def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, ...], device: str,
         timeout: int | None, resume: str | None, dry_run: bool, nnodes: int, node_rank: int,
@@ -210,18 +212,16 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
 
     if store.read_manifest(run_dir)["status"] == "interrupted":
         sys.exit(130)
-    failed = [r for r in store.latest_records(store.read_records(run_dir)) if r["status"] in FAILED_STATUSES]
-    if failed:
-        counts = ", ".join(f"{sum(r['status'] == s for r in failed)} {s}" for s in FAILED_STATUSES
-                           if any(r["status"] == s for r in failed))
-        click.echo(f"{len(failed)} config(s) failed ({counts}): their reasons are in the table and in "
+    recs = store.latest_records(store.read_records(run_dir))
+    failed = [r for r in recs if r["status"] in FAILED_STATUSES]
+    wrong = [r for r in recs if r["status"] == "ok" and r.get("correct") is False]
+    if failed or wrong:
+        kinds = [(s, sum(r["status"] == s for r in failed)) for s in FAILED_STATUSES] + [("wrong result", len(wrong))]
+        counts = ", ".join(f"{n} {s}" for s, n in kinds if n)
+        click.echo(f"{len(failed) + len(wrong)} config(s) failed ({counts}): their reasons are in the table and in "
                    f"{run_dir / 'records.jsonl'}" + ("" if strict else "; --strict makes that exit 1"), err=True)
         if strict:
             sys.exit(1)
-
-
-# Record statuses of a config that ran and did not finish (record.py STATUSES).
-FAILED_STATUSES = ("error", "oom", "timeout")
 
 
 def _probe_once(kind: str, results_dir: str, progress) -> None:  # type: ignore[no-untyped-def]
@@ -344,7 +344,8 @@ def compare(base: str, new: str, results_dir: str, metric: str, threshold: float
     """Compare two runs of the same suite config by config.
 
     A change is flagged (better / worse) only when it is significant (Mann-Whitney U,
-    p < 0.05) AND at least --threshold percent; otherwise `~`. Peak memory and energy per
+    p < 0.05) AND at least --threshold percent; otherwise `~`. A run of fewer than 5
+    measured steps cannot be tested: p is `-` and the threshold alone decides. Peak memory and energy per
     token are one value per run: no test applies, the threshold alone decides. The test runs on the medians
     of the measured windows when each run has 5 or more (suite keys `rounds` x `repeats`),
     else on raw step times, whose p-values are optimistic because neighbouring steps share
@@ -410,7 +411,8 @@ def compare(base: str, new: str, results_dir: str, metric: str, threshold: float
 @click.option("--iters", type=click.IntRange(min=1), default=None, help="Timed iterations per size.")
 @click.option("--link", default=None, help="Catalog link to compare busbw with (default: the detected one).")
 @options(RESULTS_DIR, RUN_ID)
-@click.option("--timeout", type=int, default=900, show_default=True, help="Seconds before the sweep is stopped.")
+@click.option("--timeout", type=click.IntRange(min=1), default=900, show_default=True,
+              help="Seconds before the sweep is stopped.")
 @cluster_options
 @options(JSON)
 def comm(nproc, device, collectives, dtypes, min_bytes, max_bytes, factor, warmup, iters, link, results_dir,
@@ -556,9 +558,11 @@ def status(run: str | None, results_dir: str, as_json: bool) -> None:
     job = (m.get("slurm") or {}).get("job_id")
     state = job_state(job) if job else None
     counts = Counter(r["status"] for r in store.latest_records(store.read_records(run_dir)))
-    run_status = m.get("status")
+    run_status, status_reason = m.get("status"), None
     if run_status == "running" and not job and _process_gone(m):
-        run_status = f"dead (its mgbench process {m['pid']} is gone; resume with `mgbench run --resume {m['run_id']}`)"
+        run_status = "dead"
+        status_reason = (f"the manifest says running, but its mgbench process {m['pid']} on this host is gone; resume "
+                         f"with `mgbench run --resume {m['run_id']}`")
     running = []  # what the ranks are on now: the progress files the workers keep (runner/worker.mark_started)
     if run_status == "running":
         import json as _j
@@ -573,13 +577,15 @@ def status(run: str | None, results_dir: str, as_json: bool) -> None:
             if cur.get("config_id") not in done:
                 running.append({"config_id": cur.get("config_id"), "seconds": round(_t.time() - cur["started"], 1),
                                 "round": cur.get("round"), "rounds": cur.get("rounds")})
-    out = {"run_id": m["run_id"], "status": run_status, "slurm_job": job, "slurm_state": state,
+    out = {"run_id": m["run_id"], "status": run_status, "status_reason": status_reason, "slurm_job": job,
+           "slurm_state": state,
            "num_configs": m.get("num_configs"), "recorded": sum(counts.values()), "counts": dict(counts),
            "running": running}
     if as_json:
         click.echo(_json.dumps(out, indent=2))
         return
-    click.echo(f"run {out['run_id']}: {out['status']}" + (f", Slurm job {job}: {state}" if job else ""))
+    click.echo(f"run {out['run_id']}: {out['status']}" + (f" ({status_reason})" if status_reason else "")
+               + (f", Slurm job {job}: {state}" if job else ""))
     if m.get("kind") == "comm":
         click.echo(f"a `mgbench comm` sweep: `mgbench show {out['run_id']}` prints its table")
         return

@@ -28,6 +28,8 @@ SCHEMA_VERSION = 5
 # beside the measured tokens_per_step figure.
 CONFIG_RENAMED = {"tokens_per_step": "config_tokens_per_step"}
 STATUSES = ("ok", "checked", "oom", "timeout", "error", "skipped", "interrupted")
+# The statuses of a config that ran and did not finish.
+FAILED_STATUSES = ("error", "oom", "timeout")
 # "checked": a negative control (inject = bug:...) ran its correctness window and nothing
 # else. A deliberately broken config's speed is not a result, so it is not timed; its
 # verdict (correct: false when the check caught the bug) is the whole record.

@@ -79,12 +79,15 @@ def step_time_fields(xs: Sequence[float]) -> dict[str, Any]:
     out: dict[str, Any] = {field: s[key] for key, field in STEP_TIME_FIELDS.items()}
     if xs and s["ci95_low"] is None:
         out["step_time_ci95_reason"] = (f"{len(xs)} measured steps: the median's 95% interval from order statistics "
-                                        "needs 6 or more (raise measured_steps)")
+                                        f"needs {MIN_CI_SAMPLES} or more (raise measured_steps)")
     return out
 
 
 # Samples per side from which the Mann-Whitney U normal approximation is used.
 MIN_TEST_SAMPLES = 5
+# Samples from which the median has a 95% interval from order statistics: the smallest
+# n with P(B <= 0) = 2^-n <= 0.025 for B ~ Binomial(n, 1/2) (median_ci).
+MIN_CI_SAMPLES = 6
 
 
 def mann_whitney_u(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:

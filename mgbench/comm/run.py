@@ -107,16 +107,20 @@ def run_comm(nproc: int, device: str, collectives: list[str], dtypes: list[str],
 
 
 def rank_error(rank_logs: Path) -> str | None:
-    """The exception a rank died of, as its stderr's last "SomethingError: ..." line
-    (torchrun's own summary names no cause: "error_file: <N/A>"), prefixed with the
-    rank's folder; None where no rank wrote one."""
+    """The exception a rank died of (torchrun's own summary names no cause: "error_file:
+    <N/A>"): the first traceback's closing "SomethingError: ..." line in a rank's stderr,
+    prefixed with the rank's folder; teardown noise ("Exception ignored in ...") after it
+    is not the cause. None where no rank wrote a traceback."""
     import re
 
+    exc = re.compile(r"^[\w.]*(Error|Exception|Interrupt)\b.*")
     for f in sorted(rank_logs.glob("**/stderr.log")):
-        lines = [ln for ln in f.read_text(errors="replace").splitlines()
-                 if re.match(r"^[\w.]*(Error|Exception)\b.*:", ln.strip())]
-        if lines:
-            return f"rank {f.parent.name}: {lines[-1].strip()}"
+        in_tb = False
+        for ln in f.read_text(errors="replace").splitlines():
+            if ln.startswith("Traceback (most recent call last)"):
+                in_tb = True
+            elif in_tb and not ln.startswith((" ", "\t")) and exc.match(ln):
+                return f"rank {f.parent.name}: {ln.strip()}"
     return None
 
 

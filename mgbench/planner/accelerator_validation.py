@@ -229,8 +229,8 @@ def baseline(row: dict[str, Any], mfu: float | None = None) -> float:
     if row["metric"] == "ratio":
         return _bf16_peak(row["accelerator"]) / _bf16_peak(row["relative_to"]["accelerator"])
     rate = mfu * _bf16_peak(row["accelerator"])
-    if row["metric"] == "model":
-        return rate / 1e12
+    if row["metric"] == "model":  # in the FLOPs the source counts, as the model's figure is (counted_flops_per_token)
+        return rate / 1e12 * counted_flops_per_token(row) / float(shape_of(row).flops_per_token(row["seq"]))
     return rate / float(shape_of(row).flops_per_token(row["seq"]))
 
 

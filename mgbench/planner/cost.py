@@ -62,8 +62,10 @@ class Prices:
                 raise MgbenchError(f"--prices {extra_file}: malformed TOML: {e}") from None
             for tier in TIERS:
                 for name, entry in user.get(tier, {}).items():
-                    if not isinstance(entry, dict) or not isinstance(entry.get("usd"), (int, float)):
-                        raise MgbenchError(f"--prices {extra_file}: [{tier}.{name}] needs usd = <number>")
+                    usd = entry.get("usd") if isinstance(entry, dict) else None
+                    if not isinstance(usd, (int, float)) or not 0 <= usd < float("inf"):
+                        raise MgbenchError(f"--prices {extra_file}: [{tier}.{name}] needs usd = a finite number, 0 or "
+                                           "more")
                     if (unknown := unpriceable(name)) is not None:
                         raise MgbenchError(f"--prices {extra_file}: [{tier}.{name}]: {unknown}")
                     self.table[tier][name] = {**entry, "source": entry.get("source", extra_file)}
@@ -76,8 +78,8 @@ class Prices:
                 usd = float(value)
             except ValueError:
                 raise MgbenchError(f"--price {item!r}: expected NAME=USD, e.g. --price h100-sxm=2.5") from None
-            if usd < 0:
-                raise MgbenchError(f"--price {item!r}: a price cannot be negative")
+            if not usd >= 0 or usd == float("inf"):  # NaN and infinity too
+                raise MgbenchError(f"--price {item!r}: a price is a finite number, 0 or more")
             if (unknown := unpriceable(name)) is not None:
                 raise MgbenchError(f"--price {item!r}: {unknown}")
             self.table[tier][name] = {"usd": usd, "source": "--price", "illustrative": False}

@@ -60,7 +60,7 @@ def check_front(front_rows: list[dict[str, Any]]) -> None:
 
 def check_premium(premium: float) -> None:
     """One line for a --premium that is not a fraction of the cheapest cost."""
-    if premium < 0:
+    if not premium >= 0:  # NaN too
         raise MgbenchError(f"--premium is a fraction of the cheapest cost, 0 or more: got {premium}")
 
 

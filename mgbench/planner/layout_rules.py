@@ -137,7 +137,8 @@ def _schedule_message(L: Any) -> str:
     """The schedule registry's own reason (strategies/schedules.py), in predict's words."""
     problem = schedule_problem(L.schedule, L.pp, L.num_micro, compile=False)
     if problem is not None:
-        return problem.replace("grad_accum,", "--global-batch / (micro-batch x dp),")
+        return problem.replace("grad_accum,", "--global-batch / (micro-batch x dp),").replace(
+            "set grad_accum >= ", "raise --global-batch so that --global-batch / (micro-batch x dp) >= ")
     unknown = bubble_unknown_reason(L.pp, L.num_micro, L.schedule)
     return (f"--schedule {L.schedule}: {(unknown or 'no known bubble').replace('grad_accum', 'micro-batches per step')}"
             "; raise --global-batch")

@@ -241,13 +241,18 @@ def summary(scored: list[dict[str, Any]] | None = None) -> dict[str, dict[str, A
     return out
 
 
-def conflict_line(other: dict[str, Any]) -> str:
-    """What is said of an unscored row: its other layout's prediction, and where the
-    source states that layout."""
+def conflict_line(scored: dict[str, Any]) -> str:
+    """What is said of an unscored row (a :func:`score` with ``other``): its error as
+    its table lays it out and with its other layout, where the source states that one,
+    and that the rule came after the error was known."""
+    other = scored["other"]
     lay = ", ".join(f"{k} {v}" for k, v in other["layout"].items())
-    got = (f"refused: {other['refused']}" if other["error_pct"] is None
-           else f"{other['predicted']:.0f} ({other['error_pct']:+.1f}%)")
-    return f"unscored; priced with {lay} instead: {got}; {other['why']}"
+
+    def got(r: dict[str, Any]) -> str:
+        return f"refused: {r['refused']}" if r["error_pct"] is None else f"{r['predicted']:.0f} ({r['error_pct']:+.1f}%)"
+
+    return (f"unscored; as tabled {got(scored)}, with {lay} {got(other)}; {other['why']} (the rule that leaves such a "
+            "row unscored was applied to it on 2026-11-27, its tabled error known)")
 
 
 def report(scored: list[dict[str, Any]] | None = None) -> str:
@@ -267,7 +272,7 @@ def report(scored: list[dict[str, Any]] | None = None) -> str:
                          f"{r['error_pct']:>+6.1f}%  {t['compute_s']:>8.2f}  {t['ep_a2a_s']:>7.2f}  "
                          f"{t['ep_comm_s']:>7.2f}  {t['bubble_s']:>7.2f}")
         if "other" in r:
-            lines.append("    " + conflict_line(r["other"]))
+            lines.append("    " + conflict_line(r))
     for split, s in summary(scored).items():
         if s["predicted"]:
             lines.append(f"{split}: {s['predicted']} of {s['rows']} rows predicted, mean |error| "

@@ -50,15 +50,15 @@ class Assumptions:
 
     def check(self) -> None:
         """One line for each value that cannot price anything."""
-        if self.depreciation_years <= 0:
+        if not self.depreciation_years > 0:  # NaN too
             raise MgbenchError(f"--depreciation-years must be positive, got {self.depreciation_years}")
         if not 0 < self.utilisation <= 1:
             raise MgbenchError(f"--utilisation is the share of hours the GPUs train: between 0 and 1, got "
                                f"{self.utilisation}")
         for name in ("electricity_usd_per_kwh", "hosting_usd_per_kw_month"):
-            if getattr(self, name) < 0:
+            if not getattr(self, name) >= 0:
                 raise MgbenchError(f"--{name.replace('_', '-')} cannot be negative")
-        if self.pue < 1:
+        if not self.pue >= 1:
             raise MgbenchError(f"--pue is facility power over IT power: at least 1, got {self.pue}")
 
 

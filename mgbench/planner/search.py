@@ -241,18 +241,25 @@ def largest_prime_factor(n: int) -> int:
 
 
 def batch_note(opts: PlanOptions) -> str | None:
-    """A line where the step's sequences have an odd factor above 7: every layout's micro-
-    batch x data-parallel degree must divide them (Megatron-LM's rule, layout_rules
-    "batch"), so such a batch shuts out most GPU counts; the nearest multiples of 256
-    sequences, which do not, are named. None for a batch without one."""
+    """A line where the step's sequences shut out most GPU counts: every layout's micro-
+    batch x dp must divide them (Megatron-LM's rule, layout_rules "batch"), and a batch
+    whose power-of-two part is below 256 with an odd factor above 7 has few such
+    divisors. The nearest batches on either side whose odd part is 7 or less (2^a x 1, 3,
+    5 or 7, at least 256 sequences) are named. None for a batch without the problem."""
     B = max(1, opts.global_batch_tokens // opts.seq_len)
     largest = largest_prime_factor(B)
-    if largest <= 7:
+    if largest <= 7 or B & -B >= 256:  # B & -B: its power-of-two part
         return None
-    lo, hi = max(256, B // 256 * 256), (B // 256 + 1) * 256
+
+    def opens(n: int) -> bool:
+        return n >= 256 and largest_prime_factor(n) <= 7 and n & -n >= 32
+
+    lo = next((n for n in range(B - 1, 255, -1) if opens(n)), None)
+    hi = next(n for n in range(B + 1, 4 * B + 512) if opens(n))
+    near = " or ".join(f"{n} sequences (--global-batch-tokens {n * opts.seq_len})" for n in (lo, hi) if n)
     return (f"the step's {B} sequences (--global-batch-tokens {opts.global_batch_tokens} / --seq-len {opts.seq_len}) "
             f"have the factor {largest}, and micro-batch x dp must divide them: most GPU counts are shut out; "
-            f"{lo} or {hi} sequences (--global-batch-tokens {lo * opts.seq_len} or {hi * opts.seq_len}) open them")
+            f"{near} open them")
 
 
 def gpu_counts(gpus_per_node: int, max_gpus: int) -> np.ndarray:
@@ -840,7 +847,7 @@ def _server_prices(opts: PlanOptions) -> dict[str, float]:
             usd = float(value)
         except ValueError:
             raise MgbenchError(f"--server-price {item!r}: expected SYSTEM=USD, e.g. dgx-h100=300000") from None
-        if usd <= 0 or name not in hardware.systems():
+        if not 0 < usd < float("inf") or name not in hardware.systems():
             raise MgbenchError(f"--server-price {item!r}: a known system (one of {', '.join(hardware.systems())}) "
                                "and a positive price")
         out[name] = usd

@@ -88,7 +88,7 @@ def print_accelerator_tables() -> None:
                    headers=["run", "family", "split", "metric", "published", "model", "error", "baseline", "error"]))
     for r in scored:
         if "other" in r:
-            print(f"{r['id']}: {conflict_line(r['other'])}")
+            print(f"{r['id']}: {conflict_line(r)}")
 
     table = family_table(scored)
     print(tabulate([[t["family"], t["rows"], t["held_out"]["rows"], _pct(t["held_out"]["model"]["mean_abs_pct"]),
@@ -145,7 +145,7 @@ def family_markdown() -> str:
     unscored = [r for r in scored if "other" in r]
     if unscored:
         rows.append("Not counted, as its source states its layout two ways: " + " ".join(
-            f"`{r['id']}` ({conflict_line(r['other'])})." for r in unscored))
+            f"`{r['id']}` ({conflict_line(r)})." for r in unscored))
     return "\n".join(rows)
 
 
@@ -162,7 +162,7 @@ def moe_markdown() -> str:
         rows.append(f"| `{r['id']}` | {r['split'].replace('_', ' ')} | {r['published']:.0f} | {r['predicted']:.0f} | "
                     f"{r['error_pct']:+.1f}% | {r['terms']['moe_host_s']:.2f} |")
     rows.append("")
-    rows += [f"`{r['id']}`: {conflict_line(r['other'])}.\n" for r in scored if "other" in r]
+    rows += [f"`{r['id']}`: {conflict_line(r)}.\n" for r in scored if "other" in r]
     parts = []
     summ = summary(scored)
     for split, s in summ.items():

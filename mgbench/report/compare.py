@@ -45,7 +45,7 @@ FROM_STEP_TIME = {"tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "m
 P_SIGNIFICANT = 0.05
 # Fewer windows than this per run and the test falls back to steps: U on 4 vs 4 values
 # cannot reach p < 0.05 in the normal approximation we use.
-MIN_WINDOWS = 5
+MIN_WINDOWS = stats.MIN_TEST_SAMPLES  # window medians a run needs before they are tested, not its steps
 
 
 @dataclass(frozen=True)

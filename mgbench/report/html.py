@@ -11,7 +11,8 @@ from typing import Any
 import pandas as pd
 
 from .. import __version__, store
-from ..record import control_verdict
+from ..stats import MIN_CI_SAMPLES
+from ..record import FAILED_STATUSES, control_verdict
 from ..show import NOISY_CI_PCT, input_bound_note, noise_pct
 from . import figures
 
@@ -51,7 +52,7 @@ def warnings(df: pd.DataFrame) -> list[str]:
     for _, r in df.iterrows():
         label = r.get("label") or r.get("config_id")
         status = r.get("status")
-        if status in ("oom", "timeout", "error", "interrupted"):
+        if status in (*FAILED_STATUSES, "interrupted"):
             out.append(f"{label}: {status}: {r.get('error')}")
             continue
         if status == "checked":  # a negative control: worth a line only when the check missed its bug
@@ -72,7 +73,8 @@ def warnings(df: pd.DataFrame) -> list[str]:
                               "raise measured_steps, or set rounds = 5 on a shared machine, before comparing these",
                               []).append(f"{label} ({width:.0f}%)")
         elif med and (lo is None or pd.isna(lo)):
-            shared.setdefault("fewer than 6 measured steps, so no confidence interval; raise measured_steps", []).append(
+            shared.setdefault(f"fewer than {MIN_CI_SAMPLES} measured steps, so no confidence interval; raise "
+                              "measured_steps", []).append(
                 str(label))
         times = r.get("step_times_s")
         if isinstance(times, list) and len(times) > 2 and med and times[0] > 2 * med:

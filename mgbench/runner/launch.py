@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -112,7 +113,9 @@ def run_suite(
         done = {r["config_id"] for r in store.latest_records(store.read_records(run_dir)) if r["status"] != "interrupted"}
         todo = [c for c in configs if c.config_id not in done]
         progress(f"resuming {run_id}: {len(configs) - len(todo)} of {len(configs)} configs already recorded")
-        manifest.update(status="running", resumed_at=dt.datetime.now().isoformat(timespec="seconds"))
+        # This process now runs it: `mgbench status` reads the pid and host to tell it from a dead run.
+        manifest.update(status="running", resumed_at=dt.datetime.now().isoformat(timespec="seconds"), pid=os.getpid(),
+                        machine={**manifest.get("machine", {}), "hostname": socket.gethostname()})
     else:
         configs = with_data(expand(suite, device_kind, num_devices), results_dir, progress)
         todo = configs
@@ -360,7 +363,8 @@ def _run_group(run_dir: RunDir, run_id: str, gi: int, nproc: int, device: str, g
                              f"(elapsed {_fmt_s(now - t_launch)}{eta})")
                 if cur and cur["config_id"] != beat_id:
                     beat_id, t_beat = cur["config_id"], time.monotonic()
-                elif cur and cur["config_id"] in by_id and time.monotonic() - t_beat >= HEARTBEAT_S:
+                elif cur and cur["config_id"] in by_id and cur["config_id"] not in seen \
+                        and time.monotonic() - t_beat >= HEARTBEAT_S:
                     # A long config says it is alive, as nccl-tests and torchtitan print as they go.
                     t_beat = time.monotonic()
                     c = by_id[cur["config_id"]]

@@ -171,6 +171,8 @@ def test_a_model_row_counted_with_every_parameter_is_predicted_in_its_sources_fl
     plain = {k: v for k, v in row.items() if k != "flops_counted"}  # negative control: the planner's count
     assert A.predicted(plain) == pytest.approx(A.predict_on(plain, plain["system"])["model_tflops_per_gpu"])
     assert A.predicted(row) / A.predicted(plain) == pytest.approx(by_hand / shape.flops_per_token(4096))
+    # The baseline is scored in the same count as the model (MFU x peak, in the source's FLOPs).
+    assert A.baseline(row) / A.baseline(plain) == pytest.approx(by_hand / shape.flops_per_token(4096))
     # Only a "model" row counts FLOPs, and only in a known way.
     assert A.check_row({**row, "flops_counted": "6N"})[0].startswith("flops_counted '6N'")
     assert A.check_row({**row, "metric": "tokens"})[0].startswith("flops_counted 'all_params'")

@@ -68,7 +68,9 @@ def test_a_killed_runs_status_reads_dead(tmp_path):
     root = tmp_path / "results"
     make_run(root, "k", status="running", pid=p.pid, machine={"hostname": socket.gethostname()}, num_configs=3)
     r = _run(["status", "k", "--results-dir", str(root)])
-    assert "dead (its mgbench process" in r.output and "--resume k" in r.output
+    assert "run k: dead (the manifest says running, but its mgbench process" in r.output and "--resume k" in r.output
+    js = json.loads(_run(["status", "k", "--results-dir", str(root), "--json"]).output)
+    assert js["status"] == "dead" and "--resume k" in js["status_reason"]
     import os
 
     make_run(root, "alive", status="running", pid=os.getpid(), machine={"hostname": socket.gethostname()})
@@ -91,8 +93,15 @@ def test_clicks_own_errors_are_one_line_and_exit_2(args, words):
 
 def test_a_comm_run_shows_its_own_table_and_refuses_training_formats(tmp_path):
     root = tmp_path / "results"
-    rd = make_run(root, "c", kind="comm", status="complete", comm={})
-    (rd.path / "comm.jsonl").write_text("")
+    rd = make_run(root, "c", kind="comm", status="complete", comm={"nproc": 2, "device": "cpu"},
+                  interconnect={"summary": "loopback"})
+    row = {"collective": "all_reduce", "dtype": "float32", "scope": "all", "size_bytes": 4096, "count": 1024,
+           "time_s": 5e-4, "algbw_gbps": 0.008, "busbw_gbps": 0.008, "wrong": 0, "nproc": 2}
+    (rd.path / "comm.jsonl").write_text(json.dumps(row) + "\n")
+    (rd.path / "comm_fit.json").write_text(json.dumps({"all_reduce:float32:all": None}))
+    shown = _run(["show", "c", "--results-dir", str(root)])
+    assert shown.exit_code == 0, shown.output
+    assert "busbw(GB/s)" in shown.output and "4096" in shown.output  # the comm table, not an empty training one
     r = _run(["show", "c", "--json", "--results-dir", str(root)])
     assert r.exit_code == 2 and "is a `mgbench comm` run" in r.output
 
@@ -197,8 +206,44 @@ def test_a_failed_comm_rank_is_named_with_its_exception(tmp_path):
                                   "TypeError: unsupported operand type(s) for /: 'int' and 'NoneType'\n")
     assert rank_error(tmp_path / "logs") == "rank 1: TypeError: unsupported operand type(s) for /: 'int' and 'NoneType'"
     assert rank_error(tmp_path / "nothing") is None
+    # Teardown noise after the cause is not the cause.
+    (d / "stderr.log").write_text("Traceback (most recent call last):\n  File x\nRuntimeError: the cause\n"
+                                  "Exception ignored in: <function X.__del__>\nTraceback (most recent call last):\n"
+                                  "AttributeError: 'NoneType' object has no attribute 'close'\n")
+    assert rank_error(tmp_path / "logs") == "rank 1: RuntimeError: the cause"
 
 
 def test_mgbench_alone_shows_the_help_not_an_error():
     r = _run([])
     assert r.output.startswith("Usage: ") and "Benchmark and plan" in r.output and "mgbench: error" not in r.output
+
+
+def test_a_resumed_run_names_the_process_that_resumed_it(tmp_path):
+    # Its manifest's pid is the first process's until a resume: `status` would call the
+    # resumed run dead while it runs.
+    import os
+
+    from mgbench.runner import launch
+    from mgbench.store import RunDir
+    from mgbench.suite import expand, parse_suite
+
+    suite = parse_suite('[sweep]\nmodel = "tiny"\nstrategy = "ddp"\nnproc = 2\nseq_len = 16\ntrack_memory = false\n')
+    root = tmp_path / "results"
+    cfgs = expand(suite, "cpu", 2)
+    make_run(root, "r", [make_record(c, "r", step_times_s=[0.1] * 6) for c in cfgs], status="interrupted",
+             pid=1, machine={"hostname": "another-node"}, suite={"name": suite.name, "text": suite.text,
+                                                                  "sweeps": suite.sweeps, "path": None, "sha256": ""})
+    launch.run_suite(suite, root, device_kind="cpu", num_devices=2, progress=lambda m: None, resume="r")
+    m = store.read_manifest(RunDir(root / "r"))
+    assert m["pid"] == os.getpid() and m["machine"]["hostname"] == socket.gethostname()
+
+
+@pytest.mark.parametrize("extra,words", [
+    (["--premium", "nan"], "--premium is a fraction"),
+    (["--price", "dgx-h100=nan"], "a price is a finite number"),
+    (["--pue", "nan"], "--pue is facility power over IT power"),
+    (["--server-price", "dgx-h100=nan"], "--server-price 'dgx-h100=nan'"),
+])
+def test_nan_assumptions_are_refused(extra, words):
+    r = _run(["plan", "--model", "llama3-8b", "--tokens", "1e11", "--systems", "dgx-h100", "--max-gpus", "8", *extra])
+    assert r.exit_code == 2 and words in r.output and "Traceback" not in r.output, r.output

@@ -54,10 +54,13 @@ def test_a_plan_option_outside_its_bounds_is_one_line_and_exit_2(extra, words):
     (["--seq-len", "0"], "--seq-len must be 1 or more"),
     (["--pp", "4", "--schedule", "interleaved", "--virtual-stages", "2"],
      "needs --global-batch / (micro-batch x dp), the micro-batches per step (1), to be a multiple of pp (4)"),
+    (["--pp", "4", "--schedule", "dualpipev", "--global-batch", "4"],
+     "raise --global-batch so that --global-batch / (micro-batch x dp) >= 8"),
 ])
 def test_a_predict_layout_that_cannot_run_is_one_line_and_exit_2(extra, words):
     r = _run([*PREDICT, *extra])
     assert r.exit_code == 2 and words in r.output and "Traceback" not in r.output, r.output
+    assert "grad_accum" not in r.output  # a runner key predict has no option for
 
 
 def test_bounds_by_hand():
@@ -149,7 +152,14 @@ def test_a_mistyped_catalog_name_gets_the_names_it_may_mean(args, words):
 def test_a_batch_with_a_large_odd_factor_is_named_with_the_batches_that_open_the_counts():
     assert [search.largest_prime_factor(n) for n in (1, 2, 1024, 1220, 1210, 1000, 97)] == [1, 2, 2, 61, 11, 5, 97]
     note = search.batch_note(search.PlanOptions(tokens=1e12, global_batch_tokens=5_000_000))
-    assert note.startswith("the step's 1220 sequences") and "factor 61" in note and "1024 or 1280 sequences" in note
+    assert note.startswith("the step's 1220 sequences") and "factor 61" in note
+    assert "1152 sequences (--global-batch-tokens 4718592) or 1280 sequences" in note  # 2^7 x 9 and 2^8 x 5
     assert search.batch_note(search.PlanOptions(tokens=1e12)) is None  # 1024 sequences: no note
+    # 2,816 = 256 x 11: micro-batch x dp up to 256 divides it, no note; 2,900 = 4 x 25 x 29 gets
+    # neighbours whose odd part is 7 or less, never itself or another with its factor.
+    for seqs, want in ((2816, None), (11 * 1024, None), (2900, "2880 sequences")):
+        got = search.batch_note(search.PlanOptions(tokens=1e12, seq_len=1, global_batch_tokens=seqs))
+        assert (got is None) if want is None else (want in got and f"{seqs} " not in got.split("shut out;")[1]), \
+            (seqs, got)
     r = _run([*PLAN, "--global-batch-tokens", "5000000"])
     assert r.exit_code == 0 and "have the factor 61" in r.output

@@ -49,6 +49,11 @@ def test_mann_whitney_identical_samples_are_not_significant():
     assert p > 0.5
 
 
+def test_the_median_has_an_interval_from_min_ci_samples_steps_on():
+    assert stats.median_ci(list(range(stats.MIN_CI_SAMPLES - 1))) == (None, None)
+    assert stats.median_ci(list(range(stats.MIN_CI_SAMPLES)))[0] is not None
+
+
 def test_mann_whitney_needs_five_per_side():
     # Fewer than five a side: no test (NaN), not p = 1.0, which would read as "no difference".
     u, p = stats.mann_whitney_u([1, 2, 3, 4], [5, 6, 7, 8])
