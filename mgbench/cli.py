@@ -311,6 +311,11 @@ def report(runs: tuple[str, ...], output: str | None, results_dir: str, metric: 
             plan_data = _json.loads(Path(plan_file).read_text())
         except (OSError, ValueError) as e:
             raise MgbenchError(f"--plan {plan_file}: cannot read a plan JSON ({e})") from None
+        missing = [k for k in ("ranked", "recommendation", "reasons", "assumptions")
+                   if not isinstance(plan_data, dict) or k not in plan_data]
+        if missing:
+            raise MgbenchError(f"--plan {plan_file}: not a plan (no {', '.join(missing)}); save one with "
+                               "`mgbench plan ... --json > plan.json`")
     elif plan_model or plan_kw["plan_tokens"]:
         if not (plan_model and plan_kw["plan_tokens"]):
             raise MgbenchError("--plan-model and --plan-tokens go together")
@@ -326,7 +331,13 @@ def report(runs: tuple[str, ...], output: str | None, results_dir: str, metric: 
             rows = compare_runs(str(paths[0]), str(paths[1]), results_dir, metric)
         except MgbenchError as e:  # different suites: a report of both, without a comparison
             click.echo(f"note: no comparison section: {e}", err=True)
-    out = build(paths, output or Path("reports") / f"{paths[0].name}.html", results_dir, plan_data, rows)
+    target = Path(output) if output else Path("reports") / f"{paths[0].name}.html"
+    if target.is_dir():
+        raise MgbenchError(f"-o {target}: a folder; give the page's file name, e.g. -o {target / (paths[0].name + '.html')}")
+    try:
+        out = build(paths, target, results_dir, plan_data, rows)
+    except OSError as e:
+        raise MgbenchError(f"{target}: cannot write the report ({e.strerror or e}); give -o a writable place") from None
     click.echo(f"report: {out}")
 
 
@@ -491,7 +502,8 @@ def slurm(suite: str, nodes: int, gpus_per_node: int, partition: str | None, tim
 
     The script runs one `mgbench run --from-slurm` per node through srun; torchrun starts
     the ranks and they meet at the first node. The run folder is created now, so
-    `mgbench status RUN` can follow the job.
+    `mgbench status RUN` can follow the job. --device auto means GPUs (the compute nodes',
+    whatever this login node has); give --device cpu for a CPU-only cluster.
 
     \b
     Examples:
@@ -503,7 +515,6 @@ def slurm(suite: str, nodes: int, gpus_per_node: int, partition: str | None, tim
     from . import store
     from . import suite as suite_mod
     from .cluster import sbatch_script, submit as submit_job
-    from .launching import detect_devices
     from .runner.launch import create_run
 
     if nodes < 1 or gpus_per_node < 1:
@@ -514,7 +525,9 @@ def slurm(suite: str, nodes: int, gpus_per_node: int, partition: str | None, tim
         from .cluster import check_mem
 
         check_mem(mem)
-    kind = detect_devices()[0] if device == "auto" else device
+    # The job runs on the compute nodes, not here: a login node without GPUs must not make
+    # it a CPU job. "auto" asks for GPUs; a CPU-only cluster says --device cpu.
+    kind = "cuda" if device == "auto" else device
     s = suite_mod.load_suite(suite, kind)
     if overrides:
         suite_mod.apply_overrides(s, list(overrides))
@@ -527,7 +540,9 @@ def slurm(suite: str, nodes: int, gpus_per_node: int, partition: str | None, tim
     if submit:
         manifest["slurm"]["job_id"] = submit_job(script)
     store.write_manifest(run_dir, manifest)
-    click.echo(f"run folder: {run_dir}\nbatch script: {script}")
+    click.echo(f"run folder: {run_dir}\nbatch script: {script}\nranks: {kind}, {gpus_per_node} a node"
+               + (" (--device auto asks the compute nodes for GPUs; --device cpu for a CPU-only cluster)"
+                  if device == "auto" else ""))
     if submit:
         click.echo(f"submitted job {manifest['slurm']['job_id']}; follow it with: mgbench status {run_dir.name}")
     else:

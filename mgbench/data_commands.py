@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from . import dataset
+from .errors import MgbenchError
 
 _SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}
 
@@ -76,7 +77,10 @@ def make(folder: Path, tokens: int, vocab: int, seed: int, shard_tokens: int, fo
       mgbench show            # data wait per step, input-bound configs flagged
     """
     reporter = _Progress(tokens) if tokens > dataset.CHUNK_TOKENS else None  # on stderr: --json stays clean
-    index = dataset.generate(folder, tokens, vocab, seed, shard_tokens, progress=reporter, force=force)
+    try:
+        index = dataset.generate(folder, tokens, vocab, seed, shard_tokens, progress=reporter, force=force)
+    except OSError as e:  # a read-only place, a full disk: one line (the half-written copy is beside FOLDER)
+        raise MgbenchError(f"{folder}: cannot write the dataset ({e.strerror or e}); give a writable folder") from None
     size = sum((folder / s["file"]).stat().st_size for s in index["shards"])
     if as_json:
         click.echo(json.dumps({"path": str(folder), "bytes": size, **index}, indent=2))

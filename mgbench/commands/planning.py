@@ -29,8 +29,8 @@ def resolve_shape(model: str | None, params: float | None, dims: dict[str, Any],
     if model:
         return catalog.model_shape(model)
     if params is not None:
-        if params <= 0:
-            raise MgbenchError("--params must be positive")
+        if not 0 < params < float("inf"):  # NaN too
+            raise MgbenchError(f"--params must be a positive finite count, got {params}")
         return None
     if hf_config is not None:
         import dataclasses
@@ -82,7 +82,7 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
     \b
     Examples:
       mgbench memory --params 7.5e9 --num-gpus 64 --zero 3     # ZeRO paper: 1.9 GB of model states
-      mgbench memory --model llama3-8b --seq-len 8192 --tp 2 --sequence-parallel --recompute every_2nd
+      mgbench memory --model llama3-8b --seq-len 8192 --tp 2 --sequence-parallel --recompute every_2nd --num-gpus 2
       mgbench memory --model llama3-70b --zero 3 --num-gpus 64 --seq-len 8192 --trace
       mgbench memory --model gpt2-small --micro-batch 8 --seq-len 1024 --hardware PROFILE   # fits this machine?
     """
@@ -100,6 +100,12 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
         raise MgbenchError("--strategy chooses what --trace runs; add --trace")
     if largest_layer_params is not None and shape is not None:
         raise MgbenchError("--largest-layer-params is for --params; with a model shape the layers are known")
+    if largest_layer_params is not None:
+        if not 0 < largest_layer_params <= params:  # NaN too
+            raise MgbenchError(f"--largest-layer-params {largest_layer_params:g}: a layer's parameters, above 0 and at "
+                               f"most the model's --params {params:g}")
+        if kw["zero"] < 3:
+            raise MgbenchError("--largest-layer-params sizes ZeRO-3's gathered layer; add --zero 3")
     if shape is None and kw["pp_last_layers"] is not None:
         raise MgbenchError(f"--pp-last-layers {kw['pp_last_layers']} needs the model's layers: give --model or its "
                            "dimensions instead of --params")

@@ -784,6 +784,7 @@ def runner_phases(cfg: Any) -> dict[str, dict[str, float]]:
     The rank is rank 0: for a pipeline the first stage, which holds the most
     micro-batches in flight under 1F1B and GPipe (the last holds the logits of one).
     """
+    from ..config import is_hsdp
     from ..strategies import BY_NAME, ZERO_STAGE
     from ..strategies.schedules import chunks_per_rank, grad_sync_of, rank_chunks
 
@@ -837,10 +838,12 @@ def runner_phases(cfg: Any) -> dict[str, dict[str, float]]:
     block_p = sum(n for b in blocks3 for n, _, _ in b) / max(L, 1)
     block_mm = sum(n for b in blocks3 for n, mm, _ in b if mm) / max(L, 1)
     block_x = sum(n for b in blocks3 for n, _, x in b if x) / max(L, 1)
-    zshard = float(dp) if zero else 1.0
+    # HSDP shards within groups of dp / replicas ranks and replicates across the groups.
+    shard_ranks = float(dp) / (cfg.replicas if is_hsdp({"strategy": st, "dp_mode": cfg.dp_mode}) else 1)
+    zshard = shard_ranks if zero else 1.0
     p_div, g_div, o_div = (zshard if zero >= k else 1.0 for k in (3, 2, 1))
     if fsdp:  # FSDP2 keeps weights sharded at rest under either reshard policy
-        p_div = float(dp)
+        p_div = shard_ranks
 
     def sharded(total: float, experts: float, div: float) -> float:
         # ``total`` elements of which ``experts`` are routed experts' weights, over ``div``

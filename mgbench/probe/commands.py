@@ -17,7 +17,7 @@ from ..cli_options import DEVICE, JSON, RESULTS_DIR, options
               help="Comma-separated GEMM/attention dtypes (default: float32 on CPU; bfloat16,float16,float32 on GPU).")
 @click.option("--model", default=None,
               help="Preset whose layer GEMM shapes to time (default: the default suite's model on this device).")
-@click.option("--layer-tokens", "tokens", type=int, default=None,
+@click.option("--layer-tokens", "tokens", type=click.IntRange(min=1), default=None,
               help="Tokens per micro-batch for those GEMM shapes (default: the default suite's).")
 @click.option("--no-comm", is_flag=True, help="Skip the short collective run (its fit prices communication).")
 @click.option("--max-ranks", type=click.IntRange(min=1), default=None, metavar="N",
@@ -43,9 +43,23 @@ def probe(output, device, dtypes, model, tokens, no_comm, max_ranks, results_dir
       mgbench probe                                 # writes results/profiles/<host>-...json
       mgbench predict --hardware PROFILE --against RUN   # the model vs a measured run
     """
+    from pathlib import Path
+
+    from ..errors import MgbenchError
     from .profile import describe, write_profile
     from .run import default_path, probe as probe_fn
 
+    if output:  # before minutes of measuring: the profile must have somewhere to go
+        target = Path(output)
+        if target.is_dir():
+            raise MgbenchError(f"-o {output}: a folder; give the profile's file name, e.g. -o {target / 'box.json'}")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            probe_file = target.with_name(f".{target.name}.probe")
+            probe_file.write_text("")
+            probe_file.unlink()
+        except OSError as e:
+            raise MgbenchError(f"-o {output}: cannot write there ({e.strerror or e}); give a writable place") from None
     prof = probe_fn(device=device, dtypes=dtypes.split(",") if dtypes else None, model=model, tokens=tokens,
                     comm=not no_comm, results_dir=results_dir, max_ranks=max_ranks,
                     progress=(lambda m: click.echo(m, err=True)))

@@ -225,7 +225,9 @@ def build(runs: list[str | Path], output: str | Path, results_dir: str | Path = 
                         ("mem_peak_gib", "peak GiB"), ("run_id", "run")])
         + "<h3>Warnings</h3>"
         + ("<ul class='warn'>" + "".join(f"<li>{html.escape(w)}</li>" for w in warn) + "</ul>" if warn
-           else '<p class="note">none: every config ran, matched the reference and measured steadily</p>')
+           else '<p class="note">none: every config ran, matched the reference and measured steadily</p>' if len(df)
+           else "<ul class='warn'><li>no config recorded yet (run status: "
+                + html.escape(", ".join(str(m.get("status")) for m in manifests)) + "): nothing here is a result</li></ul>")
     )
     sections.append(("summary", "Summary", summary))
     sections.append(("scaling", "Scaling",
@@ -273,6 +275,10 @@ def build(runs: list[str | Path], output: str | Path, results_dir: str | Path = 
     out = Path(output)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(page)
-    tmp.replace(out)
+    try:
+        tmp.write_text(page)
+        tmp.replace(out)
+    except OSError:  # a full disk, a read-only folder, a directory named like the page: leave no half page
+        tmp.unlink(missing_ok=True)
+        raise
     return out

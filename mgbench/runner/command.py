@@ -53,6 +53,8 @@ _LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "accel
                      "deepspeed.launcher.runner")
 STDERR_TAIL_LINES = 20
 _EXC = re.compile(r"^\s*(\[rank\d+\]:\s*)?[\w.]*(Error|Exception|Interrupt)\b")
+# Where torchrun's own report of a failed child begins (its elastic agent's log line).
+_TORCHRUN_REPORT = re.compile(r"torch[./]distributed[./]elastic")
 _OOM = ("OutOfMemoryError", "CUDA out of memory")
 
 
@@ -243,7 +245,10 @@ def run_command_config(run_dir: RunDir, run_id: str, cfg: RunConfig, stopped: Ca
     if proc.returncode != 0:
         last = _error_line(out.stderr)
         status = "oom" if any(w in tail for w in _OOM) else "error"
-        return Record.failed(cfg, run_id, status, f"the command exited with status {proc.returncode}"
+        child = _child_exit(out.stderr)
+        code = f"{child} (torchrun {proc.returncode})" if child is not None and child != proc.returncode \
+            else f"{proc.returncode}"
+        return Record.failed(cfg, run_id, status, f"the command exited with status {code}"
                              + (f": {last.strip()[:300]}" if last else "") + f" (log: {common['log_file']})",
                              error_type="CommandFailed", **common)
     if not ends.ends_ns:
@@ -276,10 +281,22 @@ def _ranks_that_ran(cfg: RunConfig, ends: StepEnds, source: str) -> tuple[int, s
 
 def _error_line(lines: Any) -> str:
     """The line of a stderr tail that says what failed: the last exception line (not
-    torchrun's own ChildFailedError summary), else the last line with words."""
+    torchrun's own ChildFailedError summary), else the last line with words before
+    torchrun's own report begins (its "traceback : To enable traceback see ..." names no
+    cause)."""
+    lines = list(lines)
+    start = next((i for i, ln in enumerate(lines) if _TORCHRUN_REPORT.search(ln)), len(lines))
     exc = [ln for ln in lines if _EXC.search(ln) and "ChildFailedError" not in ln]
-    words = [ln for ln in lines if any(c.isalnum() for c in ln)]
+    words = [ln for ln in lines[:start] if any(c.isalnum() for c in ln)] or \
+        [ln for ln in lines if any(c.isalnum() for c in ln)]
     return (exc or words or [""])[-1]
+
+
+def _child_exit(lines: Any) -> int | None:
+    """The failed child's own exit status, as torchrun's summary gives it ("exitcode : 2");
+    torchrun itself exits 1 whatever the child's was."""
+    codes = [int(m.group(1)) for ln in lines if (m := re.search(r"\bexitcode\s*:\s*(-?\d+)", ln))]
+    return codes[0] if codes else None
 
 
 def _no_steps(cfg: RunConfig, ends: StepEnds, source: str) -> str:
