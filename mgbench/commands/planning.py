@@ -81,7 +81,7 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
 
     \b
     Examples:
-      mgbench memory --params 7.5e9 --num-gpus 64 --zero 3     # ZeRO paper: 1.9 GB of model states
+      mgbench memory --params 7.5e9 --num-gpus 64 --zero 3 --stack deepspeed   # ZeRO paper: 1.9 GB of model states
       mgbench memory --model llama3-8b --seq-len 8192 --tp 2 --sequence-parallel --recompute every_2nd --num-gpus 2
       mgbench memory --model llama3-70b --zero 3 --num-gpus 64 --seq-len 8192 --trace
       mgbench memory --model gpt2-small --micro-batch 8 --seq-len 1024 --hardware PROFILE   # fits this machine?
@@ -129,7 +129,9 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
         click.echo(f"{k.replace('_bytes', ''):<16} {_gb(res[k]):>14}  ({res[k] / GIB:,.2f} GiB)")
     click.echo(f"{'= total':<16} {_gb(res['total_bytes']):>14}  ({res['total_bytes'] / GIB:,.2f} GiB)")
     if shape is None:
-        click.echo("(model states and the ZeRO-3 working set only: give --model or dims for activations)")
+        click.echo("(model states only" + (", and ZeRO-3's gathered layer" if largest_layer_params is not None else "")
+                   + f", as the {stack} stack holds them (--stack): give --model or dims for "
+                   "activations)")
     if res.get("fits") is not None:
         click.echo(f"budget           {_gb(res['device_memory_bytes']):>14}  ({res['budget_source']}): "
                    f"{'fits' if res['fits'] else 'DOES NOT FIT'}")

@@ -353,3 +353,16 @@ def test_the_help_examples_run_as_written(cmd):
         assert r.exit_code == 0, f"{line}\n{r.output}"
         ran += 1
     assert ran >= 2
+
+
+def test_params_alone_are_held_as_the_stack_holds_them():
+    # --params used to price 2 + 2 + 12 bytes whatever --stack said; --model took the stack's.
+    def states(*extra):
+        return json.loads(_run(["memory", "--params", "8.03e9", "--json", *extra]).output)
+
+    mega, titan, ds = states(), states("--stack", "torchtitan"), states("--stack", "deepspeed")
+    assert mega["grads_bytes"] == pytest.approx(4 * 8.03e9)  # Megatron's fp32 main_grad
+    assert titan["params_bytes"] == pytest.approx(4 * 8.03e9) and titan["optimizer_bytes"] == pytest.approx(8 * 8.03e9)
+    assert ds["model_states_bytes"] == pytest.approx(16 * 8.03e9)  # the ZeRO paper's 2 + 2 + 12
+    model = json.loads(_run(["memory", "--model", "llama3-8b", "--json"]).output)
+    assert model["grads_bytes"] / model["params_bytes"] == pytest.approx(mega["grads_bytes"] / mega["params_bytes"])
