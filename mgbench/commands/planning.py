@@ -168,9 +168,24 @@ def _shape_line(shape: ModelShape) -> str:
         extra.append(f"{shape.mtp_layers} MTP module(s)")
     if shape.sliding_window:
         extra.append(f"{shape.num_local_layers} local layers (window {shape.sliding_window})")
-    active = (f" ({shape.num_active_params() / 1e9:.3g}B active)" if shape.is_moe else "")
     return (f"{shape.name}: {shape.layers} layers, hidden {shape.hidden}, {attn}, MLP {shape.ffn_hidden} {shape.mlp}, "
-            f"{vocab}, " + "".join(f"{e}, " for e in extra) + f"{shape.num_params() / 1e9:.3g}B parameters{active}")
+            f"{vocab}, " + "".join(f"{e}, " for e in extra) + parameter_counts(shape))
+
+
+def parameter_counts(shape: ModelShape) -> str:
+    """The model's parameters as published counts split them: the MTP modules apart from
+    the main model (DeepSeek-V3: 671B + 11.6B), and the active count with and without the
+    input embedding (a lookup, which reports of active parameters leave out)."""
+    g = 1e9
+    total, mtp = shape.num_params(), shape.num_mtp_params()
+    out = f"{total / g:.3g}B parameters" + (f" ({(total - mtp) / g:.3g}B + {mtp / g:.3g}B in the MTP module(s))"
+                                             if mtp else "")
+    if shape.is_moe:
+        act, emb = shape.num_active_params(), shape.num_embedding_params()
+        act_mtp = shape.num_mtp_params(active=True)
+        out += (f", {act / g:.3g}B active ({(act - emb - act_mtp) / g:.3g}B without the input embedding"
+                + (" and the MTP module(s)" if act_mtp else "") + ")")
+    return out
 
 
 def _memory_trace(shape: ModelShape | None, layout: Any, strategy: str | None, as_json: bool) -> None:

@@ -366,3 +366,15 @@ def test_params_alone_are_held_as_the_stack_holds_them():
     assert ds["model_states_bytes"] == pytest.approx(16 * 8.03e9)  # the ZeRO paper's 2 + 2 + 12
     model = json.loads(_run(["memory", "--model", "llama3-8b", "--json"]).output)
     assert model["grads_bytes"] / model["params_bytes"] == pytest.approx(mega["grads_bytes"] / mega["params_bytes"])
+
+
+def test_parameter_counts_say_what_they_include():
+    from mgbench import catalog
+    from mgbench.commands.planning import parameter_counts
+
+    ds = parameter_counts(catalog.model_shape("deepseek-v3"))
+    # DeepSeek-V3 report: 671B total and 37B activated, the MTP module apart.
+    assert ds.startswith("683B parameters (671B + 11.6B in the MTP module(s))") and "36.6B without the input" in ds
+    oss = parameter_counts(catalog.model_shape("gpt-oss-120b"))
+    assert "5.13B without the input embedding" in oss  # OpenAI's model card: 5.1B active
+    assert parameter_counts(catalog.model_shape("llama3-8b")) == "8.03B parameters"  # dense, no MTP
