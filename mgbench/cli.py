@@ -539,6 +539,8 @@ def slurm(suite: str, nodes: int, gpus_per_node: int, partition: str | None, tim
                          "job_id": None}
     if submit:
         manifest["slurm"]["job_id"] = submit_job(script)
+    else:  # only the script is written: nothing is queued yet
+        manifest["status"] = "written"
     store.write_manifest(run_dir, manifest)
     click.echo(f"run folder: {run_dir}\nbatch script: {script}\nranks: {kind}, {gpus_per_node} a node"
                + (" (--device auto asks the compute nodes for GPUs; --device cpu for a CPU-only cluster)"

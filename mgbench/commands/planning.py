@@ -94,6 +94,11 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
     if trace and hardware_profile:
         raise MgbenchError("--trace compares the model with a traced run; --hardware checks the fit on a machine: give one")
     if trace:
+        from ..planner.stack import DEFAULT_STACK
+
+        if stack != DEFAULT_STACK:
+            raise MgbenchError(f"--trace runs mgbench's own runner, which holds memory its own way (fp32 states, its "
+                               f"saved tensors), so --stack {stack} would change nothing: drop one of them")
         _memory_trace(shape, _layout(kw), trace_strategy, as_json)
         return
     if trace_strategy:

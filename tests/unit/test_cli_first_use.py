@@ -378,3 +378,11 @@ def test_parameter_counts_say_what_they_include():
     oss = parameter_counts(catalog.model_shape("gpt-oss-120b"))
     assert "5.13B without the input embedding" in oss  # OpenAI's model card: 5.1B active
     assert parameter_counts(catalog.model_shape("llama3-8b")) == "8.03B parameters"  # dense, no MTP
+
+
+def test_trace_refuses_a_stack_it_would_ignore_and_a_written_slurm_job_reads_written(tmp_path, monkeypatch):
+    r = _run(["memory", "--model", "gpt2-small", "--trace", "--stack", "torchtitan", "--num-gpus", "2"])
+    assert r.exit_code == 2 and "--stack torchtitan would change nothing" in r.output
+    monkeypatch.chdir(tmp_path)
+    assert _run(["slurm", "smoke", "--nodes", "1", "--gpus-per-node", "2", "--device", "cpu", "--run-id", "w"]).exit_code == 0
+    assert "run w: written" in _run(["status", "w"]).output  # nothing queued: not "submitted"
