@@ -57,6 +57,17 @@ def runner_notes(shape: ModelShape | None, layout: Layout) -> list[str]:
     return notes
 
 
+def pipeline_notes(layout: Layout) -> list[str]:
+    """A pipeline given fewer micro-batches a step than stages: priced as given (its
+    first stage holds that many in flight, and most of the step is bubble), said in one
+    line, since a missing --global-batch gives one micro-batch a data-parallel rank."""
+    if layout.pp > 1 and layout.num_micro < layout.pp:
+        return [f"{layout.num_micro} micro-batch(es) a step on {layout.pp} pipeline stages: the first stage holds "
+                f"that many in flight and most of the step is bubble; a real run gives --global-batch "
+                f"{layout.micro_batch * layout.dp * layout.pp} or more (pp micro-batches a data-parallel rank)"]
+    return []
+
+
 def _floats(d: dict[str, Any]) -> dict[str, Any]:
     return {k: (_floats(v) if isinstance(v, dict) else float(v)) for k, v in d.items()}
 
@@ -84,7 +95,7 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
     out = {k: float(m[k]) for k in MEMORY_KEYS}
     # Offloaded model states: in host memory, not in the device total.
     out["host_bytes"] = float(m["host_bytes"])
-    out["notes"] = runner_notes(shape, layout)
+    out["notes"] = runner_notes(shape, layout) + pipeline_notes(layout)
     if shape is None and layout.zero >= 3 and largest_layer_params is None:
         out["notes"] += ["ZeRO-3's gathered working set is not counted: the largest layer is unknown with --params; "
                         "give --largest-layer-params N (DeepSpeed's estimator takes the same)"]

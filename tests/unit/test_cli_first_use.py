@@ -386,3 +386,11 @@ def test_trace_refuses_a_stack_it_would_ignore_and_a_written_slurm_job_reads_wri
     monkeypatch.chdir(tmp_path)
     assert _run(["slurm", "smoke", "--nodes", "1", "--gpus-per-node", "2", "--device", "cpu", "--run-id", "w"]).exit_code == 0
     assert "run w: written" in _run(["status", "w"]).output  # nothing queued: not "submitted"
+
+
+def test_a_pipeline_of_fewer_micro_batches_than_stages_is_said():
+    one = json.loads(_run(["memory", "--model", "llama3-8b", "--num-gpus", "8", "--pp", "4", "--json"]).output)
+    assert any("1 micro-batch(es) a step on 4 pipeline stages" in n and "--global-batch 8" in n for n in one["notes"])
+    full = json.loads(_run(["memory", "--model", "llama3-8b", "--num-gpus", "8", "--pp", "4", "--global-batch", "8",
+                            "--json"]).output)
+    assert not any("micro-batch(es) a step" in n for n in full["notes"])
