@@ -531,17 +531,17 @@ def slurm(suite: str, nodes: int, gpus_per_node: int, partition: str | None, tim
     s = suite_mod.load_suite(suite, kind)
     if overrides:
         suite_mod.apply_overrides(s, list(overrides))
-    run_dir, manifest = create_run(s, results_dir, run_id, kind, nodes * gpus_per_node, status="submitted")
+    run_dir, manifest = create_run(s, results_dir, run_id, kind, nodes * gpus_per_node, status="written")
     script = run_dir.sbatch
     script.write_text(sbatch_script(run_dir.path, s.name, nodes, gpus_per_node, kind, partition, time_limit, account,
                                     cpus_per_gpu=cpus_per_gpu, mem=mem))
     manifest["slurm"] = {"nodes": nodes, "gpus_per_node": gpus_per_node, "script": run_dir.relative(script),
                          "job_id": None}
+    store.write_manifest(run_dir, manifest)  # "written": nothing is queued until sbatch says so
     if submit:
         manifest["slurm"]["job_id"] = submit_job(script)
-    else:  # only the script is written: nothing is queued yet
-        manifest["status"] = "written"
-    store.write_manifest(run_dir, manifest)
+        manifest["status"] = "submitted"
+        store.write_manifest(run_dir, manifest)
     click.echo(f"run folder: {run_dir}\nbatch script: {script}\nranks: {kind}, {gpus_per_node} a node"
                + (" (--device auto asks the compute nodes for GPUs; --device cpu for a CPU-only cluster)"
                   if device == "auto" else ""))

@@ -397,7 +397,8 @@ CALIBRATION_GROUP = (CALIBRATE, COMM_RUN, RESULTS_DIR)
 # --- device and cluster (run, comm, slurm) ---------------------------------------------
 
 DEVICE = opt("--device", type=click.Choice(list(DEVICES)), default="auto", show_default=True,
-             help="CPU ranks (gloo) or CUDA devices (NCCL); auto: CUDA when this machine has it.")
+             help="CPU ranks (gloo) or CUDA devices (NCCL); auto: CUDA where the ranks run has it (this machine; "
+                  "for `mgbench slurm`, the compute nodes: CUDA).")
 RUN_ID = opt("--run-id", default=None,
              help="Name of the run folder (default: time + what runs); the same on every node.")
 NNODES = opt("--nnodes", type=int, default=1, show_default=True,

@@ -79,7 +79,7 @@ def make(folder: Path, tokens: int, vocab: int, seed: int, shard_tokens: int, fo
     reporter = _Progress(tokens) if tokens > dataset.CHUNK_TOKENS else None  # on stderr: --json stays clean
     try:
         index = dataset.generate(folder, tokens, vocab, seed, shard_tokens, progress=reporter, force=force)
-    except OSError as e:  # a read-only place, a full disk: one line (the half-written copy is beside FOLDER)
+    except OSError as e:  # a read-only place, a full disk: one line
         raise MgbenchError(f"{folder}: cannot write the dataset ({e.strerror or e}); give a writable folder") from None
     size = sum((folder / s["file"]).stat().st_size for s in index["shards"])
     if as_json:

@@ -376,8 +376,10 @@ class ModelShape:
 
     def num_mtp_params(self, active: bool = False) -> int:
         """Parameters of the multi-token-prediction modules (in num_params; DeepSeek-V3's
-        published 671B leaves its 14B out, its Hugging Face 685B counts them). ``active``:
-        only the experts a token uses (their share of num_active_params)."""
+        published 671B leaves its 14B out, its Hugging Face 685B counts them; the 14B
+        counts the MTP module's own embedding and head, which are shared with the main
+        model and counted once here: 11.6B). ``active``: only the experts a token uses
+        (their share of num_active_params)."""
         return self._mtp_params(active=active)
 
     def num_expert_params(self) -> int:

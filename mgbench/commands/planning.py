@@ -93,14 +93,18 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
     moe = moe_options_from(kw)
     if trace and hardware_profile:
         raise MgbenchError("--trace compares the model with a traced run; --hardware checks the fit on a machine: give one")
-    if trace:
-        from ..planner.stack import DEFAULT_STACK
+    from click.core import ParameterSource
 
-        if stack != DEFAULT_STACK:
+    stack_given = click.get_current_context().get_parameter_source("stack") == ParameterSource.COMMANDLINE
+    if trace:
+        if stack_given and stack != PROFILE_STACK:  # the runner's own holdings are the mgbench stack's
             raise MgbenchError(f"--trace runs mgbench's own runner, which holds memory its own way (fp32 states, its "
                                f"saved tensors), so --stack {stack} would change nothing: drop one of them")
         _memory_trace(shape, _layout(kw), trace_strategy, as_json)
         return
+    if hardware_profile and stack_given and stack != PROFILE_STACK:
+        raise MgbenchError(f"--hardware PROFILE prices memory as mgbench's runner holds it on that machine, so --stack "
+                           f"{stack} would change nothing: drop one of them")
     if trace_strategy:
         raise MgbenchError("--strategy chooses what --trace runs; add --trace")
     if largest_layer_params is not None and shape is not None:
@@ -134,9 +138,9 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
         click.echo(f"{k.replace('_bytes', ''):<16} {_gb(res[k]):>14}  ({res[k] / GIB:,.2f} GiB)")
     click.echo(f"{'= total':<16} {_gb(res['total_bytes']):>14}  ({res['total_bytes'] / GIB:,.2f} GiB)")
     if shape is None:
+        held_as = PROFILE_STACK if hardware_profile else stack
         click.echo("(model states only" + (", and ZeRO-3's gathered layer" if largest_layer_params is not None else "")
-                   + f", as the {stack} stack holds them (--stack): give --model or dims for "
-                   "activations)")
+                   + f", as the {held_as} stack holds them (--stack): give --model or dims for activations)")
     if res.get("fits") is not None:
         click.echo(f"budget           {_gb(res['device_memory_bytes']):>14}  ({res['budget_source']}): "
                    f"{'fits' if res['fits'] else 'DOES NOT FIT'}")

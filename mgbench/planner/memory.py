@@ -618,7 +618,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     if shape is None:  # the stack's state bytes, as with a shape (fp32 training keeps fp32 everything)
         sb = None if precision == "fp32" else state_bytes
         states = model_states(params, zgroup, zero, precision, sb)
-        w_bytes = (sb or STATE_BYTES[precision])[0]
+        w_bytes = 1.0 if precision == "fp8" else STATE_BYTES[precision][0]  # the gathered copy, as with a shape
         layer = 0.0 if largest_layer_params is None else np.asarray(largest_layer_params, dtype=float)
         gathered = np.where(np.asarray(zero) >= 3, 2.0 * layer * w_bytes, 0.0) + 0.0 * states["params_bytes"]
         zero_a = np.zeros_like(states["model_states_bytes"])

@@ -95,7 +95,7 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
     out = {k: float(m[k]) for k in MEMORY_KEYS}
     # Offloaded model states: in host memory, not in the device total.
     out["host_bytes"] = float(m["host_bytes"])
-    out["notes"] = runner_notes(shape, layout) + pipeline_notes(layout)
+    out["notes"] = runner_notes(shape, layout) + (pipeline_notes(layout) if shape is not None else [])
     if shape is None and layout.zero >= 3 and largest_layer_params is None:
         out["notes"] += ["ZeRO-3's gathered working set is not counted: the largest layer is unknown with --params; "
                         "give --largest-layer-params N (DeepSpeed's estimator takes the same)"]

@@ -572,9 +572,9 @@ def runner_config(shape: Any, layout: Any, strategy: str | None = None) -> Any:
     if (why := shape.runner_problem()) is not None:
         raise MgbenchError(f"--trace builds the model with the runner's decoder: {why}")
     if shape.is_moe:  # torch.bincount of the routed experts, then all-to-all splits of that size
-        raise MgbenchError("--trace: an MoE model's routing sizes depend on the data (how many tokens each expert "
-                           "gets), which fake tensors cannot give; the layout is priced without --trace, and `mgbench "
-                           "run` with the model measures its memory on real ranks")
+        raise MgbenchError("an MoE model's routing sizes depend on the data (how many tokens each expert gets), which "
+                           "the runner's code on fake tensors cannot give: `mgbench memory` without --trace prices "
+                           "the layout, and `mgbench run` with the model measures it on real ranks")
     if shape.is_mla and L.tp > 1:  # the same refusal as the suite's (suite._mla_problem)
         raise MgbenchError("--trace: tensor parallelism of multi-head latent attention is not built in the runner; "
                            "give --tp 1 (the layout without --trace is priced)")

@@ -100,6 +100,10 @@ class _Output:
         self.matched: list[tuple[int, str]] = []
         self.write_error: OSError | None = None  # the log could not be written (a full disk)
         self.stderr = collections.deque(maxlen=STDERR_TAIL_LINES)
+        # stderr split where torchrun's own report of a failed child begins: the command's
+        # last lines before it (its cause), and the report (the child's exit status).
+        self.before_report: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self.report: collections.deque[str] = collections.deque(maxlen=400)
         self._rx = re.compile(pattern) if pattern else None
         self._log, self._lock = log, threading.Lock()
         self._threads = [threading.Thread(target=self._read, args=(s, err), daemon=True)
@@ -115,6 +119,10 @@ class _Output:
                 self.matched.append((t, line))
             if is_err:
                 self.stderr.append(line)
+                if self.report or _TORCHRUN_REPORT.search(line):
+                    self.report.append(line)
+                else:
+                    self.before_report.append(line)
             with self._lock:
                 if self.write_error is None:
                     try:
@@ -243,9 +251,9 @@ def run_command_config(run_dir: RunDir, run_id: str, cfg: RunConfig, stopped: Ca
     if killed_for == "interrupted":
         return Record.failed(cfg, run_id, "interrupted", "stopped by a signal while this config ran", **common)
     if proc.returncode != 0:
-        last = _error_line(out.stderr)
+        last = _error_line(out.before_report, out.stderr)
         status = "oom" if any(w in tail for w in _OOM) else "error"
-        child = _child_exit(out.stderr)
+        child = _child_exit(out.report)
         code = f"{child} (torchrun {proc.returncode})" if child is not None and child != proc.returncode \
             else f"{proc.returncode}"
         return Record.failed(cfg, run_id, status, f"the command exited with status {code}"
@@ -279,24 +287,32 @@ def _ranks_that_ran(cfg: RunConfig, ends: StepEnds, source: str) -> tuple[int, s
     return r, f"{why}; per-device figures are divided by the {r} rank(s) that reported"
 
 
-def _error_line(lines: Any) -> str:
-    """The line of a stderr tail that says what failed: the last exception line (not
-    torchrun's own ChildFailedError summary), else the last line with words before
-    torchrun's own report begins (its "traceback : To enable traceback see ..." names no
-    cause)."""
-    lines = list(lines)
-    start = next((i for i, ln in enumerate(lines) if _TORCHRUN_REPORT.search(ln)), len(lines))
-    exc = [ln for ln in lines if _EXC.search(ln) and "ChildFailedError" not in ln]
-    words = [ln for ln in lines[:start] if any(c.isalnum() for c in ln)] or \
-        [ln for ln in lines if any(c.isalnum() for c in ln)]
-    return (exc or words or [""])[-1]
+def _error_line(before_report: Any, tail: Any = ()) -> str:
+    """The line that says what failed: the last exception line the command wrote before
+    torchrun's own report of it began (``before_report``), else its last line with words;
+    without such lines (no torchrun, or the report is all there is), the same from
+    ``tail``, torchrun's ChildFailedError lines and its "To enable traceback" left out."""
+    def own(lines: Any) -> list[str]:  # what torchrun itself wrote left out
+        return [ln for ln in lines if not _TORCHRUN_REPORT.search(ln) and "ChildFailedError" not in ln
+                and "To enable traceback" not in ln]
+
+    for lines in (own(before_report), own(tail)):
+        exc = [ln for ln in lines if _EXC.search(ln)]
+        words = [ln for ln in lines if any(c.isalnum() for c in ln)]
+        if exc or words:
+            return (exc or words)[-1]
+    return ""
 
 
-def _child_exit(lines: Any) -> int | None:
-    """The failed child's own exit status, as torchrun's summary gives it ("exitcode : 2");
-    torchrun itself exits 1 whatever the child's was."""
-    codes = [int(m.group(1)) for ln in lines if (m := re.search(r"\bexitcode\s*:\s*(-?\d+)", ln))]
-    return codes[0] if codes else None
+def _child_exit(report: Any) -> int | None:
+    """The failed child's own exit status in torchrun's report: its "Root Cause" entry
+    ("exitcode : 2"), not another rank's it stopped (-15); torchrun itself exits 1."""
+    lines = list(report)
+    root = next((i for i, ln in enumerate(lines) if "Root Cause" in ln), 0)
+    for ln in lines[root:]:
+        if (m := re.search(r"\bexitcode\s*[:=]?\s*\(?(-?\d+)", ln)):
+            return int(m.group(1))
+    return None
 
 
 def _no_steps(cfg: RunConfig, ends: StepEnds, source: str) -> str:

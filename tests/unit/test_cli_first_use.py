@@ -325,15 +325,61 @@ def test_memory_refuses_counts_it_cannot_mean(extra, words):
     assert r.exit_code == 2 and words in r.output, r.output
 
 
-def test_a_failed_command_names_the_childs_cause_and_status_not_torchruns():
-    from mgbench.runner.command import _child_exit, _error_line
+# What torchrun 2.x writes when rank 0 of 2 exits 2 and it stops rank 1 (SIGTERM): 30 lines,
+# more than the 20 of stderr the record keeps.
+TORCHRUN_2_RANKS = """python: can't open file '/x/nosuch.py': [Errno 2] No such file or directory
+W1127 12:00:00.000000 120 torch/distributed/elastic/multiprocessing/api.py:900] Sending process 124 closing signal SIGTERM
+E1127 12:00:00.000000 120 torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: 2) local_rank: 0 (pid: 123) of binary: /usr/bin/python3
+Traceback (most recent call last):
+  File "/venv/bin/torchrun", line 8, in <module>
+    sys.exit(main())
+  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 355, in wrapper
+    return f(*args, **kwargs)
+  File "/venv/lib/python3.11/site-packages/torch/distributed/run.py", line 919, in main
+    run(args)
+  File "/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 270, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+/x/nosuch.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-27_12:00:00
+  host      : box
+  rank      : 1 (local_rank: 1)
+  exitcode  : -15 (pid: 124)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 124
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-27_12:00:00
+  host      : box
+  rank      : 0 (local_rank: 0)
+  exitcode  : 2 (pid: 123)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
 
-    tail = ["python: can't open file '/x/nosuch.py': [Errno 2] No such file or directory",
-            "E1127 torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: 2) local_rank: 0",
-            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", "[0]:", "  exitcode  : 2 (pid: 1)",
-            "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"]
-    assert _error_line(tail) == "python: can't open file '/x/nosuch.py': [Errno 2] No such file or directory"
-    assert _child_exit(tail) == 2 and _child_exit(["no summary"]) is None
+
+def test_a_failed_command_names_the_childs_cause_and_status_not_torchruns(tmp_path):
+    from mgbench.runner.command import _child_exit, _error_line, _Output
+
+    proc = subprocess.Popen([sys.executable, "-c", f"import sys; sys.stderr.write({TORCHRUN_2_RANKS!r})"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with open(tmp_path / "log", "wb") as log:
+        out = _Output(proc, log, "")
+        proc.wait()
+        out.join()
+    assert len(out.stderr) == 20 and "[Errno 2]" not in "".join(out.stderr)  # the tail alone has lost the cause
+    assert _error_line(out.before_report, out.stderr) == \
+        "python: can't open file '/x/nosuch.py': [Errno 2] No such file or directory"
+    assert _child_exit(out.report) == 2  # the root cause's, not the stopped rank's -15
+    assert _child_exit(["no report"]) is None
+    # Without torchrun (a plain command), the tail's own last exception line.
+    assert _error_line([], ["step 3", "RuntimeError: boom", "exiting"]) == "RuntimeError: boom"
 
 
 @pytest.mark.parametrize("cmd", ["memory", "predict"])
@@ -383,6 +429,9 @@ def test_parameter_counts_say_what_they_include():
 def test_trace_refuses_a_stack_it_would_ignore_and_a_written_slurm_job_reads_written(tmp_path, monkeypatch):
     r = _run(["memory", "--model", "gpt2-small", "--trace", "--stack", "torchtitan", "--num-gpus", "2"])
     assert r.exit_code == 2 and "--stack torchtitan would change nothing" in r.output
+    # Given explicitly, the default stack is refused too; the runner's own (mgbench) is what the trace holds.
+    r = _run(["memory", "--model", "gpt2-small", "--trace", "--stack", "megatron-lm", "--num-gpus", "2"])
+    assert r.exit_code == 2 and "--stack megatron-lm would change nothing" in r.output
     monkeypatch.chdir(tmp_path)
     assert _run(["slurm", "smoke", "--nodes", "1", "--gpus-per-node", "2", "--device", "cpu", "--run-id", "w"]).exit_code == 0
     assert "run w: written" in _run(["status", "w"]).output  # nothing queued: not "submitted"
@@ -394,3 +443,29 @@ def test_a_pipeline_of_fewer_micro_batches_than_stages_is_said():
     full = json.loads(_run(["memory", "--model", "llama3-8b", "--num-gpus", "8", "--pp", "4", "--global-batch", "8",
                             "--json"]).output)
     assert not any("micro-batch(es) a step" in n for n in full["notes"])
+
+
+def test_a_failed_sbatch_leaves_the_run_written_not_submitted(tmp_path, monkeypatch):
+    import mgbench.cluster as cluster
+    from mgbench.errors import MgbenchError
+
+    def refused(script):
+        raise MgbenchError("sbatch: command not found")
+
+    monkeypatch.setattr(cluster, "submit", refused)
+    monkeypatch.chdir(tmp_path)
+    r = _run(["slurm", "smoke", "--nodes", "1", "--gpus-per-node", "2", "--device", "cpu", "--run-id", "f", "--submit"])
+    assert r.exit_code == 2 and "sbatch" in r.output
+    assert store.read_manifest(tmp_path / "results" / "f")["status"] == "written"
+
+
+def test_params_mode_prices_the_gathered_layer_in_16_bits_and_says_nothing_of_pipelines():
+    def gathered(*extra):
+        return json.loads(_run(["memory", "--params", "8e9", "--zero", "3", "--num-gpus", "8",
+                                "--largest-layer-params", "2e8", "--json", *extra]).output)
+
+    assert gathered("--stack", "torchtitan")["gathered_params_bytes"] == pytest.approx(2 * 2 * 2e8)  # bf16, twice
+    assert gathered("--stack", "megatron-lm")["gathered_params_bytes"] == pytest.approx(2 * 2 * 2e8)
+    assert gathered("--precision", "fp8")["gathered_params_bytes"] == pytest.approx(2 * 1 * 2e8)
+    piped = json.loads(_run(["memory", "--params", "8e9", "--num-gpus", "8", "--pp", "4", "--json"]).output)
+    assert not any("micro-batch(es) a step" in n for n in piped["notes"])  # no activations counted here
