@@ -143,9 +143,11 @@ def render(run_dir: Path, fmt: str = "table") -> str:
     notes += [f"  {r['config_id']}: negative control: {control_verdict(r)}" for r in records if r["status"] == "checked"]
     notes += [f"  {r['config_id']}: {input_bound_note(r)}" for r in records if r.get("input_bound")]
     notes += [f"  {r['config_id']}: {r['ranks_warning']}" for r in records if r.get("ranks_warning")]
-    notes += [f"  {r['config_id']}: noisy: the median step time's 95% interval is {w:.0f}% of it (above "
-              f"{NOISY_CI_PCT:.0f}%); raise measured_steps, or set rounds = 5, before comparing it"
-              for r in records if r["status"] == "ok" and (w := noise_pct(r)) is not None and w > NOISY_CI_PCT]
+    noisy = [f"{r['config_id']} ({w:.0f}%)" for r in records
+             if r["status"] == "ok" and (w := noise_pct(r)) is not None and w > NOISY_CI_PCT]
+    if noisy:  # one line for all of them: on a shared CPU most configs are
+        notes.append(f"  noisy, the median step time's 95% interval above {NOISY_CI_PCT:.0f}% of it (raise measured_steps, "
+                     f"or set rounds = 5, before comparing these): {', '.join(noisy)}")
     crowded = sorted({r["rank_spread_reason"].split(":")[0] for r in records
                       if r["status"] == "ok" and "cores" in str(r.get("rank_spread_reason") or "")})
     notes += [f"  ranks share this host's cores ({c}): timings of such configs are the machine's contention as "
