@@ -249,9 +249,9 @@ def _probe_once(kind: str, results_dir: str, progress) -> None:  # type: ignore[
 @main.command()
 @click.argument("run", required=False)
 @options(RESULTS_DIR)
-@click.option("--json", "fmt", flag_value="json", help="Full manifest and records as JSON.")
-@click.option("--csv", "fmt", flag_value="csv", help="Records as CSV (one row per config).")
-def show(run: str | None, results_dir: str, fmt: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Full manifest and records as JSON.")
+@click.option("--csv", "as_csv", is_flag=True, help="Records as CSV (one row per config).")
+def show(run: str | None, results_dir: str, as_json: bool, as_csv: bool) -> None:
     """Show a run's records (RUN: run id or folder; default: the newest run).
 
     \b
@@ -263,6 +263,9 @@ def show(run: str | None, results_dir: str, fmt: str | None) -> None:
     from . import store
     from .show import render
 
+    if as_json and as_csv:
+        raise MgbenchError("--json and --csv are two formats of one output: give one of them")
+    fmt = "json" if as_json else "csv" if as_csv else None
     run_dir = store.resolve_run(run, results_dir) if run else store.latest_run(results_dir)
     if store.read_manifest(run_dir).get("kind") == "comm":  # a `mgbench comm` sweep: its own table
         if fmt is not None:

@@ -469,3 +469,13 @@ def test_params_mode_prices_the_gathered_layer_in_16_bits_and_says_nothing_of_pi
     assert gathered("--precision", "fp8")["gathered_params_bytes"] == pytest.approx(2 * 1 * 2e8)
     piped = json.loads(_run(["memory", "--params", "8e9", "--num-gpus", "8", "--pp", "4", "--json"]).output)
     assert not any("micro-batch(es) a step" in n for n in piped["notes"])  # no activations counted here
+
+
+def test_show_takes_one_format(tmp_path):
+    root = tmp_path / "results"
+    make_run(root, "r", [make_record(make_config(strategy="ddp", nproc=2), "r", step_times_s=[0.1] * 6)],
+             status="complete", suite={"name": "smoke"}, machine={})
+    both = _run(["show", "r", "--json", "--csv", "--results-dir", str(root)])
+    assert both.exit_code == 2 and "give one of them" in both.output
+    assert json.loads(_run(["show", "r", "--json", "--results-dir", str(root)]).output)["records"]
+    assert "config_id" in _run(["show", "r", "--csv", "--results-dir", str(root)]).output.splitlines()[0]
