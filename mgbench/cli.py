@@ -577,7 +577,8 @@ def status(run: str | None, results_dir: str, as_json: bool) -> None:
     m = store.read_manifest(run_dir)
     job = (m.get("slurm") or {}).get("job_id")
     state = job_state(job) if job else None
-    counts = Counter(r["status"] for r in store.latest_records(store.read_records(run_dir)))
+    recs = store.latest_records(store.read_records(run_dir))
+    counts = Counter(r["status"] for r in recs)
     run_status, status_reason = m.get("status"), None
     if run_status == "running" and not job and _process_gone(m):
         run_status = "dead"
@@ -585,16 +586,12 @@ def status(run: str | None, results_dir: str, as_json: bool) -> None:
                          f"with `mgbench run --resume {m['run_id']}`")
     running = []  # what the ranks are on now: the progress files the workers keep (runner/worker.mark_started)
     if run_status == "running":
-        import json as _j
         import time as _t
 
-        done = {r["config_id"] for r in store.latest_records(store.read_records(run_dir))}
-        for f in sorted(store.RunDir(run_dir).progress_dir.glob("*.json")):
-            try:
-                cur = _j.loads(f.read_text())
-            except (OSError, ValueError):
-                continue
-            if cur.get("config_id") not in done:
+        done = {r["config_id"] for r in recs}
+        for f in store.RunDir(run_dir).progress_files():
+            cur = store.read_progress(f)
+            if cur is not None and cur.get("config_id") not in done:
                 running.append({"config_id": cur.get("config_id"), "seconds": round(_t.time() - cur["started"], 1),
                                 "round": cur.get("round"), "rounds": cur.get("rounds")})
     out = {"run_id": m["run_id"], "status": run_status, "status_reason": status_reason, "slurm_job": job,
@@ -619,19 +616,13 @@ def status(run: str | None, results_dir: str, as_json: bool) -> None:
 def _process_gone(manifest: dict[str, Any]) -> bool:
     """Whether the mgbench process a running manifest names is gone: only where it ran on
     this host (another node's process cannot be seen from here) and its pid is recorded."""
-    import os
     import socket
 
+    from .procs import alive
+
     pid = manifest.get("pid")
-    if not isinstance(pid, int) or (manifest.get("machine") or {}).get("hostname") != socket.gethostname():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's
-        return False
-    return False
+    on_this_host = (manifest.get("machine") or {}).get("hostname") == socket.gethostname()
+    return isinstance(pid, int) and on_this_host and not alive(pid)
 
 
 from .config import keys_help  # noqa: E402

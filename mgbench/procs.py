@@ -51,7 +51,7 @@ def kill_tree(pid: int, grace_s: float = 5.0) -> None:
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_alive(p) for p in tree):
+    while time.monotonic() < deadline and any(alive(p) for p in tree):
         time.sleep(0.1)
     for p in tree:
         try:
@@ -60,7 +60,8 @@ def kill_tree(pid: int, grace_s: float = 5.0) -> None:
             pass
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"

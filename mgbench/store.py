@@ -169,6 +169,10 @@ class RunDir:
     def progress(self, tag: str) -> Path:
         return self.progress_dir / f"{tag}.json"
 
+    def progress_files(self) -> list[Path]:
+        """Every job's progress file (runner/worker.mark_started: the config running now)."""
+        return sorted(self.progress_dir.glob("*.json"))
+
     @property
     def logs_dir(self) -> Path:
         return self.path / "logs"
@@ -379,6 +383,15 @@ def datasets_dir(results_dir: str | Path = "results") -> Path:
     """Where `data = "disk"` configs without a data_path get their generated token
     datasets (mgbench.dataset.cached): beside the runs, shared by them, not a run itself."""
     return Path(results_dir) / "datasets"
+
+
+def read_progress(path: Path) -> dict[str, Any] | None:
+    """A job's progress file (config_id, started, round, rounds), or None while it is
+    absent or half-written."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def latest_run(results_dir: str | Path = "results") -> Path:

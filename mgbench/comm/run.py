@@ -101,26 +101,25 @@ def run_comm(nproc: int, device: str, collectives: list[str], dtypes: list[str],
                     counts={"rows": len(rows), "wrong": sum(r["wrong"] for r in rows)})
     store.write_manifest(run_dir, manifest)
     if status != "complete":
-        why = rank_error(run_dir.rank_logs(JOB_TAG)) or " | ".join(log.read_text(errors="replace").splitlines()[-3:])
+        why = rank_error(run_dir.rank_stderrs(JOB_TAG)) or " | ".join(log.read_text(errors="replace").splitlines()[-3:])
         raise MgbenchError(f"mgbench comm {status} (results so far in {run_dir}; logs in {log.parent}): {why[-400:]}")
     return run_dir.path
 
 
-def rank_error(rank_logs: Path) -> str | None:
+def rank_error(stderrs: dict[int, Path]) -> str | None:
     """The exception a rank died of (torchrun's own summary names no cause: "error_file:
-    <N/A>"): the first traceback's closing "SomethingError: ..." line in a rank's stderr,
-    prefixed with the rank's folder; teardown noise ("Exception ignored in ...") after it
+    <N/A>"): the first traceback's closing exception line in a rank's stderr (``stderrs``:
+    RunDir.rank_stderrs, by rank); teardown noise ("Exception ignored in ...") after it
     is not the cause. None where no rank wrote a traceback."""
-    import re
+    from ..runner.command import EXCEPTION_LINE
 
-    exc = re.compile(r"^[\w.]*(Error|Exception|Interrupt)\b.*")
-    for f in sorted(rank_logs.glob("**/stderr.log")):
+    for rank, f in sorted(stderrs.items()):
         in_tb = False
         for ln in f.read_text(errors="replace").splitlines():
             if ln.startswith("Traceback (most recent call last)"):
                 in_tb = True
-            elif in_tb and not ln.startswith((" ", "\t")) and exc.match(ln):
-                return f"rank {f.parent.name}: {ln.strip()}"
+            elif in_tb and not ln.startswith((" ", "\t")) and EXCEPTION_LINE.search(ln):
+                return f"rank {rank}: {ln.strip()}"
     return None
 
 

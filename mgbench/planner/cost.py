@@ -106,6 +106,11 @@ class Prices:
         return None, f"no {tier.replace('_', '-')} price for {system} / {gpu}; {price_hint(gpu, spot)}"
 
 
+def nodes(num_gpus: Any, gpus_per_node: int) -> Any:
+    """The nodes (servers, instances, racks) ``num_gpus`` GPUs occupy: ceil(GPUs / node)."""
+    return -(-np.asarray(num_gpus) // gpus_per_node)
+
+
 def goodput(num_gpus: Any, gpus_per_node: int, checkpoint_minutes: float, failure_rate: float,
             restart_minutes: float, checkpoint_write_minutes: float, spot: bool,
             preemption_rate: float) -> Any:
@@ -120,7 +125,7 @@ def goodput(num_gpus: Any, gpus_per_node: int, checkpoint_minutes: float, failur
     n = np.asarray(num_gpus, dtype=float)
     rate = failure_rate * n
     if spot:
-        rate = rate + preemption_rate * np.ceil(n / gpus_per_node)
+        rate = rate + preemption_rate * nodes(num_gpus, gpus_per_node)
     interval_h, restart_h = checkpoint_minutes / 60.0, restart_minutes / 60.0
     return (1.0 - checkpoint_write_minutes / checkpoint_minutes) / (1.0 + rate * (interval_h / 2.0 + restart_h))
 

@@ -422,10 +422,9 @@ def billed_gpus(system: str, num_gpus: Any, gpus_per_node: int) -> Any:
     """The GPUs a layout pays for: on a cloud instance type (hardware.toml ``cloud``),
     whole instances of ``gpus_per_node`` (4 GPUs of an 8-GPU p5.48xlarge bill 8); the
     GPUs it uses elsewhere (a price per GPU-hour, as GPU clouds sell them)."""
-    n = np.asarray(num_gpus)
     if not catalog.systems().get(system, {}).get("cloud"):
-        return n
-    return -(-n // gpus_per_node) * gpus_per_node
+        return np.asarray(num_gpus)
+    return cost.nodes(num_gpus, gpus_per_node) * gpus_per_node
 
 
 def schedule_variants(opts: PlanOptions) -> tuple[tuple[str, int], ...]:
@@ -578,9 +577,9 @@ def _row(cols: dict[str, Any], i: int) -> dict[str, Any]:
         r["schedule"] = r["virtual_stages"] = None
     if r.get("pp_last_layers") is not None:
         r["pp_last_layers"] = int(r["pp_last_layers"])
-    nodes = -(-r["num_gpus"] // meta["gpus_per_node"])
     r["node_power_kw"] = meta["max_power_kw"]
-    r["cluster_power_kw"] = meta["max_power_kw"] * nodes if meta["max_power_kw"] else None
+    r["cluster_power_kw"] = (meta["max_power_kw"] * int(cost.nodes(r["num_gpus"], meta["gpus_per_node"]))
+                             if meta["max_power_kw"] else None)
     r["evidence"] = meta["evidence"]
     r["price_usd_per_gpu_hour"] = meta["price_usd_per_gpu_hour"]
     r["device_memory_bytes"] = meta["device_memory_bytes"]

@@ -52,7 +52,8 @@ _PYTHON = re.compile(r"python(\d+(\.\d+)*)?")
 _LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch",
                      "deepspeed.launcher.runner")
 STDERR_TAIL_LINES = 20
-_EXC = re.compile(r"^\s*(\[rank\d+\]:\s*)?[\w.]*(Error|Exception|Interrupt)\b")
+# A line that names an exception ("RuntimeError: ...", "[rank0]: torch.OutOfMemoryError: ...").
+EXCEPTION_LINE = re.compile(r"^\s*(\[rank\d+\]:\s*)?[\w.]*(Error|Exception|Interrupt)\b")
 # Where torchrun's own report of a failed child begins (its elastic agent's log line).
 _TORCHRUN_REPORT = re.compile(r"torch[./]distributed[./]elastic")
 _OOM = ("OutOfMemoryError", "CUDA out of memory")
@@ -297,7 +298,7 @@ def _error_line(before_report: Any, tail: Any = ()) -> str:
                 and "To enable traceback" not in ln]
 
     for lines in (own(before_report), own(tail)):
-        exc = [ln for ln in lines if _EXC.search(ln)]
+        exc = [ln for ln in lines if EXCEPTION_LINE.search(ln)]
         words = [ln for ln in lines if any(c.isalnum() for c in ln)]
         if exc or words:
             return (exc or words)[-1]

@@ -309,13 +309,6 @@ class _Tally:
                       f"ETA {_fmt_s(eta)})")
 
 
-def _read_progress(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _run_group(run_dir: RunDir, run_id: str, gi: int, nproc: int, device: str, group: list[RunConfig],
                stop: StopFlag, progress: Progress, cluster: Cluster | None = None) -> Iterator[dict[str, Any]]:
     """Run one world size's configs, relaunching torchrun after each failed config;
@@ -352,7 +345,7 @@ def _run_group(run_dir: RunDir, run_id: str, gi: int, nproc: int, device: str, g
                 yield from _new_records(tail, remaining, seen)
                 if rc is not None:
                     break
-                cur = _read_progress(progress_path)
+                cur = store.read_progress(progress_path)
                 if cur and cur.get("rounds", 1) > 1 and cur.get("round", 1) != shown_round:
                     # Records only land after a config's last round: say where the job is.
                     shown_round, now = cur["round"], time.monotonic()
@@ -386,7 +379,7 @@ def _run_group(run_dir: RunDir, run_id: str, gi: int, nproc: int, device: str, g
         remaining = [c for c in remaining if c.config_id not in seen]
         if not remaining:
             return
-        cur = _read_progress(progress_path)
+        cur = store.read_progress(progress_path)
         failed = by_id.get(cur["config_id"]) if cur and cur["config_id"] in {c.config_id for c in remaining} else None
         if not leader:
             # The leader records what failed; wait for that, then relaunch in step with it.

@@ -199,18 +199,19 @@ def test_resuming_a_complete_run_changes_nothing(tmp_path):
 
 def test_a_failed_comm_rank_is_named_with_its_exception(tmp_path):
     from mgbench.comm.run import rank_error
+    from mgbench.store import RunDir
 
     d = tmp_path / "logs" / "rdzv" / "attempt_0" / "1"
     d.mkdir(parents=True)
     (d / "stderr.log").write_text("Traceback (most recent call last):\n  File x\n"
                                   "TypeError: unsupported operand type(s) for /: 'int' and 'NoneType'\n")
-    assert rank_error(tmp_path / "logs") == "rank 1: TypeError: unsupported operand type(s) for /: 'int' and 'NoneType'"
-    assert rank_error(tmp_path / "nothing") is None
+    assert rank_error(RunDir(tmp_path).rank_stderrs("rdzv")) == "rank 1: TypeError: unsupported operand type(s) for /: 'int' and 'NoneType'"
+    assert rank_error(RunDir(tmp_path).rank_stderrs("nothing")) is None
     # Teardown noise after the cause is not the cause.
     (d / "stderr.log").write_text("Traceback (most recent call last):\n  File x\nRuntimeError: the cause\n"
                                   "Exception ignored in: <function X.__del__>\nTraceback (most recent call last):\n"
                                   "AttributeError: 'NoneType' object has no attribute 'close'\n")
-    assert rank_error(tmp_path / "logs") == "rank 1: RuntimeError: the cause"
+    assert rank_error(RunDir(tmp_path).rank_stderrs("rdzv")) == "rank 1: RuntimeError: the cause"
 
 
 def test_mgbench_alone_shows_the_help_not_an_error():
