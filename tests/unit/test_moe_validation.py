@@ -165,6 +165,7 @@ PUBLISHED = {
     "qwen3-235b-a22b": (235e9, 3, 22e9, 2, True),
     "deepseek-v2": (236e9, 3, 21e9, 2, False),
     "mixtral-8x22b": (141e9, 3, 39e9, 2, True),
+    "gpt-oss-20b": (20.91e9, 4, 3.61e9, 3, False),  # OpenAI's model card, table 1
 }
 
 
