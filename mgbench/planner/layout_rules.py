@@ -20,6 +20,18 @@ from ..strategies.schedules import (bubble_unknown_reason, chunks_per_rank, sche
 from .memory import max_last_layers
 
 
+def virtual_stages_problem(schedule: str, virtual_stages: int) -> str | None:
+    """Why ``virtual_stages`` cannot be given with ``schedule``, or None: only the
+    interleaved schedules take it; the others hold a fixed number of chunks a rank, and
+    would otherwise be priced with that number while the option said another."""
+    from ..strategies.schedules import VIRTUAL
+
+    if schedule in VIRTUAL or virtual_stages == 1:
+        return None
+    return (f"--virtual-stages {virtual_stages}: --schedule {schedule} holds a fixed number of chunks a rank "
+            f"({chunks_per_rank(schedule, 1)}); virtual stages are for {', '.join(VIRTUAL)}")
+
+
 def schedule_runs(schedule: str, pp: Any, num_micro: Any, virtual_stages: int) -> Any:
     """Rows whose pipeline can run ``schedule`` with a known theoretical bubble (the
     schedule registry's rules, strategies/schedules.py: e.g. interleaved needs m a

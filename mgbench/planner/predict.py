@@ -29,6 +29,8 @@ def validate(layout: Layout, shape: ModelShape | None) -> None:
         raise MgbenchError(f"--recompute must be one of {', '.join(RECOMPUTE)}, got {L.recompute!r}")
     if L.schedule not in SCHEDULES:
         raise MgbenchError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {L.schedule!r}")
+    if (why := layout_rules.virtual_stages_problem(L.schedule, L.virtual_stages)) is not None:
+        raise MgbenchError(why)
     if L.ep > 1 and (shape is None or not shape.is_moe):
         raise MgbenchError(f"--ep {L.ep} shards routed experts: give an MoE model (--model mixtral-8x7b, "
                            "qwen3-30b-a3b, deepseek-v3, or --experts/--top-k with dims)")

@@ -544,9 +544,8 @@ def check_schedule(opts: PlanOptions) -> None:
     if too_few_chunks(opts.schedule, opts.virtual_stages):
         raise MgbenchError(f"--schedule {opts.schedule} runs 2 or more model chunks a pipeline rank: give "
                            "--virtual-stages 2 or more (or --schedule 1f1b)")
-    if opts.schedule not in VIRTUAL and opts.schedule != SEARCHED and opts.virtual_stages != 1:
-        raise MgbenchError(f"--virtual-stages {opts.virtual_stages}: --schedule {opts.schedule} holds a fixed number "
-                           f"of chunks a rank; virtual stages are for {', '.join(VIRTUAL)}")
+    if opts.schedule != SEARCHED and (why := layout_rules.virtual_stages_problem(opts.schedule, opts.virtual_stages)) is not None:
+        raise MgbenchError(why)
     if opts.pp_split == BALANCED and opts.schedule != SEARCHED and v_shaped(opts.schedule):
         raise MgbenchError(f"--pp-split balanced with --schedule {opts.schedule}: its V puts the output layer on rank 0 "
                            "beside the embedding, so there is no last stage to lighten; use --pp-split even or a loop "

@@ -56,11 +56,21 @@ def test_a_plan_option_outside_its_bounds_is_one_line_and_exit_2(extra, words):
      "needs --global-batch / (micro-batch x dp), the micro-batches per step (1), to be a multiple of pp (4)"),
     (["--pp", "4", "--schedule", "dualpipev", "--global-batch", "4"],
      "raise --global-batch so that --global-batch / (micro-batch x dp) >= 8"),
+    # Priced before as 1 (1f1b) or 2 (zbv) chunks a rank while the option said another.
+    (["--pp", "4", "--virtual-stages", "2", "--global-batch", "64"],
+     "--virtual-stages 2: --schedule 1f1b holds a fixed number of chunks a rank (1)"),
+    (["--pp", "4", "--schedule", "zbv", "--virtual-stages", "3", "--global-batch", "64"],
+     "--virtual-stages 3: --schedule zbv holds a fixed number of chunks a rank (2)"),
 ])
 def test_a_predict_layout_that_cannot_run_is_one_line_and_exit_2(extra, words):
     r = _run([*PREDICT, *extra])
     assert r.exit_code == 2 and words in r.output and "Traceback" not in r.output, r.output
     assert "grad_accum" not in r.output  # a runner key predict has no option for
+
+
+def test_memory_refuses_virtual_stages_its_schedule_ignores():
+    r = _run(["memory", "--model", "llama3-8b", "--num-gpus", "8", "--pp", "4", "--virtual-stages", "2"])
+    assert r.exit_code == 2 and "--schedule 1f1b holds a fixed number of chunks" in r.output, r.output
 
 
 def test_bounds_by_hand():
