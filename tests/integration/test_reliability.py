@@ -21,8 +21,7 @@ measured_steps = 4
 check_steps = 2
 timeout_s = 8
 track_memory = false
-inject = ["none", "slow@rank=1,factor=2", "slow@rank=0,factor=1.05", "oom@step=2,rank=1", "hang@step=1,rank=0",
-          "crash@step=1,rank=0"]
+inject = ["none", "slow@rank=1,factor=2", "oom@step=2,rank=1", "hang@step=1,rank=0", "crash@step=1,rank=0"]
 """
 
 
@@ -57,8 +56,9 @@ def wait_for(pred, timeout=120):
     return False
 
 
-def test_six_config_fault_suite(cli, tmp_path):
-    """3 ok, one each of oom / timeout / error, under 3 minutes, nothing left running."""
+def test_five_config_fault_suite(cli, tmp_path):
+    """2 ok (one with a straggler), one each of oom / timeout / error, under 3 minutes,
+    nothing left running."""
     (tmp_path / "f.toml").write_text(FAULTS)
     t0 = time.monotonic()
     p = cli("run", "f.toml", "--run-id", "faults", "--no-report", "--no-projection")
@@ -67,7 +67,7 @@ def test_six_config_fault_suite(cli, tmp_path):
     run = tmp_path / "results" / "faults"
     recs = store.read_records(run)
     by = {r["inject"].split("@")[0] + ("1" if "rank=1" in r["inject"] else ""): r for r in recs}
-    assert sorted(r["status"] for r in recs) == ["error", "ok", "ok", "ok", "oom", "timeout"]
+    assert sorted(r["status"] for r in recs) == ["error", "ok", "ok", "oom", "timeout"]
     oom = by["oom1"]
     assert "rank 1: OutOfMemoryError: injected OOM at step 2" in oom["error"]
     assert oom["mem_peak_gib"] is not None  # the memory known when it failed
