@@ -9,7 +9,8 @@ from typing import Any
 import click
 
 from .cli_options import (DEVICE, JSON, METRIC, MODEL, NPROC_PER_NODE, OVERRIDES, PRICES, RESULTS_DIR, RUN_ID,
-                          cluster_options, deferred_command, options, plan_group, plan_options_from)
+                          cluster_options, deferred_command, options, plan_group, plan_options_from,
+                          prefixed_flags)
 from .collectives import NAMES as COLLECTIVE_NAMES
 from .errors import MgbenchError
 from .record import FAILED_STATUSES
@@ -326,8 +327,11 @@ def report(runs: tuple[str, ...], output: str | None, results_dir: str, metric: 
         from .planner.cost import Prices
         from .planner.search import plan as plan_fn
 
-        plan_data = plan_fn(catalog.model_shape(plan_model), plan_options_from(plan_kw, prefix="plan"),
-                            Prices(plan_prices_file, list(plan_price_overrides)))
+        try:
+            plan_data = plan_fn(catalog.model_shape(plan_model), plan_options_from(plan_kw, prefix="plan"),
+                                Prices(plan_prices_file, list(plan_price_overrides)))
+        except MgbenchError as e:  # plan's words name plan's flags; here they are --plan-*
+            raise MgbenchError(prefixed_flags(str(e), "plan", [MODEL, *plan_group(), *PRICES])) from None
     rows = None
     if len(paths) == 2:
         try:

@@ -200,6 +200,17 @@ def plan_group(prefix: str | None = None, required: bool = True) -> list[Opt]:
     return dataclass_options(PlanOptions, prefix, required)
 
 
+def prefixed_flags(message: str, prefix: str, opts: Sequence[Opt]) -> str:
+    """``message`` (an error written for the unprefixed command) with each of ``opts``'
+    long flags as the prefixed command takes it: `report`'s plan errors say
+    `--plan-tokens`, not plan's own `--tokens`."""
+    import re
+
+    names = sorted((o.flag[2:] for o in opts), key=len, reverse=True)  # --seq-len before --seq
+    pattern = re.compile(r"(?<![\w-])--(" + "|".join(map(re.escape, names)) + r")(?![\w-])")
+    return pattern.sub(lambda m: f"--{prefix}-{m.group(1)}", message)
+
+
 def plan_options_from(kw: dict[str, Any], prefix: str | None = None) -> PlanOptions:
     """The PlanOptions that :func:`plan_group`'s options collected (popped from `kw`)."""
     from .planner.search import PlanOptions

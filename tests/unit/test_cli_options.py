@@ -145,6 +145,30 @@ def test_report_plan_section_uses_the_plan_options(monkeypatch, tmp_path):
     assert r.exit_code == 2 and "go together" in r.output
 
 
+@pytest.mark.parametrize("extra,words", [
+    (["--plan-tokens", "nan"], "--plan-tokens must be a finite number"),
+    (["--plan-tokens", "1e12", "--plan-global-batch-tokens", "100"],
+     "--plan-global-batch-tokens 100 is less than one sequence (--plan-seq-len 4096)"),
+    (["--plan-tokens", "1e12", "--plan-virtual-stages", "2"], "applies to a named --plan-schedule"),
+])
+def test_report_plan_errors_name_the_plan_flags_report_takes(tmp_path, monkeypatch, extra, words):
+    """plan's refusals name its own flags (--tokens); under report the user typed --plan-tokens."""
+    from mgbench import store
+
+    monkeypatch.setattr(store, "resolve_run", lambda run, results_dir: tmp_path / run)
+    r = CliRunner().invoke(main, ["report", "RUN", "--plan-model", "llama3-8b", *extra])
+    assert r.exit_code == 2 and words in r.output, r.output
+    assert " --tokens" not in r.output and " --schedule" not in r.output
+
+
+def test_prefixed_flags_rewrites_whole_flags_only():
+    from mgbench.cli_options import opt, prefixed_flags
+
+    opts = [opt("--seq"), opt("--seq-len"), opt("--top")]
+    assert prefixed_flags("--seq-len 4 and --seq 2, not --topology or x--top", "plan", opts) == \
+        "--plan-seq-len 4 and --plan-seq 2, not --topology or x--top"
+
+
 def _all_commands():
     return {name: cmd for name, cmd in main.commands.items()}
 
