@@ -580,7 +580,7 @@ def status(run: str | None, results_dir: str, as_json: bool) -> None:
     run_dir = store.resolve_run(run, results_dir) if run else store.latest_run(results_dir)
     m = store.read_manifest(run_dir)
     job = (m.get("slurm") or {}).get("job_id")
-    state = job_state(job) if job else None
+    state, waits_for = job_state(job) if job else (None, None)
     recs = store.latest_records(store.read_records(run_dir))
     counts = Counter(r["status"] for r in recs)
     run_status, status_reason = m.get("status"), None
@@ -599,14 +599,15 @@ def status(run: str | None, results_dir: str, as_json: bool) -> None:
                 running.append({"config_id": cur.get("config_id"), "seconds": round(_t.time() - cur["started"], 1),
                                 "round": cur.get("round"), "rounds": cur.get("rounds")})
     out = {"run_id": m["run_id"], "status": run_status, "status_reason": status_reason, "slurm_job": job,
-           "slurm_state": state,
+           "slurm_state": state, "slurm_reason": waits_for,
            "num_configs": m.get("num_configs"), "recorded": sum(counts.values()), "counts": dict(counts),
            "running": running}
     if as_json:
         click.echo(_json.dumps(out, indent=2))
         return
     click.echo(f"run {out['run_id']}: {out['status']}" + (f" ({status_reason})" if status_reason else "")
-               + (f", Slurm job {job}: {state}" if job else ""))
+               + (f", Slurm job {job}: {state}" if job else "")
+               + (f" (waiting for {waits_for}: `squeue -j {job} --start` estimates when it starts)" if waits_for else ""))
     if m.get("kind") == "comm":
         click.echo(f"a `mgbench comm` sweep: `mgbench show {out['run_id']}` prints its table")
         return

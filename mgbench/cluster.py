@@ -108,14 +108,26 @@ def submit(script: Path) -> str:
     return out.stdout.strip().split(";")[0]
 
 
-def job_state(job_id: str) -> str:
-    """PENDING / RUNNING / COMPLETED / FAILED ... from squeue, then sacct; UNKNOWN if neither answers."""
-    for cmd in (["squeue", "-h", "-j", job_id, "-o", "%T"], ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"]):
+def job_state(job_id: str) -> tuple[str, str | None]:
+    """(state, why) of a Slurm job: PENDING / RUNNING / COMPLETED / FAILED ... from squeue,
+    then sacct, UNKNOWN if neither answers; ``why`` is squeue's reason a job still waits
+    (Resources, Priority, a QOS limit, ReqNodeNotAvail ...), None otherwise."""
+    for cmd in (["squeue", "-h", "-j", job_id, "-o", "%T|%r"], ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"]):
         exe = shutil.which(cmd[0])
         if exe is None:
             continue
         out = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=30)
-        state = out.stdout.strip().split("\n")[0].strip() if out.returncode == 0 else ""
+        state, why = parse_state_line(out.stdout) if out.returncode == 0 else ("", None)
         if state:
-            return state.split()[0]
-    return "UNKNOWN"
+            return state, why
+    return "UNKNOWN", None
+
+
+def parse_state_line(text: str) -> tuple[str, str | None]:
+    """squeue's "STATE|REASON" (or sacct's "STATE ...") first line as (state, reason); the
+    reason only while the job waits, and not squeue's "None"."""
+    line = text.strip().split("\n")[0].strip()
+    state, _, reason = line.partition("|")
+    state = state.split()[0] if state.split() else ""
+    reason = reason.strip()
+    return state, (reason if state == "PENDING" and reason and reason != "None" else None)

@@ -140,6 +140,25 @@ def test_show_notes_a_noisy_median_and_ranks_sharing_cores(tmp_path):
     assert "ranks share this host's cores (4 ranks x 1 thread(s) on 2 cores)" in text
 
 
+def test_a_waiting_slurm_job_says_what_it_waits_for(tmp_path, monkeypatch):
+    from mgbench import cluster
+
+    assert cluster.parse_state_line("PENDING|Resources\n") == ("PENDING", "Resources")
+    assert cluster.parse_state_line("RUNNING|None\n") == ("RUNNING", None)
+    assert cluster.parse_state_line("PENDING|None") == ("PENDING", None)
+    assert cluster.parse_state_line("COMPLETED \n") == ("COMPLETED", None)  # sacct's line
+    assert cluster.parse_state_line("") == ("", None)
+    root = tmp_path / "results"
+    make_run(root, "sl", status="running", slurm={"job_id": "42"}, num_configs=2)
+    monkeypatch.setattr(cluster, "job_state", lambda job: ("PENDING", "QOSMaxGRESPerUser"))
+    r = _run(["status", "sl", "--results-dir", str(root)])
+    assert "Slurm job 42: PENDING (waiting for QOSMaxGRESPerUser: `squeue -j 42 --start`" in r.output, r.output
+    assert json.loads(_run(["status", "sl", "--results-dir", str(root), "--json"]).output)["slurm_reason"] == \
+        "QOSMaxGRESPerUser"
+    monkeypatch.setattr(cluster, "job_state", lambda job: ("RUNNING", None))
+    assert "waiting" not in _run(["status", "sl", "--results-dir", str(root)]).output
+
+
 def test_status_names_the_config_running_now(tmp_path):
     import os
     import time
