@@ -137,8 +137,7 @@ def cp_kv_exchange_s(shape: ModelShape, hw: Hardware, *, seq: Any, micro_batch: 
     e = act_bytes(precision)
     k = shape.kv_heads * shape.dim_head
     nbytes = np.asarray(seq, dtype=float) * np.asarray(micro_batch, dtype=float) * 2.0 * k * e / np.asarray(tp, dtype=float)
-    bw, alpha = perf._group_link(span, hw)
-    one = perf.ring_time(nbytes, cp, bw, alpha, 1.0)
+    one = perf.group_collective_time(nbytes, cp, span, hw, 1.0)
     lay = np.asarray(layers, dtype=float)
     recomputed = attention_recomputed_share(lay, recompute)  # recomputed attention gathers K/V again
     return (2.0 + recomputed) * lay * np.asarray(num_micro, dtype=float) * one
@@ -156,13 +155,13 @@ def dp_comm_s(hw: Hardware, *, dense: Any, expert: Any, tp: Any, dpc: Any, ep: A
     t, d = np.asarray(tp, dtype=float), np.asarray(dpc, dtype=float)
 
     def group(params: Any, n: Any, r: Any) -> Any:
-        shard = n / r  # ranks a copy is sharded over
-        bw_s, a_s = perf._group_link(t * shard, hw)
-        bw_all, a_all = perf._group_link(t * n, hw)
+        shard = n / r  # ranks a copy is sharded over; its r replicas span all t x n GPUs
         gb = np.asarray(params, dtype=float) * g
-        allreduce = perf.ring_time(gb, n, bw_all, a_all, 2.0)
-        z3 = perf.zero3_gathers(m, pp, schedule) * perf.ring_time(np.asarray(params, dtype=float) * w, shard, bw_s, a_s, 1.0) \
-            + perf.ring_time(gb, shard, bw_s, a_s, 1.0) + perf.ring_time(gb / shard, r, bw_all, a_all, 2.0)
+        allreduce = perf.group_collective_time(gb, n, t * n, hw, 2.0)
+        z3 = perf.zero3_gathers(m, pp, schedule) * perf.group_collective_time(
+            np.asarray(params, dtype=float) * w, shard, t * shard, hw, 1.0) \
+            + perf.group_collective_time(gb, shard, t * shard, hw, 1.0) \
+            + perf.group_collective_time(gb / shard, r, t * n, hw, 2.0)
         return np.where(z >= 3, z3, allreduce)
 
     # Routed experts: replicated over the t x dp x cp / ep ranks of their expert
@@ -170,12 +169,11 @@ def dp_comm_s(hw: Hardware, *, dense: Any, expert: Any, tp: Any, dpc: Any, ep: A
     # consecutive ranks, so a replica is ep ranks from the next and the group spans all
     # t x dp x cp of them). (A dense model has no expert group: not even its latency terms.)
     n_e = t * d / np.asarray(ep, dtype=float)
-    bw_e, a_e = perf._group_link(t * d, hw)
     gb_e = np.asarray(expert, dtype=float) * g
-    expert_z3 = perf.zero3_gathers(m, pp, schedule) * perf.ring_time(np.asarray(expert, dtype=float) * w, n_e, bw_e,
-                                                                    a_e, 1.0) + perf.ring_time(gb_e, n_e, bw_e, a_e, 1.0)
+    expert_z3 = perf.zero3_gathers(m, pp, schedule) * perf.group_collective_time(
+        np.asarray(expert, dtype=float) * w, n_e, t * d, hw, 1.0) + perf.group_collective_time(gb_e, n_e, t * d, hw, 1.0)
     experts = np.where(np.asarray(expert) > 0,
-                       np.where(z >= 3, expert_z3, perf.ring_time(gb_e, n_e, bw_e, a_e, 2.0)), 0.0)
+                       np.where(z >= 3, expert_z3, perf.group_collective_time(gb_e, n_e, t * d, hw, 2.0)), 0.0)
     return group(dense, d, np.asarray(replicas, dtype=float)) + experts
 
 

@@ -57,8 +57,10 @@ dp_comm   gradient all-reduce (ZeRO 0/1), reduce-scatter + all-gather (ZeRO 2), 
 
 Collectives follow the alpha-beta model of ring algorithms: an all-reduce on n ranks
 takes 2 (n - 1) alpha + 2 (n - 1) / n x bytes / bandwidth; all-gather and
-reduce-scatter half of that. A group stays inside a node (NVLink/PCIe) when it fits,
-otherwise it is limited by each GPU's share of the node's network. Rank order is
+reduce-scatter half of that. A group that fits in a node runs on the node's links
+(NVLink/PCIe); one that spans k nodes with g ranks on each runs as NCCL runs it
+(:func:`group_collective_time`): most bytes over the node's links, a 1 / g shard over
+each rank's NIC. Pipeline sends go over one NIC a rank. Rank order is
 tensor-parallel fastest, then data-parallel, then pipeline (Megatron-LM's default).
 """
 
@@ -85,6 +87,33 @@ def ring_time(nbytes: Any, n: Any, bw: Any, alpha: Any, factor: float) -> Any:
     """Alpha-beta ring collective: factor 2 for all-reduce, 1 for all-gather/reduce-scatter."""
     n = np.asarray(n, dtype=float)
     return np.where(n > 1, factor * (n - 1) * alpha + factor * (n - 1) / n * nbytes / bw, 0.0)
+
+
+def group_collective_time(nbytes: Any, n: Any, span: Any, hw: Hardware, factor: float) -> Any:
+    """Seconds of a ring collective (``factor`` 2: all-reduce; 1: all-gather or
+    reduce-scatter) of ``nbytes`` a rank over ``n`` ranks that span ``span`` consecutive
+    GPUs. Inside a node: :func:`ring_time` on the node's links. Across k nodes with g of
+    the group's ranks on each, NCCL moves most of the bytes over the node's own links and
+    only a shard over the network, each rank's NIC at once: an intra-node phase of
+    factor (g - 1) / g x nbytes on the node's links and an inter-node one of
+    factor (k - 1) / k x nbytes / g on each rank's NIC (the hierarchical model, which the
+    per-GPU network rates of hardware.toml are measured in: busbw x (k - 1) / (n - 1),
+    e.g. efa-v4's), taken as overlapping (the longer of the two). Charging the flat
+    ring's 2 (n - 1) / n x nbytes to one NIC, as this did before 2026-11-27, priced a
+    4 GiB all-reduce on 4 x 8 B200 at 7.5x the 22 ms measured
+    (tests/unit/test_collective_time.py keeps the published table)."""
+    n = np.asarray(n, dtype=float)
+    span = np.asarray(span, dtype=float)
+    gpn = float(hw.gpus_per_node)
+    inside = span <= gpn
+    flat = ring_time(nbytes, n, hw.intra_bw, hw.intra_alpha_s, factor)
+    k = np.minimum(np.ceil(span / gpn), np.maximum(n, 1.0))  # nodes the group reaches
+    g = np.maximum(n, 1.0) / np.maximum(k, 1.0)  # its ranks on each of them
+    nb = np.asarray(nbytes, dtype=float)
+    inter = np.where(k > 1, factor * (k - 1.0) * hw.inter_alpha_s
+                     + factor * (k - 1.0) / np.maximum(k, 1.0) * nb / g / hw.inter_bw, 0.0)
+    intra = np.where(g > 1, factor * (g - 1.0) * hw.intra_alpha_s + factor * (g - 1.0) / g * nb / hw.intra_bw, 0.0)
+    return np.where(n > 1, np.where(inside, flat, np.maximum(inter, intra)), 0.0)
 
 
 def link_from_all_reduce_fit(alpha_s: float, algbw: float, n: int) -> dict[str, float]:
@@ -639,8 +668,7 @@ def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: An
 
     act = s * b * shape.hidden * act_bytes(precision)
     counts = collective_counts(shape.layers, t, p, d, 0, m, rc, pp_last_layers=pp_last_layers)
-    tp_bw, tp_alpha = _group_link(t, hw)
-    tp_comm = counts["tp"] * ring_time(act, t, tp_bw, tp_alpha, 2.0)
+    tp_comm = counts["tp"] * group_collective_time(act, t, t, hw, 2.0)
     # Pipeline neighbours are t * d ranks apart: same node only if that fits in one.
     pp_bw, pp_alpha = _group_link(t * d + 1, hw)
     p2p = pp_alpha + act / t / pp_bw  # scatter-gather: each TP rank sends 1/t
