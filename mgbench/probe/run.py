@@ -66,6 +66,10 @@ def probe(device: str = "auto", dtypes: list[str] | None = None, model: str | No
     ram = machine.get("ram_gib")
     prof["host_memory_bytes"] = ram * 2**30 if ram else None
 
+    phases = (len(_cpu_ranks(max_ranks)) + 1 + (sum(n > 1 for n in _cpu_ranks(max_ranks)) if comm else 0)
+              if kind == "cpu" else 2 * len(dtypes) + int(comm and count > 1))
+    progress = numbered(progress, phases, t_start, "" if kind != "cpu" or max_ranks else
+                        " (--max-ranks N probes fewer rank counts, --no-comm skips the all-reduce runs)")
     prof["memory"] = kernels.memory_bandwidth(dev, MEMORY_OPERAND_BYTES[kind])
     if kind == "cpu":
         at_ranks = _cpu_rank_kernels(prof, shape, tokens, dtypes, cores, progress, _cpu_ranks(max_ranks))
@@ -89,6 +93,19 @@ def probe(device: str = "auto", dtypes: list[str] | None = None, model: str | No
     # --hardware` and the evidence regime read, every figure measured here or null with why.
     prof["hardware_profile"] = hardware_profile(prof).to_dict()
     return prof
+
+
+def numbered(progress: Callable[[str], None], phases: int, t_start: float, hint: str = "") -> Callable[[str], None]:
+    """``progress`` with each phase line numbered out of ``phases`` and the time so far
+    (the probe's length grows with the rank counts and dtypes probed); ``hint`` follows
+    the first line."""
+    done = [0]
+
+    def say(message: str) -> None:
+        done[0] += 1
+        elapsed = int(time.monotonic() - t_start)
+        progress(f"[{done[0]}/{phases}, {elapsed // 60}:{elapsed % 60:02d}] {message}" + (hint if done[0] == 1 else ""))
+    return say
 
 
 def _cpu_ranks(max_ranks: int | None) -> list[int]:

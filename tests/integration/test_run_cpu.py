@@ -206,6 +206,8 @@ def test_probe_profile_predicts_the_measured_run(smoke_run):
                 "probe.json", cwd=cwd)
     assert p.returncode == 0, p.stderr
     assert "profile: probe.json" in p.stdout and "GEMM float32" in p.stdout
+    # Each phase numbered out of the phases this probe runs: 1 rank count and the framework.
+    assert "[1/2, 0:" in p.stderr and "[2/2, " in p.stderr and "[3/" not in p.stderr, p.stderr
     prof = json.loads((cwd / "probe.json").read_text())
     assert prof["device"] == "cpu" and prof["gemm"][0]["typical_tflops"] > 0
     assert {g["ranks"] for g in prof["gemm"]} == {h["ranks"] for h in prof["host_ops"]} == {1}  # --max-ranks 1

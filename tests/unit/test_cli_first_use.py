@@ -499,3 +499,15 @@ def test_show_takes_one_format(tmp_path):
     assert both.exit_code == 2 and "give one of them" in both.output
     assert json.loads(_run(["show", "r", "--json", "--results-dir", str(root)]).output)["records"]
     assert "config_id" in _run(["show", "r", "--csv", "--results-dir", str(root)]).output.splitlines()[0]
+
+
+def test_probe_phases_are_numbered_with_the_time_so_far():
+    import time
+
+    from mgbench.probe.run import numbered
+
+    said = []
+    say = numbered(said.append, 3, time.monotonic() - 65, " (hint)")
+    say("GEMM")
+    say("attention")
+    assert said == ["[1/3, 1:05] GEMM (hint)", "[2/3, 1:05] attention"]
