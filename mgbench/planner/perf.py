@@ -93,15 +93,18 @@ def group_collective_time(nbytes: Any, n: Any, span: Any, hw: Hardware, factor: 
     """Seconds of a ring collective (``factor`` 2: all-reduce; 1: all-gather or
     reduce-scatter) of ``nbytes`` a rank over ``n`` ranks that span ``span`` consecutive
     GPUs. Inside a node: :func:`ring_time` on the node's links. Across k nodes with g of
-    the group's ranks on each, NCCL moves most of the bytes over the node's own links and
-    only a shard over the network, each rank's NIC at once: an intra-node phase of
-    factor (g - 1) / g x nbytes on the node's links and an inter-node one of
-    factor (k - 1) / k x nbytes / g on each rank's NIC (the hierarchical model, which the
-    per-GPU network rates of hardware.toml are measured in: busbw x (k - 1) / (n - 1),
-    e.g. efa-v4's), taken as overlapping (the longer of the two). Charging the flat
-    ring's 2 (n - 1) / n x nbytes to one NIC, as this did before 2026-11-27, priced a
-    4 GiB all-reduce on 4 x 8 B200 at 7.5x the 22 ms measured
-    (tests/unit/test_collective_time.py keeps the published table)."""
+    the group's ranks on each: an intra-node phase of factor (g - 1) / g x nbytes on the
+    node's links and an inter-node one of factor (k - 1) / k x nbytes / g on each rank's
+    NIC, taken as overlapping (the longer of the two): the hierarchical model, in which
+    efa-v4's per-GPU rate in hardware.toml was measured (busbw x (k - 1) / (n - 1)); the
+    other links' rates are assumptions read the same way. A flat ring over all the node's
+    NICs fits the same 4-node table; the two differ at other node counts, which no
+    measurement here covers. Approximations: g is the mean ranks a node (a node holding
+    fewer ranks of the group is slower), and a rack of gb200-nvl72 counts as 72 GPUs where
+    a plan spreads 64 a rack. Charging the flat ring's 2 (n - 1) / n x nbytes to one NIC,
+    as this did before 2026-11-27, priced a 4 GiB all-reduce on 4 x 8 B200 at 229 ms
+    against the 22 ms measured (tests/unit/test_collective_time.py keeps the published
+    table; below 1 GiB the model runs faster than it: latencies are assumptions)."""
     n = np.asarray(n, dtype=float)
     span = np.asarray(span, dtype=float)
     gpn = float(hw.gpus_per_node)
