@@ -58,9 +58,9 @@ dp_comm   gradient all-reduce (ZeRO 0/1), reduce-scatter + all-gather (ZeRO 2), 
 Collectives follow the alpha-beta model of ring algorithms: an all-reduce on n ranks
 takes 2 (n - 1) alpha + 2 (n - 1) / n x bytes / bandwidth; all-gather and
 reduce-scatter half of that. A group that fits in a node runs on the node's links
-(NVLink/PCIe); one that spans k nodes with g ranks on each runs as NCCL runs it
-(:func:`group_collective_time`): most bytes over the node's links, a 1 / g shard over
-each rank's NIC. Pipeline sends go over one NIC a rank. Rank order is
+(NVLink/PCIe); one that spans k nodes with g ranks on each runs as NCCL's rings do
+(:func:`group_collective_time`): one channel a NIC, so each rank's NIC carries 1 / g of
+the ring's bytes. Pipeline sends go over one NIC a rank. Rank order is
 tensor-parallel fastest, then data-parallel, then pipeline (Megatron-LM's default).
 """
 
@@ -93,18 +93,18 @@ def group_collective_time(nbytes: Any, n: Any, span: Any, hw: Hardware, factor: 
     """Seconds of a ring collective (``factor`` 2: all-reduce; 1: all-gather or
     reduce-scatter) of ``nbytes`` a rank over ``n`` ranks that span ``span`` consecutive
     GPUs. Inside a node: :func:`ring_time` on the node's links. Across k nodes with g of
-    the group's ranks on each: an intra-node phase of factor (g - 1) / g x nbytes on the
-    node's links and an inter-node one of factor (k - 1) / k x nbytes / g on each rank's
-    NIC, taken as overlapping (the longer of the two): the hierarchical model, in which
-    efa-v4's per-GPU rate in hardware.toml was measured (busbw x (k - 1) / (n - 1)); the
-    other links' rates are assumptions read the same way. A flat ring over all the node's
-    NICs fits the same 4-node table; the two differ at other node counts, which no
-    measurement here covers. Approximations: g is the mean ranks a node (a node holding
-    fewer ranks of the group is slower), and a rack of gb200-nvl72 counts as 72 GPUs where
-    a plan spreads 64 a rack. Charging the flat ring's 2 (n - 1) / n x nbytes to one NIC,
-    as this did before 2026-11-27, priced a 4 GiB all-reduce on 4 x 8 B200 at 229 ms
-    against the 22 ms measured (tests/unit/test_collective_time.py keeps the published
-    table; below 1 GiB the model runs faster than it: latencies are assumptions)."""
+    the group's ranks on each, NCCL's rings run one channel a NIC: each ring passes a
+    node's g ranks over its links and leaves it through one NIC, so every rank's NIC
+    carries factor (n - 1) / n x nbytes / g and every rank's node links (g - 1) / g of the
+    ring's factor (n - 1) / n x nbytes; the longer of the two (they run at once). A
+    collective's bus bandwidth across nodes is so g x the per-GPU network rate whatever
+    the node count, as published multi-node all-reduce tables show (AWS p5 at 4 to 16
+    nodes within 1%; data/published_collectives.toml, `python -m
+    mgbench.planner.collective_validation`). With one rank a node it is the flat ring on
+    one NIC a rank, which is what this charged every group before 2026-11-27 (a 4 GiB
+    all-reduce on 4 x 8 B200 at 229 ms against 22 ms measured). Approximations: g is the
+    mean ranks a node (a node holding fewer ranks of the group is slower), and a rack of
+    gb200-nvl72 counts as 72 GPUs where a plan spreads 64 a rack."""
     n = np.asarray(n, dtype=float)
     span = np.asarray(span, dtype=float)
     gpn = float(hw.gpus_per_node)
@@ -112,10 +112,9 @@ def group_collective_time(nbytes: Any, n: Any, span: Any, hw: Hardware, factor: 
     flat = ring_time(nbytes, n, hw.intra_bw, hw.intra_alpha_s, factor)
     k = np.minimum(np.ceil(span / gpn), np.maximum(n, 1.0))  # nodes the group reaches
     g = np.maximum(n, 1.0) / np.maximum(k, 1.0)  # its ranks on each of them
-    nb = np.asarray(nbytes, dtype=float)
-    inter = np.where(k > 1, factor * (k - 1.0) * hw.inter_alpha_s
-                     + factor * (k - 1.0) / np.maximum(k, 1.0) * nb / g / hw.inter_bw, 0.0)
-    intra = np.where(g > 1, factor * (g - 1.0) * hw.intra_alpha_s + factor * (g - 1.0) / g * nb / hw.intra_bw, 0.0)
+    ring = factor * (np.maximum(n, 1.0) - 1.0) / np.maximum(n, 1.0) * np.asarray(nbytes, dtype=float)
+    inter = factor * (k - 1.0) * hw.inter_alpha_s + ring / (g * hw.inter_bw)
+    intra = factor * (g - 1.0) * hw.intra_alpha_s + ring * (g - 1.0) / g / hw.intra_bw
     return np.where(n > 1, np.where(inside, flat, np.maximum(inter, intra)), 0.0)
 
 

@@ -202,9 +202,21 @@ def moe_summary_markdown() -> str:
     return moe_runs_markdown().splitlines()[-1]
 
 
+def collectives_summary_markdown() -> str:
+    """The multi-node all-reduce check in one line (README)."""
+    from mgbench.planner import collective_validation as C
+
+    s = C.summary(C.score())
+    held, fit = s["held_out"], s["fit"]
+    return (f"Collectives across nodes: published multi-node all-reduce bandwidth ({held['rows'] + fit['rows']} rows, "
+            f"{fit['rows']} set the network links' rates; `python -m mgbench.planner.collective_validation`): held "
+            f"out, mean |error| {held['mean_abs_pct']:.1f}%, worst {held['worst'][0]:.1f}% (`{held['worst'][1]}`).")
+
+
 GENERATORS = {"strategies": strategies_markdown, "schedules": schedules_markdown, "suite-keys": suite_keys_markdown,
               "strategy-names": strategy_names_markdown, "accelerator-families": accelerator_families_markdown,
-              "moe-runs": moe_runs_markdown, "moe-summary": moe_summary_markdown}
+              "moe-runs": moe_runs_markdown, "moe-summary": moe_summary_markdown,
+              "collectives-summary": collectives_summary_markdown}
 GENERATED = re.compile(r"(<!-- generated: ([a-z-]+)[^\n]*-->\n)(.*?)(<!-- end generated -->)", re.S)
 
 
