@@ -25,14 +25,33 @@ REQUIRED = ("id", "system", "nodes", "ranks_per_node", "bytes", "busbw_gbps", "s
 
 @lru_cache(maxsize=1)
 def rows() -> tuple[dict[str, Any], ...]:
-    """The file's rows, each checked for its fields and a known split."""
-    out = tuple(catalog.load("published_collectives.toml")["rows"])
-    bad = [f"{r.get('id', '?')}: missing {', '.join(k for k in REQUIRED if k not in r)}" for r in out
+    """The file's rows, checked (:func:`check`)."""
+    return tuple(check(list(catalog.load("published_collectives.toml")["rows"])))
+
+
+def check(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows, or MgbenchError naming each that lacks a field, has an unknown split, more
+    ranks a node than its system's GPUs, or is a fit row not naming its system's network
+    link in ``sets`` (the link whose bw_eff it set)."""
+    bad = [f"{r.get('id', '?')}: missing {', '.join(k for k in REQUIRED if k not in r)}" for r in rows
            if any(k not in r for k in REQUIRED)]
-    bad += [f"{r['id']}: split {r['split']!r}" for r in out if r.get("split") not in SPLITS]
+    for r in rows:
+        if any(k not in r for k in REQUIRED):
+            continue
+        system = catalog.systems().get(r["system"])
+        if r["split"] not in SPLITS:
+            bad.append(f"{r['id']}: split {r['split']!r}")
+        if system is None:
+            bad.append(f"{r['id']}: no catalog system {r['system']!r}")
+            continue
+        if not 1 <= r["ranks_per_node"] <= system["gpus_per_node"]:
+            bad.append(f"{r['id']}: ranks_per_node {r['ranks_per_node']} on {system['gpus_per_node']}-GPU nodes")
+        if r["split"] == "fit" and r.get("sets") != system["inter_link"]:
+            bad.append(f"{r['id']}: a fit row sets its system's network link ({system['inter_link']}), "
+                       f"not sets {r.get('sets')}")
     if bad:
         raise MgbenchError("published_collectives.toml: " + "; ".join(bad))
-    return out
+    return rows
 
 
 def predicted_busbw_gbps(row: dict[str, Any]) -> float:

@@ -59,8 +59,8 @@ Collectives follow the alpha-beta model of ring algorithms: an all-reduce on n r
 takes 2 (n - 1) alpha + 2 (n - 1) / n x bytes / bandwidth; all-gather and
 reduce-scatter half of that. A group that fits in a node runs on the node's links
 (NVLink/PCIe); one that spans k nodes with g ranks on each runs as NCCL's rings do
-(:func:`group_collective_time`): one channel a NIC, so each rank's NIC carries 1 / g of
-the ring's bytes. Pipeline sends go over one NIC a rank. Rank order is
+(:func:`group_collective_time`): the channels spread over the node's NICs, so each
+rank's NIC carries 1 / g of the ring's bytes. Pipeline sends go over one NIC a rank. Rank order is
 tensor-parallel fastest, then data-parallel, then pipeline (Megatron-LM's default).
 """
 
@@ -93,18 +93,21 @@ def group_collective_time(nbytes: Any, n: Any, span: Any, hw: Hardware, factor: 
     """Seconds of a ring collective (``factor`` 2: all-reduce; 1: all-gather or
     reduce-scatter) of ``nbytes`` a rank over ``n`` ranks that span ``span`` consecutive
     GPUs. Inside a node: :func:`ring_time` on the node's links. Across k nodes with g of
-    the group's ranks on each, NCCL's rings run one channel a NIC: each ring passes a
-    node's g ranks over its links and leaves it through one NIC, so every rank's NIC
-    carries factor (n - 1) / n x nbytes / g and every rank's node links (g - 1) / g of the
-    ring's factor (n - 1) / n x nbytes; the longer of the two (they run at once). A
-    collective's bus bandwidth across nodes is so g x the per-GPU network rate whatever
-    the node count, as published multi-node all-reduce tables show (AWS p5 at 4 to 16
-    nodes within 1%; data/published_collectives.toml, `python -m
+    the group's ranks on each, NCCL spreads its ring channels over the node's NICs: each
+    ring passes a node's g ranks over its links and leaves it through one NIC, so every
+    rank's NIC carries factor (n - 1) / n x nbytes / g and its node links (g - 1) / g of
+    the ring's factor (n - 1) / n x nbytes; the longer of the two (they run at once), plus
+    the ring's steps' latencies, factor (k - 1) across nodes and factor (n - k) inside
+    them (NCCL's ring tuning counts them so). A collective's bus bandwidth across nodes is
+    so g x the per-GPU network rate, as NCCL maintainers give it (46-48 GB/s a 400 Gb/s NIC,
+    NVIDIA/nccl-tests#290; 24 a 200 Gb/s one, nccl-tests#160); published multi-node
+    tables check it (data/published_collectives.toml, `python -m
     mgbench.planner.collective_validation`). With one rank a node it is the flat ring on
     one NIC a rank, which is what this charged every group before 2026-11-27 (a 4 GiB
     all-reduce on 4 x 8 B200 at 229 ms against 22 ms measured). Approximations: g is the
-    mean ranks a node (a node holding fewer ranks of the group is slower), and a rack of
-    gb200-nvl72 counts as 72 GPUs where a plan spreads 64 a rack."""
+    mean ranks a node (a node holding fewer ranks of the group is slower); a rack of
+    gb200-nvl72 counts as 72 GPUs where a plan spreads 64 a rack; on PCIe nodes the NIC
+    traffic also crosses each GPU's PCIe link, which the intra term does not count."""
     n = np.asarray(n, dtype=float)
     span = np.asarray(span, dtype=float)
     gpn = float(hw.gpus_per_node)
@@ -113,9 +116,9 @@ def group_collective_time(nbytes: Any, n: Any, span: Any, hw: Hardware, factor: 
     k = np.minimum(np.ceil(span / gpn), np.maximum(n, 1.0))  # nodes the group reaches
     g = np.maximum(n, 1.0) / np.maximum(k, 1.0)  # its ranks on each of them
     ring = factor * (np.maximum(n, 1.0) - 1.0) / np.maximum(n, 1.0) * np.asarray(nbytes, dtype=float)
-    inter = factor * (k - 1.0) * hw.inter_alpha_s + ring / (g * hw.inter_bw)
-    intra = factor * (g - 1.0) * hw.intra_alpha_s + ring * (g - 1.0) / g / hw.intra_bw
-    return np.where(n > 1, np.where(inside, flat, np.maximum(inter, intra)), 0.0)
+    latency = factor * (k - 1.0) * hw.inter_alpha_s + factor * (np.maximum(n, 1.0) - k) * hw.intra_alpha_s
+    wire = np.maximum(ring / (g * hw.inter_bw), ring * (g - 1.0) / g / hw.intra_bw)
+    return np.where(n > 1, np.where(inside, flat, latency + wire), 0.0)
 
 
 def link_from_all_reduce_fit(alpha_s: float, algbw: float, n: int) -> dict[str, float]:
