@@ -253,7 +253,8 @@ PLAN_HTML = opt("--html", "html_file", metavar="FILE",
 MODEL = opt("--model", help="Model preset (see mgbench/data/models.toml), e.g. llama3-8b.")
 HF = opt("--hf", "hf_config", metavar="PATH",
          help="A Hugging Face config.json (or its folder), read on disk: llama, mistral, mixtral, qwen2, qwen3, "
-              "qwen3_moe, gemma/gemma2/gemma3, gpt2, gpt_oss, phi3, deepseek_v2/v3. Dims given beside it override it.")
+              "qwen3_moe, gemma/gemma2/gemma3, gpt2, gpt_oss, phi3, deepseek_v2/v3 (of a multimodal config its "
+              "language model; the vision tower is named as not priced). Dims given beside it override it.")
 PARAMS = opt("--params", type=float, help="Parameter count only (model states, no activations), e.g. 7.5e9.")
 DIMS = (
     opt("--layers", type=int, help="Custom model: transformer blocks (with --hidden, --heads, --ffn-hidden, --vocab)."),

@@ -11,6 +11,7 @@ every published config in tests/fixtures/hf/published).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Callable
@@ -57,7 +58,9 @@ def shape_from_file(path: str | Path) -> ModelShape:
 def shape_from_hf(cfg: dict[str, Any], name: str) -> ModelShape:
     """The ModelShape of a Hugging Face config; one clear error for an architecture not
     read here or a config that lacks a key its size needs."""
+    left_out = None
     if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers (Gemma 3 4B+): the language model
+        left_out = _other_towers(cfg)
         cfg = {**cfg["text_config"], "model_type": cfg["text_config"].get("model_type", cfg.get("model_type"))}
     arch = cfg.get("model_type")
     if not isinstance(arch, str):
@@ -67,7 +70,8 @@ def shape_from_hf(cfg: dict[str, Any], name: str) -> ModelShape:
         raise MgbenchError(f"model {name}: Hugging Face model_type {arch!r} is not read by mgbench; it reads "
                            f"{', '.join(sorted(READERS))} (or give the dims: --layers, --hidden, ...)")
     try:
-        return reader(cfg, name)
+        shape = reader(cfg, name)
+        return dataclasses.replace(shape, left_out=left_out) if left_out else shape
     except KeyError as e:
         raise MgbenchError(f"model {name}: the Hugging Face {arch} config lacks {e.args[0]}") from None
 
@@ -119,6 +123,18 @@ def _llama(cfg: dict[str, Any], name: str) -> ModelShape:
     """llama, mistral, qwen2, qwen3, phi3 (fused qkv and gate_up: the same weights)."""
     d = _common(cfg, name, ffn_hidden=_int(cfg, "intermediate_size"), mlp="swiglu")
     return ModelShape(**d, **_local(cfg, d["layers"], 0))
+
+
+def _other_towers(cfg: dict[str, Any]) -> str | None:
+    """What a multimodal config holds besides its language model (``text_config``): its
+    vision tower, described by the sizes its ``vision_config`` states, or None."""
+    vision = cfg.get("vision_config")
+    if not isinstance(vision, dict):
+        return None
+    sizes = [f"{vision[k]} {what}" for k, what in (("num_hidden_layers", "layers"), ("hidden_size", "hidden"),
+                                                   ("intermediate_size", "MLP")) if isinstance(vision.get(k), int)]
+    return ("the vision tower (vision_config" + (": " + ", ".join(sizes) if sizes else "") + ") and the image "
+            "tokens it feeds the language model: only the language model (text_config) is sized and priced")
 
 
 def _gemma(cfg: dict[str, Any], name: str) -> ModelShape:

@@ -114,6 +114,9 @@ class ModelShape:
     # (Gemma 2: 2; Gemma 3: 6; gpt-oss: 2); 0: every layer is local (Mistral 7B v0.1).
     sliding_window: int | None = None
     global_every: int = 0
+    # What the config this shape was read from holds beyond it (a multimodal model's vision
+    # tower, hf_config.py): priced nowhere, and said in every prediction's notes.
+    left_out: str | None = None
 
     def __post_init__(self) -> None:
         if self.kv_heads is None:
@@ -227,7 +230,8 @@ class ModelShape:
             del d["vocab_multiple"]
         for f, neutral in (("experts", 0), ("top_k", 0), ("expert_ffn_hidden", None), ("shared_experts", 0),
                            ("dense_layers", 0), *((f, None) for f in _MLA_FIELDS), ("mtp_layers", 0),
-                           ("parallel_block", False), ("sliding_window", None), ("global_every", 0)):
+                           ("parallel_block", False), ("sliding_window", None), ("global_every", 0),
+                           ("left_out", None)):
             if d[f] == neutral:  # the same, for the MoE dims of a dense model
                 del d[f]
         return d

@@ -46,6 +46,11 @@ def validate(layout: Layout, shape: ModelShape | None) -> None:
         raise MgbenchError("; ".join(layout_rules.MESSAGES[name](L, shape) for name in broken))
 
 
+def model_notes(shape: ModelShape | None) -> list[str]:
+    """What the model's source holds that no figure here counts (ModelShape.left_out)."""
+    return [f"model {shape.name}: not priced: {shape.left_out}"] if shape is not None and shape.left_out else []
+
+
 def runner_notes(shape: ModelShape | None, layout: Layout) -> list[str]:
     """What the planner prices here that `mgbench run` cannot measure, one line each."""
     notes = []
@@ -97,7 +102,8 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
     out = {k: float(m[k]) for k in MEMORY_KEYS}
     # Offloaded model states: in host memory, not in the device total.
     out["host_bytes"] = float(m["host_bytes"])
-    out["notes"] = runner_notes(shape, layout) + (pipeline_notes(layout) if shape is not None else [])
+    out["notes"] = (model_notes(shape) + runner_notes(shape, layout)
+                    + (pipeline_notes(layout) if shape is not None else []))
     if shape is None and layout.zero >= 3 and largest_layer_params is None:
         out["notes"] += ["ZeRO-3's gathered working set is not counted: the largest layer is unknown with --params; "
                         "give --largest-layer-params N (DeepSpeed's estimator takes the same)"]

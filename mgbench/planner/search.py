@@ -24,6 +24,7 @@ from ..layout import RECOMPUTE, Layout, fp8_recipe_problem
 from ..model_shape import ModelShape
 from ..strategies.schedules import VIRTUAL, too_few_chunks, v_shaped
 from . import cost, decision, hardware, layout_rules, layout_time, ownership, perf, stack
+from .predict import model_notes
 from .moe import MoeOptions
 from .memory import ALLOWANCE_FRACTION, SCHEDULES, STATE_BYTES, check_margin, memory_per_gpu
 from ..probe.profile import STACK as profile_stack
@@ -663,6 +664,7 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
     if rec is not None and rec.get("pp_last_layers") is not None:
         reasons.append(last_stage_reason(shape, rec))
     reasons += notes
+    reasons += model_notes(shape)
     reasons += evidence_lines(rec, ranked)
     reasons += _distinguishable(rec, ranked[: opts.top])
     if rec is not None and opts.deadline_days is not None and rec["days_interval"][1] > opts.deadline_days:

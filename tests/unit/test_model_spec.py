@@ -320,3 +320,23 @@ def test_memory_trace_refuses_what_the_runner_cannot_run_in_one_line():
         assert r.exit_code == 2 and "priced without --trace" in r.output and "Traceback" not in r.output
     r = CliRunner().invoke(main, ["memory", "--model", "deepseek-v3", "--num-gpus", "2", "--zero", "3", "--trace"])
     assert r.exit_code == 2 and "--trace builds the model with the runner's decoder" in r.output
+
+
+def test_a_multimodal_configs_vision_tower_is_named_as_not_priced(tmp_path):
+    """A Gemma 3 4B-style config: the language model (text_config) is sized; its vision
+    tower is not, and predict, memory and plan say so rather than drop it silently."""
+    cfg = {"model_type": "gemma3", "text_config": {
+        "model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 34,
+        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 262208,
+        "sliding_window": 1024},
+        "vision_config": {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    s = shape_from_file(tmp_path / "config.json")
+    assert s.layers == 34 and "vision tower (vision_config: 27 layers, 1152 hidden, 4304 MLP)" in s.left_out
+    for args in (["predict", "--system", "dgx-h100", "--num-gpus", "8"], ["memory", "--num-gpus", "8"],
+                 ["plan", "--tokens", "1e11", "--systems", "dgx-h100", "--max-gpus", "16"]):
+        r = CliRunner().invoke(main, [*args, "--hf", str(tmp_path)])
+        assert r.exit_code == 0 and "not priced: the vision tower" in r.output, (args, r.output[-500:])
+    # The text model alone has nothing left out.
+    (tmp_path / "config.json").write_text(json.dumps(cfg["text_config"]))
+    assert shape_from_file(tmp_path / "config.json").left_out is None
