@@ -125,16 +125,19 @@ def _llama(cfg: dict[str, Any], name: str) -> ModelShape:
     return ModelShape(**d, **_local(cfg, d["layers"], 0))
 
 
-def _other_towers(cfg: dict[str, Any]) -> str | None:
-    """What a multimodal config holds besides its language model (``text_config``): its
-    vision tower, described by the sizes its ``vision_config`` states, or None."""
-    vision = cfg.get("vision_config")
-    if not isinstance(vision, dict):
-        return None
-    sizes = [f"{vision[k]} {what}" for k, what in (("num_hidden_layers", "layers"), ("hidden_size", "hidden"),
-                                                   ("intermediate_size", "MLP")) if isinstance(vision.get(k), int)]
-    return ("the vision tower (vision_config" + (": " + ", ".join(sizes) if sizes else "") + ") and the image "
-            "tokens it feeds the language model: only the language model (text_config) is sized and priced")
+def _other_towers(cfg: dict[str, Any]) -> str:
+    """What a multimodal config (one with a ``text_config``) holds besides its language
+    model: each other ``*_config`` table (vision, audio ...), with the sizes it states."""
+    towers = []
+    for key, sub in cfg.items():
+        if key == "text_config" or not key.endswith("_config") or not isinstance(sub, dict):
+            continue
+        sizes = [f"{sub[k]} {what}" for k, what in (("num_hidden_layers", "layers"), ("hidden_size", "hidden"),
+                                                    ("intermediate_size", "MLP")) if isinstance(sub.get(k), int)]
+        towers.append(f"the {key.removesuffix('_config')} tower ({key}" + (": " + ", ".join(sizes) if sizes else "")
+                      + ")")
+    what = " and ".join(towers) if towers else "whatever the config holds beside its text_config"
+    return f"{what}, and the tokens it feeds the language model: only the language model (text_config) is sized and priced"
 
 
 def _gemma(cfg: dict[str, Any], name: str) -> ModelShape:

@@ -115,8 +115,9 @@ class ModelShape:
     sliding_window: int | None = None
     global_every: int = 0
     # What the config this shape was read from holds beyond it (a multimodal model's vision
-    # tower, hf_config.py): priced nowhere, and said in every prediction's notes.
-    left_out: str | None = None
+    # tower, hf_config.py): priced nowhere, and said in every prediction's notes. Not a
+    # dimension: not compared, and never in to_dict (config ids hash it).
+    left_out: str | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.kv_heads is None:
@@ -230,10 +231,10 @@ class ModelShape:
             del d["vocab_multiple"]
         for f, neutral in (("experts", 0), ("top_k", 0), ("expert_ffn_hidden", None), ("shared_experts", 0),
                            ("dense_layers", 0), *((f, None) for f in _MLA_FIELDS), ("mtp_layers", 0),
-                           ("parallel_block", False), ("sliding_window", None), ("global_every", 0),
-                           ("left_out", None)):
+                           ("parallel_block", False), ("sliding_window", None), ("global_every", 0)):
             if d[f] == neutral:  # the same, for the MoE dims of a dense model
                 del d[f]
+        del d["left_out"]  # a description, not a dimension
         return d
 
     def runner_problem(self) -> str | None:

@@ -198,7 +198,7 @@ def parameter_counts(shape: ModelShape) -> str:
 
 
 def _memory_trace(shape: ModelShape | None, layout: Any, strategy: str | None, as_json: bool) -> None:
-    from ..planner.predict import validate
+    from ..planner.predict import model_notes, validate
     from ..planner.trace import runner_config, trace_memory
 
     if shape is None:
@@ -208,6 +208,7 @@ def _memory_trace(shape: ModelShape | None, layout: Any, strategy: str | None, a
                            f"--pp-last-layers {layout.pp_last_layers} is priced without --trace")
     validate(layout, shape)
     res = trace_memory(runner_config(shape, layout, strategy))
+    res["notes"] = [*model_notes(shape), *res.get("notes", [])]
     if as_json:
         click.echo(json.dumps(res, indent=2))
         return

@@ -16,6 +16,7 @@ from statistics import mean
 from typing import Any
 
 from .. import catalog
+from ..collectives import busbw_factor
 from ..errors import MgbenchError
 from .hardware import resolve
 
@@ -62,7 +63,7 @@ def predicted_busbw_gbps(row: dict[str, Any]) -> float:
     n = row["nodes"] * row["ranks_per_node"]
     span = (row["nodes"] - 1) * hw.gpus_per_node + row["ranks_per_node"]  # whole nodes, g of each
     seconds = float(perf.group_collective_time(float(row["bytes"]), n, span, hw, 2.0))
-    return 2.0 * (n - 1) / n * row["bytes"] / seconds / 1e9
+    return busbw_factor("all_reduce", n) * row["bytes"] / seconds / 1e9
 
 
 def score() -> list[dict[str, Any]]:

@@ -98,7 +98,8 @@ def group_collective_time(nbytes: Any, n: Any, span: Any, hw: Hardware, factor: 
     rank's NIC carries factor (n - 1) / n x nbytes / g and its node links (g - 1) / g of
     the ring's factor (n - 1) / n x nbytes; the longer of the two (they run at once), plus
     the ring's steps' latencies, factor (k - 1) across nodes and factor (n - k) inside
-    them (NCCL's ring tuning counts them so). A collective's bus bandwidth across nodes is
+    them (an assumption: NCCL's ring tuning counts 2 (k - 1) or 2 k steps across nodes
+    for an all-reduce, by version). A collective's bus bandwidth across nodes is
     so g x the per-GPU network rate, as NCCL maintainers give it (46-48 GB/s a 400 Gb/s NIC,
     NVIDIA/nccl-tests#290; 24 a 200 Gb/s one, nccl-tests#160); published multi-node
     tables check it (data/published_collectives.toml, `python -m

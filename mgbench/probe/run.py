@@ -66,10 +66,10 @@ def probe(device: str = "auto", dtypes: list[str] | None = None, model: str | No
     ram = machine.get("ram_gib")
     prof["host_memory_bytes"] = ram * 2**30 if ram else None
 
-    phases = (len(_cpu_ranks(max_ranks)) + 1 + (sum(n > 1 for n in _cpu_ranks(max_ranks)) if comm else 0)
-              if kind == "cpu" else 2 * len(dtypes) + int(comm and count > 1))
-    progress = numbered(progress, phases, t_start, "" if kind != "cpu" or max_ranks else
-                        " (--max-ranks N probes fewer rank counts, --no-comm skips the all-reduce runs)")
+    phases = phase_count(kind, _cpu_ranks(max_ranks), dtypes, comm, count)
+    hint = ([] if max_ranks else ["--max-ranks N probes fewer rank counts"]) + (["--no-comm skips the all-reduce "
+                                                                                 "runs"] if comm else [])
+    progress = numbered(progress, phases, t_start, f" ({', '.join(hint)})" if kind == "cpu" and hint else "")
     prof["memory"] = kernels.memory_bandwidth(dev, MEMORY_OPERAND_BYTES[kind])
     if kind == "cpu":
         at_ranks = _cpu_rank_kernels(prof, shape, tokens, dtypes, cores, progress, _cpu_ranks(max_ranks))
@@ -93,6 +93,15 @@ def probe(device: str = "auto", dtypes: list[str] | None = None, model: str | No
     # --hardware` and the evidence regime read, every figure measured here or null with why.
     prof["hardware_profile"] = hardware_profile(prof).to_dict()
     return prof
+
+
+def phase_count(kind: str, cpu_ranks: list[int], dtypes: list[str], comm: bool, devices: int) -> int:
+    """The progress lines a probe prints: on CPU one a rank count, the framework rows, and
+    an all-reduce run at each rank count above one; on a GPU machine GEMM and attention
+    per dtype, and one all-reduce run where there are two or more devices."""
+    if kind == "cpu":
+        return len(cpu_ranks) + 1 + (sum(n > 1 for n in cpu_ranks) if comm else 0)
+    return 2 * len(dtypes) + int(comm and devices > 1)
 
 
 def numbered(progress: Callable[[str], None], phases: int, t_start: float, hint: str = "") -> Callable[[str], None]:

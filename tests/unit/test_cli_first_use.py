@@ -511,3 +511,13 @@ def test_probe_phases_are_numbered_with_the_time_so_far():
     say("GEMM")
     say("attention")
     assert said == ["[1/3, 1:05] GEMM (hint)", "[2/3, 1:05] attention"]
+
+
+def test_probe_phase_count_by_hand():
+    from mgbench.probe.run import phase_count
+
+    assert phase_count("cpu", [1, 2, 4], ["float32"], True, 1) == 3 + 1 + 2   # ranks, framework, 2 all-reduces
+    assert phase_count("cpu", [1, 2, 4], ["float32"], False, 1) == 4
+    assert phase_count("cpu", [1], ["float32"], True, 1) == 2               # no all-reduce on one rank
+    assert phase_count("cuda", [], ["bfloat16", "float16", "float32"], True, 8) == 7
+    assert phase_count("cuda", [], ["bfloat16"], True, 1) == 2              # one GPU: no all-reduce run

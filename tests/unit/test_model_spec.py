@@ -337,6 +337,16 @@ def test_a_multimodal_configs_vision_tower_is_named_as_not_priced(tmp_path):
                  ["plan", "--tokens", "1e11", "--systems", "dgx-h100", "--max-gpus", "16"]):
         r = CliRunner().invoke(main, [*args, "--hf", str(tmp_path)])
         assert r.exit_code == 0 and "not priced: the vision tower" in r.output, (args, r.output[-500:])
+    # A description, not a dimension: the same shape, the same config id.
+    plain = dataclasses.replace(s, left_out=None)
+    assert s == plain and s.to_dict() == plain.to_dict() and "left_out" not in s.to_dict()
+    # Every other tower is named (Gemma 3n has audio too); a wrapper with none of them known
+    # still says the language model alone is priced.
+    cfg["audio_config"] = {"hidden_size": 1536, "num_hidden_layers": 12}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert "the audio tower (audio_config: 12 layers, 1536 hidden)" in shape_from_file(tmp_path / "config.json").left_out
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma3", "text_config": cfg["text_config"]}))
+    assert "only the language model (text_config)" in shape_from_file(tmp_path / "config.json").left_out
     # The text model alone has nothing left out.
     (tmp_path / "config.json").write_text(json.dumps(cfg["text_config"]))
     assert shape_from_file(tmp_path / "config.json").left_out is None
