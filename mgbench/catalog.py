@@ -188,8 +188,19 @@ def peak_tflops(device_name: str, precision: str, memory_gib: float | None = Non
 def links() -> dict[str, dict[str, Any]]:
     """All interconnects of hardware.toml (NVLink, PCIe, InfiniBand...), keyed by name,
     with their peak GB/s, latency and achievable fraction. Read here, below both the
-    planner (which models with them) and `mgbench comm` (which compares with them)."""
-    return _hardware_table("links")
+    planner (which models with them) and `mgbench comm` (which compares with them). A link
+    with ``bw_eff_from`` (no measurement of its own) takes that link's ``bw_eff``."""
+    table = _hardware_table("links")
+    out = {}
+    for name, link in table.items():
+        src = link.get("bw_eff_from")
+        if src is not None:
+            if src not in table or "bw_eff" not in table[src]:
+                raise MgbenchError(f"hardware.toml: link {name}'s bw_eff_from names {src!r}, which has no bw_eff of "
+                                   "its own")
+            link = {**link, "bw_eff": table[src]["bw_eff"]}
+        out[name] = link
+    return out
 
 
 def systems() -> dict[str, dict[str, Any]]:

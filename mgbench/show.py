@@ -50,6 +50,12 @@ def number(v: float) -> str:
     return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
 
 
+def clock(seconds: float) -> str:
+    """Elapsed time as progress lines print it: m:ss, or h:mm:ss from an hour up."""
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
 def _rate(v: float | None, unit: str) -> str | None:
     return None if v is None else f"{number(v)} {unit}"
 

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from .. import catalog
 from ..errors import MgbenchError
+from ..show import clock
 from ..model_shape import ModelShape
 from .profile import PROFILE_VERSION, hardware_profile
 from .workload import attention_shapes
@@ -112,8 +113,7 @@ def numbered(progress: Callable[[str], None], phases: int, t_start: float, hint:
 
     def say(message: str) -> None:
         done[0] += 1
-        elapsed = int(time.monotonic() - t_start)
-        progress(f"[{done[0]}/{phases}, {elapsed // 60}:{elapsed % 60:02d}] {message}" + (hint if done[0] == 1 else ""))
+        progress(f"[{done[0]}/{phases}, {clock(time.monotonic() - t_start)}] {message}" + (hint if done[0] == 1 else ""))
     return say
 
 

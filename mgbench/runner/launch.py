@@ -40,6 +40,7 @@ from ..launching import (RANK_BANNER, SHARED_FS_WAIT_S, Cluster, child_env, dete
 from ..procs import die_with_parent, kill_tree
 from .command import run_command_config
 from ..record import SCHEMA_VERSION, Record, control_verdict
+from ..show import clock
 from ..store import RunDir
 from ..suite import Suite, expand
 from ..telemetry.interconnect import detect
@@ -48,11 +49,6 @@ from ..telemetry.machine import fingerprint
 Progress = Callable[[str], None]
 HEARTBEAT_S = 30.0  # seconds between "still running" lines of one long config
 STARTUP_LIMIT_S = 300  # a job that has not started its first config by then is stuck
-
-
-def _fmt_s(s: float) -> str:
-    s = int(round(s))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
 def describe(rec: dict[str, Any]) -> str:
@@ -305,8 +301,8 @@ class _Tally:
         self.ran += 1
         elapsed = time.monotonic() - self.t_start
         eta = elapsed / self.ran * (self.to_run - self.ran)
-        self.progress(f"[{self.done}/{self.total}] {label}: {describe(rec)}  (elapsed {_fmt_s(elapsed)}, "
-                      f"ETA {_fmt_s(eta)})")
+        self.progress(f"[{self.done}/{self.total}] {label}: {describe(rec)}  (elapsed {clock(elapsed)}, "
+                      f"ETA {clock(eta)})")
 
 
 def _run_group(run_dir: RunDir, run_id: str, gi: int, nproc: int, device: str, group: list[RunConfig],
@@ -351,9 +347,9 @@ def _run_group(run_dir: RunDir, run_id: str, gi: int, nproc: int, device: str, g
                     shown_round, now = cur["round"], time.monotonic()
                     t_round1 = now if shown_round == 1 else t_round1
                     eta = "" if shown_round == 1 else \
-                        f", ETA {_fmt_s((now - t_round1) / (shown_round - 1) * (cur['rounds'] - shown_round + 1))}"
+                        f", ETA {clock((now - t_round1) / (shown_round - 1) * (cur['rounds'] - shown_round + 1))}"
                     progress(f"round {shown_round}/{cur['rounds']} of {len(remaining)} config(s) "
-                             f"(elapsed {_fmt_s(now - t_launch)}{eta})")
+                             f"(elapsed {clock(now - t_launch)}{eta})")
                 if cur and cur["config_id"] != beat_id:
                     beat_id, t_beat = cur["config_id"], time.monotonic()
                 elif cur and cur["config_id"] in by_id and cur["config_id"] not in seen \
@@ -361,8 +357,8 @@ def _run_group(run_dir: RunDir, run_id: str, gi: int, nproc: int, device: str, g
                     # A long config says it is alive, as nccl-tests and torchtitan print as they go.
                     t_beat = time.monotonic()
                     c = by_id[cur["config_id"]]
-                    progress(f"  still running {c.label}: {_fmt_s(time.time() - cur['started'])} so far "
-                             f"(stopped as timeout at {_fmt_s(c.timeout_s)})")
+                    progress(f"  still running {c.label}: {clock(time.time() - cur['started'])} so far "
+                             f"(stopped as timeout at {clock(c.timeout_s)})")
                 if stop.signal:
                     killed_for = "interrupted"
                 elif cur and cur["config_id"] not in seen and cur["config_id"] in by_id \

@@ -72,9 +72,18 @@ def test_the_old_one_nic_ring_is_far_off_held_out_rows():
         assert abs(V.predicted_busbw_gbps(r) / r["busbw_gbps"] - 1) < 0.16, r["id"]
 
 
-def test_efa_links_without_a_measurement_carry_efa_v4s_rate():
+def test_links_without_a_measurement_carry_anothers_rate(monkeypatch):
+    # Stated once: efa-v2 and efa-v3 name efa-v4 (bw_eff_from) and the catalog resolves it.
+    raw = catalog.load("hardware.toml")["links"]
+    assert "bw_eff" not in raw["efa-v2"] and raw["efa-v2"]["bw_eff_from"] == "efa-v4"
     links = catalog.links()
     assert links["efa-v2"]["bw_eff"] == links["efa-v3"]["bw_eff"] == links["efa-v4"]["bw_eff"]
+    # A link carried from one that has no rate of its own is refused, not read as missing.
+    from mgbench.errors import MgbenchError
+
+    monkeypatch.setitem(catalog._USER["links"], "my-link", {"peak_gbps": 50.0, "bw_eff_from": "efa-v2"})
+    with pytest.raises(MgbenchError, match="my-link's bw_eff_from names 'efa-v2'"):
+        catalog.links()
 
 
 def test_inside_a_node_it_is_the_ring_on_the_nodes_links():
