@@ -128,7 +128,8 @@ class MoeOptions:
                                 "drop-and-pad; default: dropless)."})
     dispatcher: str = field(default="alltoall", metadata={
         "choices": DISPATCHERS, "help": "alltoall: Megatron-Core's (one row per chosen expert); deepep / hybridep: "
-                                        "one row per destination node and GPU, forwarded over NVLink."})
+                                        "one row per destination node and GPU, forwarded over NVLink. Each has its own "
+                                        "host launch time a layer pass when eager (stacks.toml [moe_host])."})
     node_limit: int | None = field(default=None, metadata={
         "metavar": "M", "help": "Each token's experts on at most M nodes (DeepSeek-V3: 4)."})
     device_limit: int | None = field(default=None, metadata={
@@ -360,10 +361,16 @@ def permute_seconds(shape: ModelShape, hw: Any, *, tokens: Any, act_bytes: float
 @lru_cache(maxsize=1)
 def host_constants() -> dict[str, Any]:
     """data/stacks.toml [moe_host]: the host time an eager MoE layer adds per micro-batch
-    (forward and backward), fixed and per local expert, in ms, and how they were solved."""
+    (forward and backward) in ms: ``per_layer_ms``, a table by dispatcher (one value for
+    each of :data:`DISPATCHERS`), and ``per_local_expert_ms``."""
     from .. import catalog
 
-    return dict(catalog.load("stacks.toml")["moe_host"])
+    c = dict(catalog.load("stacks.toml")["moe_host"])
+    per_layer = c.get("per_layer_ms")
+    if not isinstance(per_layer, dict) or sorted(per_layer) != sorted(DISPATCHERS):
+        raise MgbenchError(f"stacks.toml [moe_host] per_layer_ms must give one value for each dispatcher "
+                           f"({', '.join(DISPATCHERS)}), got {per_layer!r}")
+    return c
 
 
 def host_launches(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any) -> tuple[Any, Any]:
@@ -374,17 +381,18 @@ def host_launches(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any
 
 
 def host_seconds(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any, opts: MoeOptions) -> Any:
-    """Seconds a step's eager MoE layers add, n x (per_layer + per_local_expert x
-    experts / ep) ms (:func:`host_launches`, :func:`host_constants`): the launch work of
-    each layer pass and of each local expert's small kernels, which the GPU waits for (the
-    DeepSeek-V3 GB200 account NVIDIA published calls the eager baseline launch-bound: "the
-    CPU kernel launch speed cannot keep up"). 0 where the run captures its MoE layers in
-    CUDA graphs."""
+    """Seconds a step's eager MoE layers add, n x (per_layer[dispatcher] +
+    per_local_expert x experts / ep) ms (:func:`host_launches`, :func:`host_constants`):
+    the launch work of each layer pass (the router, the permutation and the dispatcher's
+    own kernels, which differ by dispatcher) and of each local expert's small kernels,
+    which the GPU waits for (the DeepSeek-V3 GB200 account NVIDIA published calls the eager
+    baseline launch-bound: "the CPU kernel launch speed cannot keep up"). 0 where the run
+    captures its MoE layers in CUDA graphs."""
     n, n_local = host_launches(shape, ep=ep, moe_layers=moe_layers, num_micro=num_micro)
     if opts.cuda_graphs:
         return 0.0 * n
     c = host_constants()
-    return (float(c["per_layer_ms"]) * n + float(c["per_local_expert_ms"]) * n_local) * 1e-3
+    return (float(c["per_layer_ms"][opts.dispatcher]) * n + float(c["per_local_expert_ms"]) * n_local) * 1e-3
 
 
 def host_wait(host: Any, *, bubble_fraction: Any) -> Any:
@@ -420,9 +428,9 @@ def note(opts: MoeOptions, schedule: str) -> str:
     else:
         load = f"dropless, busiest expert rank at {opts.imbalance:g} x the mean"
     host = ("MoE layers in CUDA graphs (no host launch cost)" if opts.cuda_graphs else
-            "eager MoE layers: the host's launch time per layer and micro-batch added (solved from Megatron-Core "
-            "and DeepSeek runs, stacks.toml [moe_host]; applied to every stack, dropless or drop-and-pad, an "
-            "assumption)")
+            f"eager MoE layers: the host's launch time per layer and micro-batch added, {opts.dispatcher} "
+            "dispatcher's (solved from Megatron-Core and DeepSeek runs, stacks.toml [moe_host]; applied to every "
+            "stack, dropless or drop-and-pad, an assumption)")
     return "MoE: " + ", ".join(how) + "; " + load + "; " + host
 
 

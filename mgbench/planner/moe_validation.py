@@ -183,7 +183,7 @@ def host_fit_rows() -> list[dict[str, Any]]:
 
 
 def host_terms(row: dict[str, Any]) -> tuple[float, float, float]:
-    """(step seconds without the host term, d step / d per_layer_ms, d step /
+    """(step seconds without the host term, d step / d per_layer_ms (its dispatcher's), d step /
     d per_local_expert_ms) of a row: its step is linear in both constants
     (moe.host_seconds, the bubble's share included), so one prediction gives every
     candidate's step."""
@@ -200,22 +200,35 @@ def host_terms(row: dict[str, Any]) -> tuple[float, float, float]:
     return float(res["step_time_s"]), wait(float(n)), wait(float(n_local))
 
 
-def solve_host(rows: list[dict[str, Any]] | None = None) -> dict[str, float]:
-    """The (per_layer_ms, per_local_expert_ms) pair, on a 0.05 ms x 0.005 ms grid of
-    non-negative values, with the least mean |error| of tokens/s over ``rows``
-    (:func:`host_fit_rows`), and that mean."""
+def solve_host(rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The host constants with the least mean |error| of tokens/s over ``rows``
+    (:func:`host_fit_rows`): ``per_layer_ms``, one value for each dispatcher the rows run
+    (moe.DISPATCHERS), on a 0.05 ms grid, and ``per_local_expert_ms``, shared, on a
+    0.005 ms grid; all non-negative. A row's step depends on its own dispatcher's constant
+    only, so for each per-expert value every dispatcher's is solved on its own rows.
+    A dispatcher that no row runs gets no constant (the stored file must give one:
+    moe.host_constants refuses a missing one)."""
     import numpy as np
 
     rows = host_fit_rows() if rows is None else rows
     terms = np.array([host_terms(r) for r in rows])
+    dispatchers = [moe.options_of(r).dispatcher for r in rows]
     pub = np.array([r["global_batch"] * r["seq"] / (r["published"] * r["num_gpus"]) for r in rows])
     c0 = np.arange(0.0, 20.0001, 0.05)[:, None, None]
     c1 = np.arange(0.0, 2.0001, 0.005)[None, :, None]
     step = terms[:, 0] + c0 * terms[:, 1] + c1 * terms[:, 2]
-    err = np.abs(pub / step - 1.0).mean(axis=2)
-    i, j = np.unravel_index(np.argmin(err), err.shape)
-    return {"per_layer_ms": round(float(c0[i, 0, 0]), 3), "per_local_expert_ms": round(float(c1[0, j, 0]), 3),
-            "mean_abs_pct": 100.0 * float(err[i, j]), "rows": [r["id"] for r in rows]}
+    err = np.abs(pub / step - 1.0)  # per-layer value x per-expert value x row
+    best: dict[str, Any] = {}
+    total = np.zeros(err.shape[1])
+    for d in sorted(set(dispatchers)):
+        own = err[:, :, [k for k, x in enumerate(dispatchers) if x == d]].sum(axis=2)
+        best[d] = own.argmin(axis=0)  # the dispatcher's best per-layer value, per per-expert value
+        total = total + own.min(axis=0)
+    j = int(np.argmin(total))
+    return {"per_layer_ms": {d: round(float(c0[best[d][j], 0, 0]), 3) for d in best},
+            "per_local_expert_ms": round(float(c1[0, j, 0]), 3),
+            "mean_abs_pct": 100.0 * float(total[j]) / len(rows), "rows": [r["id"] for r in rows],
+            "rows_by_dispatcher": {d: [r["id"] for r, x in zip(rows, dispatchers) if x == d] for d in best}}
 
 
 def scored_rows(rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:

@@ -21,6 +21,8 @@ def test_stored_constants_are_the_solved_ones(solved):
     c = moe.host_constants()
     assert c["per_layer_ms"] == pytest.approx(solved["per_layer_ms"])
     assert c["per_local_expert_ms"] == pytest.approx(solved["per_local_expert_ms"])
+    # every dispatcher has fit rows of its own: none of the stored constants is carried
+    assert sorted(solved["per_layer_ms"]) == sorted(moe.DISPATCHERS)
 
 
 def test_no_held_out_row_of_either_validation_file_is_fitted(solved):
@@ -41,8 +43,51 @@ def test_the_solve_answers_a_known_pair():
         step = base + 3.0 * d0
         faked.append({**r, "published": r["global_batch"] * r["seq"] / (step * r["num_gpus"])})
     got = V.solve_host(faked)
-    assert got["per_layer_ms"] == pytest.approx(3.0) and got["per_local_expert_ms"] == pytest.approx(0.0)
+    assert {moe.options_of(r).dispatcher for r in rows} == {"deepep", "alltoall"}
+    assert got["per_layer_ms"] == {"deepep": pytest.approx(3.0), "alltoall": pytest.approx(3.0)}
+    assert got["per_local_expert_ms"] == pytest.approx(0.0)
     assert got["mean_abs_pct"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_each_dispatcher_gets_its_own_per_layer_constant():
+    # Rows built so that all-to-all layers cost 5 ms a pass, DeepEP and HybridEP 2 ms, with
+    # 0.1 ms a local expert: the solve must tell them apart. One shared constant (the
+    # model before the eighth session) cannot fit them.
+    rows = V.host_fit_rows()
+    per_layer = {"alltoall": 5.0, "deepep": 2.0, "hybridep": 2.0}
+    faked = []
+    for r in rows:
+        base, d0, d1 = V.host_terms(r)
+        step = base + per_layer[moe.options_of(r).dispatcher] * d0 + 0.1 * d1
+        faked.append({**r, "published": r["global_batch"] * r["seq"] / (step * r["num_gpus"])})
+    got = V.solve_host(faked)
+    assert got["per_layer_ms"] == {d: pytest.approx(v) for d, v in per_layer.items()}
+    assert got["per_local_expert_ms"] == pytest.approx(0.1)
+    assert got["mean_abs_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert sorted(got["rows_by_dispatcher"]) == sorted(per_layer)
+
+
+def test_a_host_table_without_every_dispatcher_is_refused(monkeypatch):
+    from mgbench import catalog
+    from mgbench.errors import MgbenchError
+
+    real = catalog.load
+
+    def load(name):
+        data = real(name)
+        if name != "stacks.toml":
+            return data
+        host = dict(data["moe_host"])
+        host["per_layer_ms"] = {k: v for k, v in host["per_layer_ms"].items() if k != "hybridep"}
+        return {**data, "moe_host": host}
+
+    monkeypatch.setattr(catalog, "load", load)
+    moe.host_constants.cache_clear()
+    try:
+        with pytest.raises(MgbenchError, match="one value for each dispatcher"):
+            moe.host_constants()
+    finally:
+        moe.host_constants.cache_clear()
 
 
 def test_the_term_by_hand_and_its_absence_under_cuda_graphs():
@@ -50,8 +95,9 @@ def test_the_term_by_hand_and_its_absence_under_cuda_graphs():
     eager = V.predict_row(row)
     graphed = V.predict_row(row, dataclasses.replace(moe.options_of(row), cuda_graphs=True))
     c = moe.host_constants()
+    assert moe.options_of(row).dispatcher == "alltoall"
     # 48 MoE layers on one stage, 512 / (8 x 1) = 64 micro-batches, 128 / 8 = 16 experts a rank.
-    by_hand = 48 * 64 * (c["per_layer_ms"] + 16 * c["per_local_expert_ms"]) * 1e-3
+    by_hand = 48 * 64 * (c["per_layer_ms"]["alltoall"] + 16 * c["per_local_expert_ms"]) * 1e-3
     assert float(eager["breakdown"]["moe_host_s"]) == pytest.approx(by_hand)
     assert float(graphed["breakdown"]["moe_host_s"]) == 0.0
     assert float(eager["step_time_s"]) == pytest.approx(float(graphed["step_time_s"]) + by_hand)
@@ -98,7 +144,8 @@ def test_eager_drop_and_pad_pays_the_whole_term_as_dropless_does():
     assert not opts.cuda_graphs and opts.capacity_factor == 1.0
     c = moe.host_constants()
     # 48 layers over pp 2, 512 / (2 x 8) = 32 micro-batches, 128 / 8 = 16 experts a rank
-    launches = 24 * 32 * (c["per_layer_ms"] + 16 * c["per_local_expert_ms"]) * 1e-3
+    assert opts.dispatcher == "alltoall"
+    launches = 24 * 32 * (c["per_layer_ms"]["alltoall"] + 16 * c["per_local_expert_ms"]) * 1e-3
     res = V.predict_row(row)
     f = float(res["breakdown"]["bubble_fraction"])
     assert float(res["breakdown"]["moe_host_s"]) == pytest.approx(launches / (1.0 - f))
@@ -124,7 +171,8 @@ def test_the_eager_drop_and_pad_rows_are_better_with_the_whole_term():
         base, d0, d1 = V.host_terms(r)
         free = V.predict_row(r, dataclasses.replace(moe.options_of(r), cuda_graphs=True))["breakdown"]
         # host_terms' derivatives carry the bubble's stretch; the launches themselves do not
-        launches = (c["per_layer_ms"] * d0 + c["per_local_expert_ms"] * d1) * (1.0 - float(free["bubble_fraction"]))
+        launches = (c["per_layer_ms"][moe.options_of(r).dispatcher] * d0 + c["per_local_expert_ms"] * d1) \
+            * (1.0 - float(free["bubble_fraction"]))
         step = base + max(launches - float(free["compute_s"]), 0.0)
         pred = r["global_batch"] * r["seq"] / (step * r["num_gpus"])
         excess.append(abs(100.0 * (pred - r["published"]) / r["published"]))
@@ -138,7 +186,8 @@ def test_the_solves_arithmetic_is_the_step_models():
     for row in V.runs():
         base, d0, d1 = V.host_terms(row)
         got = float(V.predict_row(row)["step_time_s"])
-        assert got == pytest.approx(base + c["per_layer_ms"] * d0 + c["per_local_expert_ms"] * d1, rel=1e-9), row["id"]
+        per_layer = c["per_layer_ms"][moe.options_of(row).dispatcher]
+        assert got == pytest.approx(base + per_layer * d0 + c["per_local_expert_ms"] * d1, rel=1e-9), row["id"]
     assert any(r.get("pp", 1) > 1 for r in V.runs())
 
 
@@ -147,5 +196,9 @@ def test_more_experts_a_rank_cost_more_host_time_by_hand():
     c = moe.host_constants()
     # ep 8 -> 4 on the same 8 GPUs: 32 experts a rank instead of 16.
     four = float(V.predict_row({**row, "ep": 4})["breakdown"]["moe_host_s"])
-    assert four == pytest.approx(48 * 64 * (c["per_layer_ms"] + 32 * c["per_local_expert_ms"]) * 1e-3)
+    assert four == pytest.approx(48 * 64 * (c["per_layer_ms"]["alltoall"] + 32 * c["per_local_expert_ms"]) * 1e-3)
+    # the same layout under HybridEP pays HybridEP's per-layer constant
+    hybrid = V.predict_row(row, dataclasses.replace(moe.options_of(row), dispatcher="hybridep"))
+    assert float(hybrid["breakdown"]["moe_host_s"]) == pytest.approx(
+        48 * 64 * (c["per_layer_ms"]["hybridep"] + 16 * c["per_local_expert_ms"]) * 1e-3)
 
