@@ -233,6 +233,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     moe_layers = np.minimum(lps, shape.moe_layers)
     zero_s = 0.0 * blocks
     imbalance_s, moe_recompute_s, permute_s, a2a, ep_comm, host_s = zero_s, zero_s, zero_s, zero_s, zero_s, zero_s
+    rerun = zero_s  # the share of MoE layers whose forward runs again
     traffic_s = zero_s
     if shape.is_moe:
         linear_scale = (ratio if precision == "fp8" else 1.0) / hw.stack_eff  # the linears' seconds as run
@@ -294,7 +295,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
                                      moe_layers=moe_layers, num_micro=m, moe_rerun_share=rerun)
         ep_comm = moe_terms.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule=schedule, virtual_stages=v,
                                         opts=opts)
-        host = moe_terms.host_seconds(shape, ep=ep, moe_layers=moe_layers, num_micro=m, opts=opts)
+        host = moe_terms.host_seconds(shape, ep=ep, moe_layers=moe_layers, num_micro=m, opts=opts, rerun=rerun)
         host_s = moe_terms.host_wait(host, bubble_fraction=f)
     cp_comm = cp_kv_exchange_s(shape, hw, seq=s, micro_batch=micro_batch, tp=t, cp=c, span=t * c,
                                precision=precision, layers=lps, num_micro=m, recompute=rc)
@@ -340,7 +341,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     res["breakdown"] = {**terms, "compute_s": compute, "bubble_s": bubble, "bubble_fraction": f, "dp_comm_s": dp_comm,
                         "exposed_dp_comm_s": exposed_dp, "ep_comm_s": ep_comm, "ep_a2a_s": a2a,
                         "moe_imbalance_s": imbalance_s, "moe_recompute_s": moe_recompute_s,
-                        "moe_permute_s": permute_s, "moe_traffic_s": traffic_s, "fp8_cast_s": cast_s, "moe_host_s": host_s, "cp_comm_s": cp_comm,
+                        "moe_permute_s": permute_s, "moe_traffic_s": traffic_s, "fp8_cast_s": cast_s, "moe_host_s": host_s, "moe_rerun_share": rerun, "cp_comm_s": cp_comm,
                         "mtp_last_stage_s": mtp_s,
                         "offload_s": offload_s,
                         "exposed_comm_s": b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s}

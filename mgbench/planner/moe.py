@@ -145,6 +145,11 @@ class MoeOptions:
         "help": "The experts' SwiGLU input is cached in FP8 for backward (DeepSeek-V3 section 3.3.3): memory only."})
     cuda_graphs: bool = field(default=False, metadata={
         "help": "MoE layers captured in CUDA graphs (a sync-free dispatcher): no host launch time per layer pass."})
+    round_robin: bool = field(default=False, metadata={
+        "help": "Benchmark routing that gives token t the top_k consecutive experts from t x top_k (torchtitan's "
+                "moe_force_load_balance, NeMo AutoModel's fake balanced gate): exactly balanced, and a token "
+                "reaches the fewest GPUs and nodes, which DeepEP and HybridEP send less for. Megatron-Core's "
+                "forced balance draws random experts instead (the default pricing)."})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules or ()))  # a CLI list too
@@ -165,12 +170,23 @@ class MoeOptions:
         bad = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
         if bad:
             raise MgbenchError(f"MoE recompute modules priced are {', '.join(RECOMPUTE_MODULES)}; got {', '.join(bad)}")
+        if self.round_robin:
+            # The round-robin assignment replaces the router: no group or device limit
+            # applies, and it is balanced by construction.
+            limits = [f"--moe-{n.replace('_', '-')}" for n in ("node_limit", "device_limit") if getattr(self, n)]
+            if limits:
+                raise MgbenchError(f"round-robin routing replaces the router, so {' and '.join(limits)} cannot apply: "
+                                   "give one or the other")
+            if self.imbalance not in (1.0, DEFAULT_IMBALANCE):
+                raise MgbenchError(f"round-robin routing is exactly balanced, so an imbalance of {self.imbalance:g} "
+                                   "cannot apply: drop --moe-imbalance")
 
     @property
     def load(self) -> float:
         """The busiest rank's routed rows over the mean: the imbalance, capped by a
         capacity factor (tokens over capacity are dropped, not padded)."""
-        return self.imbalance if self.capacity_factor is None else min(self.imbalance, self.capacity_factor)
+        imbalance = 1.0 if self.round_robin else self.imbalance
+        return imbalance if self.capacity_factor is None else min(imbalance, self.capacity_factor)
 
     @property
     def dedup(self) -> bool:
@@ -199,16 +215,31 @@ def _none_chosen(pool: Any, bin_size: Any, k: int) -> Any:
     return p
 
 
+def _blocks_spanned(experts: int, k: int, block: Any) -> Any:
+    """Mean number of ``block``-sized runs of experts (a GPU's, a node's) that k
+    consecutive experts starting at t k mod E touch, over the tokens t (round-robin
+    routing: each start t k mod E equally often)."""
+    starts = (np.arange(experts, dtype=float) * k) % experts
+    starts = np.unique(starts)[(slice(None),) + (None,) * np.ndim(block)]
+    b = np.asarray(block, dtype=float)
+    return (np.floor((starts + k - 1) / b) - np.floor(starts / b) + 1.0).mean(axis=0)
+
+
 def distinct_reached(shape: ModelShape, ep: Any, gpus_per_node: int, node_limit: int | None = None,
-                     device_limit: int | None = None) -> tuple[Any, Any]:
+                     device_limit: int | None = None, round_robin: bool = False) -> tuple[Any, Any]:
     """(D_n, D_g): the expected distinct nodes and GPUs of the ep group a token's top_k
     experts are on, with balanced routing: each node (each GPU) holds E / N (E / ep) of
     the E experts; with a node limit M < N the token first takes M of the N nodes and its
-    k experts among their M E / N; with a device limit likewise among M GPUs' experts."""
+    k experts among their M E / N; with a device limit likewise among M GPUs' experts.
+    Round-robin routing (``round_robin``) gives token t the k consecutive experts from
+    t k mod E: they fill as few GPUs and nodes as their runs of E / ep and E / N allow
+    (Qwen3-30B-A3B at EP 8: one GPU, where random experts reach 5.3)."""
     E, k = float(shape.experts), shape.top_k
     n = np.asarray(ep, dtype=float)
     g, N = ep_geometry(ep, gpus_per_node)
     per_node, per_gpu = E / N, E / n
+    if round_robin:
+        return _blocks_spanned(shape.experts, k, per_node), _blocks_spanned(shape.experts, k, per_gpu)
     nodes, gpus, pool = N, n, E + 0.0 * n
     if node_limit is not None:
         nodes = np.minimum(N, float(node_limit))
@@ -232,7 +263,7 @@ def rows_sent(shape: ModelShape, ep: Any, gpus_per_node: int, opts: MoeOptions) 
     if not opts.dedup:
         inside, across = k * (g - 1.0) / n, k * (n - g) / n
     else:
-        d_n, d_g = distinct_reached(shape, ep, gpus_per_node, opts.node_limit, opts.device_limit)
+        d_n, d_g = distinct_reached(shape, ep, gpus_per_node, opts.node_limit, opts.device_limit, opts.round_robin)
         across = d_n * (N - 1.0) / N
         inside = d_g * (g - 1.0) / g
     one = n > 1
@@ -373,22 +404,38 @@ def host_constants() -> dict[str, Any]:
     return c
 
 
-def host_launches(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any) -> tuple[Any, Any]:
+# The share of a layer pass's launches its forward makes, where recompute runs the forward
+# again (counted from the ops, not measured): the router, permutation and dispatch ops each
+# have one backward op (1/2); a local expert's GEMMs are one a linear forward and two
+# (data and weight gradient) backward (1/3), as Transformer Engine's GroupedLinear runs them.
+HOST_FORWARD_SHARE = {"per_layer": 1.0 / 2.0, "per_local_expert": 1.0 / 3.0}
+
+
+def host_launches(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any,
+                  rerun: Any = 0.0) -> tuple[Any, Any]:
     """(n, n x local experts): a stage's MoE layer passes a step (its MoE layers x the
-    micro-batches), and the same weighted by the experts each rank holds."""
+    micro-batches), and the same weighted by the experts each rank holds; where a share
+    ``rerun`` of the MoE layers runs its forward again (full recompute, or the "moe"
+    module: :func:`moe_rerun_share`), each pass counts that share of its forward's
+    launches again (:data:`HOST_FORWARD_SHARE`)."""
     n = np.asarray(moe_layers, dtype=float) * np.asarray(num_micro, dtype=float)
-    return n, n * shape.experts / np.asarray(ep, dtype=float)
+    r = np.asarray(rerun, dtype=float)
+    n_local = n * shape.experts / np.asarray(ep, dtype=float)
+    return (n * (1.0 + r * HOST_FORWARD_SHARE["per_layer"]),
+            n_local * (1.0 + r * HOST_FORWARD_SHARE["per_local_expert"]))
 
 
-def host_seconds(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any, opts: MoeOptions) -> Any:
+def host_seconds(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any, opts: MoeOptions,
+                 rerun: Any = 0.0) -> Any:
     """Seconds a step's eager MoE layers add, n x (per_layer[dispatcher] +
     per_local_expert x experts / ep) ms (:func:`host_launches`, :func:`host_constants`):
     the launch work of each layer pass (the router, the permutation and the dispatcher's
     own kernels, which differ by dispatcher) and of each local expert's small kernels,
     which the GPU waits for (the DeepSeek-V3 GB200 account NVIDIA published calls the eager
     baseline launch-bound: "the CPU kernel launch speed cannot keep up"). 0 where the run
-    captures its MoE layers in CUDA graphs."""
-    n, n_local = host_launches(shape, ep=ep, moe_layers=moe_layers, num_micro=num_micro)
+    captures its MoE layers in CUDA graphs. A recomputed MoE layer launches its forward
+    again (``rerun``, :func:`host_launches`)."""
+    n, n_local = host_launches(shape, ep=ep, moe_layers=moe_layers, num_micro=num_micro, rerun=rerun)
     if opts.cuda_graphs:
         return 0.0 * n
     c = host_constants()
@@ -421,7 +468,10 @@ def note(opts: MoeOptions, schedule: str) -> str:
         how.append("FP8 dispatch")
     how.append("all-to-all overlapped with the paired micro-batch" if overlaps(schedule, opts)
                else "all-to-all exposed")
-    if opts.capacity_factor is not None:
+    if opts.round_robin:
+        load = ("round-robin routing (token t's experts consecutive from t x top_k): exactly balanced, "
+                "the fewest GPUs and nodes a token")
+    elif opts.capacity_factor is not None:
         load = f"capacity factor {opts.capacity_factor:g}, busiest expert rank at {opts.load:g} x the mean"
     elif opts.imbalance == DEFAULT_IMBALANCE:
         load = f"dropless, busiest expert rank at {opts.imbalance:g} x the mean (an assumption: moe.DEFAULT_IMBALANCE)"
@@ -437,10 +487,11 @@ def note(opts: MoeOptions, schedule: str) -> str:
 def options_of(row: dict[str, Any]) -> MoeOptions:
     """The MoeOptions a published row (data/published_moe_runs.toml) states."""
     routing = row.get("routing", "learned")
-    if routing not in ("learned", "force_balanced"):
-        raise MgbenchError(f"published_moe_runs.toml: {row.get('id')!r}: routing must be learned or force_balanced, "
-                           f"got {routing!r}")
-    return MoeOptions(imbalance=1.0 if routing == "force_balanced" else float(row.get("imbalance", DEFAULT_IMBALANCE)),
+    if routing not in ("learned", "force_balanced", "round_robin"):
+        raise MgbenchError(f"published_moe_runs.toml: {row.get('id')!r}: routing must be learned, force_balanced "
+                           f"(random experts, Megatron-Core's) or round_robin, got {routing!r}")
+    return MoeOptions(imbalance=1.0 if routing in ("force_balanced", "round_robin")
+                      else float(row.get("imbalance", DEFAULT_IMBALANCE)), round_robin=routing == "round_robin",
                       capacity_factor=row.get("capacity_factor"), dispatcher=row.get("dispatcher", "alltoall"),
                       node_limit=row.get("node_limit"), device_limit=row.get("device_limit"),
                       fp8_dispatch=bool(row.get("fp8_dispatch", False)), a2a_overlap=bool(row.get("a2a_overlap", False)),

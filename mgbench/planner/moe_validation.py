@@ -193,7 +193,7 @@ def host_terms(row: dict[str, Any]) -> tuple[float, float, float]:
     b = res["breakdown"]
     lps = float(stage_layers(shape_of(row).layers, row.get("pp", 1), row.get("pp_last_layers"))[0])
     n, n_local = moe.host_launches(shape_of(row), ep=row["ep"], moe_layers=min(lps, shape_of(row).moe_layers),
-                                   num_micro=res["num_micro_batches"])
+                                   num_micro=res["num_micro_batches"], rerun=b["moe_rerun_share"])
     def wait(launches: float) -> float:  # the step's wait for that many ms of host time (moe.host_wait)
         return 0.0 if graphed else float(moe.host_wait(launches * 1e-3, bubble_fraction=b["bubble_fraction"]))
 

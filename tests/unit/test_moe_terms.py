@@ -72,6 +72,65 @@ def test_device_limited_routing_by_hand():
     assert float(moe.rows_sent(v2, 8, 8, opts)[0]) < float(moe.rows_sent(v2, 8, 8, dataclasses.replace(opts, device_limit=None))[0])
 
 
+def test_round_robin_routing_reaches_the_fewest_gpus_and_nodes_by_hand():
+    # torchtitan's moe_force_load_balance and AutoModel's fake balanced gate give token t
+    # the experts t k .. t k + k - 1 mod E.
+    rr = moe.MoeOptions(dispatcher="deepep", round_robin=True)
+    assert rr.load == 1.0  # exactly balanced, whatever the default imbalance
+    assert "round-robin routing" in moe.note(rr, "1f1b") and "x the mean" not in moe.note(rr, "1f1b")
+    qwen = catalog.model_shape("qwen3-30b-a3b")
+    # 128 experts, top 8, ep 8: 16 experts a GPU, so the 8 sit on one GPU of one node.
+    assert [float(x) for x in moe.distinct_reached(qwen, 8, 8, round_robin=True)] == [1.0, 1.0]
+    # DeepSeek-V3 at ep 64 on 8-GPU nodes: 4 experts a GPU, 32 a node: two GPUs, one node.
+    assert [float(x) for x in moe.distinct_reached(DSV3, 64, 8, round_robin=True)] == [1.0, 2.0]
+    # Kimi K2: 384 experts over ep 32 (12 a GPU, 96 a node): starts 0, 8, 16 repeat every
+    # 24 experts, touching 1, 2 and 1 GPUs: 4/3 on average, one node.
+    kimi = catalog.model_shape("kimi-k2")
+    d_n, d_g = moe.distinct_reached(kimi, 32, 8, round_robin=True)
+    assert (float(d_n), float(d_g)) == (1.0, pytest.approx(4.0 / 3.0))
+    # Broadcast over layouts, as plan's search prices them.
+    d_n, d_g = moe.distinct_reached(DSV3, np.array([8, 16, 64]), 8, round_robin=True)
+    assert d_g.tolist() == [1.0, 1.0, 2.0] and d_n.tolist() == [1.0, 1.0, 1.0]
+    # DeepEP sends one row a node and a GPU: at ep 64 one row across (7/8 of tokens leave
+    # the node), one forwarded inside, where random experts send 4.6 across.
+    inside, across = moe.rows_sent(DSV3, 64, 8, rr)
+    assert (float(inside), float(across)) == (pytest.approx(2 * 7 / 8), pytest.approx(7 / 8))
+    assert float(moe.rows_sent(DSV3, 64, 8, dataclasses.replace(rr, round_robin=False))[1]) == pytest.approx(4.633, abs=1e-3)
+    # The control: the all-to-all dispatcher sends a row per expert wherever it sits.
+    a2a = dataclasses.replace(rr, dispatcher="alltoall")
+    assert [float(x) for x in moe.rows_sent(DSV3, 64, 8, a2a)] == \
+        [float(x) for x in moe.rows_sent(DSV3, 64, 8, dataclasses.replace(a2a, round_robin=False))]
+
+
+def test_round_robin_routing_refuses_a_router_limit_or_an_imbalance():
+    for bad, says in ((dict(node_limit=4), "--moe-node-limit"), (dict(device_limit=3), "--moe-device-limit"),
+                      (dict(imbalance=1.3), "exactly balanced")):
+        with pytest.raises(MgbenchError, match=says):
+            moe.MoeOptions(round_robin=True, **bad)
+
+
+def test_a_recomputed_moe_layer_launches_its_forward_again_by_hand():
+    # Full recompute runs each MoE layer's forward again: half of a pass's per-layer
+    # launches (router, permutation and dispatch ops each have one backward op) and a
+    # third of its per-expert ones (one GEMM a linear forward, two backward).
+    n, n_local = moe.host_launches(DSV3, ep=64, moe_layers=10, num_micro=4)
+    n_rc, n_local_rc = moe.host_launches(DSV3, ep=64, moe_layers=10, num_micro=4, rerun=1.0)
+    assert (float(n), float(n_local)) == (40.0, 40.0 * 4)
+    assert (float(n_rc), float(n_local_rc)) == (pytest.approx(60.0), pytest.approx(40.0 * 4 * 4 / 3))
+    c = moe.host_constants()
+    opts = moe.MoeOptions(dispatcher="deepep")
+    got = moe.host_seconds(DSV3, ep=64, moe_layers=10, num_micro=4, opts=opts, rerun=1.0)
+    assert float(got) == pytest.approx((60 * c["per_layer_ms"]["deepep"] + 40 * 4 * 4 / 3 * c["per_local_expert_ms"]) * 1e-3)
+    # and a step with full recompute pays it where one without does not
+    kw = dict(seq=4096, global_batch=64, micro_batch=1, tp=1, pp=1, dp=8, zero=1, ep=8, moe=opts)
+    qwen = catalog.model_shape("qwen3-30b-a3b")
+    b200 = hardware.resolve(system="dgx-b200")
+    plain = layout_time.step_time(qwen, b200, recompute=M.RECOMPUTE.index("none"), **kw)["breakdown"]
+    full = layout_time.step_time(qwen, b200, recompute=M.RECOMPUTE.index("full"), **kw)["breakdown"]
+    assert float(full["moe_rerun_share"]) == 1.0 and float(plain["moe_rerun_share"]) == 0.0
+    assert float(full["moe_host_s"]) > float(plain["moe_host_s"])
+
+
 def test_one_all_to_all_by_hand_and_fp8_dispatch():
     tokens = 4096
     opts = moe.MoeOptions(imbalance=1.0, dispatcher="deepep", node_limit=4, fp8_dispatch=True)
