@@ -33,10 +33,11 @@ ep_comm   the expert-parallel all-to-alls by scope (planner/moe.py): dispatch an
           Megatron-Core's EP overlap only what the paired micro-batch's compute cannot
           cover (moe.exposed_a2a). Its options: ``moe`` (moe.MoeOptions; None: the defaults).
 moe_host  what the GPU waits on the host in eager MoE layers (moe.host_seconds: per MoE
-          layer pass, a fixed and a per-local-expert time solved from published
-          Megatron-Bridge rows; moe.host_wait: all of it, dropless or drop-and-pad,
-          stretched by the bubble like the stage's other work); 0 under
-          MoeOptions(cuda_graphs=True).
+          layer pass, a per-layer time by dispatcher and a per-local-expert time solved
+          from published Megatron-Bridge rows, a recomputed layer's forward launches
+          counted again: ``moe_rerun_share``, moe.host_launches; moe.host_wait: all of it,
+          dropless or drop-and-pad, stretched by the bubble like the stage's other work);
+          0 under MoeOptions(cuda_graphs=True).
 moe       compute the MoE layers add to perf's (in the blocks, so the bubble scales too):
           the busiest rank's extra expert rows (load - 1 of perf's expert_gemm_s, or of
           the routed experts' FLOP share of the linears where perf reports none), the

@@ -149,7 +149,8 @@ class MoeOptions:
         "help": "Benchmark routing that gives token t the top_k consecutive experts from t x top_k (torchtitan's "
                 "moe_force_load_balance, NeMo AutoModel's fake balanced gate): exactly balanced, and a token "
                 "reaches the fewest GPUs and nodes, which DeepEP and HybridEP send less for. Megatron-Core's "
-                "forced balance draws random experts instead (the default pricing)."})
+                "forced balance draws random experts instead (the default pricing). Balanced by construction: "
+                "an --moe-imbalance other than 1 or its default is refused, and so are router limits."})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules or ()))  # a CLI list too
@@ -222,7 +223,10 @@ def _blocks_spanned(experts: int, k: int, block: Any) -> Any:
     starts = (np.arange(experts, dtype=float) * k) % experts
     starts = np.unique(starts)[(slice(None),) + (None,) * np.ndim(block)]
     b = np.asarray(block, dtype=float)
-    return (np.floor((starts + k - 1) / b) - np.floor(starts / b) + 1.0).mean(axis=0)
+    # A run that wraps past the last expert into the first block touches no block twice:
+    # at most every block, E / b of them.
+    touched = np.floor((starts + k - 1) / b) - np.floor(starts / b) + 1.0
+    return np.minimum(touched, experts / b).mean(axis=0)
 
 
 def distinct_reached(shape: ModelShape, ep: Any, gpus_per_node: int, node_limit: int | None = None,
@@ -471,6 +475,8 @@ def note(opts: MoeOptions, schedule: str) -> str:
     if opts.round_robin:
         load = ("round-robin routing (token t's experts consecutive from t x top_k): exactly balanced, "
                 "the fewest GPUs and nodes a token")
+        if opts.capacity_factor is not None:
+            load += f"; capacity factor {opts.capacity_factor:g}, busiest expert rank at {opts.load:g} x the mean"
     elif opts.capacity_factor is not None:
         load = f"capacity factor {opts.capacity_factor:g}, busiest expert rank at {opts.load:g} x the mean"
     elif opts.imbalance == DEFAULT_IMBALANCE:

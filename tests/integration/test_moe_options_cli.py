@@ -78,7 +78,7 @@ def test_plan_takes_the_moe_options(cli):
     (("--moe-node-limit", "0"), "node_limit"),
     (("--moe-imbalance", "inf"), "finite"),
     (("--moe-capacity-factor", "inf"), "finite"),
-    (("--moe-round-robin", "--moe-node-limit", "4"), "round-robin"),
+    (("--moe-round-robin", "--moe-node-limit", "4"), "replaces the router"),
     (("--moe-round-robin", "--moe-imbalance", "1.3"), "exactly balanced"),
 ])
 def test_bad_moe_options_are_one_line_and_exit_2(cli, bad, says):

@@ -78,6 +78,8 @@ def test_round_robin_routing_reaches_the_fewest_gpus_and_nodes_by_hand():
     rr = moe.MoeOptions(dispatcher="deepep", round_robin=True)
     assert rr.load == 1.0  # exactly balanced, whatever the default imbalance
     assert "round-robin routing" in moe.note(rr, "1f1b") and "x the mean" not in moe.note(rr, "1f1b")
+    capped = dataclasses.replace(rr, capacity_factor=0.5)
+    assert capped.load == 0.5 and "capacity factor 0.5" in moe.note(capped, "1f1b")
     qwen = catalog.model_shape("qwen3-30b-a3b")
     # 128 experts, top 8, ep 8: 16 experts a GPU, so the 8 sit on one GPU of one node.
     assert [float(x) for x in moe.distinct_reached(qwen, 8, 8, round_robin=True)] == [1.0, 1.0]
@@ -100,6 +102,35 @@ def test_round_robin_routing_reaches_the_fewest_gpus_and_nodes_by_hand():
     a2a = dataclasses.replace(rr, dispatcher="alltoall")
     assert [float(x) for x in moe.rows_sent(DSV3, 64, 8, a2a)] == \
         [float(x) for x in moe.rows_sent(DSV3, 64, 8, dataclasses.replace(a2a, round_robin=False))]
+
+
+def test_a_run_of_experts_that_wraps_past_the_last_one_counts_each_block_once():
+    # DeepSeek-V2: 160 experts, top 6 (6 does not divide 160, so a run can wrap from expert
+    # 159 to 0): on one node there is one node to reach, on one GPU one GPU.
+    v2 = catalog.model_shape("deepseek-v2")
+    d_n, d_g = moe.distinct_reached(v2, 8, 8, round_robin=True)
+    assert float(d_n) == 1.0 and 1.0 <= float(d_g) <= 8.0
+    assert [float(x) for x in moe.distinct_reached(v2, 1, 8, round_robin=True)] == [1.0, 1.0]
+    # by brute force over the tokens for ep 16 on 8-GPU nodes (10 experts a GPU, 80 a node)
+    E, k = 160, 6
+    starts = sorted({(t * k) % E for t in range(E)})
+    gpus = [len({((s + j) % E) // 10 for j in range(k)}) for s in starts]
+    nodes = [len({((s + j) % E) // 80 for j in range(k)}) for s in starts]
+    d_n, d_g = moe.distinct_reached(v2, 16, 8, round_robin=True)
+    assert float(d_g) == pytest.approx(sum(gpus) / len(gpus)) and float(d_n) == pytest.approx(sum(nodes) / len(nodes))
+
+
+def test_the_validation_rows_that_route_round_robin_send_less():
+    from mgbench.planner import moe_validation as V
+
+    row = next(r for r in V.runs() if r["id"] == "torchtitan-b200-qwen3-30b-a3b-deepep-8gpu")
+    assert row["routing"] == "round_robin" and moe.options_of(row).round_robin
+    assert not moe.options_of({**row, "routing": "force_balanced"}).round_robin
+    rr = float(V.predict_row(row)["breakdown"]["ep_a2a_s"])
+    random = float(V.predict_row(row, dataclasses.replace(moe.options_of(row), round_robin=False))["breakdown"]["ep_a2a_s"])
+    # one GPU a token instead of 5.3: DeepEP's rows inside the node fall 5.3x (the
+    # latencies, one a peer, stay)
+    assert random / 5.4 < rr < random / 4.5
 
 
 def test_round_robin_routing_refuses_a_router_limit_or_an_imbalance():
