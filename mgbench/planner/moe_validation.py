@@ -231,6 +231,40 @@ def solve_host(rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
             "rows_by_dispatcher": {d: [r["id"] for r, x in zip(rows, dispatchers) if x == d] for d in best}}
 
 
+def implied_host_ms(row: dict[str, Any]) -> float | None:
+    """The host time one MoE layer pass of an eager row would have to cost, in ms a
+    per-layer unit (:func:`host_terms`: the bubble's stretch and a recomputed forward's
+    launches counted), for the model's step to equal the published one: (published step -
+    host-free step) / d step per ms. Negative where the model is slower than the row
+    without any host term. None for a graphed row (it pays no host term). What the eighth
+    session's per-dispatcher constants were read from (docs/planner.md)."""
+    if moe.options_of(row).cuda_graphs:
+        return None
+    base, per_ms, _ = host_terms(row)
+    published = row["global_batch"] * row["seq"] / (row["published"] * row["num_gpus"])
+    return (published - base) / per_ms
+
+
+def implied_host_report(rows: list[dict[str, Any]] | None = None) -> str:
+    """Each eager row's :func:`implied_host_ms` beside what the model charges it a pass
+    (its dispatcher's per-layer constant and its local experts'), by dispatcher."""
+    c = moe.host_constants()
+    solved = {r["id"] for r in host_fit_rows()}
+    rows = [r for r in (runs() if rows is None else rows) if r["split"] in SPLITS and not moe.options_of(r).cuda_graphs]
+    lines = [f"{'run':<52}  {'split':<9}  {'dispatcher':<10}  {'mb':>2}  {'implied':>8}  {'charged':>8}   "
+             "(ms a MoE layer pass, eager rows)"]
+    for r in sorted(rows, key=lambda r: (moe.options_of(r).dispatcher, r["split"], r["id"])):
+        d = moe.options_of(r).dispatcher
+        base, d0, d1 = host_terms(r)
+        charged = c["per_layer_ms"][d] + c["per_local_expert_ms"] * d1 / d0
+        split = r["split"] + ("*" if r["id"] in solved else "")
+        lines.append(f"{r['id']:<52}  {split:<9}  {d:<10}  {r['micro_batch']:>2}  "
+                     f"{implied_host_ms(r):>8.2f}  {charged:>8.2f}")
+    lines.append("* a row the host constants are solved from (solve_host); charged: the dispatcher's per-layer "
+                 "constant and the local experts', in the same unit")
+    return "\n".join(lines)
+
+
 def scored_rows(rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     return [score(r) for r in (runs() if rows is None else rows)]
 
@@ -298,5 +332,7 @@ def report(scored: list[dict[str, Any]] | None = None) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    print(report())
+if __name__ == "__main__":  # python -m mgbench.planner.moe_validation [--implied-host]
+    import sys
+
+    print(implied_host_report() if "--implied-host" in sys.argv[1:] else report())

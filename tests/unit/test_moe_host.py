@@ -202,3 +202,23 @@ def test_more_experts_a_rank_cost_more_host_time_by_hand():
     assert float(hybrid["breakdown"]["moe_host_s"]) == pytest.approx(
         48 * 64 * (c["per_layer_ms"]["hybridep"] + 16 * c["per_local_expert_ms"]) * 1e-3)
 
+
+
+def test_a_rows_implied_host_time_by_hand():
+    # A fit row made to publish exactly the host-free step plus 3 ms a layer pass implies
+    # 3 ms; the stored one, whose error is 0.0%, implies what it is charged; a graphed row
+    # implies nothing.
+    row = next(r for r in V.runs() if r["id"] == "mbridge-25.09-h100-deepseek-v3-fp8")
+    base, d0, d1 = V.host_terms(row)
+    step = base + 3.0 * d0
+    made = {**row, "published": row["global_batch"] * row["seq"] / (step * row["num_gpus"])}
+    assert V.implied_host_ms(made) == pytest.approx(3.0)
+    c = moe.host_constants()
+    charged = c["per_layer_ms"]["deepep"] + c["per_local_expert_ms"] * d1 / d0
+    assert abs(V.score(row)["error_pct"]) < 0.1
+    assert V.implied_host_ms(row) == pytest.approx(charged, rel=0.01)
+    graphed = next(r for r in V.runs() if moe.options_of(r).cuda_graphs)
+    assert V.implied_host_ms(graphed) is None
+    text = V.implied_host_report()
+    assert "mbridge-25.09-h100-deepseek-v3-fp8" in text and graphed["id"] not in text
+    assert "fit*" in text  # the rows the constants are solved from are marked
