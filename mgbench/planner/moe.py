@@ -50,8 +50,9 @@ What the schedule hides (:func:`exposed_a2a`)
 Load (:meth:`MoeOptions.load`)
     Dropless routing: the busiest expert-parallel rank's routed rows over the mean
     (``imbalance``; :data:`DEFAULT_IMBALANCE` for a learned router, 1 for the
-    force-balanced routers of benchmark tables); with a capacity factor C the busiest
-    rank computes at most C x the mean (the rest is dropped). The experts' GEMMs and the
+    force-balanced routers of benchmark tables; 1 under round-robin routing, which also
+    sets where a token's experts sit: :func:`distinct_reached`); with a capacity factor C
+    the busiest rank computes at most C x the mean (the rest is dropped). The experts' GEMMs and the
     all-to-alls are priced at the busiest rank's load: every MoE layer waits for it.
 """
 
