@@ -121,9 +121,12 @@ class MoeOptions:
     Each field's metadata is its `--moe-*` option of predict, plan and memory
     (cli_options.moe_group)."""
 
-    imbalance: float = field(default=DEFAULT_IMBALANCE, metadata={
+    # None: not given, priced at DEFAULT_IMBALANCE and said to be an assumption (a value
+    # given is the user's, even where it equals the default).
+    imbalance: float | None = field(default=None, metadata={
         "metavar": "X", "help": "Dropless routing: the busiest expert-parallel rank's routed rows over the mean "
-                                "(1 = balanced; the default is an assumption for a learned router)."})
+                                f"(1 = balanced; not given: {DEFAULT_IMBALANCE:g}, an assumption for a learned "
+                                "router)."})
     capacity_factor: float | None = field(default=None, metadata={
         "metavar": "C", "help": "Drop tokens over C x the mean rows an expert and pad to it (Megatron-Core's "
                                 "drop-and-pad; default: dropless)."})
@@ -150,8 +153,8 @@ class MoeOptions:
         "help": "Benchmark routing that gives token t the top_k consecutive experts from t x top_k (torchtitan's "
                 "moe_force_load_balance, NeMo AutoModel's fake balanced gate): exactly balanced, and a token "
                 "reaches the fewest GPUs and nodes, which DeepEP and HybridEP send less for. Megatron-Core's "
-                "forced balance draws random experts instead (the default pricing). Balanced by construction: "
-                "an --moe-imbalance other than 1 or its default is refused, and so are router limits."})
+                "forced balance draws random experts instead (the default pricing). Balanced by construction, "
+                "and it replaces the router: an imbalance other than 1 and router limits are refused."})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules or ()))  # a CLI list too
@@ -161,7 +164,7 @@ class MoeOptions:
             v = getattr(self, name)
             if v is not None and not math.isfinite(v):
                 raise MgbenchError(f"MoE {name} must be a finite number, got {v}")
-        if not self.imbalance >= 1.0:
+        if self.imbalance is not None and not self.imbalance >= 1.0:
             raise MgbenchError(f"MoE load imbalance is the busiest rank's load over the mean: >= 1, got {self.imbalance}")
         if self.capacity_factor is not None and not self.capacity_factor > 0:
             raise MgbenchError(f"MoE capacity factor must be > 0, got {self.capacity_factor}")
@@ -175,19 +178,19 @@ class MoeOptions:
         if self.round_robin:
             # The round-robin assignment replaces the router: no group or device limit
             # applies, and it is balanced by construction.
-            limits = [f"--moe-{n.replace('_', '-')}" for n in ("node_limit", "device_limit") if getattr(self, n)]
+            limits = [n for n in ("node_limit", "device_limit") if getattr(self, n)]
             if limits:
-                raise MgbenchError(f"round-robin routing replaces the router, so {' and '.join(limits)} cannot apply: "
-                                   "give one or the other")
-            if self.imbalance not in (1.0, DEFAULT_IMBALANCE):
-                raise MgbenchError(f"round-robin routing is exactly balanced, so an imbalance of {self.imbalance:g} "
-                                   "cannot apply: drop --moe-imbalance")
+                raise MgbenchError(f"MoE round_robin routing replaces the router, so {' and '.join(limits)} cannot "
+                                   "apply: give one or the other")
+            if self.imbalance not in (None, 1.0):
+                raise MgbenchError(f"MoE round_robin routing is exactly balanced, so an imbalance of "
+                                   f"{self.imbalance:g} cannot apply: give no imbalance")
 
     @property
     def load(self) -> float:
         """The busiest rank's routed rows over the mean: the imbalance, capped by a
         capacity factor (tokens over capacity are dropped, not padded)."""
-        imbalance = 1.0 if self.round_robin else self.imbalance
+        imbalance = 1.0 if self.round_robin else DEFAULT_IMBALANCE if self.imbalance is None else self.imbalance
         return imbalance if self.capacity_factor is None else min(imbalance, self.capacity_factor)
 
     @property
@@ -480,8 +483,8 @@ def note(opts: MoeOptions, schedule: str) -> str:
             load += f"; capacity factor {opts.capacity_factor:g}, busiest expert rank at {opts.load:g} x the mean"
     elif opts.capacity_factor is not None:
         load = f"capacity factor {opts.capacity_factor:g}, busiest expert rank at {opts.load:g} x the mean"
-    elif opts.imbalance == DEFAULT_IMBALANCE:
-        load = f"dropless, busiest expert rank at {opts.imbalance:g} x the mean (an assumption: moe.DEFAULT_IMBALANCE)"
+    elif opts.imbalance is None:
+        load = f"dropless, busiest expert rank at {opts.load:g} x the mean (an assumption: moe.DEFAULT_IMBALANCE)"
     else:
         load = f"dropless, busiest expert rank at {opts.imbalance:g} x the mean"
     host = ("MoE layers in CUDA graphs (no host launch cost)" if opts.cuda_graphs else
@@ -497,8 +500,9 @@ def options_of(row: dict[str, Any]) -> MoeOptions:
     if routing not in ("learned", "force_balanced", "round_robin"):
         raise MgbenchError(f"published_moe_runs.toml: {row.get('id')!r}: routing must be learned, force_balanced "
                            f"(random experts, Megatron-Core's) or round_robin, got {routing!r}")
+    imbalance = row.get("imbalance")
     return MoeOptions(imbalance=1.0 if routing in ("force_balanced", "round_robin")
-                      else float(row.get("imbalance", DEFAULT_IMBALANCE)), round_robin=routing == "round_robin",
+                      else None if imbalance is None else float(imbalance), round_robin=routing == "round_robin",
                       capacity_factor=row.get("capacity_factor"), dispatcher=row.get("dispatcher", "alltoall"),
                       node_limit=row.get("node_limit"), device_limit=row.get("device_limit"),
                       fp8_dispatch=bool(row.get("fp8_dispatch", False)), a2a_overlap=bool(row.get("a2a_overlap", False)),

@@ -172,6 +172,12 @@ def score(row: dict[str, Any], options: moe.MoeOptions | None = None) -> dict[st
     return out
 
 
+def published_step_s(row: dict[str, Any]) -> float:
+    """The row's published step in seconds: its global batch's tokens over its published
+    tokens/s per GPU times its GPUs."""
+    return row["global_batch"] * row["seq"] / (row["published"] * row["num_gpus"])
+
+
 def host_fit_rows() -> list[dict[str, Any]]:
     """The rows the host launch constants are solved from: the "fit" rows of this file
     that accelerator_runs.toml does not hold out (a row both files carry is fitted only
@@ -213,7 +219,7 @@ def solve_host(rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     rows = host_fit_rows() if rows is None else rows
     terms = np.array([host_terms(r) for r in rows])
     dispatchers = [moe.options_of(r).dispatcher for r in rows]
-    pub = np.array([r["global_batch"] * r["seq"] / (r["published"] * r["num_gpus"]) for r in rows])
+    pub = np.array([published_step_s(r) for r in rows])
     c0 = np.arange(0.0, 20.0001, 0.05)[:, None, None]
     c1 = np.arange(0.0, 2.0001, 0.005)[None, :, None]
     step = terms[:, 0] + c0 * terms[:, 1] + c1 * terms[:, 2]
@@ -227,22 +233,21 @@ def solve_host(rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     j = int(np.argmin(total))
     return {"per_layer_ms": {d: round(float(c0[best[d][j], 0, 0]), 3) for d in best},
             "per_local_expert_ms": round(float(c1[0, j, 0]), 3),
-            "mean_abs_pct": 100.0 * float(total[j]) / len(rows), "rows": [r["id"] for r in rows],
-            "rows_by_dispatcher": {d: [r["id"] for r, x in zip(rows, dispatchers) if x == d] for d in best}}
+            "mean_abs_pct": 100.0 * float(total[j]) / len(rows), "rows": [r["id"] for r in rows]}
 
 
-def implied_host_ms(row: dict[str, Any]) -> float | None:
+def implied_host_ms(row: dict[str, Any], terms: tuple[float, float, float] | None = None) -> float | None:
     """The host time one MoE layer pass of an eager row would have to cost, in ms a
     per-layer unit (:func:`host_terms`: the bubble's stretch and a recomputed forward's
     launches counted), for the model's step to equal the published one: (published step -
     host-free step) / d step per ms. Negative where the model is slower than the row
     without any host term. None for a graphed row (it pays no host term). What the eighth
-    session's per-dispatcher constants were read from (docs/planner.md)."""
+    session's per-dispatcher constants were read from (docs/planner.md). ``terms``: the
+    row's :func:`host_terms`, where the caller has them."""
     if moe.options_of(row).cuda_graphs:
         return None
-    base, per_ms, _ = host_terms(row)
-    published = row["global_batch"] * row["seq"] / (row["published"] * row["num_gpus"])
-    return (published - base) / per_ms
+    base, per_ms, _ = host_terms(row) if terms is None else terms
+    return (published_step_s(row) - base) / per_ms
 
 
 def implied_host_report(rows: list[dict[str, Any]] | None = None) -> str:
@@ -255,11 +260,11 @@ def implied_host_report(rows: list[dict[str, Any]] | None = None) -> str:
              "(ms a MoE layer pass, eager rows)"]
     for r in sorted(rows, key=lambda r: (moe.options_of(r).dispatcher, r["split"], r["id"])):
         d = moe.options_of(r).dispatcher
-        base, d0, d1 = host_terms(r)
-        charged = c["per_layer_ms"][d] + c["per_local_expert_ms"] * d1 / d0
+        terms = host_terms(r)
+        charged = c["per_layer_ms"][d] + c["per_local_expert_ms"] * terms[2] / terms[1]
         split = r["split"] + ("*" if r["id"] in solved else "")
         lines.append(f"{r['id']:<52}  {split:<9}  {d:<10}  {r['micro_batch']:>2}  "
-                     f"{implied_host_ms(r):>8.2f}  {charged:>8.2f}")
+                     f"{implied_host_ms(r, terms):>8.2f}  {charged:>8.2f}")
     lines.append("* a row the host constants are solved from (solve_host); charged: the dispatcher's per-layer "
                  "constant and the local experts', in the same unit")
     return "\n".join(lines)

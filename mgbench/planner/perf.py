@@ -110,16 +110,15 @@ def group_collective_time(nbytes: Any, n: Any, span: Any, hw: Hardware, factor: 
     gb200-nvl72 counts as 72 GPUs where a plan spreads 64 a rack; on PCIe nodes the NIC
     traffic also crosses each GPU's PCIe link, which the intra term does not count."""
     n = np.asarray(n, dtype=float)
+    n1 = np.maximum(n, 1.0)  # a group of at least one rank (n <= 1 costs nothing: below)
     span = np.asarray(span, dtype=float)
-    gpn = float(hw.gpus_per_node)
-    inside = span <= gpn
     flat = ring_time(nbytes, n, hw.intra_bw, hw.intra_alpha_s, factor)
-    k = np.minimum(np.ceil(span / gpn), np.maximum(n, 1.0))  # nodes the group reaches
-    g = np.maximum(n, 1.0) / np.maximum(k, 1.0)  # its ranks on each of them
-    ring = factor * (np.maximum(n, 1.0) - 1.0) / np.maximum(n, 1.0) * np.asarray(nbytes, dtype=float)
-    latency = factor * (k - 1.0) * hw.inter_alpha_s + factor * (np.maximum(n, 1.0) - k) * hw.intra_alpha_s
+    k = np.minimum(np.ceil(span / float(hw.gpus_per_node)), n1)  # nodes the group reaches
+    g = n1 / np.maximum(k, 1.0)  # its ranks on each of them
+    ring = factor * (n1 - 1.0) / n1 * np.asarray(nbytes, dtype=float)
+    latency = factor * (k - 1.0) * hw.inter_alpha_s + factor * (n1 - k) * hw.intra_alpha_s
     wire = np.maximum(ring / (g * hw.inter_bw), ring * (g - 1.0) / g / hw.intra_bw)
-    return np.where(n > 1, np.where(inside, flat, latency + wire), 0.0)
+    return np.where(n > 1, np.where(_inside_node(span, hw), flat, latency + wire), 0.0)
 
 
 def link_from_all_reduce_fit(alpha_s: float, algbw: float, n: int) -> dict[str, float]:
@@ -196,9 +195,14 @@ def bubble_fraction(pp: Any, num_micro: Any, schedule: str, virtual_stages: int)
     return np.where(p == 1, 0.0, values[inverse.ravel()].reshape(p.shape))
 
 
+def _inside_node(span: Any, hw: Hardware) -> Any:
+    """Whether a group whose ranks span ``span`` consecutive GPUs fits in one node."""
+    return np.asarray(span) <= hw.gpus_per_node
+
+
 def _group_link(span: Any, hw: Hardware) -> tuple[Any, Any]:
     """Bandwidth and latency for a group whose ranks span ``span`` consecutive GPUs."""
-    inside = np.asarray(span) <= hw.gpus_per_node
+    inside = _inside_node(span, hw)
     return np.where(inside, hw.intra_bw, hw.inter_bw), np.where(inside, hw.intra_alpha_s, hw.inter_alpha_s)
 
 

@@ -64,7 +64,6 @@ def test_each_dispatcher_gets_its_own_per_layer_constant():
     assert got["per_layer_ms"] == {d: pytest.approx(v) for d, v in per_layer.items()}
     assert got["per_local_expert_ms"] == pytest.approx(0.1)
     assert got["mean_abs_pct"] == pytest.approx(0.0, abs=1e-9)
-    assert sorted(got["rows_by_dispatcher"]) == sorted(per_layer)
 
 
 def test_a_host_table_without_every_dispatcher_is_refused(monkeypatch):

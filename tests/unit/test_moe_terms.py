@@ -134,8 +134,9 @@ def test_the_validation_rows_that_route_round_robin_send_less():
 
 
 def test_round_robin_routing_refuses_a_router_limit_or_an_imbalance():
-    for bad, says in ((dict(node_limit=4), "--moe-node-limit"), (dict(device_limit=3), "--moe-device-limit"),
-                      (dict(imbalance=1.3), "exactly balanced")):
+    # 1.1 given is refused too: it is the assumed default's value, but given, not assumed.
+    for bad, says in ((dict(node_limit=4), "node_limit"), (dict(device_limit=3), "device_limit"),
+                      (dict(imbalance=1.3), "exactly balanced"), (dict(imbalance=moe.DEFAULT_IMBALANCE), "exactly balanced")):
         with pytest.raises(MgbenchError, match=says):
             moe.MoeOptions(round_robin=True, **bad)
 
@@ -404,3 +405,10 @@ def test_expert_states_shard_over_the_folded_expert_data_parallel_group():
     opt16 = float(M.memory_per_gpu(q, ep=16, **kw)["optimizer_bytes"])
     assert opt16 == pytest.approx(12 * float(dense) / 16 + 12 * float(expert16) / 2)
     assert np.isfinite(opt)
+
+
+def test_an_imbalance_given_is_the_users_and_one_not_given_is_said_to_be_assumed():
+    assumed, given = moe.MoeOptions(), moe.MoeOptions(imbalance=moe.DEFAULT_IMBALANCE)
+    assert assumed.imbalance is None and assumed.load == given.load == moe.DEFAULT_IMBALANCE
+    said = "(an assumption: moe.DEFAULT_IMBALANCE)"
+    assert said in moe.note(assumed, "1f1b") and said not in moe.note(given, "1f1b")
