@@ -153,8 +153,8 @@ def detect() -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
     ib = infiniband()
     if not gpu_device_nodes() or not _cuda_available():
-        summary = "no GPU interconnect: no CUDA device; CPU ranks talk over loopback TCP (gloo)"
-        return {"summary": summary, "gpus": [], "nvml_reason": None, "topo": None, "infiniband": ib,
+        line = "no GPU interconnect: no CUDA device; CPU ranks talk over loopback TCP (gloo)"
+        return {"summary": line, "gpus": [], "nvml_reason": None, "topo": None, "infiniband": ib,
                 "nccl_version": None, "nccl_env": env}
     links = gpu_links()
     gpus = links["gpus"]

@@ -60,3 +60,21 @@ def test_nvlink_table_matches_the_bindings_constants():
               for n in dir(pynvml) if n.startswith("NVML_NVLINK_VERSION_") and not n.endswith("INVALID")}
     assert consts == NVLINK_VERSIONS
     assert nvlink_version(4) == "3.0" and nvlink_version(99) is None
+
+
+def test_detect_on_a_gpu_host_writes_the_summary_line(monkeypatch):
+    """Found on the first H200 (2026-11-27): every `mgbench run` and the selftest stopped
+    in detect() with UnboundLocalError, because the no-GPU branch bound a local named
+    `summary`, hiding the function for the GPU branch. CI has no GPU, so the GPU branch is
+    taken here on a fake host: device nodes, CUDA and NVML all answering."""
+    from mgbench.telemetry import interconnect, machine
+
+    gpus = host(2, nvlink_enum=pynvml.NVML_NVLINK_VERSION_4_0)
+    install_cuda(monkeypatch, gpus)
+    monkeypatch.setattr(machine, "gpu_device_nodes", lambda: ["/dev/nvidia0", "/dev/nvidia1"])
+    monkeypatch.setattr(interconnect, "_cuda_available", lambda: True)
+    monkeypatch.setattr(interconnect, "gpu_links", lambda: gpu_links(FakeNVML(gpus)))
+    monkeypatch.setattr(interconnect, "topo_matrix", lambda: None)
+    found = interconnect.detect()
+    assert found["summary"].startswith("2 GPU(s); 36 active NVLink links (NVLink 4.0)")
+    assert [g["index"] for g in found["gpus"]] == [0, 1]
