@@ -92,6 +92,27 @@ TOLERANCES: dict[str, dict[str, float]] = {
     prec: {q: max(TOLERANCE_MULTIPLE * v, TOLERANCE_FLOOR[prec]) for q, v in spread.items()}
     for prec, spread in MEASURED_SPREAD.items()
 }
+# torch.compile against the eager reference (the reference never compiles: REFERENCE_KEYS
+# leave compile out, so a compiler bug shows). Inductor fuses the norms, activations and
+# the loss and rounds once where eager rounds each op to the autocast precision, and Adam
+# turns the changed noise-level gradients into learning-rate-sized steps, so the check
+# figures move more than a reduction order moves them. Measured on one H200 (2026-11-27,
+# torch 2.11.0+cu130; results/h200-gpu-quick, h200-gpu-quick-2, h200-compile-seeds and
+# the selftest run beside them): bf16, the largest relative difference over GPT-2-small
+# at 1,024 tokens (seed 0) and the Llama-3.2-1B shape at 8 x 2,048 tokens (seeds 0, 1, 2;
+# seed 0 twice): loss 1.71e-03 (1B, seed 2, step 3), grad_norm 1.89e-04 (GPT-2 small),
+# param_norm 5.72e-05 and param_delta_norm 2.86e-03 (1B, seed 0), where the eager 1B
+# configs differed from their references by at most 8.9e-05 / 4.3e-06 / 5.1e-06 / 2.4e-04.
+# Three of the four 1B runs exceeded the bf16 floor of 1e-3 (seed 1 differed by 2.9e-05);
+# the cause of that spread is not established. Compiled configs take TOLERANCE_MULTIPLE x
+# this where it is larger than the precision's own tolerance. fp16 and fp8 take bf16's
+# figures (fp16 rounds finer, so bf16's is an upper bound; fp8 runs everything outside
+# its float8 linears in bf16); fp32 was not measured compiled and keeps its tolerance.
+# Every injected bug still moves grad_norm by 0.27 or more or the weights' change by 1.0
+# (bug:freeze), over 10x these (tests/unit/test_check_compile.py).
+COMPILE_SPREAD: dict[str, float] = {"loss": 1.71e-03, "grad_norm": 1.89e-04, "param_norm": 5.72e-05,
+                                    "param_delta_norm": 2.86e-03}
+COMPILE_PRECISIONS = ("bf16", "fp16", "fp8")
 # Compressed gradients (grad_compression != none) change the update on purpose: the check
 # then asks only that every figure stays within 5% of the reference, and says lossy.
 LOSSY_TOLERANCE = 5e-2
@@ -206,24 +227,29 @@ def _fmt(v: float | None) -> str:
     return "missing" if v is None else f"{v:.6g}"
 
 
-def tolerances(precision: str, lossy: bool) -> dict[str, float]:
-    """The tolerance of each quantity for a precision (lossy: at least LOSSY_TOLERANCE)."""
+def tolerances(precision: str, lossy: bool, compiled: bool = False) -> dict[str, float]:
+    """The tolerance of each quantity for a precision (lossy: at least LOSSY_TOLERANCE;
+    compiled: at least TOLERANCE_MULTIPLE x COMPILE_SPREAD where the precision has one)."""
     tol = dict(TOLERANCES[precision])
+    if compiled and precision in COMPILE_PRECISIONS:
+        tol = {k: max(v, TOLERANCE_MULTIPLE * COMPILE_SPREAD[k]) for k, v in tol.items()}
     if lossy:
         tol = {k: max(v, LOSSY_TOLERANCE) for k, v in tol.items()}
     return tol
 
 
-def compare_check(mine: dict[str, Any], ref: dict[str, Any], precision: str, lossy: bool = False) -> dict[str, Any]:
+def compare_check(mine: dict[str, Any], ref: dict[str, Any], precision: str, lossy: bool = False,
+                  compiled: bool = False) -> dict[str, Any]:
     """Compare a config's check figures (``run_check``) with the reference's
-    (``reference_check``); returns flat record fields.
+    (``reference_check``); returns flat record fields. ``compiled``: the config ran under
+    torch.compile, against the eager reference (its tolerances: :func:`tolerances`).
 
     ``correct`` is True when every quantity is within its tolerance, False otherwise,
     with ``correct_reason`` naming each quantity that differed (loss / grad_norm /
     params), by how much and against which tolerance (``check_mismatches`` lists them);
     None when nothing was checked (check_steps = 0).
     """
-    tol = tolerances(precision, lossy)
+    tol = tolerances(precision, lossy, compiled)
     n = min(len(mine.get("losses") or []), len(ref.get("losses") or []))
     out: dict[str, Any] = {
         "check_losses": list(mine.get("losses") or []), "check_losses_ref": list(ref.get("losses") or []),

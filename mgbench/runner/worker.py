@@ -649,7 +649,8 @@ def correctness(cfg: RunConfig, checked: dict[str, Any] | None, device: torch.de
         ref = reference.reference_check(cfg, device, run_dir)
     except torch.OutOfMemoryError:
         return {"correct": None, "correct_reason": "the single-process reference does not fit on one device"}
-    out = compare_check(checked, ref, cfg.precision, lossy=cfg.grad_compression != "none")
+    out = compare_check(checked, ref, cfg.precision, lossy=cfg.grad_compression != "none",
+                        compiled=cfg.compile)
     if cfg.workload == "vision":  # the check window's data: class patterns, not Markov tokens
         from ..workloads.vision import LEARNABLE_IMAGES
 
