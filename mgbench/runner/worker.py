@@ -39,7 +39,7 @@ from ..strategies.context_parallel import cp_fields
 from ..strategies.fp8 import fp8_fields
 from ..strategies.schedules import bubble_unknown_reason, grad_sync_of, memory_tracker_problem, theoretical_bubble
 from ..telemetry.clock import StepClock
-from ..telemetry.energy import EnergyMeter, power_figures, top_up_steps
+from ..telemetry.energy import EnergyMeter, fill_window, power_figures
 from ..telemetry.memory import read_peak, reset_peak, track_step
 from ..telemetry.machine import cpu_model
 from . import reference
@@ -142,9 +142,12 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
     # NVML's energy counter moves in ~100 ms steps: a window shorter than the meter's
     # minimum gets untimed steps added inside it (step times above are untouched).
     timed = cfg.repeats * cfg.measured_steps
-    extra = top_up_steps(meter, timed, device)
-    for k in range(extra):
-        train_step(prep, feed.replay[k % len(feed.replay)], device, cfg.precision)
+    def untimed(first: int, count: int) -> None:
+        for k in range(first, first + count):
+            train_step(prep, feed.replay[k % len(feed.replay)], device, cfg.precision)
+        sync(device)  # the next round reads the pace from the wall clock
+
+    extra = fill_window(meter, timed, device, untimed)
     sync(device)
     energy = meter.stop(steps=timed + extra)
     moe_figures = moe.log_fields(routing, timed) if routing is not None else None  # a collective: after the window

@@ -137,6 +137,33 @@ def test_every_rank_runs_the_same_top_up_steps():
     assert steps[0] == steps[1] > 400  # ~ (5.25 - 0.1) / 0.01
 
 
+def _fill_on_rank(_):
+    """Rank function: 10 timed steps at 20 ms, then top-up steps twice as fast."""
+    meter = E.EnergyMeter("cpu", 0, local_rank=1)
+    meter.min_window_s = 0.5
+    meter.start()
+    time.sleep(0.2)
+    rounds = []
+
+    def run_steps(first, count):
+        rounds.append(count)
+        time.sleep(0.01 * count)
+    extra = E.fill_window(meter, 10, torch.device("cpu"), run_steps)
+    return extra, rounds, meter.elapsed()
+
+
+def test_the_window_is_filled_when_top_up_steps_run_faster_than_timed_ones():
+    """Seen on an H200: a 1-rank DDP config's top-up steps ran 20% faster than its timed
+    steps, and the window, sized once from the timed pace, closed at 4.4 s of a 5 s
+    minimum. Sized again from the pace so far, a second round fills it."""
+    from mgbench.runner.tolerance import run_on_gloo_ranks
+
+    extra, rounds, elapsed = run_on_gloo_ranks(_fill_on_rank, 1, None)[0]
+    assert elapsed >= 0.5
+    assert len(rounds) >= 2 and rounds[0] == 17  # ceil((1.05 x 0.5 - 0.2) / 0.02): short of the minimum alone
+    assert extra == sum(rounds)
+
+
 def test_energy_per_token_counts_the_top_up_steps(monkeypatch):
     """The window held 100 steps (10 timed + 90 top-up): energy per token divides by
     the tokens of all 100."""
