@@ -296,6 +296,16 @@ def causal_attention_flops_per_token(shape: ModelShape, seq: Any, recompute: Any
     return attn + attn / 3.0 * attention_recomputed_share(shape.layers, recompute)
 
 
+# The FLOPs a fused attention kernel's forward + backward is credited with, in forward
+# passes: FlashAttention's convention (flash-attention benchmarks/benchmark_flash_attention.py
+# flops(): backward 2.5 x forward, as its backward recomputes the scores; Dao 2023, section
+# 4.1), in which every attention fraction of efficiency.toml is stated and the probe's is
+# converted (probe/profile.py). The planner's model FLOPs count backward as 2 x forward
+# (ModelShape.attention_flops_per_token): pricing those at a fraction stated in this
+# convention made attention 3 / 3.5 of the kernel's time.
+FLASH_FWD_BWD_PASSES = 3.5
+
+
 def flash_attention_s(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any, rank_tokens: Any) -> Any:
     """Seconds attention's scores and values take in the flash-attention kernel for one
     rank's ``rank_tokens`` (its share of the layers); None where the GPU has no recorded
@@ -306,10 +316,13 @@ def flash_attention_s(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any,
     but about 34% of an H100's (Dao 2023, arXiv:2307.08691, section 4.1), where best
     GEMMs reach 87% and 80% (MAMF). Its FLOPs are the causal kernel's (halved for a full
     layer, as that paper counts them; a sliding window's nearly whole:
-    :func:`causal_attention_flops_per_token`)."""
+    :func:`causal_attention_flops_per_token`), counted as the kernel fraction is stated:
+    FLASH_FWD_BWD_PASSES forward passes, plus the recomputed forward's share."""
     if hw.attn_eff is None:
         return None
-    return causal_attention_flops_per_token(shape, seq, recompute) * rank_tokens / (hw.peak_tflops * 1e12 * hw.attn_eff)
+    forward = shape.causal_attention_flops_per_token(np.asarray(seq, dtype=float)) / 3.0
+    passes = FLASH_FWD_BWD_PASSES + attention_recomputed_share(shape.layers, recompute)
+    return forward * passes * rank_tokens / (hw.peak_tflops * 1e12 * hw.attn_eff)
 
 
 def gemm_seconds(flops: Any, nbytes: Any, hw: Hardware, rate: float) -> Any:

@@ -16,7 +16,8 @@ depends on how many share the host (below):
 - memory bandwidth = the probed elementwise add (median span); collective alpha and bus bandwidth = the
   probe's own `mgbench comm` all-reduce fit (same conversion as ``predict --comm``).
 - fused attention (GPU) = the probed causal SDPA forward + backward as a fraction of the
-  peak (FLOPs halved for the mask, the catalog's convention), priced as the catalog prices
+  peak, its FLOPs counted in the catalog's convention (FlashAttention's: halved for the
+  mask, backward 2.5 x forward; the probe's rows count 2 x), priced as the catalog prices
   a kernel figure (planner/perf.py flash_attention_s).
 - CPU ranks share the host. A rank of an n-rank run gets t = cores // n threads
   (launching.threads_per_rank), and the probe times its kernels (GEMMs, SDPA, per-op
@@ -41,7 +42,7 @@ from .. import catalog
 from ..errors import MgbenchError
 from ..hardware_profile import Collective, Figure, HardwareProfile
 from ..planner.hardware import Hardware, evidence_detail, planner_defaults
-from ..planner.perf import link_from_all_reduce_fit
+from ..planner.perf import FLASH_FWD_BWD_PASSES, link_from_all_reduce_fit
 
 PROFILE_VERSION = 2
 PRECISION_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -145,7 +146,10 @@ def hardware_profile(profile: dict[str, Any], precision: str | None = None) -> H
                              reason="the probe times bf16, fp16 and fp32 GEMMs only"),
         gemm_fixed=Figure(value=None, unit="s", kind="measured",
                           reason="the probe times the workload's own GEMM shapes (gemm_layer) instead"),
-        attention=measured(frac(attn_row["typical_tflops"]) if attn_row else None, f"fraction of the {precision} peak",
+        # The probe credits forward + backward with 3 forward passes (kernels.attention);
+        # a kernel fraction is stated in FlashAttention's 3.5 (perf.FLASH_FWD_BWD_PASSES).
+        attention=measured(frac(attn_row["typical_tflops"] * FLASH_FWD_BWD_PASSES / 3.0) if attn_row else None,
+                           f"fraction of the {precision} peak",
                            f"no {dtype} attention probed", kernel="torch SDPA (causal, forward + backward)"),
         mem_bw=measured((profile.get("memory") or {}).get("median_bytes_per_s", 0) / 1e12 or None, "TB/s",
                         "no memory bandwidth probed", kernel="elementwise add, median"),

@@ -138,7 +138,7 @@ def test_every_rank_runs_the_same_top_up_steps():
 
 
 def _fill_on_rank(_):
-    """Rank function: 10 timed steps at 20 ms, then top-up steps twice as fast."""
+    """Rank function: 10 timed steps at 20 ms, then top-up steps five times as fast."""
     meter = E.EnergyMeter("cpu", 0, local_rank=1)
     meter.min_window_s = 0.5
     meter.start()
@@ -147,7 +147,7 @@ def _fill_on_rank(_):
 
     def run_steps(first, count):
         rounds.append(count)
-        time.sleep(0.01 * count)
+        time.sleep(0.004 * count)
     extra = E.fill_window(meter, 10, torch.device("cpu"), run_steps)
     return extra, rounds, meter.elapsed()
 
@@ -160,7 +160,8 @@ def test_the_window_is_filled_when_top_up_steps_run_faster_than_timed_ones():
 
     extra, rounds, elapsed = run_on_gloo_ranks(_fill_on_rank, 1, None)[0]
     assert elapsed >= 0.5
-    assert len(rounds) >= 2 and rounds[0] == 17  # ceil((1.05 x 0.5 - 0.2) / 0.02): short of the minimum alone
+    # The first round, ~ceil((1.05 x 0.5 - 0.2) / 0.02) = 17 steps at the timed pace, falls short alone
+    assert len(rounds) >= 2 and rounds[0] <= 17
     assert extra == sum(rounds)
 
 

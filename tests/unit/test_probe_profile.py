@@ -127,7 +127,8 @@ def test_probe_writes_the_catalogs_profile_type():
                        attention=[{"dtype": "bfloat16", "typical_tflops": 300.0, "shapes": []}],
                        copies={"copy_h2d_pinned": 50.0})
     hp = P.hardware_profile(gpu)
-    assert hp.gemm_best.value == pytest.approx(700 / 989) and hp.attention.value == pytest.approx(300 / 989)
+    # attention: the probe's 300 TFLOP/s count 3 forward passes; the fraction counts 3.5
+    assert hp.gemm_best.value == pytest.approx(700 / 989) and hp.attention.value == pytest.approx(300 * 3.5 / 3 / 989)
     assert hp.peaks["bf16"].kind == "datasheet" and hp.host_link.value == 50.0
 
 
@@ -177,10 +178,10 @@ def _probed_h100(**over):
 
 def test_a_probed_gpu_is_priced_from_its_typed_profile():
     # What `plan --hardware` / `predict --hardware` price a GPU machine with: the typed
-    # profile's figures, by hand: matmuls 600 / 989, attention 330 / 989, 2.8 TB/s.
+    # profile's figures, by hand: matmuls 600 / 989, attention 330 x 3.5 / 3 / 989, 2.8 TB/s.
     hw = P.hardware(_probed_h100(), "bf16", ranks=1)
     assert hw.peak_tflops == 989.0 and hw.compute_eff == pytest.approx(600 / 989)
-    assert hw.attn_eff == pytest.approx(330 / 989)  # the probed kernel, not the GEMM term
+    assert hw.attn_eff == pytest.approx(330 * 3.5 / 3 / 989)  # the probed kernel (in FlashAttention's FLOPs)
     assert hw.mem_bw == pytest.approx(2.8e12) and hw.mem_bw_fraction == 1.0
     assert hw.evidence == "measured" and "attention measured" in hw.evidence_detail
     # 2 devices: the all-reduce fit on 2 ranks (alpha 400 us, algbw 2 GB/s) gives the links
