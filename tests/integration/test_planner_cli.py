@@ -123,7 +123,7 @@ def test_memory_and_plan_take_a_hardware_profile(cli, tmp_path):
     bad = cli("plan", "--model", "gpt2-small", "--tokens", "1e9", "--hardware", str(prof), "--systems", "dgx-a100")
     assert bad.returncode == 2 and "drop --systems" in bad.stderr and "Traceback" not in bad.stderr
     stack = cli("predict", "--model", "llama3-8b", "--gpu", "a100-sxm-80gb", "--stack", "mgbench")
-    assert stack.returncode == 2 and "no GPU run of mgbench" in stack.stderr and "Traceback" not in stack.stderr
+    assert stack.returncode == 2 and "not fitted: mgbench's first GPU runs" in stack.stderr and "Traceback" not in stack.stderr
 
 
 def test_plan_on_a_probed_gpu_prices_its_measured_attention_kernel(cli, tmp_path):

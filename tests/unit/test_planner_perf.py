@@ -212,7 +212,7 @@ def test_a_stack_without_measured_runs_is_refused_with_its_reason():
     from mgbench.errors import MgbenchError
     from mgbench.planner import stack
 
-    with pytest.raises(MgbenchError, match="no efficiency yet.*no GPU run of mgbench"):
+    with pytest.raises(MgbenchError, match="no efficiency yet.*not fitted: mgbench's first GPU runs"):
         stack.efficiency("mgbench")
     with pytest.raises(MgbenchError, match="unknown --stack 'nope'"):
         stack.efficiency("nope")
