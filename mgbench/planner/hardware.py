@@ -41,6 +41,11 @@ class Hardware:
     # (efficiency.toml, attention); None: not recorded, attention's scores and values are
     # priced as layer GEMMs (planner/perf.py flash_attention_s).
     attn_eff: float | None = None
+    # The fraction by sequence of each kernel measured on this GPU, ((kernel, ((seq,
+    # fraction), ...)), ...) (efficiency.toml [[attention_curve]]): the curve of the stack's
+    # kernel (stacks.toml attention_kernel) replaces attn_eff (planner/perf.py
+    # attention_fraction). Empty: attn_eff stands.
+    attn_curves: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] = ()
     # Where the efficiency came from (hardware_profile.HardwareProfile.evidence): "measured"
     # on this accelerator (a public GEMM measurement of it, or a probe of this machine),
     # "carried" from a named sibling, or "assumed" (uncertainty.py widens the interval by it).
@@ -106,6 +111,21 @@ def attention_efficiency(gpu: str) -> float | None:
     (efficiency.toml attention); None where no figure is recorded."""
     p = profile(gpu)
     return None if p is None else p.attention.value
+
+
+def stack_attention_kernel(name: str) -> str:
+    """The fused attention kernel a stack runs (stacks.toml attention_kernel): "cudnn"
+    (Transformer Engine's FusedAttention) or "flash2" (FlashAttention-2, as torch's SDPA
+    picks it; also for a stack the file does not name). Read here, beside the curves it
+    selects, so that planner/perf.py needs no import of planner/stack.py."""
+    return str(catalog.load("stacks.toml")["stacks"].get(name, {}).get("attention_kernel", "flash2"))
+
+
+def attention_curves(gpu: str) -> tuple[tuple[str, tuple[tuple[float, float], ...]], ...]:
+    """Each kernel's fused-attention fraction by sequence on ``gpu`` (efficiency.toml
+    [[attention_curve]]), as (kernel, ((seq, fraction), ...)); empty where none lists it."""
+    return tuple((c["kernel"], tuple((float(q), float(f)) for q, f in c["points"]))
+                 for c in catalog.load("efficiency.toml").get("attention_curve", []) if gpu in c["accelerators"])
 
 
 def efficiency_fields(gpu: str) -> dict[str, Any]:
@@ -198,5 +218,6 @@ def resolve(system: str | None = None, gpu: str | None = None, precision: str = 
         mem_bw=float(acc["mem_bw_tbps"]) * 1e12,
         elementwise_passes=float(planner_defaults()["elementwise_passes"]),
         attn_eff=attention_efficiency(s["gpu"]),
+        attn_curves=attention_curves(s["gpu"]),
         **efficiency_fields(s["gpu"]),
     )

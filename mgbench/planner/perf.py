@@ -23,9 +23,10 @@ compute   matmuls + memory-bound elementwise work (a two-term roofline):
           ranks route): their seconds are ``expert_gemm_s``.
           With flash attention, attention's scores and values do not run as layer GEMMs
           but in the fused kernel, at the fraction of peak that kernel reaches on the
-          GPU (efficiency.toml attention: FlashAttention-2 measured on A100, H100, H200,
-          MI300X, carried to their siblings): the causal half of their FLOPs at that
-          rate (see :func:`flash_attention_s`).
+          GPU and for the stack's kernel (efficiency.toml: the GH100's measured curves
+          by sequence, FlashAttention-2 and cuDNN; elsewhere one figure, measured on
+          the A100, MI300X and MI355X and carried to their siblings): the causal half
+          of their FLOPs at that rate (see :func:`flash_attention_s`).
 bubble    the schedule's theoretical idle fraction f (strategies/schedules.py's
           :func:`theoretical_bubble`, the one place for it): bubble = blocks x f / (1 - f),
           for 1F1B (p - 1) / m of a block stage's micro-batches, interleaving over v
@@ -75,7 +76,7 @@ from ..errors import MgbenchError
 from ..hardware_profile import gemm_kernel_seconds
 from ..model_shape import MLA_UP_PROJECTIONS, ModelShape
 from ..strategies.schedules import grad_sync, theoretical_bubble
-from .hardware import Hardware
+from .hardware import Hardware, stack_attention_kernel
 from .memory import (act_bytes, attention_recomputed_share, elementwise_recomputed, matmul_recomputed_share,
                      max_last_layers, moe_mlp_extra, pipeline_fsdp_unsharded_from_forward, recomputed_share)
 from .memory import stage_layers as memory_stage_layers
@@ -318,11 +319,23 @@ def flash_attention_s(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any,
     layer, as that paper counts them; a sliding window's nearly whole:
     :func:`causal_attention_flops_per_token`), counted as the kernel fraction is stated:
     FLASH_FWD_BWD_PASSES forward passes, plus the recomputed forward's share."""
-    if hw.attn_eff is None:
+    if hw.attn_eff is None and not hw.attn_curves:
         return None
     forward = shape.causal_attention_flops_per_token(np.asarray(seq, dtype=float)) / 3.0
     passes = FLASH_FWD_BWD_PASSES + attention_recomputed_share(shape.layers, recompute)
-    return forward * passes * rank_tokens / (hw.peak_tflops * 1e12 * hw.attn_eff)
+    return forward * passes * rank_tokens / (hw.peak_tflops * 1e12 * attention_fraction(hw, seq))
+
+
+def attention_fraction(hw: Hardware, seq: Any) -> Any:
+    """The fused attention kernel's fraction of peak at ``seq``: the curve of the stack's
+    kernel (stacks.toml attention_kernel) where the GPU has one (efficiency.toml
+    [[attention_curve]], linear in log2 of the sequence, held at its ends), else the GPU's
+    single figure (``hw.attn_eff``)."""
+    curve = dict(hw.attn_curves).get(stack_attention_kernel(hw.stack))
+    if not curve:
+        return hw.attn_eff
+    seqs, fracs = zip(*curve)
+    return np.interp(np.log2(np.asarray(seq, dtype=float)), np.log2(seqs), fracs)
 
 
 def gemm_seconds(flops: Any, nbytes: Any, hw: Hardware, rate: float) -> Any:
