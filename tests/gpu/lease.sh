@@ -48,13 +48,13 @@ if [ "$device" = cpu ]; then
     step kernels 60 "$py" tests/gpu/kernel_rates.py --device cpu --small -o "$out/kernels.json"
     step selftest 200 "$py" -m mgbench.selftest --device cpu --results-dir "$results"
     step mfu 120 "$py" -m mgbench.cli run suites/gpu-quick.toml --device cpu --set model=tiny --set seq_len=32 \
-        --set micro_batch=2 --set precision=fp32 --set measured_steps=4 --run-id lease-quick \
+        --set micro_batch=2 --set precision=fp32 --set measured_steps=4 --run-id "lease-quick-$(date +%Y%m%d-%H%M%S)" \
         --results-dir "$results" --no-report --no-projection
     step probe 120 "$py" -m mgbench.cli probe --device cpu --max-ranks 1 --no-comm -o "$out/probe.json"
 else
     step kernels 100 "$py" tests/gpu/kernel_rates.py -o "$out/kernels.json"
     step selftest 260 "$py" -m mgbench.selftest --results-dir "$results"
-    step mfu 200 "$py" -m mgbench.cli run suites/gpu-quick.toml --run-id lease-quick --results-dir "$results" \
+    step mfu 200 "$py" -m mgbench.cli run suites/gpu-quick.toml --run-id "lease-quick-$(date +%Y%m%d-%H%M%S)" --results-dir "$results" \
         --no-report --no-projection
     step probe 90 "$py" -m mgbench.cli probe --no-comm -o "$out/probe.json"
 fi
