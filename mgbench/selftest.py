@@ -30,6 +30,7 @@ the 8 configs in 96 s (the compiled one 17 s).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -153,6 +154,9 @@ def predicted_step(rec: dict[str, Any]) -> tuple[float | None, str]:
     try:
         # The peak the run's MFU used (tf32 for fp32 with TF32 on: catalog.peak_precision).
         hw = hardware.resolve(gpu=acc, precision=rec.get("mfu_peak_precision") or cfg.precision)
+        # The runner's own stack: its attention kernel (torch SDPA's FlashAttention-2);
+        # it has no fitted efficiency (stacks.toml [stacks.mgbench]), so none is applied.
+        hw = dataclasses.replace(hw, stack="mgbench")
         return float(predict(cfg.shape, hw, Layout.from_config(cfg))["step_time_s"]), f"{acc}, {hw.system}"
     except (MgbenchError, KeyError) as e:
         return None, str(e)

@@ -310,20 +310,23 @@ FLASH_FWD_BWD_PASSES = 3.5
 def flash_attention_s(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any, rank_tokens: Any) -> Any:
     """Seconds attention's scores and values take in the flash-attention kernel for one
     rank's ``rank_tokens`` (its share of the layers); None where the GPU has no recorded
-    kernel fraction (``hw.attn_eff``): the GEMM term then prices them, as it always has.
+    kernel fraction (:func:`attention_fraction`): the GEMM term then prices them, as it
+    always has.
 
-    The fused kernel is not a layer GEMM, and its fraction of peak differs by generation
-    far more than the GEMMs' does: FlashAttention-2 reaches up to 73% of an A100's peak
-    but about 34% of an H100's (Dao 2023, arXiv:2307.08691, section 4.1), where best
-    GEMMs reach 87% and 80% (MAMF). Its FLOPs are the causal kernel's (halved for a full
+    The fused kernel is not a layer GEMM, and its fraction of peak differs by generation,
+    kernel and sequence far more than the GEMMs' does: FlashAttention-2 reaches up to 73%
+    of an A100's peak (Dao 2023, arXiv:2307.08691, section 4.1), on an H200 causal 19-29%
+    at 2K-8K and cuDNN's 31-53% (efficiency.toml [[attention_curve]]), where best GEMMs
+    reach 87% and 80% (MAMF). Its FLOPs are the causal kernel's (halved for a full
     layer, as that paper counts them; a sliding window's nearly whole:
     :func:`causal_attention_flops_per_token`), counted as the kernel fraction is stated:
     FLASH_FWD_BWD_PASSES forward passes, plus the recomputed forward's share."""
-    if hw.attn_eff is None and not hw.attn_curves:
+    frac = attention_fraction(hw, seq)
+    if frac is None:
         return None
     forward = shape.causal_attention_flops_per_token(np.asarray(seq, dtype=float)) / 3.0
     passes = FLASH_FWD_BWD_PASSES + attention_recomputed_share(shape.layers, recompute)
-    return forward * passes * rank_tokens / (hw.peak_tflops * 1e12 * attention_fraction(hw, seq))
+    return forward * passes * rank_tokens / (hw.peak_tflops * 1e12 * frac)
 
 
 def attention_fraction(hw: Hardware, seq: Any) -> Any:

@@ -111,12 +111,13 @@ def min_window(method: str, interval_s: float | None) -> float:
     return min(MAX_MIN_WINDOW_S, max(floor, steps))
 
 
-def steps_to_fill(min_window_s: float, elapsed_s: float, steps_done: int) -> int:
-    """More steps at the pace so far (``steps_done`` in ``elapsed_s``) for a window of
-    at least ``min_window_s``."""
-    if steps_done <= 0 or elapsed_s <= 0 or elapsed_s >= min_window_s:
+def steps_to_fill(min_window_s: float, elapsed_s: float, steps_done: int, span_s: float | None = None) -> int:
+    """More steps for a window of at least ``min_window_s``, ``elapsed_s`` of it gone, at
+    the pace of ``steps_done`` steps in ``span_s`` seconds (default: in ``elapsed_s``)."""
+    span = elapsed_s if span_s is None else span_s
+    if steps_done <= 0 or elapsed_s <= 0 or span <= 0 or elapsed_s >= min_window_s:
         return 0
-    return math.ceil((TOP_UP_MARGIN * min_window_s - elapsed_s) / (elapsed_s / steps_done))
+    return math.ceil((TOP_UP_MARGIN * min_window_s - elapsed_s) / (span / steps_done))
 
 
 class EnergyMeter:
@@ -262,33 +263,38 @@ class EnergyMeter:
         }
 
 
-TOP_UP_ROUNDS = 4  # top-up rounds at most: each re-reads the pace, so two nearly always do
+TOP_UP_ROUNDS = 4  # top-up rounds at most: the second, at the top-up steps' own pace, nearly always ends it
 
 
 def fill_window(meter: EnergyMeter, steps_done: int, device: Any, run_steps: Callable[[int, int], None]) -> int:
     """Run untimed steps (``run_steps(first, count)``) inside the energy window until it
-    lasts at least the meter's minimum; returns how many ran. Each round sizes itself from
-    the pace of every step so far: the timed steps' pace alone fell short when top-up
-    steps ran faster (on an H200 a 1-rank DDP config with the profiler on filled 4.4 s of
-    a 5 s minimum), so a round that falls short is followed by another."""
+    lasts at least the meter's minimum; returns how many ran. The first round is sized at
+    the timed steps' pace; each later one at the pace of the round before it, since
+    top-up steps can run faster than timed ones (on an H200 a 1-rank DDP config with the
+    profiler on filled 4.4 s of a 5 s minimum at the timed pace). Every rank runs the
+    most any rank needs (:func:`top_up_steps`), so all run the same rounds."""
     extra = 0
+    pace_steps, pace_s = steps_done, meter.elapsed()
     for _ in range(TOP_UP_ROUNDS):
-        need = top_up_steps(meter, steps_done + extra, device)
+        need = top_up_steps(meter, pace_steps, device, pace_s)
         if need <= 0:
             break
+        start = meter.elapsed()
         run_steps(extra, need)
         extra += need
+        pace_steps, pace_s = need, meter.elapsed() - start
     return extra
 
 
-def top_up_steps(meter: EnergyMeter, steps_done: int, device: Any) -> int:
+def top_up_steps(meter: EnergyMeter, steps_done: int, device: Any, span_s: float | None = None) -> int:
     """Untimed steps every rank runs inside the energy window so that it lasts at least
-    the meter's minimum: the most any rank needs (collectives need every rank in every
+    the meter's minimum, at the pace of ``steps_done`` steps in ``span_s`` seconds (default:
+    the window so far): the most any rank needs (collectives need every rank in every
     step), agreed with one all_reduce."""
     import torch
     import torch.distributed as dist
 
-    need = torch.tensor([steps_to_fill(meter.min_window_s, meter.elapsed(), steps_done)], dtype=torch.int64,
+    need = torch.tensor([steps_to_fill(meter.min_window_s, meter.elapsed(), steps_done, span_s)], dtype=torch.int64,
                         device=device)
     dist.all_reduce(need, op=dist.ReduceOp.MAX)
     return int(need.item())

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One short GPU lease's program, run from the repository root on the GPU machine:
 #
-#   bash tests/gpu/lease.sh OUTDIR            # about 6-8 minutes on one H100 / H200
+#   bash tests/gpu/lease.sh OUTDIR            # about 5 minutes on one H200 (2026-11-27)
 #   DEVICE=cpu bash tests/gpu/lease.sh /tmp/x # the same steps on CPU ranks: the plumbing
 #
 # Steps, each under its own time cap and all under one deadline (LEASE_S, default 520 s),

@@ -59,3 +59,18 @@ def test_injected_bugs_still_fail_with_the_compiled_tolerances(bug):
     out = check.compare_check(mine, ref, "bf16", compiled=True)
     assert out["correct"] is False
     assert ("params" if bug == "freeze" else "grad_norm") in out["check_mismatches"]
+
+
+def test_the_worker_passes_the_configs_compile_flag_to_the_check(monkeypatch, tmp_path):
+    """The H200 figures above pass only if the worker says the config was compiled: the
+    record's verdict comes from worker.correctness, which must hand cfg.compile on."""
+    from mgbench.runner import worker
+    from tests.factories import make_config
+
+    r = h200_compiled()[0]
+    monkeypatch.setattr(worker.reference, "reference_check", lambda cfg, device, run_dir: figures(r, "_ref"))
+    for compiled, verdict in ((True, True), (False, False)):
+        cfg = make_config(model="tiny", precision="bf16", compile=compiled)
+        out = worker.correctness(cfg, figures(r), None, tmp_path)
+        assert out["correct"] is verdict
+        assert out["param_delta_tolerance"] == pytest.approx(0.0286 if compiled else 2e-3)

@@ -137,8 +137,10 @@ def test_every_rank_runs_the_same_top_up_steps():
     assert steps[0] == steps[1] > 400  # ~ (5.25 - 0.1) / 0.01
 
 
-def _fill_on_rank(_):
-    """Rank function: 10 timed steps at 20 ms, then top-up steps five times as fast."""
+def _fill_on_rank(step_s):
+    """Rank function: 10 timed steps at 20 ms, then top-up steps of this rank's length."""
+    import torch.distributed as dist
+
     meter = E.EnergyMeter("cpu", 0, local_rank=1)
     meter.min_window_s = 0.5
     meter.start()
@@ -147,7 +149,7 @@ def _fill_on_rank(_):
 
     def run_steps(first, count):
         rounds.append(count)
-        time.sleep(0.004 * count)
+        time.sleep(step_s[dist.get_rank()] * count)
     extra = E.fill_window(meter, 10, torch.device("cpu"), run_steps)
     return extra, rounds, meter.elapsed()
 
@@ -155,14 +157,24 @@ def _fill_on_rank(_):
 def test_the_window_is_filled_when_top_up_steps_run_faster_than_timed_ones():
     """Seen on an H200: a 1-rank DDP config's top-up steps ran 20% faster than its timed
     steps, and the window, sized once from the timed pace, closed at 4.4 s of a 5 s
-    minimum. Sized again from the pace so far, a second round fills it."""
+    minimum. The second round, sized at the first round's own pace, fills it."""
     from mgbench.runner.tolerance import run_on_gloo_ranks
 
-    extra, rounds, elapsed = run_on_gloo_ranks(_fill_on_rank, 1, None)[0]
+    extra, rounds, elapsed = run_on_gloo_ranks(_fill_on_rank, 1, [0.004])[0]
     assert elapsed >= 0.5
     # The first round, ~ceil((1.05 x 0.5 - 0.2) / 0.02) = 17 steps at the timed pace, falls short alone
     assert len(rounds) >= 2 and rounds[0] <= 17
     assert extra == sum(rounds)
+
+
+def test_ranks_at_different_paces_run_the_same_top_up_rounds():
+    """Every rank runs the same steps (a collective in them would otherwise wait
+    forever): the count is the most any rank needs, round by round."""
+    from mgbench.runner.tolerance import run_on_gloo_ranks
+
+    (e0, r0, t0), (e1, r1, t1) = run_on_gloo_ranks(_fill_on_rank, 2, [0.004, 0.002])
+    assert r0 == r1 and e0 == e1 == sum(r0)
+    assert min(t0, t1) >= 0.5
 
 
 def test_energy_per_token_counts_the_top_up_steps(monkeypatch):
