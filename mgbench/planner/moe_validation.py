@@ -55,11 +55,14 @@ def split_rule(rows: list[dict[str, Any]]) -> dict[str, str]:
     """The split the data file's header states: a row whose source states two layouts
     (``layout_conflict``) is unscored; rows seen before it was written (``seen_before``)
     are fit; rows added after the host launch term was built (``added_after_host_term``)
-    are all held out; the others alternate in file order, held_out first."""
+    are all held out; the others alternate in file order, held_out first (an unscored
+    row among them keeps its turn, so the rows after it keep their split)."""
     out, i = {}, 0
     for r in rows:
         if r.get("layout_conflict"):
             out[r["id"]] = UNSCORED
+            if not r.get("seen_before") and not r.get("added_after_host_term"):
+                i += 1
             continue
         if r.get("seen_before"):
             out[r["id"]] = "fit"
