@@ -144,6 +144,7 @@ def predicted_step(rec: dict[str, Any]) -> tuple[float | None, str]:
     or None with the reason."""
     from .planner import hardware
     from .layout import Layout
+    from .probe.profile import STACK as RUNNER_STACK
     from .planner.predict import predict
     from .record import config_from_record
 
@@ -156,7 +157,7 @@ def predicted_step(rec: dict[str, Any]) -> tuple[float | None, str]:
         hw = hardware.resolve(gpu=acc, precision=rec.get("mfu_peak_precision") or cfg.precision)
         # The runner's own stack: its attention kernel (torch SDPA's FlashAttention-2);
         # it has no fitted efficiency (stacks.toml [stacks.mgbench]), so none is applied.
-        hw = dataclasses.replace(hw, stack="mgbench")
+        hw = dataclasses.replace(hw, stack=RUNNER_STACK)
         return float(predict(cfg.shape, hw, Layout.from_config(cfg))["step_time_s"]), f"{acc}, {hw.system}"
     except (MgbenchError, KeyError) as e:
         return None, str(e)

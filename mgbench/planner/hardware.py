@@ -42,7 +42,7 @@ class Hardware:
     # priced as layer GEMMs (planner/perf.py flash_attention_s).
     attn_eff: float | None = None
     # The fraction by sequence of each kernel measured on this GPU, ((kernel, ((seq,
-    # fraction), ...)), ...) (efficiency.toml [[attention_curve]]): the curve of the stack's
+    # fraction), ...)), ...) (efficiency.toml [attention_curves]): the curve of the stack's
     # kernel (stacks.toml attention_kernel) replaces attn_eff (planner/perf.py
     # attention_fraction). Empty: attn_eff stands.
     attn_curves: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] = ()
@@ -116,16 +116,23 @@ def attention_efficiency(gpu: str) -> float | None:
 def stack_attention_kernel(name: str) -> str:
     """The fused attention kernel a stack runs (stacks.toml attention_kernel): "cudnn"
     (Transformer Engine's FusedAttention) or "flash2" (FlashAttention-2, as torch's SDPA
-    picks it; also for a stack the file does not name). Read here, beside the curves it
-    selects, so that planner/perf.py needs no import of planner/stack.py."""
-    return str(catalog.load("stacks.toml")["stacks"].get(name, {}).get("attention_kernel", "flash2"))
+    picks it). Read here, beside the curves it selects, so that planner/perf.py needs no
+    import of planner/stack.py; a stack that does not state one is refused, not guessed."""
+    kernel = catalog.load("stacks.toml")["stacks"].get(name, {}).get("attention_kernel")
+    if kernel is None:
+        raise MgbenchError(f"stacks.toml [stacks.{name}] states no attention_kernel (cudnn or flash2): "
+                           "the fused attention it runs cannot be priced")
+    return str(kernel)
 
 
 def attention_curves(gpu: str) -> tuple[tuple[str, tuple[tuple[float, float], ...]], ...]:
     """Each kernel's fused-attention fraction by sequence on ``gpu`` (efficiency.toml
-    [[attention_curve]]), as (kernel, ((seq, fraction), ...)); empty where none lists it."""
-    return tuple((c["kernel"], tuple((float(q), float(f)) for q, f in c["points"]))
-                 for c in catalog.load("efficiency.toml").get("attention_curve", []) if gpu in c["accelerators"])
+    [attention_curves]), as (kernel, ((seq, fraction), ...)); empty where ``gpu`` is not
+    among the accelerators the curves are for."""
+    c = catalog.load("efficiency.toml").get("attention_curves", {})
+    if gpu not in c.get("accelerators", ()):
+        return ()
+    return tuple((k, tuple((float(q), float(f)) for q, f in v["points"])) for k, v in c["kernels"].items())
 
 
 def efficiency_fields(gpu: str) -> dict[str, Any]:

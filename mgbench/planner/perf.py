@@ -316,7 +316,7 @@ def flash_attention_s(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any,
     The fused kernel is not a layer GEMM, and its fraction of peak differs by generation,
     kernel and sequence far more than the GEMMs' does: FlashAttention-2 reaches up to 73%
     of an A100's peak (Dao 2023, arXiv:2307.08691, section 4.1), on an H200 causal 19-29%
-    at 2K-8K and cuDNN's 31-53% (efficiency.toml [[attention_curve]]), where best GEMMs
+    at 2K-8K and cuDNN's 31-53% (efficiency.toml [attention_curves]), where best GEMMs
     reach 87% and 80% (MAMF). Its FLOPs are the causal kernel's (halved for a full
     layer, as that paper counts them; a sliding window's nearly whole:
     :func:`causal_attention_flops_per_token`), counted as the kernel fraction is stated:
@@ -332,9 +332,9 @@ def flash_attention_s(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any,
 def attention_fraction(hw: Hardware, seq: Any) -> Any:
     """The fused attention kernel's fraction of peak at ``seq``: the curve of the stack's
     kernel (stacks.toml attention_kernel) where the GPU has one (efficiency.toml
-    [[attention_curve]], linear in log2 of the sequence, held at its ends), else the GPU's
+    [attention_curves], linear in log2 of the sequence, held at its ends), else the GPU's
     single figure (``hw.attn_eff``)."""
-    curve = dict(hw.attn_curves).get(stack_attention_kernel(hw.stack))
+    curve = dict(hw.attn_curves).get(stack_attention_kernel(hw.stack)) if hw.attn_curves else None
     if not curve:
         return hw.attn_eff
     seqs, fracs = zip(*curve)

@@ -17,13 +17,16 @@ import torch
 import torch.nn.functional as F
 
 from ..model_shape import ModelShape
+from .workload import ATTENTION_FWD_BWD_PASSES
 
 WARMUP_S = 0.03  # per measured kernel
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _timer(device: torch.device, fn: Callable[[], Any], repeats: int, min_time_s: float) -> list[float]:
-    """Seconds per call of ``fn``: ``repeats`` spans, each long enough to be timed well."""
+def timer(device: torch.device, fn: Callable[[], Any], repeats: int, min_time_s: float) -> list[float]:
+    """Seconds per call of ``fn``: ``repeats`` spans of back-to-back calls, each at least
+    ``min_time_s`` long, synchronised only at their ends (so a short kernel's launch
+    latency is not counted once per call). tests/gpu/kernel_rates.py times with it too."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     # Warm up for a while, not one call: after a thread-count change a CPU thread pool
     # can run slow for its first calls; a short spin settles it before the timed spans.
@@ -100,7 +103,7 @@ def gemm(device: torch.device, dtype: str, shapes: list[dict[str, Any]], repeats
     dt = DTYPES[dtype]
     rows = []
     for s, times in zip(shapes, _two_passes(shapes, lambda s: _gemm_call(device, dt, s),
-                                            lambda fn: _timer(device, fn, repeats, min_time_s))):
+                                            lambda fn: timer(device, fn, repeats, min_time_s))):
         flops = 2.0 * s["m"] * s["k"] * s["n"]
         rows.append({**s, "flops": flops, "best_s": min(times), "median_s": statistics.median(times),
                      "tflops_best": flops / min(times) / 1e12, "tflops_median": flops / statistics.median(times) / 1e12})
@@ -134,7 +137,7 @@ def memory_bandwidth(device: torch.device, nbytes: int, repeats: int = 5) -> dic
     the access pattern of the elementwise work in a training step."""
     n = nbytes // 4
     a, b, c = (torch.rand(n, device=device) for _ in range(3))
-    times = _timer(device, lambda: torch.add(a, b, out=c), repeats, 0.05)
+    times = timer(device, lambda: torch.add(a, b, out=c), repeats, 0.05)
     del a, b, c
     release()
     moved = 3.0 * n * 4
@@ -144,7 +147,7 @@ def memory_bandwidth(device: torch.device, nbytes: int, repeats: int = 5) -> dic
 
 def attention(device: torch.device, dtype: str, shapes: list[dict[str, Any]], repeats: int = 5) -> dict[str, Any]:
     """Forward + backward TFLOP/s of causal scaled_dot_product_attention; FLOPs are the
-    two matmuls' 4 b h s^2 d forward, halved for causal, times 3 with backward."""
+    two matmuls' 4 b h s^2 d forward, halved for causal, times ATTENTION_FWD_BWD_PASSES."""
     dt = DTYPES[dtype]
     rows = []
 
@@ -157,8 +160,8 @@ def attention(device: torch.device, dtype: str, shapes: list[dict[str, Any]], re
             out.sum().backward()
         return step
 
-    for s, times in zip(shapes, _two_passes(shapes, make, lambda fn: _timer(device, fn, repeats, 0.02))):
-        flops = 3.0 * 0.5 * 4.0 * s["batch"] * s["heads"] * s["seq"] ** 2 * s["head_dim"]
+    for s, times in zip(shapes, _two_passes(shapes, make, lambda fn: timer(device, fn, repeats, 0.02))):
+        flops = ATTENTION_FWD_BWD_PASSES * 0.5 * 4.0 * s["batch"] * s["heads"] * s["seq"] ** 2 * s["head_dim"]
         rows.append({**s, "flops": flops, "tflops_best": flops / min(times) / 1e12,
                      "tflops_median": flops / statistics.median(times) / 1e12})
     release()  # q, k, v and their gradients went with _two_passes' calls
@@ -188,7 +191,7 @@ def op_overhead(device: torch.device, links: int = 32, repeats: int = 5) -> dict
         chain()
     s = counter.summary()
     ops = s["compute_ops"] + s["view_ops"]
-    times = _timer(device, chain, repeats, 0.02)
+    times = timer(device, chain, repeats, 0.02)
     return {"op_overhead_s": statistics.median(times) / ops, "best_op_overhead_s": min(times) / ops,
             "ops_per_chain": ops,
             "method": f"{links}-link chain of tiny autograd ops (mul, t, add) forward + backward, per aten op"}
@@ -271,7 +274,7 @@ def _single_call_median(device: torch.device, fn: Callable[[], Any], calls: int 
     """Median seconds of ``calls`` single calls of ``fn`` (each timed alone, as the
     replayed ops are), after the usual warm-up."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    _timer(device, fn, 1, WARMUP_S)
+    timer(device, fn, 1, WARMUP_S)
     times = []
     for _ in range(calls):
         sync()

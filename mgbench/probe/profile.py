@@ -43,6 +43,7 @@ from ..errors import MgbenchError
 from ..hardware_profile import Collective, Figure, HardwareProfile
 from ..planner.hardware import Hardware, evidence_detail, planner_defaults
 from ..planner.perf import FLASH_FWD_BWD_PASSES, link_from_all_reduce_fit
+from .workload import ATTENTION_FWD_BWD_PASSES
 
 PROFILE_VERSION = 2
 PRECISION_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -146,9 +147,10 @@ def hardware_profile(profile: dict[str, Any], precision: str | None = None) -> H
                              reason="the probe times bf16, fp16 and fp32 GEMMs only"),
         gemm_fixed=Figure(value=None, unit="s", kind="measured",
                           reason="the probe times the workload's own GEMM shapes (gemm_layer) instead"),
-        # The probe credits forward + backward with 3 forward passes (kernels.attention);
-        # a kernel fraction is stated in FlashAttention's 3.5 (perf.FLASH_FWD_BWD_PASSES).
-        attention=measured(frac(attn_row["typical_tflops"] * FLASH_FWD_BWD_PASSES / 3.0) if attn_row else None,
+        # The probe credits forward + backward with its own passes (kernels.attention); a
+        # kernel fraction is stated in FlashAttention's 3.5 (perf.FLASH_FWD_BWD_PASSES).
+        attention=measured(frac(attn_row["typical_tflops"] * FLASH_FWD_BWD_PASSES / ATTENTION_FWD_BWD_PASSES)
+                           if attn_row else None,
                            f"fraction of the {precision} peak",
                            f"no {dtype} attention probed", kernel="torch SDPA (causal, forward + backward)"),
         mem_bw=measured((profile.get("memory") or {}).get("median_bytes_per_s", 0) / 1e12 or None, "TB/s",

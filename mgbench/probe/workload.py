@@ -8,6 +8,11 @@ from typing import Any
 
 from ..model_shape import ModelShape
 
+# Forward passes the probe credits SDPA's forward + backward with (kernels.attention:
+# backward 2 x forward, as the planner's model FLOPs count it); probe/profile.py converts
+# its rate to a kernel fraction's convention (planner/perf.py FLASH_FWD_BWD_PASSES).
+ATTENTION_FWD_BWD_PASSES = 3.0
+
 
 def attention_shapes(shape: ModelShape, tokens: int, kind: str) -> list[dict[str, Any]]:
     """Causal SDPA shapes to time: the model's heads at two sequence lengths (on CPU 128

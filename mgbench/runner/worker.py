@@ -147,8 +147,7 @@ def measure(cfg: RunConfig, device: torch.device, meter: EnergyMeter, profile: b
             train_step(prep, feed.replay[k % len(feed.replay)], device, cfg.precision)
         sync(device)  # the next round reads the pace from the wall clock
 
-    extra = fill_window(meter, timed, device, untimed)
-    sync(device)
+    extra = fill_window(meter, timed, device, untimed)  # the timed loop and each round end synchronised
     energy = meter.stop(steps=timed + extra)
     moe_figures = moe.log_fields(routing, timed) if routing is not None else None  # a collective: after the window
     mem = read_peak(device)

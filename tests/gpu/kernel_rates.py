@@ -3,7 +3,10 @@
     python tests/gpu/kernel_rates.py -o kernels.json      # one GPU, about 40 s
     python tests/gpu/kernel_rates.py --device cpu --small  # the plumbing, on a CPU
 
-What it times (CUDA events, median of the repeats after warm-up, random data):
+What it times (median of 5 spans of back-to-back calls after warm-up, the probe's timer;
+random data). The H200 lease of 2026-11-27 (results/h200-lease-2026-11-27) ran an earlier
+version that synchronised after every call, so its small kernels carry about 30 us of
+launch latency each:
 
 - the two ceilings: a large bf16 matrix product and a device-to-device copy;
 - scaled_dot_product_attention forward, and forward + backward, per SDPA backend
@@ -34,6 +37,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from mgbench.probe.kernels import timer
+
 # (name, hidden, moe_ffn_hidden) of the routed experts; up is gated (2 x ffn columns).
 EXPERT_SHAPES = [("deepseek-v3", 7168, 2048), ("qwen3-30b-a3b", 2048, 768), ("gpt-oss", 2880, 2880),
                  ("mixtral-8x7b", 4096, 14336)]
@@ -42,44 +47,25 @@ LOCAL_EXPERTS = 8
 ATTN = {"batch": 2, "heads": 32, "head_dim": 128, "seqs": [2048, 4096, 8192]}
 
 
-def timer(dev: torch.device, fn: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
-    """Seconds of each of ``repeats`` calls after ``warmup`` calls (CUDA events on a GPU)."""
-    for _ in range(warmup):
-        fn()
-    out = []
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-        for _ in range(repeats):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b) / 1e3)
-    else:
-        for _ in range(repeats):
-            t = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t)
-    return out
-
-
-def med(xs: list[float]) -> float:
-    return statistics.median(xs)
+def med(dev: torch.device, fn: Callable[[], Any], min_time_s: float = 0.02) -> float:
+    """Median seconds per call of ``fn`` over 5 spans of back-to-back calls (the probe's
+    timer, mgbench.probe.kernels.timer: a short kernel's launch latency is not counted
+    once per call, as synchronising after every call counted it)."""
+    return statistics.median(timer(dev, fn, 5, min_time_s))
 
 
 def ceilings(dev: torch.device, small: bool) -> dict[str, Any]:
     """A large bf16 product (TFLOP/s) and a device-to-device copy (GB/s, read + write)."""
     n = 1024 if small else 8192
     a, b = (torch.randn(n, n, device=dev, dtype=torch.bfloat16) for _ in range(2))
-    t = timer(dev, lambda: a @ b, 3, 10)
+    t = med(dev, lambda: a @ b)
     nbytes = (16 if small else 1024) * 2**20
     src = torch.randn(nbytes // 4, device=dev)
     dst = torch.empty_like(src)
-    c = timer(dev, lambda: dst.copy_(src), 3, 10)
+    c = med(dev, lambda: dst.copy_(src))
     del a, b, src, dst
-    return {"gemm_bf16": {"m": n, "n": n, "k": n, "s": med(t), "tflops": 2 * n**3 / med(t) / 1e12},
-            "copy": {"bytes": nbytes, "s": med(c), "gbps_read_plus_write": 2 * nbytes / med(c) / 1e9}}
+    return {"gemm_bf16": {"m": n, "n": n, "k": n, "s": t, "tflops": 2 * n**3 / t / 1e12},
+            "copy": {"bytes": nbytes, "s": c, "gbps_read_plus_write": 2 * nbytes / c / 1e9}}
 
 
 def attention(dev: torch.device, small: bool) -> list[dict[str, Any]]:
@@ -114,9 +100,8 @@ def attention(dev: torch.device, small: bool) -> list[dict[str, Any]]:
                         fwd().backward(g)
 
                     with torch.no_grad():
-                        tf = timer(dev, fwd, 3, 10)
-                    tb = timer(dev, fwd_bwd, 3, 10)
-                    row.update(fwd_s=med(tf), fwd_bwd_s=med(tb))
+                        tf = med(dev, fwd)
+                    row.update(fwd_s=tf, fwd_bwd_s=med(dev, fwd_bwd))
                 except Exception as e:  # a backend this torch or GPU lacks: the row says so
                     row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
                 rows.append(row)
@@ -137,7 +122,7 @@ def experts(dev: torch.device, small: bool) -> list[dict[str, Any]]:
                                        "local_experts": LOCAL_EXPERTS, "flops_one": 2.0 * m * k * n}
                 x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                 w = torch.randn(k, n, device=dev, dtype=torch.bfloat16)
-                row["mm_s"] = med(timer(dev, lambda: x @ w, 3, 20))
+                row["mm_s"] = med(dev, lambda: x @ w)
                 if grouped is None:
                     row["grouped_error"] = "torch._grouped_mm: not in this torch"
                 else:
@@ -149,7 +134,7 @@ def experts(dev: torch.device, small: bool) -> list[dict[str, Any]]:
                         ref = xs[:m].float() @ ws[0].float()
                         got = grouped(xs, ws, offs=offs)[:m].float()
                         row["grouped_rel_err"] = float((got - ref).norm() / ref.norm())
-                        row["grouped_s"] = med(timer(dev, lambda: grouped(xs, ws, offs=offs), 3, 20))
+                        row["grouped_s"] = med(dev, lambda: grouped(xs, ws, offs=offs))
                         del xs, ws
                     except Exception as e:
                         row["grouped_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"

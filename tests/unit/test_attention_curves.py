@@ -24,9 +24,19 @@ def measured_fraction(backend, seq):
 
 
 def test_the_curves_are_the_leases_measurements():
-    curves = catalog.load("efficiency.toml")["attention_curve"]
-    assert {c["kernel"] for c in curves} == set(BACKEND)
-    for c in curves:
-        assert c["measured_on"] == "h200" and "h200" in c["accelerators"]
+    curves = catalog.load("efficiency.toml")["attention_curves"]
+    assert set(curves["kernels"]) == set(BACKEND)
+    assert curves["measured_on"] == "h200" and "h200" in curves["accelerators"]
+    for kernel, c in curves["kernels"].items():
         for seq, frac in c["points"]:
-            assert frac == pytest.approx(measured_fraction(BACKEND[c["kernel"]], seq), abs=5e-4)
+            assert frac == pytest.approx(measured_fraction(BACKEND[kernel], seq), abs=5e-4)
+
+
+def test_every_stack_names_its_kernel_and_one_that_does_not_is_refused():
+    from mgbench.errors import MgbenchError
+    from mgbench.planner import hardware, stack
+
+    kernels = set(catalog.load("efficiency.toml")["attention_curves"]["kernels"])
+    assert all(hardware.stack_attention_kernel(name) in kernels for name in stack.stacks())
+    with pytest.raises(MgbenchError, match="states no attention_kernel"):
+        hardware.stack_attention_kernel("a-stack-stacks-toml-lacks")
