@@ -313,7 +313,8 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
     from ..planner import uncertainty
 
     reg = (uncertainty.calibrated(fit) if calibrate_run
-           else uncertainty.regime(hw.gpu, kw["pp"] > 1, profile, stack=stack or stacks.DEFAULT_STACK))
+           else uncertainty.regime(hw.gpu, kw["pp"] > 1, profile, stack=stack or stacks.DEFAULT_STACK,
+                                   moe=uncertainty.moe_class(shape, moe)))
     res.update(uncertainty.intervals(res["step_time_s"], res["tokens_per_s_per_gpu"], reg))
     if as_json:
         click.echo(json.dumps(res, indent=2))

@@ -273,6 +273,32 @@ def implied_host_report(rows: list[dict[str, Any]] | None = None) -> str:
     return "\n".join(lines)
 
 
+def graphed_host_share(row: dict[str, Any]) -> float:
+    """Of a graphed row (its MoE layers in CUDA graphs, priced with no host term), the share
+    of the eager host term (the same row priced eagerly) its published step pays: 0 where
+    it ran as fast as priced in graphs, 1 where it ran as slowly as priced eagerly.
+    (published step - graphed step) / (eager step - graphed step)."""
+    opts = moe.options_of(row)
+    if not opts.cuda_graphs:
+        raise MgbenchError(f"{row['id']}: not a graphed row (cuda_graphs false)")
+    graphed = float(predict_row(row, opts)["step_time_s"])
+    eager = float(predict_row(row, dataclasses.replace(opts, cuda_graphs=False))["step_time_s"])
+    return (published_step_s(row) - graphed) / (eager - graphed)
+
+
+def graphed_share_report() -> str:
+    """Each scored graphed row's :func:`graphed_host_share`, and how many fall between the
+    two pricings."""
+    rows = [r for r in runs() if r["split"] in SPLITS and moe.options_of(r).cuda_graphs]
+    shares = sorted((graphed_host_share(r), r["id"]) for r in rows)
+    lines = [f"{i:<52}  {s:>5.2f}" for s, i in shares]
+    inside = sum(0.0 <= s <= 1.0 for s, _ in shares)
+    lines.append(f"{inside} of {len(shares)} graphed rows between their graphed and eager pricing; share of the eager "
+                 f"host term paid: median {sorted(s for s, _ in shares)[len(shares) // 2]:.2f}, "
+                 f"{shares[0][0]:.2f} to {shares[-1][0]:.2f}")
+    return "\n".join(lines)
+
+
 def scored_rows(rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     return [score(r) for r in (runs() if rows is None else rows)]
 
@@ -340,7 +366,12 @@ def report(scored: list[dict[str, Any]] | None = None) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m mgbench.planner.moe_validation [--implied-host]
+if __name__ == "__main__":  # python -m mgbench.planner.moe_validation [--implied-host | --graphed-share]
     import sys
 
-    print(implied_host_report() if "--implied-host" in sys.argv[1:] else report())
+    if "--implied-host" in sys.argv[1:]:
+        print(implied_host_report())
+    elif "--graphed-share" in sys.argv[1:]:
+        print(graphed_share_report())
+    else:
+        print(report())

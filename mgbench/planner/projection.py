@@ -66,7 +66,7 @@ def catalog_rows(shape: Any, seq_len: int, precision: str, systems: tuple[str, .
             continue
         i = max(at_node.nonzero()[0], key=lambda j: cols["tokens_per_s"][j])
         r = _row(cols, int(i))
-        _add_interval(r, opts)
+        _add_interval(r, opts, shape)
         rows.append({**r, "fits": True, "tokens_per_s_per_gpu": r["tokens_per_s"] / r["num_gpus"]})
     return rows
 

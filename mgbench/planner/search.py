@@ -390,7 +390,7 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
                                                        "tokens_per_s", "mfu"))
     # Where this accelerator's efficiency was not measured, every figure the ranking reads
     # is the pessimistic end of its interval (issue 29): the point estimate is kept beside.
-    factor, evidence = ranking_factor(hw, opts, P > 1)
+    factor, evidence = ranking_factor(hw, opts, P > 1, shape)
     tps_point, mfu_point = tps, mfu
     tps, mfu = tps / factor, mfu / factor
     good = cost.goodput(N, hw.gpus_per_node, opts.checkpoint_minutes, opts.failure_rate, opts.restart_minutes,
@@ -463,7 +463,8 @@ def evidence_of(reg: dict[str, Any]) -> str:
     return "assumed" if reg["regime"] in ("catalog-assumed", "probed-unvalidated") else "measured"
 
 
-def ranking_factor(hw: hardware.Hardware, opts: PlanOptions, pipelined: np.ndarray) -> tuple[np.ndarray, str]:
+def ranking_factor(hw: hardware.Hardware, opts: PlanOptions, pipelined: np.ndarray,
+                   shape: ModelShape | None = None) -> tuple[np.ndarray, str]:
     """Per candidate, the step-time factor the ranking applies, and the evidence: 1 where
     the accelerator's efficiency was measured (on it, or on this machine by a probe or a
     calibration); else 1 + the upper half-width of its interval (uncertainty.regime), so
@@ -476,7 +477,7 @@ def ranking_factor(hw: hardware.Hardware, opts: PlanOptions, pipelined: np.ndarr
         return out, "measured"
     evidence = "measured"
     for pipe in (False, True):
-        reg = uncertainty.regime(hw.gpu, pipe, None, stack=opts.stack)
+        reg = uncertainty.regime(hw.gpu, pipe, None, stack=opts.stack, moe=uncertainty.moe_class(shape, opts.moe))
         ev = evidence_of(reg)
         if ev != "measured":
             out = np.where(np.asarray(pipelined) == pipe, 1.0 + reg["high"], out)
@@ -650,7 +651,7 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
     ok = [r for r in bests if allowed(r)]
     ranked = sorted(ok, key=lambda r: (r["cost_usd"] is None, r["cost_usd"] or 0.0, r["days"]))
     for r in ranked[: opts.top]:
-        _add_interval(r, opts)
+        _add_interval(r, opts, shape)
     constrained = opts.deadline_days is not None or opts.budget_usd is not None
     rec, rule, lead_why = decision.lead(ranked, constrained, opts.premium, own)
     front = decision.front(ok)
@@ -659,7 +660,7 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
     other = decision.runner_up(rec, ranked, rule, opts.premium) if rec is not None else None
     for r in [rec, cheapest, fastest, other, *front]:  # the front is drawn with its intervals (--html)
         if r is not None and "days_interval" not in r:
-            _add_interval(r, opts)
+            _add_interval(r, opts, shape)
     reasons = _recommend(rec, rule, lead_why, cheapest, fastest, ranked, bests, opts)
     if rec is not None and rec.get("pp_last_layers") is not None:
         reasons.append(last_stage_reason(shape, rec))
@@ -694,13 +695,15 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
     }
 
 
-def _add_interval(r: dict[str, Any], opts: PlanOptions) -> None:
+def _add_interval(r: dict[str, Any], opts: PlanOptions, shape: ModelShape | None = None) -> None:
     """A candidate's intervals (planner/uncertainty.py): on step time and tokens/s per GPU,
-    and, scaled alike, on days and cost (both proportional to step time)."""
+    and, scaled alike, on days and cost (both proportional to step time); ``shape``: the
+    model, whose MoE class (uncertainty.moe_class) picks the MoE runs' residuals."""
     from . import uncertainty
 
     reg = uncertainty.regime(r["gpu"], r["pp"] > 1, opts.profile or None,
-                             stack=stack.DEFAULT_STACK if opts.profile else opts.stack)
+                             stack=stack.DEFAULT_STACK if opts.profile else opts.stack,
+                             moe=uncertainty.moe_class(shape, opts.moe))
     if opts.calibration_regime and r["system"] in opts.calibration:
         reg = opts.calibration_regime
     # Around the point estimate: a row ranked at its pessimistic end holds that end.

@@ -37,6 +37,15 @@ end). The reasons also name the kinds of the attention and memory-bandwidth figu
   that profile's own `predict --against` validation when the profile records one,
   otherwise (``probed-unvalidated``) x0 to x2 by stated convention.
 
+A mixture-of-experts model (``moe``: its class, :func:`moe_class`) takes its half-widths
+from the published MoE runs instead (data/published_moe_runs.toml, every scored row, fit
+and held out: planner/moe_validation.py), in two classes kept apart because their errors
+are: MoE layers run eagerly, and MoE layers captured in CUDA graphs (every published
+graphed row has come out faster than it ran). On a GPU those rows ran on the regime is
+``moe-validated``; on another, the MoE half-widths are carried to it as the dense class's
+are (compounded with the generation-pair ratio residuals, widened where the GPU's
+efficiency is carried or assumed). A probed profile's half-widths are compounded with them.
+
 Intervals are [prediction x (1 - low), prediction x (1 + high)] on time; throughput's
 interval is its reciprocal image.
 """
@@ -76,6 +85,54 @@ def _residuals() -> dict[str, list[float]]:
     return out
 
 
+# The classes of MoE runs whose residuals are kept apart (:func:`moe_class`).
+MOE_CLASSES = ("eager", "graphed")
+
+
+def moe_class(shape: Any, options: Any = None) -> str | None:
+    """The MoE interval class of a prediction: None for a dense model, "graphed" where
+    its MoE layers run in CUDA graphs (moe.MoeOptions.cuda_graphs, --moe-cuda-graphs),
+    else "eager"."""
+    if not getattr(shape, "is_moe", False):
+        return None
+    return "graphed" if options is not None and options.cuda_graphs else "eager"
+
+
+@lru_cache(maxsize=1)
+def moe_residuals() -> dict[str, list[dict[str, Any]]]:
+    """Per MoE class, every scored row of published_moe_runs.toml (fit and held out; an
+    unscored or refused row has no error): its id, split, GPU and throughput error
+    e = (predicted - published) / published."""
+    from . import moe, moe_validation
+
+    out: dict[str, list[dict[str, Any]]] = {c: [] for c in MOE_CLASSES}
+    for row in moe_validation.runs():
+        if row["split"] not in moe_validation.SPLITS:
+            continue
+        s = moe_validation.score(row)
+        if s["error_pct"] is None:
+            continue
+        cls = "graphed" if moe.options_of(row).cuda_graphs else "eager"
+        out[cls].append({"id": row["id"], "split": row["split"], "gpu": hardware.resolve(system=row["system"]).gpu,
+                         "error": s["error_pct"] / 100.0})
+    return out
+
+
+def _moe_bounds(cls: str) -> tuple[float, float, list[str], list[str]]:
+    """(low, high, the GPUs the class's rows ran on, the reason line) of an MoE class."""
+    if cls not in MOE_CLASSES:
+        raise ValueError(f"MoE interval class {cls!r}: one of {', '.join(MOE_CLASSES)}")
+    rows = moe_residuals()[cls]
+    low, high = _bounds([r["error"] for r in rows])
+    gpus = sorted({r["gpu"] for r in rows})
+    held = sum(r["split"] == "held_out" for r in rows)
+    what = "in CUDA graphs" if cls == "graphed" else "eager"
+    reason = (f"MoE layers {what}: the {len(rows)} published MoE runs of that kind ({held} of them held out; "
+              f"published_moe_runs.toml, on {', '.join(gpus)}) took {1 - low:.2f}x to {1 + high:.2f}x "
+              f"the predicted step time (python -m mgbench.planner.moe_validation)")
+    return low, high, gpus, reason
+
+
 def _cls_key(run: dict[str, Any]) -> str:
     from .validation import stack_of
 
@@ -96,30 +153,37 @@ def _bounds(errs: list[float]) -> tuple[float, float]:
 
 
 def regime(gpu: str, pipelined: bool, profile: dict[str, Any] | None = None,
-           stack: str = "megatron-lm") -> dict[str, Any]:
+           stack: str = "megatron-lm", moe: str | None = None) -> dict[str, Any]:
     """The regime of a prediction and its half-widths on step time, with the reasons.
     Catalog predictions use the residuals of their software stack's published rows in the
     same dense / pipelined class; a class the stack has no rows for borrows the
-    calibration stack's rows of that class, widened by the stack's own, and says so."""
+    calibration stack's rows of that class, widened by the stack's own, and says so.
+    ``moe``: an MoE model's class (:func:`moe_class`): the published MoE runs' residuals
+    of that class replace the dense rows' (see the module docstring)."""
     if profile is not None:
-        v = profile.get("validation")
-        if v:
-            w = v["max_abs_error_pct"] / 100.0
-            return {"regime": "probed", "evidence": "measured", "low": min(w, 1.0), "high": w,
-                    "reasons": [f"probed profile, validated against run {v['run']}: max |error| "
-                                f"{v['max_abs_error_pct']:.0f}% over {v['num_configs']} configs"]}
-        # Measured on the machine, but nothing checked the prediction: the interval is the
-        # convention's, and plan ranks it as assumed (search.evidence_of).
-        return {"regime": "probed-unvalidated", "evidence": "assumed", "low": 1.0, "high": 1.0,
-                "reasons": ["probed profile not validated against a run on its machine: an interval of x0 to x2 "
-                            "(a convention) until `mgbench predict --hardware PROFILE --against RUN` records one"]}
+        reg = _probed(profile)
+        if moe is not None:
+            m_low, m_high, _, why = _moe_bounds(moe)
+            reg["low"], reg["high"] = _compound((reg["low"], reg["high"]), (m_low, m_high))
+            reg["low"] = min(reg["low"], 1.0)
+            reg["reasons"] = reg["reasons"] + [f"{why}; compounded with the profile's"]
+        return reg
     from .stack import DEFAULT_STACK
 
     res = _residuals()
     cls = "pipelined" if pipelined else "dense"
     calibrated = hardware.planner_defaults()["calibrated_gpu"]
     own = res.get(f"{stack}:{cls}")
-    if own:
+    rows_on = calibrated  # the GPU(s) the class's residuals were seen on
+    if moe is not None:
+        low, high, seen, why = _moe_bounds(moe)
+        reasons = [why]
+        if gpu in seen:
+            prof = hardware.profile(gpu)
+            return {"regime": "moe-validated", "evidence": prof.evidence if prof is not None else "assumed",
+                    "low": low, "high": high, "reasons": reasons}
+        rows_on = "MoE"  # seen on Hopper and Blackwell parts, carried to this one like the dense class
+    elif own:
         low, high = _bounds(own)
         reasons = [f"{cls} layouts: published {stack} runs on {calibrated} predicted within "
                    f"{100 * max(low, high):.0f}% (validation rows of published_runs.toml and generation_pairs.toml)"]
@@ -128,7 +192,7 @@ def regime(gpu: str, pipelined: bool, profile: dict[str, Any] | None = None,
         low, high = _bounds(res[f"{DEFAULT_STACK}:{cls}"] + mine)
         reasons = [f"{cls} layouts: no published {stack} run of this class; {DEFAULT_STACK}'s {cls} rows and "
                    f"{stack}'s other rows on {calibrated} were predicted within {100 * max(low, high):.0f}%"]
-    if gpu == calibrated:
+    if gpu == calibrated and moe is None:
         return {"regime": "catalog-validated", "evidence": "measured", "low": low, "high": high, "reasons": reasons}
     prof = hardware.profile(gpu)
     evidence = prof.evidence if prof is not None else "assumed"
@@ -139,7 +203,7 @@ def regime(gpu: str, pipelined: bool, profile: dict[str, Any] | None = None,
     reasons.append(f"{gpu}: efficiency carried from {calibrated} by GEMM and flash-attention fractions; on "
                    f"{len(res['ratio'])} same-software A100 / H100 pairs (llm-foundry, generation_pairs.toml) the "
                    f"predicted H100 / A100 speed-up was {-100 * ratio[0]:+.0f}% to {100 * ratio[1]:+.0f}% off the "
-                   f"published one; the interval compounds that with the {calibrated} rows': "
+                   f"published one; the interval compounds that with the {rows_on} rows': "
                    f"-{100 * low:.0f}% / +{100 * high:.0f}% on step time")
     if gpu != EVIDENCE_GPU:
         reasons.append(f"{gpu}: the carrying was measured {calibrated} -> {EVIDENCE_GPU} only; "
@@ -159,6 +223,38 @@ def regime(gpu: str, pipelined: bool, profile: dict[str, Any] | None = None,
                        f"({spread['worst']}), so the interval widens by that on both sides")
         return {"regime": "catalog-carried", "evidence": "carried", "low": low, "high": high, "reasons": reasons}
     return {"regime": "catalog-other-gpu", "evidence": "measured", "low": low, "high": high, "reasons": reasons}
+
+
+def _probed(profile: dict[str, Any]) -> dict[str, Any]:
+    """The regime of a prediction from a probed hardware profile: its recorded validation's
+    largest error, or the x0 to x2 convention where it records none."""
+    v = profile.get("validation")
+    if v:
+        w = v["max_abs_error_pct"] / 100.0
+        return {"regime": "probed", "evidence": "measured", "low": min(w, 1.0), "high": w,
+                "reasons": [f"probed profile, validated against run {v['run']}: max |error| "
+                            f"{v['max_abs_error_pct']:.0f}% over {v['num_configs']} configs"]}
+    # Measured on the machine, but nothing checked the prediction: the interval is the
+    # convention's, and plan ranks it as assumed (search.evidence_of).
+    return {"regime": "probed-unvalidated", "evidence": "assumed", "low": 1.0, "high": 1.0,
+            "reasons": ["probed profile not validated against a run on its machine: an interval of x0 to x2 "
+                        "(a convention) until `mgbench predict --hardware PROFILE --against RUN` records one"]}
+
+
+def moe_leave_one_out_coverage() -> dict[str, Any]:
+    """How many scored MoE rows fall inside the interval built from the OTHER rows of
+    their class (:data:`MOE_CLASSES`): the MoE intervals' out-of-sample coverage."""
+    out: dict[str, Any] = {"rows": []}
+    for cls, rows in moe_residuals().items():
+        for i, r in enumerate(rows):
+            low, high = _bounds([q["error"] for j, q in enumerate(rows) if j != i])
+            out["rows"].append({"id": r["id"], "class": cls, "error_pct": 100.0 * r["error"],
+                                "interval_pct": [-100.0 * low, 100.0 * high], "inside": -low <= r["error"] <= high})
+    out["covered"] = sum(r["inside"] for r in out["rows"])
+    out["total"] = len(out["rows"])
+    out["classes"] = {c: {"covered": sum(r["inside"] for r in out["rows"] if r["class"] == c),
+                          "total": sum(r["class"] == c for r in out["rows"])} for c in MOE_CLASSES}
+    return out
 
 
 def carried_spread() -> dict[str, Any]:
@@ -287,3 +383,16 @@ def coverage_statement() -> str:
             f"(A100 class widened by the worst informational H100 row), {n(cross['after'])} after (A100 class "
             f"compounded with the ratio residuals); ratio rows {n(cross['ratio'])}; informational H100 rows "
             f"{n(cross['informational_before'])} before, {n(cross['informational'])} after")
+
+
+def moe_coverage_statement() -> str:
+    """The MoE intervals' coverage and half-widths, computed: docs/planner.md states this
+    sentence and a test checks it is the computed one."""
+    cov = moe_leave_one_out_coverage()
+    parts = []
+    for cls in MOE_CLASSES:
+        low, high, gpus, _ = _moe_bounds(cls)
+        c = cov["classes"][cls]
+        parts.append(f"{cls} {1 - low:.2f}x to {1 + high:.2f}x the predicted step ({c['total']} rows on "
+                     f"{', '.join(gpus)}; {c['covered']} inside the interval from the other rows of their class)")
+    return "MoE intervals: " + "; ".join(parts)

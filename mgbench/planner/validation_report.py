@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .. import catalog
 from . import stack
-from .uncertainty import coverage_statement, cross_generation_coverage, leave_one_out_coverage
+from .uncertainty import coverage_statement, cross_generation_coverage, leave_one_out_coverage, moe_coverage_statement
 from .validation import (PAIRS_STACK, error_table, pair_summary, pair_table, published_runs, solve_defaults,
                          solve_stack, stack_errors)
 
@@ -68,6 +68,7 @@ def main() -> None:
 
     print()
     print(moe_report())
+    print(moe_coverage_statement())
 
 
 def print_accelerator_tables() -> None:

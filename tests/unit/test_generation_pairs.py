@@ -118,3 +118,7 @@ def _planner_page() -> str:
 
 def test_planner_page_states_the_computed_coverage():
     assert uncertainty.coverage_statement() in _planner_page()
+
+
+def test_planner_page_states_the_computed_moe_coverage():
+    assert uncertainty.moe_coverage_statement() in _planner_page()

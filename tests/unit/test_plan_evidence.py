@@ -19,8 +19,8 @@ def rtx_assumed(monkeypatch):
     convention uncertainty.ASSUMED_SLOWDOWN states); h100-sxm's as measured."""
     real = uncertainty.regime
 
-    def regime(gpu, pipelined, profile=None, stack="megatron-lm"):
-        reg = dict(real(gpu, pipelined, profile, stack))
+    def regime(gpu, pipelined, profile=None, stack="megatron-lm", moe=None):
+        reg = dict(real(gpu, pipelined, profile, stack, moe))
         reg["evidence"] = "assumed" if gpu == "rtx-4090" else "measured"
         if gpu == "rtx-4090":
             reg["high"] = 1.0
@@ -53,8 +53,8 @@ def test_the_same_accelerator_measured_would_win(monkeypatch):
     """The control: with its efficiency measured, the same point estimate wins."""
     real = uncertainty.regime
     monkeypatch.setattr(uncertainty, "regime",
-                        lambda gpu, p, profile=None, stack="megatron-lm": {**real(gpu, p, profile, stack),
-                                                                          "evidence": "measured"})
+                        lambda gpu, p, profile=None, stack="megatron-lm", moe=None: {
+                            **real(gpu, p, profile, stack, moe), "evidence": "measured"})
     res = plan(SHAPE, PlanOptions(**OPTS), Prices(None, ["rtx-4090=0.3"]))
     assert res["ranked"][0]["gpu"] == "rtx-4090"
     assert res["ranked"][0]["ranking_factor"] == 1.0

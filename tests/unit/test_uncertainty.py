@@ -116,3 +116,124 @@ def test_a_stacks_interval_comes_from_its_own_published_rows():
     pipe = U.regime("a100-sxm-80gb", pipelined=True, stack="torchtitan")
     assert "no published torchtitan run of this class" in pipe["reasons"][0]
     assert pipe["high"] >= U.regime("a100-sxm-80gb", pipelined=True)["high"]
+
+
+# --- mixture-of-experts intervals -----------------------------------------------------------
+
+def _moe_errors(graphed: bool) -> list[float]:
+    from mgbench.planner import moe, moe_validation as mv
+
+    return [s["error_pct"] / 100 for r, s in ((r, mv.score(r)) for r in mv.runs())
+            if r["split"] in mv.SPLITS and s["error_pct"] is not None and moe.options_of(r).cuda_graphs == graphed]
+
+
+def test_moe_interval_is_the_published_moe_runs_of_its_class():
+    eager, graphed = _moe_errors(False), _moe_errors(True)
+    for cls, errs in (("eager", eager), ("graphed", graphed)):
+        reg = U.regime("gb200", pipelined=True, moe=cls)  # both classes have GB200 rows
+        assert reg["regime"] == "moe-validated"
+        assert reg["low"] == pytest.approx(max(0.0, -min(errs))) and reg["high"] == pytest.approx(max(0.0, max(errs)))
+        assert f"the {len(errs)} published MoE runs" in reg["reasons"][0]
+    # By hand from `python -m mgbench.planner.moe_validation` (2026-11-27): eager rows run
+    # from -36.6% (AutoModel Qwen3-30B-A3B on 8 H100) to +52.2% (torchtitan all-to-all on
+    # 8 B200); every graphed row came out too fast, +0.6% to +114.4% (MLPerf GPT-OSS-20B on
+    # 72 GB200): the truth took 1.006x to 2.144x the predicted step.
+    assert len(eager) == 52 and len(graphed) == 17
+    assert U.regime("b200", True, moe="eager")["low"] == pytest.approx(0.366, abs=0.002)
+    g = U.regime("b200", True, moe="graphed")
+    assert (g["low"], g["high"]) == (0.0, pytest.approx(1.144, abs=0.002))
+    # The dense interval of the same GPU is far narrower: an MoE plan must not borrow it.
+    dense = U.regime("b200", True)
+    assert dense["regime"] != "moe-validated" and dense["high"] < g["high"] / 2
+
+
+def test_moe_interval_off_the_rows_gpus_is_carried_like_the_dense_one():
+    # No MoE row ran on an MI300X (nor a graphed one on an H100): the class's half-widths
+    # are compounded with the generation-pair ratio residuals, as the dense class's are.
+    ratio = U._bounds(U._residuals()["ratio"])
+    for gpu, cls in (("mi300x", "eager"), ("h100-sxm", "graphed")):
+        low, high, seen, _ = U._moe_bounds(cls)
+        assert gpu not in seen
+        reg = U.regime(gpu, True, moe=cls)
+        assert reg["regime"] == "catalog-other-gpu"
+        assert (reg["low"], reg["high"]) == (pytest.approx(U._compound((low, high), ratio)[0]),
+                                             pytest.approx(U._compound((low, high), ratio)[1]))
+    # An assumed GPU keeps the convention's floor on top.
+    assert U.regime("rtx-pro-6000", True, moe="eager")["high"] >= U.ASSUMED_SLOWDOWN
+
+
+def test_moe_interval_widens_with_a_worse_published_row(monkeypatch):
+    # Negative control: a published graphed row run 3x slower than predicted (e = +2.0)
+    # must widen the graphed interval to it, and leave the eager one alone.
+    rows = {k: list(v) for k, v in U.moe_residuals().items()}
+    eager_before = U.regime("gb200", True, moe="eager")
+    rows["graphed"].append({"id": "broken", "split": "held_out", "gpu": "gb200", "error": 2.0})
+    monkeypatch.setattr(U, "moe_residuals", lambda: rows)
+    assert U.regime("gb200", True, moe="graphed")["high"] == pytest.approx(2.0)
+    assert U.regime("gb200", True, moe="eager")["high"] == pytest.approx(eager_before["high"])
+    with pytest.raises(ValueError, match="one of eager, graphed"):
+        U.regime("gb200", True, moe="partial")
+
+
+def test_moe_class_of_a_model_and_its_options():
+    from mgbench import catalog
+    from mgbench.planner.moe import MoeOptions
+
+    assert U.moe_class(catalog.model_shape("llama3-8b"), MoeOptions(cuda_graphs=True)) is None
+    mixture = catalog.model_shape("qwen3-30b-a3b")
+    assert U.moe_class(mixture, None) == "eager" and U.moe_class(mixture, MoeOptions()) == "eager"
+    assert U.moe_class(mixture, MoeOptions(cuda_graphs=True)) == "graphed"
+
+
+def test_probed_moe_interval_compounds_the_profile_and_the_moe_rows():
+    profile = {"validation": {"run": "r", "max_abs_error_pct": 10.0, "num_configs": 4}}
+    low, high, _, _ = U._moe_bounds("eager")
+    reg = U.regime("cpu", False, profile, moe="eager")
+    assert reg["regime"] == "probed"
+    assert reg["high"] == pytest.approx(1.1 * (1 + high) - 1) and reg["low"] == pytest.approx(1 - 0.9 * (1 - low))
+
+
+def test_moe_leave_one_out_coverage_misses_only_each_class_extremes():
+    cov = U.moe_leave_one_out_coverage()
+    assert cov["total"] == len(_moe_errors(False)) + len(_moe_errors(True))
+    for r in cov["rows"]:
+        errs = _moe_errors(r["class"] == "graphed")
+        e = r["error_pct"] / 100
+        # a row falls outside the others' interval only where it is its class's unique extreme
+        extreme = (e == max(errs) and errs.count(e) == 1 and e > 0) or (e == min(errs) and errs.count(e) == 1 and e < 0)
+        assert r["inside"] == (not extreme), r["id"]
+    assert cov["covered"] == sum(r["inside"] for r in cov["rows"])
+
+
+def test_predict_prints_the_moe_interval_for_an_moe_model():
+    import json
+
+    from click.testing import CliRunner
+
+    from mgbench.cli import main
+
+    args = ["predict", "--model", "qwen3-30b-a3b", "--system", "dgx-b200", "--num-gpus", "8", "--ep", "8",
+            "--seq-len", "4096", "--global-batch", "64", "--json"]
+    for extra, cls in (([], "eager"), (["--moe-cuda-graphs"], "graphed")):
+        r = CliRunner().invoke(main, args + extra)
+        assert r.exit_code == 0, r.output
+        out = json.loads(r.output)
+        reg = U.regime("b200", False, moe=cls)
+        assert out["regime"] == "moe-validated" and out["interval_reasons"] == reg["reasons"]
+        assert out["step_time_s_interval"] == [pytest.approx(out["step_time_s"] * (1 - reg["low"])),
+                                               pytest.approx(out["step_time_s"] * (1 + reg["high"]))]
+
+
+def test_plan_gives_an_moe_model_the_moe_interval():
+    from mgbench import catalog
+    from mgbench.planner.cost import Prices
+    from mgbench.planner.moe import MoeOptions
+    from mgbench.planner.search import PlanOptions, plan
+
+    shape = catalog.model_shape("qwen3-30b-a3b")
+    for opts, cls in ((MoeOptions(), "eager"), (MoeOptions(cuda_graphs=True), "graphed")):
+        res = plan(shape, PlanOptions(tokens=1e11, systems=["dgx-b200"], max_gpus=16, moe=opts), Prices())
+        rec, reg = res["recommendation"], U.regime("b200", False, moe=cls)
+        assert rec["regime"] == "moe-validated" and rec["interval_reasons"] == reg["reasons"]
+        assert rec["days_interval"] == [pytest.approx(rec["days"] * (1 - reg["low"])),
+                                        pytest.approx(rec["days"] * (1 + reg["high"]))]
