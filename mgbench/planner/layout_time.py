@@ -37,7 +37,8 @@ moe_host  what the GPU waits on the host in eager MoE layers (moe.host_seconds: 
           from published Megatron-Bridge rows, a recomputed layer's forward launches
           counted again: ``moe_rerun_share``, moe.host_launches; moe.host_wait: all of it,
           dropless or drop-and-pad, stretched by the bubble like the stage's other work);
-          0 under MoeOptions(cuda_graphs=True).
+          under MoeOptions(cuda_graphs=True) the stored graphed_share of it (the GPU time
+          of the small kernels that stays in graphs).
 moe       compute the MoE layers add to perf's (in the blocks, so the bubble scales too):
           the busiest rank's extra expert rows (load - 1 of perf's expert_gemm_s, or of
           the routed experts' FLOP share of the linears where perf reports none), the

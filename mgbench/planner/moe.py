@@ -148,7 +148,8 @@ class MoeOptions:
     fp8_act_cache: bool = field(default=False, metadata={
         "help": "The experts' SwiGLU input is cached in FP8 for backward (DeepSeek-V3 section 3.3.3): memory only."})
     cuda_graphs: bool = field(default=False, metadata={
-        "help": "MoE layers captured in CUDA graphs (a sync-free dispatcher): no host launch time per layer pass."})
+        "help": "MoE layers captured in CUDA graphs (a sync-free dispatcher): no host launches; the GPU time of "
+                "their small kernels stays (stacks.toml [moe_host] graphed_share of the eager term)."})
     round_robin: bool = field(default=False, metadata={
         "help": "Benchmark routing that gives token t the top_k consecutive experts from t x top_k (torchtitan's "
                 "moe_force_load_balance, NeMo AutoModel's fake balanced gate): exactly balanced, and a token "
@@ -401,7 +402,8 @@ def permute_seconds(shape: ModelShape, hw: Any, *, tokens: Any, act_bytes: float
 def host_constants() -> dict[str, Any]:
     """data/stacks.toml [moe_host]: the host time an eager MoE layer adds per micro-batch
     (forward and backward) in ms: ``per_layer_ms``, a table by dispatcher (one value for
-    each of :data:`DISPATCHERS`), and ``per_local_expert_ms``."""
+    each of :data:`DISPATCHERS`), and ``per_local_expert_ms``; ``graphed_share``: the
+    share of that time a layer captured in CUDA graphs still takes (:func:`host_seconds`)."""
     from .. import catalog
 
     c = dict(catalog.load("stacks.toml")["moe_host"])
@@ -409,6 +411,9 @@ def host_constants() -> dict[str, Any]:
     if not isinstance(per_layer, dict) or sorted(per_layer) != sorted(DISPATCHERS):
         raise MgbenchError(f"stacks.toml [moe_host] per_layer_ms must give one value for each dispatcher "
                            f"({', '.join(DISPATCHERS)}), got {per_layer!r}")
+    share = c.get("graphed_share")
+    if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0.0 <= share <= 2.0:
+        raise MgbenchError(f"stacks.toml [moe_host] graphed_share must be a number from 0 to 2, got {share!r}")
     return c
 
 
@@ -440,14 +445,17 @@ def host_seconds(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any,
     the launch work of each layer pass (the router, the permutation and the dispatcher's
     own kernels, which differ by dispatcher) and of each local expert's small kernels,
     which the GPU waits for (the DeepSeek-V3 GB200 account NVIDIA published calls the eager
-    baseline launch-bound: "the CPU kernel launch speed cannot keep up"). 0 where the run
-    captures its MoE layers in CUDA graphs. A recomputed MoE layer launches its forward
-    again (``rerun``, :func:`host_launches`)."""
+    baseline launch-bound: "the CPU kernel launch speed cannot keep up"). Where the run
+    captures its MoE layers in CUDA graphs the host launches nothing, but the same small
+    kernels (router, permutation, per-expert casts and GEMMs, their gaps) still run on the
+    GPU, which the eager term covered and the rest of the model does not price: such a
+    layer takes ``graphed_share`` of the eager time (:func:`host_constants`; solved from
+    graphed fit rows, moe_validation.solve_graphed_share). A recomputed MoE layer launches
+    its forward again (``rerun``, :func:`host_launches`)."""
     n, n_local = host_launches(shape, ep=ep, moe_layers=moe_layers, num_micro=num_micro, rerun=rerun)
-    if opts.cuda_graphs:
-        return 0.0 * n
     c = host_constants()
-    return (float(c["per_layer_ms"][opts.dispatcher]) * n + float(c["per_local_expert_ms"]) * n_local) * 1e-3
+    eager = (float(c["per_layer_ms"][opts.dispatcher]) * n + float(c["per_local_expert_ms"]) * n_local) * 1e-3
+    return float(c["graphed_share"]) * eager if opts.cuda_graphs else eager
 
 
 def host_wait(host: Any, *, bubble_fraction: Any) -> Any:
@@ -487,7 +495,9 @@ def note(opts: MoeOptions, schedule: str) -> str:
         load = f"dropless, busiest expert rank at {opts.load:g} x the mean (an assumption: moe.DEFAULT_IMBALANCE)"
     else:
         load = f"dropless, busiest expert rank at {opts.imbalance:g} x the mean"
-    host = ("MoE layers in CUDA graphs (no host launch cost)" if opts.cuda_graphs else
+    share = float(host_constants()["graphed_share"])
+    host = (f"MoE layers in CUDA graphs: no host launches, {share:g} of the eager layers' launch-bound time kept "
+            "on the GPU (stacks.toml [moe_host] graphed_share)" if opts.cuda_graphs else
             f"eager MoE layers: the host's launch time per layer and micro-batch added, {opts.dispatcher} "
             "dispatcher's (solved from Megatron-Core and DeepSeek runs, stacks.toml [moe_host]; applied to every "
             "stack, dropless or drop-and-pad, an assumption)")

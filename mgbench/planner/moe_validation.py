@@ -191,22 +191,23 @@ def host_fit_rows() -> list[dict[str, Any]]:
     return [r for r in runs() if r["split"] == "fit" and r["id"] not in held]
 
 
-def host_terms(row: dict[str, Any]) -> tuple[float, float, float]:
+def host_terms(row: dict[str, Any], eager: bool = False) -> tuple[float, float, float]:
     """(step seconds without the host term, d step / d per_layer_ms (its dispatcher's), d step /
     d per_local_expert_ms) of a row: its step is linear in both constants
     (moe.host_seconds, the bubble's share included), so one prediction gives every
-    candidate's step."""
-    graphed = moe.options_of(row).cuda_graphs  # a row run in CUDA graphs pays no host term
-    opts = dataclasses.replace(moe.options_of(row), cuda_graphs=True)
+    candidate's step. A graphed row's derivatives carry the stored graphed_share, or,
+    with ``eager``, are those of the same row run eagerly."""
+    opts = moe.options_of(row)
+    scale = 1.0 if eager or not opts.cuda_graphs else float(moe.host_constants()["graphed_share"])
     res = predict_row(row, opts)
     b = res["breakdown"]
     lps = float(stage_layers(shape_of(row).layers, row.get("pp", 1), row.get("pp_last_layers"))[0])
     n, n_local = moe.host_launches(shape_of(row), ep=row["ep"], moe_layers=min(lps, shape_of(row).moe_layers),
                                    num_micro=res["num_micro_batches"], rerun=b["moe_rerun_share"])
     def wait(launches: float) -> float:  # the step's wait for that many ms of host time (moe.host_wait)
-        return 0.0 if graphed else float(moe.host_wait(launches * 1e-3, bubble_fraction=b["bubble_fraction"]))
+        return scale * float(moe.host_wait(launches * 1e-3, bubble_fraction=b["bubble_fraction"]))
 
-    return float(res["step_time_s"]), wait(float(n)), wait(float(n_local))
+    return float(res["step_time_s"]) - float(b["moe_host_s"]), wait(float(n)), wait(float(n_local))
 
 
 def solve_host(rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -219,7 +220,7 @@ def solve_host(rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     moe.host_constants refuses a missing one)."""
     import numpy as np
 
-    rows = host_fit_rows() if rows is None else rows
+    rows = [r for r in host_fit_rows() if not moe.options_of(r).cuda_graphs] if rows is None else rows
     terms = np.array([host_terms(r) for r in rows])
     dispatchers = [moe.options_of(r).dispatcher for r in rows]
     pub = np.array([published_step_s(r) for r in rows])
@@ -278,12 +279,43 @@ def graphed_host_share(row: dict[str, Any]) -> float:
     of the eager host term (the same row priced eagerly) its published step pays: 0 where
     it ran as fast as priced in graphs, 1 where it ran as slowly as priced eagerly.
     (published step - graphed step) / (eager step - graphed step)."""
-    opts = moe.options_of(row)
-    if not opts.cuda_graphs:
+    if not moe.options_of(row).cuda_graphs:
         raise MgbenchError(f"{row['id']}: not a graphed row (cuda_graphs false)")
-    graphed = float(predict_row(row, opts)["step_time_s"])
-    eager = float(predict_row(row, dataclasses.replace(opts, cuda_graphs=False))["step_time_s"])
-    return (published_step_s(row) - graphed) / (eager - graphed)
+    base, d0, d1 = host_terms(row, eager=True)
+    return (published_step_s(row) - base) / _eager_host_wait(row, d0, d1)
+
+
+def _eager_host_wait(row: dict[str, Any], d0: float, d1: float) -> float:
+    """The seconds a row's step would wait on the host run eagerly, at the stored constants."""
+    c = moe.host_constants()
+    return float(c["per_layer_ms"][moe.options_of(row).dispatcher]) * d0 + float(c["per_local_expert_ms"]) * d1
+
+
+def graphed_fit_rows() -> list[dict[str, Any]]:
+    """The rows the graphed share is solved from: the "fit" rows run in CUDA graphs (of
+    :func:`host_fit_rows`, so none that another file holds out)."""
+    return [r for r in host_fit_rows() if moe.options_of(r).cuda_graphs]
+
+
+def solve_graphed_share(rows: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """The stored ``graphed_share`` (stacks.toml [moe_host]) with the least mean |error| of
+    tokens/s over ``rows`` (:func:`graphed_fit_rows`), on a 0.01 grid from 0 to 2, the
+    eager constants held at their stored values; None where there is no row."""
+    import numpy as np
+
+    rows = graphed_fit_rows() if rows is None else rows
+    if not rows:
+        return None
+    base, per_share = [], []
+    for r in rows:
+        b, d0, d1 = host_terms(r, eager=True)
+        base.append(b)
+        per_share.append(_eager_host_wait(r, d0, d1))
+    pub = np.array([published_step_s(r) for r in rows])
+    grid = np.round(np.arange(0.0, 2.0001, 0.01), 2)[:, None]
+    err = np.abs(pub / (np.array(base) + grid * np.array(per_share)) - 1.0).mean(axis=1)
+    j = int(np.argmin(err))
+    return {"graphed_share": float(grid[j, 0]), "mean_abs_pct": 100.0 * float(err[j]), "rows": [r["id"] for r in rows]}
 
 
 def graphed_share_report() -> str:
