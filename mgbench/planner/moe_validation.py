@@ -55,10 +55,14 @@ def split_rule(rows: list[dict[str, Any]]) -> dict[str, str]:
     """The split the data file's header states: a row whose source states two layouts
     (``layout_conflict``) is unscored; rows seen before it was written (``seen_before``)
     are fit; rows added after the host launch term was built (``added_after_host_term``)
-    are all held out; the others alternate in file order, held_out first (an unscored
+    are all held out; the Blackwell Ultra rows of the tenth session (``added_as_fit``)
+    are all fit; the others alternate in file order, held_out first (an unscored
     row among them keeps its turn, so the rows after it keep their split)."""
     out, i = {}, 0
     for r in rows:
+        if r.get("added_as_fit"):
+            out[r["id"]] = UNSCORED if r.get("layout_conflict") else "fit"
+            continue
         if r.get("layout_conflict"):
             out[r["id"]] = UNSCORED
             if not r.get("seen_before") and not r.get("added_after_host_term"):

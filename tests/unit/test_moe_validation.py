@@ -215,3 +215,12 @@ def test_graphed_host_share_reads_a_published_step_between_its_two_pricings():
     eager_row = next(r for r in V.runs() if not moe.options_of(r).cuda_graphs)
     with pytest.raises(MgbenchError, match="not a graphed row"):
         V.graphed_host_share(eager_row)
+
+
+def test_rows_added_as_fit_are_fit_unless_stated_two_ways(rows):
+    # The tenth session's rule: its rows are all fit (the first graphed rows a constant can
+    # be fitted to); one stated two ways is unscored; no other row's split moves.
+    added = [{"id": "x-a", "added_as_fit": True}, {"id": "x-b", "added_as_fit": True, "layout_conflict": {"why": "w"}}]
+    got = V.split_rule(list(rows) + added)
+    assert got["x-a"] == "fit" and got["x-b"] == V.UNSCORED
+    assert {k: v for k, v in got.items() if not k.startswith("x-")} == V.split_rule(list(rows))
