@@ -412,8 +412,8 @@ def host_constants() -> dict[str, Any]:
         raise MgbenchError(f"stacks.toml [moe_host] per_layer_ms must give one value for each dispatcher "
                            f"({', '.join(DISPATCHERS)}), got {per_layer!r}")
     share = c.get("graphed_share")
-    if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0.0 <= share <= 2.0:
-        raise MgbenchError(f"stacks.toml [moe_host] graphed_share must be a number from 0 to 2, got {share!r}")
+    if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0.0 <= share <= 1.0:
+        raise MgbenchError(f"stacks.toml [moe_host] graphed_share must be a number from 0 to 1, got {share!r}")
     return c
 
 

@@ -303,8 +303,11 @@ def graphed_fit_rows() -> list[dict[str, Any]]:
 
 def solve_graphed_share(rows: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
     """The stored ``graphed_share`` (stacks.toml [moe_host]) with the least mean |error| of
-    tokens/s over ``rows`` (:func:`graphed_fit_rows`), on a 0.01 grid from 0 to 2, the
-    eager constants held at their stored values; None where there is no row."""
+    tokens/s over ``rows`` (:func:`graphed_fit_rows`), on a 0.01 grid from 0 to 1 (a
+    graphed layer waits on no more than the eager one: above 1 the model would price CUDA
+    graphs as slowing a run down, against every published A/B but one of -1.5%,
+    docs/research/moe_breakdown.md; the grid ran to 2 until the tenth session's solve gave
+    1.15), the eager constants held at their stored values; None where there is no row."""
     import numpy as np
 
     rows = graphed_fit_rows() if rows is None else rows
@@ -316,7 +319,7 @@ def solve_graphed_share(rows: list[dict[str, Any]] | None = None) -> dict[str, A
         base.append(b)
         per_share.append(_eager_host_wait(r, d0, d1))
     pub = np.array([published_step_s(r) for r in rows])
-    grid = np.round(np.arange(0.0, 2.0001, 0.01), 2)[:, None]
+    grid = np.round(np.arange(0.0, 1.0001, 0.01), 2)[:, None]
     err = np.abs(pub / (np.array(base) + grid * np.array(per_share)) - 1.0).mean(axis=1)
     j = int(np.argmin(err))
     return {"graphed_share": float(grid[j, 0]), "mean_abs_pct": 100.0 * float(err[j]), "rows": [r["id"] for r in rows]}

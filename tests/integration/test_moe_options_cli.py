@@ -33,18 +33,20 @@ def test_predict_takes_the_moe_options(cli):
     graphed = _json(cli("predict", *B200_QWEN, "--moe-cuda-graphs", "--json"))
     # The published Megatron-Bridge 25.11 row of this layout is 9,299 tokens/s per GPU;
     # the eager prediction is its validation row's (moe_validation: 8,637, -7.1% on
-    # 2026-11-27), through the command line.
+    # 2026-11-27; 6,618 once the tenth session re-solved the host constants), through the
+    # command line.
     from mgbench.planner import moe_validation as V
     row = next(r for r in V.runs() if r["id"] == "mbridge-25.11-b200-qwen3-30b-a3b-fp8")
     assert eager["tokens_per_s_per_gpu"] == pytest.approx(V.score(row)["predicted"], rel=1e-6)
-    assert eager["tokens_per_s_per_gpu"] == pytest.approx(8637, rel=0.01)
+    assert eager["tokens_per_s_per_gpu"] == pytest.approx(6618, rel=0.01)
     # 48 MoE layers x 64 micro-batches x (per layer + 16 x per local expert) ms of host time.
     from mgbench.planner.moe import host_constants
     c = host_constants()
     by_hand = 48 * 64 * (c["per_layer_ms"]["alltoall"] + 16 * c["per_local_expert_ms"]) * 1e-3
     assert eager["breakdown"]["moe_host_s"] == pytest.approx(by_hand, rel=1e-9)
-    assert graphed["breakdown"]["moe_host_s"] == 0
-    assert graphed["step_time_s"] == pytest.approx(eager["step_time_s"] - eager["breakdown"]["moe_host_s"])
+    share = c["graphed_share"]  # what a graphed layer keeps of the eager term (stacks.toml)
+    assert graphed["breakdown"]["moe_host_s"] == pytest.approx(share * by_hand, rel=1e-9)
+    assert graphed["step_time_s"] == pytest.approx(eager["step_time_s"] - (1 - share) * by_hand)
     # The dispatcher and FP8 dispatch reach the all-to-all.
     deepep = _json(cli("predict", *B200_QWEN, "--moe-dispatcher", "deepep", "--moe-fp8-dispatch", "--json"))
     assert deepep["breakdown"]["ep_a2a_s"] < eager["breakdown"]["ep_a2a_s"]
@@ -62,13 +64,16 @@ def test_plan_takes_the_moe_options(cli):
             "--precision", "fp8", "--json")
     eager = _json(cli(*args))
     graphed = _json(cli(*args, "--moe-cuda-graphs"))
-    # Without the host's launch time every layout runs faster, so the fastest layout of each
-    # GPU count does too (plan ranks one layout, its fastest, per GPU count).
+    # A graphed layer keeps the stored share of the eager host term (at most all of it), so
+    # no layout runs slower in graphs, and the fastest layout of each GPU count neither
+    # (plan ranks one layout, its fastest, per GPU count); the interval is the graphed class's.
     best = {r["num_gpus"]: r["tokens_per_s"] for r in eager["ranked"]}
     faster = {r["num_gpus"]: r["tokens_per_s"] for r in graphed["ranked"]}
     shared = set(best) & set(faster)
     assert len(shared) >= 2
-    assert all(faster[n] > best[n] for n in shared)
+    assert all(faster[n] >= best[n] * (1 - 1e-9) for n in shared)
+    assert "in CUDA graphs" in graphed["recommendation"]["interval_reasons"][0]
+    assert "eager" in eager["recommendation"]["interval_reasons"][0]
 
 
 @pytest.mark.parametrize("bad,says", [

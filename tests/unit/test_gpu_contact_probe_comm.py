@@ -247,7 +247,9 @@ def test_the_reduction_fill_stays_within_every_dtype_exact_integers():
 @pytest.mark.parametrize("name,key", [
     ("NVIDIA B200", "b200"),
     ("NVIDIA GB200", "gb200"),  # its own entry (issue 29), never the B200's
-    ("NVIDIA GB300", None),
+    ("NVIDIA GB300", "gb300"),  # its own entry (2026-11-27), never the B300's
+    ("NVIDIA B300 SXM6 AC", "b300"),
+    ("NVIDIA GB999", None),  # a made-up Grace part: no sibling's entry
     ("NVIDIA H100 80GB HBM3", "h100-sxm"),
     ("NVIDIA H100 PCIe", "h100-pcie"),
     ("NVIDIA H100 NVL", "h100-nvl"),
@@ -263,13 +265,15 @@ def test_device_names_match_whole_words_only(name, key):
 
 
 def test_an_unknown_grace_blackwell_gets_no_peak_rather_than_b200s(cuda_h100):
-    """GB200 has its own catalog entry now (2,500 dense bf16 TFLOPS); a GB300, which the
-    catalog does not know, still gets no peak rather than the B200's."""
+    """GB200 and GB300 have their own catalog entries (2,500 dense bf16 TFLOPS each); a
+    Grace part the catalog does not know (a made-up name here) gets no peak rather than a
+    sibling's."""
     assert catalog.peak_tflops("NVIDIA GB200", "bf16", memory_gib=186.0)[0] == 2500.0
-    value, reason = catalog.peak_tflops("NVIDIA GB300", "bf16", memory_gib=279.0)
-    assert value is None and "no peak FLOPS in the catalog for device 'NVIDIA GB300'" in reason
-    f = worker.mfu_fields("bf16", "NVIDIA GB300", cuda_h100, 500.0)
-    assert f["mfu_pct"] is None and "GB300" in f["mfu_reason"]
+    assert catalog.peak_tflops("NVIDIA GB300", "bf16", memory_gib=279.0)[0] == 2500.0
+    value, reason = catalog.peak_tflops("NVIDIA GB999", "bf16", memory_gib=279.0)
+    assert value is None and "no peak FLOPS in the catalog for device 'NVIDIA GB999'" in reason
+    f = worker.mfu_fields("bf16", "NVIDIA GB999", cuda_h100, 500.0)
+    assert f["mfu_pct"] is None and "GB999" in f["mfu_reason"]
 
 
 # --- item 12: an fp8 run's closing projection ---------------------------------------------

@@ -201,17 +201,19 @@ def test_an_unscored_row_keeps_its_turn_so_no_other_row_changes_split(rows):
 
 def test_graphed_host_share_reads_a_published_step_between_its_two_pricings():
     row = next(r for r in V.runs() if r["id"] == "mlperf-v6.0-b200-gpt-oss-20b-64")
-    opts = moe.options_of(row)
-    graphed = V.predict_row(row, opts)["step_time_s"]
-    eager = V.predict_row(row, dataclasses.replace(opts, cuda_graphs=False))["step_time_s"]
-    assert eager > graphed  # the eager pricing charges the host term
+    base, d0, d1 = V.host_terms(row, eager=True)  # the step without any host term, and its eager wait
+    eager = base + V._eager_host_wait(row, d0, d1)
+    assert eager > base  # the eager pricing charges the host term
+    # the row as priced now: the stored share of the eager wait
+    share = moe.host_constants()["graphed_share"]
+    assert V.predict_row(row)["step_time_s"] == pytest.approx(base + share * (eager - base))
 
     def published_at(step):  # the row, had it published a step of ``step`` seconds
         return {**row, "published": row["global_batch"] * row["seq"] / (step * row["num_gpus"])}
 
-    assert V.graphed_host_share(published_at(graphed)) == pytest.approx(0.0, abs=1e-9)
+    assert V.graphed_host_share(published_at(base)) == pytest.approx(0.0, abs=1e-9)
     assert V.graphed_host_share(published_at(eager)) == pytest.approx(1.0)
-    assert V.graphed_host_share(published_at((graphed + eager) / 2)) == pytest.approx(0.5)
+    assert V.graphed_host_share(published_at((base + eager) / 2)) == pytest.approx(0.5)
     eager_row = next(r for r in V.runs() if not moe.options_of(r).cuda_graphs)
     with pytest.raises(MgbenchError, match="not a graphed row"):
         V.graphed_host_share(eager_row)
