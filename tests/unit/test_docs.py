@@ -202,6 +202,13 @@ def moe_summary_markdown() -> str:
     return moe_runs_markdown().splitlines()[-1]
 
 
+def moe_intervals_markdown() -> str:
+    """The MoE intervals' half-widths and leave-one-out coverage (docs/planner.md)."""
+    from mgbench.planner import uncertainty
+
+    return uncertainty.moe_coverage_statement()
+
+
 def collectives_summary_markdown() -> str:
     """The multi-node all-reduce check in one line (README)."""
     from mgbench.planner import collective_validation as C
@@ -216,6 +223,7 @@ def collectives_summary_markdown() -> str:
 GENERATORS = {"strategies": strategies_markdown, "schedules": schedules_markdown, "suite-keys": suite_keys_markdown,
               "strategy-names": strategy_names_markdown, "accelerator-families": accelerator_families_markdown,
               "moe-runs": moe_runs_markdown, "moe-summary": moe_summary_markdown,
+              "moe-intervals": moe_intervals_markdown,
               "collectives-summary": collectives_summary_markdown}
 GENERATED = re.compile(r"(<!-- generated: ([a-z-]+)[^\n]*-->\n)(.*?)(<!-- end generated -->)", re.S)
 
