@@ -91,6 +91,8 @@ def check_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         if (recipe := perf.row_recipe_problem(r)) is not None:
             problems.append(f"{r['id']}: {recipe}")
+        if r.get("added_as_fit") and (r.get("added_after_host_term") or r.get("seen_before")):
+            problems.append(f"{r['id']}: added_as_fit with added_after_host_term or seen_before: one split rule a row")
         if r["split"] != rule[r["id"]]:
             problems.append(f"{r['id']}: split {r['split']!r}, but the header's rule gives {rule[r['id']]!r}")
         try:
@@ -123,7 +125,12 @@ def conflicting(row: dict[str, Any]) -> dict[str, Any] | None:
     """The row as its other statement lays it out (``layout_conflict`` applied), or None
     where its source states one layout."""
     c = row.get("layout_conflict")
-    return None if c is None else {**row, **{k: v for k, v in c.items() if k != "why"}}
+    if c is None:
+        return None
+    other = {**row, **{k: v for k, v in c.items() if k != "why"}}
+    if "pp" in c and "pp_last_layers" not in c:  # the row's last-stage split is its own layout's
+        other.pop("pp_last_layers", None)
+    return other
 
 
 @lru_cache(maxsize=1)
@@ -215,8 +222,8 @@ def host_terms(row: dict[str, Any], eager: bool = False) -> tuple[float, float, 
 
 
 def solve_host(rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The host constants with the least mean |error| of tokens/s over ``rows``
-    (:func:`host_fit_rows`): ``per_layer_ms``, one value for each dispatcher the rows run
+    """The host constants with the least mean |error| of tokens/s over ``rows`` (the
+    eager ones of :func:`host_fit_rows`; a graphed row's step depends on the share too): ``per_layer_ms``, one value for each dispatcher the rows run
     (moe.DISPATCHERS), on a 0.05 ms grid, and ``per_local_expert_ms``, shared, on a
     0.005 ms grid; all non-negative. A row's step depends on its own dispatcher's constant
     only, so for each per-expert value every dispatcher's is solved on its own rows.
@@ -249,7 +256,7 @@ def implied_host_ms(row: dict[str, Any], terms: tuple[float, float, float] | Non
     per-layer unit (:func:`host_terms`: the bubble's stretch and a recomputed forward's
     launches counted), for the model's step to equal the published one: (published step -
     host-free step) / d step per ms. Negative where the model is slower than the row
-    without any host term. None for a graphed row (it pays no host term). What the eighth
+    without any host term. None for a graphed row (it pays the stored graphed share, not the eager term). What the eighth
     session's per-dispatcher constants were read from (docs/planner.md). ``terms``: the
     row's :func:`host_terms`, where the caller has them."""
     if moe.options_of(row).cuda_graphs:
@@ -279,10 +286,11 @@ def implied_host_report(rows: list[dict[str, Any]] | None = None) -> str:
 
 
 def graphed_host_share(row: dict[str, Any]) -> float:
-    """Of a graphed row (its MoE layers in CUDA graphs, priced with no host term), the share
-    of the eager host term (the same row priced eagerly) its published step pays: 0 where
-    it ran as fast as priced in graphs, 1 where it ran as slowly as priced eagerly.
-    (published step - graphed step) / (eager step - graphed step)."""
+    """Of a graphed row (its MoE layers in CUDA graphs), the share of the eager host term
+    (the same row priced eagerly) its published step pays: 0 where it ran as fast as the
+    host-free pricing, 1 where it ran as slowly as the eager one (the stored graphed_share
+    prices it in between). (published step - host-free step) / (eager step - host-free
+    step)."""
     if not moe.options_of(row).cuda_graphs:
         raise MgbenchError(f"{row['id']}: not a graphed row (cuda_graphs false)")
     base, d0, d1 = host_terms(row, eager=True)
@@ -332,7 +340,7 @@ def graphed_share_report() -> str:
     shares = sorted((graphed_host_share(r), r["id"]) for r in rows)
     lines = [f"{i:<52}  {s:>5.2f}" for s, i in shares]
     inside = sum(0.0 <= s <= 1.0 for s, _ in shares)
-    lines.append(f"{inside} of {len(shares)} graphed rows between their graphed and eager pricing; share of the eager "
+    lines.append(f"{inside} of {len(shares)} graphed rows between their host-free and eager pricing; share of the eager "
                  f"host term paid: median {sorted(s for s, _ in shares)[len(shares) // 2]:.2f}, "
                  f"{shares[0][0]:.2f} to {shares[-1][0]:.2f}")
     return "\n".join(lines)

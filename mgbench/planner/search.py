@@ -464,7 +464,7 @@ def evidence_of(reg: dict[str, Any]) -> str:
 
 
 def ranking_factor(hw: hardware.Hardware, opts: PlanOptions, pipelined: np.ndarray,
-                   shape: ModelShape | None = None) -> tuple[np.ndarray, str]:
+                   shape: ModelShape) -> tuple[np.ndarray, str]:
     """Per candidate, the step-time factor the ranking applies, and the evidence: 1 where
     the accelerator's efficiency was measured (on it, or on this machine by a probe or a
     calibration); else 1 + the upper half-width of its interval (uncertainty.regime), so
@@ -695,7 +695,7 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
     }
 
 
-def _add_interval(r: dict[str, Any], opts: PlanOptions, shape: ModelShape | None = None) -> None:
+def _add_interval(r: dict[str, Any], opts: PlanOptions, shape: ModelShape) -> None:
     """A candidate's intervals (planner/uncertainty.py): on step time and tokens/s per GPU,
     and, scaled alike, on days and cost (both proportional to step time); ``shape``: the
     model, whose MoE class (uncertainty.moe_class) picks the MoE runs' residuals."""
@@ -705,7 +705,7 @@ def _add_interval(r: dict[str, Any], opts: PlanOptions, shape: ModelShape | None
                              stack=stack.DEFAULT_STACK if opts.profile else opts.stack,
                              moe=uncertainty.moe_class(shape, opts.moe))
     if opts.calibration_regime and r["system"] in opts.calibration:
-        reg = opts.calibration_regime
+        reg = uncertainty.with_moe(opts.calibration_regime, uncertainty.moe_class(shape, opts.moe))
     # Around the point estimate: a row ranked at its pessimistic end holds that end.
     f = r.get("ranking_factor", 1.0)
     step = max(1, opts.global_batch_tokens // opts.seq_len) * opts.seq_len / r["tokens_per_s_point"]

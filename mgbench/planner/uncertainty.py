@@ -41,10 +41,14 @@ A mixture-of-experts model (``moe``: its class, :func:`moe_class`) takes its hal
 from the published MoE runs instead (data/published_moe_runs.toml, every scored row, fit
 and held out: planner/moe_validation.py), in two classes kept apart because their errors
 are: MoE layers run eagerly, and MoE layers captured in CUDA graphs (every published
-graphed row has come out faster than it ran). On a GPU those rows ran on the regime is
-``moe-validated``; on another, the MoE half-widths are carried to it as the dense class's
-are (compounded with the generation-pair ratio residuals, widened where the GPU's
-efficiency is carried or assumed). A probed profile's half-widths are compounded with them.
+graphed row came out faster than it ran until the tenth session's graphed share; now they
+spread both ways). On a GPU those rows ran on the regime is ``moe-validated`` (ranked as
+measured: its own runs validate it); on another, the MoE half-widths are carried to it as
+the dense class's are (compounded with the generation-pair ratio residuals, widened where
+the GPU's efficiency is carried or assumed). A probed profile's or a --calibrate fit's
+half-widths are compounded with them (:func:`with_moe`). The classes' leave-one-out
+coverage is n - 2 of n by construction (max-residual bounds: only a class's two extremes
+can fall outside); the forward checks are in docs/planner.md.
 
 Intervals are [prediction x (1 - low), prediction x (1 + high)] on time; throughput's
 interval is its reciprocal image.
@@ -161,13 +165,7 @@ def regime(gpu: str, pipelined: bool, profile: dict[str, Any] | None = None,
     ``moe``: an MoE model's class (:func:`moe_class`): the published MoE runs' residuals
     of that class replace the dense rows' (see the module docstring)."""
     if profile is not None:
-        reg = _probed(profile)
-        if moe is not None:
-            m_low, m_high, _, why = _moe_bounds(moe)
-            reg["low"], reg["high"] = _compound((reg["low"], reg["high"]), (m_low, m_high))
-            reg["low"] = min(reg["low"], 1.0)
-            reg["reasons"] = reg["reasons"] + [f"{why}; compounded with the profile's"]
-        return reg
+        return with_moe(_probed(profile), moe)
     from .stack import DEFAULT_STACK
 
     res = _residuals()
@@ -179,9 +177,12 @@ def regime(gpu: str, pipelined: bool, profile: dict[str, Any] | None = None,
         low, high, seen, why = _moe_bounds(moe)
         reasons = [why]
         if gpu in seen:
-            prof = hardware.profile(gpu)
-            return {"regime": "moe-validated", "evidence": prof.evidence if prof is not None else "assumed",
-                    "low": low, "high": high, "reasons": reasons}
+            # The class's rows include runs on this GPU: they validate the whole prediction
+            # on it, its GEMM efficiency (measured or carried) included, so plan ranks it as
+            # measured (search.evidence_of).
+            n = sum(r["gpu"] == gpu for r in moe_residuals()[moe])
+            return {"regime": "moe-validated", "evidence": "measured", "low": low, "high": high,
+                    "reasons": reasons + [f"{gpu}: {n} of those runs ran on it"]}
         rows_on = "MoE"  # seen on Hopper and Blackwell parts, carried to this one like the dense class
     elif own:
         low, high = _bounds(own)
@@ -200,12 +201,14 @@ def regime(gpu: str, pipelined: bool, profile: dict[str, Any] | None = None,
     # The A100 class's residuals, compounded with how far the A100 -> H100 ratio was off.
     ratio = _bounds(res["ratio"])
     low, high = _compound((low, high), ratio)
-    reasons.append(f"{gpu}: efficiency carried from {calibrated} by GEMM and flash-attention fractions; on "
+    where = (f"{gpu}: efficiency carried from {calibrated} by GEMM and flash-attention fractions" if moe is None
+             else f"{gpu}: no published MoE run of this kind ran on it; the MoE rows' errors carried to it")
+    reasons.append(f"{where}; on "
                    f"{len(res['ratio'])} same-software A100 / H100 pairs (llm-foundry, generation_pairs.toml) the "
                    f"predicted H100 / A100 speed-up was {-100 * ratio[0]:+.0f}% to {100 * ratio[1]:+.0f}% off the "
                    f"published one; the interval compounds that with the {rows_on} rows': "
                    f"-{100 * low:.0f}% / +{100 * high:.0f}% on step time")
-    if gpu != EVIDENCE_GPU:
+    if gpu != EVIDENCE_GPU and moe is None:
         reasons.append(f"{gpu}: the carrying was measured {calibrated} -> {EVIDENCE_GPU} only; "
                        f"{gpu} is assumed to carry the same way")
     reasons.append(f"evidence: {detail} (data/efficiency.toml)")
@@ -223,6 +226,19 @@ def regime(gpu: str, pipelined: bool, profile: dict[str, Any] | None = None,
                        f"({spread['worst']}), so the interval widens by that on both sides")
         return {"regime": "catalog-carried", "evidence": "carried", "low": low, "high": high, "reasons": reasons}
     return {"regime": "catalog-other-gpu", "evidence": "measured", "low": low, "high": high, "reasons": reasons}
+
+
+def with_moe(reg: dict[str, Any], moe: str | None) -> dict[str, Any]:
+    """A regime measured on this machine (a probed profile, a --calibrate fit: dense runs
+    of mgbench's own runner) with an MoE class's half-widths compounded in: nothing it
+    measured priced the MoE terms (host time, all-to-all, imbalance). ``reg`` unchanged
+    for a dense model."""
+    if moe is None:
+        return reg
+    m_low, m_high, _, why = _moe_bounds(moe)
+    low, high = _compound((reg["low"], reg["high"]), (m_low, m_high))
+    return {**reg, "low": min(low, 1.0), "high": high,
+            "reasons": list(reg["reasons"]) + [f"{why}; compounded with the {reg['regime']} one"]}
 
 
 def _probed(profile: dict[str, Any]) -> dict[str, Any]:

@@ -155,7 +155,7 @@ def moe_markdown() -> str:
     from .moe_validation import TARGET_MEAN_PCT, TARGET_WORST_PCT, conflict_line, scored_rows, summary
 
     scored = scored_rows()
-    rows = ["| run | split | published | predicted | error | host launch s a step |", "|---|---|---|---|---|---|"]
+    rows = ["| run | split | published | predicted | error | MoE per-layer s a step |", "|---|---|---|---|---|---|"]
     for r in scored:
         if r["error_pct"] is None:
             rows.append(f"| `{r['id']}` | {r['split'].replace('_', ' ')} | {r['published']:.0f} | refused | - | - |")

@@ -198,8 +198,12 @@ def moe_runs_markdown() -> str:
 
 
 def moe_summary_markdown() -> str:
-    """The MoE summary line alone (README)."""
-    return moe_runs_markdown().splitlines()[-1]
+    """The MoE summary line alone, with the rows counted (README)."""
+    from mgbench.planner import moe_validation as V
+
+    rows = V.runs()
+    scored = sum(r["split"] in V.SPLITS for r in rows)
+    return f"{len(rows)} published rows, {scored} scored; " + moe_runs_markdown().splitlines()[-1]
 
 
 def moe_intervals_markdown() -> str:

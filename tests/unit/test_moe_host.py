@@ -103,7 +103,8 @@ def test_the_term_by_hand_and_its_graphed_share():
     assert float(graphed["breakdown"]["moe_host_s"]) == pytest.approx(share * by_hand)
     assert float(eager["step_time_s"]) == pytest.approx(float(graphed["step_time_s"]) + (1 - share) * by_hand)
     assert any("eager MoE layers" in n for n in eager["notes"])
-    assert any(f"{share:g} of the eager layers' launch-bound time" in n for n in graphed["notes"])
+    kept = "all" if share == 1.0 else f"{share:.0%}"
+    assert any(f"yet {kept} of the eager layers' per-layer time kept" in n for n in graphed["notes"])
 
 
 def test_the_graphed_share_scales_the_graphed_term(monkeypatch):

@@ -226,3 +226,23 @@ def test_rows_added_as_fit_are_fit_unless_stated_two_ways(rows):
     got = V.split_rule(list(rows) + added)
     assert got["x-a"] == "fit" and got["x-b"] == V.UNSCORED
     assert {k: v for k, v in got.items() if not k.startswith("x-")} == V.split_rule(list(rows))
+
+
+def test_the_rows_added_as_fit_are_the_tenth_sessions_blackwell_ultra_rows(rows):
+    # A guard on the split: only the 34 Blackwell Ultra rows of the tenth session's rule
+    # carry the flag, one block of the file, and a row cannot carry two split rules.
+    flagged = [i for i, r in enumerate(rows) if r.get("added_as_fit")]
+    assert len(flagged) == 34 and flagged == list(range(flagged[0], flagged[0] + 34))
+    assert {rows[i]["system"] for i in flagged} == {"dgx-b300", "gb300-nvl72"}
+    broken = [dict(r) for r in rows]
+    broken[flagged[0]]["added_after_host_term"] = True
+    with pytest.raises(MgbenchError, match="one split rule a row"):
+        V.check_rows(broken)
+
+
+def test_a_conflicting_layout_without_pipeline_drops_the_rows_last_stage_split(rows):
+    row = next(r for r in rows if r["id"] == "mbridge-25.11-gb300-qwen3-235b-a22b-bf16")
+    assert row["layout_conflict"]["pp"] == 1 and row.get("pp_last_layers")
+    other = V.conflicting(row)
+    assert "pp_last_layers" not in other and other["pp"] == 1
+    assert V.score(row)["other"]["refused"] is None  # priced, not refused over the row's own split

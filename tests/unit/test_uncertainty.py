@@ -241,3 +241,47 @@ def test_plan_gives_an_moe_model_the_moe_interval():
         assert rec["regime"] == "moe-validated" and rec["interval_reasons"] == reg["reasons"]
         assert rec["days_interval"] == [pytest.approx(rec["days"] * (1 - reg["low"])),
                                         pytest.approx(rec["days"] * (1 + reg["high"]))]
+
+
+def test_a_calibration_on_dense_runs_does_not_narrow_an_moe_interval():
+    # --calibrate fits the model to mgbench's own (dense) runs: nothing it measured priced
+    # the MoE terms, so an MoE prediction compounds the calibration's half-widths with the
+    # MoE class's, as a probed profile's are (the review of 2026-11-27 found predict and
+    # plan used the calibration's alone: 0.65x-1.35x for Qwen3-30B-A3B).
+    import json
+
+    from click.testing import CliRunner
+
+    from mgbench.cli import main
+
+    args = ["predict", "--calibrate", "h200-gpu-quick-2", "--model", "qwen3-30b-a3b", "--system", "hgx-h200",
+            "--num-gpus", "8", "--ep", "8", "--seq-len", "4096", "--global-batch", "64", "--json"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    low, high, _, _ = U._moe_bounds("eager")
+    cal_low, cal_high = 0.35, 0.35  # the run's leave-one-out errors, up to 35% (its first reason says so)
+    assert out["regime"] == "calibrated" and "up to 35%" in out["interval_reasons"][0]
+    t = out["step_time_s"]
+    assert out["step_time_s_interval"][1] == pytest.approx(t * (1 + cal_high) * (1 + high), rel=0.02)
+    assert out["step_time_s_interval"][0] == pytest.approx(t * (1 - cal_low) * (1 - low), rel=0.02)
+    # a dense model's calibrated interval is the calibration's alone
+    reg = {"regime": "calibrated", "low": 0.2, "high": 0.3, "reasons": ["r"]}
+    assert U.with_moe(reg, None) is reg
+    both = U.with_moe(reg, "graphed")
+    g_low, g_high, _, _ = U._moe_bounds("graphed")
+    assert both["high"] == pytest.approx(1.3 * (1 + g_high) - 1) and both["low"] == pytest.approx(1 - 0.8 * (1 - g_low))
+
+
+def test_a_gpu_with_its_own_moe_runs_is_ranked_as_measured():
+    # gb300's GEMM fraction is carried from b300, but published MoE runs on GB300 validate
+    # the whole prediction there: plan must not rank it on its interval's pessimistic end.
+    from mgbench.planner import hardware
+    from mgbench.planner.search import evidence_of
+
+    assert hardware.profile("gb300").evidence == "carried"
+    reg = U.regime("gb300", True, moe="eager")
+    assert reg["regime"] == "moe-validated" and evidence_of(reg) == "measured"
+    assert any("of those runs ran on it" in x for x in reg["reasons"])
+    # the same GPU for a dense model stays carried
+    assert evidence_of(U.regime("gb300", True)) == "carried"
