@@ -285,3 +285,17 @@ def test_a_gpu_with_its_own_moe_runs_is_ranked_as_measured():
     assert any("of those runs ran on it" in x for x in reg["reasons"])
     # the same GPU for a dense model stays carried
     assert evidence_of(U.regime("gb300", True)) == "carried"
+
+
+def test_the_runs_closing_projection_gives_an_moe_model_the_moe_interval():
+    # A finished run's projection onto catalog systems (planner/projection.py) prices the
+    # run's model: an MoE one gets the MoE rows' interval (eager: the projection passes no
+    # graphs), dgx-h100 from its own rows, dgx-a100 carried.
+    from mgbench import catalog
+    from mgbench.planner.projection import catalog_rows
+
+    rows = catalog_rows(catalog.model_shape("qwen3-30b-a3b"), 4096, "bf16", systems=("dgx-h100", "dgx-a100"))
+    by = {r["system"]: r for r in rows if r["fits"]}
+    assert by["dgx-h100"]["regime"] == "moe-validated"
+    assert by["dgx-h100"]["interval_reasons"][0] == U.regime("h100-sxm", False, moe="eager")["reasons"][0]
+    assert by["dgx-a100"]["regime"] == "catalog-other-gpu" and "MoE layers eager" in by["dgx-a100"]["interval_reasons"][0]
