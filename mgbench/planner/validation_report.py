@@ -152,7 +152,7 @@ def family_markdown() -> str:
 
 def moe_markdown() -> str:
     """Every published MoE run predicted, and the per-split summary, as markdown."""
-    from .moe_validation import TARGET_MEAN_PCT, TARGET_WORST_PCT, conflict_line, scored_rows, summary
+    from .moe_validation import TARGET_MEAN_PCT, TARGET_WORST_PCT, conflict_line, distinct_line, scored_rows, summary
 
     scored = scored_rows()
     rows = ["| run | split | published | predicted | error | MoE per-layer s a step |", "|---|---|---|---|---|---|"]
@@ -171,8 +171,8 @@ def moe_markdown() -> str:
             parts.append(f"{split.replace('_', ' ')}: mean |error| {s['mean_abs_pct']:.1f}%, worst "
                          f"{s['worst_abs_pct']:.1f}% (`{s['worst_row']}`)")
     met = all(s["targets_met"] for s in summ.values())
-    rows.append("; ".join(parts) + f". Targets (mean under {TARGET_MEAN_PCT:g}%, none over {TARGET_WORST_PCT:g}%, "
-                f"on both parts): {'met' if met else 'not met'}.")
+    rows.append("; ".join(parts) + f"; {distinct_line(scored)}. Targets (mean under {TARGET_MEAN_PCT:g}%, none over "
+                f"{TARGET_WORST_PCT:g}%, on both parts): {'met' if met else 'not met'}.")
     return "\n".join(rows)
 
 

@@ -246,3 +246,22 @@ def test_a_conflicting_layout_without_pipeline_drops_the_rows_last_stage_split(r
     other = V.conflicting(row)
     assert "pp_last_layers" not in other and other["pp"] == 1
     assert V.score(row)["other"]["refused"] is None  # priced, not refused over the row's own split
+
+
+def test_a_re_measured_configuration_is_counted_once_in_the_distinct_figure(rows):
+    # Several MLPerf submitters ran NVIDIA's GPT-OSS-20B recipe on the same systems: the
+    # model gives each the same prediction, so the held-out figure is also given with one
+    # row per configuration (the first in the file).
+    again = V.repeats(rows)
+    assert "mlperf-v6.0-gb300-gpt-oss-20b-8-hpe" in again  # NVIDIA's 8-GPU GB300 row holds it
+    assert "mlperf-v6.0-gb300-gpt-oss-20b-8" not in again
+    assert "mlperf-v6.0-gb300-gpt-oss-20b-8-dell" not in again  # EP 2 and scoped graphs: its own
+    first = next(r for r in rows if r["id"] == "mlperf-v6.0-b300-gpt-oss-20b-8-nebius")
+    assert first["id"] not in again and all(
+        V.configuration(r) == V.configuration(first) for r in rows if r["id"] in {
+            "mlperf-v6.0-b300-gpt-oss-20b-8-cisco", "mlperf-v6.0-b300-gpt-oss-20b-8-inventec"})
+    # one field changed makes another configuration
+    assert V.repeats([first, {**first, "id": "x", "ep": 2}]) == set()
+    assert V.repeats([first, {**first, "id": "x"}]) == {"x"}
+    line = V.distinct_line(V.scored_rows(rows), rows)
+    assert f"({len([r for r in rows if r['id'] in again and r['split'] == 'held_out'])} re-measurements" in line
