@@ -150,8 +150,8 @@ class MoeOptions:
     cuda_graphs: bool = field(default=False, metadata={
         "help": "MoE layers captured in CUDA graphs (a sync-free dispatcher): no host launches, but the per-layer "
                 "time the published graphed runs still show stays (stacks.toml [moe_host] graphed_share of the eager "
-                "term; at 1, its value since 2026-11-27, the step is priced as eager's and only the interval, the "
-                "graphed runs', differs)."})
+                "term, which the prediction's notes give; at 1 the step is priced as eager's and only the interval, "
+                "the graphed runs', differs)."})
     round_robin: bool = field(default=False, metadata={
         "help": "Benchmark routing that gives token t the top_k consecutive experts from t x top_k (torchtitan's "
                 "moe_force_load_balance, NeMo AutoModel's fake balanced gate): exactly balanced, and a token "
@@ -400,6 +400,12 @@ def permute_seconds(shape: ModelShape, hw: Any, *, tokens: Any, act_bytes: float
 
 # --- the host's launch cost ----------------------------------------------------------------
 
+# The most of the eager term a graphed layer can keep: above 1 the model would price CUDA
+# graphs as slowing a layer down, against every published A/B but one of -1.5%
+# (docs/research/moe_breakdown.md). moe_validation.solve_graphed_share searches up to it.
+MAX_GRAPHED_SHARE = 1.0
+
+
 @lru_cache(maxsize=1)
 def host_constants() -> dict[str, Any]:
     """data/stacks.toml [moe_host]: the host time an eager MoE layer adds per micro-batch
@@ -414,8 +420,9 @@ def host_constants() -> dict[str, Any]:
         raise MgbenchError(f"stacks.toml [moe_host] per_layer_ms must give one value for each dispatcher "
                            f"({', '.join(DISPATCHERS)}), got {per_layer!r}")
     share = c.get("graphed_share")
-    if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0.0 <= share <= 1.0:
-        raise MgbenchError(f"stacks.toml [moe_host] graphed_share must be a number from 0 to 1, got {share!r}")
+    if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0.0 <= share <= MAX_GRAPHED_SHARE:
+        raise MgbenchError(f"stacks.toml [moe_host] graphed_share must be a number from 0 to {MAX_GRAPHED_SHARE:g}, "
+                           f"got {share!r}")
     return c
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from functools import lru_cache
-from statistics import mean
+from statistics import mean, median
 from typing import Any
 
 from .. import catalog
@@ -202,21 +202,18 @@ def host_fit_rows() -> list[dict[str, Any]]:
     return [r for r in runs() if r["split"] == "fit" and r["id"] not in held]
 
 
-def host_terms(row: dict[str, Any], eager: bool = False) -> tuple[float, float, float]:
+def host_terms(row: dict[str, Any]) -> tuple[float, float, float]:
     """(step seconds without the host term, d step / d per_layer_ms (its dispatcher's), d step /
-    d per_local_expert_ms) of a row: its step is linear in both constants
+    d per_local_expert_ms) of a row run eagerly: its step is linear in both constants
     (moe.host_seconds, the bubble's share included), so one prediction gives every
-    candidate's step. A graphed row's derivatives carry the stored graphed_share, or,
-    with ``eager``, are those of the same row run eagerly."""
-    opts = moe.options_of(row)
-    scale = 1.0 if eager or not opts.cuda_graphs else float(moe.host_constants()["graphed_share"])
-    res = predict_row(row, opts)
+    candidate's step. (A graphed row pays the stored graphed_share of that eager wait.)"""
+    res = predict_row(row)
     b = res["breakdown"]
     lps = float(stage_layers(shape_of(row).layers, row.get("pp", 1), row.get("pp_last_layers"))[0])
     n, n_local = moe.host_launches(shape_of(row), ep=row["ep"], moe_layers=min(lps, shape_of(row).moe_layers),
                                    num_micro=res["num_micro_batches"], rerun=b["moe_rerun_share"])
     def wait(launches: float) -> float:  # the step's wait for that many ms of host time (moe.host_wait)
-        return scale * float(moe.host_wait(launches * 1e-3, bubble_fraction=b["bubble_fraction"]))
+        return float(moe.host_wait(launches * 1e-3, bubble_fraction=b["bubble_fraction"]))
 
     return float(res["step_time_s"]) - float(b["moe_host_s"]), wait(float(n)), wait(float(n_local))
 
@@ -293,14 +290,14 @@ def graphed_host_share(row: dict[str, Any]) -> float:
     step)."""
     if not moe.options_of(row).cuda_graphs:
         raise MgbenchError(f"{row['id']}: not a graphed row (cuda_graphs false)")
-    base, d0, d1 = host_terms(row, eager=True)
-    return (published_step_s(row) - base) / _eager_host_wait(row, d0, d1)
+    return (published_step_s(row) - host_terms(row)[0]) / eager_host_wait(row)
 
 
-def _eager_host_wait(row: dict[str, Any], d0: float, d1: float) -> float:
-    """The seconds a row's step would wait on the host run eagerly, at the stored constants."""
-    c = moe.host_constants()
-    return float(c["per_layer_ms"][moe.options_of(row).dispatcher]) * d0 + float(c["per_local_expert_ms"]) * d1
+def eager_host_wait(row: dict[str, Any]) -> float:
+    """The seconds a row's step would wait on the host run eagerly (moe_host_s of the row
+    priced with cuda_graphs off), at the stored constants."""
+    opts = dataclasses.replace(moe.options_of(row), cuda_graphs=False)
+    return float(predict_row(row, opts)["breakdown"]["moe_host_s"])
 
 
 def graphed_fit_rows() -> list[dict[str, Any]]:
@@ -311,24 +308,19 @@ def graphed_fit_rows() -> list[dict[str, Any]]:
 
 def solve_graphed_share(rows: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
     """The stored ``graphed_share`` (stacks.toml [moe_host]) with the least mean |error| of
-    tokens/s over ``rows`` (:func:`graphed_fit_rows`), on a 0.01 grid from 0 to 1 (a
-    graphed layer waits on no more than the eager one: above 1 the model would price CUDA
-    graphs as slowing a run down, against every published A/B but one of -1.5%,
-    docs/research/moe_breakdown.md; the grid ran to 2 until the tenth session's solve gave
-    1.15), the eager constants held at their stored values; None where there is no row."""
+    tokens/s over ``rows`` (:func:`graphed_fit_rows`), on a 0.01 grid from 0 to
+    moe.MAX_GRAPHED_SHARE (the grid ran to 2 until the tenth session's solve gave 1.15),
+    the eager constants held at their stored values; None where there is no row."""
     import numpy as np
 
     rows = graphed_fit_rows() if rows is None else rows
     if not rows:
         return None
-    base, per_share = [], []
-    for r in rows:
-        b, d0, d1 = host_terms(r, eager=True)
-        base.append(b)
-        per_share.append(_eager_host_wait(r, d0, d1))
+    base = np.array([host_terms(r)[0] for r in rows])
+    per_share = np.array([eager_host_wait(r) for r in rows])
     pub = np.array([published_step_s(r) for r in rows])
-    grid = np.round(np.arange(0.0, 1.0001, 0.01), 2)[:, None]
-    err = np.abs(pub / (np.array(base) + grid * np.array(per_share)) - 1.0).mean(axis=1)
+    grid = np.round(np.arange(0.0, moe.MAX_GRAPHED_SHARE + 1e-4, 0.01), 2)[:, None]
+    err = np.abs(pub / (base + grid * per_share) - 1.0).mean(axis=1)
     j = int(np.argmin(err))
     return {"graphed_share": float(grid[j, 0]), "mean_abs_pct": 100.0 * float(err[j]), "rows": [r["id"] for r in rows]}
 
@@ -341,7 +333,7 @@ def graphed_share_report() -> str:
     lines = [f"{i:<52}  {s:>5.2f}" for s, i in shares]
     inside = sum(0.0 <= s <= 1.0 for s, _ in shares)
     lines.append(f"{inside} of {len(shares)} graphed rows between their host-free and eager pricing; share of the eager "
-                 f"host term paid: median {sorted(s for s, _ in shares)[len(shares) // 2]:.2f}, "
+                 f"host term paid: median {median(s for s, _ in shares):.2f}, "
                  f"{shares[0][0]:.2f} to {shares[-1][0]:.2f}")
     return "\n".join(lines)
 

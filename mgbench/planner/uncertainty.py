@@ -116,13 +116,13 @@ def moe_residuals() -> dict[str, list[dict[str, Any]]]:
         s = moe_validation.score(row)
         if s["error_pct"] is None:
             continue
-        cls = "graphed" if moe.options_of(row).cuda_graphs else "eager"
+        cls = moe_class(moe_validation.shape_of(row), moe.options_of(row))
         out[cls].append({"id": row["id"], "split": row["split"], "gpu": hardware.resolve(system=row["system"]).gpu,
                          "error": s["error_pct"] / 100.0})
     return out
 
 
-def _moe_bounds(cls: str) -> tuple[float, float, list[str], list[str]]:
+def _moe_bounds(cls: str) -> tuple[float, float, list[str], str]:
     """(low, high, the GPUs the class's rows ran on, the reason line) of an MoE class."""
     if cls not in MOE_CLASSES:
         raise ValueError(f"MoE interval class {cls!r}: one of {', '.join(MOE_CLASSES)}")

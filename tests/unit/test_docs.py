@@ -213,6 +213,13 @@ def moe_intervals_markdown() -> str:
     return uncertainty.moe_coverage_statement()
 
 
+def moe_graphed_share_markdown() -> str:
+    """The graphed rows against their two pricings, in one line (docs/planner.md)."""
+    from mgbench.planner import moe_validation as V
+
+    return V.graphed_share_report().splitlines()[-1]
+
+
 def collectives_summary_markdown() -> str:
     """The multi-node all-reduce check in one line (README)."""
     from mgbench.planner import collective_validation as C
@@ -227,7 +234,7 @@ def collectives_summary_markdown() -> str:
 GENERATORS = {"strategies": strategies_markdown, "schedules": schedules_markdown, "suite-keys": suite_keys_markdown,
               "strategy-names": strategy_names_markdown, "accelerator-families": accelerator_families_markdown,
               "moe-runs": moe_runs_markdown, "moe-summary": moe_summary_markdown,
-              "moe-intervals": moe_intervals_markdown,
+              "moe-intervals": moe_intervals_markdown, "moe-graphed-share": moe_graphed_share_markdown,
               "collectives-summary": collectives_summary_markdown}
 GENERATED = re.compile(r"(<!-- generated: ([a-z-]+)[^\n]*-->\n)(.*?)(<!-- end generated -->)", re.S)
 

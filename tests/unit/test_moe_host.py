@@ -66,7 +66,8 @@ def test_each_dispatcher_gets_its_own_per_layer_constant():
     assert got["mean_abs_pct"] == pytest.approx(0.0, abs=1e-9)
 
 
-def test_a_host_table_without_every_dispatcher_is_refused(monkeypatch):
+def _refused_with_host_table(monkeypatch, change, message):
+    """moe.host_constants() refuses stacks.toml's [moe_host] as ``change`` rewrites it."""
     from mgbench import catalog
     from mgbench.errors import MgbenchError
 
@@ -74,19 +75,22 @@ def test_a_host_table_without_every_dispatcher_is_refused(monkeypatch):
 
     def load(name):
         data = real(name)
-        if name != "stacks.toml":
-            return data
-        host = dict(data["moe_host"])
-        host["per_layer_ms"] = {k: v for k, v in host["per_layer_ms"].items() if k != "hybridep"}
-        return {**data, "moe_host": host}
+        return data if name != "stacks.toml" else {**data, "moe_host": change(dict(data["moe_host"]))}
 
     monkeypatch.setattr(catalog, "load", load)
     moe.host_constants.cache_clear()
     try:
-        with pytest.raises(MgbenchError, match="one value for each dispatcher"):
+        with pytest.raises(MgbenchError, match=message):
             moe.host_constants()
     finally:
         moe.host_constants.cache_clear()
+
+
+def test_a_host_table_without_every_dispatcher_is_refused(monkeypatch):
+    def drop_hybridep(host):
+        return {**host, "per_layer_ms": {k: v for k, v in host["per_layer_ms"].items() if k != "hybridep"}}
+
+    _refused_with_host_table(monkeypatch, drop_hybridep, "one value for each dispatcher")
 
 
 def test_the_term_by_hand_and_its_graphed_share():
@@ -119,25 +123,11 @@ def test_the_graphed_share_scales_the_graphed_term(monkeypatch):
 
 @pytest.mark.parametrize("bad", [-0.1, 1.15, "half", True, None])
 def test_a_graphed_share_out_of_range_is_refused(monkeypatch, bad):
-    from mgbench import catalog
-    from mgbench.errors import MgbenchError
+    def set_share(host):
+        host = {k: v for k, v in host.items() if k != "graphed_share"}
+        return host if bad is None else {**host, "graphed_share": bad}
 
-    real = catalog.load
-
-    def load(name):
-        data = real(name)
-        if name != "stacks.toml":
-            return data
-        host = {k: v for k, v in data["moe_host"].items() if k != "graphed_share"}
-        return {**data, "moe_host": host if bad is None else {**host, "graphed_share": bad}}
-
-    monkeypatch.setattr(catalog, "load", load)
-    moe.host_constants.cache_clear()
-    try:
-        with pytest.raises(MgbenchError, match="graphed_share must be a number from 0 to 1"):
-            moe.host_constants()
-    finally:
-        moe.host_constants.cache_clear()
+    _refused_with_host_table(monkeypatch, set_share, "graphed_share must be a number from 0 to 1")
 
 
 def test_the_graphed_share_solve_answers_a_known_share():
@@ -146,8 +136,7 @@ def test_the_graphed_share_solve_answers_a_known_share():
     rows = [r for r in V.runs() if moe.options_of(r).cuda_graphs][:4]
     faked = []
     for r in rows:
-        base, d0, d1 = V.host_terms(r, eager=True)
-        step = base + 0.4 * V._eager_host_wait(r, d0, d1)
+        step = V.host_terms(r)[0] + 0.4 * V.eager_host_wait(r)
         faked.append({**r, "published": r["global_batch"] * r["seq"] / (step * r["num_gpus"])})
     got = V.solve_graphed_share(faked)
     assert got["graphed_share"] == pytest.approx(0.4) and got["mean_abs_pct"] == pytest.approx(0.0, abs=1e-9)
@@ -200,8 +189,7 @@ def test_the_rows_added_after_the_term_are_held_out_and_graphed_ones_pay_the_sha
     assert len(graphed) == 29
     share = moe.host_constants()["graphed_share"]
     for r in graphed:  # the stored share of what the same row would wait run eagerly
-        base, d0, d1 = V.host_terms(r, eager=True)
-        assert float(V.predict_row(r)["breakdown"]["moe_host_s"]) == pytest.approx(share * V._eager_host_wait(r, d0, d1))
+        assert float(V.predict_row(r)["breakdown"]["moe_host_s"]) == pytest.approx(share * V.eager_host_wait(r))
 
 
 def test_eager_drop_and_pad_pays_the_whole_term_as_dropless_does():

@@ -201,8 +201,10 @@ def test_an_unscored_row_keeps_its_turn_so_no_other_row_changes_split(rows):
 
 def test_graphed_host_share_reads_a_published_step_between_its_two_pricings():
     row = next(r for r in V.runs() if r["id"] == "mlperf-v6.0-b200-gpt-oss-20b-64")
-    base, d0, d1 = V.host_terms(row, eager=True)  # the step without any host term, and its eager wait
-    eager = base + V._eager_host_wait(row, d0, d1)
+    base, d0, d1 = V.host_terms(row)  # the step without any host term, and its eager wait by hand
+    c = moe.host_constants()
+    eager = base + c["per_layer_ms"][moe.options_of(row).dispatcher] * d0 + c["per_local_expert_ms"] * d1
+    assert eager - base == pytest.approx(V.eager_host_wait(row))  # the model's own eager pricing
     assert eager > base  # the eager pricing charges the host term
     # the row as priced now: the stored share of the eager wait
     share = moe.host_constants()["graphed_share"]
