@@ -45,7 +45,9 @@ graphed row came out faster than it ran until the tenth session's graphed share;
 spread both ways). On a GPU those rows ran on the regime is ``moe-validated`` (ranked as
 measured: its own runs validate it); on another, the MoE half-widths are carried to it as
 the dense class's are (compounded with the generation-pair ratio residuals, widened where
-the GPU's efficiency is carried or assumed). A probed profile's or a --calibrate fit's
+the GPU's efficiency is carried or assumed); where no MoE row of either class ran on the
+GPU the regime is ``moe-carried`` and plan ranks it as carried (its measured GEMM fraction
+does not measure grouped GEMMs, its dispatch or its stack's host time). A probed profile's or a --calibrate fit's
 half-widths are compounded with them (:func:`with_moe`). The classes' leave-one-out
 coverage is n - 2 of n by construction (max-residual bounds: only a class's two extremes
 can fall outside); the forward checks are in docs/planner.md.
@@ -225,6 +227,14 @@ def regime(gpu: str, pipelined: bool, profile: dict[str, Any] | None = None,
                        f"measured siblings' fractions differ by up to {100 * spread['spread']:.0f}% "
                        f"({spread['worst']}), so the interval widens by that on both sides")
         return {"regime": "catalog-carried", "evidence": "carried", "low": low, "high": high, "reasons": reasons}
+    if moe is not None and not any(r["gpu"] == gpu for rows in moe_residuals().values() for r in rows):
+        # A measured GEMM fraction does not measure an MoE step: its grouped GEMMs, its
+        # dispatch over this GPU's links and its stack's per-layer host time (solved on
+        # NVIDIA stacks) were never seen here, so plan ranks it as carried (its
+        # pessimistic end) rather than letting a cheap GPU win on its point estimate.
+        reasons.append(f"{gpu}: no published MoE run of either kind ran on it, so plan ranks it on the "
+                       f"interval's slow end (+{100 * high:.0f}%), as a GPU with a carried efficiency")
+        return {"regime": "moe-carried", "evidence": "carried", "low": low, "high": high, "reasons": reasons}
     return {"regime": "catalog-other-gpu", "evidence": "measured", "low": low, "high": high, "reasons": reasons}
 
 

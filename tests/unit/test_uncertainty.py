@@ -159,7 +159,8 @@ def test_moe_interval_off_the_rows_gpus_is_carried_like_the_dense_one():
         low, high, seen, _ = U._moe_bounds(cls)
         assert gpu not in seen
         reg = U.regime(gpu, True, moe=cls)
-        assert reg["regime"] == "catalog-other-gpu"
+        # an H100 ran eager MoE rows, so it stays measured; no MoE row ran on an MI300X
+        assert reg["regime"] == ("moe-carried" if gpu == "mi300x" else "catalog-other-gpu")
         assert (reg["low"], reg["high"]) == (pytest.approx(U._compound((low, high), ratio)[0]),
                                              pytest.approx(U._compound((low, high), ratio)[1]))
     # An assumed GPU keeps the convention's floor on top.
@@ -298,4 +299,32 @@ def test_the_runs_closing_projection_gives_an_moe_model_the_moe_interval():
     by = {r["system"]: r for r in rows if r["fits"]}
     assert by["dgx-h100"]["regime"] == "moe-validated"
     assert by["dgx-h100"]["interval_reasons"][0] == U.regime("h100-sxm", False, moe="eager")["reasons"][0]
-    assert by["dgx-a100"]["regime"] == "catalog-other-gpu" and "MoE layers eager" in by["dgx-a100"]["interval_reasons"][0]
+    assert by["dgx-a100"]["regime"] == "moe-carried" and "MoE layers eager" in by["dgx-a100"]["interval_reasons"][0]
+
+
+def test_an_moe_model_on_a_gpu_without_moe_runs_ranks_on_its_slow_end(monkeypatch):
+    # No MoE row ran on an MI300X: its measured GEMM fraction does not make an MoE step
+    # measured, so plan ranks it at 1 + the interval's upper half-width, like a carried GPU
+    # (before, DeepSeek-V3's plan recommended MI300X on its point estimate).
+    import numpy as np
+
+    from mgbench import catalog
+    from mgbench.planner import hardware
+    from mgbench.planner.search import PlanOptions, evidence_of, ranking_factor
+
+    assert hardware.profile("mi300x").evidence == "measured"
+    shape = catalog.model_shape("deepseek-v3")
+    reg = U.regime("mi300x", False, moe="eager")
+    assert reg["regime"] == "moe-carried" and evidence_of(reg) == "carried"
+    hw = hardware.resolve(system="mi300x-8", precision="bf16")
+    factor, evidence = ranking_factor(hw, PlanOptions(tokens=1e12), np.array([False, True]), shape)
+    assert evidence == "carried"
+    assert factor[0] == pytest.approx(1 + reg["high"]) and factor[1] == pytest.approx(1 + U.regime("mi300x", True, moe="eager")["high"])
+    # the same GPU for a dense model ranks on its point estimate
+    assert ranking_factor(hw, PlanOptions(tokens=1e12), np.array([False]), catalog.model_shape("llama3-8b"))[0][0] == 1.0
+    # Negative control: give it one published MoE row and it is measured again.
+    rows = U.moe_residuals()
+    fake = {k: list(v) for k, v in rows.items()}
+    fake["eager"].append({"id": "fake-mi300x", "split": "held_out", "gpu": "mi300x", "error": 0.0})
+    monkeypatch.setattr(U, "moe_residuals", lambda: fake)
+    assert U.regime("mi300x", False, moe="eager")["regime"] == "moe-validated"
