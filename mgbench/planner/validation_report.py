@@ -64,11 +64,17 @@ def main() -> None:
     mm, c = solve_defaults()
     print(f"solved defaults: matmul_eff = {mm:.3f}, elementwise_passes = {c:.2f}")
     print_accelerator_tables()
+    from .moe_pairs import pairs
+    from .moe_pairs import report as pairs_report
     from .moe_validation import report as moe_report
+    from .moe_validation import scored_rows as moe_scored
 
+    scored = moe_scored()
     print()
-    print(moe_report())
+    print(moe_report(scored))
     print(moe_coverage_statement())
+    print()
+    print(pairs_report(pairs(scored)))
 
 
 def print_accelerator_tables() -> None:

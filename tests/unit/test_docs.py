@@ -220,6 +220,13 @@ def moe_graphed_share_markdown() -> str:
     return V.graphed_share_report().splitlines()[-1]
 
 
+def moe_pairs_markdown() -> str:
+    """The published MoE A/B pairs against the model's (docs/planner.md)."""
+    from mgbench.planner import moe_pairs
+
+    return moe_pairs.markdown()
+
+
 def collectives_summary_markdown() -> str:
     """The multi-node all-reduce check in one line (README)."""
     from mgbench.planner import collective_validation as C
@@ -235,6 +242,7 @@ GENERATORS = {"strategies": strategies_markdown, "schedules": schedules_markdown
               "strategy-names": strategy_names_markdown, "accelerator-families": accelerator_families_markdown,
               "moe-runs": moe_runs_markdown, "moe-summary": moe_summary_markdown,
               "moe-intervals": moe_intervals_markdown, "moe-graphed-share": moe_graphed_share_markdown,
+              "moe-pairs": moe_pairs_markdown,
               "collectives-summary": collectives_summary_markdown}
 GENERATED = re.compile(r"(<!-- generated: ([a-z-]+)[^\n]*-->\n)(.*?)(<!-- end generated -->)", re.S)
 
