@@ -310,6 +310,7 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
                      host_ops=host_ops, margin=kw["memory_margin"], moe=moe)
     res["notes"] = list(res.get("notes", [])) + host_notes
     res["notes"] += _moe_ignored(shape, moe)
+    res["notes"] += _lever_notes(shape, moe)
     from ..planner import uncertainty
 
     moe_cls = uncertainty.moe_class(shape, moe)
@@ -595,6 +596,20 @@ def predict_command(row: dict[str, Any], opts: Any, model_args: list[str], *, ha
             flag = f"--moe-{f.name.replace('_', '-')}"
             out.append(flag if value is True else f"{flag} {','.join(value) if isinstance(value, tuple) else value}")
     return " ".join(out)
+
+
+def _lever_notes(shape: Any, moe: Any) -> list[str]:
+    """For an MoE model whose run sets a dispatcher other than all-to-all or CUDA graphs: how
+    the published A/B pairs of that option bear out the model (planner/moe_pairs.py)."""
+    if not shape.is_moe or moe is None:
+        return []
+    from ..planner import moe_pairs
+
+    knobs = [k for k, on in (("moe.dispatcher", moe.dispatcher != "alltoall"), ("moe.cuda_graphs", moe.cuda_graphs)) if on]
+    if not knobs:
+        return []
+    found = moe_pairs.pairs()
+    return [n for n in (moe_pairs.lever_note(k, found) for k in knobs) if n]
 
 
 def _moe_ignored(shape: Any, moe: Any) -> list[str]:

@@ -92,6 +92,24 @@ def by_knob(found: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+# The MoE options a user sets whose published A/B evidence predict names, and what it calls
+# them: the option's knob (:func:`knobs`) and its `--moe-*` flag.
+LEVERS = {"moe.dispatcher": "--moe-dispatcher", "moe.cuda_graphs": "--moe-cuda-graphs"}
+
+
+def lever_note(knob: str, found: list[dict[str, Any]] | None = None) -> str | None:
+    """One line on how well the published A/B pairs of ``knob`` bear out the model's lever
+    (for `mgbench predict`'s notes where a run sets it), or None without pairs."""
+    found = pairs() if found is None else found
+    s = by_knob(found).get(knob)
+    if s is None:
+        return None
+    counts = ", ".join(f"{s[v]} {v}" for v in VERDICTS if s[v])
+    return (f"{LEVERS.get(knob, knob)}: on the {s['pairs']} published A/B pairs that change only it, the predicted "
+            f"ratio was off the published one by {100 * s['mean_abs_effect_error']:.0f}% on average ({counts}); "
+            "compare its settings with that in mind (python -m mgbench.planner.moe_pairs)")
+
+
 def report(found: list[dict[str, Any]] | None = None) -> str:
     """The pairs and the per-knob summary, as text."""
     found = pairs() if found is None else found

@@ -101,3 +101,22 @@ def test_moe_options_on_a_dense_model_are_said_to_be_ignored(cli):
     planned = cli("plan", "--model", "llama3-8b", "--tokens", "1e11", "--systems", "dgx-h100", "--max-gpus", "8",
                   "--moe-cuda-graphs")
     assert planned.returncode == 0 and "--moe-* options ignored: llama3-8b has no experts" in planned.stdout
+
+
+def test_predict_names_the_published_ab_evidence_of_a_lever_it_is_given(cli):
+    # A run that picks HybridEP (or graphs) is told how the published A/B pairs of that
+    # option bore the model out (planner/moe_pairs.py); one on the defaults is not.
+    from mgbench.planner import moe_pairs
+
+    s = moe_pairs.by_knob(moe_pairs.pairs())["moe.dispatcher"]
+    notes = _json(cli("predict", *B200_QWEN, "--moe-dispatcher", "hybridep", "--json"))["notes"]
+    line = next(n for n in notes if n.startswith("--moe-dispatcher: on the "))
+    assert f"the {s['pairs']} published A/B pairs" in line and f"{100 * s['mean_abs_effect_error']:.0f}% on average" in line
+    assert f"{s['opposite']} opposite" in line
+    assert not any("--moe-cuda-graphs: on the" in n for n in notes)
+    default = _json(cli("predict", *B200_QWEN, "--json"))["notes"]
+    assert not any("published A/B pairs" in n for n in default)
+    # a dense model gets none, whatever is set
+    dense = _json(cli("predict", "--model", "llama3-8b", "--system", "dgx-b200", "--num-gpus", "8",
+                      "--moe-dispatcher", "hybridep", "--json"))["notes"]
+    assert not any("published A/B pairs" in n for n in dense)
