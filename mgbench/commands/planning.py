@@ -605,11 +605,7 @@ def _lever_notes(shape: Any, moe: Any) -> list[str]:
         return []
     from ..planner import moe_pairs
 
-    knobs = [k for k, on in (("moe.dispatcher", moe.dispatcher != "alltoall"), ("moe.cuda_graphs", moe.cuda_graphs)) if on]
-    if not knobs:
-        return []
-    found = moe_pairs.pairs()
-    return [n for n in (moe_pairs.lever_note(k, found) for k in knobs) if n]
+    return moe_pairs.lever_notes(moe)
 
 
 def _moe_ignored(shape: Any, moe: Any) -> list[str]:

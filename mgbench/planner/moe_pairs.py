@@ -94,7 +94,7 @@ def by_knob(found: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 # The MoE options a user sets whose published A/B evidence predict names, and what it calls
 # them: the option's knob (:func:`knobs`) and its `--moe-*` flag.
-LEVERS = {"moe.dispatcher": "--moe-dispatcher", "moe.cuda_graphs": "--moe-cuda-graphs"}
+LEVERS = {"moe.dispatcher": "--moe-dispatcher", "moe.cuda_graphs": "--moe-cuda-graphs", "num_gpus": "the GPU count"}
 
 
 def lever_note(knob: str, found: list[dict[str, Any]] | None = None) -> str | None:
@@ -106,8 +106,19 @@ def lever_note(knob: str, found: list[dict[str, Any]] | None = None) -> str | No
         return None
     counts = ", ".join(f"{s[v]} {v}" for v in VERDICTS if s[v])
     return (f"{LEVERS.get(knob, knob)}: on the {s['pairs']} published A/B pairs that change only it, the predicted "
-            f"ratio was off the published one by {100 * s['mean_abs_effect_error']:.0f}% on average ({counts}); "
-            "compare its settings with that in mind (python -m mgbench.planner.moe_pairs)")
+            f"ratio was off the published one by {100 * s['mean_abs_effect_error']:.0f}% on average ({counts}; "
+            "python -m mgbench.planner.moe_pairs lists them)")
+
+
+def lever_notes(opts: moe.MoeOptions, *, gpu_count: bool = False) -> list[str]:
+    """The :func:`lever_note` lines for what a run of an MoE model sets: a dispatcher other
+    than all-to-all, CUDA graphs, and (``gpu_count``: plan, which chooses it) the GPU count."""
+    knobs = [k for k, on in (("moe.dispatcher", opts.dispatcher != "alltoall"), ("moe.cuda_graphs", opts.cuda_graphs),
+                             ("num_gpus", gpu_count)) if on]
+    if not knobs:
+        return []
+    found = pairs()
+    return [n for n in (lever_note(k, found) for k in knobs) if n]
 
 
 def report(found: list[dict[str, Any]] | None = None) -> str:

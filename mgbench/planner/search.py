@@ -668,6 +668,12 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
     reasons += model_notes(shape)
     reasons += evidence_lines(rec, ranked)
     reasons += _distinguishable(rec, ranked[: opts.top])
+    if shape.is_moe and rec is not None:
+        # plan picks the GPU count (and prices the run's --moe-* levers): say how the published
+        # A/B pairs of those bear the model out
+        from .moe_pairs import lever_notes
+
+        reasons += lever_notes(opts.moe, gpu_count=True)
     if rec is not None and opts.deadline_days is not None and rec["days_interval"][1] > opts.deadline_days:
         reasons.append(f"at its interval's upper end ({rec['days_interval'][1]:.1f} days) it would miss the "
                        f"{opts.deadline_days:g}-day deadline")

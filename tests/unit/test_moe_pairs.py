@@ -72,3 +72,18 @@ def test_the_report_sums_each_knob():
     for knob, s in summary.items():
         assert f"{knob}: {s['pairs']} pairs, mean |effect error| {100 * s['mean_abs_effect_error']:.1f}%" in text
     assert summary["moe.dispatcher"]["opposite"] >= 2
+
+
+def test_plan_says_how_the_gpu_count_pairs_bear_out_an_moe_plan():
+    # plan chooses the GPU count: for an MoE model it says what the published GPU-count
+    # pairs showed; for a dense model (no MoE pairs apply) it says nothing of them.
+    from mgbench import catalog
+    from mgbench.planner.search import PlanOptions, plan
+
+    opts = PlanOptions(tokens=1e11, systems=["dgx-b200"], max_gpus=16)
+    s = P.by_knob(P.pairs())["num_gpus"]
+    moe_reasons = plan(catalog.model_shape("qwen3-30b-a3b"), opts)["reasons"]
+    line = next(x for x in moe_reasons if x.startswith("the GPU count: on the "))
+    assert f"{s['pairs']} published A/B pairs" in line and f"{s['too small']} too small" in line
+    dense = plan(catalog.model_shape("llama3-8b"), opts)["reasons"]
+    assert not any("published A/B pairs" in x for x in dense)
