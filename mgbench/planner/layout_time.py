@@ -237,18 +237,19 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     imbalance_s, moe_recompute_s, permute_s, a2a, ep_comm, host_s = zero_s, zero_s, zero_s, zero_s, zero_s, zero_s
     rerun = zero_s  # the share of MoE layers whose forward runs again
     traffic_s = zero_s
+    load = moe_terms.rank_load(opts, ep) if shape.is_moe else 1.0  # 1 without expert parallelism
     if shape.is_moe:
         linear_scale = (ratio if precision == "fp8" else 1.0) / hw.stack_eff  # the linears' seconds as run
         expert = np.asarray(b.get("expert_gemm_s", zero_s), dtype=float)
         expert = np.where(expert > 0, expert, b["linear_s"] * moe_terms.expert_share_of_linear(shape, lps))
-        imbalance_s = expert * (opts.load - 1.0) * linear_scale
+        imbalance_s = expert * (load - 1.0) * linear_scale
         rank_tokens = np.asarray(global_batch, dtype=float) * s * lps / shape.layers / (t * d * c)
-        rc_flops = moe_terms.recompute_flops_per_token(shape, opts.recompute_modules, opts.load)
+        rc_flops = moe_terms.recompute_flops_per_token(shape, opts.recompute_modules, load)
         moe_recompute_s = rc_flops * rank_tokens / (hw.peak_tflops * 1e12 * hw.compute_eff) * linear_scale
         permute_s = moe_terms.permute_seconds(shape, hw, tokens=tokens_rank, act_bytes=e, opts=opts,
-                                              moe_layers=moe_layers, num_micro=m) / hw.stack_eff
+                                              moe_layers=moe_layers, num_micro=m, load=load) / hw.stack_eff
         traffic_s = perf.moe_traffic_seconds(shape, hw, tokens=tokens_rank * t, tp=t, precision=precision,
-                                             load=opts.load, moe_layers=moe_layers, num_micro=m,
+                                             load=load, moe_layers=moe_layers, num_micro=m,
                                              recompute=rc, sp=sp) / hw.stack_eff
         blocks = blocks + imbalance_s + moe_recompute_s + permute_s + traffic_s
         notes.append(moe_terms.note(opts, schedule))
@@ -270,7 +271,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
             notes.append(FP8_LAYOUT_UNKNOWN_NOTE.format(gpu=hw.gpu))
         any_layout = bool(any_layout)
         cast_s = perf.fp8_cast_seconds(shape, hw, tokens=tokens_rank * t, tp=t, blocks=lps, num_micro=m, recompute=rc,
-                                       load=opts.load if shape.is_moe else 1.0, sp=sp, recipe=recipe,
+                                       load=load, sp=sp, recipe=recipe,
                                        modules=opts.recompute_modules, any_layout=any_layout) / hw.stack_eff
         blocks = blocks + cast_s
         notes.append(FP8_CAST_NOTE.format(recipe=recipe, bytes=perf.fp8_cast_bytes(recipe, any_layout)))

@@ -648,7 +648,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     rc = np.asarray(recompute)
     lps = stage_layers(shape.layers, pp, pp_last_layers)[0]
     ck = recomputed_blocks(lps, rc)
-    from .moe import MoeOptions
+    from .moe import MoeOptions, rank_load
 
     # ``moe``: how an MoE model routes (planner/moe.py MoeOptions; None: the defaults): the
     # busiest rank's load and the Megatron-Core recompute modules that discard saved tensors.
@@ -657,7 +657,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
                                op_sac=rc == OP_SAC, mla_up_proj="mla_up_proj" in mopts.recompute_modules,
                                te=te_saved_inputs, layernorm="layernorm" in mopts.recompute_modules)
     if shape.is_moe:  # the mean block of the stage: its MoE blocks save more (at the busiest rank's load)
-        full_l = full_l + moe_mlp_extra(shape, tokens, tp, precision, mopts.load, mopts.recompute_modules,
+        full_l = full_l + moe_mlp_extra(shape, tokens, tp, precision, rank_load(mopts, ep), mopts.recompute_modules,
                                         te=te_saved_inputs, fp8_act_cache=mopts.fp8_act_cache, sp=sp) \
             * np.minimum(lps, shape.moe_layers) / lps
     ck_l = checkpointed_layer(shape, tokens, tp, sp, precision)

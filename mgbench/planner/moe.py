@@ -204,6 +204,21 @@ class MoeOptions:
 
 # --- the expert-parallel group ----------------------------------------------------------
 
+def rank_load(opts: MoeOptions, ep: Any) -> Any:
+    """The busiest rank's routed rows over the mean at expert-parallel degree ``ep``
+    (arrays broadcast): :meth:`MoeOptions.load`, except that a dropless run without expert
+    parallelism (ep 1) has no busier rank to wait for: each rank runs every expert on its
+    own tokens, tokens x top_k rows whatever the router picks, so its load is 1 (how the
+    rows spread over the experts changes the grouped GEMMs' shapes, not their rows). A
+    capacity factor keeps its load at any ep (moe_pad_expert_input_to_capacity pads each
+    expert to its capacity)."""
+    if opts.capacity_factor is not None:
+        return opts.load
+    e = np.asarray(ep, dtype=float)
+    out = np.where(e > 1, opts.load, 1.0)
+    return float(out) if out.ndim == 0 else out
+
+
 def ep_geometry(ep: Any, gpus_per_node: int) -> tuple[Any, Any]:
     """(g, N): the group's ranks in each node and its nodes, for ``ep`` consecutive ranks
     (MoE parallel folding) on nodes of ``gpus_per_node`` GPUs; groups start at a node's
@@ -388,11 +403,13 @@ def moe_rerun_share(shape: ModelShape, modules: tuple[str, ...], recomputed_shar
 
 
 def permute_seconds(shape: ModelShape, hw: Any, *, tokens: Any, act_bytes: float, opts: MoeOptions,
-                    moe_layers: Any, num_micro: Any) -> Any:
+                    moe_layers: Any, num_micro: Any, load: Any = None) -> Any:
     """Seconds of the token permutation around the all-to-alls: per MoE layer and
     micro-batch :data:`PERMUTE_PASSES` passes, each reading a rank's tokens and writing
-    their top_k rows (or the reverse), at the achieved memory bandwidth."""
-    rows = np.asarray(tokens, dtype=float) * (1.0 + shape.top_k * opts.load)
+    their top_k rows (or the reverse), at the achieved memory bandwidth; ``load``: the
+    busiest rank's (:func:`rank_load`; None: ``opts.load``)."""
+    load = opts.load if load is None else load
+    rows = np.asarray(tokens, dtype=float) * (1.0 + shape.top_k * np.asarray(load, dtype=float))
     nbytes = PERMUTE_PASSES * rows * shape.hidden * act_bytes
     bw = hw.mem_bw * hw.mem_bw_fraction
     return nbytes / bw * np.asarray(moe_layers, dtype=float) * np.asarray(num_micro, dtype=float)
@@ -502,9 +519,10 @@ def note(opts: MoeOptions, schedule: str) -> str:
     elif opts.capacity_factor is not None:
         load = f"capacity factor {opts.capacity_factor:g}, busiest expert rank at {opts.load:g} x the mean"
     elif opts.imbalance is None:
-        load = f"dropless, busiest expert rank at {opts.load:g} x the mean (an assumption: moe.DEFAULT_IMBALANCE)"
+        load = (f"dropless, busiest expert rank at {opts.load:g} x the mean (an assumption: moe.DEFAULT_IMBALANCE; "
+                "1 at ep 1, where every rank runs all experts)")
     else:
-        load = f"dropless, busiest expert rank at {opts.imbalance:g} x the mean"
+        load = f"dropless, busiest expert rank at {opts.imbalance:g} x the mean (1 at ep 1)"
     share = float(host_constants()["graphed_share"])
     kept = "all" if share == 1.0 else f"{share:.0%}"
     host = (f"MoE layers in CUDA graphs: no host launches, yet {kept} of the eager layers' per-layer time kept (stacks.toml "

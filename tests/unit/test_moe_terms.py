@@ -243,6 +243,24 @@ def test_step_options_are_the_ones_given():
     assert float(default["moe_imbalance_s"]) > 0 and float(balanced["moe_imbalance_s"]) == 0
 
 
+def test_without_expert_parallelism_no_rank_is_busier():
+    # At ep 1 every rank runs all experts on its own tokens: tokens x top_k rows whatever the
+    # router picks, so a learned router's imbalance prices nothing (step and memory); at ep 2
+    # the same imbalance does (the negative control), and a capacity factor keeps its load.
+    assert moe.rank_load(moe.MoeOptions(imbalance=1.3), 1) == 1.0
+    assert moe.rank_load(moe.MoeOptions(imbalance=1.3), 8) == 1.3
+    assert list(moe.rank_load(moe.MoeOptions(), np.array([1, 2, 8]))) == [1.0, moe.DEFAULT_IMBALANCE, moe.DEFAULT_IMBALANCE]
+    assert moe.rank_load(moe.MoeOptions(imbalance=1.3, capacity_factor=1.1), 1) == 1.1
+    kw = dict(seq=4096, global_batch=64, micro_batch=1, tp=1, pp=1, dp=16, zero=1, recompute=0)
+    for ep, same in ((1, True), (2, False)):
+        heavy = layout_time.step_time(MIXTRAL, H100, moe=moe.MoeOptions(imbalance=1.5), ep=ep, **kw)
+        flat = layout_time.step_time(MIXTRAL, H100, moe=BALANCED, ep=ep, **kw)
+        assert (float(heavy["step_time_s"]) == pytest.approx(float(flat["step_time_s"]))) is same
+        mem = dict(seq=4096, micro_batch=1, num_micro=4, tp=1, pp=1, dp=16, zero=1, ep=ep)
+        assert (float(M.memory_per_gpu(MIXTRAL, moe=moe.MoeOptions(imbalance=1.5), **mem)["total_bytes"])
+                == pytest.approx(float(M.memory_per_gpu(MIXTRAL, moe=BALANCED, **mem)["total_bytes"]))) is same
+
+
 # --- compute the MoE layers add -----------------------------------------------------------
 
 def test_imbalance_prices_the_busiest_ranks_extra_expert_rows():
@@ -410,5 +428,5 @@ def test_expert_states_shard_over_the_folded_expert_data_parallel_group():
 def test_an_imbalance_given_is_the_users_and_one_not_given_is_said_to_be_assumed():
     assumed, given = moe.MoeOptions(), moe.MoeOptions(imbalance=moe.DEFAULT_IMBALANCE)
     assert assumed.imbalance is None and assumed.load == given.load == moe.DEFAULT_IMBALANCE
-    said = "(an assumption: moe.DEFAULT_IMBALANCE)"
+    said = "(an assumption: moe.DEFAULT_IMBALANCE"
     assert said in moe.note(assumed, "1f1b") and said not in moe.note(given, "1f1b")
