@@ -128,8 +128,9 @@ class MoeOptions:
                                 f"(1 = balanced; not given: {DEFAULT_IMBALANCE:g}, an assumption for a learned "
                                 "router)."})
     capacity_factor: float | None = field(default=None, metadata={
-        "metavar": "C", "help": "Drop tokens over C x the mean rows an expert and pad to it (Megatron-Core's "
-                                "drop-and-pad; default: dropless)."})
+        "metavar": "C", "help": "Drop the rows over C x the mean an expert receives (Megatron-Core's "
+                                "moe_expert_capacity_factor, priced without padding: the busiest rank at most C x "
+                                "the mean; default: dropless)."})
     dispatcher: str = field(default="alltoall", metadata={
         "choices": DISPATCHERS, "help": "alltoall: Megatron-Core's (one row per chosen expert); deepep / hybridep: "
                                         "one row per destination node and GPU, forwarded over NVLink. Each has its own "
@@ -206,14 +207,11 @@ class MoeOptions:
 
 def rank_load(opts: MoeOptions, ep: Any) -> Any:
     """The busiest rank's routed rows over the mean at expert-parallel degree ``ep``
-    (arrays broadcast): :meth:`MoeOptions.load`, except that a dropless run without expert
-    parallelism (ep 1) has no busier rank to wait for: each rank runs every expert on its
-    own tokens, tokens x top_k rows whatever the router picks, so its load is 1 (how the
-    rows spread over the experts changes the grouped GEMMs' shapes, not their rows). A
-    capacity factor keeps its load at any ep (moe_pad_expert_input_to_capacity pads each
-    expert to its capacity)."""
-    if opts.capacity_factor is not None:
-        return opts.load
+    (arrays broadcast): :meth:`MoeOptions.load` where ep > 1; 1 without expert parallelism
+    (ep 1), where there is no busier rank to wait for: each rank runs every expert on its
+    own tokens, tokens x top_k rows whatever the router picks (how the rows spread over the
+    experts changes the grouped GEMMs' shapes, not their rows). A capacity factor, priced
+    as dropping the rows over it (not padding to it), cannot raise that either."""
     e = np.asarray(ep, dtype=float)
     out = np.where(e > 1, opts.load, 1.0)
     return float(out) if out.ndim == 0 else out

@@ -4,13 +4,14 @@ A row's error says how far the model is off on a configuration; it does not say 
 the model gets a choice right (HybridEP or all-to-all, CUDA graphs or not, more GPUs, one
 system or another), which is what a user comparing two `mgbench predict` lines relies on.
 Two scored rows of data/published_moe_runs.toml whose configurations differ in exactly
-one field (moe_validation.CONFIG_FIELDS, or one of the MoE options, moe.MoeOptions) form
-a pair; the published ratio (tokens/s per GPU of the second over the first) is set beside
-the predicted one. Rows that repeat a configuration an earlier row holds
-(moe_validation.repeats: other submitters re-measuring it) are left out, so each pair of
-configurations counts once. A pair whose rows carry different ``date`` fields (two
-releases, or two submitters of one MLPerf round) is marked: there the software or the
-machine room changed too.
+one knob (a field of moe_validation.CONFIG_FIELDS or an MoE option, moe.MoeOptions;
+precision and its FP8 recipe count as one, :data:`GROUPS`) form a pair; the published
+ratio of tokens/s per GPU is set beside the predicted one, each pair oriented so that the
+published ratio is at least 1 (the result does not depend on the file's row order). Rows
+that repeat a configuration an earlier row holds (moe_validation.repeats: other
+submitters re-measuring it) are left out, so each pair of configurations counts once. A
+pair whose rows come from different sources (releases, or submitters of one MLPerf
+round: :func:`source_of`) is marked: there the software or the machine room changed too.
 
 No constant is fitted to a pair; the pairs are read from rows already scored, fit and
 held out alike, so this is a diagnosis of the model's levers, not a third split.
@@ -22,17 +23,20 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from functools import lru_cache
 from statistics import mean
 from typing import Any
 
 from . import moe, moe_validation
 
 # Within this relative difference of the published ratio a predicted ratio "agrees"; also
-# the size below which a published effect counts as none (run-to-run noise of the tables'
-# repeated rows: the MLPerf submitters' re-measurements of one configuration differ by up
-# to 1.9%, NVIDIA's point releases of one recipe by up to 4%).
+# the size below which an effect counts as none (run-to-run noise of the tables' repeated
+# rows: the MLPerf submitters' re-measurements of one configuration differ by up to 1.9%,
+# NVIDIA's point releases of one recipe by up to 4%).
 BAND = 0.05
 VERDICTS = ("agrees", "too large", "too small", "opposite")
+# Fields that change together and make one knob: an FP8 recipe exists only under fp8.
+GROUPS = {"precision": ("precision", "fp8_recipe")}
 
 
 def knobs(row: dict[str, Any]) -> dict[str, str]:
@@ -43,24 +47,42 @@ def knobs(row: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def knob_of(diff: list[str]) -> str | None:
+    """The one knob a list of differing fields makes (a field, or a :data:`GROUPS` name
+    whose fields include them all), or None where they make more than one."""
+    if len(diff) == 1:
+        return next((g for g, fields in GROUPS.items() if diff[0] in fields), diff[0])
+    return next((g for g, fields in GROUPS.items() if set(diff) <= set(fields)), None)
+
+
+def source_of(row: dict[str, Any]) -> tuple[str, str]:
+    """Where a row's figure comes from, to tell a pair from one table or round apart from
+    one across two: its ``date`` and the first two clauses of its ``source`` (the table
+    and release, or the round and submitter)."""
+    return row.get("date", ""), ",".join(row.get("source", "").split(",")[:2])
+
+
 def verdict(published_ratio: float, predicted_ratio: float, band: float = BAND) -> str:
     """How the predicted effect of a knob compares with the published one: "agrees" (the
-    ratios within ``band`` of each other), "opposite" (the model moves the other way from
-    a published effect, or predicts one beyond ``band`` against a published move the other
-    way), else "too large" or "too small" (the predicted effect is bigger / smaller)."""
+    ratios within ``band`` of each other); "opposite" (both effects beyond ``band``, in
+    opposite directions); else "too large" or "too small" (the predicted effect bigger /
+    smaller than the published one: an effect within ``band`` counts as none)."""
     if abs(predicted_ratio / published_ratio - 1.0) <= band:
         return "agrees"
     p, q = published_ratio - 1.0, predicted_ratio - 1.0
-    if p * q < 0 and max(abs(p), abs(q)) > band:
+    if p * q < 0 and min(abs(p), abs(q)) > band:
         return "opposite"
     return "too large" if abs(q) > abs(p) else "too small"
 
 
 def pairs(scored: list[dict[str, Any]] | None = None, rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Every pair of scored rows (fit or held out, not a repeat) that differ in exactly one
-    knob: the knob, both values, both ids, whether they share a release, the published and
-    predicted ratios (second over first), the effect error (predicted ratio / published
-    ratio - 1) and the :func:`verdict`."""
+    knob: the knob, its value in each, both ids, whether they share a source, the published
+    and predicted ratios (second over first, the published one >= 1), the effect error
+    (predicted ratio / published ratio - 1) and the :func:`verdict`. The file's own pairs
+    are computed once a process (:func:`_file_pairs`)."""
+    if scored is None and rows is None:
+        return [dict(p) for p in _file_pairs()]
     rows = moe_validation.runs() if rows is None else rows
     scored = moe_validation.scored_rows(rows) if scored is None else scored
     by_id = {s["id"]: s for s in scored}
@@ -71,24 +93,43 @@ def pairs(scored: list[dict[str, Any]] | None = None, rows: list[dict[str, Any]]
     out = []
     for a, b in itertools.combinations(use, 2):
         ka, kb = cfg[a["id"]], cfg[b["id"]]
-        diff = [k for k in ka if ka[k] != kb[k]]
-        if len(diff) != 1:
+        knob = knob_of([k for k in ka if ka[k] != kb[k]])
+        if knob is None:
             continue
+        if float(b["published"]) < float(a["published"]):
+            a, b, ka, kb = b, a, kb, ka
+        fields = GROUPS.get(knob, (knob,))
         pub = float(b["published"]) / float(a["published"])
         pred = by_id[b["id"]]["predicted"] / by_id[a["id"]]["predicted"]
-        out.append({"knob": diff[0], "from": ka[diff[0]], "to": kb[diff[0]], "a": a["id"], "b": b["id"],
-                    "same_release": a.get("date") == b.get("date"), "published_ratio": pub,
-                    "predicted_ratio": pred, "effect_error": pred / pub - 1.0, "verdict": verdict(pub, pred)})
+        out.append({"knob": knob, "from": " ".join(ka[f] for f in fields), "to": " ".join(kb[f] for f in fields),
+                    "a": a["id"], "b": b["id"], "model": a["model"], "same_source": source_of(a) == source_of(b),
+                    "published_ratio": pub, "predicted_ratio": pred, "effect_error": pred / pub - 1.0,
+                    "verdict": verdict(pub, pred)})
     return out
 
 
+@lru_cache(maxsize=1)
+def _file_pairs() -> tuple[dict[str, Any], ...]:
+    """The pairs of the data file's rows, once a process (predict and plan name them)."""
+    return tuple(pairs(moe_validation.scored_rows()))
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def by_knob(found: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per knob: pairs, mean |effect error| and how many pairs have each verdict."""
+    """Per knob: pairs, mean |effect error|, how many pairs have each verdict, the models
+    they ran, and the summary in words (``text``)."""
     out: dict[str, dict[str, Any]] = {}
     for knob in sorted({p["knob"] for p in found}):
         sel = [p for p in found if p["knob"] == knob]
-        out[knob] = {"pairs": len(sel), "mean_abs_effect_error": mean(abs(p["effect_error"]) for p in sel),
-                     **{v: sum(p["verdict"] == v for p in sel) for v in VERDICTS}}
+        s = {"pairs": len(sel), "mean_abs_effect_error": mean(abs(p["effect_error"]) for p in sel),
+             "models": sorted({p["model"] for p in sel}), **{v: sum(p["verdict"] == v for p in sel) for v in VERDICTS}}
+        counts = ", ".join(f"{s[v]} {v}" for v in VERDICTS if s[v])
+        s["text"] = (f"{_plural(s['pairs'], 'pair')}, mean |effect error| {100 * s['mean_abs_effect_error']:.1f}% "
+                     f"({counts})")
+        out[knob] = s
     return out
 
 
@@ -97,28 +138,33 @@ def by_knob(found: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 LEVERS = {"moe.dispatcher": "--moe-dispatcher", "moe.cuda_graphs": "--moe-cuda-graphs", "num_gpus": "the GPU count"}
 
 
-def lever_note(knob: str, found: list[dict[str, Any]] | None = None) -> str | None:
+def lever_note(knob: str, found: list[dict[str, Any]] | None = None, value: Any = None) -> str | None:
     """One line on how well the published A/B pairs of ``knob`` bear out the model's lever
-    (for `mgbench predict`'s notes where a run sets it), or None without pairs."""
+    (for `mgbench predict`'s and `plan`'s notes where a run sets it), or None without
+    pairs; ``value``: only the pairs with that value on one side (the dispatcher a run
+    chose)."""
     found = pairs() if found is None else found
+    if value is not None:
+        found = [p for p in found if repr(value) in (p["from"], p["to"])]
     s = by_knob(found).get(knob)
     if s is None:
         return None
-    counts = ", ".join(f"{s[v]} {v}" for v in VERDICTS if s[v])
-    return (f"{LEVERS.get(knob, knob)}: on the {s['pairs']} published A/B pairs that change only it, the predicted "
-            f"ratio was off the published one by {100 * s['mean_abs_effect_error']:.0f}% on average ({counts}; "
-            "python -m mgbench.planner.moe_pairs lists them)")
+    which = "" if value is None else f" to or from {value}"
+    return (f"{LEVERS.get(knob, knob)}: on the published A/B pairs that change only it{which} "
+            f"({', '.join(s['models'])}), the predicted ratio against the published one: {s['text']}; "
+            "python -m mgbench.planner.moe_pairs lists them")
 
 
 def lever_notes(opts: moe.MoeOptions, *, gpu_count: bool = False) -> list[str]:
     """The :func:`lever_note` lines for what a run of an MoE model sets: a dispatcher other
-    than all-to-all, CUDA graphs, and (``gpu_count``: plan, which chooses it) the GPU count."""
-    knobs = [k for k, on in (("moe.dispatcher", opts.dispatcher != "alltoall"), ("moe.cuda_graphs", opts.cuda_graphs),
-                             ("num_gpus", gpu_count)) if on]
-    if not knobs:
+    than all-to-all (its own pairs), CUDA graphs, and (``gpu_count``: plan, which chooses
+    it) the GPU count."""
+    asked = [(k, v) for k, v, on in (("moe.dispatcher", opts.dispatcher, opts.dispatcher != "alltoall"),
+                                     ("moe.cuda_graphs", None, opts.cuda_graphs), ("num_gpus", None, gpu_count)) if on]
+    if not asked:
         return []
     found = pairs()
-    return [n for n in (lever_note(k, found) for k in knobs) if n]
+    return [n for n in (lever_note(k, found, v) for k, v in asked) if n]
 
 
 def report(found: list[dict[str, Any]] | None = None) -> str:
@@ -130,10 +176,8 @@ def report(found: list[dict[str, Any]] | None = None) -> str:
     for p in sorted(found, key=lambda p: (p["knob"], p["a"])):
         move = f"{p['from']} -> {p['to']}"
         lines.append(f"{p['knob']:<18} {move[:32]:<32} {p['published_ratio']:>9.3f} {p['predicted_ratio']:>9.3f}  "
-                     f"{p['verdict']:<10}  {p['a']} / {p['b']}" + ("" if p["same_release"] else " (different releases or submitters)"))
-    for knob, s in by_knob(found).items():
-        counts = ", ".join(f"{s[v]} {v}" for v in VERDICTS if s[v])
-        lines.append(f"{knob}: {s['pairs']} pairs, mean |effect error| {100 * s['mean_abs_effect_error']:.1f}% ({counts})")
+                     f"{p['verdict']:<10}  {p['a']} / {p['b']}" + ("" if p["same_source"] else " (different sources)"))
+    lines += [f"{knob}: {s['text']}" for knob, s in by_knob(found).items()]
     return "\n".join(lines)
 
 
@@ -142,14 +186,11 @@ def markdown(found: list[dict[str, Any]] | None = None) -> str:
     found = pairs() if found is None else found
     lines = ["| knob | from -> to | published | predicted | verdict | pair |", "|---|---|---|---|---|---|"]
     for p in sorted(found, key=lambda p: (p["knob"], p["a"])):
-        note = "" if p["same_release"] else " (different releases or submitters)"
+        note = "" if p["same_source"] else " (different sources)"
         lines.append(f"| {p['knob']} | {p['from']} -> {p['to']} | {p['published_ratio']:.3f} | "
                      f"{p['predicted_ratio']:.3f} | {p['verdict']} | `{p['a']}` / `{p['b']}`{note} |")
     lines.append("")
-    for knob, s in by_knob(found).items():
-        counts = ", ".join(f"{s[v]} {v}" for v in VERDICTS if s[v])
-        lines.append(f"- {knob}: {s['pairs']} pairs, mean |effect error| "
-                     f"{100 * s['mean_abs_effect_error']:.1f}% ({counts})")
+    lines += [f"- {knob}: {s['text']}" for knob, s in by_knob(found).items()]
     return "\n".join(lines)
 
 

@@ -25,6 +25,7 @@ from ..model_shape import ModelShape
 from ..strategies.schedules import VIRTUAL, too_few_chunks, v_shaped
 from . import cost, decision, hardware, layout_rules, layout_time, ownership, perf, stack
 from .predict import model_notes
+from .uncertainty import NO_MOE_RUN
 from .moe import MoeOptions
 from .memory import ALLOWANCE_FRACTION, SCHEDULES, STATE_BYTES, check_margin, memory_per_gpu
 from ..probe.profile import STACK as profile_stack
@@ -724,6 +725,19 @@ def _add_interval(r: dict[str, Any], opts: PlanOptions, shape: ModelShape) -> No
     r["cost_usd_interval"] = None if r["cost_usd"] is None else [r["cost_usd"] * lo, r["cost_usd"] * hi]
 
 
+def _unmeasured(ev: str) -> str:
+    """Why a GPU ranks on its interval's pessimistic end, by its evidence, as a clause."""
+    if ev == NO_MOE_RUN:
+        return "no published MoE run ran on it"
+    return f"its efficiency is {ev}, not measured on it"
+
+
+def _settles(ev: str) -> str:
+    """What would settle an unmeasured GPU's figure, by its evidence."""
+    return "a published MoE run on it would settle it" if ev == NO_MOE_RUN else \
+        "`mgbench probe` on it, or a published run, would settle it"
+
+
 def evidence_lines(lead_row: dict[str, Any] | None, ranked: list[dict[str, Any]]) -> list[str]:
     """What the evidence behind the ranking changes: the lead's own figures where they are
     its pessimistic end, and the option that would be the cheapest on its point estimate
@@ -732,7 +746,7 @@ def evidence_lines(lead_row: dict[str, Any] | None, ranked: list[dict[str, Any]]
     lines = []
     if lead_row is not None and lead_row.get("ranking_factor", 1.0) > 1.0:
         r = lead_row
-        lines.append(f"{r['gpu']}'s efficiency is {r['evidence']} (not measured on it): it leads on the pessimistic "
+        lines.append(f"{r['gpu']}: {_unmeasured(r['evidence'])}, so it leads on the pessimistic "
                      f"end of its interval, {r['days']:.1f} days (point estimate {r['days'] / r['ranking_factor']:.1f})")
     priced = [r for r in ranked if r["cost_usd"] is not None]
     if not priced:
@@ -748,12 +762,11 @@ def evidence_lines(lead_row: dict[str, Any] | None, ranked: list[dict[str, Any]]
         ref = c["tokens_per_s"] / c["num_gpus"]
         lines.append(
             f"{u['num_gpus']}x {u['gpu']} ({u['system']}) would be the cheapest on its point estimate (USD "
-            f"{point_cost:,.0f} against USD {c['cost_usd']:,.0f} for {c['num_gpus']}x {c['gpu']}), but its efficiency "
-            f"is {u['evidence']}, not measured on it, so it is ranked at its pessimistic end (USD {u['cost_usd']:,.0f}). "
+            f"{point_cost:,.0f} against USD {c['cost_usd']:,.0f} for {c['num_gpus']}x {c['gpu']}), but "
+            f"{_unmeasured(u['evidence'])}, so it is ranked at its pessimistic end (USD {u['cost_usd']:,.0f}). "
             f"It is the cheapest only if its training throughput per GPU is at least {100 * need / ref:.0f}% of "
             f"{c['gpu']}'s here; the point estimate says "
-            f"{100 * u['tokens_per_s_point'] / u['num_gpus'] / ref:.0f}% (`mgbench probe` on it, or a published run, "
-            "would settle it)")
+            f"{100 * u['tokens_per_s_point'] / u['num_gpus'] / ref:.0f}% ({_settles(u['evidence'])})")
     return lines
 
 

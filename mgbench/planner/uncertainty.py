@@ -63,6 +63,11 @@ from typing import Any
 
 from . import hardware
 
+# The evidence of the "moe-carried" regime: an MoE model on a GPU no published MoE run ran
+# on (its GEMM fraction may be measured; the MoE step is not). plan ranks it like a carried
+# GPU and words it apart (search.evidence_lines).
+NO_MOE_RUN = "no-moe-run"
+
 # A convention, not a measurement: where a GPU's matmul efficiency is borrowed from the
 # A100, nothing measured bounds the error, so the step may take up to (1 + this) times
 # the prediction. `mgbench probe` on that GPU replaces the assumption with a measurement.
@@ -233,8 +238,8 @@ def regime(gpu: str, pipelined: bool, profile: dict[str, Any] | None = None,
         # NVIDIA stacks) were never seen here, so plan ranks it as carried (its
         # pessimistic end) rather than letting a cheap GPU win on its point estimate.
         reasons.append(f"{gpu}: no published MoE run of either kind ran on it, so plan ranks it on the "
-                       f"interval's slow end (+{100 * high:.0f}%), as a GPU with a carried efficiency")
-        return {"regime": "moe-carried", "evidence": "carried", "low": low, "high": high, "reasons": reasons}
+                       f"interval's slow end (+{100 * high:.0f}%), as a GPU whose efficiency is carried")
+        return {"regime": "moe-carried", "evidence": NO_MOE_RUN, "low": low, "high": high, "reasons": reasons}
     return {"regime": "catalog-other-gpu", "evidence": "measured", "low": low, "high": high, "reasons": reasons}
 
 

@@ -250,7 +250,10 @@ def test_without_expert_parallelism_no_rank_is_busier():
     assert moe.rank_load(moe.MoeOptions(imbalance=1.3), 1) == 1.0
     assert moe.rank_load(moe.MoeOptions(imbalance=1.3), 8) == 1.3
     assert list(moe.rank_load(moe.MoeOptions(), np.array([1, 2, 8]))) == [1.0, moe.DEFAULT_IMBALANCE, moe.DEFAULT_IMBALANCE]
-    assert moe.rank_load(moe.MoeOptions(imbalance=1.3, capacity_factor=1.1), 1) == 1.1
+    # a capacity factor drops rows over it: at ep 8 it caps the busiest rank, at ep 1 it
+    # cannot raise a rank's rows over tokens x top_k
+    assert moe.rank_load(moe.MoeOptions(imbalance=1.3, capacity_factor=1.1), 8) == 1.1
+    assert moe.rank_load(moe.MoeOptions(imbalance=1.3, capacity_factor=1.1), 1) == 1.0
     kw = dict(seq=4096, global_batch=64, micro_batch=1, tp=1, pp=1, dp=16, zero=1, recompute=0)
     for ep, same in ((1, True), (2, False)):
         heavy = layout_time.step_time(MIXTRAL, H100, moe=moe.MoeOptions(imbalance=1.5), ep=ep, **kw)

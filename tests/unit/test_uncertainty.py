@@ -315,10 +315,10 @@ def test_an_moe_model_on_a_gpu_without_moe_runs_ranks_on_its_slow_end(monkeypatc
     assert hardware.profile("mi300x").evidence == "measured"
     shape = catalog.model_shape("deepseek-v3")
     reg = U.regime("mi300x", False, moe="eager")
-    assert reg["regime"] == "moe-carried" and evidence_of(reg) == "carried"
+    assert reg["regime"] == "moe-carried" and evidence_of(reg) == U.NO_MOE_RUN
     hw = hardware.resolve(system="mi300x-8", precision="bf16")
     factor, evidence = ranking_factor(hw, PlanOptions(tokens=1e12), np.array([False, True]), shape)
-    assert evidence == "carried"
+    assert evidence == U.NO_MOE_RUN
     assert factor[0] == pytest.approx(1 + reg["high"]) and factor[1] == pytest.approx(1 + U.regime("mi300x", True, moe="eager")["high"])
     # the same GPU for a dense model ranks on its point estimate
     assert ranking_factor(hw, PlanOptions(tokens=1e12), np.array([False]), catalog.model_shape("llama3-8b"))[0][0] == 1.0
@@ -328,3 +328,22 @@ def test_an_moe_model_on_a_gpu_without_moe_runs_ranks_on_its_slow_end(monkeypatc
     fake["eager"].append({"id": "fake-mi300x", "split": "held_out", "gpu": "mi300x", "error": 0.0})
     monkeypatch.setattr(U, "moe_residuals", lambda: fake)
     assert U.regime("mi300x", False, moe="eager")["regime"] == "moe-validated"
+
+
+def test_plan_words_an_moe_gpu_without_moe_runs_as_such():
+    # plan's evidence lines: a GPU ranked on its slow end because no MoE run ran on it is
+    # not said to have a carried efficiency, nor told that a probe would settle it (a dense
+    # probe measures no MoE step); a carried GPU still is.
+    from mgbench.planner.search import evidence_lines
+
+    def row(gpu, ev, cost, factor):
+        return {"gpu": gpu, "system": f"{gpu}-8", "num_gpus": 8, "evidence": ev, "cost_usd": cost,
+                "ranking_factor": factor, "tokens_per_s": 1e5, "tokens_per_s_point": 1e5 * factor, "days": 10.0 * factor}
+
+    for ev, said, settles in ((U.NO_MOE_RUN, "no published MoE run ran on it", "a published MoE run on it"),
+                              ("carried", "its efficiency is carried, not measured on it", "`mgbench probe` on it")):
+        cheap, unmeasured = row("b200", "measured", 100.0, 1.0), row("mi300x", ev, 150.0, 2.0)
+        lines = evidence_lines(cheap, [cheap, unmeasured])
+        assert len(lines) == 1 and said in lines[0] and settles in lines[0]
+        lead = evidence_lines(unmeasured, [unmeasured])
+        assert lead and lead[0].startswith(f"mi300x: {said.split(',')[0]}")
