@@ -515,7 +515,7 @@ def note(opts: MoeOptions, schedule: str) -> str:
         if opts.capacity_factor is not None:
             load += f"; capacity factor {opts.capacity_factor:g}, busiest expert rank at {opts.load:g} x the mean"
     elif opts.capacity_factor is not None:
-        load = f"capacity factor {opts.capacity_factor:g}, busiest expert rank at {opts.load:g} x the mean"
+        load = f"capacity factor {opts.capacity_factor:g}, busiest expert rank at {opts.load:g} x the mean (1 at ep 1)"
     elif opts.imbalance is None:
         load = (f"dropless, busiest expert rank at {opts.load:g} x the mean (an assumption: moe.DEFAULT_IMBALANCE; "
                 "1 at ep 1, where every rank runs all experts)")

@@ -47,8 +47,8 @@ measured: its own runs validate it); on another, the MoE half-widths are carried
 the dense class's are (compounded with the generation-pair ratio residuals, widened where
 the GPU's efficiency is carried or assumed); where no MoE row of either class ran on the
 GPU the regime is ``moe-carried`` and plan ranks it as carried (its measured GEMM fraction
-does not measure grouped GEMMs, its dispatch or its stack's host time). A probed profile's or a --calibrate fit's
-half-widths are compounded with them (:func:`with_moe`). The classes' leave-one-out
+does not measure grouped GEMMs, its dispatch or its stack's host time). A probed
+profile's or a --calibrate fit's half-widths are compounded with them (:func:`with_moe`). The classes' leave-one-out
 coverage is n - 2 of n by construction (max-residual bounds: only a class's two extremes
 can fall outside); the forward checks are in docs/planner.md.
 
