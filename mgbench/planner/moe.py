@@ -53,7 +53,8 @@ Load (:meth:`MoeOptions.load`)
     force-balanced routers of benchmark tables; 1 under round-robin routing, which also
     sets where a token's experts sit: :func:`distinct_reached`); with a capacity factor C
     the busiest rank computes at most C x the mean (the rest is dropped). The experts' GEMMs and the
-    all-to-alls are priced at the busiest rank's load: every MoE layer waits for it.
+    all-to-alls are priced at the busiest rank's load: every MoE layer waits for it. Without
+    expert parallelism (ep 1) the load is 1 (:func:`rank_load`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ Two scored rows of data/published_moe_runs.toml whose configurations differ in e
 one knob (a field of moe_validation.CONFIG_FIELDS or an MoE option, moe.MoeOptions;
 precision and its FP8 recipe count as one, :data:`GROUPS`) form a pair; the published
 ratio of tokens/s per GPU is set beside the predicted one, each pair oriented so that the
-published ratio is at least 1 (the result does not depend on the file's row order). Rows
+published ratio is at least 1 (ties by id), so that a pair's figures do not depend on the
+file's row order (which of a configuration's repeated rows is kept does). Rows
 that repeat a configuration an earlier row holds (moe_validation.repeats: other
 submitters re-measuring it) are left out, so each pair of configurations counts once. A
 pair whose rows come from different sources (releases, or submitters of one MLPerf
@@ -50,6 +51,8 @@ def knobs(row: dict[str, Any]) -> dict[str, str]:
 def knob_of(diff: list[str]) -> str | None:
     """The one knob a list of differing fields makes (a field, or a :data:`GROUPS` name
     whose fields include them all), or None where they make more than one."""
+    if not diff:
+        return None
     if len(diff) == 1:
         return next((g for g, fields in GROUPS.items() if diff[0] in fields), diff[0])
     return next((g for g, fields in GROUPS.items() if set(diff) <= set(fields)), None)
@@ -58,8 +61,9 @@ def knob_of(diff: list[str]) -> str | None:
 def source_of(row: dict[str, Any]) -> tuple[str, str]:
     """Where a row's figure comes from, to tell a pair from one table or round apart from
     one across two: its ``date`` and the first two clauses of its ``source`` (the table
-    and release, or the round and submitter)."""
-    return row.get("date", ""), ",".join(row.get("source", "").split(",")[:2])
+    and release, or the round and submitter). Both are required fields of the file
+    (moe_validation.REQUIRED)."""
+    return row["date"], ",".join(row["source"].split(",")[:2])
 
 
 def verdict(published_ratio: float, predicted_ratio: float, band: float = BAND) -> str:
@@ -96,7 +100,7 @@ def pairs(scored: list[dict[str, Any]] | None = None, rows: list[dict[str, Any]]
         knob = knob_of([k for k in ka if ka[k] != kb[k]])
         if knob is None:
             continue
-        if float(b["published"]) < float(a["published"]):
+        if (float(b["published"]), b["id"]) < (float(a["published"]), a["id"]):  # ties: by id
             a, b, ka, kb = b, a, kb, ka
         fields = GROUPS.get(knob, (knob,))
         pub = float(b["published"]) / float(a["published"])

@@ -458,7 +458,8 @@ def layout_of_row(r: dict[str, Any], opts: PlanOptions) -> Layout:
 
 def evidence_of(reg: dict[str, Any]) -> str:
     """Whether an interval regime's efficiency was "measured" on its accelerator (or on
-    the machine itself: a probe, a calibration), "carried" from a sibling or "assumed"."""
+    the machine itself: a probe, a calibration), "carried" from a sibling or "assumed"; for
+    an MoE model on a GPU no published MoE run ran on, uncertainty.NO_MOE_RUN."""
     if "evidence" in reg:
         return reg["evidence"]
     return "assumed" if reg["regime"] in ("catalog-assumed", "probed-unvalidated") else "measured"

@@ -29,10 +29,10 @@ measured residuals, never chosen:
   interval is widened by a stated convention (ASSUMED_SLOWDOWN: the step may take up to
   twice as long), and the reasons name the assumption.
 
-Every regime says its ``evidence`` ("measured", "carried", "assumed"): the kind of the
-efficiency figure the prediction scales with (HardwareProfile.evidence), which plan's
-ranking reads (search.ranking_factor: an unmeasured accelerator ranks on its pessimistic
-end). The reasons also name the kinds of the attention and memory-bandwidth figures.
+Every regime says its ``evidence`` ("measured", "carried", "assumed"; for an MoE model
+on a GPU no MoE row ran on, :data:`NO_MOE_RUN`): the kind of the efficiency figure the
+prediction scales with (HardwareProfile.evidence), which plan's ranking reads
+(search.ranking_factor: anything but "measured" ranks on its pessimistic end). The reasons also name the kinds of the attention and memory-bandwidth figures.
 - ``probed``: a hardware profile of the machine; the half-width is the largest error of
   that profile's own `predict --against` validation when the profile records one,
   otherwise (``probed-unvalidated``) x0 to x2 by stated convention.
@@ -238,7 +238,7 @@ def regime(gpu: str, pipelined: bool, profile: dict[str, Any] | None = None,
         # NVIDIA stacks) were never seen here, so plan ranks it as carried (its
         # pessimistic end) rather than letting a cheap GPU win on its point estimate.
         reasons.append(f"{gpu}: no published MoE run of either kind ran on it, so plan ranks it on the "
-                       f"interval's slow end (+{100 * high:.0f}%), as a GPU whose efficiency is carried")
+                       f"interval's slow end (+{100 * high:.0f}%), the way it ranks an efficiency not measured")
         return {"regime": "moe-carried", "evidence": NO_MOE_RUN, "low": low, "high": high, "reasons": reasons}
     return {"regime": "catalog-other-gpu", "evidence": "measured", "low": low, "high": high, "reasons": reasons}
 

@@ -32,7 +32,7 @@ def test_held_out_rows_within_their_published_bandwidth():
     # nodes (2026-11-27): the published busbw falls there, the ring model's does not.
     # Since 2026-11-28 a ninth, across 20 GB200 NVL72 racks, is a known miss: +61.1% (the
     # ring model lets a rack's 72 NICs carry ring traffic at once; docs/planner.md). The
-    # eight racks-of-8 rows keep their bounds; the miss is pinned so that a fix of the model
+    # eight rows on 8-GPU nodes keep their bounds; the miss is pinned so that a fix of the model
     # for NVL72 racks shows here (and the docs' figures get updated with it).
     scored = V.score()
     rack = [r for r in scored if r["id"] == "coreweave-gb200-nvl72-20racks"]

@@ -254,6 +254,9 @@ def test_without_expert_parallelism_no_rank_is_busier():
     # cannot raise a rank's rows over tokens x top_k
     assert moe.rank_load(moe.MoeOptions(imbalance=1.3, capacity_factor=1.1), 8) == 1.1
     assert moe.rank_load(moe.MoeOptions(imbalance=1.3, capacity_factor=1.1), 1) == 1.0
+    # dropping, not padding: a factor above the imbalance leaves the imbalance (padding to
+    # capacity would price 1.25)
+    assert moe.rank_load(moe.MoeOptions(imbalance=1.05, capacity_factor=1.25), 8) == 1.05
     kw = dict(seq=4096, global_batch=64, micro_batch=1, tp=1, pp=1, dp=16, zero=1, recompute=0)
     for ep, same in ((1, True), (2, False)):
         heavy = layout_time.step_time(MIXTRAL, H100, moe=moe.MoeOptions(imbalance=1.5), ep=ep, **kw)
