@@ -339,7 +339,16 @@ def graphed_share_report() -> str:
 
 
 def scored_rows(rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """:func:`score` of each of ``rows`` (None: every row of the file), afresh."""
     return [score(r) for r in (runs() if rows is None else rows)]
+
+
+@lru_cache(maxsize=1)
+def file_scores() -> tuple[dict[str, Any], ...]:
+    """Every row of the file scored once a process: what predict and plan read (the MoE
+    intervals, uncertainty.moe_residuals; the A/B pairs' notes, moe_pairs.pairs), which
+    would otherwise score the file once each. Treat as read-only."""
+    return tuple(scored_rows())
 
 
 # The fields that make two rows one configuration for the planner (with the MoE options,
@@ -350,9 +359,17 @@ CONFIG_FIELDS = ("system", "model", "model_overrides", "seq", "num_gpus", "tp", 
                  "precision", "fp8_recipe", "stack", "sequence_parallel")
 
 
+def knobs(row: dict[str, Any]) -> dict[str, str]:
+    """A row's configuration as named fields (:data:`CONFIG_FIELDS` and each MoE option,
+    ``moe.<name>``), each value comparable as text (moe_pairs reads which one differs)."""
+    out = {f: repr(row.get(f)) for f in CONFIG_FIELDS}
+    out.update({f"moe.{k}": repr(v) for k, v in dataclasses.asdict(moe.options_of(row)).items()})
+    return out
+
+
 def configuration(row: dict[str, Any]) -> tuple[Any, ...]:
-    """A row's configuration (:data:`CONFIG_FIELDS` and its MoE options), comparable."""
-    return tuple(repr(row.get(f)) for f in CONFIG_FIELDS) + (repr(moe.options_of(row)),)
+    """A row's configuration (:func:`knobs`), comparable and hashable."""
+    return tuple(knobs(row).items())
 
 
 def repeats(rows: list[dict[str, Any]]) -> set[str]:

@@ -32,7 +32,8 @@ measured residuals, never chosen:
 Every regime says its ``evidence`` ("measured", "carried", "assumed"; for an MoE model
 on a GPU no MoE row ran on, :data:`NO_MOE_RUN`): the kind of the efficiency figure the
 prediction scales with (HardwareProfile.evidence), which plan's ranking reads
-(search.ranking_factor: anything but "measured" ranks on its pessimistic end). The reasons also name the kinds of the attention and memory-bandwidth figures.
+(search.ranking_factor: anything but "measured" ranks on its pessimistic end). The
+reasons also name the kinds of the attention and memory-bandwidth figures.
 - ``probed``: a hardware profile of the machine; the half-width is the largest error of
   that profile's own `predict --against` validation when the profile records one,
   otherwise (``probed-unvalidated``) x0 to x2 by stated convention.
@@ -48,8 +49,8 @@ the dense class's are (compounded with the generation-pair ratio residuals, wide
 the GPU's efficiency is carried or assumed); where no MoE row of either class ran on the
 GPU the regime is ``moe-carried`` and plan ranks it as carried (its measured GEMM fraction
 does not measure grouped GEMMs, its dispatch or its stack's host time). A probed
-profile's or a --calibrate fit's half-widths are compounded with them (:func:`with_moe`). The classes' leave-one-out
-coverage is n - 2 of n by construction (max-residual bounds: only a class's two extremes
+profile's or a --calibrate fit's half-widths are compounded with them (:func:`with_moe`).
+The classes' leave-one-out coverage is n - 2 of n by construction (max-residual bounds: only a class's two extremes
 can fall outside); the forward checks are in docs/planner.md.
 
 Intervals are [prediction x (1 - low), prediction x (1 + high)] on time; throughput's
@@ -117,10 +118,9 @@ def moe_residuals() -> dict[str, list[dict[str, Any]]]:
     from . import moe, moe_validation
 
     out: dict[str, list[dict[str, Any]]] = {c: [] for c in MOE_CLASSES}
-    for row in moe_validation.runs():
+    for row, s in zip(moe_validation.runs(), moe_validation.file_scores()):
         if row["split"] not in moe_validation.SPLITS:
             continue
-        s = moe_validation.score(row)
         if s["error_pct"] is None:
             continue
         cls = moe_class(moe_validation.shape_of(row), moe.options_of(row))
