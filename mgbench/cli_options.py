@@ -361,6 +361,7 @@ def layout_group() -> list[Opt]:
             help="HSDP (with --zero 3): shard over dp x cp / REPLICAS ranks, replicate across REPLICAS groups."),
         plan_field("offload"),
         plan_field("memory_margin"),
+        plan_field("state_bytes"),
     ]
 
 

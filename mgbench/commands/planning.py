@@ -73,7 +73,9 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
 
     --stack sets what differs between training stacks: the bytes weights, gradients and
     optimizer states are kept in, and how the loss holds the logits (full fp32 logits in
-    torchtitan and Hugging Face, Megatron's fused vocab-parallel loss, the runner's chunks).
+    torchtitan and Hugging Face, Megatron's fused vocab-parallel loss, the runner's chunks);
+    --state-bytes sets a recipe's own bytes where it differs from its stack's (Megatron-
+    Bridge's performance recipes reduce gradients in bf16: 2,2,12).
 
     With --trace, also run the real workload and strategy code on fake tensors and a fake
     process group at this world size (nothing is allocated: seconds on a laptop, even for
@@ -85,8 +87,10 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
       mgbench memory --model llama3-8b --seq-len 8192 --tp 2 --sequence-parallel --recompute every_2nd --num-gpus 2
       mgbench memory --model llama3-70b --zero 3 --num-gpus 64 --seq-len 8192 --trace
       mgbench memory --model gpt2-small --micro-batch 8 --seq-len 1024 --hardware PROFILE   # fits this machine?
+      mgbench memory --model gpt-oss-120b --num-gpus 64 --ep 8 --micro-batch 4 --zero 1 --state-bytes 2,2,12
     """
     from ..planner.predict import memory as memory_fn
+    from ..planner.stack import parse_state_bytes
     from ..probe.profile import STACK as PROFILE_STACK
 
     shape = resolve_shape(model, params, _dims(kw), hf_config)
@@ -96,6 +100,10 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
     from click.core import ParameterSource
 
     stack_given = click.get_current_context().get_parameter_source("stack") == ParameterSource.COMMANDLINE
+    state_bytes = parse_state_bytes(kw["state_bytes"])
+    if state_bytes is not None and (trace or hardware_profile):
+        raise MgbenchError(f"--state-bytes sets a recipe's own bytes a parameter; {'--trace' if trace else '--hardware'} "
+                           "prices memory as mgbench's runner holds it (fp32 states): drop one of them")
     if trace:
         if stack_given and stack != PROFILE_STACK:  # the runner's own holdings are the mgbench stack's
             raise MgbenchError(f"--trace runs mgbench's own runner, which holds memory its own way (fp32 states, its "
@@ -121,7 +129,7 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
     cpu_profile = bool(hardware_profile) and read_profile_device(hardware_profile) == "cpu"
     res = memory_fn(shape, _layout(kw), params=params, largest_layer_params=largest_layer_params,
                     stack=PROFILE_STACK if hardware_profile else stack, margin=kw["memory_margin"], fixed=not cpu_profile,
-                    moe=moe)
+                    moe=moe, state_bytes=state_bytes)
     if hardware_profile:
         from ..probe.profile import memory_budget, read_profile
 
@@ -259,9 +267,10 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
     if hardware_profile:
         from ..probe.profile import read_profile
 
-        if system or gpu or calibrate_run or comm_run or stack:
-            raise MgbenchError("--hardware PROFILE replaces --system/--gpu/--calibrate/--comm/--stack (a profile "
-                               "measures this machine's kernels; a stack scales the catalog's efficiency): give one of them")
+        if system or gpu or calibrate_run or comm_run or stack or kw["state_bytes"]:
+            raise MgbenchError("--hardware PROFILE replaces --system/--gpu/--calibrate/--comm/--stack/--state-bytes (a "
+                               "profile measures this machine's kernels and mgbench's runner's memory; a stack scales "
+                               "the catalog's efficiency): give one of them")
         profile = read_profile(hardware_profile)
         if against_run:
             from ..probe.profile import write_profile
@@ -307,7 +316,8 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
         overlap = profile_overlap(profile, kw["num_gpus"], perf.DEFAULT_OVERLAP)
     host_ops, host_notes = _counted_ops(shape, _layout(kw), hw, profile) or (None, [])
     res = predict_fn(shape, hw, _layout(kw), overlap=overlap if overlap is not None else over.get("overlap", perf.DEFAULT_OVERLAP),
-                     host_ops=host_ops, margin=kw["memory_margin"], moe=moe)
+                     host_ops=host_ops, margin=kw["memory_margin"], moe=moe,
+                     state_bytes=stacks.parse_state_bytes(kw["state_bytes"]))
     res["notes"] = list(res.get("notes", [])) + host_notes
     res["notes"] += _moe_ignored(shape, moe)
     res["notes"] += _lever_notes(shape, moe)
@@ -456,9 +466,10 @@ def plan(model, hf_config, params, system_file, prices_file, price_overrides, ha
             raise MgbenchError("--hardware PROFILE plans on the probed machine: drop --systems/--calibrate/--comm")
         from ..planner.stack import DEFAULT_STACK
 
-        if opts.stack != DEFAULT_STACK:
-            raise MgbenchError("--hardware PROFILE replaces --stack (a profile measures this machine's kernels; a stack "
-                               "scales the catalog's efficiency): give one of them")
+        if opts.stack != DEFAULT_STACK or opts.state_bytes:
+            raise MgbenchError("--hardware PROFILE replaces --stack and --state-bytes (a profile measures this machine's "
+                               "kernels and prices memory as mgbench's runner holds it; a stack scales the catalog's "
+                               "efficiency): give one of them")
         opts.profile = read_profile(hardware_profile)
     if calibrate_run:
         fit = calibrate.fit_run(calibrate_run, results_dir)
@@ -590,6 +601,8 @@ def predict_command(row: dict[str, Any], opts: Any, model_args: list[str], *, ha
     for name in ("stack", "overlap", "memory_margin"):
         if getattr(opts, name) != defaults[name] and not (name == "stack" and hardware_profile):
             out.append(f"--{name.replace('_', '-')} {getattr(opts, name)}")
+    if opts.state_bytes:
+        out.append(f"--state-bytes {','.join(opts.state_bytes)}")
     for f in dataclasses.fields(MoeOptions):
         value = getattr(opts.moe, f.name)
         if value != f.default:

@@ -97,6 +97,7 @@ def check_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             problems.append(f"{r['id']}: split {r['split']!r}, but the header's rule gives {rule[r['id']]!r}")
         try:
             moe.options_of(r)
+            state_bytes_of(r)
         except MgbenchError as exc:
             problems.append(f"{r['id']}: {exc}")
         problems += [f"{r['id']}: {p}" for p in conflict_problems(r)]
@@ -156,7 +157,18 @@ def predict_row(row: dict[str, Any], options: moe.MoeOptions | None = None) -> d
     from .resolve import resolve
 
     hw = resolve(precision=row["precision"], system=row["system"], stack=row.get("stack", STACK))
-    return predict(shape_of(row), hw, Layout.from_published(row), moe=options or moe.options_of(row))
+    return predict(shape_of(row), hw, Layout.from_published(row), moe=options or moe.options_of(row),
+                   state_bytes=state_bytes_of(row))
+
+
+def state_bytes_of(row: dict[str, Any]) -> tuple[float, float, float] | None:
+    """The bytes a parameter of weights, gradients and optimizer states the row's recipe
+    keeps (its ``state_bytes``, `mgbench memory --state-bytes`), or None: its stack's
+    (stacks.toml). Memory only: the row's step time does not depend on it."""
+    from .stack import parse_state_bytes
+
+    given = row.get("state_bytes")
+    return None if given is None else parse_state_bytes([str(x) for x in given])
 
 
 def score(row: dict[str, Any], options: moe.MoeOptions | None = None) -> dict[str, Any]:
@@ -178,8 +190,10 @@ def score(row: dict[str, Any], options: moe.MoeOptions | None = None) -> dict[st
         return out
     pred = float(res["tokens_per_s_per_gpu"])
     b = res["breakdown"]
+    mem = res["memory"]
     out.update(predicted=pred, error_pct=100.0 * (pred - pub) / pub, fits=res["fits"],
-               memory_gb=res["memory"]["total_bytes"] / 1e9,
+               memory_gb=mem["total_bytes"] / 1e9, allowance_gb=mem["allowance_bytes"] / 1e9,
+               device_gb=res["device_memory_bytes"] / 1e9,
                terms={k: float(b[k]) for k in ("compute_s", "bubble_s", "ep_a2a_s", "ep_comm_s", "moe_imbalance_s",
                                                "moe_recompute_s", "moe_permute_s", "moe_host_s", "exposed_dp_comm_s",
                                                "tp_comm_s", "pp_comm_s")} | {"step_time_s": float(res["step_time_s"])})

@@ -93,9 +93,7 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
     from .stack import memory_of
 
     validate(layout, shape)
-    kw = memory_of(stack)
-    if state_bytes is not None:
-        kw["state_bytes"] = tuple(float(x) for x in state_bytes)
+    kw = memory_of(stack, None if state_bytes is None else tuple(float(x) for x in state_bytes))
     m = memory_per_gpu(shape, params=params, num_micro=layout.num_micro, **layout.model_kwargs(),
                        largest_layer_params=largest_layer_params, **kw,
                        margin=ALLOWANCE_FRACTION if margin is None else margin, fixed=fixed, moe=moe)
@@ -114,17 +112,20 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
 
 def predict(shape: ModelShape, hw: Hardware, layout: Layout, overlap: float = perf.DEFAULT_OVERLAP,
             host_ops: dict[str, float] | None = None, margin: float | None = None,
-            moe: Any = None) -> dict[str, Any]:
+            moe: Any = None, state_bytes: tuple[float, float, float] | None = None) -> dict[str, Any]:
     """Step time, throughput, MFU, memory and whether it fits, for `mgbench predict`
     (``host_ops``: the layout's counted non-matmul ops, for a probed CPU Hardware; ``moe``:
-    how an MoE model routes and moves its tokens, planner/moe.py MoeOptions, None: its defaults)."""
+    how an MoE model routes and moves its tokens, planner/moe.py MoeOptions, None: its
+    defaults; ``state_bytes``: the run's own bytes a parameter of weights, gradients and
+    optimizer states where its recipe differs from the stack's: :func:`memory`)."""
     validate(layout, shape)
     out = layout_time.step_time(shape, hw, global_batch=layout.batch, overlap=overlap, host_ops=host_ops,
                                 moe=moe, **layout.model_kwargs())
     notes = out.pop("notes")
     recipe = out.pop("fp8_recipe")
     res = _floats(out)
-    mem = memory(shape, layout, stack=hw.stack, margin=margin, fixed=hw.ew_bw is None, moe=moe)  # a probed CPU: no CUDA
+    mem = memory(shape, layout, stack=hw.stack, margin=margin, fixed=hw.ew_bw is None, moe=moe,  # a probed CPU: no CUDA
+                 state_bytes=state_bytes)
     res["notes"] = notes + mem.pop("notes")
     res["memory"] = mem
     res["fits"] = mem["total_bytes"] <= hw.memory_bytes

@@ -196,6 +196,8 @@ class PlanOptions:
         default=ALLOWANCE_FRACTION,
         metadata={"help": "Memory kept free beyond what is counted, as a fraction of it (allocator fragmentation "
                           "and workspaces; a stated margin, not a measurement): lower to run closer to the edge."})
+    state_bytes: list[str] | None = field(
+        default=None, metadata={"help": stack.STATE_BYTES_HELP, "metavar": "W,G,O"})
     stack: str = field(
         default=stack.DEFAULT_STACK,
         metadata={"help": "Software stack whose published runs set the achieved efficiency "
@@ -225,6 +227,10 @@ def check_bounds(opts: PlanOptions) -> None:
     than one sequence, before anything is priced (a NaN, a negative rate or a zero
     interval would otherwise surface as a traceback or an absurd figure)."""
     problems = [p for f in dataclasses.fields(PlanOptions) if (p := field_problem(f.name, getattr(opts, f.name)))]
+    try:
+        stack.parse_state_bytes(opts.state_bytes)
+    except MgbenchError as e:
+        problems.append(str(e))
     if not problems and opts.global_batch_tokens < opts.seq_len:
         problems.append(f"--global-batch-tokens {opts.global_batch_tokens} is less than one sequence (--seq-len "
                         f"{opts.seq_len}): give {opts.seq_len} or more")
@@ -524,7 +530,8 @@ def _evaluate_rows(shape: ModelShape, hw: hardware.Hardware, opts: PlanOptions, 
     cand = candidates(opts, B, schedule=schedule, offload=offload,
                       **{k: rows[k] for k in ("num_gpus", "tp", "pp", "cp", "ep", "zero", "micro_batch", "recompute",
                                               "pp_last_layers")})
-    mem = memory_per_gpu(shape, num_micro=cand.num_micro, **cand.model_kwargs(), **stack.memory_of(opts.stack),
+    held = stack.memory_of(opts.stack, stack.parse_state_bytes(opts.state_bytes))
+    mem = memory_per_gpu(shape, num_micro=cand.num_micro, **cand.model_kwargs(), **held,
                          margin=opts.memory_margin, fixed=hw.ew_bw is None,  # a probed CPU holds no CUDA context
                          moe=opts.moe)
     fits = mem["total_bytes"] <= hw.memory_bytes
@@ -846,7 +853,8 @@ def _lead_memory(shape: ModelShape, r: dict[str, Any], opts: PlanOptions) -> dic
 
     lay = layout_of_row(r, opts)
     out = memory(shape, lay, stack=profile_stack if opts.profile else opts.stack, margin=opts.memory_margin,
-                 fixed=not opts.profile or opts.profile.get("device") != "cpu")
+                 fixed=not opts.profile or opts.profile.get("device") != "cpu",
+                 state_bytes=stack.parse_state_bytes(opts.state_bytes))
     out["device_memory_bytes"] = r["device_memory_bytes"]
     return out
 

@@ -49,10 +49,42 @@ def efficiency(name: str) -> float:
     return float(eff)
 
 
-def memory_of(name: str | None) -> dict[str, Any]:
+# --state-bytes: the bytes a parameter a run keeps where its recipe differs from its stack's
+# default (stacks.toml state_bytes); the settings users most often change, each from the
+# code that sets it.
+STATE_BYTES_HELP = (
+    "Bytes a parameter the run keeps as WEIGHTS,GRADIENTS,OPTIMIZER (before ZeRO sharding; 16-bit training), "
+    "where its recipe differs from the --stack's default (stacks.toml state_bytes; megatron-lm 2,4,12: bf16 "
+    "weights, fp32 main grads, fp32 master weights and Adam moments). Megatron-Bridge's performance recipes "
+    "reduce gradients in bf16 (grad_reduce_in_fp32 False): 2,2,12; Megatron-LM with --grad-reduce-in-bf16 the "
+    "same; bf16 Adam moments (--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16) make the optimizer 8. Memory only: "
+    "data-parallel traffic is priced at 2 bytes a gradient either way.")
+
+
+def parse_state_bytes(values: Any) -> tuple[float, float, float] | None:
+    """``--state-bytes W,G,O`` (a list of three strings, or None) as three floats; an
+    MgbenchError naming the problem where they are not three numbers, each a positive
+    byte count of at most 16."""
+    if values is None or len(values) == 0:
+        return None
+    where = f"--state-bytes {','.join(str(v) for v in values)}"
+    if len(values) != 3:
+        raise MgbenchError(f"{where}: give three numbers, WEIGHTS,GRADIENTS,OPTIMIZER bytes a parameter "
+                           "(e.g. 2,2,12)")
+    try:
+        out = tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        raise MgbenchError(f"{where}: each of the three must be a number of bytes (e.g. 2,2,12)") from None
+    if not all(0.0 < x <= 16.0 for x in out):  # NaN too
+        raise MgbenchError(f"{where}: each must be above 0 and at most 16 bytes a parameter (e.g. 2,2,12)")
+    return out  # type: ignore[return-value]
+
+
+def memory_of(name: str | None, state_bytes: tuple[float, float, float] | None = None) -> dict[str, Any]:
     """How the stack holds memory (data/stacks.toml [stacks.NAME.memory]), as keyword
     arguments of memory.memory_per_gpu: ``state_bytes`` (weights, gradients, optimizer
-    states per parameter under 16-bit training), ``loss``, ``loss_vocab_parallel`` and
+    states per parameter under 16-bit training; the argument replaces the stack's where a
+    run's recipe sets its own: :func:`parse_state_bytes`), ``loss``, ``loss_vocab_parallel`` and
     ``te_saved_inputs`` (saved_inputs = "transformer-engine": what its linears keep) and
     ``pipeline_outputs_freed`` (a sent stage output keeps no data). ``None``: the default
     stack."""
@@ -65,7 +97,8 @@ def memory_of(name: str | None) -> dict[str, Any]:
     if saved not in SAVED_INPUTS:
         raise MgbenchError(f"stacks.toml [stacks.{name}.memory] saved_inputs must be one of {', '.join(SAVED_INPUTS)}, "
                            f"got {saved!r}")
-    return {"state_bytes": tuple(float(x) for x in m["state_bytes"]), "loss": m["loss"],
+    held = tuple(float(x) for x in m["state_bytes"]) if state_bytes is None else tuple(state_bytes)
+    return {"state_bytes": held, "loss": m["loss"],
             "loss_vocab_parallel": bool(m["loss_vocab_parallel"]),
             "te_saved_inputs": saved == "transformer-engine",
             "pipeline_outputs_freed": bool(m.get("pipeline_outputs_freed", False))}

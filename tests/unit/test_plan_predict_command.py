@@ -1,7 +1,8 @@
 """`mgbench plan` prints the `mgbench predict` line of its lead (issue 26, item 4: plan
 and predict agree): run as printed, predict gives the lead's throughput (the point
-estimate), memory and MFU, for dense and MoE models, FP8, a cloud instance type and an
-NVL72 rack; a layout predict is given otherwise (no sequence parallelism) differs."""
+estimate), memory and MFU, for dense and MoE models, FP8, a cloud instance type, an
+NVL72 rack and a recipe's own bytes a parameter (--state-bytes); a layout predict is
+given otherwise (no sequence parallelism) differs."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ CASES = [
     ["--model", "llama3-70b", "--tokens", "1.5e13", "--systems", "dgx-b200"],
     ["--model", "llama3-8b", "--tokens", "1e12", "--systems", "aws-p5", "--max-gpus", "16", "--precision", "fp8"],
     ["--model", "qwen3-30b-a3b", "--tokens", "1e12", "--systems", "dgx-h100", "--max-gpus", "64",
-     "--moe-dispatcher", "deepep", "--moe-recompute-modules", "moe_act", "--memory-margin", "0.05"],
+     "--moe-dispatcher", "deepep", "--moe-recompute-modules", "moe_act", "--memory-margin", "0.05",
+     "--state-bytes", "2,2,12"],
     ["--model", "llama3-70b", "--tokens", "1.5e13", "--systems", "gb200-nvl72", "--max-gpus", "256",
      "--stack", "torchtitan"],
 ]

@@ -98,7 +98,7 @@ def test_the_error_grows_when_the_stack_is_wrong(monkeypatch):
     # 8B runs come out far lower than published.
     right = V.summary(V.error_table(), "torchtitan")["fit"]["mean_abs_error_pct"]
     real = stack.memory_of
-    monkeypatch.setattr("mgbench.planner.stack.memory_of", lambda name: real("mgbench"))
+    monkeypatch.setattr("mgbench.planner.stack.memory_of", lambda name, state_bytes=None: real("mgbench", state_bytes))
     wrong = V.summary(V.error_table(), "torchtitan")["fit"]["mean_abs_error_pct"]
     assert wrong > right + 10
 
@@ -123,6 +123,38 @@ def test_memory_margin_replaces_the_allowance_and_refuses_what_is_not_a_fraction
     few = plan(LLAMA8, PlanOptions(tokens=1e9, systems=["dgx-a100"], max_gpus=8, memory_margin=0.3), Prices(None, []))
     many = plan(LLAMA8, PlanOptions(tokens=1e9, systems=["dgx-a100"], max_gpus=8, memory_margin=0.0), Prices(None, []))
     assert many["num_feasible"] > few["num_feasible"]
+
+
+def test_state_bytes_replace_the_stacks_and_refuse_what_is_not_three_byte_counts():
+    import json
+
+    from mgbench.planner.cost import Prices
+    from mgbench.planner.search import PlanOptions, plan
+
+    # Megatron-Bridge's performance recipes keep bf16 gradient buffers (grad_reduce_in_fp32
+    # False): 2 bytes a parameter where the megatron-lm stack's default keeps 4.
+    base = ["memory", "--model", "qwen3-30b-a3b", "--num-gpus", "8", "--ep", "8", "--zero", "1", "--json"]
+    stack_default = json.loads(CliRunner().invoke(main, base).output)
+    bf16_grads = json.loads(CliRunner().invoke(main, [*base, "--state-bytes", "2,2,12"]).output)
+    assert bf16_grads["grads_bytes"] == pytest.approx(stack_default["grads_bytes"] / 2.0)
+    assert bf16_grads["params_bytes"] == pytest.approx(stack_default["params_bytes"])
+    assert bf16_grads["optimizer_bytes"] == pytest.approx(stack_default["optimizer_bytes"])
+    # bf16 Adam moments: the optimizer's 12 bytes become 8 (sharded over the 8 ranks alike).
+    moments = json.loads(CliRunner().invoke(main, [*base, "--state-bytes", "2,4,8"]).output)
+    assert moments["optimizer_bytes"] == pytest.approx(stack_default["optimizer_bytes"] * 8.0 / 12.0)
+    for bad, said in (("2,2", "give three numbers"), ("2,x,12", "must be a number"), ("2,0,12", "above 0"),
+                      ("2,2,nan", "above 0")):
+        r = CliRunner().invoke(main, [*base, "--state-bytes", bad])
+        assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output, r.output
+    r = CliRunner().invoke(main, [*base, "--state-bytes", "2,2,12", "--trace"])
+    assert r.exit_code == 2 and "--state-bytes" in r.output
+    with pytest.raises(Exception, match="--state-bytes"):
+        plan(LLAMA8, PlanOptions(tokens=1e9, state_bytes=["2", "2"]), Prices(None, []))
+    # Fewer bytes a parameter let more layouts fit: plan sees more of them.
+    kw = {"tokens": 1e9, "systems": ["dgx-a100"], "max_gpus": 8}
+    default = plan(LLAMA8, PlanOptions(**kw), Prices(None, []))
+    lighter = plan(LLAMA8, PlanOptions(**kw, state_bytes=["2", "2", "8"]), Prices(None, []))
+    assert lighter["num_feasible"] > default["num_feasible"]
 
 
 def test_fixed_costs_per_process_are_stated_and_counted_by_hand():
@@ -191,7 +223,7 @@ def test_the_megatron_rows_get_worse_without_transformer_engines_saved_inputs(mo
     right = V.summary(rows, "megatron-lm")
     real = stack.memory_of
     monkeypatch.setattr("mgbench.planner.stack.memory_of",
-                        lambda name: {**real(name), "te_saved_inputs": False})
+                        lambda name, state_bytes=None: {**real(name, state_bytes), "te_saved_inputs": False})
     wrong = V.summary(V.error_table(), "megatron-lm")
     assert wrong["held_out"]["mean_abs_error_pct"] > right["held_out"]["mean_abs_error_pct"] + 15
     assert wrong["fit"]["mean_abs_error_pct"] > right["fit"]["mean_abs_error_pct"] + 10
