@@ -141,7 +141,7 @@ def test_moe_interval_is_the_published_moe_runs_of_its_class():
     # on 8,192 GB200): the truth took 0.639x to 1.495x, and 0.365x to 1.330x, the predicted
     # step. (Before that session's graphed share, every graphed row was too fast: 1.006x to
     # 2.144x over 17 rows.)
-    assert len(eager) == 73 and len(graphed) == 47
+    assert len(eager) == 75 and len(graphed) == 47
     e = U.regime("b200", True, moe="eager")
     assert (e["low"], e["high"]) == (pytest.approx(0.361, abs=0.002), pytest.approx(0.810, abs=0.002))
     g = U.regime("b200", True, moe="graphed")
