@@ -57,14 +57,16 @@ STATE_BYTES_HELP = (
     "where its recipe differs from the --stack's default (stacks.toml state_bytes; megatron-lm 2,4,12: bf16 "
     "weights, fp32 main grads, fp32 master weights and Adam moments). Megatron-Bridge's performance recipes "
     "reduce gradients in bf16 (grad_reduce_in_fp32 False): 2,2,12; Megatron-LM with --grad-reduce-in-bf16 the "
-    "same; bf16 Adam moments (--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16) make the optimizer 8. Memory only: "
-    "data-parallel traffic is priced at 2 bytes a gradient either way.")
+    "same; bf16 Adam moments (--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16) make the optimizer 8; an optimizer "
+    "kept in host memory (Megatron-LM --chunked-optimizer-state-offload) 0, its staging buffers not counted. Memory "
+    "only: data-parallel traffic is priced at 2 bytes a gradient either way.")
 
 
 def parse_state_bytes(values: Any) -> tuple[float, float, float] | None:
     """``--state-bytes W,G,O`` (a list of three strings, or None) as three floats; an
-    MgbenchError naming the problem where they are not three numbers, each a positive
-    byte count of at most 16."""
+    MgbenchError naming the problem where they are not three numbers, each at most 16
+    bytes a parameter, the weights and gradients above 0 and the optimizer's at least 0
+    (0: kept in host memory)."""
     if values is None or len(values) == 0:
         return None
     where = f"--state-bytes {','.join(str(v) for v in values)}"
@@ -75,8 +77,10 @@ def parse_state_bytes(values: Any) -> tuple[float, float, float] | None:
         out = tuple(float(v) for v in values)
     except (TypeError, ValueError):
         raise MgbenchError(f"{where}: each of the three must be a number of bytes (e.g. 2,2,12)") from None
-    if not all(0.0 < x <= 16.0 for x in out):  # NaN too
-        raise MgbenchError(f"{where}: each must be above 0 and at most 16 bytes a parameter (e.g. 2,2,12)")
+    w, g, o = out
+    if not (0.0 < w <= 16.0 and 0.0 < g <= 16.0 and 0.0 <= o <= 16.0):  # NaN too
+        raise MgbenchError(f"{where}: weights and gradients must be above 0, the optimizer at least 0 (kept in host "
+                           "memory), each at most 16 bytes a parameter (e.g. 2,2,12)")
     return out  # type: ignore[return-value]
 
 

@@ -227,6 +227,13 @@ def moe_pairs_markdown() -> str:
     return moe_pairs.markdown()
 
 
+def moe_fits_markdown() -> str:
+    """Published MoE layouts against the memory model, in one line (docs/planner.md)."""
+    from mgbench.planner import moe_fits
+
+    return moe_fits.summary_line()
+
+
 def collectives_summary_markdown() -> str:
     """The multi-node all-reduce check in one line (README)."""
     from mgbench.planner import collective_validation as C
@@ -242,7 +249,7 @@ GENERATORS = {"strategies": strategies_markdown, "schedules": schedules_markdown
               "strategy-names": strategy_names_markdown, "accelerator-families": accelerator_families_markdown,
               "moe-runs": moe_runs_markdown, "moe-summary": moe_summary_markdown,
               "moe-intervals": moe_intervals_markdown, "moe-graphed-share": moe_graphed_share_markdown,
-              "moe-pairs": moe_pairs_markdown,
+              "moe-pairs": moe_pairs_markdown, "moe-fits": moe_fits_markdown,
               "collectives-summary": collectives_summary_markdown}
 GENERATED = re.compile(r"(<!-- generated: ([a-z-]+)[^\n]*-->\n)(.*?)(<!-- end generated -->)", re.S)
 

@@ -142,8 +142,11 @@ def test_state_bytes_replace_the_stacks_and_refuse_what_is_not_three_byte_counts
     # bf16 Adam moments: the optimizer's 12 bytes become 8 (sharded over the 8 ranks alike).
     moments = json.loads(CliRunner().invoke(main, [*base, "--state-bytes", "2,4,8"]).output)
     assert moments["optimizer_bytes"] == pytest.approx(stack_default["optimizer_bytes"] * 8.0 / 12.0)
+    # An optimizer kept in host memory (Megatron-LM's chunked optimizer-state offload): none on the GPU.
+    offloaded = json.loads(CliRunner().invoke(main, [*base, "--state-bytes", "2,4,0"]).output)
+    assert offloaded["optimizer_bytes"] == 0.0
     for bad, said in (("2,2", "give three numbers"), ("2,x,12", "must be a number"), ("2,0,12", "above 0"),
-                      ("2,2,nan", "above 0")):
+                      ("2,2,nan", "at least 0"), ("2,2,-1", "at least 0"), ("2,2,17", "at most 16")):
         r = CliRunner().invoke(main, [*base, "--state-bytes", bad])
         assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output, r.output
     r = CliRunner().invoke(main, [*base, "--state-bytes", "2,2,12", "--trace"])
