@@ -75,8 +75,8 @@ def main() -> None:
     print(moe_coverage_statement())
     print()
     print(pairs_report(pairs(scored)))
-    from .moe_fits import ratios
-    from .moe_fits import report as fits_report
+    from .published_fits import ratios
+    from .published_fits import report as fits_report
 
     print()
     print(fits_report(ratios(scored)))

@@ -228,10 +228,19 @@ def moe_pairs_markdown() -> str:
 
 
 def moe_fits_markdown() -> str:
-    """Published MoE layouts against the memory model, in one line (docs/planner.md)."""
-    from mgbench.planner import moe_fits
+    """Published MoE layouts against the memory model, in one line (README, docs/planner.md)."""
+    from mgbench.planner import published_fits as F
 
-    return moe_fits.summary_line()
+    return F.summary_line(F.summary(F.moe_ratios()), "Published MoE")
+
+
+def fits_markdown() -> str:
+    """Every published layout against the memory model, file by file (docs/planner.md)."""
+    from mgbench.planner import published_fits as F
+
+    s = F.summary()
+    return "\n".join([*(f"- {F.summary_line(part, f'`{f}`:')}" for f, part in s["files"].items()),
+                      f"- {F.summary_line(s, 'All published')}"])
 
 
 def collectives_summary_markdown() -> str:
@@ -249,7 +258,7 @@ GENERATORS = {"strategies": strategies_markdown, "schedules": schedules_markdown
               "strategy-names": strategy_names_markdown, "accelerator-families": accelerator_families_markdown,
               "moe-runs": moe_runs_markdown, "moe-summary": moe_summary_markdown,
               "moe-intervals": moe_intervals_markdown, "moe-graphed-share": moe_graphed_share_markdown,
-              "moe-pairs": moe_pairs_markdown, "moe-fits": moe_fits_markdown,
+              "moe-pairs": moe_pairs_markdown, "moe-fits": moe_fits_markdown, "fits": fits_markdown,
               "collectives-summary": collectives_summary_markdown}
 GENERATED = re.compile(r"(<!-- generated: ([a-z-]+)[^\n]*-->\n)(.*?)(<!-- end generated -->)", re.S)
 

@@ -1,21 +1,23 @@
-"""Published MoE runs ran, so their layouts fit (planner/moe_fits.py): the memory model's
-total with and without the allowance against each run's GPU memory, by hand on made rows,
-and on the file, where a recipe's stated bytes a parameter count and leaving them out
-makes the check fire on more rows."""
+"""Published runs ran, so their layouts fit (planner/published_fits.py): the memory
+model's total with and without the allowance against each run's GPU memory, by hand on
+made rows, and on the files, where a recipe's stated bytes a parameter count and leaving
+them out makes the check fire on more rows."""
 
 from __future__ import annotations
 
 import pytest
 
-from mgbench.planner import moe_fits, moe_validation
+from mgbench.planner import moe_validation
+from mgbench.planner import published_fits as F
 
 
 def _scored(id_: str, total: float, allowance: float, device: float, split: str = "held_out") -> dict:
+    """A moe_validation.score's memory fields, in GB."""
     return {"id": id_, "split": split, "memory_gb": total, "allowance_gb": allowance, "device_gb": device}
 
 
 def test_ratios_and_the_two_counts_by_hand():
-    rows = moe_fits.ratios([
+    rows = F.moe_ratios([
         _scored("a", 110.0, 10.0, 100.0),  # over only with the allowance: 1.10 and 1.00 (not over)
         _scored("b", 132.0, 12.0, 100.0),  # over on its count alone: 1.32 and 1.20
         _scored("c", 90.0, 8.0, 100.0, split="fit"),  # fits
@@ -25,18 +27,19 @@ def test_ratios_and_the_two_counts_by_hand():
     assert [r["id"] for r in rows] == ["a", "b", "c"]
     assert rows[0]["total"] == pytest.approx(1.10) and rows[0]["counted"] == pytest.approx(1.00)
     assert rows[1]["total"] == pytest.approx(1.32) and rows[1]["counted"] == pytest.approx(1.20)
-    s = moe_fits.summary(rows)
+    s = F.summary(rows)
     assert s["rows"] == 3
     assert [r["id"] for r in s["over_total"]] == ["b", "a"]  # largest first
     assert [r["id"] for r in s["over_counted"]] == ["b"]
-    line = moe_fits.summary_line(s)
+    line = F.summary_line(s)
     assert "2 of 3 with the allowance" in line and "1 on the counted tensors alone" in line and "b, 1.20x" in line
-    clean = moe_fits.summary(moe_fits.ratios([_scored("c", 90.0, 8.0, 100.0)]))
-    assert "0 of 1" in moe_fits.summary_line(clean) and "worst" not in moe_fits.summary_line(clean)
+    assert s["files"][F.MOE_FILE]["rows"] == 3 and list(s["files"]) == [F.MOE_FILE]
+    clean = F.summary(F.moe_ratios([_scored("c", 90.0, 8.0, 100.0)]))
+    assert "0 of 1" in F.summary_line(clean) and "worst" not in F.summary_line(clean)
 
 
-def test_the_file_with_each_recipes_bytes_and_without_them():
-    s = moe_fits.summary()
+def test_the_moe_file_with_each_recipes_bytes():
+    s = F.summary(F.moe_ratios())
     assert s["rows"] == 122
     # With each recipe's own bytes a parameter (the data file's state_bytes), three layouts
     # are over their GPU's memory on the counted tensors alone, each for a reason the row
@@ -55,7 +58,21 @@ def test_the_check_fires_when_the_recipes_bytes_are_left_out(monkeypatch):
     moe_validation.file_scores.cache_clear()
     monkeypatch.setattr(moe_validation, "state_bytes_of", lambda row: None)
     try:
-        s = moe_fits.summary(moe_fits.ratios(moe_validation.scored_rows()))
+        s = F.summary(F.moe_ratios(moe_validation.scored_rows()))
     finally:
         moe_validation.file_scores.cache_clear()
     assert len(s["over_total"]) >= 20 and len(s["over_counted"]) >= 10
+
+
+def test_every_file_is_counted_and_a_run_two_files_hold_once():
+    from mgbench.planner import accelerator_validation as A
+    from mgbench.planner import validation as V
+
+    rows = F.ratios()
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids))  # a run accelerator_runs.toml shares with the MoE file: counted there
+    shared = [r["id"] for r in A.runs() if A.moe_row_for(r) is not None and r["split"] in A.SPLITS]
+    assert shared and all(next(x for x in rows if x["id"] == i)["file"] == F.MOE_FILE for i in shared)
+    assert {r["id"] for r in rows if r["file"] == F.DENSE_FILE} == {r["id"] for r in V.published_runs()}
+    s = F.summary(rows)
+    assert s["rows"] == sum(part["rows"] for part in s["files"].values())
