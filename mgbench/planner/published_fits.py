@@ -3,7 +3,8 @@ planner's memory model (planner/memory.py: what `mgbench memory` prints and `pla
 layouts by) against every scored row of the three files of published throughput:
 published_moe_runs.toml (moe_validation), accelerator_runs.toml (accelerator_validation;
 a run that file shares with the MoE file is counted there, once) and published_runs.toml
-(validation). Each row is counted with the bytes a parameter of weights, gradients and
+(validation; its row of a run the MoE file holds, ``same_run``, is counted there). Each
+row is counted with the bytes a parameter of weights, gradients and
 optimizer states its recipe keeps (its ``state_bytes`` where its source states them; its
 stack's otherwise).
 
@@ -36,6 +37,14 @@ def _ratio(file: str, id_: str, split: str, total: float, allowance: float, devi
             "counted": (total - allowance) / device}
 
 
+def device_bytes(row: dict[str, Any], catalog_bytes: float) -> float:
+    """The GPU memory the row's run had: its ``gpu_memory_gb`` where the run's GPU is not
+    the catalog system's it is priced on (torchtitan's Grand Teton H100s have 96 GB, the
+    catalog's H100 SXM 80), else the catalog's."""
+    given = row.get("gpu_memory_gb")
+    return catalog_bytes if given is None else float(given) * 1e9
+
+
 def moe_ratios(scored: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The scored rows of published_moe_runs.toml that were priced (moe_validation.score:
     a refused layout has no memory), from their scores (``scored``: the file's, cached)."""
@@ -60,26 +69,36 @@ def accelerator_ratios() -> list[dict[str, Any]]:
         hw = resolve(precision=r["precision"], system=r["system"], stack=r["stack"])
         m = memory(shape_of(r), Layout.from_published(r), stack=r["stack"], state_bytes=r.get("state_bytes"))
         out.append(_ratio(ACCELERATOR_FILE, r["id"], r["split"], m["total_bytes"], m["allowance_bytes"],
-                          hw.memory_bytes))
+                          device_bytes(r, hw.memory_bytes)))
     return out
 
 
 def dense_ratios() -> list[dict[str, Any]]:
     """Every row of published_runs.toml (its ``role`` as the split), at ZeRO 0 and bf16
-    where the row names neither (validation.predict_run's defaults)."""
+    where the row names neither (validation.predict_run's defaults), but a row whose
+    ``same_run`` names the MoE file's row of the same run (counted there, with the run's
+    own options); MgbenchError where that row does not exist."""
+    from ..errors import MgbenchError
     from ..model_shape import ModelShape
     from . import hardware
+    from .moe_validation import runs as moe_runs
     from .predict import memory
     from .validation import published_runs, stack_of
 
+    moe_ids = {r["id"] for r in moe_runs()}
     out = []
     for run in published_runs():
+        if "same_run" in run:
+            if run["same_run"] not in moe_ids:
+                raise MgbenchError(f"published_runs.toml {run['id']}: same_run {run['same_run']!r} is no row of "
+                                   f"{MOE_FILE}")
+            continue
         row = {"zero": 0, "precision": "bf16", **run}
         shape = catalog.model_shape(run["model"]) if "model" in run else ModelShape(**run["shape"])
         hw = hardware.resolve(system=run["system"], precision=row["precision"])
         m = memory(shape, Layout.from_published(row), stack=stack_of(run), state_bytes=run.get("state_bytes"))
         out.append(_ratio(DENSE_FILE, run["id"], run["role"], m["total_bytes"], m["allowance_bytes"],
-                          hw.memory_bytes))
+                          device_bytes(run, hw.memory_bytes)))
     return out
 
 

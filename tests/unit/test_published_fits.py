@@ -73,6 +73,17 @@ def test_every_file_is_counted_and_a_run_two_files_hold_once():
     assert len(ids) == len(set(ids))  # a run accelerator_runs.toml shares with the MoE file: counted there
     shared = [r["id"] for r in A.runs() if A.moe_row_for(r) is not None and r["split"] in A.SPLITS]
     assert shared and all(next(x for x in rows if x["id"] == i)["file"] == F.MOE_FILE for i in shared)
-    assert {r["id"] for r in rows if r["file"] == F.DENSE_FILE} == {r["id"] for r in V.published_runs()}
+    assert {r["id"] for r in rows if r["file"] == F.DENSE_FILE} == {r["id"] for r in V.published_runs()
+                                                                     if "same_run" not in r}
     s = F.summary(rows)
     assert s["rows"] == sum(part["rows"] for part in s["files"].values())
+
+
+def test_a_dense_row_naming_a_run_the_moe_file_lacks_is_refused(monkeypatch):
+    from mgbench.errors import MgbenchError
+    from mgbench.planner import validation as V
+
+    real = V.published_runs()
+    monkeypatch.setattr(V, "published_runs", lambda: [{**real[0], "same_run": "no-such-run"}, *real[1:]])
+    with pytest.raises(MgbenchError, match="same_run 'no-such-run' is no row"):
+        F.dense_ratios()
