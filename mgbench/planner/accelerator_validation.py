@@ -76,6 +76,13 @@ def check_row(row: dict[str, Any]) -> list[str]:
         out.append("a ratio row names the accelerator and system it is relative to (relative_to)")
     if (recipe := perf.row_recipe_problem(row)) is not None:
         out.append(recipe)
+    if "state_bytes" in row:
+        from .stack import parse_state_bytes
+
+        try:
+            parse_state_bytes([str(x) for x in row["state_bytes"]])
+        except MgbenchError as exc:
+            out.append(str(exc))
     if "published" in row and not (isinstance(row["published"], (int, float)) and row["published"] > 0):
         out.append(f"published {row['published']!r} is not a positive number")
     sysname = row.get("system")

@@ -87,3 +87,30 @@ def test_a_dense_row_naming_a_run_the_moe_file_lacks_is_refused(monkeypatch):
     monkeypatch.setattr(V, "published_runs", lambda: [{**real[0], "same_run": "no-such-run"}, *real[1:]])
     with pytest.raises(MgbenchError, match="same_run 'no-such-run' is no row"):
         F.dense_ratios()
+
+
+def test_the_dense_files_overruns_are_the_ones_their_rows_explain():
+    s = F.summary()
+    acc = {r["id"] for r in s["files"][F.ACCELERATOR_FILE]["over_counted"]}
+    # Megatron-Bridge's GB200 Llama 3 70B offloads 40 of its 80 layers' activations to the
+    # host (cpu_offloading_num_layers; not priced); its GB200 405B row's table layout is
+    # another release's; the AMD rows are priced as the torchtitan stack, which saves bf16
+    # inputs where their Transformer Engine layers save FP8 ones and counts eager saved
+    # tensors under torch.compile (docs/planner.md).
+    assert {i for i in acc if not i.startswith("amd-hub-")} == {"mbridge-25.11-gb200-llama3-70b-fp8",
+                                                                "mbridge-25.11-gb200-llama31-405b-fp8"}
+    assert len(acc) == 14
+    dense = {r["id"] for r in s["files"][F.DENSE_FILE]["over_counted"]}
+    assert dense == {"llama3-405b-8192gpu", "llama3-405b-16384gpu"}  # Meta's paper layout, unchecked here
+
+
+def test_the_accelerator_rows_recipe_bytes_matter(monkeypatch):
+    # Negative control: without their state_bytes, the Megatron-Bridge and NeMo rows priced
+    # at the megatron-lm stack's fp32 gradients come back over their GPUs' memory.
+    from mgbench.planner import accelerator_validation as A
+
+    real = A.runs()
+    monkeypatch.setattr(A, "runs", lambda: [{k: v for k, v in r.items() if k != "state_bytes"} for r in real])
+    without = {r["id"] for r in F.summary(F.accelerator_ratios())["over_counted"]}
+    assert {"mbridge-25.11-b200-llama31-405b-fp8", "mbridge-25.11-h100-llama31-405b-fp8",
+            "nemo-24.12-h100-llama3-8b-fp8-cp2", "nemo-24.07-h100-gpt3-175b-fp8"} <= without
