@@ -94,13 +94,15 @@ def rules(shape: ModelShape | None, layout: Layout) -> dict[str, Any]:
 
 
 def _last_stage_ok(last: Any, pp: Any, shape: ModelShape, schedule: str) -> Any:
-    """Where the last stage's blocks, if set, are 0 to memory.max_last_layers on a
-    pipeline of loop placement (NaN: not set)."""
+    """Where the blocks of the stage that runs the output layer, if set, are 0 to
+    memory.max_last_layers (NaN: not set). That stage is the last one of a loop placement
+    and rank 0 of a V (zbv, dualpipev: it holds the first chunk and the last, the
+    embedding and the output layer), whose two chunks share its blocks; the time and
+    memory terms price both alike (layout_time.step_time, memory.stage_layers)."""
     if last is None:
         return np.ones(np.shape(pp), dtype=bool)
     k = np.asarray(last, dtype=float)
-    loop = not v_shaped(schedule)
-    return np.isnan(k) | ((pp > 1) & (k >= 0) & (k <= max_last_layers(shape.layers, pp, shape.mtp_layers)) & loop)
+    return np.isnan(k) | ((pp > 1) & (k >= 0) & (k <= max_last_layers(shape.layers, pp, shape.mtp_layers)))
 
 
 def keeps_all(masks: dict[str, Any]) -> Any:
@@ -125,10 +127,9 @@ MESSAGES: dict[str, Callable[[Any, ModelShape], str]] = {
     "experts": lambda L, s: (f"--ep {L.ep} must divide the {s.experts} experts and the {L.tp * L.dp * L.cp} ranks "
                              "of a pipeline stage (tp x dp x cp: Megatron-Core's MoE parallel folding)"),
     "last_stage": lambda L, s: (f"--pp-last-layers {L.pp_last_layers} needs a pipeline (--pp 2 or more)" if L.pp == 1
-                                else f"--pp-last-layers with --schedule {L.schedule}: its V puts the output layer on "
-                                     "rank 0 beside the embedding, which is not modelled; use a loop schedule"
-                                if v_shaped(L.schedule)
-                                else f"--pp-last-layers {L.pp_last_layers}: the last of {L.pp} stages may hold 0 to "
+                                else f"--pp-last-layers {L.pp_last_layers}: the last of {L.pp} stages"
+                                     + (" (in the V, rank 0, which runs the output layer)" if v_shaped(L.schedule) else "")
+                                     + " may hold 0 to "
                                      f"{int(max_last_layers(s.layers, L.pp, s.mtp_layers))} of the {s.layers} layers "
                                      "(with its MTP modules no more than each other stage: it makes room for the "
                                      "output layer)"),

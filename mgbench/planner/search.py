@@ -497,10 +497,8 @@ def split_kinds(opts: PlanOptions, schedule: str) -> tuple[str, ...]:
     """The block splits plan prices a pipelined candidate with under ``schedule``
     (--pp-split): "even" (Megatron-LM's default), "balanced" (a lighter last stage:
     perf.balanced_last_layers), or both where the split is searched (plan's default:
-    ranking then keeps each layout's better); a V-shaped schedule, whose output layer
-    shares rank 0 with the embedding, only even."""
-    if v_shaped(schedule):
-        return (EVEN,)
+    ranking then keeps each layout's better). Under a V-shaped schedule the stage that runs
+    the output layer is rank 0, beside the embedding: the balanced split lightens it."""
     return (EVEN, BALANCED) if opts.pp_split == SEARCHED else (opts.pp_split,)
 
 
@@ -557,10 +555,6 @@ def check_schedule(opts: PlanOptions) -> None:
                            "--virtual-stages 2 or more (or --schedule 1f1b)")
     if opts.schedule != SEARCHED and (why := layout_rules.virtual_stages_problem(opts.schedule, opts.virtual_stages)) is not None:
         raise MgbenchError(why)
-    if opts.pp_split == BALANCED and opts.schedule != SEARCHED and v_shaped(opts.schedule):
-        raise MgbenchError(f"--pp-split balanced with --schedule {opts.schedule}: its V puts the output layer on rank 0 "
-                           "beside the embedding, so there is no last stage to lighten; use --pp-split even or a loop "
-                           "schedule (1f1b, interleaved)")
 
 
 def schedule_label(r: dict[str, Any]) -> str:
@@ -836,8 +830,14 @@ def last_stage_reason(shape: ModelShape, r: dict[str, Any]) -> str:
     """What ``last=K`` asks of a stack: K blocks on the last pipeline stage, the rest on the
     others. Megatron-LM's --decoder-last-pipeline-num-layers K takes it only where the rest
     splits evenly over the other stages (and, interleaved, every stage's blocks over its
-    chunks); a pipeline layout string (--pipeline-model-parallel-layout) takes any split."""
+    chunks); a pipeline layout string (--pipeline-model-parallel-layout) takes any split.
+    Under a V (zbv, dualpipev) the stage is rank 0, whose two chunks the run builds
+    itself (DualPipe and torch's ZB-V take a module per chunk)."""
     k, p, v = r["pp_last_layers"], r["pp"], r.get("virtual_stages") or 1
+    if r.get("schedule") and v_shaped(r["schedule"]):
+        return (f"last={k}: give rank 0, which runs the output layer beside the embedding in the V, {k} blocks over "
+                f"its two chunks and the other {p - 1} ranks the rest (the chunks are built per rank: DualPipe and "
+                f"ZB-V take a module per chunk); mgbench predict --pp-last-layers {k}")
     rest = shape.layers - k
     flag = rest % (p - 1) == 0 and (v == 1 or (k % v == 0 and (rest // (p - 1)) % v == 0))
     how = (f"Megatron-LM --decoder-last-pipeline-num-layers {k}" if flag else

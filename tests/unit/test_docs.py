@@ -455,19 +455,23 @@ def test_the_worked_purchase_decision_shows_current_output():
 
 def test_the_deepseek_v3_example_quotes_predicts_figures():
     """docs/planner.md quotes what predict says for DeepSeek-V3's published layout (tokens/s
-    per GPU and GB a GPU, with and without the FP8 SwiGLU cache): the figures it states are
-    today's (they had drifted once, 1,009 quoted where predict said 1,013)."""
+    per GPU with rank 0 lightened and with the blocks split evenly, GB a GPU with and
+    without the allowance): the figures it states are today's (they had drifted once,
+    1,009 quoted where predict said 1,013)."""
     import json
 
     text = " ".join((ROOT / "docs" / "planner.md").read_text().split())
     args = ("predict --model deepseek-v3 --system hgx-h800 --num-gpus 2048 --pp 16 --ep 64 --schedule dualpipev "
-            "--micro-batch 1 --global-batch 15360 --zero 1 --precision fp8 --moe-dispatcher deepep --moe-node-limit 4 "
-            "--moe-fp8-dispatch --moe-recompute-modules mla_up_proj,layernorm,moe_act --json").split()
-    cached = json.loads(CliRunner().invoke(main, args + ["--moe-fp8-act-cache"]).output)
-    plain = json.loads(CliRunner().invoke(main, args).output)
-    quoted = (f"The first predicts {cached['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU against the published 1,543",
-              f"and {cached['memory']['total_bytes'] / 1e9:.0f} GB a GPU",
-              f"without the FP8 cache {plain['memory']['total_bytes'] / 1e9:.0f} GB")
+            "--micro-batch 1 --global-batch 15360 --zero 1 --precision fp8 --fp8-recipe blockwise --state-bytes 2,4,8 "
+            "--moe-dispatcher deepep --moe-node-limit 4 --moe-fp8-dispatch --moe-fp8-act-cache "
+            "--moe-recompute-modules mla_up_proj,layernorm,moe_act --json").split()
+    light = json.loads(CliRunner().invoke(main, args + ["--pp-last-layers", "1"]).output)
+    even = json.loads(CliRunner().invoke(main, args).output)
+    m = light["memory"]
+    quoted = (f"The first predicts {light['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU against the published 1,543",
+              f"{even['tokens_per_s_per_gpu']:,.0f} with the blocks split evenly",
+              f"Memory: {m['total_bytes'] / 1e9:.1f} GB a GPU with the allowance, "
+              f"{(m['total_bytes'] - m['allowance_bytes']) / 1e9:.1f} GB counted")
     missing = [q for q in quoted if q not in text]
     assert not missing, f"docs/planner.md no longer quotes predict's figures: {missing}"
 

@@ -107,13 +107,33 @@ def test_the_recommendation_says_how_to_set_a_lighter_last_stage():
                f"--decoder-last-pipeline-num-layers {k}" in x for x in res["reasons"])
 
 
-def test_a_v_shaped_schedule_keeps_the_even_split():
-    # ZB-V's V puts the output layer on rank 0 beside the embedding: plan does not lighten
-    # a last stage there (predict would refuse it: layout_rules' last_stage).
-    res = plan(catalog.model_shape("llama3-70b"), PlanOptions(tokens=1e12, systems=["dgx-h100"], max_gpus=128,
-                                                             schedule="zbv", top=100), Prices(None, []))
-    assert any(r["pp"] > 1 for r in res["ranked"])
-    assert all(r["pp_last_layers"] is None for r in res["ranked"])
+def test_a_v_shaped_schedule_lightens_rank_0_which_runs_the_output_layer():
+    # In ZB-V's and DualPipeV's V rank 0 holds the first chunk and the last, with the output
+    # layer: the balanced split lightens it as it does a loop's last stage, the step is
+    # priced alike (the head paces the pipeline only by what the missing blocks do not
+    # cover), and the reason names rank 0, not Megatron-LM's loop flags.
+    from mgbench.planner.search import last_stage_reason
+
+    shape = catalog.model_shape("llama3-70b")
+    res = plan(shape, PlanOptions(tokens=1e12, systems=["dgx-h100"], max_gpus=128, schedule="zbv", top=100),
+               Prices(None, []))
+    lighter = [r for r in res["ranked"] if r["pp"] > 1 and r["pp_last_layers"] is not None]
+    assert lighter
+    r = lighter[0]
+    assert "give rank 0" in last_stage_reason(shape, r) and "--decoder-last" not in last_stage_reason(shape, r)
+    # The same layout priced by predict with and without the lighter rank 0: lighter is faster.
+    import dataclasses
+
+    from mgbench.planner.predict import predict
+    from mgbench.planner.resolve import resolve
+    from mgbench.planner.search import layout_of_row
+
+    opts = PlanOptions(tokens=1e12, systems=["dgx-h100"], max_gpus=128, schedule="zbv")
+    lay = layout_of_row(r, opts)
+    hw = resolve(precision=lay.precision, system="dgx-h100")
+    light, even = (predict(shape, hw, x)["tokens_per_s_per_gpu"]
+                   for x in (lay, dataclasses.replace(lay, pp_last_layers=None)))
+    assert lay.pp_last_layers == r["pp_last_layers"] and light > even
 
 
 def test_the_reason_names_the_megatron_setting_that_takes_the_split():
