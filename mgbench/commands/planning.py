@@ -87,7 +87,7 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
       mgbench memory --model llama3-8b --seq-len 8192 --tp 2 --sequence-parallel --recompute every_2nd --num-gpus 2
       mgbench memory --model llama3-70b --zero 3 --num-gpus 64 --seq-len 8192 --trace
       mgbench memory --model gpt2-small --micro-batch 8 --seq-len 1024 --hardware PROFILE   # fits this machine?
-      mgbench memory --model gpt-oss-120b --num-gpus 64 --ep 8 --micro-batch 4 --zero 1 --state-bytes 2,2,12
+      mgbench memory --model qwen3-30b-a3b --num-gpus 8 --ep 8 --micro-batch 4 --zero 1 --state-bytes 2,2,12   # bf16 grads
     """
     from ..planner.predict import memory as memory_fn
     from ..planner.stack import parse_state_bytes
@@ -347,7 +347,8 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
     click.echo(f"per GPU        {res['model_tflops_per_gpu']:.1f} model TFLOP/s, MFU {100 * res['mfu']:.1f}%")
     if profile is None and not calibrate_run:
         click.echo(f"stack          {hw.stack} (efficiency {hw.stack_eff:.3f} of the calibration stack's; --stack)")
-    click.echo(f"memory         {_gb(res['memory']['total_bytes'])} of {_gb(res['device_memory_bytes'])}: "
+    click.echo(f"memory         {_gb(res['memory']['total_bytes'])} of {_gb(res['device_memory_bytes'])} "
+               f"({res['device_memory_bytes'] / 2**30:,.0f} GiB): "
                f"{'fits' if res['fits'] else 'DOES NOT FIT'}")
     extra = {k: b[k] for k in ("ep_comm_s", "cp_comm_s", "offload_s") if b.get(k)}  # MoE host time: the step line
     if extra:

@@ -76,13 +76,12 @@ def check_row(row: dict[str, Any]) -> list[str]:
         out.append("a ratio row names the accelerator and system it is relative to (relative_to)")
     if (recipe := perf.row_recipe_problem(row)) is not None:
         out.append(recipe)
-    if "state_bytes" in row:
-        from .stack import parse_state_bytes
+    try:
+        from .stack import row_state_bytes
 
-        try:
-            parse_state_bytes([str(x) for x in row["state_bytes"]])
-        except MgbenchError as exc:
-            out.append(str(exc))
+        row_state_bytes(row)
+    except MgbenchError as exc:
+        out.append(str(exc))
     if "published" in row and not (isinstance(row["published"], (int, float)) and row["published"] > 0):
         out.append(f"published {row['published']!r} is not a positive number")
     sysname = row.get("system")
@@ -192,8 +191,11 @@ def predict_on(row: dict[str, Any], system: str) -> dict[str, Any]:
     from .predict import predict
     from .resolve import resolve
 
+    from .stack import row_state_bytes
+
     hw = resolve(precision=row["precision"], system=system, stack=row["stack"])
-    return predict(shape_of(row), hw, Layout.from_published(row), moe=moe_options_for(row))
+    return predict(shape_of(row), hw, Layout.from_published(row), moe=moe_options_for(row),
+                   state_bytes=row_state_bytes(row))
 
 
 @lru_cache(maxsize=1)

@@ -13,6 +13,12 @@ from ..hardware_profile import (Figure, HardwareProfile, catalog_profile, effici
                                 median_measured_mem_fraction, shape_model)
 
 GB = 1e9
+# hardware.toml memory_gb is the vendor's label, which nvidia-smi's total (MiB) fits: an
+# H100's 80 for 81,559 MiB, a B200's 180 for 183,359 MiB, a GB200's 186 for 189,471 MiB.
+# Read as GiB it is 0.4-0.6% above what the device reports (its CUDA context is counted
+# apart, memory.fixed_per_process); read as 1e9 bytes, as it was before 2026-11-28, 6.5%
+# below, so every fit check turned away layouts that fit.
+GIB = float(2**30)
 
 
 @dataclass(frozen=True)
@@ -212,7 +218,7 @@ def resolve(system: str | None = None, gpu: str | None = None, precision: str = 
         gpu=s["gpu"],
         gpus_per_node=s["gpus_per_node"],
         peak_tflops=peak,
-        memory_bytes=float(acc["memory_gb"]) * GB,
+        memory_bytes=float(acc["memory_gb"]) * GIB,
         # No sourced TDP (hardware.toml leaves the key out): unknown, NaN as for a probed
         # profile's unknown GPU, so energy is null (search._row) rather than borrowed.
         tdp_w=catalog.accelerator_tdp(s["gpu"]),

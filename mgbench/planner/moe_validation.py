@@ -163,12 +163,11 @@ def predict_row(row: dict[str, Any], options: moe.MoeOptions | None = None) -> d
 
 def state_bytes_of(row: dict[str, Any]) -> tuple[float, float, float] | None:
     """The bytes a parameter of weights, gradients and optimizer states the row's recipe
-    keeps (its ``state_bytes``, `mgbench memory --state-bytes`), or None: its stack's
-    (stacks.toml). Memory only: the row's step time does not depend on it."""
-    from .stack import parse_state_bytes
+    keeps (its ``state_bytes``, `mgbench memory --state-bytes`: stack.row_state_bytes), or
+    None: its stack's (stacks.toml). Memory only: the row's step time does not depend on it."""
+    from .stack import row_state_bytes
 
-    given = row.get("state_bytes")
-    return None if given is None else parse_state_bytes([str(x) for x in given])
+    return row_state_bytes(row)
 
 
 def score(row: dict[str, Any], options: moe.MoeOptions | None = None) -> dict[str, Any]:

@@ -9,9 +9,12 @@ from ..layout import RECOMPUTE, RUNNER_RECOMPUTE, Layout
 from ..model_shape import ModelShape
 from . import layout_rules, layout_time, perf
 from .hardware import Hardware
-from .memory import SCHEDULES, memory_per_gpu
+from .memory import SCHEDULES, STATE_BYTES, memory_per_gpu
 
 # The components (they add up to total_bytes) and the model-states subtotal.
+# --state-bytes under fp32: fp32 training keeps every state in fp32 (memory.STATE_BYTES).
+FP32_STATE_BYTES = ("--state-bytes sets a 16-bit recipe's bytes a parameter; --precision fp32 keeps weights, gradients "
+                    "and optimizer states in fp32 (4,4,8): drop one of them")
 MEMORY_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "model_states_bytes", "activations_bytes",
                "gathered_params_bytes", "temporaries_bytes", "fixed_bytes", "allowance_bytes", "reserved_bytes",
                "total_bytes")
@@ -93,6 +96,8 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
     from .stack import memory_of
 
     validate(layout, shape)
+    if state_bytes is not None and layout.precision == "fp32":
+        raise MgbenchError(FP32_STATE_BYTES)
     kw = memory_of(stack, None if state_bytes is None else tuple(float(x) for x in state_bytes))
     m = memory_per_gpu(shape, params=params, num_micro=layout.num_micro, **layout.model_kwargs(),
                        largest_layer_params=largest_layer_params, **kw,
@@ -106,6 +111,8 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
         out["notes"] += ["ZeRO-3's gathered working set is not counted: the largest layer is unknown with --params; "
                         "give --largest-layer-params N (DeepSpeed's estimator takes the same)"]
     out["layout"] = layout.as_dict()
+    # The bytes a parameter the states were counted at (fp32 training: fp32 everything).
+    out["state_bytes"] = list(STATE_BYTES["fp32"] if layout.precision == "fp32" else kw["state_bytes"])
     out["stack"] = stack or "megatron-lm (default)"
     return out
 

@@ -24,7 +24,7 @@ from ..layout import RECOMPUTE, Layout, fp8_recipe_problem
 from ..model_shape import ModelShape
 from ..strategies.schedules import VIRTUAL, too_few_chunks, v_shaped
 from . import cost, decision, hardware, layout_rules, layout_time, ownership, perf, stack
-from .predict import model_notes
+from .predict import FP32_STATE_BYTES, model_notes
 from .uncertainty import NO_MOE_RUN
 from .moe import MoeOptions
 from .memory import ALLOWANCE_FRACTION, SCHEDULES, STATE_BYTES, check_margin, memory_per_gpu
@@ -228,7 +228,8 @@ def check_bounds(opts: PlanOptions) -> None:
     interval would otherwise surface as a traceback or an absurd figure)."""
     problems = [p for f in dataclasses.fields(PlanOptions) if (p := field_problem(f.name, getattr(opts, f.name)))]
     try:
-        stack.parse_state_bytes(opts.state_bytes)
+        if stack.parse_state_bytes(opts.state_bytes) is not None and opts.precision == "fp32":
+            problems.append(FP32_STATE_BYTES)
     except MgbenchError as e:
         problems.append(str(e))
     if not problems and opts.global_batch_tokens < opts.seq_len:
@@ -813,7 +814,8 @@ def _recommend(rec: dict[str, Any] | None, rule: str, lead_why: list[str], cheap
                                         "tokens)" if r["cost_usd"] is not None else ", no price known")
         + (f", billed for {r['billed_gpus']} GPUs (whole {r['system']} instances)"
            if r["billed_gpus"] != r["num_gpus"] else ""),
-        f"needs {r['memory_per_gpu_bytes'] / 1e9:.1f} GB per GPU of {r['device_memory_bytes'] / 1e9:.0f} GB",
+        f"needs {r['memory_per_gpu_bytes'] / 1e9:.1f} GB per GPU of {r['device_memory_bytes'] / 1e9:.0f} GB "
+        f"({r['device_memory_bytes'] / 2**30:.0f} GiB)",
     ]
     if (warn := decision.long_run_warning(r)) is not None:
         reasons.append(warn)

@@ -84,6 +84,13 @@ def parse_state_bytes(values: Any) -> tuple[float, float, float] | None:
     return out  # type: ignore[return-value]
 
 
+def row_state_bytes(row: dict[str, Any]) -> tuple[float, float, float] | None:
+    """A data file row's ``state_bytes`` (its recipe's bytes a parameter, as
+    :func:`parse_state_bytes` reads --state-bytes), or None where it gives none."""
+    given = row.get("state_bytes")
+    return None if given is None else parse_state_bytes([str(x) for x in given])
+
+
 def memory_of(name: str | None, state_bytes: tuple[float, float, float] | None = None) -> dict[str, Any]:
     """How the stack holds memory (data/stacks.toml [stacks.NAME.memory]), as keyword
     arguments of memory.memory_per_gpu: ``state_bytes`` (weights, gradients, optimizer

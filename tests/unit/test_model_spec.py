@@ -255,10 +255,10 @@ def test_a_system_with_another_gpu_is_honoured_and_said():
     assert r.exit_code == 0, r.output
     res = json.loads(r.output)
     assert res["gpu"] == "a100-sxm-40gb" and res["system"] == "dgx-a100[a100-sxm-40gb]"
-    assert res["device_memory_bytes"] == pytest.approx(40e9)
+    assert res["device_memory_bytes"] == pytest.approx(40 * 2**30)  # the label read as GiB (planner/hardware.py GIB)
     r = CliRunner().invoke(main, ["predict", "--system", "dgx-a100", "--model", "llama3-8b", "--num-gpus", "16",
                                   "--zero", "3", "--json"])
-    assert json.loads(r.output)["device_memory_bytes"] == pytest.approx(80e9)
+    assert json.loads(r.output)["device_memory_bytes"] == pytest.approx(80 * 2**30)
 
 
 # --- torchtitan's op-level selective activation checkpointing -------------------------------

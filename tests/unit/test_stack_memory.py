@@ -151,8 +151,24 @@ def test_state_bytes_replace_the_stacks_and_refuse_what_is_not_three_byte_counts
         assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output, r.output
     r = CliRunner().invoke(main, [*base, "--state-bytes", "2,2,12", "--trace"])
     assert r.exit_code == 2 and "--state-bytes" in r.output
-    with pytest.raises(Exception, match="--state-bytes"):
+    from mgbench.errors import MgbenchError
+
+    with pytest.raises(MgbenchError, match="--state-bytes 2,2: give three numbers"):
         plan(LLAMA8, PlanOptions(tokens=1e9, state_bytes=["2", "2"]), Prices(None, []))
+    # fp32 training keeps fp32 everything: a 16-bit recipe's bytes are refused, not ignored.
+    with pytest.raises(MgbenchError, match="--precision fp32 keeps"):
+        plan(LLAMA8, PlanOptions(tokens=1e9, precision="fp32", state_bytes=["2", "2", "12"]), Prices(None, []))
+    r = CliRunner().invoke(main, [*base, "--state-bytes", "2,2,12", "--precision", "fp32"])
+    assert r.exit_code == 2 and "--precision fp32 keeps" in r.output
+    # Each output says which bytes it counted: the given ones, or the stack's.
+    assert bf16_grads["state_bytes"] == [2.0, 2.0, 12.0] and stack_default["state_bytes"] == [2.0, 4.0, 12.0]
+    r = CliRunner().invoke(main, ["memory", "--model", "llama3-8b", "--num-gpus", "8", "--zero", "3",
+                                  "--state-bytes", "2,2,12", "--hardware", "no-such-profile.json"])
+    assert r.exit_code == 2 and "--state-bytes" in r.output
+    # plan's lead memory counts them too (its printed figure and predict's agree: test_plan_predict_command).
+    lead = plan(LLAMA8, PlanOptions(tokens=1e9, systems=["dgx-a100"], max_gpus=8, state_bytes=["2", "2", "8"]),
+                Prices(None, []))["lead_memory"]
+    assert lead["state_bytes"] == [2.0, 2.0, 8.0]
     # Fewer bytes a parameter let more layouts fit: plan sees more of them.
     kw = {"tokens": 1e9, "systems": ["dgx-a100"], "max_gpus": 8}
     default = plan(LLAMA8, PlanOptions(**kw), Prices(None, []))
