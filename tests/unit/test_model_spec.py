@@ -352,3 +352,16 @@ def test_a_multimodal_configs_vision_tower_is_named_as_not_priced(tmp_path):
     # The text model alone has nothing left out.
     (tmp_path / "config.json").write_text(json.dumps(cfg["text_config"]))
     assert shape_from_file(tmp_path / "config.json").left_out is None
+
+
+def test_a_record_read_back_through_a_table_keeps_its_integer_dims():
+    # pandas holds an integer column with gaps as floats (64 -> 64.0): `mgbench report
+    # --plan-*` on an H200 selftest record failed with "vocab_multiple ... got 64.0".
+    from mgbench.workloads import spec_from_record
+
+    rec = {"model_layers": 12.0, "model_hidden": 768.0, "model_heads": 12.0, "model_ffn_hidden": 3072.0,
+           "model_vocab": 50257.0, "model_vocab_multiple": 64.0, "model_mlp": "gelu", "model_tie_embeddings": True}
+    shape = spec_from_record(rec)
+    assert shape.vocab_multiple == 64 and isinstance(shape.vocab_multiple, int) and shape.padded_vocab == 50304
+    with pytest.raises(MgbenchError, match="vocab_multiple"):  # a fractional dim is still refused
+        spec_from_record({**rec, "model_vocab_multiple": 64.5})
