@@ -513,8 +513,14 @@ def logits_bytes(shape: ModelShape, tokens: Any, precision: str) -> Any:
 #          here as their gradient once cast back.
 #   fused  Megatron-Core's vocab-parallel cross-entropy: the fp32 softmax kept (4), its
 #          gradient computed in place, cast back to bf16 for the head's backward (2).
+#   flash_ce  flash-attn's fused cross-entropy kernel (flash_attn.losses.cross_entropy,
+#          llm-foundry's MPT default loss_fn 'fused_crossentropy'): the bf16 logits kept
+#          (2; the kernel keeps only fp32 per-token loss and log-sum-exp besides), the
+#          gradient written to a new bf16 buffer (2: inplace_backward off). Composer's
+#          training metrics later run torch's cross-entropy over the same logits in fp32
+#          (8 more a logit), after backward, when the activations are freed: not counted.
 # "chunked" is mgbench's runner (:func:`logits_bytes`, :func:`loss_backward_bytes`).
-LOSS_MODES: dict[str, tuple[float, float]] = {"fp32": (4.0, 8.0), "fused": (4.0, 2.0)}
+LOSS_MODES: dict[str, tuple[float, float]] = {"fp32": (4.0, 8.0), "fused": (4.0, 2.0), "flash_ce": (2.0, 2.0)}
 LOSS_NAMES = ("chunked", *LOSS_MODES)
 
 

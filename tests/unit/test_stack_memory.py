@@ -41,6 +41,11 @@ def test_loss_modes_by_hand():
     assert kept == pytest.approx(4 * N * V_ / t) and transient == pytest.approx(8 * N * V_ / t)
     kept, transient = M.loss_bytes(LLAMA8, N, t, "bf16", "fused", vocab_parallel=True)
     assert kept == pytest.approx(4 * N * V_ / t) and transient == pytest.approx(2 * N * V_ / t)
+    # flash-attn's fused cross-entropy (llm-foundry's MPT): the bf16 logits kept, a new bf16
+    # gradient buffer in backward; no fp32 copy.
+    kept, transient = M.loss_bytes(LLAMA8, N, t, "bf16", "flash_ce", vocab_parallel=False)
+    assert (kept, transient) == (2 * N * V_, 2 * N * V_)
+    assert stack.memory_of("llm-foundry")["loss"] == "flash_ce"
     # The runner's chunks: the bf16 logits kept, the chunk's fp32 work transient.
     kept, transient = M.loss_bytes(LLAMA8, N, t, "bf16")
     assert kept == M.logits_bytes(LLAMA8, N, "bf16") and transient == M.loss_backward_bytes(LLAMA8, N, "bf16")
