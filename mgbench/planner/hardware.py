@@ -15,9 +15,10 @@ from ..hardware_profile import (Figure, HardwareProfile, catalog_profile, effici
 GB = 1e9
 # hardware.toml memory_gb is the vendor's label, which nvidia-smi's total (MiB) fits: an
 # H100's 80 for 81,559 MiB, a B200's 180 for 183,359 MiB, a GB200's 186 for 189,471 MiB.
-# Read as GiB it is 0.4-0.6% above what the device reports (its CUDA context is counted
-# apart, memory.fixed_per_process); read as 1e9 bytes, as it was before 2026-11-28, 6.5%
-# below, so every fit check turned away layouts that fit.
+# Read as GiB it is 0.4-0.6% above what an HBM part reports (its CUDA context is counted
+# apart, memory.fixed_per_process), but a GDDR part with ECC on reports less (an L40S
+# 46,068 MiB for its 48: 6.7%); read as 1e9 bytes, as it was before 2026-11-28, 6.5% below
+# the HBM parts, so every fit check turned away layouts that fit on them.
 GIB = float(2**30)
 
 

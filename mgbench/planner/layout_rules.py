@@ -97,8 +97,9 @@ def _last_stage_ok(last: Any, pp: Any, shape: ModelShape, schedule: str) -> Any:
     """Where the blocks of the stage that runs the output layer, if set, are 0 to
     memory.max_last_layers (NaN: not set). That stage is the last one of a loop placement
     and rank 0 of a V (zbv, dualpipev: it holds the first chunk and the last, the
-    embedding and the output layer), whose two chunks share its blocks; the time and
-    memory terms price both alike (layout_time.step_time, memory.stage_layers)."""
+    embedding and the output layer), whose two chunks share its blocks: time prices it as
+    a loop's last stage (layout_time.step_time), memory holds its in-flight first chunk
+    and its logits at once (memory.memory_per_gpu)."""
     if last is None:
         return np.ones(np.shape(pp), dtype=bool)
     k = np.asarray(last, dtype=float)

@@ -28,7 +28,7 @@ import numpy as np
 from ..layout import RECOMPUTE
 from ..model_shape import ModelShape
 from ..strategies.schedules import NAMES as _SCHEDULE_NAMES
-from ..strategies.schedules import grad_sync
+from ..strategies.schedules import grad_sync, v_shaped
 from ..strategies.schedules import VIRTUAL as _VIRTUAL
 
 # Bytes per parameter of (weights, gradients, optimizer states) for Adam under the
@@ -682,7 +682,13 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     first = (blocks + rope + out_first) * nflight
     last = blocks + rope + final_norm + logits
     single = blocks + rope + final_norm + logits
-    acts = np.where(p_arr == 1, single, np.maximum(first, last))
+    # In a V (zbv, dualpipev) rank 0 holds the first chunk, with the most micro-batches in
+    # flight, and the last, with the output layer: its logits and the loss's backward come
+    # on top of the in-flight activations (the runner's own count does the same:
+    # memory_for_config). The blocks counted are the other ranks' (a lighter rank 0 holds
+    # fewer, so this bounds it from above).
+    v = v_shaped(schedule)
+    acts = np.where(p_arr == 1, single, first + final_norm + logits if v else np.maximum(first, last))
     # Transient peaks beyond the saved activations: the loss's backward on the stage that
     # computes it; a checkpointed block rebuilt in backward.
     # A block rebuilt in backward holds its whole activations for a moment (under op-level
@@ -690,7 +696,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     whole_l = layer_activations(shape, tokens, tp, sp, precision, flash, seq, te=te_saved_inputs)
     rebuild = np.where((ck > 0) | (rc == OP_SAC), whole_l, 0.0)
     temps = np.where(p_arr == 1, np.maximum(loss_t, rebuild),
-                     np.where(first >= last, rebuild, np.maximum(loss_t, rebuild)))
+                     np.where((first >= last) & (not v), rebuild, np.maximum(loss_t, rebuild)))
     # One block's weights on this GPU: routed experts / ep, the rest / tp.
     layer_experts = shape.experts * shape.expert_params() if shape.is_moe else 0.0
     layer_p = (shape.params_per_layer() - shape.num_expert_params() / shape.layers) / t \

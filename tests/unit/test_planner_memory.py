@@ -184,3 +184,17 @@ def test_strategy_facts_come_from_the_registry_not_from_names():
         phases = M.runner_phases(make_config(strategy=st, nproc=4, precision="bf16", **kw))
         assert "root_reduce_scatter" in phases, st  # FSDP2's phases, as for fsdp
     assert "ddp_finalize" in M.runner_phases(make_config(strategy="ep", nproc=4, model="tiny-moe"))
+
+
+def test_rank_0_of_a_v_holds_its_in_flight_activations_and_the_logits_at_once():
+    # In ZB-V's and DualPipeV's V rank 0 runs the first chunk (the most micro-batches in
+    # flight) and the last (the output layer): its logits come on top, where a loop's first
+    # and last stages are different GPUs (the larger of the two). A review found the V
+    # priced as a loop, 19 GB under the runner's own count for this layout.
+    shape = catalog.model_shape("llama3-8b")
+    kw = dict(seq=8192, micro_batch=2, tp=1, pp=4, dp=2, zero=1, num_micro=8, precision="bf16", loss="fp32")
+    loop = M.memory_per_gpu(shape, schedule="1f1b", **kw)
+    vee = M.memory_per_gpu(shape, schedule="zbv", **kw)
+    tokens = 8192 * 2
+    logits_kept = 4.0 * tokens * shape.padded_vocab  # the fp32 loss's kept log-probs
+    assert float(vee["activations_bytes"]) > float(loop["activations_bytes"]) + logits_kept
