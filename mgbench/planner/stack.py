@@ -104,6 +104,11 @@ def memory_of(name: str | None, state_bytes: tuple[float, float, float] | None =
     if name not in known:
         raise MgbenchError(f"unknown --stack {name!r}; known: {', '.join(known)}")
     m = known[name]["memory"]
+    from .memory import LOSS_NAMES
+
+    if m.get("loss") not in LOSS_NAMES:
+        raise MgbenchError(f"stacks.toml [stacks.{name}.memory] loss must be one of {', '.join(LOSS_NAMES)}, "
+                           f"got {m.get('loss')!r}")
     saved = m.get("saved_inputs", "torch")
     if saved not in SAVED_INPUTS:
         raise MgbenchError(f"stacks.toml [stacks.{name}.memory] saved_inputs must be one of {', '.join(SAVED_INPUTS)}, "

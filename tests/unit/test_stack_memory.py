@@ -318,3 +318,14 @@ def test_an_unknown_saved_inputs_value_is_refused_not_priced_as_torch(monkeypatc
     monkeypatch.setattr(stack, "stacks", lambda: known)
     with pytest.raises(MgbenchError, match="saved_inputs must be one of torch, transformer-engine"):
         stack.memory_of("megatron-lm")
+
+
+def test_an_unknown_loss_mode_is_refused_not_a_traceback(monkeypatch):
+    from mgbench.errors import MgbenchError
+    from mgbench.planner import stack
+
+    known = {k: {**v, "memory": dict(v["memory"])} for k, v in stack.stacks().items()}
+    known["llm-foundry"]["memory"]["loss"] = "flash-ce"  # a typo of flash_ce
+    monkeypatch.setattr(stack, "stacks", lambda: known)
+    with pytest.raises(MgbenchError, match="loss must be one of chunked, fp32, fused, flash_ce, got 'flash-ce'"):
+        stack.memory_of("llm-foundry")
