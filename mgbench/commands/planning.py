@@ -348,7 +348,7 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
     if profile is None and not calibrate_run:
         click.echo(f"stack          {hw.stack} (efficiency {hw.stack_eff:.3f} of the calibration stack's; --stack)")
     click.echo(f"memory         {_gb(res['memory']['total_bytes'])} of {_gb(res['device_memory_bytes'])} "
-               f"({res['device_memory_bytes'] / 2**30:,.0f} GiB): "
+               f"({res['device_memory_bytes'] / GIB:,.0f} GiB): "
                f"{'fits' if res['fits'] else 'DOES NOT FIT'}")
     extra = {k: b[k] for k in ("ep_comm_s", "cp_comm_s", "offload_s") if b.get(k)}  # MoE host time: the step line
     if extra:

@@ -31,6 +31,7 @@ from ..errors import MgbenchError
 from ..layout import Layout
 from ..model_shape import ModelShape
 from . import perf
+from .stack import row_state_bytes
 
 # The issue's targets (29): held-out mean |error| under 15%, no row off by more than 35%.
 TARGET_HELD_OUT_MEAN_PCT = 15.0
@@ -77,8 +78,6 @@ def check_row(row: dict[str, Any]) -> list[str]:
     if (recipe := perf.row_recipe_problem(row)) is not None:
         out.append(recipe)
     try:
-        from .stack import row_state_bytes
-
         row_state_bytes(row)
     except MgbenchError as exc:
         out.append(str(exc))
@@ -190,8 +189,6 @@ def predict_on(row: dict[str, Any], system: str) -> dict[str, Any]:
     """`mgbench predict`'s answer for the row's model and layout on ``system``."""
     from .predict import predict
     from .resolve import resolve
-
-    from .stack import row_state_bytes
 
     hw = resolve(precision=row["precision"], system=system, stack=row["stack"])
     return predict(shape_of(row), hw, Layout.from_published(row), moe=moe_options_for(row),

@@ -246,8 +246,8 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         rank_tokens = np.asarray(global_batch, dtype=float) * s * lps / shape.layers / (t * d * c)
         rc_flops = moe_terms.recompute_flops_per_token(shape, opts.recompute_modules, load)
         moe_recompute_s = rc_flops * rank_tokens / (hw.peak_tflops * 1e12 * hw.compute_eff) * linear_scale
-        permute_s = moe_terms.permute_seconds(shape, hw, tokens=tokens_rank, act_bytes=e, opts=opts,
-                                              moe_layers=moe_layers, num_micro=m, load=load) / hw.stack_eff
+        permute_s = moe_terms.permute_seconds(shape, hw, tokens=tokens_rank, act_bytes=e, moe_layers=moe_layers,
+                                              num_micro=m, load=load) / hw.stack_eff
         traffic_s = perf.moe_traffic_seconds(shape, hw, tokens=tokens_rank * t, tp=t, precision=precision,
                                              load=load, moe_layers=moe_layers, num_micro=m,
                                              recompute=rc, sp=sp) / hw.stack_eff

@@ -21,9 +21,9 @@ from typing import Any
 from .. import catalog
 from ..model_shape import ModelShape
 from ..layout import Layout
+from .hardware import GIB
 from .predict import memory
 
-GIB = 2**30
 
 
 def published_memory() -> list[dict[str, Any]]:

@@ -401,13 +401,12 @@ def moe_rerun_share(shape: ModelShape, modules: tuple[str, ...], recomputed_shar
     return np.maximum(np.asarray(recomputed_share, dtype=float), 1.0 if "moe" in modules else 0.0)
 
 
-def permute_seconds(shape: ModelShape, hw: Any, *, tokens: Any, act_bytes: float, opts: MoeOptions,
-                    moe_layers: Any, num_micro: Any, load: Any = None) -> Any:
+def permute_seconds(shape: ModelShape, hw: Any, *, tokens: Any, act_bytes: float, moe_layers: Any,
+                    num_micro: Any, load: Any) -> Any:
     """Seconds of the token permutation around the all-to-alls: per MoE layer and
     micro-batch :data:`PERMUTE_PASSES` passes, each reading a rank's tokens and writing
     their top_k rows (or the reverse), at the achieved memory bandwidth; ``load``: the
-    busiest rank's (:func:`rank_load`; None: ``opts.load``)."""
-    load = opts.load if load is None else load
+    busiest rank's (:func:`rank_load`)."""
     rows = np.asarray(tokens, dtype=float) * (1.0 + shape.top_k * np.asarray(load, dtype=float))
     nbytes = PERMUTE_PASSES * rows * shape.hidden * act_bytes
     bw = hw.mem_bw * hw.mem_bw_fraction

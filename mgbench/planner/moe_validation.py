@@ -28,6 +28,7 @@ from ..layout import Layout
 from ..model_shape import ModelShape
 from . import moe, perf
 from .memory import stage_layers
+from .stack import row_state_bytes
 
 # The issue's acceptance (26): mean |error| under 15% and none over 30%, on the fit and the
 # held-out rows alike.
@@ -97,7 +98,7 @@ def check_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             problems.append(f"{r['id']}: split {r['split']!r}, but the header's rule gives {rule[r['id']]!r}")
         try:
             moe.options_of(r)
-            state_bytes_of(r)
+            row_state_bytes(r)
         except MgbenchError as exc:
             problems.append(f"{r['id']}: {exc}")
         problems += [f"{r['id']}: {p}" for p in conflict_problems(r)]
@@ -158,16 +159,7 @@ def predict_row(row: dict[str, Any], options: moe.MoeOptions | None = None) -> d
 
     hw = resolve(precision=row["precision"], system=row["system"], stack=row.get("stack", STACK))
     return predict(shape_of(row), hw, Layout.from_published(row), moe=options or moe.options_of(row),
-                   state_bytes=state_bytes_of(row))
-
-
-def state_bytes_of(row: dict[str, Any]) -> tuple[float, float, float] | None:
-    """The bytes a parameter of weights, gradients and optimizer states the row's recipe
-    keeps (its ``state_bytes``, `mgbench memory --state-bytes`: stack.row_state_bytes), or
-    None: its stack's (stacks.toml). Memory only: the row's step time does not depend on it."""
-    from .stack import row_state_bytes
-
-    return row_state_bytes(row)
+                   state_bytes=row_state_bytes(row))
 
 
 def score(row: dict[str, Any], options: moe.MoeOptions | None = None) -> dict[str, Any]:

@@ -11,10 +11,10 @@ from . import layout_rules, layout_time, perf
 from .hardware import Hardware
 from .memory import SCHEDULES, STATE_BYTES, memory_per_gpu
 
-# The components (they add up to total_bytes) and the model-states subtotal.
 # --state-bytes under fp32: fp32 training keeps every state in fp32 (memory.STATE_BYTES).
 FP32_STATE_BYTES = ("--state-bytes sets a 16-bit recipe's bytes a parameter; --precision fp32 keeps weights, gradients "
-                    "and optimizer states in fp32 (4,4,8): drop one of them")
+                    f"and optimizer states in fp32 ({','.join(f'{x:g}' for x in STATE_BYTES['fp32'])}): drop one of them")
+# The components (they add up to total_bytes) and the model-states subtotal.
 MEMORY_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "model_states_bytes", "activations_bytes",
                "gathered_params_bytes", "temporaries_bytes", "fixed_bytes", "allowance_bytes", "reserved_bytes",
                "total_bytes")
@@ -98,7 +98,7 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
     validate(layout, shape)
     if state_bytes is not None and layout.precision == "fp32":
         raise MgbenchError(FP32_STATE_BYTES)
-    kw = memory_of(stack, None if state_bytes is None else tuple(float(x) for x in state_bytes))
+    kw = memory_of(stack, state_bytes)
     m = memory_per_gpu(shape, params=params, num_micro=layout.num_micro, **layout.model_kwargs(),
                        largest_layer_params=largest_layer_params, **kw,
                        margin=ALLOWANCE_FRACTION if margin is None else margin, fixed=fixed, moe=moe)

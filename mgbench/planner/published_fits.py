@@ -4,15 +4,14 @@ layouts by) against every scored row of the four files of published throughput:
 published_moe_runs.toml (moe_validation), accelerator_runs.toml (accelerator_validation;
 a run that file shares with the MoE file is counted there, once), published_runs.toml
 (validation; its row of a run the MoE file holds, ``same_run``, is counted there) and
-generation_pairs.toml (both rows of each pair). Each
-row is counted with the bytes a parameter of weights, gradients and
-optimizer states its recipe keeps (its ``state_bytes`` where its source states them; its
-stack's otherwise).
+generation_pairs.toml (both rows of each pair). Each row is counted with the bytes a
+parameter of weights, gradients and optimizer states its recipe keeps (its
+``state_bytes`` where its source states them; its stack's otherwise).
 
 A one-sided check, fitted to nothing. A run's peak is at most its GPU's memory, so:
 - a row whose count alone (the model's total without the allowance: its tensors and the
-  process's fixed CUDA and NCCL costs) exceeds the GPU's memory is an error of the count, or of what the row says of its run (a recompute
-  its source does not name, say);
+  process's fixed CUDA and NCCL costs) exceeds the GPU's memory is an error of the count,
+  or of what the row says of its run (a recompute its source does not name, say);
 - a row over the GPU's memory only with the allowance (memory.ALLOWANCE_FRACTION, the
   margin `plan` keeps free for fragmentation and workspaces) is a layout `plan` would not
   offer although it ran.
@@ -87,16 +86,17 @@ def accelerator_ratios() -> list[dict[str, Any]]:
 
 
 def _dense_ratio(file: str, run: dict[str, Any], split: str) -> dict[str, Any]:
-    """One published run in validation.predict_run's form, at ZeRO 0 and bf16 where it
-    names neither (predict_run's defaults), with its stack's bytes a parameter or its own."""
+    """One published run in validation.predict_run's form, with its defaults where it names
+    neither ZeRO nor precision (validation.RUN_DEFAULTS), and with its stack's bytes a
+    parameter or its own."""
     from ..model_shape import ModelShape
     from . import hardware
     from .predict import memory
-    from .validation import stack_of
+    from .validation import RUN_DEFAULTS, stack_of
 
     from .stack import row_state_bytes
 
-    row = {"zero": 0, "precision": "bf16", **run}
+    row = {**RUN_DEFAULTS, **run}
     shape = catalog.model_shape(run["model"]) if "model" in run else ModelShape(**run["shape"])
     hw = hardware.resolve(system=run["system"], precision=row["precision"])
     m = memory(shape, Layout.from_published(row), stack=stack_of(run), state_bytes=row_state_bytes(run))
@@ -112,8 +112,7 @@ def pair_ratios() -> list[dict[str, Any]]:
 
 
 def dense_ratios() -> list[dict[str, Any]]:
-    """Every row of published_runs.toml (its ``role`` as the split), at ZeRO 0 and bf16
-    where the row names neither (validation.predict_run's defaults), but a row whose
+    """Every row of published_runs.toml (its ``role`` as the split), but a row whose
     ``same_run`` names the MoE file's row of the same run (counted there, with the run's
     own options); MgbenchError where that row does not exist."""
     from ..errors import MgbenchError

@@ -815,7 +815,7 @@ def _recommend(rec: dict[str, Any] | None, rule: str, lead_why: list[str], cheap
         + (f", billed for {r['billed_gpus']} GPUs (whole {r['system']} instances)"
            if r["billed_gpus"] != r["num_gpus"] else ""),
         f"needs {r['memory_per_gpu_bytes'] / 1e9:.1f} GB per GPU of {r['device_memory_bytes'] / 1e9:.0f} GB "
-        f"({r['device_memory_bytes'] / 2**30:.0f} GiB)",
+        f"({r['device_memory_bytes'] / hardware.GIB:.0f} GiB)",
     ]
     if (warn := decision.long_run_warning(r)) is not None:
         reasons.append(warn)

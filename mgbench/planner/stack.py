@@ -113,7 +113,7 @@ def memory_of(name: str | None, state_bytes: tuple[float, float, float] | None =
     if saved not in SAVED_INPUTS:
         raise MgbenchError(f"stacks.toml [stacks.{name}.memory] saved_inputs must be one of {', '.join(SAVED_INPUTS)}, "
                            f"got {saved!r}")
-    held = tuple(float(x) for x in m["state_bytes"]) if state_bytes is None else tuple(state_bytes)
+    held = tuple(float(x) for x in (m["state_bytes"] if state_bytes is None else state_bytes))
     return {"state_bytes": held, "loss": m["loss"],
             "loss_vocab_parallel": bool(m["loss_vocab_parallel"]),
             "te_saved_inputs": saved == "transformer-engine",

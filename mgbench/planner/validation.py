@@ -79,6 +79,10 @@ def stack_of(run: dict[str, Any]) -> str:
     return run.get("stack", stack.DEFAULT_STACK)
 
 
+# What a published_runs.toml / generation_pairs.toml row that names neither trained with.
+RUN_DEFAULTS = {"zero": 0, "precision": "bf16"}
+
+
 # What each row's metric is called in the model's output, and its published field.
 METRICS = {"hardware": ("hardware_tflops_per_gpu", "published_tflops_per_gpu", "TFLOP/s/GPU (hardware)"),
            "model": ("model_tflops_per_gpu", "published_tflops_per_gpu", "TFLOP/s/GPU (model)"),
@@ -103,10 +107,10 @@ def predict_run(run: dict[str, Any], matmul_eff: float | None = None,
     dp = run["num_gpus"] // (run["tp"] * run["pp"] * cp)
     out = layout_time.step_time(
         shape, hw, seq=run["seq"], global_batch=run["global_batch"], micro_batch=run["micro_batch"],
-        tp=run["tp"], pp=run["pp"], dp=dp, zero=run.get("zero", 0),
+        tp=run["tp"], pp=run["pp"], dp=dp, zero=run.get("zero", RUN_DEFAULTS["zero"]),
         recompute=RECOMPUTE.index(run["recompute"]), schedule=run.get("schedule", "1f1b"),
         virtual_stages=run.get("virtual_stages", 1), flash=run.get("flash", True), ep=run.get("ep", 1), cp=cp,
-        precision=run.get("precision", "bf16"), pp_last_layers=run.get("pp_last_layers"),
+        precision=run.get("precision", RUN_DEFAULTS["precision"]), pp_last_layers=run.get("pp_last_layers"),
         fp8_recipe=run.get("fp8_recipe"),
     )
     key, field, unit = METRICS[run["metric"]]

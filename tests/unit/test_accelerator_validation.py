@@ -47,6 +47,7 @@ def test_a_broken_row_is_refused():
     assert A.check_row({**row, "split": "train"})[0].startswith("split 'train'")
     assert A.check_row({k: v for k, v in row.items() if k != "source"}) == ["missing source"]
     assert A.check_row({**row, "published": 0})[0].startswith("published 0")
+    assert A.check_row({**row, "state_bytes": [2, -1, 12]})[0].startswith("--state-bytes 2,-1,12: weights and gradients")
     assert any("relative_to" in p for p in A.check_row({**row, "metric": "ratio"}))
 
 

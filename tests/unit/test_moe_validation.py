@@ -83,6 +83,11 @@ def test_a_split_against_the_rule_is_refused(rows):
     added[j]["split"] = "fit"
     with pytest.raises(MgbenchError, match=f"{rows[j]['id']}: split 'fit'"):
         V.check_rows(added)
+    # A recipe's bytes a parameter that are not three byte counts are refused with the row's id.
+    sb = [dict(r) for r in rows]
+    sb[0]["state_bytes"] = [2, 2]
+    with pytest.raises(MgbenchError, match=f"{rows[0]['id']}: --state-bytes 2,2: give three numbers"):
+        V.check_rows(sb)
     missing = [dict(r) for r in rows]
     del missing[0]["routing"]
     with pytest.raises(MgbenchError, match="missing routing"):

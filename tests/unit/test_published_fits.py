@@ -54,7 +54,7 @@ def test_the_check_fires_when_the_recipes_bytes_are_left_out(monkeypatch):
     # Negative control: at the stacks' defaults (fp32 gradients for Megatron-Core, fp32
     # weights and states for the FSDP2 rows) the same layouts overflow by the dozen: 13
     # with the allowance where the recipes' bytes leave 4.
-    monkeypatch.setattr(moe_validation, "state_bytes_of", lambda row: None)
+    monkeypatch.setattr(moe_validation, "row_state_bytes", lambda row: None)
     s = F.summary(F.moe_ratios(moe_validation.scored_rows()))  # scored afresh, not the cached scores
     assert len(s["over_total"]) == 13 and len(s["over_counted"]) == 9
 
@@ -112,3 +112,14 @@ def test_the_accelerator_rows_recipe_bytes_matter(monkeypatch):
     assert {"mbridge-25.11-b200-llama31-405b-fp8", "mbridge-25.11-h100-llama31-405b-fp8",
             "mbridge-25.11-h100-llama3-70b-fp8", "nemo-24.12-h100-llama3-8b-fp8-cp2",
             "nemo-24.07-h100-gpt3-175b-fp8"} <= without
+
+
+def test_a_gpu_memory_that_is_not_a_positive_label_is_refused():
+    from mgbench.errors import MgbenchError
+
+    row = {"id": "made"}
+    assert F.device_bytes(row, 80e9) == 80e9  # none given: the catalog's
+    assert F.device_bytes({**row, "gpu_memory_gb": 96}, 80e9) == 96 * 2**30  # a label, read as GiB
+    for bad in (0, -96, "96", True):
+        with pytest.raises(MgbenchError, match="made: gpu_memory_gb .* is not a positive number"):
+            F.device_bytes({**row, "gpu_memory_gb": bad}, 80e9)
