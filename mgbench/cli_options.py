@@ -313,8 +313,9 @@ def _use_system_file(ctx: click.Context, param: click.Parameter, value: str | No
 
 SYSTEM_FILE = opt("--system-file", "system_file", metavar="PATH", callback=_use_system_file,
                   help="TOML file of your own hardware with hardware.toml's keys: [systems.NAME] (gpu, gpus_per_node, "
-                       "intra_link, inter_link, nics_per_node) and optionally [accelerators.NAME] and [links.NAME]; "
-                       "its systems are then usable by name (the only one is the default for predict).")
+                       "intra_link, inter_link, nics_per_node) and optionally [accelerators.NAME] and [links.NAME] "
+                       "(an accelerator's memory_gb is read as GiB, as vendors label it: an H100's 80 is "
+                       "80 GiB); its systems are then usable by name (the only one is the default for predict).")
 # One option group for every command that takes a model (memory, predict, plan): a test
 # checks that each has all of them.
 MODEL_GROUP = (MODEL, HF, PARAMS, *DIMS)

@@ -220,8 +220,11 @@ class ModelShape:
 
     @classmethod
     def from_record(cls, rec: dict[str, Any], prefix: str = "model_") -> "ModelShape":
-        """Rebuild from a flat result record, whose model dims are stored as model_<dim>."""
-        return cls(**{f.name: rec[prefix + f.name] for f in dataclasses.fields(cls) if prefix + f.name in rec})
+        """Rebuild from a flat result record, whose model dims are stored as model_<dim>
+        (a row of a pandas table of records too: record_values.fields_as_written)."""
+        from .record_values import fields_as_written
+
+        return cls.from_dict(fields_as_written(cls, rec, prefix=prefix))
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -20,6 +20,7 @@ from typing import Any
 from .config import RunConfig, config_id
 from .errors import MgbenchError
 from .model_shape import ModelShape
+from .record_values import fields_as_written
 from .workloads import SPEC_RECORD_KEYS
 
 SCHEMA_VERSION = 5
@@ -378,9 +379,9 @@ RECORD_FIELDS = {f.name: f for f in dataclasses.fields(Record) if f.name != "con
 
 def config_from_record(rec: dict[str, Any]) -> RunConfig:
     """The config a flat record was measured with (its parameters and model_* dims)."""
-    names = {f.name for f in dataclasses.fields(RunConfig)}
-    params = {k: rec[CONFIG_RENAMED.get(k, k)] for k in names if CONFIG_RENAMED.get(k, k) in rec and k != "model"}
-    params["label_keys"] = tuple(rec.get("label_keys") or ())
+    params = fields_as_written(RunConfig, rec, renamed=CONFIG_RENAMED)
+    params.pop("model", None)
+    params["label_keys"] = tuple(params.get("label_keys") or ())
     from .workloads import spec_from_record  # model_* dims, or a Hugging Face / vision model
 
     return RunConfig(model=spec_from_record(rec), **params)

@@ -15,6 +15,8 @@ from ..cli_options import (AGAINST, CALIBRATION_GROUP, HARDWARE, DIM_NAMES, GPU,
 from ..errors import MgbenchError
 from ..model_shape import ModelShape, default_ffn_hidden
 
+# planner/hardware.py's GIB, not imported from there: the CLI starts without the planner
+# (test_cli_options: importing the CLI does not load it).
 GIB = 2**30
 
 
@@ -150,7 +152,8 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
         click.echo("(model states only" + (", and ZeRO-3's gathered layer" if largest_layer_params is not None else "")
                    + f", as the {held_as} stack holds them (--stack): give --model or dims for activations)")
     if res.get("fits") is not None:
-        click.echo(f"budget           {_gb(res['device_memory_bytes']):>14}  ({res['budget_source']}): "
+        click.echo(f"budget           {_gb(res['device_memory_bytes']):>14}  ({res['device_memory_bytes'] / GIB:,.2f} GiB, "
+                   f"{res['budget_source']}): "
                    f"{'fits' if res['fits'] else 'DOES NOT FIT'}")
     elif "budget_source" in res:
         click.echo(f"budget           {res['budget_source']}: fit not known")

@@ -512,15 +512,20 @@ def logits_bytes(shape: ModelShape, tokens: Any, precision: str) -> Any:
 #          head wrote are dropped before backward (torchtitan deletes them), or counted
 #          here as their gradient once cast back.
 #   fused  Megatron-Core's vocab-parallel cross-entropy: the fp32 softmax kept (4), its
-#          gradient computed in place, cast back to bf16 for the head's backward (2).
+#          gradient computed in place, cast back to the logits' dtype for the head's
+#          backward (e).
 #   flash_ce  flash-attn's fused cross-entropy kernel (flash_attn.losses.cross_entropy,
-#          llm-foundry's MPT default loss_fn 'fused_crossentropy'): the bf16 logits kept
-#          (2; the kernel keeps only fp32 per-token loss and log-sum-exp besides), the
-#          gradient written to a new bf16 buffer (2: inplace_backward off). Composer's
+#          llm-foundry's MPT default loss_fn 'fused_crossentropy'): the logits kept (e;
+#          the kernel keeps only fp32 per-token loss and log-sum-exp besides), the
+#          gradient written to a new buffer of their dtype (e: inplace_backward off). Composer's
 #          training metrics later run torch's cross-entropy over the same logits in fp32
 #          (8 more a logit), after backward, when the activations are freed: not counted.
+# "e" stands for the logits' own bytes at the run's precision (act_bytes: 2 under bf16 or
+# fp8 autocast, 4 in fp32): those kernels keep or write the logits' dtype, where the fp32
+# figures are fp32 whatever the logits are.
 # "chunked" is mgbench's runner (:func:`logits_bytes`, :func:`loss_backward_bytes`).
-LOSS_MODES: dict[str, tuple[float, float]] = {"fp32": (4.0, 8.0), "fused": (4.0, 2.0), "flash_ce": (2.0, 2.0)}
+LOSS_MODES: dict[str, tuple[float | str, float | str]] = {"fp32": (4.0, 8.0), "fused": (4.0, "e"),
+                                                          "flash_ce": ("e", "e")}
 LOSS_NAMES = ("chunked", *LOSS_MODES)
 
 
@@ -530,7 +535,8 @@ def loss_bytes(shape: ModelShape, tokens: Any, tp: Any, precision: str, loss: st
     loss on the stage that computes it, as ``loss`` (LOSS_NAMES) holds them."""
     if loss == "chunked":
         return logits_bytes(shape, tokens, precision), loss_backward_bytes(shape, tokens, precision)
-    kept, transient = LOSS_MODES[loss]
+    e = act_bytes(precision)
+    kept, transient = (e if b == "e" else float(b) for b in LOSS_MODES[loss])
     per = np.asarray(tokens, dtype=float) * shape.padded_vocab / (np.asarray(tp, dtype=float) if vocab_parallel else 1.0)
     return per * kept, per * transient
 

@@ -523,16 +523,27 @@ def _splits(shape: ModelShape, opts: PlanOptions, rows: dict[str, np.ndarray],
     return out
 
 
+def planned_stack(opts: PlanOptions) -> str:
+    """The stack plan counts memory and picks the FP8 recipe by: on a probed machine
+    (--hardware) mgbench's runner, as `mgbench memory --hardware` counts it; else --stack."""
+    return profile_stack if opts.profile else opts.stack
+
+
+def holds_cuda_context(opts: PlanOptions) -> bool:
+    """Whether each rank's fixed device memory (CUDA context, NCCL) is counted: everywhere
+    but on a probed CPU, whose ranks hold none."""
+    return not (opts.profile and opts.profile.get("device") == "cpu")
+
+
 def _evaluate_rows(shape: ModelShape, hw: hardware.Hardware, opts: PlanOptions, overlap: float, B: int,
                    rows: dict[str, np.ndarray], offload: bool, schedule: tuple[str, int]) -> dict[str, np.ndarray]:
     """Memory of the candidate ``rows`` under ``schedule``; the ones that fit, with their throughput."""
     cand = candidates(opts, B, schedule=schedule, offload=offload,
                       **{k: rows[k] for k in ("num_gpus", "tp", "pp", "cp", "ep", "zero", "micro_batch", "recompute",
                                               "pp_last_layers")})
-    held = stack.memory_of(opts.stack, stack.parse_state_bytes(opts.state_bytes))
+    held = stack.memory_of(planned_stack(opts), stack.parse_state_bytes(opts.state_bytes))
     mem = memory_per_gpu(shape, num_micro=cand.num_micro, **cand.model_kwargs(), **held,
-                         margin=opts.memory_margin, fixed=hw.ew_bw is None,  # a probed CPU holds no CUDA context
-                         moe=opts.moe)
+                         margin=opts.memory_margin, fixed=holds_cuda_context(opts), moe=opts.moe)
     fits = mem["total_bytes"] <= hw.memory_bytes
     kept = cand.take(fits)
     out = layout_time.step_time(shape, hw, global_batch=B, overlap=overlap, moe=opts.moe, **kept.model_kwargs())
@@ -698,7 +709,7 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
             "restart_minutes": opts.restart_minutes, "power_fraction_of_tdp": opts.power_fraction, "pue": opts.pue,
             "spot": opts.spot, "overlap": opts.overlap, "stack": None if opts.profile else opts.stack,
             "precision": opts.precision,
-            "fp8_recipe": (stack.fp8_recipe(profile_stack if opts.profile else opts.stack, opts.fp8_recipe)
+            "fp8_recipe": (stack.fp8_recipe(planned_stack(opts), opts.fp8_recipe)
                            if opts.precision == "fp8" else None),
             "hardware_profile": opts.profile.get("hostname") if opts.profile else None,
         },
@@ -839,7 +850,9 @@ def last_stage_reason(shape: ModelShape, r: dict[str, Any]) -> str:
     if r.get("schedule") and v_shaped(r["schedule"]):
         return (f"last={k}: give rank 0, which runs the output layer beside the embedding in the V, {k} blocks over "
                 f"its two chunks and the other {p - 1} ranks the rest (the chunks are built per rank: DualPipe and "
-                f"ZB-V take a module per chunk); mgbench predict --pp-last-layers {k}")
+                f"ZB-V take a module per chunk). How the {k} divide between its chunks is not priced: the time counts "
+                f"the rank's {k} blocks, the memory bounds the rank by another's blocks; the last chunk, beside the "
+                f"output layer, is the one to lighten; mgbench predict --pp-last-layers {k}")
     rest = shape.layers - k
     flag = rest % (p - 1) == 0 and (v == 1 or (k % v == 0 and (rest // (p - 1)) % v == 0))
     how = (f"Megatron-LM --decoder-last-pipeline-num-layers {k}" if flag else
@@ -854,8 +867,7 @@ def _lead_memory(shape: ModelShape, r: dict[str, Any], opts: PlanOptions) -> dic
     from .predict import memory
 
     lay = layout_of_row(r, opts)
-    out = memory(shape, lay, stack=profile_stack if opts.profile else opts.stack, margin=opts.memory_margin,
-                 fixed=not opts.profile or opts.profile.get("device") != "cpu",
+    out = memory(shape, lay, stack=planned_stack(opts), margin=opts.memory_margin, fixed=holds_cuda_context(opts),
                  state_bytes=stack.parse_state_bytes(opts.state_bytes))
     out["device_memory_bytes"] = r["device_memory_bytes"]
     return out

@@ -314,17 +314,7 @@ def spec_from_record(rec: dict[str, Any]) -> Any:
         return VisionModel(rec["model_vision"])
     if rec.get("model_hf") is not None:
         return HFModel.from_config(rec["model_config"], rec.get("model_name") or HF_PREFIX + rec["model_hf"])
-    dims = {f.name: _as_written(rec[f"model_{f.name}"], str(f.type))
-            for f in dataclasses.fields(ModelShape) if f"model_{f.name}" in rec}
-    return ModelShape.from_dict(dims)
-
-
-def _as_written(value: Any, annotation: str) -> Any:
-    """A record's model dim as the run wrote it: a table of records (pandas) holds an
-    integer column with gaps as floats, 64 as 64.0, which ModelShape refuses."""
-    if annotation.startswith("int") and isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
+    return ModelShape.from_record(rec)
 
 
 def resolve_hf_path(value: Any, base: Path) -> Any:

@@ -119,6 +119,7 @@ def test_memory_and_plan_take_a_hardware_profile(cli, tmp_path):
     p = cli("memory", "--model", "gpt2-small", "--micro-batch", "8", "--seq-len", "1024", "--precision", "fp32",
             "--num-gpus", "2", "--hardware", str(prof))
     assert "DOES NOT FIT" in p.stdout and "host RAM of box / 2 rank(s)" in p.stdout
+    assert "2.00 GB  (1.86 GiB, host RAM" in p.stdout  # the budget in both units, as every line above it
     bad = cli("plan", "--model", "gpt2-small", "--tokens", "1e9", "--hardware", str(prof), "--systems", "dgx-a100")
     assert bad.returncode == 2 and "drop --systems" in bad.stderr and "Traceback" not in bad.stderr
     stack = cli("predict", "--model", "llama3-8b", "--gpu", "a100-sxm-80gb", "--stack", "mgbench")

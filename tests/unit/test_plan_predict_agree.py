@@ -121,6 +121,7 @@ def test_a_v_shaped_schedule_lightens_rank_0_which_runs_the_output_layer():
     assert lighter
     r = lighter[0]
     assert "give rank 0" in last_stage_reason(shape, r) and "--decoder-last" not in last_stage_reason(shape, r)
+    assert "divide between its chunks is not priced" in last_stage_reason(shape, r)
     # The same layout priced by predict with and without the lighter rank 0: lighter is faster.
     import dataclasses
 

@@ -180,3 +180,21 @@ def test_expert_parallel_degrees_up_to_256_for_a_256_expert_model():
     assert extra_axes(catalog.model_shape("deepseek-v3"), opts)[1] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
     assert extra_axes(catalog.model_shape("mixtral-8x7b"), opts)[1] == [1, 2, 4, 8]
     assert extra_axes(catalog.model_shape("llama3-8b"), opts)[1] == [1]
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_on_a_probed_machine_the_filter_and_the_lead_count_memory_alike(device):
+    # plan --hardware prices memory as mgbench's runner holds it on that machine (fp32
+    # states; a CUDA context on a GPU, none on a CPU). The filter had used the default
+    # stack's bytes and, on a probed GPU, no CUDA context, while the lead's memory (what
+    # plan prints and `predict` of its line gives) used the runner's: two totals for one
+    # layout (found by a review).
+    from tests.unit.test_probe_profile import _probed_h100, make_profile
+
+    prof = _probed_h100(num_devices=8) if device == "cuda" else make_profile(cores=2)
+    shape = catalog.model_shape("gpt2-small")
+    out = plan(shape, PlanOptions(tokens=1e9, seq_len=1024, precision="fp32" if device == "cpu" else "bf16",
+                                  profile=prof), cost.Prices(None, []))
+    lead = out["recommendation"]
+    assert out["lead_memory"]["total_bytes"] == pytest.approx(lead["memory_per_gpu_bytes"], rel=1e-9)
+    assert (out["lead_memory"]["fixed_bytes"] > 0) == (device == "cuda")

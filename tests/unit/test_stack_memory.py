@@ -45,6 +45,11 @@ def test_loss_modes_by_hand():
     # gradient buffer in backward; no fp32 copy.
     kept, transient = M.loss_bytes(LLAMA8, N, t, "bf16", "flash_ce", vocab_parallel=False)
     assert (kept, transient) == (2 * N * V_, 2 * N * V_)
+    # In fp32 the logits are fp32: the kernels that keep or write the logits' own dtype
+    # hold twice as much (a review found flash_ce priced at 2 bytes whatever the precision).
+    assert M.loss_bytes(LLAMA8, N, t, "fp32", "flash_ce") == (4 * N * V_, 4 * N * V_)
+    assert M.loss_bytes(LLAMA8, N, t, "fp32", "fused") == (4 * N * V_, 4 * N * V_)
+    assert M.loss_bytes(LLAMA8, N, t, "fp32", "fp32") == (4 * N * V_, 8 * N * V_)
     assert stack.memory_of("llm-foundry")["loss"] == "flash_ce"
     # The runner's chunks: the bf16 logits kept, the chunk's fp32 work transient.
     kept, transient = M.loss_bytes(LLAMA8, N, t, "bf16")
