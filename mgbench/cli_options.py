@@ -282,6 +282,11 @@ DIMS = (
     opt("--expert-ffn-hidden", type=int, help="Custom MoE model: width of one routed expert."),
     opt("--shared-experts", type=int, help="Custom MoE model: experts every token uses (DeepSeek: 1 or 2)."),
     opt("--dense-layers", type=int, help="Custom MoE model: leading layers with a dense MLP (DeepSeek-V3: 3)."),
+    opt("--expert-bias", is_flag=True, default=None,
+        help="Custom MoE model: the experts' linears carry biases, the second one's weighted by the router (gpt-oss)."),
+    opt("--glu-clamp", type=float, help="Custom MoE model: the experts' gated-MLP inputs are clamped to +-this "
+                                        "(gpt-oss's swiglu_limit: 7). With --expert-bias, priced as the elementwise "
+                                        "passes they add unfused (see --moe-fused-grouped-mlp)."),
     opt("--kv-lora-rank", type=int, help="Custom model, multi-head latent attention (DeepSeek): keys and values "
                                          "compressed to this rank (with --qk-nope-head-dim, --qk-rope-head-dim, "
                                          "--v-head-dim)."),

@@ -157,11 +157,15 @@ def _gpt2(cfg: dict[str, Any], name: str) -> ModelShape:
 
 
 def _mixtral(cfg: dict[str, Any], name: str) -> ModelShape:
-    """mixtral and gpt_oss: every layer MoE, experts as wide as intermediate_size."""
+    """mixtral and gpt_oss: every layer MoE, experts as wide as intermediate_size; gpt_oss's
+    experts carry biases and clamp their gated inputs to swiglu_limit (transformers'
+    GptOssExperts)."""
     f = _int(cfg, "intermediate_size")
     d = _common(cfg, name, ffn_hidden=f, mlp="swiglu", experts=_int(cfg, "num_local_experts"),
                 top_k=_int(cfg, "num_experts_per_tok"))
-    return ModelShape(**d, **_local(cfg, d["layers"], 2 if cfg["model_type"] == "gpt_oss" else 0))
+    oss = cfg["model_type"] == "gpt_oss"
+    extra = {"expert_bias": True, "glu_clamp": float(cfg.get("swiglu_limit", 7.0))} if oss else {}
+    return ModelShape(**d, **extra, **_local(cfg, d["layers"], 2 if oss else 0))
 
 
 def _qwen_moe(cfg: dict[str, Any], name: str) -> ModelShape:

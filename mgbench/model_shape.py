@@ -7,6 +7,7 @@ formulas live here once.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -89,6 +90,12 @@ class ModelShape:
     expert_ffn_hidden: int | None = None
     shared_experts: int = 0
     dense_layers: int = 0
+    # gpt-oss's experts: their linears carry biases (the second one's scaled by the
+    # router's weight), and the gated MLP's inputs are clamped to +-glu_clamp (gpt-oss's
+    # swiglu_limit, 7) first. Neither changes weights or FLOPs to speak of; the planner
+    # prices the elementwise passes they add where they run unfused (moe.epilogue_seconds).
+    expert_bias: bool = False
+    glu_clamp: float | None = None
     # Multi-head latent attention (DeepSeek-V2/V3; MLA on when kv_lora_rank is set): keys
     # and values are projected down to kv_lora_rank (plus one shared rotary key of
     # qk_rope_head_dim) and back up per head; queries likewise through q_lora_rank (None:
@@ -189,9 +196,15 @@ class ModelShape:
         e = self.expert_ffn_hidden
         if e is not None and (not isinstance(e, int) or isinstance(e, bool) or e <= 0):
             raise MgbenchError(f"model dim expert_ffn_hidden must be a positive integer, got {e!r}")
+        if not isinstance(self.expert_bias, bool):
+            raise MgbenchError(f"model expert_bias must be true or false, got {self.expert_bias!r}")
+        c = self.glu_clamp
+        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c < math.inf):
+            raise MgbenchError(f"model glu_clamp must be a positive number, got {c!r}")
         if not self.experts:
             extra = [f for f in ("top_k", "shared_experts", "dense_layers") if getattr(self, f)]
             extra += ["expert_ffn_hidden"] if e is not None else []
+            extra += [f for f in ("expert_bias", "glu_clamp") if getattr(self, f) not in (False, None)]
             if extra:
                 raise MgbenchError(f"model dim(s) {', '.join(extra)} apply to MoE models only: set experts > 0 "
                                    "or leave them out")
@@ -233,7 +246,8 @@ class ModelShape:
             # field existed (which hash these dims) stay what they were.
             del d["vocab_multiple"]
         for f, neutral in (("experts", 0), ("top_k", 0), ("expert_ffn_hidden", None), ("shared_experts", 0),
-                           ("dense_layers", 0), *((f, None) for f in _MLA_FIELDS), ("mtp_layers", 0),
+                           ("dense_layers", 0), ("expert_bias", False), ("glu_clamp", None),
+                           *((f, None) for f in _MLA_FIELDS), ("mtp_layers", 0),
                            ("parallel_block", False), ("sliding_window", None), ("global_every", 0)):
             if d[f] == neutral:  # the same, for the MoE dims of a dense model
                 del d[f]
@@ -244,7 +258,7 @@ class ModelShape:
         """Why mgbench's own decoder (workloads/gpt.py, moe.py) cannot build this shape,
         or None. The planner prices all of it; the runner measures only what it builds
         (multi-head latent attention included: workloads/gpt.MLAttention)."""
-        planner_only = [f for f in ("mtp_layers", "parallel_block", "sliding_window")
+        planner_only = [f for f in ("mtp_layers", "parallel_block", "sliding_window", "expert_bias", "glu_clamp")
                         if getattr(self, f) not in (None, 0, False)]
         if self.mlp not in RUNNER_MLP_KINDS:
             planner_only.append(f"mlp = {self.mlp!r}")

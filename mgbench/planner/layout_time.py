@@ -44,7 +44,9 @@ moe       compute the MoE layers add to perf's (in the blocks, so the bubble sca
           the routed experts' FLOP share of the linears where perf reports none), the
           Megatron-Core recompute modules the run names, the token permutation
           around the all-to-alls and the routed rows' activation traffic beyond the
-          dense MLP perf's elementwise term counts (both memory-bound).
+          dense MLP perf's elementwise term counts (both memory-bound), and where
+          gpt-oss-style experts run unfused, the passes of their clamp and bias
+          (moe.epilogue_seconds, counted from Megatron-Core's ops: ``moe_epilogue_s``).
 cp_comm   the all-gather form of context parallelism: per block and micro-batch an
           all-gather of K and V (s b 2 k e / t bytes in all, k = kv heads x head dim)
           and a reduce-scatter of their gradients (ring collectives over cp ranks, plus
@@ -235,6 +237,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     moe_layers = np.minimum(lps, shape.moe_layers)
     zero_s = 0.0 * blocks
     imbalance_s, moe_recompute_s, permute_s, a2a, ep_comm, host_s = zero_s, zero_s, zero_s, zero_s, zero_s, zero_s
+    epilogue_s = zero_s
     rerun = zero_s  # the share of MoE layers whose forward runs again
     traffic_s = zero_s
     load = moe_terms.rank_load(opts, ep) if shape.is_moe else 1.0  # 1 without expert parallelism
@@ -251,8 +254,15 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         traffic_s = perf.moe_traffic_seconds(shape, hw, tokens=tokens_rank * t, tp=t, precision=precision,
                                              load=load, moe_layers=moe_layers, num_micro=m,
                                              recompute=rc, sp=sp) / hw.stack_eff
-        blocks = blocks + imbalance_s + moe_recompute_s + permute_s + traffic_s
+        # The activation's forward runs again under moe_act, moe or a whole-block recompute.
+        act_rerun = np.maximum(moe_terms.moe_rerun_share(shape, opts.recompute_modules, recomputed_share(lps, rc)),
+                               1.0 if "moe_act" in opts.recompute_modules else 0.0)
+        epilogue_s = moe_terms.epilogue_seconds(shape, hw, tokens=tokens_rank, moe_layers=moe_layers, num_micro=m,
+                                                load=load, opts=opts, rerun=act_rerun) / hw.stack_eff
+        blocks = blocks + imbalance_s + moe_recompute_s + permute_s + traffic_s + epilogue_s
         notes.append(moe_terms.note(opts, schedule))
+        if (epilogue := moe_terms.epilogue_note(shape, opts)) is not None:
+            notes.append(epilogue)
     cast_s = zero_s
     if precision == "fp8":
         from .stack import fp8_recipe as recipe_of
@@ -344,7 +354,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     res["breakdown"] = {**terms, "compute_s": compute, "bubble_s": bubble, "bubble_fraction": f, "dp_comm_s": dp_comm,
                         "exposed_dp_comm_s": exposed_dp, "ep_comm_s": ep_comm, "ep_a2a_s": a2a,
                         "moe_imbalance_s": imbalance_s, "moe_recompute_s": moe_recompute_s,
-                        "moe_permute_s": permute_s, "moe_traffic_s": traffic_s, "fp8_cast_s": cast_s, "moe_host_s": host_s, "moe_rerun_share": rerun, "cp_comm_s": cp_comm,
+                        "moe_permute_s": permute_s, "moe_epilogue_s": epilogue_s, "moe_traffic_s": traffic_s, "fp8_cast_s": cast_s, "moe_host_s": host_s, "moe_rerun_share": rerun, "cp_comm_s": cp_comm,
                         "mtp_last_stage_s": mtp_s,
                         "offload_s": offload_s,
                         "exposed_comm_s": b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s}

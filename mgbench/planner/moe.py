@@ -154,6 +154,11 @@ class MoeOptions:
                 "time the published graphed runs still show stays (stacks.toml [moe_host] graphed_share of the eager "
                 "term, which the prediction's notes give; at 1 the step is priced as eager's and only the interval, "
                 "the graphed runs', differs)."})
+    fused_grouped_mlp: bool = field(default=False, metadata={
+        "help": "The experts' GEMMs, gated activation and biases run in one kernel (Transformer Engine's CuteDSL "
+                "grouped MLP: MXFP8 or NVFP4 on Blackwell, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1): the elementwise passes "
+                "gpt-oss-style experts add unfused (the clamp of the GLU's inputs, the router-weighted bias) are "
+                "not priced. The grouped GEMMs are priced alike either way."})
     round_robin: bool = field(default=False, metadata={
         "help": "Benchmark routing that gives token t the top_k consecutive experts from t x top_k (torchtitan's "
                 "moe_force_load_balance, NeMo AutoModel's fake balanced gate): exactly balanced, and a token "
@@ -413,6 +418,65 @@ def permute_seconds(shape: ModelShape, hw: Any, *, tokens: Any, act_bytes: float
     return nbytes / bw * np.asarray(moe_layers, dtype=float) * np.asarray(num_micro, dtype=float)
 
 
+# --- gpt-oss's expert epilogue, where it runs unfused --------------------------------------
+
+# Bytes a routed row moves through the elementwise ops gpt-oss-style experts add around the
+# grouped GEMMs when they run unfused, counted from Megatron-Core's code (d98e8a64dd,
+# 2026-08-22), by op, forward and backward. F: the GLU's width (expert_ffn_hidden), H:
+# hidden. BF16 tensors are 2 bytes an element; the router's weights are fp32, so the bias
+# path's products are fp32 (4).
+#   clamp (glu_clamp; fusions/fused_bias_geglu.weighted_bias_quick_geglu_impl, eager,
+#     outside the fused activation): forward two clamps of a half each (read F, write F:
+#     2 x 4F) and the cat of the halves (read 2F, write 2F: 8F) = 16F; backward two clamp
+#     gradients (read the gradient and the input, write: 2 x 6F) and the split's cat of
+#     the two gradients (8F) = 20F. A recomputed activation (recompute_modules moe_act,
+#     moe, or the whole block) runs the forward again: 16F more.
+#   bias (expert_bias; moe/experts.TEGroupedMLP._apply_bias: the second linear's bias
+#     times the router's weight, added per local expert after the GEMM): forward b x p
+#     (write 4H), t + that (read 2H + 4H, write 4H), the cat (read 4H, write 4H), the cast
+#     back (read 4H, write 2H) = 28H; backward the cast's gradient (read 2H, write 4H), t's
+#     gradient cast (read 4H, write 2H), and the bias's and weight's gradients, each a
+#     product and a sum (read 4H, write 4H, read 4H) = 36H. The first linear's bias runs
+#     in the GEMM (Transformer Engine's GroupedLinear): nothing.
+# A fused grouped MLP (Transformer Engine's CuteDSL kernel, MXFP8 or NVFP4 on Blackwell,
+# NVTE_CUTEDSL_FUSED_GROUPED_MLP=1) does all of it in its GEMMs: MoeOptions.fused_grouped_mlp.
+EPILOGUE_BYTES = {"clamp": 36.0, "clamp_rerun": 16.0, "bias": 64.0}
+
+
+def epilogue_seconds(shape: ModelShape, hw: Any, *, tokens: Any, moe_layers: Any, num_micro: Any, load: Any,
+                     opts: "MoeOptions", rerun: Any = 0.0) -> Any:
+    """Seconds of the unfused elementwise passes gpt-oss-style experts add (the clamp of
+    the GLU's inputs, ``glu_clamp``; the router-weighted bias of the second linear,
+    ``expert_bias``): :data:`EPILOGUE_BYTES` a routed row, the busiest rank's rows
+    (``tokens`` x top_k x ``load``), at the achieved memory bandwidth; ``rerun``: the
+    share of layers whose activation runs its forward again. None under a fused grouped
+    MLP (``opts.fused_grouped_mlp``) or for experts without either."""
+    rows = np.asarray(tokens, dtype=float) * shape.top_k * np.asarray(load, dtype=float)
+    f = float(shape.expert_ffn_hidden or shape.ffn_hidden)
+    per_row = 0.0 * rows
+    if shape.glu_clamp is not None and not opts.fused_grouped_mlp:
+        per_row = per_row + f * (EPILOGUE_BYTES["clamp"] + EPILOGUE_BYTES["clamp_rerun"] * np.asarray(rerun, dtype=float))
+    if shape.expert_bias and not opts.fused_grouped_mlp:
+        per_row = per_row + shape.hidden * EPILOGUE_BYTES["bias"]
+    bw = hw.mem_bw * hw.mem_bw_fraction
+    return per_row * rows / bw * np.asarray(moe_layers, dtype=float) * np.asarray(num_micro, dtype=float)
+
+
+def epilogue_note(shape: ModelShape, opts: "MoeOptions") -> str | None:
+    """What the prediction says of gpt-oss-style experts (None for others)."""
+    what = [w for w, on in (("clamped GLU inputs", shape.glu_clamp is not None), ("expert biases", shape.expert_bias))
+            if on]
+    if not what:
+        return None
+    if opts.fused_grouped_mlp:
+        return (f"MoE experts with {' and '.join(what)}: inside the fused grouped MLP (--moe-fused-grouped-mlp), "
+                "no passes of their own")
+    return (f"MoE experts with {' and '.join(what)}: priced as Megatron-Core runs them unfused, elementwise passes "
+            "over every routed row (planner/moe.py EPILOGUE_BYTES, counted from its ops; other stacks assumed "
+            "alike); a run with Transformer Engine's fused grouped MLP (MXFP8 on Blackwell) has none: "
+            "--moe-fused-grouped-mlp")
+
+
 # --- the host's launch cost ----------------------------------------------------------------
 
 # The most of the eager term a graphed layer can keep: above 1 the model would price CUDA
@@ -545,4 +609,5 @@ def options_of(row: dict[str, Any]) -> MoeOptions:
                       fp8_dispatch=bool(row.get("fp8_dispatch", False)), a2a_overlap=bool(row.get("a2a_overlap", False)),
                       recompute_modules=tuple(row.get("moe_recompute", ())),
                       fp8_act_cache=bool(row.get("fp8_act_cache", False)),
-                      cuda_graphs=bool(row.get("cuda_graphs", False)))
+                      cuda_graphs=bool(row.get("cuda_graphs", False)),
+                      fused_grouped_mlp=bool(row.get("fused_grouped_mlp", False)))

@@ -102,9 +102,28 @@ def check_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         except MgbenchError as exc:
             problems.append(f"{r['id']}: {exc}")
         problems += [f"{r['id']}: {p}" for p in conflict_problems(r)]
+        if (fused := fused_mlp_problem(r)) is not None:
+            problems.append(f"{r['id']}: {fused}")
     if problems:
         raise MgbenchError("published_moe_runs.toml: " + "; ".join(problems))
     return rows
+
+
+def fused_mlp_problem(row: dict[str, Any]) -> str | None:
+    """What is wrong with a row's ``fused_grouped_mlp`` (the header's rule): the CuteDSL
+    kernel takes MXFP8 on Blackwell only, so a row that states it runs FP8 on a GPU with
+    MX formats; ``fused_grouped_mlp_source`` only beside it."""
+    if row.get("fused_grouped_mlp_source") is not None and not row.get("fused_grouped_mlp"):
+        return "fused_grouped_mlp_source without fused_grouped_mlp = true"
+    if not row.get("fused_grouped_mlp"):
+        return None
+    from .hardware import systems
+
+    gpu = systems()[row["system"]]["gpu"]
+    if row.get("precision") != "fp8" or not catalog.accelerator_mx_formats(gpu):
+        return (f"fused_grouped_mlp: Transformer Engine's fused grouped MLP runs MXFP8 on Blackwell, but the row "
+                f"runs {row.get('precision')} on {gpu}")
+    return None
 
 
 def conflict_problems(row: dict[str, Any]) -> list[str]:

@@ -169,7 +169,7 @@ def test_plan_takes_a_hugging_face_config_and_dims_alike():
     assert r.exit_code == 0, r.output
     by_hf = json.loads(r.output)
     r = CliRunner().invoke(main, ["plan", *GPT_OSS_DIMS, "--sliding-window", "128", "--global-every", "2",
-                                  "--tokens", "1e11", "--systems", "dgx-h100", "--max-gpus", "64", "--json"])
+                                  "--expert-bias", "--glu-clamp", "7", "--tokens", "1e11", "--systems", "dgx-h100", "--max-gpus", "64", "--json"])
     assert r.exit_code == 0, r.output
     by_dims = json.loads(r.output)
     # The same model by either door: the same recommendation.

@@ -277,7 +277,7 @@ def test_a_rows_implied_host_time_by_hand():
     assert V.implied_host_ms(made) == pytest.approx(3.0)
     c = moe.host_constants()
     charged = c["per_layer_ms"]["deepep"] + c["per_local_expert_ms"] * d1 / d0
-    assert abs(V.score(row)["error_pct"]) < 0.1
+    assert abs(V.score(row)["error_pct"]) < 0.2
     assert V.implied_host_ms(row) == pytest.approx(charged, rel=0.01)
     graphed = next(r for r in V.runs() if moe.options_of(r).cuda_graphs)
     assert V.implied_host_ms(graphed) is None

@@ -83,6 +83,17 @@ def test_a_split_against_the_rule_is_refused(rows):
     added[j]["split"] = "fit"
     with pytest.raises(MgbenchError, match=f"{rows[j]['id']}: split 'fit'"):
         V.check_rows(added)
+    # The fused grouped MLP is MXFP8 on Blackwell: stated on a Hopper or a BF16 row it is
+    # refused, and so is a source for it without it.
+    fused = next(r for r in rows if r.get("fused_grouped_mlp"))
+    hopper = next(r for r in rows if r["system"] == "dgx-h100")
+    bf16 = next(r for r in rows if r["precision"] == "bf16" and r["system"] == "gb200-nvl72")
+    for bad, match in ((dict(hopper, fused_grouped_mlp=True), "on h100-sxm"),
+                       (dict(bf16, fused_grouped_mlp=True), "runs bf16 on gb200"),
+                       (dict(fused, fused_grouped_mlp=False, fused_grouped_mlp_source="x"), "without")):
+        broken = [bad if r["id"] == bad["id"] else r for r in rows]
+        with pytest.raises(MgbenchError, match=f"{bad['id']}: fused_grouped_mlp.*{match}"):
+            V.check_rows(broken)
     # A recipe's bytes a parameter that are not three byte counts are refused with the row's id.
     sb = [dict(r) for r in rows]
     sb[0]["state_bytes"] = [2, 2]

@@ -140,15 +140,21 @@ def test_moe_interval_is_the_published_moe_runs_of_its_class():
     # rows from -63.5% (25.09 B200 Qwen3-30B-A3B token-drop) to +33.0% (MLPerf DeepSeek-V3
     # on 8,192 GB200): the truth took 0.639x to 1.495x, and 0.365x to 1.330x, the predicted
     # step. (Before that session's graphed share, every graphed row was too fast: 1.006x to
-    # 2.144x over 17 rows.)
+    # 2.144x over 17 rows.) Since the thirteenth session priced gpt-oss's unfused expert
+    # passes and re-solved the host constants: eager -36.1% (NeMo AutoModel's H100
+    # Qwen3-30B-A3B) to +50.1% (torchtitan's 8 B200 Qwen3-30B-A3B, all-to-all), graphed
+    # -53.9% (25.09 B200 Qwen3-30B-A3B token-drop) to +33.2% (MLPerf DeepSeek-V3 on 8,192
+    # GB200): the truth took 0.639x to 1.501x, and 0.461x to 1.332x, the predicted step.
     assert len(eager) == 75 and len(graphed) == 47
     e = U.regime("b200", True, moe="eager")
-    assert (e["low"], e["high"]) == (pytest.approx(0.361, abs=0.002), pytest.approx(0.810, abs=0.002))
+    assert (e["low"], e["high"]) == (pytest.approx(0.361, abs=0.002), pytest.approx(0.501, abs=0.002))
     g = U.regime("b200", True, moe="graphed")
-    assert (g["low"], g["high"]) == (pytest.approx(0.635, abs=0.002), pytest.approx(0.330, abs=0.002))
+    assert (g["low"], g["high"]) == (pytest.approx(0.539, abs=0.002), pytest.approx(0.332, abs=0.002))
     # The dense interval of the same GPU is far narrower: an MoE plan must not borrow it.
     dense = U.regime("b200", True)
-    assert dense["regime"] != "moe-validated" and dense["low"] + dense["high"] < (g["low"] + g["high"]) / 2
+    # (Half as wide until the thirteenth session's re-solve narrowed the graphed one.)
+    assert dense["regime"] != "moe-validated"
+    assert all(dense["low"] + dense["high"] < 0.6 * (r["low"] + r["high"]) for r in (e, g))
 
 
 def test_moe_interval_off_the_rows_gpus_is_carried_like_the_dense_one():
