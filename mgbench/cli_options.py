@@ -285,8 +285,10 @@ DIMS = (
     opt("--expert-bias", is_flag=True, default=None,
         help="Custom MoE model: the experts' linears carry biases, the second one's weighted by the router (gpt-oss)."),
     opt("--glu-clamp", type=float, help="Custom MoE model: the experts' gated-MLP inputs are clamped to +-this "
-                                        "(gpt-oss's swiglu_limit: 7). With --expert-bias, priced as the elementwise "
-                                        "passes they add unfused (see --moe-fused-grouped-mlp)."),
+                                        "(gpt-oss's swiglu_limit: 7). Priced, like --expert-bias, as the elementwise "
+                                        "passes Megatron-Core runs for gpt-oss's quick-GEGLU outside its fused kernel "
+                                        "(see --moe-fused-grouped-mlp); a SwiGLU whose kernel clamps inside would be "
+                                        "overpriced."),
     opt("--kv-lora-rank", type=int, help="Custom model, multi-head latent attention (DeepSeek): keys and values "
                                          "compressed to this rank (with --qk-nope-head-dim, --qk-rope-head-dim, "
                                          "--v-head-dim)."),

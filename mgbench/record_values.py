@@ -14,6 +14,12 @@ import math
 from typing import Any
 
 
+def value_of(rec: dict[str, Any], key: str) -> Any:
+    """``rec[key]``, None where the record has none (absent, or NaN in a table of records)."""
+    value = rec.get(key)
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
 def fields_as_written(cls: type, rec: dict[str, Any], *, prefix: str = "",
                       renamed: dict[str, str] | None = None) -> dict[str, Any]:
     """The fields of dataclass ``cls`` that ``rec`` holds (under ``prefix`` + name, or the
@@ -26,10 +32,8 @@ def fields_as_written(cls: type, rec: dict[str, Any], *, prefix: str = "",
         key = prefix + renamed.get(f.name, f.name)
         if key not in rec:
             continue
-        value = rec[key]
+        value = value_of(rec, key)
         annotation = str(f.type)
-        if isinstance(value, float) and math.isnan(value):
-            value = None
         if value is None and "None" not in annotation:
             continue  # absent in this record: the default stands (or the class names what is missing)
         if annotation.startswith("int") and isinstance(value, float) and value.is_integer():

@@ -320,7 +320,8 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
     host_ops, host_notes = _counted_ops(shape, _layout(kw), hw, profile) or (None, [])
     res = predict_fn(shape, hw, _layout(kw), overlap=overlap if overlap is not None else over.get("overlap", perf.DEFAULT_OVERLAP),
                      host_ops=host_ops, margin=kw["memory_margin"], moe=moe,
-                     state_bytes=stacks.parse_state_bytes(kw["state_bytes"]))
+                     state_bytes=stacks.parse_state_bytes(kw["state_bytes"]),
+                     fixed=not (profile and profile.get("device") == "cpu"))  # a probed CPU holds no CUDA context
     res["notes"] = list(res.get("notes", [])) + host_notes
     res["notes"] += _moe_ignored(shape, moe)
     res["notes"] += _lever_notes(shape, moe)

@@ -46,7 +46,8 @@ def against_run(profile: dict[str, Any], run: str, results_dir: str = "results")
             hw = hardware(profile, cfg.precision, ranks=cfg.nproc)
             host_ops, notes = counted_ops(cfg, hw, profile) or (None, [])
             pred = predict(cfg.shape, hw, Layout.from_config(cfg),
-                           overlap=overlap(profile, cfg.nproc, DEFAULT_OVERLAP), host_ops=host_ops)
+                           overlap=overlap(profile, cfg.nproc, DEFAULT_OVERLAP), host_ops=host_ops,
+                           fixed=profile.get("device") != "cpu")
         except MgbenchError as e:  # a layout the planner cannot price: say why, keep the others
             row["reason"] = str(e)
         else:

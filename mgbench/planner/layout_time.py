@@ -81,6 +81,7 @@ from . import perf
 from .hardware import GB, Hardware
 from .memory import (VIRTUAL_SCHEDULES, act_bytes, attention_recomputed_share, recomputed_share, stage_layers,
                      stage_param_split)
+from .stack import counts_expert_epilogue
 
 FP8_EFF_NOTE = ("FP8 linears at the bf16 matmul efficiency's fraction of the FP8 peak (an assumption: no FP8 "
                 "best-GEMM (MAMF) figure is recorded)")
@@ -181,6 +182,20 @@ def dp_comm_s(hw: Hardware, *, dense: Any, expert: Any, tp: Any, dpc: Any, ep: A
     return group(dense, d, np.asarray(replicas, dtype=float)) + experts
 
 
+def check_fused_grouped_mlp(hw: Hardware, precision: str, fp8_recipe: str | None) -> None:
+    """One line where a run states Transformer Engine's fused grouped MLP (MoeOptions.
+    fused_grouped_mlp) that cannot have it: the kernel takes MXFP8 (or NVFP4) on Blackwell
+    only (TE ops/fused/grouped_mlp.py: an MX recipe, compute capability 10)."""
+    from .stack import fp8_recipe as recipe_of
+
+    recipe = recipe_of(hw.stack, fp8_recipe) if precision == "fp8" else None
+    mx = catalog.accelerator_mx_formats(hw.gpu) if hw.gpu in catalog.accelerators() else None
+    if recipe != "mxfp8" or mx is False:
+        on = f"{precision}" + (f" ({recipe})" if recipe else "") + f" on {hw.gpu}"
+        raise MgbenchError(f"--moe-fused-grouped-mlp: Transformer Engine's fused grouped MLP runs MXFP8 on Blackwell "
+                           f"(--precision fp8 --fp8-recipe mxfp8 on a GPU with MX formats), not {on}: drop it")
+
+
 def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, micro_batch: Any, tp: Any, pp: Any,
               dp: Any, zero: Any, recompute: Any, precision: str = "bf16", schedule: str = "1f1b",
               virtual_stages: int = 1, overlap: float = perf.DEFAULT_OVERLAP, sp: Any = False, flash: Any = True,
@@ -254,14 +269,20 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         traffic_s = perf.moe_traffic_seconds(shape, hw, tokens=tokens_rank * t, tp=t, precision=precision,
                                              load=load, moe_layers=moe_layers, num_micro=m,
                                              recompute=rc, sp=sp) / hw.stack_eff
-        # The activation's forward runs again under moe_act, moe or a whole-block recompute.
-        act_rerun = np.maximum(moe_terms.moe_rerun_share(shape, opts.recompute_modules, recomputed_share(lps, rc)),
-                               1.0 if "moe_act" in opts.recompute_modules else 0.0)
-        epilogue_s = moe_terms.epilogue_seconds(shape, hw, tokens=tokens_rank, moe_layers=moe_layers, num_micro=m,
-                                                load=load, opts=opts, rerun=act_rerun) / hw.stack_eff
+        if opts.fused_grouped_mlp:
+            check_fused_grouped_mlp(hw, precision, fp8_recipe)
+        # The MoE layer's forward runs again under moe or a whole-block recompute, the
+        # activation's alone under moe_act too.
+        layer_rerun = moe_terms.moe_rerun_share(shape, opts.recompute_modules, recomputed_share(lps, rc))
+        act_rerun = np.maximum(layer_rerun, 1.0 if "moe_act" in opts.recompute_modules else 0.0)
+        counted = counts_expert_epilogue(hw.stack)
+        if counted:
+            epilogue_s = moe_terms.epilogue_seconds(shape, hw, tokens=tokens_rank, moe_layers=moe_layers, num_micro=m,
+                                                    load=load, opts=opts, act_rerun=act_rerun,
+                                                    layer_rerun=layer_rerun, act_bytes=e) / hw.stack_eff
         blocks = blocks + imbalance_s + moe_recompute_s + permute_s + traffic_s + epilogue_s
         notes.append(moe_terms.note(opts, schedule))
-        if (epilogue := moe_terms.epilogue_note(shape, opts)) is not None:
+        if (epilogue := moe_terms.epilogue_note(shape, opts, counted, hw.stack)) is not None:
             notes.append(epilogue)
     cast_s = zero_s
     if precision == "fp8":

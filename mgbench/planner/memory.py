@@ -185,7 +185,7 @@ def stage_param_split(shape: ModelShape, tp: Any, pp: Any, ep: Any = 1, pp_last_
 
 def moe_mlp_extra(shape: ModelShape, tokens: Any, tp: Any, precision: str, load: float = 1.0,
                   modules: tuple[str, ...] = (), te: bool = False, fp8_act_cache: bool = False,
-                  sp: Any = True) -> Any:
+                  sp: Any = True, clamp_saved: bool = False) -> Any:
     """Bytes an MoE block saves for backward beyond a dense block of width ffn_hidden
     (what :func:`layer_activations` counts), for ``tokens`` tokens. Zero for a dense model.
 
@@ -206,7 +206,10 @@ def moe_mlp_extra(shape: ModelShape, tokens: Any, tp: Any, precision: str, load:
     grouped GEMMs keep their inputs FP8-quantized (1 byte: the dispatched row and the
     second GEMM's input), as layer_activations' linears do. ``fp8_act_cache`` (under fp8
     training only): the experts' SwiGLU input is cached in FP8 (DeepSeek-V3 section 3.3.3),
-    1 byte an element instead of e, for the routed and shared experts."""
+    1 byte an element instead of e, for the routed and shared experts. ``clamp_saved``
+    (gpt-oss's clamp run unfused, planner/moe.py EPILOGUE_BYTES): the clamp keeps its input,
+    the first GEMM's output, while the activation keeps the clamped copy: 2 e F_e a routed
+    row more, unless the activation is recomputed (moe_act, moe)."""
     if not shape.is_moe:
         return 0.0 * np.asarray(tokens, dtype=float)
     e = act_bytes(precision)
@@ -222,7 +225,8 @@ def moe_mlp_extra(shape: ModelShape, tokens: Any, tp: Any, precision: str, load:
     # without it every rank routes every token. The shared experts run tensor-parallel on
     # every token, their widths split.
     share = np.where(np.asarray(sp, dtype=bool), t, 1.0)
-    routed = load * shape.top_k * (f * h + (2.0 * g + act * f) * fe) / share
+    clamp = 2.0 * e * act if clamp_saved else 0.0
+    routed = load * shape.top_k * (f * h + (2.0 * g + act * f + clamp) * fe) / share
     shared = (2.0 * g + act * f) * shape.shared_experts * fe / t
     router = (e + 4.0) * shape.experts / share
     if "moe" in modules:
@@ -563,7 +567,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
                    loss: str = "chunked", loss_vocab_parallel: bool = False, te_saved_inputs: bool = False,
                    margin: float = ALLOWANCE_FRACTION, fixed: bool = True, moe: Any = None,
                    pp_last_layers: Any = None, fp8_recipe: str | None = None,
-                   pipeline_outputs_freed: bool = False) -> dict[str, Any]:
+                   pipeline_outputs_freed: bool = False, expert_epilogue: bool = False) -> dict[str, Any]:
     """Everything one GPU holds at its peak under the planner's production assumptions,
     in bytes; the components add up to ``total_bytes``.
 
@@ -670,7 +674,9 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
                                te=te_saved_inputs, layernorm="layernorm" in mopts.recompute_modules)
     if shape.is_moe:  # the mean block of the stage: its MoE blocks save more (at the busiest rank's load)
         full_l = full_l + moe_mlp_extra(shape, tokens, tp, precision, rank_load(mopts, ep), mopts.recompute_modules,
-                                        te=te_saved_inputs, fp8_act_cache=mopts.fp8_act_cache, sp=sp) \
+                                        te=te_saved_inputs, fp8_act_cache=mopts.fp8_act_cache, sp=sp,
+                                        clamp_saved=expert_epilogue and shape.glu_clamp is not None
+                                        and not mopts.fused_grouped_mlp) \
             * np.minimum(lps, shape.moe_layers) / lps
     ck_l = checkpointed_layer(shape, tokens, tp, sp, precision)
     blocks = (lps - ck) * full_l + ck * ck_l

@@ -420,60 +420,78 @@ def permute_seconds(shape: ModelShape, hw: Any, *, tokens: Any, act_bytes: float
 
 # --- gpt-oss's expert epilogue, where it runs unfused --------------------------------------
 
-# Bytes a routed row moves through the elementwise ops gpt-oss-style experts add around the
-# grouped GEMMs when they run unfused, counted from Megatron-Core's code (d98e8a64dd,
-# 2026-08-22), by op, forward and backward. F: the GLU's width (expert_ffn_hidden), H:
-# hidden. BF16 tensors are 2 bytes an element; the router's weights are fp32, so the bias
-# path's products are fp32 (4).
-#   clamp (glu_clamp; fusions/fused_bias_geglu.weighted_bias_quick_geglu_impl, eager,
-#     outside the fused activation): forward two clamps of a half each (read F, write F:
-#     2 x 4F) and the cat of the halves (read 2F, write 2F: 8F) = 16F; backward two clamp
-#     gradients (read the gradient and the input, write: 2 x 6F) and the split's cat of
-#     the two gradients (8F) = 20F. A recomputed activation (recompute_modules moe_act,
-#     moe, or the whole block) runs the forward again: 16F more.
-#   bias (expert_bias; moe/experts.TEGroupedMLP._apply_bias: the second linear's bias
-#     times the router's weight, added per local expert after the GEMM): forward b x p
-#     (write 4H), t + that (read 2H + 4H, write 4H), the cat (read 4H, write 4H), the cast
-#     back (read 4H, write 2H) = 28H; backward the cast's gradient (read 2H, write 4H), t's
-#     gradient cast (read 4H, write 2H), and the bias's and weight's gradients, each a
-#     product and a sum (read 4H, write 4H, read 4H) = 36H. The first linear's bias runs
-#     in the GEMM (Transformer Engine's GroupedLinear): nothing.
-# A fused grouped MLP (Transformer Engine's CuteDSL kernel, MXFP8 or NVFP4 on Blackwell,
-# NVTE_CUTEDSL_FUSED_GROUPED_MLP=1) does all of it in its GEMMs: MoeOptions.fused_grouped_mlp.
-EPILOGUE_BYTES = {"clamp": 36.0, "clamp_rerun": 16.0, "bias": 64.0}
+# Bytes a routed row moves through the elementwise ops gpt-oss's experts add around the
+# grouped GEMMs when they run unfused, (forward, backward), in BF16 activations, counted
+# from Megatron-Core's code (d98e8a64dd, 2026-08-22) op by op, each op reading its inputs
+# and writing its outputs once (views free): tests/unit/test_moe_epilogue.py replays the
+# ops on CPU under a dispatch mode that adds up each aten op's bytes. F: the GLU's width
+# (expert_ffn_hidden), H: hidden.
+#   clamp (glu_clamp; fusions/fused_bias_geglu.weighted_bias_quick_geglu_impl clamps the
+#     two halves with eager ops before the jit-fused quick-GEGLU): forward two clamps
+#     (read F, write F each) and the cat of the halves (read 2F, write 2F) = 16F;
+#     backward autograd's clamp gradients, compare masks then a where (the one-sided 8F,
+#     the two-sided 14F), and the chunk's cat of the two (8F) = 30F. Recomputing the
+#     activation (moe_act, moe, or the whole block) runs the forward again.
+#   bias (expert_bias; moe/experts.TEGroupedMLP._apply_bias adds the second linear's bias
+#     times the router's weight per local expert after the GEMM: split, t + b x p, cat,
+#     cast back): its bytes follow the weights' dtype. HybridEP and DeepEP take fp32
+#     weights (their dispatchers' "only supports float32 probs"), so the products are
+#     fp32: forward 28H, backward 40H. Megatron-Core's all-to-all keeps the router's dtype,
+#     which gpt-oss's Megatron-Bridge recipes leave at the logits' (BF16): 12H and 16H.
+#     Recomputing the MoE layer (moe, or the whole block; not moe_act, which checkpoints
+#     the activation alone) runs the forward again.
+#   The first linear's bias runs in the GEMM (Transformer Engine's GroupedLinear): nothing.
+# Megatron-Core's SwiGLU fuses a clamp into its jit kernel: only this quick-GEGLU path (gpt-oss's)
+# runs it apart. A fused grouped MLP (Transformer Engine's CuteDSL kernel, MXFP8 or NVFP4
+# on Blackwell, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1) does all of it in its GEMMs:
+# MoeOptions.fused_grouped_mlp.
+EPILOGUE_BYTES = {"clamp": (16.0, 30.0), "bias_fp32_weights": (28.0, 40.0), "bias_bf16_weights": (12.0, 16.0)}
+# The router weights' dtype by dispatcher, as the bias path sees them.
+FP32_WEIGHTS = {"alltoall": False, "deepep": True, "hybridep": True}
 
 
 def epilogue_seconds(shape: ModelShape, hw: Any, *, tokens: Any, moe_layers: Any, num_micro: Any, load: Any,
-                     opts: "MoeOptions", rerun: Any = 0.0) -> Any:
-    """Seconds of the unfused elementwise passes gpt-oss-style experts add (the clamp of
-    the GLU's inputs, ``glu_clamp``; the router-weighted bias of the second linear,
+                     opts: "MoeOptions", act_rerun: Any = 0.0, layer_rerun: Any = 0.0,
+                     act_bytes: float = 2.0) -> Any:
+    """Seconds of the unfused elementwise passes gpt-oss's experts add (the clamp of the
+    GLU's inputs, ``glu_clamp``; the router-weighted bias of the second linear,
     ``expert_bias``): :data:`EPILOGUE_BYTES` a routed row, the busiest rank's rows
-    (``tokens`` x top_k x ``load``), at the achieved memory bandwidth; ``rerun``: the
-    share of layers whose activation runs its forward again. None under a fused grouped
-    MLP (``opts.fused_grouped_mlp``) or for experts without either."""
+    (``tokens`` x top_k x ``load``), at the achieved memory bandwidth, scaled by
+    ``act_bytes`` / 2 (the counts are BF16's); ``act_rerun`` / ``layer_rerun``: the share
+    of layers whose activation / whole MoE layer runs its forward again. Nothing under a
+    fused grouped MLP (``opts.fused_grouped_mlp``) or for experts without either."""
     rows = np.asarray(tokens, dtype=float) * shape.top_k * np.asarray(load, dtype=float)
     f = float(shape.expert_ffn_hidden or shape.ffn_hidden)
     per_row = 0.0 * rows
-    if shape.glu_clamp is not None and not opts.fused_grouped_mlp:
-        per_row = per_row + f * (EPILOGUE_BYTES["clamp"] + EPILOGUE_BYTES["clamp_rerun"] * np.asarray(rerun, dtype=float))
-    if shape.expert_bias and not opts.fused_grouped_mlp:
-        per_row = per_row + shape.hidden * EPILOGUE_BYTES["bias"]
+    if opts.fused_grouped_mlp:
+        return per_row
+    if shape.glu_clamp is not None:
+        fwd, bwd = EPILOGUE_BYTES["clamp"]
+        per_row = per_row + f * (fwd * (1.0 + np.asarray(act_rerun, dtype=float)) + bwd)
+    if shape.expert_bias:
+        fwd, bwd = EPILOGUE_BYTES["bias_fp32_weights" if FP32_WEIGHTS[opts.dispatcher] else "bias_bf16_weights"]
+        per_row = per_row + shape.hidden * (fwd * (1.0 + np.asarray(layer_rerun, dtype=float)) + bwd)
     bw = hw.mem_bw * hw.mem_bw_fraction
-    return per_row * rows / bw * np.asarray(moe_layers, dtype=float) * np.asarray(num_micro, dtype=float)
+    return per_row * act_bytes / 2.0 * rows / bw * np.asarray(moe_layers, dtype=float) \
+        * np.asarray(num_micro, dtype=float)
 
 
-def epilogue_note(shape: ModelShape, opts: "MoeOptions") -> str | None:
-    """What the prediction says of gpt-oss-style experts (None for others)."""
+def epilogue_note(shape: ModelShape, opts: "MoeOptions", counted: bool = True, stack: str | None = None) -> str | None:
+    """What the prediction says of gpt-oss-style experts (None for others); ``counted``:
+    whether the stack runs them as the counted ops (stack.counts_expert_epilogue)."""
     what = [w for w, on in (("clamped GLU inputs", shape.glu_clamp is not None), ("expert biases", shape.expert_bias))
             if on]
     if not what:
         return None
+    if not counted:
+        return (f"MoE experts with {' and '.join(what)}: their elementwise passes are not priced for the {stack} "
+                "stack (counted from Megatron-Core's ops only: stacks.toml expert_epilogue)")
     if opts.fused_grouped_mlp:
         return (f"MoE experts with {' and '.join(what)}: inside the fused grouped MLP (--moe-fused-grouped-mlp), "
                 "no passes of their own")
     return (f"MoE experts with {' and '.join(what)}: priced as Megatron-Core runs them unfused, elementwise passes "
-            "over every routed row (planner/moe.py EPILOGUE_BYTES, counted from its ops; other stacks assumed "
-            "alike); a run with Transformer Engine's fused grouped MLP (MXFP8 on Blackwell) has none: "
+            "over every routed row (planner/moe.py EPILOGUE_BYTES, counted from its ops); a run with "
+            "Transformer Engine's fused grouped MLP (MXFP8 on Blackwell) has none: "
             "--moe-fused-grouped-mlp")
 
 

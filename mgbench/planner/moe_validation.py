@@ -120,9 +120,10 @@ def fused_mlp_problem(row: dict[str, Any]) -> str | None:
     from .hardware import systems
 
     gpu = systems()[row["system"]]["gpu"]
-    if row.get("precision") != "fp8" or not catalog.accelerator_mx_formats(gpu):
+    if row.get("precision") != "fp8" or row.get("fp8_recipe") != "mxfp8" or not catalog.accelerator_mx_formats(gpu):
         return (f"fused_grouped_mlp: Transformer Engine's fused grouped MLP runs MXFP8 on Blackwell, but the row "
-                f"runs {row.get('precision')} on {gpu}")
+                f"runs {row.get('precision')}" + (f" ({row['fp8_recipe']})" if row.get("fp8_recipe") else "")
+                + f" on {gpu}")
     return None
 
 

@@ -119,20 +119,22 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
 
 def predict(shape: ModelShape, hw: Hardware, layout: Layout, overlap: float = perf.DEFAULT_OVERLAP,
             host_ops: dict[str, float] | None = None, margin: float | None = None,
-            moe: Any = None, state_bytes: tuple[float, float, float] | None = None) -> dict[str, Any]:
+            moe: Any = None, state_bytes: tuple[float, float, float] | None = None,
+            fixed: bool = True) -> dict[str, Any]:
     """Step time, throughput, MFU, memory and whether it fits, for `mgbench predict`
     (``host_ops``: the layout's counted non-matmul ops, for a probed CPU Hardware; ``moe``:
     how an MoE model routes and moves its tokens, planner/moe.py MoeOptions, None: its
     defaults; ``state_bytes``: the run's own bytes a parameter of weights, gradients and
-    optimizer states where its recipe differs from the stack's: :func:`memory`)."""
+    optimizer states where its recipe differs from the stack's: :func:`memory`; ``fixed``:
+    a GPU process's fixed memory counted, False on a probed CPU, as plan's
+    search.holds_cuda_context)."""
     validate(layout, shape)
     out = layout_time.step_time(shape, hw, global_batch=layout.batch, overlap=overlap, host_ops=host_ops,
                                 moe=moe, **layout.model_kwargs())
     notes = out.pop("notes")
     recipe = out.pop("fp8_recipe")
     res = _floats(out)
-    mem = memory(shape, layout, stack=hw.stack, margin=margin, fixed=hw.ew_bw is None, moe=moe,  # a probed CPU: no CUDA
-                 state_bytes=state_bytes)
+    mem = memory(shape, layout, stack=hw.stack, margin=margin, fixed=fixed, moe=moe, state_bytes=state_bytes)
     res["notes"] = notes + mem.pop("notes")
     res["memory"] = mem
     res["fits"] = mem["total_bytes"] <= hw.memory_bytes

@@ -868,7 +868,7 @@ def _lead_memory(shape: ModelShape, r: dict[str, Any], opts: PlanOptions) -> dic
 
     lay = layout_of_row(r, opts)
     out = memory(shape, lay, stack=planned_stack(opts), margin=opts.memory_margin, fixed=holds_cuda_context(opts),
-                 state_bytes=stack.parse_state_bytes(opts.state_bytes))
+                 moe=opts.moe, state_bytes=stack.parse_state_bytes(opts.state_bytes))
     out["device_memory_bytes"] = r["device_memory_bytes"]
     return out
 

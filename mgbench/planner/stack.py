@@ -96,9 +96,9 @@ def memory_of(name: str | None, state_bytes: tuple[float, float, float] | None =
     arguments of memory.memory_per_gpu: ``state_bytes`` (weights, gradients, optimizer
     states per parameter under 16-bit training; the argument replaces the stack's where a
     run's recipe sets its own: :func:`parse_state_bytes`), ``loss``, ``loss_vocab_parallel`` and
-    ``te_saved_inputs`` (saved_inputs = "transformer-engine": what its linears keep) and
-    ``pipeline_outputs_freed`` (a sent stage output keeps no data). ``None``: the default
-    stack."""
+    ``te_saved_inputs`` (saved_inputs = "transformer-engine": what its linears keep),
+    ``pipeline_outputs_freed`` (a sent stage output keeps no data) and ``expert_epilogue``
+    (:func:`counts_expert_epilogue`). ``None``: the default stack."""
     name = name or DEFAULT_STACK
     known = stacks()
     if name not in known:
@@ -117,7 +117,14 @@ def memory_of(name: str | None, state_bytes: tuple[float, float, float] | None =
     return {"state_bytes": held, "loss": m["loss"],
             "loss_vocab_parallel": bool(m["loss_vocab_parallel"]),
             "te_saved_inputs": saved == "transformer-engine",
-            "pipeline_outputs_freed": bool(m.get("pipeline_outputs_freed", False))}
+            "pipeline_outputs_freed": bool(m.get("pipeline_outputs_freed", False)),
+            "expert_epilogue": counts_expert_epilogue(name)}
+
+
+def counts_expert_epilogue(name: str | None) -> bool:
+    """Whether the stack runs gpt-oss's expert clamp and bias as the eager ops
+    planner/moe.py EPILOGUE_BYTES counts (data/stacks.toml ``expert_epilogue``)."""
+    return stacks().get(name or DEFAULT_STACK, {}).get("expert_epilogue") == "megatron-core"
 
 
 def apply(hw: Hardware, name: str | None) -> Hardware:

@@ -309,11 +309,14 @@ def _name(spec: Any) -> str:
 
 
 def spec_from_record(rec: dict[str, Any]) -> Any:
-    """The model spec of a flat record (its model_* fields)."""
-    if rec.get("model_vision") is not None:
-        return VisionModel(rec["model_vision"])
-    if rec.get("model_hf") is not None:
-        return HFModel.from_config(rec["model_config"], rec.get("model_name") or HF_PREFIX + rec["model_hf"])
+    """The model spec of a flat record (its model_* fields; a row of a pandas table of
+    records too, whose gaps are NaN: record_values)."""
+    from ..record_values import value_of
+
+    if (vision := value_of(rec, "model_vision")) is not None:
+        return VisionModel(vision)
+    if (hf := value_of(rec, "model_hf")) is not None:
+        return HFModel.from_config(rec["model_config"], value_of(rec, "model_name") or HF_PREFIX + hf)
     return ModelShape.from_record(rec)
 
 

@@ -93,3 +93,8 @@ def test_records_read_through_a_table_give_the_configs_they_were_run_with():
         assert got == cfg and isinstance(got.micro_batch, int) and got.model.vocab_multiple == cfg.model.vocab_multiple
     rows = compare_records(table)
     assert [r["reason"] for r in rows] == [None, None] and all(r["agrees"] for r in rows)
+    # An image model's record beside a decoder's: each rebuilds its own model (the
+    # decoder's row had read the NaN of model_vision as a vision model named nan).
+    vit = make_config(workload="vision", model="vit_tiny", image_size=32)
+    mixed = pd.DataFrame([direct[0], make_record(vit, step_times_s=[0.1] * 4).to_dict()]).to_dict("records")
+    assert config_from_record(mixed[0]) == a and config_from_record(mixed[1]) == vit

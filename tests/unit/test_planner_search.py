@@ -198,3 +198,14 @@ def test_on_a_probed_machine_the_filter_and_the_lead_count_memory_alike(device):
     lead = out["recommendation"]
     assert out["lead_memory"]["total_bytes"] == pytest.approx(lead["memory_per_gpu_bytes"], rel=1e-9)
     assert (out["lead_memory"]["fixed_bytes"] > 0) == (device == "cuda")
+
+
+def test_the_lead_memory_counts_the_moe_options_the_filter_counts():
+    # The filter priced memory with the MoE options and the lead's memory without them: a
+    # review found 241.7 GB against 264.6 GB for Qwen3-30B-A3B on B300 with moe_act recomputed.
+    from mgbench.planner import moe
+
+    opts = PlanOptions(tokens=1e10, systems=["dgx-b300"], max_gpus=16,
+                       moe=moe.MoeOptions(recompute_modules=("moe_act",)))
+    out = plan(catalog.model_shape("qwen3-30b-a3b"), opts, cost.Prices(None, []))
+    assert out["lead_memory"]["total_bytes"] == pytest.approx(out["recommendation"]["memory_per_gpu_bytes"], rel=1e-9)
