@@ -128,9 +128,11 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
     if shape is None and kw["pp_last_layers"] is not None:
         raise MgbenchError(f"--pp-last-layers {kw['pp_last_layers']} needs the model's layers: give --model or its "
                            "dimensions instead of --params")
-    cpu_profile = bool(hardware_profile) and read_profile_device(hardware_profile) == "cpu"
+    from ..probe.profile import holds_cuda_context, read_profile as read_probe
+
+    fixed = holds_cuda_context(read_probe(hardware_profile) if hardware_profile else None)
     res = memory_fn(shape, _layout(kw), params=params, largest_layer_params=largest_layer_params,
-                    stack=PROFILE_STACK if hardware_profile else stack, margin=kw["memory_margin"], fixed=not cpu_profile,
+                    stack=PROFILE_STACK if hardware_profile else stack, margin=kw["memory_margin"], fixed=fixed,
                     moe=moe, state_bytes=state_bytes)
     if hardware_profile:
         from ..probe.profile import memory_budget, read_profile
@@ -162,13 +164,6 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
                    "not in the device total")
     for n in res.get("notes", []):
         click.echo(f"note: {n}")
-
-
-def read_profile_device(path: str) -> str:
-    """The device kind a `mgbench probe` profile was measured on."""
-    from ..probe.profile import read_profile
-
-    return read_profile(path).get("device", "cpu")
 
 
 def _shape_line(shape: ModelShape) -> str:
@@ -303,6 +298,7 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
     if shape is None:
         raise MgbenchError("predict needs the model's shape: --model NAME or explicit dims, not --params")
     from ..planner.resolve import resolve
+    from ..probe.profile import holds_cuda_context
 
     links = None
     if comm_run:
@@ -321,7 +317,7 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
     res = predict_fn(shape, hw, _layout(kw), overlap=overlap if overlap is not None else over.get("overlap", perf.DEFAULT_OVERLAP),
                      host_ops=host_ops, margin=kw["memory_margin"], moe=moe,
                      state_bytes=stacks.parse_state_bytes(kw["state_bytes"]),
-                     fixed=not (profile and profile.get("device") == "cpu"))  # a probed CPU holds no CUDA context
+                     fixed=holds_cuda_context(profile))  # probe/profile.py: none on a probed CPU
     res["notes"] = list(res.get("notes", [])) + host_notes
     res["notes"] += _moe_ignored(shape, moe)
     res["notes"] += _lever_notes(shape, moe)

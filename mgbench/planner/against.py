@@ -20,7 +20,7 @@ from ..record import config_from_record
 def against_run(profile: dict[str, Any], run: str, results_dir: str = "results") -> dict[str, Any]:
     """Per ok config of ``run``: measured and predicted step time, error; and the mean
     absolute percentage error over them."""
-    from ..probe.profile import hardware, overlap
+    from ..probe.profile import hardware, holds_cuda_context, overlap
     from .perf import DEFAULT_OVERLAP
     from ..layout import Layout
     from .predict import predict
@@ -47,7 +47,7 @@ def against_run(profile: dict[str, Any], run: str, results_dir: str = "results")
             host_ops, notes = counted_ops(cfg, hw, profile) or (None, [])
             pred = predict(cfg.shape, hw, Layout.from_config(cfg),
                            overlap=overlap(profile, cfg.nproc, DEFAULT_OVERLAP), host_ops=host_ops,
-                           fixed=profile.get("device") != "cpu")
+                           fixed=holds_cuda_context(profile))
         except MgbenchError as e:  # a layout the planner cannot price: say why, keep the others
             row["reason"] = str(e)
         else:

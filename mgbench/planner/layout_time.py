@@ -183,17 +183,13 @@ def dp_comm_s(hw: Hardware, *, dense: Any, expert: Any, tp: Any, dpc: Any, ep: A
 
 
 def check_fused_grouped_mlp(hw: Hardware, precision: str, fp8_recipe: str | None) -> None:
-    """One line where a run states Transformer Engine's fused grouped MLP (MoeOptions.
-    fused_grouped_mlp) that cannot have it: the kernel takes MXFP8 (or NVFP4) on Blackwell
-    only (TE ops/fused/grouped_mlp.py: an MX recipe, compute capability 10)."""
+    """One line where a run states Transformer Engine's fused grouped MLP that it cannot
+    have (moe.fused_grouped_mlp_problem)."""
     from .stack import fp8_recipe as recipe_of
 
     recipe = recipe_of(hw.stack, fp8_recipe) if precision == "fp8" else None
-    mx = catalog.accelerator_mx_formats(hw.gpu) if hw.gpu in catalog.accelerators() else None
-    if recipe != "mxfp8" or mx is False:
-        on = f"{precision}" + (f" ({recipe})" if recipe else "") + f" on {hw.gpu}"
-        raise MgbenchError(f"--moe-fused-grouped-mlp: Transformer Engine's fused grouped MLP runs MXFP8 on Blackwell "
-                           f"(--precision fp8 --fp8-recipe mxfp8 on a GPU with MX formats), not {on}: drop it")
+    if (problem := moe_terms.fused_grouped_mlp_problem(hw.gpu, precision, recipe)) is not None:
+        raise MgbenchError(f"--moe-fused-grouped-mlp: {problem}: drop it")
 
 
 def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, micro_batch: Any, tp: Any, pp: Any,

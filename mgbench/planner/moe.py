@@ -450,6 +450,22 @@ EPILOGUE_BYTES = {"clamp": (16.0, 30.0), "bias_fp32_weights": (28.0, 40.0), "bia
 FP32_WEIGHTS = {"alltoall": False, "deepep": True, "hybridep": True}
 
 
+def fused_grouped_mlp_problem(gpu: str | None, precision: str, recipe: str | None) -> str | None:
+    """Why a run stating Transformer Engine's fused grouped MLP (MoeOptions.
+    fused_grouped_mlp) cannot have it, or None: the CuteDSL kernel takes an MX recipe on
+    NVIDIA Blackwell only (TE ops/fused/grouped_mlp.py: MXFP8 or NVFP4, compute capability
+    10); ``gpu`` None (memory without a system): the precision alone is checked."""
+    from .. import catalog
+
+    acc = catalog.accelerators().get(gpu) if gpu is not None else None
+    blackwell = acc is None or (acc.get("vendor") == "nvidia" and catalog.accelerator_mx_formats(gpu))
+    if precision == "fp8" and recipe == "mxfp8" and blackwell:
+        return None
+    on = precision + (f" ({recipe})" if recipe else "") + (f" on {gpu}" if gpu else "")
+    return (f"Transformer Engine's fused grouped MLP runs MXFP8 on NVIDIA Blackwell (--precision fp8 --fp8-recipe "
+            f"mxfp8 on such a GPU), not {on}")
+
+
 def epilogue_seconds(shape: ModelShape, hw: Any, *, tokens: Any, moe_layers: Any, num_micro: Any, load: Any,
                      opts: "MoeOptions", act_rerun: Any = 0.0, layer_rerun: Any = 0.0,
                      act_bytes: float = 2.0) -> Any:
@@ -469,7 +485,10 @@ def epilogue_seconds(shape: ModelShape, hw: Any, *, tokens: Any, moe_layers: Any
         fwd, bwd = EPILOGUE_BYTES["clamp"]
         per_row = per_row + f * (fwd * (1.0 + np.asarray(act_rerun, dtype=float)) + bwd)
     if shape.expert_bias:
-        fwd, bwd = EPILOGUE_BYTES["bias_fp32_weights" if FP32_WEIGHTS[opts.dispatcher] else "bias_bf16_weights"]
+        # Under fp32 training the weights are the activations' dtype whatever the
+        # dispatcher: no cast, the BF16-weights ops at 4 bytes an element.
+        mixed = FP32_WEIGHTS[opts.dispatcher] and act_bytes < 4.0
+        fwd, bwd = EPILOGUE_BYTES["bias_fp32_weights" if mixed else "bias_bf16_weights"]
         per_row = per_row + shape.hidden * (fwd * (1.0 + np.asarray(layer_rerun, dtype=float)) + bwd)
     bw = hw.mem_bw * hw.mem_bw_fraction
     return per_row * act_bytes / 2.0 * rows / bw * np.asarray(moe_layers, dtype=float) \

@@ -119,12 +119,12 @@ def fused_mlp_problem(row: dict[str, Any]) -> str | None:
         return None
     from .hardware import systems
 
+    shape = shape_of(row)
+    if not (shape.expert_bias or shape.glu_clamp is not None):
+        return f"fused_grouped_mlp on {row['model']}, whose experts have no epilogue for it to fuse (the header's rule)"
     gpu = systems()[row["system"]]["gpu"]
-    if row.get("precision") != "fp8" or row.get("fp8_recipe") != "mxfp8" or not catalog.accelerator_mx_formats(gpu):
-        return (f"fused_grouped_mlp: Transformer Engine's fused grouped MLP runs MXFP8 on Blackwell, but the row "
-                f"runs {row.get('precision')}" + (f" ({row['fp8_recipe']})" if row.get("fp8_recipe") else "")
-                + f" on {gpu}")
-    return None
+    problem = moe.fused_grouped_mlp_problem(gpu, row.get("precision", ""), row.get("fp8_recipe"))
+    return None if problem is None else f"fused_grouped_mlp: {problem}"
 
 
 def conflict_problems(row: dict[str, Any]) -> list[str]:

@@ -532,7 +532,9 @@ def planned_stack(opts: PlanOptions) -> str:
 def holds_cuda_context(opts: PlanOptions) -> bool:
     """Whether each rank's fixed device memory (CUDA context, NCCL) is counted: everywhere
     but on a probed CPU, whose ranks hold none."""
-    return not (opts.profile and opts.profile.get("device") == "cpu")
+    from ..probe.profile import holds_cuda_context as holds
+
+    return holds(opts.profile or None)
 
 
 def _evaluate_rows(shape: ModelShape, hw: hardware.Hardware, opts: PlanOptions, overlap: float, B: int,

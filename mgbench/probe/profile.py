@@ -322,6 +322,13 @@ def host_rates(profile: dict[str, Any], precision: str, ranks: int) -> dict[str,
             "attn_points": tuple((float(a["seq"]), a["tflops_median"] * 1e12 * a_share) for a in attn["shapes"])}
 
 
+def holds_cuda_context(profile: dict[str, Any] | None) -> bool:
+    """Whether a rank's fixed device memory (CUDA context, NCCL) is counted on the machine
+    ``profile`` describes (None: a catalog GPU): everywhere but on a probed CPU, whose
+    ranks hold none. The one rule memory, predict and plan apply."""
+    return not (profile and profile.get("device") == "cpu")
+
+
 def memory_budget(profile: dict[str, Any], ranks: int) -> dict[str, Any]:
     """What one rank may use on the probed machine, for `memory --hardware`: a GPU's
     device memory, or on CPU the host's RAM split over the ranks (they share it)."""

@@ -87,7 +87,7 @@ def test_the_byte_counts_are_torchs():
             return torch.cat([t + b * p for t, b, p in parts]).to(out.dtype)
 
         fwd, bwd = _replay(bias, out)
-        # Within a quarter of H a row: the router weights' and the biases' own reads.
+        # Within 0.75 H a row: the router weights' and the biases' own reads.
         assert (fwd / (n * h), bwd / (n * h)) == pytest.approx(moe.EPILOGUE_BYTES[key], abs=0.75), key
 
 
@@ -197,6 +197,30 @@ def test_the_fused_grouped_mlp_is_refused_where_it_cannot_run():
         assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output, r.output
     ok = CliRunner().invoke(main, [*base, "--system", "dgx-b200", "--precision", "fp8", "--fp8-recipe", "mxfp8"])
     assert ok.exit_code == 0, ok.output
+    # MX formats are not enough: CDNA 4 has them, the CuteDSL kernel is NVIDIA's (a second
+    # review found an MI355X accepted).
+    amd = CliRunner().invoke(main, [*base, "--system", "mi355x-8", "--precision", "fp8", "--fp8-recipe", "mxfp8"])
+    assert amd.exit_code == 2 and "NVIDIA Blackwell" in amd.output and "on mi355x" in amd.output, amd.output
+    # memory refuses it alike where the precision cannot have it (it names no GPU).
+    mem = CliRunner().invoke(main, ["memory", "--model", "gpt-oss-120b", "--num-gpus", "64", "--ep", "8",
+                                    "--moe-fused-grouped-mlp"])
+    assert mem.exit_code == 2 and "not bf16" in mem.output and "Traceback" not in mem.output, mem.output
+
+
+def test_every_dispatcher_states_its_router_weights_dtype_and_fp32_training_casts_nothing():
+    assert set(moe.FP32_WEIGHTS) == set(moe.DISPATCHERS)
+    row = _row(B300_EP8)
+    hw = resolve(precision="bf16", system="dgx-b300")
+    shape = dataclasses.replace(V.shape_of(row), glu_clamp=None)  # the bias alone
+    kw = dict(tokens=16384.0, moe_layers=36, num_micro=5, load=1.0)
+    per = {d: float(moe.epilogue_seconds(shape, hw, **kw, opts=moe.MoeOptions(dispatcher=d)))
+           for d in moe.DISPATCHERS}
+    assert per["deepep"] == pytest.approx(per["hybridep"]) == pytest.approx(per["alltoall"] * 68 / 28)
+    # fp32 training: the weights are the activations' dtype, nothing is cast: the BF16-weights
+    # ops at 4 bytes an element (24 H + 32 H), under every dispatcher.
+    fp32 = {d: float(moe.epilogue_seconds(shape, hw, **kw, opts=moe.MoeOptions(dispatcher=d), act_bytes=4.0))
+            for d in moe.DISPATCHERS}
+    assert all(v == pytest.approx(per["alltoall"] * 2) for v in fp32.values())
 
 
 def test_priced_for_megatron_core_only_and_its_saved_copy_in_memory():
@@ -222,6 +246,8 @@ def test_priced_for_megatron_core_only_and_its_saved_copy_in_memory():
               **{k: v for k, v in stack.memory_of("megatron-lm").items() if k != "expert_epilogue"})
     with_copy = memory_per_gpu(shape, **kw, expert_epilogue=True)["activations_bytes"]
     without = memory_per_gpu(shape, **kw, expert_epilogue=False)["activations_bytes"]
+    # The stacks' own holdings carry it: megatron-lm's with the copy, torchtitan's without.
+    assert stack.memory_of("megatron-lm")["expert_epilogue"] and not stack.memory_of("torchtitan")["expert_epilogue"]
     rows = 2 * 4096 * 4 * 1.1  # a micro-batch's routed rows at the default load (1.1), tp 1
     # Without a pipeline one micro-batch is in flight: its 36 layers each keep the copy.
     assert float(with_copy - without) == pytest.approx(2 * 2 * 2880 * rows * 36, rel=1e-6)

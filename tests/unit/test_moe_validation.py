@@ -86,11 +86,15 @@ def test_a_split_against_the_rule_is_refused(rows):
     # The fused grouped MLP is MXFP8 on Blackwell: stated on a Hopper or a BF16 row it is
     # refused, and so is a source for it without it.
     fused = next(r for r in rows if r.get("fused_grouped_mlp"))
-    hopper = next(r for r in rows if r["system"] == "dgx-h100")
-    bf16 = next(r for r in rows if r["precision"] == "bf16" and r["system"] == "gb200-nvl72")
+    hopper = next(r for r in rows if r["system"] == "dgx-h100" and r["model"].startswith("gpt-oss"))
+    bf16 = next(r for r in rows if r["precision"] == "bf16" and r["system"] == "gb200-nvl72"
+                and r["model"].startswith("gpt-oss"))
+    qwen = next(r for r in rows if r["model"].startswith("qwen3") and r.get("fp8_recipe") == "mxfp8"
+                and r["system"] == "gb300-nvl72")
     for bad, match in ((dict(hopper, fused_grouped_mlp=True), "on h100-sxm"),
-                       (dict(bf16, fused_grouped_mlp=True), "runs bf16 on gb200"),
-                       (dict(fused, fused_grouped_mlp=False, fused_grouped_mlp_source="x"), "without")):
+                       (dict(bf16, fused_grouped_mlp=True), "not bf16 on gb200"),
+                       (dict(fused, fused_grouped_mlp=False, fused_grouped_mlp_source="x"), "without"),
+                       (dict(qwen, fused_grouped_mlp=True), "no epilogue for it to fuse")):
         broken = [bad if r["id"] == bad["id"] else r for r in rows]
         with pytest.raises(MgbenchError, match=f"{bad['id']}: fused_grouped_mlp.*{match}"):
             V.check_rows(broken)

@@ -209,3 +209,27 @@ def test_the_lead_memory_counts_the_moe_options_the_filter_counts():
                        moe=moe.MoeOptions(recompute_modules=("moe_act",)))
     out = plan(catalog.model_shape("qwen3-30b-a3b"), opts, cost.Prices(None, []))
     assert out["lead_memory"]["total_bytes"] == pytest.approx(out["recommendation"]["memory_per_gpu_bytes"], rel=1e-9)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_predict_on_a_probed_machine_counts_the_cuda_context_as_plan_does(device, tmp_path):
+    # predict --hardware had decided by whether the profile probed host ops (an older CPU
+    # profile without them got a CUDA context); now by the profile's device, plan's rule
+    # (probe/profile.py holds_cuda_context).
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from mgbench.cli import main
+    from tests.unit.test_probe_profile import _probed_h100, make_profile
+
+    prof = _probed_h100(num_devices=8) if device == "cuda" else make_profile(cores=2)
+    if device == "cpu":
+        prof.pop("host_ops", None)  # an older CPU profile, written before the host-op probes
+    path = tmp_path / "p.json"
+    path.write_text(_json.dumps(prof))
+    r = CliRunner().invoke(main, ["predict", "--hardware", str(path), "--model", "gpt2-small", "--num-gpus", "1",
+                                  "--micro-batch", "2", "--seq-len", "256", "--json"]
+                           + (["--precision", "fp32"] if device == "cpu" else []))
+    assert r.exit_code == 0, r.output
+    assert (_json.loads(r.output)["memory"]["fixed_bytes"] > 0) == (device == "cuda")
