@@ -164,6 +164,7 @@ def _mixtral(cfg: dict[str, Any], name: str) -> ModelShape:
     d = _common(cfg, name, ffn_hidden=f, mlp="swiglu", experts=_int(cfg, "num_local_experts"),
                 top_k=_int(cfg, "num_experts_per_tok"))
     oss = cfg["model_type"] == "gpt_oss"
+    # swiglu_limit's default is transformers' GptOssConfig's own (7.0): a config without it means that.
     extra = {"expert_bias": True, "glu_clamp": float(cfg.get("swiglu_limit", 7.0))} if oss else {}
     return ModelShape(**d, **extra, **_local(cfg, d["layers"], 2 if oss else 0))
 

@@ -128,16 +128,17 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
     if shape is None and kw["pp_last_layers"] is not None:
         raise MgbenchError(f"--pp-last-layers {kw['pp_last_layers']} needs the model's layers: give --model or its "
                            "dimensions instead of --params")
-    from ..probe.profile import holds_cuda_context, read_profile as read_probe
+    from ..probe.profile import holds_cuda_context, read_profile
 
-    fixed = holds_cuda_context(read_probe(hardware_profile) if hardware_profile else None)
+    profile = read_profile(hardware_profile) if hardware_profile else None
+    fixed = holds_cuda_context(profile)
     res = memory_fn(shape, _layout(kw), params=params, largest_layer_params=largest_layer_params,
                     stack=PROFILE_STACK if hardware_profile else stack, margin=kw["memory_margin"], fixed=fixed,
                     moe=moe, state_bytes=state_bytes)
-    if hardware_profile:
-        from ..probe.profile import memory_budget, read_profile
+    if profile is not None:
+        from ..probe.profile import memory_budget
 
-        res.update(memory_budget(read_profile(hardware_profile), kw["num_gpus"]))
+        res.update(memory_budget(profile, kw["num_gpus"]))
         res["fits"] = None if res["device_memory_bytes"] is None else res["total_bytes"] <= res["device_memory_bytes"]
     if as_json:
         click.echo(json.dumps(res, indent=2))

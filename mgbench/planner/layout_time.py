@@ -82,6 +82,7 @@ from .hardware import GB, Hardware
 from .memory import (VIRTUAL_SCHEDULES, act_bytes, attention_recomputed_share, recomputed_share, stage_layers,
                      stage_param_split)
 from .stack import counts_expert_epilogue
+from .stack import fp8_recipe as recipe_of
 
 FP8_EFF_NOTE = ("FP8 linears at the bf16 matmul efficiency's fraction of the FP8 peak (an assumption: no FP8 "
                 "best-GEMM (MAMF) figure is recorded)")
@@ -182,13 +183,12 @@ def dp_comm_s(hw: Hardware, *, dense: Any, expert: Any, tp: Any, dpc: Any, ep: A
     return group(dense, d, np.asarray(replicas, dtype=float)) + experts
 
 
-def check_fused_grouped_mlp(hw: Hardware, precision: str, fp8_recipe: str | None) -> None:
-    """One line where a run states Transformer Engine's fused grouped MLP that it cannot
-    have (moe.fused_grouped_mlp_problem)."""
-    from .stack import fp8_recipe as recipe_of
-
-    recipe = recipe_of(hw.stack, fp8_recipe) if precision == "fp8" else None
-    if (problem := moe_terms.fused_grouped_mlp_problem(hw.gpu, precision, recipe)) is not None:
+def check_fused_grouped_mlp(gpu: str | None, stack: str | None, precision: str, fp8_recipe: str | None) -> None:
+    """One line (MgbenchError) where a run states the fused grouped MLP it cannot have
+    (moe.fused_grouped_mlp_problem), its FP8 recipe resolved as the step prices it
+    (``fp8_recipe`` given, else ``stack``'s)."""
+    recipe = recipe_of(stack, fp8_recipe) if precision == "fp8" else None
+    if (problem := moe_terms.fused_grouped_mlp_problem(gpu, precision, recipe)) is not None:
         raise MgbenchError(f"--moe-fused-grouped-mlp: {problem}: drop it")
 
 
@@ -266,24 +266,22 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
                                              load=load, moe_layers=moe_layers, num_micro=m,
                                              recompute=rc, sp=sp) / hw.stack_eff
         if opts.fused_grouped_mlp:
-            check_fused_grouped_mlp(hw, precision, fp8_recipe)
-        # The MoE layer's forward runs again under moe or a whole-block recompute, the
-        # activation's alone under moe_act too.
-        layer_rerun = moe_terms.moe_rerun_share(shape, opts.recompute_modules, recomputed_share(lps, rc))
-        act_rerun = np.maximum(layer_rerun, 1.0 if "moe_act" in opts.recompute_modules else 0.0)
+            check_fused_grouped_mlp(hw.gpu, hw.stack, precision, fp8_recipe)
+        # The MoE layer's forward runs again under moe or a whole-block recompute (its
+        # all-to-alls and host launches below too), the activation's alone under moe_act.
+        rerun = moe_terms.moe_rerun_share(shape, opts.recompute_modules, recomputed_share(lps, rc))
+        act_rerun = np.maximum(rerun, 1.0 if "moe_act" in opts.recompute_modules else 0.0)
         counted = counts_expert_epilogue(hw.stack)
         if counted:
             epilogue_s = moe_terms.epilogue_seconds(shape, hw, tokens=tokens_rank, moe_layers=moe_layers, num_micro=m,
                                                     load=load, opts=opts, act_rerun=act_rerun,
-                                                    layer_rerun=layer_rerun, act_bytes=e) / hw.stack_eff
+                                                    layer_rerun=rerun, act_bytes=e) / hw.stack_eff
         blocks = blocks + imbalance_s + moe_recompute_s + permute_s + traffic_s + epilogue_s
         notes.append(moe_terms.note(opts, schedule))
         if (epilogue := moe_terms.epilogue_note(shape, opts, counted, hw.stack)) is not None:
             notes.append(epilogue)
     cast_s = zero_s
     if precision == "fp8":
-        from .stack import fp8_recipe as recipe_of
-
         recipe = recipe_of(hw.stack, fp8_recipe)
         known = hw.gpu in catalog.accelerators()  # a catalog or --system-file part (not a probed device)
         if recipe == "mxfp8" and known and not catalog.accelerator_mx_formats(hw.gpu):
@@ -320,7 +318,6 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     bubble = blocks * f / (1.0 - f)
 
     if shape.is_moe:
-        rerun = moe_terms.moe_rerun_share(shape, opts.recompute_modules, recomputed_share(lps, rc))
         a2a = moe_terms.a2a_per_step(shape, hw, tokens=tokens_rank, ep=ep, act_bytes=e, opts=opts,
                                      moe_layers=moe_layers, num_micro=m, moe_rerun_share=rerun)
         ep_comm = moe_terms.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule=schedule, virtual_stages=v,

@@ -495,7 +495,7 @@ def epilogue_seconds(shape: ModelShape, hw: Any, *, tokens: Any, moe_layers: Any
         * np.asarray(num_micro, dtype=float)
 
 
-def epilogue_note(shape: ModelShape, opts: "MoeOptions", counted: bool = True, stack: str | None = None) -> str | None:
+def epilogue_note(shape: ModelShape, opts: "MoeOptions", counted: bool, stack: str | None) -> str | None:
     """What the prediction says of gpt-oss-style experts (None for others); ``counted``:
     whether the stack runs them as the counted ops (stack.counts_expert_epilogue)."""
     what = [w for w, on in (("clamped GLU inputs", shape.glu_clamp is not None), ("expert biases", shape.expert_bias))

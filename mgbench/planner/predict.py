@@ -98,13 +98,8 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
     validate(layout, shape)
     if state_bytes is not None and layout.precision == "fp32":
         raise MgbenchError(FP32_STATE_BYTES)
-    if moe is not None and moe.fused_grouped_mlp:
-        from .moe import fused_grouped_mlp_problem
-        from .stack import fp8_recipe
-
-        recipe = fp8_recipe(stack, layout.fp8_recipe) if layout.precision == "fp8" else None
-        if (problem := fused_grouped_mlp_problem(None, layout.precision, recipe)) is not None:
-            raise MgbenchError(f"--moe-fused-grouped-mlp: {problem}: drop it")
+    if moe is not None and moe.fused_grouped_mlp:  # memory names no GPU: the precision alone
+        layout_time.check_fused_grouped_mlp(None, stack, layout.precision, layout.fp8_recipe)
     kw = memory_of(stack, state_bytes)
     m = memory_per_gpu(shape, params=params, num_micro=layout.num_micro, **layout.model_kwargs(),
                        largest_layer_params=largest_layer_params, **kw,

@@ -29,6 +29,7 @@ from .uncertainty import NO_MOE_RUN
 from .moe import MoeOptions
 from .memory import ALLOWANCE_FRACTION, SCHEDULES, STATE_BYTES, check_margin, memory_per_gpu
 from ..probe.profile import STACK as profile_stack
+from ..probe.profile import holds_cuda_context
 from .perf import FP8_RECIPES
 
 TP_CHOICES = (1, 2, 4, 8)
@@ -529,14 +530,6 @@ def planned_stack(opts: PlanOptions) -> str:
     return profile_stack if opts.profile else opts.stack
 
 
-def holds_cuda_context(opts: PlanOptions) -> bool:
-    """Whether each rank's fixed device memory (CUDA context, NCCL) is counted: everywhere
-    but on a probed CPU, whose ranks hold none."""
-    from ..probe.profile import holds_cuda_context as holds
-
-    return holds(opts.profile or None)
-
-
 def _evaluate_rows(shape: ModelShape, hw: hardware.Hardware, opts: PlanOptions, overlap: float, B: int,
                    rows: dict[str, np.ndarray], offload: bool, schedule: tuple[str, int]) -> dict[str, np.ndarray]:
     """Memory of the candidate ``rows`` under ``schedule``; the ones that fit, with their throughput."""
@@ -545,7 +538,7 @@ def _evaluate_rows(shape: ModelShape, hw: hardware.Hardware, opts: PlanOptions, 
                                               "pp_last_layers")})
     held = stack.memory_of(planned_stack(opts), stack.parse_state_bytes(opts.state_bytes))
     mem = memory_per_gpu(shape, num_micro=cand.num_micro, **cand.model_kwargs(), **held,
-                         margin=opts.memory_margin, fixed=holds_cuda_context(opts), moe=opts.moe)
+                         margin=opts.memory_margin, fixed=holds_cuda_context(opts.profile), moe=opts.moe)
     fits = mem["total_bytes"] <= hw.memory_bytes
     kept = cand.take(fits)
     out = layout_time.step_time(shape, hw, global_batch=B, overlap=overlap, moe=opts.moe, **kept.model_kwargs())
@@ -869,7 +862,7 @@ def _lead_memory(shape: ModelShape, r: dict[str, Any], opts: PlanOptions) -> dic
     from .predict import memory
 
     lay = layout_of_row(r, opts)
-    out = memory(shape, lay, stack=planned_stack(opts), margin=opts.memory_margin, fixed=holds_cuda_context(opts),
+    out = memory(shape, lay, stack=planned_stack(opts), margin=opts.memory_margin, fixed=holds_cuda_context(opts.profile),
                  moe=opts.moe, state_bytes=stack.parse_state_bytes(opts.state_bytes))
     out["device_memory_bytes"] = r["device_memory_bytes"]
     return out

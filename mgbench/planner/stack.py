@@ -121,10 +121,20 @@ def memory_of(name: str | None, state_bytes: tuple[float, float, float] | None =
             "expert_epilogue": counts_expert_epilogue(name)}
 
 
+# data/stacks.toml expert_epilogue: the implementations whose gpt-oss expert ops are counted.
+EXPERT_EPILOGUES = ("megatron-core",)
+
+
 def counts_expert_epilogue(name: str | None) -> bool:
     """Whether the stack runs gpt-oss's expert clamp and bias as the eager ops
-    planner/moe.py EPILOGUE_BYTES counts (data/stacks.toml ``expert_epilogue``)."""
-    return stacks().get(name or DEFAULT_STACK, {}).get("expert_epilogue") == "megatron-core"
+    planner/moe.py EPILOGUE_BYTES counts (data/stacks.toml ``expert_epilogue``, one of
+    :data:`EXPERT_EPILOGUES`; absent: not counted for it)."""
+    name = name or DEFAULT_STACK
+    value = stacks().get(name, {}).get("expert_epilogue")
+    if value is not None and value not in EXPERT_EPILOGUES:
+        raise MgbenchError(f"stacks.toml [stacks.{name}] expert_epilogue must be one of {', '.join(EXPERT_EPILOGUES)} "
+                           f"or absent, got {value!r}")
+    return value is not None
 
 
 def apply(hw: Hardware, name: str | None) -> Hardware:

@@ -334,3 +334,15 @@ def test_an_unknown_loss_mode_is_refused_not_a_traceback(monkeypatch):
     monkeypatch.setattr(stack, "stacks", lambda: known)
     with pytest.raises(MgbenchError, match="loss must be one of chunked, fp32, fused, flash_ce, got 'flash-ce'"):
         stack.memory_of("llm-foundry")
+
+
+def test_an_unknown_expert_epilogue_is_refused_not_read_as_absent(monkeypatch):
+    # A typo would otherwise silently drop gpt-oss's expert passes from the stack's pricing.
+    from mgbench.errors import MgbenchError
+    from mgbench.planner import stack
+
+    known = {k: dict(v) for k, v in stack.stacks().items()}
+    known["megatron-lm"]["expert_epilogue"] = "megatron_core"
+    monkeypatch.setattr(stack, "stacks", lambda: known)
+    with pytest.raises(MgbenchError, match="expert_epilogue must be one of megatron-core or absent, got 'megatron_core'"):
+        stack.memory_of("megatron-lm")
