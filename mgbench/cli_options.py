@@ -346,6 +346,7 @@ def layout_group() -> list[Opt]:
         opt("--zero", type=int, default=0, show_default=True, help="ZeRO stage 0-3 over the data-parallel group."),
         plan_field("precision"),
         plan_field("fp8_recipe"),
+        plan_field("fp8_attention"),
         opt("--recompute", type=click.Choice(list(RECOMPUTE)), default=RECOMPUTE[0], show_default=True,
             help="Activation recomputation: every_2nd recomputes every second block, full every block (the "
                  "runner's modes); selective recomputes each block's core attention (Megatron-LM / NeMo's default), "

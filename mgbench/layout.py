@@ -55,6 +55,15 @@ def fp8_recipe_problem(precision: str, recipe: str | None) -> str | None:
     return None
 
 
+def fp8_attention_problem(precision: str, fp8_attention: Any) -> str | None:
+    """Why FP8 attention cannot go with ``precision`` (it runs under an FP8 recipe only,
+    as Transformer Engine's fp8_dpa does), in one line; None where it can."""
+    if bool(fp8_attention) and precision != "fp8":
+        return (f"--fp8-attention applies to --precision fp8 (this layout trains in {precision}): drop it, "
+                "or add --precision fp8")
+    return None
+
+
 def joined_problems(problems: list[str]) -> str:
     """Layout.runner_problems' lines as one: their shared "layout ... on world size N: "
     said once ("layout X: tp=3 does not divide the 4 attention heads; ... the 2 kv heads")."""
@@ -94,9 +103,15 @@ class Layout:
     # The FP8 scaling recipe under precision fp8 (planner/perf.py FP8_RECIPES): what casting
     # costs. None: the stack's (planner/stack.py fp8_recipe). Priced, not run.
     fp8_recipe: str | None = None
+    # Attention's scores and values in FP8 under precision fp8 (Transformer Engine's
+    # fp8_dpa, Megatron-Bridge's fp8_dot_product_attention): priced at the FP8 / BF16
+    # kernel-time ratio measured on the GPU (planner/layout_time.py). Priced, not run.
+    fp8_attention: bool = False
 
     def __post_init__(self) -> None:
-        if (why := fp8_recipe_problem(self.precision, self.fp8_recipe)) is not None:
+        why = fp8_recipe_problem(self.precision, self.fp8_recipe) or fp8_attention_problem(self.precision,
+                                                                                           self.fp8_attention)
+        if why is not None:
             from .errors import MgbenchError
 
             raise MgbenchError(why)
@@ -132,7 +147,8 @@ class Layout:
                    sequence_parallel=row.get("sequence_parallel", row.get("tp", 1) > 1),
                    schedule=row.get("schedule", "1f1b"),
                    virtual_stages=row.get("virtual_stages", 1), replicas=row.get("replicas", 1),
-                   pp_last_layers=row.get("pp_last_layers"), fp8_recipe=row.get("fp8_recipe"))
+                   pp_last_layers=row.get("pp_last_layers"), fp8_recipe=row.get("fp8_recipe"),
+                   fp8_attention=bool(row.get("fp8_attention", False)))
 
     # -- derived degrees -------------------------------------------------------------------
     @property
@@ -213,7 +229,8 @@ class Layout:
                     zero=self.zero, precision=self.precision, recompute=self.recompute_index,
                     sp=self.sequence_parallel, flash=self.flash_attention, schedule=self.schedule,
                     virtual_stages=self.virtual_stages, ep=self.ep, cp=self.cp, replicas=self.replicas,
-                    offload=self.offload, pp_last_layers=self.pp_last_layers, fp8_recipe=self.fp8_recipe)
+                    offload=self.offload, pp_last_layers=self.pp_last_layers, fp8_recipe=self.fp8_recipe,
+                    fp8_attention=self.fp8_attention)
 
     def take(self, index: Any) -> "Layout":
         """The rows ``index`` (a mask or indices) of a vectorised layout; scalars stay."""
@@ -237,7 +254,8 @@ class Layout:
         return {"num_gpus": self.num_gpus, "tp": self.tp, "pp": self.pp, "dp": self.dp, "zero": self.zero,
                 "micro_batch": self.micro_batch, "precision": self.precision, "recompute": self.recompute_name,
                 "ep": self.ep, "cp": self.cp, "hsdp_replicas": self.replicas, "offload": bool(self.offload),
-                "schedule": self.schedule, "pp_last_layers": self.pp_last_layers, "fp8_recipe": self.fp8_recipe}
+                "schedule": self.schedule, "pp_last_layers": self.pp_last_layers, "fp8_recipe": self.fp8_recipe,
+                "fp8_attention": bool(self.fp8_attention)}
 
     # -- the runner's rules and strategy names ---------------------------------------------------
     def runner_problems(self, world: int, *, layers: int | None = None, heads: int | None = None,

@@ -54,7 +54,8 @@ def _layout(kw: dict[str, Any]):
                   recompute=kw["recompute"], sequence_parallel=kw["sequence_parallel"],
                   flash_attention=not kw["no_flash_attention"], schedule=kw["schedule"],
                   virtual_stages=kw["virtual_stages"], ep=kw["ep"], cp=kw["cp"], replicas=kw["replicas"],
-                  offload=kw["offload"], pp_last_layers=kw["pp_last_layers"], fp8_recipe=kw["fp8_recipe"])
+                  offload=kw["offload"], pp_last_layers=kw["pp_last_layers"], fp8_recipe=kw["fp8_recipe"],
+                  fp8_attention=kw["fp8_attention"])
 
 
 def _dims(kw: dict[str, Any]) -> dict[str, Any]:
@@ -591,6 +592,8 @@ def predict_command(row: dict[str, Any], opts: Any, model_args: list[str], *, ha
             f"--seq-len {lay.seq_len}", f"--recompute {lay.recompute_name}", f"--precision {lay.precision}"]
     if lay.fp8_recipe:
         out.append(f"--fp8-recipe {lay.fp8_recipe}")
+    if lay.fp8_attention:
+        out.append("--fp8-attention")
     if lay.sequence_parallel:
         out.append("--sequence-parallel")
     if lay.pp > 1:

@@ -142,6 +142,42 @@ def attention_curves(gpu: str) -> tuple[tuple[str, tuple[tuple[float, float], ..
     return tuple((k, tuple((float(q), float(f)) for q, f in v["points"])) for k, v in c["kernels"].items())
 
 
+# The attention kinds FP8 attention is measured for (efficiency.toml [fp8_attention]):
+# "mla" multi-head latent attention (DeepSeek-V3's 192-wide keys, 128-wide values), "gqa"
+# every other full layer, "window" a sliding-window layer; and the FP8 scalings Transformer
+# Engine runs attention in: MXFP8 under the mxfp8 recipe, per-tensor FP8 under the
+# per-tensor ones (planner/perf.py TE_PER_TENSOR_RECIPES; blockwise passes no fp8_dpa).
+FP8_ATTENTION_KINDS = ("mla", "gqa", "window")
+FP8_ATTENTION_SCALINGS = ("mxfp8", "fp8")
+
+
+def fp8_attention_points(gpu: str | None, seen: tuple[str, ...] = ()) -> dict[str, dict[str, Any]] | None:
+    """The FP8 / BF16 fused-attention time ratios measured for ``gpu``, forward + backward:
+    {kind: {scaling: ((seq, ratio), ...)}} (efficiency.toml [fp8_attention]; a ``carried``
+    entry takes its sibling's); None where ``gpu`` has no entry."""
+    table = catalog.load("efficiency.toml").get("fp8_attention", {})
+    spec = table.get(gpu) if gpu is not None else None
+    if spec is None:
+        return None
+    if spec.get("kind") == "carried":
+        if gpu in seen or spec.get("from") not in table:
+            raise MgbenchError(f"efficiency.toml [fp8_attention.{gpu}]: carried from {spec.get('from')!r}, which is "
+                               "not an entry of the table or is carried in a circle")
+        return fp8_attention_points(spec["from"], seen + (gpu,))
+    out: dict[str, dict[str, Any]] = {}
+    for kind in FP8_ATTENTION_KINDS:
+        for scaling in FP8_ATTENTION_SCALINGS:
+            points = spec.get(kind, {}).get(scaling)
+            ok = isinstance(points, list) and points and all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                         and v > 0 for v in p) for p in points)
+            if not ok:
+                raise MgbenchError(f"efficiency.toml [fp8_attention.{gpu}] {kind}.{scaling} must be a list of "
+                                   f"[sequence, ratio] pairs, both positive, got {points!r}")
+            out.setdefault(kind, {})[scaling] = tuple((float(q), float(r)) for q, r in sorted(points))
+    return out
+
+
 def efficiency_fields(gpu: str) -> dict[str, Any]:
     """The Hardware fields that come from ``gpu``'s profile besides compute_eff and
     attn_eff: its evidence, the GEMM shape model and the achieved memory bandwidth."""

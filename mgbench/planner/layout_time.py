@@ -74,11 +74,13 @@ import numpy as np
 
 from .. import catalog
 from ..errors import MgbenchError
+from ..layout import fp8_attention_problem
 from ..model_shape import ModelShape
 from ..strategies.schedules import bubble_unknown_reason
 from . import moe as moe_terms
 from . import perf
 from .hardware import GB, Hardware
+from .hardware import fp8_attention_points as hardware_fp8_attention_points
 from .memory import (VIRTUAL_SCHEDULES, act_bytes, attention_recomputed_share, recomputed_share, stage_layers,
                      stage_param_split)
 from .stack import counts_expert_epilogue
@@ -120,6 +122,43 @@ def fp8_linear_ratio(hw: Hardware) -> float:
     GPU's profile has both (an H100 SXM's FP8 GEMMs reach 0.71 of the FP8 peak against
     0.80 of the bf16 one: 0.5 / 0.88 = 0.57, not 0.5)."""
     return hw.peak_tflops / fp8_peak_tflops(hw) / (hw.fp8_gemm_ratio or 1.0)
+
+
+FP8_ATTENTION_NOTE = ("attention's scores and values in FP8 (--fp8-attention, {scaling} scaling): {ratio:.2f} x their "
+                      "BF16 seconds, the FP8 / BF16 fused-attention time measured on this GPU for this attention "
+                      "(efficiency.toml [fp8_attention]); their saved activations still counted at BF16 bytes")
+
+
+def fp8_attention_ratio(shape: ModelShape, hw: Hardware, precision: str, recipe: str, seq: Any,
+                        causal: Any) -> tuple[Any, str]:
+    """(seconds of attention's scores and values in FP8 over their BF16 seconds on ``hw``,
+    the scaling it runs in): the time ratios cuDNN's benchmarks measured for the model's
+    attention (hardware.fp8_attention_points: MLA or another full layer, a sliding window
+    for its share of the FLOPs, ModelShape.local_attention_share, as ``causal`` counts
+    them), by sequence (linear in log2 of it, held at the measured ends), in MXFP8 under
+    the mxfp8 recipe and per-tensor FP8 under the others. MgbenchError where the layout is
+    not FP8, the recipe gives attention no FP8 (blockwise) or the GPU has no measurement."""
+    if (why := fp8_attention_problem(precision, True)) is not None:
+        raise MgbenchError(why)
+    if recipe == "blockwise":
+        raise MgbenchError("--fp8-attention: Transformer Engine runs no FP8 attention under the blockwise recipe "
+                           "(Megatron-Core passes it no fp8_dpa): drop it, or give --fp8-recipe mxfp8 or tensorwise")
+    points = hardware_fp8_attention_points(hw.gpu)
+    if points is None:
+        known = ", ".join(sorted(catalog.load("efficiency.toml").get("fp8_attention", {})))
+        raise MgbenchError(f"--fp8-attention: no FP8 / BF16 fused-attention time measured for {hw.gpu} "
+                           f"(efficiency.toml [fp8_attention] has {known or 'none'}): drop it")
+    scaling = "mxfp8" if recipe == "mxfp8" else "fp8"
+    s = np.log2(np.asarray(seq, dtype=float))
+
+    def at(kind: str) -> Any:
+        seqs, ratios = zip(*points[kind][scaling])
+        return np.interp(s, np.log2(seqs), ratios)
+
+    share = np.where(np.asarray(causal, dtype=bool), shape.local_attention_share(np.asarray(seq, dtype=float), True),
+                     shape.local_attention_share(np.asarray(seq, dtype=float), False))
+    full = at("mla" if shape.is_mla else "gqa")
+    return (1.0 - share) * full + share * at("window"), scaling
 
 
 def host_link_bw(hw: Hardware) -> float:
@@ -197,14 +236,16 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
               virtual_stages: int = 1, overlap: float = perf.DEFAULT_OVERLAP, sp: Any = False, flash: Any = True,
               ep: Any = 1, cp: Any = 1, replicas: Any = 1, offload: bool = False,
               host_ops: dict[str, float] | None = None, moe: moe_terms.MoeOptions | None = None,
-              pp_last_layers: Any = None, fp8_recipe: str | None = None) -> dict[str, Any]:
+              pp_last_layers: Any = None, fp8_recipe: str | None = None,
+              fp8_attention: bool = False) -> dict[str, Any]:
     """Predicted step time and its parts for a layout with every axis (arrays
     broadcast); the step, its named terms in ``breakdown`` and ``notes``.
     ``hw`` is resolved at :func:`hardware_precision` (bf16 for fp8); ``moe``: how an MoE
     model routes and moves its tokens (None: moe.MoeOptions's defaults);
     ``pp_last_layers``: the last pipeline stage's blocks where the run sets them
     (memory.stage_layers; None: Megatron-LM's even split); ``fp8_recipe``: the FP8 scaling
-    recipe under ``precision`` fp8 (perf.FP8_RECIPES; None: the stack's, stack.fp8_recipe)."""
+    recipe under ``precision`` fp8 (perf.FP8_RECIPES; None: the stack's, stack.fp8_recipe);
+    ``fp8_attention``: attention's scores and values in FP8 too (:func:`fp8_attention_ratio`)."""
     c = np.asarray(cp, dtype=float)
     d = np.asarray(dp, dtype=float)
     dense_p, expert_p = stage_param_split(shape, tp, pp, ep, pp_last_layers)
@@ -225,6 +266,13 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         ratio = fp8_linear_ratio(hw)
         blocks = blocks - b["linear_s"] * (1.0 - ratio) / hw.stack_eff
         notes.append(FP8_MEASURED_NOTE.format(ratio=hw.fp8_gemm_ratio) if hw.fp8_gemm_ratio else FP8_EFF_NOTE)
+    scores_saved = 0.0 * blocks  # what FP8 attention takes off the blocks' seconds (or adds: a window)
+    if fp8_attention:
+        a_ratio, scaling = fp8_attention_ratio(shape, hw, precision, recipe_of(hw.stack, fp8_recipe), seq,
+                                               np.asarray(b["attention_s"]) > 0)
+        scores_saved = b["scores_s"] * (1.0 - a_ratio) / hw.stack_eff
+        blocks = blocks - scores_saved
+        notes.append(FP8_ATTENTION_NOTE.format(ratio=float(np.mean(a_ratio)), scaling=scaling))
     lps, last_layers = stage_layers(shape.layers, p, pp_last_layers)
     # Megatron-Core builds the MTP modules on the last pipeline stage, beside the output
     # layer (a pipeline layout's "tmL"). perf prices the blocks' FLOPs per token with the
@@ -236,6 +284,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     flop_part = b["flop_spread_s"]
     if precision == "fp8":
         flop_part = flop_part - (b["linear_s"] - b["block_shape_loss_s"]) * (1.0 - ratio) / hw.stack_eff
+    flop_part = flop_part - scores_saved
     moved = 0.0 * blocks  # the stage's share of the MTP modules' FLOPs
     if shape.mtp_layers:
         own, mtp_flops = perf.block_flops_per_token(shape, s, rc)

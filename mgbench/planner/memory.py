@@ -567,7 +567,8 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
                    loss: str = "chunked", loss_vocab_parallel: bool = False, te_saved_inputs: bool = False,
                    margin: float = ALLOWANCE_FRACTION, fixed: bool = True, moe: Any = None,
                    pp_last_layers: Any = None, fp8_recipe: str | None = None,
-                   pipeline_outputs_freed: bool = False, expert_epilogue: bool = False) -> dict[str, Any]:
+                   pipeline_outputs_freed: bool = False, expert_epilogue: bool = False,
+                   fp8_attention: bool = False) -> dict[str, Any]:
     """Everything one GPU holds at its peak under the planner's production assumptions,
     in bytes; the components add up to ``total_bytes``.
 
@@ -626,7 +627,10 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
       all-gathered in float8 (tensorwise recipe), 1 byte a weight instead of 2;
       ``fp8_recipe`` (the layout's: what casting costs in time, layout_time.step_time) is
       taken and not counted: the recipes' scale tensors are a small fraction of a byte a
-      value.
+      value; ``fp8_attention`` (the layout's: attention in FP8 costs less time) is taken
+      and not counted either: attention's saved inputs and output stay at the
+      activations' bytes, which for Transformer Engine's FP8 attention (it saves them
+      quantized) is the larger figure.
     """
     check_margin(margin)
     c = np.asarray(cp, dtype=float)

@@ -24,7 +24,7 @@ from typing import Any
 
 from .. import catalog
 from ..errors import MgbenchError
-from ..layout import Layout
+from ..layout import Layout, fp8_attention_problem
 from ..model_shape import ModelShape
 from . import moe, perf
 from .memory import stage_layers
@@ -104,9 +104,27 @@ def check_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         problems += [f"{r['id']}: {p}" for p in conflict_problems(r)]
         if (fused := fused_mlp_problem(r)) is not None:
             problems.append(f"{r['id']}: {fused}")
+        if (attention := fp8_attention_row_problem(r)) is not None:
+            problems.append(f"{r['id']}: {attention}")
     if problems:
         raise MgbenchError("published_moe_runs.toml: " + "; ".join(problems))
     return rows
+
+
+def fp8_attention_row_problem(row: dict[str, Any]) -> str | None:
+    """Why a row's ``fp8_attention`` cannot stand: not a boolean, set on a row that does not
+    train in FP8, or without ``fp8_attention_source`` (the recipe line that sets it); None
+    where it can."""
+    on = row.get("fp8_attention", False)
+    if not isinstance(on, bool):
+        return f"fp8_attention must be true or false, got {on!r}"
+    if not on:
+        return None
+    if (why := fp8_attention_problem(row.get("precision", ""), True)) is not None:
+        return why.replace("--fp8-attention", "fp8_attention").replace("--precision fp8", "precision fp8")
+    if not row.get("fp8_attention_source"):
+        return "fp8_attention without fp8_attention_source: name the recipe or config line that sets it"
+    return None
 
 
 def fused_mlp_problem(row: dict[str, Any]) -> str | None:
@@ -381,7 +399,7 @@ def file_scores() -> tuple[dict[str, Any], ...]:
 # are one configuration measured again.
 CONFIG_FIELDS = ("system", "model", "model_overrides", "seq", "num_gpus", "tp", "pp", "cp", "ep", "schedule",
                  "virtual_stages", "pp_last_layers", "micro_batch", "global_batch", "zero", "recompute",
-                 "precision", "fp8_recipe", "stack", "sequence_parallel")
+                 "precision", "fp8_recipe", "fp8_attention", "stack", "sequence_parallel")
 
 
 def knobs(row: dict[str, Any]) -> dict[str, str]:

@@ -643,7 +643,9 @@ def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: An
     but attention's scores and values (what fp8 speeds up), ``gemm_shape_s`` what the
     GEMMs lose to their shapes beyond the large-GEMM rate (0 without ``hw.gemm_shapes``),
     ``expert_gemm_s`` the routed experts' GEMMs (inside ``linear_s``), ``elementwise_s``,
-    ``attention_s`` (the fused kernel's), ``tp_comm_s``, ``pp_comm_s``."""
+    ``attention_s`` (the fused kernel's), ``scores_s`` attention's scores and values as
+    priced, whichever way (the fused kernel's seconds, else their FLOPs at the GEMM rate:
+    what FP8 attention speeds up, layout_time.step_time), ``tp_comm_s``, ``pp_comm_s``."""
     from .memory import korthikanti_bytes_per_layer
 
     s = np.asarray(seq, dtype=float)
@@ -668,7 +670,8 @@ def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: An
     elementwise = ew_bytes * elementwise_rerun(rc) / (hw.mem_bw * hw.mem_bw_fraction)
     rank_tokens = tokens * stage_layers / shape.layers / (t * d)
     # The block linears: every block GEMM but attention's scores and values (what fp8 speeds up).
-    linear = blocks_mm - attention_flops_per_token(shape, s, rc) * rank_tokens / rate
+    scores = attention_flops_per_token(shape, s, rc) * rank_tokens / rate
+    linear = blocks_mm - scores
     shape_loss = 0.0 * linear
     block_loss = shape_loss
     expert = 0.0 * linear
@@ -694,10 +697,12 @@ def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: An
     if hw.ew_bw is not None and host_ops is not None:
         _, attention, elementwise = host_terms(shape, hw, s, rc, rank_tokens, host_ops)
         blocks_mm = linear
+        scores = attention
     elif (fused := flash_attention_s(shape, hw, s, rc, rank_tokens)) is not None:
         on = np.asarray(flash, dtype=bool)
         attention = np.where(on, fused, 0.0)
         blocks_mm = np.where(on, linear, blocks_mm)
+        scores = np.where(on, fused, scores)
     blocks = (blocks_mm + attention + elementwise) / hw.stack_eff
     head = head_mm / hw.stack_eff
     # What of ``blocks`` is priced from the model's FLOPs per token, which count the MTP
@@ -721,6 +726,7 @@ def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: An
         "matmul_s": blocks_mm + head_mm,
         "elementwise_s": elementwise,
         "attention_s": attention,
+        "scores_s": scores,
         "linear_s": linear,
         "gemm_shape_s": shape_loss,
         "expert_gemm_s": expert,

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import catalog
 from ..errors import MgbenchError
-from ..layout import RECOMPUTE, Layout, fp8_recipe_problem
+from ..layout import RECOMPUTE, Layout, fp8_attention_problem, fp8_recipe_problem
 from ..model_shape import ModelShape
 from ..strategies.schedules import VIRTUAL, too_few_chunks, v_shaped
 from . import cost, decision, hardware, layout_rules, layout_time, ownership, perf, stack
@@ -127,6 +127,12 @@ class PlanOptions:
                                         "Blackwell, CDNA 4), blockwise "
                                         "(DeepSeek-V3's 1 x 128 tiles). Default: the --stack's.",
                                 "choices": FP8_RECIPES})
+    fp8_attention: bool = field(
+        default=False, metadata={"help": "Attention's scores and values in FP8 too under --precision fp8 (Transformer "
+                                         "Engine's fp8_dpa, Megatron-Bridge's fp8_dot_product_attention: its 26.06 "
+                                         "recipes on Blackwell Ultra set it), priced at the FP8 / BF16 fused-attention "
+                                         "time measured on the GPU (efficiency.toml [fp8_attention]); a GPU without "
+                                         "that measurement is refused."})
     schedule: str = field(
         default=SEARCHED, metadata={"help": "Pipeline schedule of the pipelined candidates: 'searched' (default) tries "
                                             "1F1B and interleaved 1F1B with 2 and 4 virtual stages and keeps each "
@@ -452,7 +458,8 @@ def candidates(opts: PlanOptions, global_batch: Any, schedule: tuple[str, int] |
     stages; default: the plan's first, :func:`schedule_variants`)."""
     name, v = schedule or schedule_variants(opts)[0]
     return Layout(seq_len=opts.seq_len, global_batch=global_batch, precision=opts.precision,
-                  fp8_recipe=opts.fp8_recipe, sequence_parallel=columns["tp"] > 1, schedule=name, virtual_stages=v,
+                  fp8_recipe=opts.fp8_recipe, fp8_attention=opts.fp8_attention,
+                  sequence_parallel=columns["tp"] > 1, schedule=name, virtual_stages=v,
                   **columns)
 
 
@@ -552,7 +559,9 @@ def check_schedule(opts: PlanOptions) -> None:
     """One clear error for options plan cannot search as asked: virtual stages without
     a schedule that takes them, or an interleaved schedule without them; an FP8 recipe
     without FP8 (the Layout's own refusal, said once rather than once a system)."""
-    if (why := fp8_recipe_problem(opts.precision, opts.fp8_recipe)) is not None:
+    why = fp8_recipe_problem(opts.precision, opts.fp8_recipe) or fp8_attention_problem(opts.precision,
+                                                                                       opts.fp8_attention)
+    if why is not None:
         raise MgbenchError(why)
     if opts.schedule == SEARCHED and opts.virtual_stages != 1:
         raise MgbenchError(f"--virtual-stages {opts.virtual_stages} applies to a named --schedule (e.g. --schedule "
@@ -706,6 +715,7 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
             "precision": opts.precision,
             "fp8_recipe": (stack.fp8_recipe(planned_stack(opts), opts.fp8_recipe)
                            if opts.precision == "fp8" else None),
+            "fp8_attention": opts.fp8_attention,
             "hardware_profile": opts.profile.get("hostname") if opts.profile else None,
         },
     }

@@ -1,0 +1,129 @@
+"""FP8 attention (Transformer Engine's fp8_dpa, Megatron-Bridge's
+fp8_dot_product_attention): the step prices attention's scores and values at the FP8 /
+BF16 kernel-time ratio measured on the GPU (efficiency.toml [fp8_attention]), checked by
+hand where attention runs as layer GEMMs (Blackwell) and where the fused kernel's own
+fraction prices it (Hopper); refused without FP8, on a GPU with no measurement, and in the
+published rows without the line that sets it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mgbench import catalog
+from mgbench.errors import MgbenchError
+from mgbench.layout import Layout
+from mgbench.planner import hardware, layout_time
+from mgbench.planner import moe_validation as V
+from mgbench.planner.resolve import resolve
+
+LLAMA = catalog.model_shape("llama3-8b")
+LAYOUT = dict(seq=8192, global_batch=64, micro_batch=1, tp=1, pp=1, dp=8, zero=1, recompute=0, precision="fp8")
+
+
+def _step(hw, **kw):
+    return layout_time.step_time(LLAMA, hw, **{**LAYOUT, **kw})
+
+
+def test_blackwell_prices_the_scores_as_gemms_at_the_measured_ratio():
+    hw = resolve(precision="fp8", system="dgx-b200")
+    # b200 carries gb200's measurement: Llama's GQA at 8,192, per-tensor FP8 (delayed, the
+    # megatron-lm stack's default recipe) and MXFP8
+    assert hardware.fp8_attention_points("b200") == hardware.fp8_attention_points("gb200")
+    for recipe, ratio in (("delayed", 0.879), ("mxfp8", 0.983)):
+        base, fp8 = _step(hw, fp8_recipe=recipe), _step(hw, fp8_recipe=recipe, fp8_attention=True)
+        # By hand: 12 L h s FLOPs a token (forward + backward, causality not halved), the
+        # busiest GPU's 64 x 8192 / 8 tokens, at the GEMM rate, then the stack's efficiency.
+        flops = 12 * 32 * 4096 * 8192 * (64 * 8192 / 8)
+        scores = flops / (hw.peak_tflops * 1e12 * hw.compute_eff) / hw.stack_eff
+        assert base["breakdown"]["attention_s"] == 0.0  # no kernel fraction applied on B200: GEMM-priced
+        assert base["step_time_s"] - fp8["step_time_s"] == pytest.approx(scores * (1.0 - ratio), rel=1e-6)
+        assert any("--fp8-attention, " + ("mxfp8" if recipe == "mxfp8" else "fp8") in n for n in fp8["notes"])
+
+
+def test_each_kind_of_attention_takes_its_own_ratio():
+    pts = hardware.fp8_attention_points("gb300")
+    # halfway between 4,096 and 8,192 in log2: the mean of the two points
+    mid = 4096 * 2 ** 0.5
+    mla = pts["mla"]["mxfp8"]
+    ratio, scaling = layout_time.fp8_attention_ratio(catalog.model_shape("deepseek-v3"), 
+                                                    resolve(precision="fp8", system="gb300-nvl72"), "fp8", "mxfp8",
+                                                    mid, False)
+    assert scaling == "mxfp8" and ratio == pytest.approx((mla[0][1] + mla[1][1]) / 2)
+    # gpt-oss: half its layers are 128-token windows, slower in FP8 (the backward computes
+    # the whole causal square); weighted by their share of the FLOPs as priced
+    oss = catalog.model_shape("gpt-oss-120b")
+    share = oss.local_attention_share(4096.0)
+    assert share == pytest.approx(18 * 128 / (18 * 4096 + 18 * 128))  # by hand: 18 full, 18 window layers
+    ratio, _ = layout_time.fp8_attention_ratio(oss, resolve(precision="fp8", system="gb300-nvl72"), "fp8", "tensorwise",
+                                               4096, False)
+    assert ratio == pytest.approx((1 - share) * pts["gqa"]["fp8"][0][1] + share * pts["window"]["fp8"][0][1])
+    # held at the measured ends
+    far, _ = layout_time.fp8_attention_ratio(LLAMA, resolve(precision="fp8", system="gb300-nvl72"), "fp8", "mxfp8",
+                                             65536, False)
+    assert far == pytest.approx(pts["gqa"]["mxfp8"][-1][1])
+
+
+def test_hopper_prices_the_fused_kernels_seconds_at_the_ratio(monkeypatch):
+    hw = resolve(precision="fp8", system="dgx-h100")
+    table = {"gqa": {"mxfp8": [[4096, 0.9]], "fp8": [[4096, 0.5]]}, "mla": {"mxfp8": [[4096, 0.9]], "fp8": [[4096, 0.5]]},
+             "window": {"mxfp8": [[4096, 2.0]], "fp8": [[4096, 2.0]]}}
+    _with_table(monkeypatch, {"h100-sxm": {"kind": "measured", **table}})
+    base, fp8 = _step(hw), _step(hw, fp8_attention=True)
+    kernel = base["breakdown"]["attention_s"]
+    assert kernel > 0.0
+    assert base["step_time_s"] - fp8["step_time_s"] == pytest.approx(kernel * 0.5 / hw.stack_eff, rel=1e-6)
+
+
+def test_refused_without_fp8_a_measurement_or_an_fp8_attention_recipe():
+    with pytest.raises(MgbenchError, match="--fp8-attention applies to --precision fp8"):
+        Layout(num_gpus=8, precision="bf16", fp8_attention=True)
+    with pytest.raises(MgbenchError, match="--fp8-attention applies to --precision fp8"):
+        _step(resolve(precision="bf16", system="dgx-h100"), precision="bf16", fp8_attention=True)
+    with pytest.raises(MgbenchError, match="no FP8 / BF16 fused-attention time measured for h100-sxm"):
+        _step(resolve(precision="fp8", system="dgx-h100"), fp8_attention=True)
+    with pytest.raises(MgbenchError, match="no FP8 attention under the blockwise recipe"):
+        _step(resolve(precision="fp8", system="dgx-b200"), fp8_recipe="blockwise", fp8_attention=True)
+
+
+def _with_table(monkeypatch, table):
+    real = catalog.load
+    monkeypatch.setattr(catalog, "load", lambda name: {**real(name), "fp8_attention": table}
+                        if name == "efficiency.toml" else real(name))
+
+
+def test_the_ratio_table_is_checked(monkeypatch):
+    good = {"gqa": {"mxfp8": [[4096, 1.0]], "fp8": [[4096, 0.9]]}, "mla": {"mxfp8": [[4096, 0.7]], "fp8": [[4096, 0.6]]},
+            "window": {"mxfp8": [[4096, 3.0]], "fp8": [[4096, 2.5]]}}
+    _with_table(monkeypatch, {"b200": {"kind": "measured", **good}, "b300": {"kind": "carried", "from": "b200"}})
+    assert hardware.fp8_attention_points("b300")["mla"]["fp8"] == ((4096.0, 0.6),)
+    _with_table(monkeypatch, {"b200": {"kind": "carried", "from": "b300"}, "b300": {"kind": "carried", "from": "b200"}})
+    with pytest.raises(MgbenchError, match="circle"):
+        hardware.fp8_attention_points("b300")
+    _with_table(monkeypatch, {"b200": {"kind": "measured", **good, "mla": {"mxfp8": [[4096, 0.0]], "fp8": [[4096, 0.6]]}}})
+    with pytest.raises(MgbenchError, match=r"mla.mxfp8 must be a list of \[sequence, ratio\] pairs"):
+        hardware.fp8_attention_points("b200")
+
+
+def test_published_rows_state_it_with_its_source():
+    rows = [r for r in V.runs() if r.get("fp8_attention")]
+    assert len(rows) == 19 and all(r["precision"] == "fp8" and r["fp8_attention_source"] for r in rows)
+    assert Layout.from_published(rows[0]).fp8_attention is True
+    row = dict(rows[0])
+    assert V.fp8_attention_row_problem(row) is None
+    assert "precision fp8" in V.fp8_attention_row_problem({**row, "precision": "bf16"})
+    assert "fp8_attention_source" in V.fp8_attention_row_problem({**row, "fp8_attention_source": ""})
+    assert "true or false" in V.fp8_attention_row_problem({**row, "fp8_attention": "yes"})
+    with pytest.raises(MgbenchError, match="fp8_attention without fp8_attention_source"):
+        V.check_rows([{**row, "fp8_attention_source": None}])
+
+
+def test_the_cli_takes_it_and_refuses_it_without_fp8(cli):
+    ok = cli("predict", "--model", "llama3-8b", "--system", "dgx-b200", "--num-gpus", "8", "--precision", "fp8",
+             "--fp8-attention", "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert any("--fp8-attention" in n for n in json.loads(ok.stdout)["notes"])
+    bad = cli("plan", "--model", "llama3-8b", "--tokens", "1e11", "--fp8-attention")
+    assert bad.returncode == 2 and bad.stderr.count("--fp8-attention applies to --precision fp8") == 1, bad.stderr
+    assert "Traceback" not in bad.stderr
