@@ -338,6 +338,7 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
                + "".join(f" {k}={kw[k]}" for k in ("cp", "ep") if kw[k] > 1)
                + (f" hsdp={kw['replicas']}" if kw["replicas"] > 1 else "") + (" offload" if kw["offload"] else "")
                + (f" fp8 ({res['assumptions']['fp8_recipe']} recipe)" if kw["precision"] == "fp8" else "")
+               + (" with FP8 attention" if kw["fp8_attention"] else "")
                + (" schedule=" + schedule_label({"schedule": kw["schedule"], "virtual_stages": kw["virtual_stages"],
                                                  "pp_last_layers": kw.get("pp_last_layers")}) if kw["pp"] > 1 else ""))
     click.echo(f"step time      {res['step_time_s']:.3f} s  (compute {b['compute_s']:.3f}, bubble {b['bubble_s']:.3f}, "
@@ -517,7 +518,8 @@ def plan(model, hf_config, params, system_file, prices_file, price_overrides, ha
     recipe = res["assumptions"].get("fp8_recipe")
     click.echo(f"\n{res['num_candidates']:,} candidate layouts evaluated in {res['elapsed_s']:.2f} s, "
                f"{res['num_feasible']:,} fit and divide, {res['num_meeting_constraints']} (system, GPUs) options meet the constraints"
-               + (f"; FP8 casts priced under the {recipe} recipe (--fp8-recipe)" if recipe else ""))
+               + (f"; FP8 casts priced under the {recipe} recipe (--fp8-recipe)" if recipe else "")
+               + ("; attention in FP8 (--fp8-attention)" if res["assumptions"].get("fp8_attention") else ""))
     click.echo("\nrecommendation:" if res["recommendation"] else "\nno recommendation:")
     for line in res["reasons"]:
         click.echo(f"  - {line}")
