@@ -55,12 +55,22 @@ def fp8_recipe_problem(precision: str, recipe: str | None) -> str | None:
     return None
 
 
-def fp8_attention_problem(precision: str, fp8_attention: Any) -> str | None:
-    """Why FP8 attention cannot go with ``precision`` (it runs under an FP8 recipe only,
-    as Transformer Engine's fp8_dpa does), in one line; None where it can."""
-    if bool(fp8_attention) and precision != "fp8":
+def fp8_attention_problem(precision: str, fp8_attention: Any, recipe: str | None = None,
+                          flash: Any = True) -> str | None:
+    """Why FP8 attention cannot go with ``precision``, the FP8 ``recipe`` (resolved; None:
+    not known yet) or materialised attention (``flash`` False), in one line; None where it
+    can. Transformer Engine runs it in its fused kernel only, under an FP8 recipe that passes
+    it fp8_dpa, which Megatron-Core's blockwise one does not."""
+    if not bool(fp8_attention):
+        return None
+    if precision != "fp8":
         return (f"--fp8-attention applies to --precision fp8 (this layout trains in {precision}): drop it, "
                 "or add --precision fp8")
+    if recipe == "blockwise":
+        return ("--fp8-attention: Transformer Engine runs no FP8 attention under the blockwise recipe "
+                "(Megatron-Core passes it no fp8_dpa): drop it, or give --fp8-recipe mxfp8, tensorwise or delayed")
+    if not bool(np.all(flash)):
+        return "--fp8-attention runs in the fused attention kernel: drop it, or drop --no-flash-attention"
     return None
 
 
@@ -109,8 +119,8 @@ class Layout:
     fp8_attention: bool = False
 
     def __post_init__(self) -> None:
-        why = fp8_recipe_problem(self.precision, self.fp8_recipe) or fp8_attention_problem(self.precision,
-                                                                                           self.fp8_attention)
+        why = fp8_recipe_problem(self.precision, self.fp8_recipe) or fp8_attention_problem(
+            self.precision, self.fp8_attention, self.fp8_recipe, self.flash_attention)
         if why is not None:
             from .errors import MgbenchError
 

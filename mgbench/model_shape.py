@@ -326,18 +326,6 @@ class ModelShape:
         keys_local = s / 2.0 + (w - w * w / (2.0 * s) - s / 2.0) * (s > w)
         return per_key * (full * s / 2.0 + local * keys_local)
 
-    def local_attention_share(self, seq_len: Any, causal: bool = False) -> Any:
-        """The share of attention's FLOPs (:meth:`attention_flops_per_token`, or with
-        ``causal`` :meth:`causal_attention_flops_per_token`) that sliding-window layers
-        compute: 0 without a window. ``seq_len`` may be an array."""
-        total = self.causal_attention_flops_per_token(seq_len) if causal else self.attention_flops_per_token(seq_len)
-        if not self.num_local_layers:
-            return 0.0 * total
-        per_key = 6.0 * self.heads * (self.qk_head_dim + self.v_dim)
-        full = self.layers + self.mtp_layers - self.num_local_layers
-        full_part = per_key * full * (seq_len / 2.0 if causal else seq_len)
-        return (total - full_part) / total
-
     # -- mixture of experts ----------------------------------------------------------------
     @property
     def is_moe(self) -> bool:

@@ -144,11 +144,17 @@ def attention_curves(gpu: str) -> tuple[tuple[str, tuple[tuple[float, float], ..
 
 # The attention kinds FP8 attention is measured for (efficiency.toml [fp8_attention]):
 # "mla" multi-head latent attention (DeepSeek-V3's 192-wide keys, 128-wide values), "gqa"
-# every other full layer, "window" a sliding-window layer; and the FP8 scalings Transformer
-# Engine runs attention in: MXFP8 under the mxfp8 recipe, per-tensor FP8 under the
-# per-tensor ones (planner/perf.py TE_PER_TENSOR_RECIPES; blockwise passes no fp8_dpa).
-FP8_ATTENTION_KINDS = ("mla", "gqa", "window")
+# every other layer, sliding windows included (the one FP8 window figure published measures
+# a benchmark that gives its FP8 backward no window: docs/research/fp8_attention.md); and
+# the FP8 scalings Transformer Engine runs attention in: MXFP8 under the mxfp8 recipe,
+# per-tensor FP8 under the per-tensor ones (blockwise passes no fp8_dpa).
+FP8_ATTENTION_KINDS = ("mla", "gqa")
 FP8_ATTENTION_SCALINGS = ("mxfp8", "fp8")
+
+
+def fp8_attention_gpus() -> list[str]:
+    """The GPUs efficiency.toml [fp8_attention] has an entry for (measured or carried)."""
+    return sorted(catalog.load("efficiency.toml").get("fp8_attention", {}))
 
 
 def fp8_attention_points(gpu: str | None, seen: tuple[str, ...] = ()) -> dict[str, dict[str, Any]] | None:

@@ -80,6 +80,7 @@ from ..strategies.schedules import bubble_unknown_reason
 from . import moe as moe_terms
 from . import perf
 from .hardware import GB, Hardware
+from .hardware import fp8_attention_gpus
 from .hardware import fp8_attention_points as hardware_fp8_attention_points
 from .memory import (VIRTUAL_SCHEDULES, act_bytes, attention_recomputed_share, recomputed_share, stage_layers,
                      stage_param_split)
@@ -129,36 +130,23 @@ FP8_ATTENTION_NOTE = ("attention's scores and values in FP8 (--fp8-attention, {s
                       "(efficiency.toml [fp8_attention]); their saved activations still counted at BF16 bytes")
 
 
-def fp8_attention_ratio(shape: ModelShape, hw: Hardware, precision: str, recipe: str, seq: Any,
-                        causal: Any) -> tuple[Any, str]:
+def fp8_attention_ratio(shape: ModelShape, hw: Hardware, precision: str, recipe: str, seq: Any) -> tuple[Any, str]:
     """(seconds of attention's scores and values in FP8 over their BF16 seconds on ``hw``,
-    the scaling it runs in): the time ratios cuDNN's benchmarks measured for the model's
-    attention (hardware.fp8_attention_points: MLA or another full layer, a sliding window
-    for its share of the FLOPs, ModelShape.local_attention_share, as ``causal`` counts
-    them), by sequence (linear in log2 of it, held at the measured ends), in MXFP8 under
-    the mxfp8 recipe and per-tensor FP8 under the others. MgbenchError where the layout is
-    not FP8, the recipe gives attention no FP8 (blockwise) or the GPU has no measurement."""
-    if (why := fp8_attention_problem(precision, True)) is not None:
+    the scaling it runs in): the time ratio cuDNN's benchmarks measured for the model's
+    attention (hardware.fp8_attention_points: MLA, else GQA, sliding windows included), by
+    sequence (linear in log2 of it, held at the measured ends), in MXFP8 under the mxfp8
+    recipe and per-tensor FP8 under the others. MgbenchError where the layout is not FP8,
+    the recipe gives attention no FP8 (blockwise) or the GPU has no measurement."""
+    if (why := fp8_attention_problem(precision, True, recipe)) is not None:
         raise MgbenchError(why)
-    if recipe == "blockwise":
-        raise MgbenchError("--fp8-attention: Transformer Engine runs no FP8 attention under the blockwise recipe "
-                           "(Megatron-Core passes it no fp8_dpa): drop it, or give --fp8-recipe mxfp8 or tensorwise")
     points = hardware_fp8_attention_points(hw.gpu)
     if points is None:
-        known = ", ".join(sorted(catalog.load("efficiency.toml").get("fp8_attention", {})))
         raise MgbenchError(f"--fp8-attention: no FP8 / BF16 fused-attention time measured for {hw.gpu} "
-                           f"(efficiency.toml [fp8_attention] has {known or 'none'}): drop it")
+                           f"(efficiency.toml [fp8_attention] has {', '.join(fp8_attention_gpus()) or 'none'}): "
+                           "drop it")
     scaling = "mxfp8" if recipe == "mxfp8" else "fp8"
-    s = np.log2(np.asarray(seq, dtype=float))
-
-    def at(kind: str) -> Any:
-        seqs, ratios = zip(*points[kind][scaling])
-        return np.interp(s, np.log2(seqs), ratios)
-
-    share = np.where(np.asarray(causal, dtype=bool), shape.local_attention_share(np.asarray(seq, dtype=float), True),
-                     shape.local_attention_share(np.asarray(seq, dtype=float), False))
-    full = at("mla" if shape.is_mla else "gqa")
-    return (1.0 - share) * full + share * at("window"), scaling
+    seqs, ratios = zip(*points["mla" if shape.is_mla else "gqa"][scaling])
+    return np.interp(np.log2(np.asarray(seq, dtype=float)), np.log2(seqs), ratios), scaling
 
 
 def host_link_bw(hw: Hardware) -> float:
@@ -266,10 +254,9 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         ratio = fp8_linear_ratio(hw)
         blocks = blocks - b["linear_s"] * (1.0 - ratio) / hw.stack_eff
         notes.append(FP8_MEASURED_NOTE.format(ratio=hw.fp8_gemm_ratio) if hw.fp8_gemm_ratio else FP8_EFF_NOTE)
-    scores_saved = 0.0 * blocks  # what FP8 attention takes off the blocks' seconds (or adds: a window)
+    scores_saved = 0.0 * blocks  # what FP8 attention takes off the blocks' seconds
     if fp8_attention:
-        a_ratio, scaling = fp8_attention_ratio(shape, hw, precision, recipe_of(hw.stack, fp8_recipe), seq,
-                                               np.asarray(b["attention_s"]) > 0)
+        a_ratio, scaling = fp8_attention_ratio(shape, hw, precision, recipe_of(hw.stack, fp8_recipe), seq)
         scores_saved = b["scores_s"] * (1.0 - a_ratio) / hw.stack_eff
         blocks = blocks - scores_saved
         notes.append(FP8_ATTENTION_NOTE.format(ratio=float(np.mean(a_ratio)), scaling=scaling))

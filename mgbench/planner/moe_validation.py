@@ -120,7 +120,7 @@ def fp8_attention_row_problem(row: dict[str, Any]) -> str | None:
         return f"fp8_attention must be true or false, got {on!r}"
     if not on:
         return None
-    if (why := fp8_attention_problem(row.get("precision", ""), True)) is not None:
+    if (why := fp8_attention_problem(row.get("precision", ""), True, row.get("fp8_recipe"))) is not None:
         return why.replace("--fp8-attention", "fp8_attention").replace("--precision fp8", "precision fp8")
     if not row.get("fp8_attention_source"):
         return "fp8_attention without fp8_attention_source: name the recipe or config line that sets it"

@@ -559,8 +559,9 @@ def check_schedule(opts: PlanOptions) -> None:
     """One clear error for options plan cannot search as asked: virtual stages without
     a schedule that takes them, or an interleaved schedule without them; an FP8 recipe
     without FP8 (the Layout's own refusal, said once rather than once a system)."""
+    recipe = stack.fp8_recipe(planned_stack(opts), opts.fp8_recipe) if opts.precision == "fp8" else None
     why = fp8_recipe_problem(opts.precision, opts.fp8_recipe) or fp8_attention_problem(opts.precision,
-                                                                                       opts.fp8_attention)
+                                                                                       opts.fp8_attention, recipe)
     if why is not None:
         raise MgbenchError(why)
     if opts.schedule == SEARCHED and opts.virtual_stages != 1:

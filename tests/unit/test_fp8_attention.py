@@ -2,8 +2,9 @@
 fp8_dot_product_attention): the step prices attention's scores and values at the FP8 /
 BF16 kernel-time ratio measured on the GPU (efficiency.toml [fp8_attention]), checked by
 hand where attention runs as layer GEMMs (Blackwell) and where the fused kernel's own
-fraction prices it (Hopper); refused without FP8, on a GPU with no measurement, and in the
-published rows without the line that sets it."""
+fraction prices it (Hopper); refused without FP8, under blockwise, without the fused
+kernel, on a GPU with no measurement, and in the published rows without the line that
+sets it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pytest
 from mgbench import catalog
 from mgbench.errors import MgbenchError
 from mgbench.layout import Layout
-from mgbench.planner import hardware, layout_time
+from mgbench.planner import hardware, layout_time, perf
+from mgbench.planner.memory import stage_layers
 from mgbench.planner import moe_validation as V
 from mgbench.planner.resolve import resolve
 
@@ -44,31 +46,44 @@ def test_blackwell_prices_the_scores_as_gemms_at_the_measured_ratio():
 
 def test_each_kind_of_attention_takes_its_own_ratio():
     pts = hardware.fp8_attention_points("gb300")
+    gb300 = resolve(precision="fp8", system="gb300-nvl72")
     # halfway between 4,096 and 8,192 in log2: the mean of the two points
-    mid = 4096 * 2 ** 0.5
     mla = pts["mla"]["mxfp8"]
-    ratio, scaling = layout_time.fp8_attention_ratio(catalog.model_shape("deepseek-v3"), 
-                                                    resolve(precision="fp8", system="gb300-nvl72"), "fp8", "mxfp8",
-                                                    mid, False)
+    ratio, scaling = layout_time.fp8_attention_ratio(catalog.model_shape("deepseek-v3"), gb300, "fp8", "mxfp8",
+                                                    4096 * 2 ** 0.5)
     assert scaling == "mxfp8" and ratio == pytest.approx((mla[0][1] + mla[1][1]) / 2)
-    # gpt-oss: half its layers are 128-token windows, slower in FP8 (the backward computes
-    # the whole causal square); weighted by their share of the FLOPs as priced
-    oss = catalog.model_shape("gpt-oss-120b")
-    share = oss.local_attention_share(4096.0)
-    assert share == pytest.approx(18 * 128 / (18 * 4096 + 18 * 128))  # by hand: 18 full, 18 window layers
-    ratio, _ = layout_time.fp8_attention_ratio(oss, resolve(precision="fp8", system="gb300-nvl72"), "fp8", "tensorwise",
-                                               4096, False)
-    assert ratio == pytest.approx((1 - share) * pts["gqa"]["fp8"][0][1] + share * pts["window"]["fp8"][0][1])
+    # gpt-oss: its sliding windows carry the GQA figure (no valid FP8 window measurement)
+    ratio, scaling = layout_time.fp8_attention_ratio(catalog.model_shape("gpt-oss-120b"), gb300, "fp8", "tensorwise",
+                                                     4096)
+    assert scaling == "fp8" and ratio == pytest.approx(pts["gqa"]["fp8"][0][1])
     # held at the measured ends
-    far, _ = layout_time.fp8_attention_ratio(LLAMA, resolve(precision="fp8", system="gb300-nvl72"), "fp8", "mxfp8",
-                                             65536, False)
+    far, _ = layout_time.fp8_attention_ratio(LLAMA, gb300, "fp8", "mxfp8", 65536)
     assert far == pytest.approx(pts["gqa"]["mxfp8"][-1][1])
+
+
+def test_a_pipelined_mtp_model_takes_the_saving_off_every_stage_once():
+    # DeepSeek-V3 at pp 4: the MTP module's share of the FLOP-priced part moves to the last
+    # stage; FP8 attention must come off that part too, or the last stage keeps BF16 time
+    hw = resolve(precision="fp8", system="gb300-nvl72")
+    ds = catalog.model_shape("deepseek-v3")
+    kw = dict(seq=4096, global_batch=64, micro_batch=1, tp=1, pp=4, dp=16, zero=1, recompute=0, precision="fp8",
+              ep=8, fp8_recipe="mxfp8")
+    base = layout_time.step_time(ds, hw, **kw)
+    fp8 = layout_time.step_time(ds, hw, fp8_attention=True, **kw)
+    b = base["breakdown"]
+    ratio, _ = layout_time.fp8_attention_ratio(ds, hw, "fp8", "mxfp8", 4096)
+    saved = b["scores_s"] * (1.0 - ratio) / hw.stack_eff  # the stage's scores, as priced
+    # the FLOP-priced part a stage hands the last one shrinks by the MTP modules' share of
+    # the saving, and the last stage's MTP time by that share scaled to the whole model
+    own, mtp = perf.block_flops_per_token(ds, 4096.0, 0)
+    lps = stage_layers(ds.layers, 4, None)[0]
+    expected = saved * mtp / (own + mtp) * ds.layers / lps
+    assert b["mtp_last_stage_s"] - fp8["breakdown"]["mtp_last_stage_s"] == pytest.approx(expected, rel=1e-6)
 
 
 def test_hopper_prices_the_fused_kernels_seconds_at_the_ratio(monkeypatch):
     hw = resolve(precision="fp8", system="dgx-h100")
-    table = {"gqa": {"mxfp8": [[4096, 0.9]], "fp8": [[4096, 0.5]]}, "mla": {"mxfp8": [[4096, 0.9]], "fp8": [[4096, 0.5]]},
-             "window": {"mxfp8": [[4096, 2.0]], "fp8": [[4096, 2.0]]}}
+    table = {"gqa": {"mxfp8": [[4096, 0.9]], "fp8": [[4096, 0.5]]}, "mla": {"mxfp8": [[4096, 0.9]], "fp8": [[4096, 0.5]]}}
     _with_table(monkeypatch, {"h100-sxm": {"kind": "measured", **table}})
     base, fp8 = _step(hw), _step(hw, fp8_attention=True)
     kernel = base["breakdown"]["attention_s"]
@@ -85,6 +100,10 @@ def test_refused_without_fp8_a_measurement_or_an_fp8_attention_recipe():
         _step(resolve(precision="fp8", system="dgx-h100"), fp8_attention=True)
     with pytest.raises(MgbenchError, match="no FP8 attention under the blockwise recipe"):
         _step(resolve(precision="fp8", system="dgx-b200"), fp8_recipe="blockwise", fp8_attention=True)
+    with pytest.raises(MgbenchError, match="no FP8 attention under the blockwise recipe"):
+        Layout(num_gpus=8, precision="fp8", fp8_recipe="blockwise", fp8_attention=True)
+    with pytest.raises(MgbenchError, match="drop --no-flash-attention"):
+        Layout(num_gpus=8, precision="fp8", flash_attention=False, fp8_attention=True)
 
 
 def _with_table(monkeypatch, table):
@@ -94,12 +113,14 @@ def _with_table(monkeypatch, table):
 
 
 def test_the_ratio_table_is_checked(monkeypatch):
-    good = {"gqa": {"mxfp8": [[4096, 1.0]], "fp8": [[4096, 0.9]]}, "mla": {"mxfp8": [[4096, 0.7]], "fp8": [[4096, 0.6]]},
-            "window": {"mxfp8": [[4096, 3.0]], "fp8": [[4096, 2.5]]}}
+    good = {"gqa": {"mxfp8": [[4096, 1.0]], "fp8": [[4096, 0.9]]}, "mla": {"mxfp8": [[4096, 0.7]], "fp8": [[4096, 0.6]]}}
     _with_table(monkeypatch, {"b200": {"kind": "measured", **good}, "b300": {"kind": "carried", "from": "b200"}})
     assert hardware.fp8_attention_points("b300")["mla"]["fp8"] == ((4096.0, 0.6),)
     _with_table(monkeypatch, {"b200": {"kind": "carried", "from": "b300"}, "b300": {"kind": "carried", "from": "b200"}})
     with pytest.raises(MgbenchError, match="circle"):
+        hardware.fp8_attention_points("b300")
+    _with_table(monkeypatch, {"b300": {"kind": "carried", "from": "b200"}})
+    with pytest.raises(MgbenchError, match="not an entry of the table"):
         hardware.fp8_attention_points("b300")
     _with_table(monkeypatch, {"b200": {"kind": "measured", **good, "mla": {"mxfp8": [[4096, 0.0]], "fp8": [[4096, 0.6]]}}})
     with pytest.raises(MgbenchError, match=r"mla.mxfp8 must be a list of \[sequence, ratio\] pairs"):
@@ -115,6 +136,7 @@ def test_published_rows_state_it_with_its_source():
     assert "precision fp8" in V.fp8_attention_row_problem({**row, "precision": "bf16"})
     assert "fp8_attention_source" in V.fp8_attention_row_problem({**row, "fp8_attention_source": ""})
     assert "true or false" in V.fp8_attention_row_problem({**row, "fp8_attention": "yes"})
+    assert "blockwise" in V.fp8_attention_row_problem({**row, "fp8_recipe": "blockwise"})
     with pytest.raises(MgbenchError, match="fp8_attention without fp8_attention_source"):
         V.check_rows([{**row, "fp8_attention_source": None}])
 
@@ -127,3 +149,12 @@ def test_the_cli_takes_it_and_refuses_it_without_fp8(cli):
     bad = cli("plan", "--model", "llama3-8b", "--tokens", "1e11", "--fp8-attention")
     assert bad.returncode == 2 and bad.stderr.count("--fp8-attention applies to --precision fp8") == 1, bad.stderr
     assert "Traceback" not in bad.stderr
+    # blockwise refused once for the plan, not once a system
+    block = cli("plan", "--model", "llama3-8b", "--tokens", "1e11", "--precision", "fp8", "--fp8-recipe", "blockwise",
+                "--fp8-attention")
+    assert block.returncode == 2 and block.stderr.count("blockwise recipe") == 1, block.stderr
+    # a GPU with no measurement: one line, exit 2
+    hop = cli("predict", "--model", "llama3-8b", "--system", "dgx-h100", "--num-gpus", "8", "--precision", "fp8",
+              "--fp8-attention")
+    assert hop.returncode == 2 and "no FP8 / BF16 fused-attention time measured for h100-sxm" in hop.stderr
+    assert "Traceback" not in hop.stderr
