@@ -150,6 +150,10 @@ def attention_curves(gpu: str) -> tuple[tuple[str, tuple[tuple[float, float], ..
 # per-tensor FP8 under the per-tensor ones (blockwise passes no fp8_dpa).
 FP8_ATTENTION_KINDS = ("mla", "gqa")
 FP8_ATTENTION_SCALINGS = ("mxfp8", "fp8")
+# Beside each kind's ratios: the BF16 kernel's fraction of the GPU's bf16 peak in the same
+# run, forward + backward in FlashAttention's FLOP convention (perf.flash_attention_s), the
+# seconds a ratio is a ratio of (layout_time.step_time).
+FP8_ATTENTION_BF16 = "bf16_fraction"
 
 
 def fp8_attention_gpus() -> list[str]:
@@ -160,7 +164,8 @@ def fp8_attention_gpus() -> list[str]:
 def fp8_attention_points(gpu: str | None, seen: tuple[str, ...] = ()) -> dict[str, dict[str, Any]] | None:
     """The FP8 / BF16 fused-attention time ratios measured for ``gpu``, forward + backward:
     {kind: {scaling: ((seq, ratio), ...)}} (efficiency.toml [fp8_attention]; a ``carried``
-    entry takes its sibling's); None where ``gpu`` has no entry."""
+    entry takes its sibling's), each kind with the BF16 kernel's fraction of peak in the
+    same run under :data:`FP8_ATTENTION_BF16`; None where ``gpu`` has no entry."""
     table = catalog.load("efficiency.toml").get("fp8_attention", {})
     spec = table.get(gpu) if gpu is not None else None
     if spec is None:
@@ -172,14 +177,18 @@ def fp8_attention_points(gpu: str | None, seen: tuple[str, ...] = ()) -> dict[st
         return fp8_attention_points(spec["from"], seen + (gpu,))
     out: dict[str, dict[str, Any]] = {}
     for kind in FP8_ATTENTION_KINDS:
-        for scaling in FP8_ATTENTION_SCALINGS:
+        for scaling in FP8_ATTENTION_SCALINGS + (FP8_ATTENTION_BF16,):
             points = spec.get(kind, {}).get(scaling)
+            what = "fraction" if scaling == FP8_ATTENTION_BF16 else "ratio"
             ok = isinstance(points, list) and points and all(
                 isinstance(p, list) and len(p) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                                          and v > 0 for v in p) for p in points)
+            if ok and what == "fraction":
+                ok = all(p[1] <= 1.0 for p in points)
             if not ok:
+                bound = ", the fraction at most 1" if what == "fraction" else ""
                 raise MgbenchError(f"efficiency.toml [fp8_attention.{gpu}] {kind}.{scaling} must be a list of "
-                                   f"[sequence, ratio] pairs, both positive, got {points!r}")
+                                   f"[sequence, {what}] pairs, both positive{bound}, got {points!r}")
             out.setdefault(kind, {})[scaling] = tuple((float(q), float(r)) for q, r in sorted(points))
     return out
 

@@ -80,7 +80,7 @@ from ..strategies.schedules import bubble_unknown_reason
 from . import moe as moe_terms
 from . import perf
 from .hardware import GB, Hardware
-from .hardware import fp8_attention_gpus
+from .hardware import FP8_ATTENTION_BF16, fp8_attention_gpus
 from .hardware import fp8_attention_points as hardware_fp8_attention_points
 from .memory import (VIRTUAL_SCHEDULES, act_bytes, attention_recomputed_share, recomputed_share, stage_layers,
                      stage_param_split)
@@ -125,9 +125,10 @@ def fp8_linear_ratio(hw: Hardware) -> float:
     return hw.peak_tflops / fp8_peak_tflops(hw) / (hw.fp8_gemm_ratio or 1.0)
 
 
-FP8_ATTENTION_NOTE = ("attention's scores and values in FP8 (--fp8-attention, {scaling} scaling): {ratio:.2f} x their "
-                      "BF16 seconds, the FP8 / BF16 fused-attention time measured on this GPU for this attention "
-                      "(efficiency.toml [fp8_attention]); their saved activations still counted at BF16 bytes")
+FP8_ATTENTION_NOTE = ("attention's scores and values in FP8 (--fp8-attention, {scaling} scaling): {ratio:.2f} x the "
+                      "BF16 fused kernel's seconds, the FP8 / BF16 fused-attention time measured on this GPU for this "
+                      "attention, taken off at the BF16 kernel's measured rate (efficiency.toml [fp8_attention]); "
+                      "their saved activations still counted at BF16 bytes")
 
 
 def fp8_attention_ratio(shape: ModelShape, hw: Hardware, precision: str, recipe: str, seq: Any) -> tuple[Any, str]:
@@ -147,6 +148,18 @@ def fp8_attention_ratio(shape: ModelShape, hw: Hardware, precision: str, recipe:
     scaling = "mxfp8" if recipe == "mxfp8" else "fp8"
     seqs, ratios = zip(*points["mla" if shape.is_mla else "gqa"][scaling])
     return np.interp(np.log2(np.asarray(seq, dtype=float)), np.log2(seqs), ratios), scaling
+
+
+def fp8_attention_bf16_fraction(shape: ModelShape, hw: Hardware, seq: Any) -> Any:
+    """The BF16 fused-attention kernel's fraction of ``hw``'s bf16 peak, forward + backward
+    (FlashAttention's FLOP convention), that cuDNN's benchmark measured beside the FP8 /
+    BF16 ratios (:func:`fp8_attention_ratio`) for the model's kind of attention, by
+    sequence as the ratios are; MgbenchError where the GPU has no measurement."""
+    points = hardware_fp8_attention_points(hw.gpu)
+    if points is None:
+        raise MgbenchError(f"--fp8-attention: no FP8 / BF16 fused-attention time measured for {hw.gpu}")
+    seqs, fracs = zip(*points["mla" if shape.is_mla else "gqa"][FP8_ATTENTION_BF16])
+    return np.interp(np.log2(np.asarray(seq, dtype=float)), np.log2(seqs), fracs)
 
 
 def host_link_bw(hw: Hardware) -> float:
@@ -257,7 +270,13 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     scores_saved = 0.0 * blocks  # what FP8 attention takes off the blocks' seconds
     if fp8_attention:
         a_ratio, scaling = fp8_attention_ratio(shape, hw, precision, recipe_of(hw.stack, fp8_recipe), seq)
-        scores_saved = b["scores_s"] * (1.0 - a_ratio) / hw.stack_eff
+        # The ratio is of cuDNN's kernel seconds, so it takes (1 - r) of the BF16 kernel's
+        # seconds as measured in the same run, not of attention's seconds as priced: on
+        # Blackwell those are FLOPs at the GEMM rate, not halved for causality, which put
+        # DeepSeek-V3's MLA at 1.28x the kernel's time (a review, 2026-11-28). Never more
+        # than attention's priced seconds.
+        kernel = b["flash_unit_s"] / fp8_attention_bf16_fraction(shape, hw, seq)
+        scores_saved = np.minimum(kernel * (1.0 - a_ratio), b["scores_s"]) / hw.stack_eff
         blocks = blocks - scores_saved
         notes.append(FP8_ATTENTION_NOTE.format(ratio=float(np.mean(a_ratio)), scaling=scaling))
     lps, last_layers = stage_layers(shape.layers, p, pp_last_layers)

@@ -307,11 +307,13 @@ def causal_attention_flops_per_token(shape: ModelShape, seq: Any, recompute: Any
 FLASH_FWD_BWD_PASSES = 3.5
 
 
-def flash_attention_s(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any, rank_tokens: Any) -> Any:
+def flash_attention_s(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any, rank_tokens: Any,
+                      fraction: Any = None) -> Any:
     """Seconds attention's scores and values take in the flash-attention kernel for one
     rank's ``rank_tokens`` (its share of the layers); None where the GPU has no recorded
     kernel fraction (:func:`attention_fraction`): the GEMM term then prices them, as it
-    always has.
+    always has. ``fraction``: the kernel's fraction of the bf16 peak to price at instead
+    of the GPU's (layout_time.step_time gives the one measured beside an FP8 / BF16 ratio).
 
     The fused kernel is not a layer GEMM, and its fraction of peak differs by generation,
     kernel and sequence far more than the GEMMs' does: FlashAttention-2 reaches up to 73%
@@ -321,7 +323,7 @@ def flash_attention_s(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any,
     layer, as that paper counts them; a sliding window's nearly whole:
     :func:`causal_attention_flops_per_token`), counted as the kernel fraction is stated:
     FLASH_FWD_BWD_PASSES forward passes, plus the recomputed forward's share."""
-    frac = attention_fraction(hw, seq)
+    frac = attention_fraction(hw, seq) if fraction is None else fraction
     if frac is None:
         return None
     forward = shape.causal_attention_flops_per_token(np.asarray(seq, dtype=float)) / 3.0
@@ -644,8 +646,10 @@ def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: An
     GEMMs lose to their shapes beyond the large-GEMM rate (0 without ``hw.gemm_shapes``),
     ``expert_gemm_s`` the routed experts' GEMMs (inside ``linear_s``), ``elementwise_s``,
     ``attention_s`` (the fused kernel's), ``scores_s`` attention's scores and values as
-    priced, whichever way (the fused kernel's seconds, else their FLOPs at the GEMM rate:
-    what FP8 attention speeds up, layout_time.step_time), ``tp_comm_s``, ``pp_comm_s``."""
+    priced, whichever way (the fused kernel's seconds, else their FLOPs at the GEMM rate),
+    ``flash_unit_s`` their seconds in a fused kernel at the whole bf16 peak (divided by a
+    kernel's measured fraction: what FP8 attention saves, layout_time.step_time),
+    ``tp_comm_s``, ``pp_comm_s``."""
     from .memory import korthikanti_bytes_per_layer
 
     s = np.asarray(seq, dtype=float)
@@ -727,6 +731,7 @@ def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: An
         "elementwise_s": elementwise,
         "attention_s": attention,
         "scores_s": scores,
+        "flash_unit_s": flash_attention_s(shape, hw, s, rc, rank_tokens, fraction=1.0),
         "linear_s": linear,
         "gemm_shape_s": shape_loss,
         "expert_gemm_s": expert,

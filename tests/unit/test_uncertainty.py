@@ -146,12 +146,14 @@ def test_moe_interval_is_the_published_moe_runs_of_its_class():
     # B200 Qwen3-30B-A3B token-drop) to +33.2% (MLPerf DeepSeek-V3 on 8,192 GB200): the
     # truth took 0.645x to 1.491x, and 0.446x to 1.332x, the predicted step. Since the
     # fourteenth session priced FP8 attention where the recipes set it, the graphed high is
-    # +37.0% (the same MLPerf row, its MLA attention now 0.77x as long): 1.370x.
+    # +37.0% (the same MLPerf row, its MLA attention now 0.77x as long): 1.370x; since the
+    # fifteenth session took that saving off the kernel's measured seconds instead of the
+    # GEMM-rate stand-in, +36.2%: 1.362x.
     assert len(eager) == 75 and len(graphed) == 47
     e = U.regime("b200", True, moe="eager")
     assert (e["low"], e["high"]) == (pytest.approx(0.355, abs=0.002), pytest.approx(0.491, abs=0.002))
     g = U.regime("b200", True, moe="graphed")
-    assert (g["low"], g["high"]) == (pytest.approx(0.554, abs=0.002), pytest.approx(0.370, abs=0.002))
+    assert (g["low"], g["high"]) == (pytest.approx(0.554, abs=0.002), pytest.approx(0.362, abs=0.002))
     # The dense interval of the same GPU is far narrower: an MoE plan must not borrow it.
     dense = U.regime("b200", True)
     # (Half as wide until the thirteenth session's re-solve narrowed the graphed one.)
