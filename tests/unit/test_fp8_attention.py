@@ -202,3 +202,16 @@ def test_plan_over_every_system_skips_a_gpu_without_a_measurement_and_says_so():
     assert measured and measured <= set(hardware.fp8_attention_gpus())
     assert any(n.startswith("dgx-h100 not considered: --fp8-attention: no FP8 / BF16 fused-attention time measured "
                             "for h100-sxm") for n in res["reasons"]), res["reasons"]
+
+
+def test_the_saving_is_scaled_by_the_stacks_efficiency():
+    # every other test here runs at a stack efficiency of 1: under torchtitan's 0.894 the
+    # saving, as every block term, is divided by it
+    base_hw = resolve(precision="fp8", system="dgx-b200")
+    hw = resolve(precision="fp8", system="dgx-b200", stack="torchtitan")
+    assert hw.stack_eff == pytest.approx(0.894)
+
+    def saving(h):
+        return _step(h, fp8_recipe="mxfp8")["step_time_s"] - _step(h, fp8_recipe="mxfp8", fp8_attention=True)["step_time_s"]
+
+    assert saving(hw) == pytest.approx(saving(base_hw) / 0.894, rel=1e-6)
