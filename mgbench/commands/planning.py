@@ -619,13 +619,15 @@ def predict_command(row: dict[str, Any], opts: Any, model_args: list[str], *, ha
 
 
 def _lever_notes(shape: Any, moe: Any) -> list[str]:
-    """For an MoE model whose run sets a dispatcher other than all-to-all or CUDA graphs: how
-    the published A/B pairs of that option bear out the model (planner/moe_pairs.py)."""
+    """For an MoE model: how the planner did on the model's published runs
+    (moe_validation.model_record_note) and, where the run sets a dispatcher other than
+    all-to-all or CUDA graphs, how the published A/B pairs of that option bear out the
+    model (planner/moe_pairs.py)."""
     if not shape.is_moe or moe is None:
         return []
-    from ..planner import moe_pairs
+    from ..planner import moe_pairs, moe_validation
 
-    return moe_pairs.lever_notes(moe)
+    return [moe_validation.model_record_note(shape.name, moe.cuda_graphs)] + moe_pairs.lever_notes(moe)
 
 
 def _moe_ignored(shape: Any, moe: Any) -> list[str]:

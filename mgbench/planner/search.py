@@ -689,10 +689,13 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
     reasons += evidence_lines(rec, ranked)
     reasons += _distinguishable(rec, ranked[: opts.top])
     if shape.is_moe and rec is not None:
-        # plan picks the GPU count (and prices the run's --moe-* levers): say how the published
-        # A/B pairs of those bear the model out
+        # plan picks the GPU count (and prices the run's --moe-* levers): say how the planner
+        # did on the model's published runs, and how the published A/B pairs of those levers
+        # bear the model out
         from .moe_pairs import lever_notes
+        from .moe_validation import model_record_note
 
+        reasons.append(model_record_note(shape.name, opts.moe.cuda_graphs))
         reasons += lever_notes(opts.moe, gpu_count=True)
     if rec is not None and opts.deadline_days is not None and rec["days_interval"][1] > opts.deadline_days:
         reasons.append(f"at its interval's upper end ({rec['days_interval'][1]:.1f} days) it would miss the "
