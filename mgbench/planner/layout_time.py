@@ -131,14 +131,16 @@ FP8_ATTENTION_NOTE = ("attention's scores and values in FP8 (--fp8-attention, {s
                       "their saved activations still counted at BF16 bytes")
 
 
-def fp8_attention_ratio(shape: ModelShape, hw: Hardware, precision: str, recipe: str, seq: Any) -> tuple[Any, str]:
+def fp8_attention_ratio(shape: ModelShape, hw: Hardware, precision: str, recipe: str, seq: Any,
+                        flash: Any = True) -> tuple[Any, str]:
     """(seconds of attention's scores and values in FP8 over their BF16 seconds on ``hw``,
     the scaling it runs in): the time ratio cuDNN's benchmarks measured for the model's
     attention (hardware.fp8_attention_points: MLA, else GQA, sliding windows included), by
     sequence (linear in log2 of it, held at the measured ends), in MXFP8 under the mxfp8
     recipe and per-tensor FP8 under the others. MgbenchError where the layout is not FP8,
-    the recipe gives attention no FP8 (blockwise) or the GPU has no measurement."""
-    if (why := fp8_attention_problem(precision, True, recipe)) is not None:
+    the recipe gives attention no FP8 (blockwise), attention is materialised (``flash``
+    False) or the GPU has no measurement."""
+    if (why := fp8_attention_problem(precision, True, recipe, flash)) is not None:
         raise MgbenchError(why)
     points = hardware_fp8_attention_points(hw.gpu)
     if points is None:
@@ -269,7 +271,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         notes.append(FP8_MEASURED_NOTE.format(ratio=hw.fp8_gemm_ratio) if hw.fp8_gemm_ratio else FP8_EFF_NOTE)
     scores_saved = 0.0 * blocks  # what FP8 attention takes off the blocks' seconds
     if fp8_attention:
-        a_ratio, scaling = fp8_attention_ratio(shape, hw, precision, recipe_of(hw.stack, fp8_recipe), seq)
+        a_ratio, scaling = fp8_attention_ratio(shape, hw, precision, recipe_of(hw.stack, fp8_recipe), seq, flash)
         # The ratio is of cuDNN's kernel seconds, so it takes (1 - r) of the BF16 kernel's
         # seconds as measured in the same run, not of attention's seconds as priced: on
         # Blackwell those are FLOPs at the GEMM rate, not halved for causality, which put

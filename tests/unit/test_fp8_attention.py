@@ -215,3 +215,26 @@ def test_the_saving_is_scaled_by_the_stacks_efficiency():
         return _step(h, fp8_recipe="mxfp8")["step_time_s"] - _step(h, fp8_recipe="mxfp8", fp8_attention=True)["step_time_s"]
 
     assert saving(hw) == pytest.approx(saving(base_hw) / 0.894, rel=1e-6)
+
+
+def test_the_stored_fractions_are_the_sources_milliseconds():
+    # efficiency.toml's source lines quote the BF16 forward + backward milliseconds (batch 2,
+    # causal): 3.5 x the causal forward FLOPs over them over the 2,500 TFLOP/s peak gives the
+    # stored fraction; and the planner's kernel seconds at it give the milliseconds back
+    def frac(heads, width, s, ms):
+        return 3.5 * 2 * 2 * heads * s * s / 2 * width / (ms * 1e-3) / 2.5e15
+
+    gb300, gb200 = hardware.fp8_attention_points("gb300"), hardware.fp8_attention_points("gb200")
+    assert dict(gb300["gqa"]["bf16_fraction"])[4096] == pytest.approx(frac(64, 256, 4096, 1.424), abs=0.001)
+    assert dict(gb300["mla"]["bf16_fraction"])[4096] == pytest.approx(frac(128, 320, 4096, 3.991), abs=0.001)
+    assert dict(gb200["mla"]["bf16_fraction"])[32768] == pytest.approx(frac(128, 320, 32768, 263.002), abs=0.001)
+    hw = resolve(precision="fp8", system="gb300-nvl72")
+    ds = catalog.model_shape("deepseek-v3")
+    one_layer = perf.flash_attention_s(ds, hw, 4096, 0, 2 * 4096 / (ds.layers + ds.mtp_layers),
+                                       fraction=dict(gb300["mla"]["bf16_fraction"])[4096])
+    assert one_layer == pytest.approx(3.991e-3, rel=0.003)
+
+
+def test_materialised_attention_is_refused_in_the_step_too():
+    with pytest.raises(MgbenchError, match="drop --no-flash-attention"):
+        _step(resolve(precision="fp8", system="dgx-b200"), flash=False, fp8_attention=True)
