@@ -37,11 +37,19 @@ def stacks() -> dict[str, dict[str, Any]]:
     return catalog.load("stacks.toml")["stacks"]
 
 
-def efficiency(name: str) -> float:
-    """The stack's factor on compute time (1 for the calibration stack)."""
+def efficiency(name: str, seen: tuple[str, ...] = ()) -> float:
+    """The stack's factor on compute time (1 for the calibration stack); a stack with no
+    run of its own to solve it from may carry a sibling's (``efficiency_from``, with the
+    reason in ``efficiency_reason``)."""
     known = stacks()
     if name not in known:
         raise MgbenchError(f"unknown --stack {name!r}; known: {', '.join(known)}")
+    carried = known[name].get("efficiency_from")
+    if carried is not None:
+        if carried not in known or carried in seen + (name,) or not known[name].get("efficiency_reason"):
+            raise MgbenchError(f"stacks.toml [stacks.{name}] efficiency_from {carried!r}: not another stack of the "
+                               "file, carried in a circle, or without its efficiency_reason")
+        return efficiency(carried, seen + (name,))
     eff = known[name].get("efficiency")
     if eff is None:
         raise MgbenchError(f"--stack {name}: no efficiency yet ({known[name]['null_reason']}); "

@@ -148,17 +148,20 @@ def test_moe_interval_is_the_published_moe_runs_of_its_class():
     # fourteenth session priced FP8 attention where the recipes set it, the graphed high is
     # +37.0% (the same MLPerf row, its MLA attention now 0.77x as long): 1.370x; since the
     # fifteenth session took that saving off the kernel's measured seconds instead of the
-    # GEMM-rate stand-in, +36.2%: 1.362x.
+    # GEMM-rate stand-in, +36.2%: 1.362x. Since NeMo AutoModel's rows price Transformer
+    # Engine's attention (the automodel stack, same session), the eager low is that H100
+    # Qwen3-30B-A3B row's -27.8%: 0.722x.
     assert len(eager) == 75 and len(graphed) == 47
     e = U.regime("b200", True, moe="eager")
-    assert (e["low"], e["high"]) == (pytest.approx(0.355, abs=0.002), pytest.approx(0.491, abs=0.002))
+    assert (e["low"], e["high"]) == (pytest.approx(0.278, abs=0.002), pytest.approx(0.491, abs=0.002))
     g = U.regime("b200", True, moe="graphed")
     assert (g["low"], g["high"]) == (pytest.approx(0.554, abs=0.002), pytest.approx(0.362, abs=0.002))
     # The dense interval of the same GPU is far narrower: an MoE plan must not borrow it.
     dense = U.regime("b200", True)
-    # (Half as wide until the thirteenth session's re-solve narrowed the graphed one.)
+    # (Half as wide until the thirteenth session's re-solve narrowed the graphed one; 0.61
+    # of the eager one's width since the fifteenth session narrowed that, from 0.85.)
     assert dense["regime"] != "moe-validated"
-    assert all(dense["low"] + dense["high"] < 0.6 * (r["low"] + r["high"]) for r in (e, g))
+    assert all(dense["low"] + dense["high"] < 0.65 * (r["low"] + r["high"]) for r in (e, g))
 
 
 def test_moe_interval_off_the_rows_gpus_is_carried_like_the_dense_one():

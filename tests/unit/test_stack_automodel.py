@@ -1,0 +1,49 @@
+"""The NeMo AutoModel stack (stacks.toml [stacks.automodel]): Transformer Engine's fused
+attention (cuDNN's curve on Hopper, where torchtitan's SDPA takes FlashAttention-2's),
+torchtitan's efficiency carried with its reason, and a carried efficiency that cannot
+stand (an unknown or circular source, no reason) refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from mgbench import catalog
+from mgbench.errors import MgbenchError
+from mgbench.planner import perf, stack
+from mgbench.planner.resolve import resolve
+
+
+def test_automodel_prices_transformer_engines_attention_at_torchtitans_efficiency():
+    assert stack.efficiency("automodel") == stack.efficiency("torchtitan") == pytest.approx(0.894)
+    auto = resolve(precision="bf16", system="dgx-h100", stack="automodel")
+    titan = resolve(precision="bf16", system="dgx-h100", stack="torchtitan")
+    # efficiency.toml [attention_curves] at 4,096: cuDNN 0.444, FlashAttention-2 0.254
+    assert perf.attention_fraction(auto, 4096) == pytest.approx(0.444)
+    assert perf.attention_fraction(titan, 4096) == pytest.approx(0.254)
+    assert stack.memory_of("automodel")["state_bytes"] == (2.0, 2.0, 4.0)
+
+
+def test_a_carried_efficiency_that_cannot_stand_is_refused(monkeypatch):
+    real = catalog.load("stacks.toml")
+
+    def with_stacks(**entries):
+        table = {**real, "stacks": {**real["stacks"], **entries}}
+        monkeypatch.setattr(catalog, "load", lambda name: table if name == "stacks.toml" else real_load(name))
+
+    real_load = catalog.load
+    with_stacks(a={"efficiency_from": "nowhere", "efficiency_reason": "x"})
+    with pytest.raises(MgbenchError, match="efficiency_from 'nowhere'"):
+        stack.efficiency("a")
+    with_stacks(a={"efficiency_from": "b", "efficiency_reason": "x"}, b={"efficiency_from": "a", "efficiency_reason": "x"})
+    with pytest.raises(MgbenchError, match="carried in a circle"):
+        stack.efficiency("a")
+    with_stacks(a={"efficiency_from": "torchtitan"})
+    with pytest.raises(MgbenchError, match="without its efficiency_reason"):
+        stack.efficiency("a")
+
+
+def test_predict_takes_the_stack(cli):
+    out = cli("predict", "--model", "qwen3-30b-a3b", "--system", "dgx-h100", "--num-gpus", "8", "--ep", "8",
+              "--zero", "3", "--stack", "automodel")
+    assert out.returncode == 0, out.stderr
+    assert "stack          automodel (efficiency 0.894" in out.stdout
