@@ -627,7 +627,7 @@ def _lever_notes(shape: Any, moe: Any) -> list[str]:
         return []
     from ..planner import moe_pairs, moe_validation
 
-    return [moe_validation.model_record_note(shape.name, moe.cuda_graphs)] + moe_pairs.lever_notes(moe)
+    return [moe_validation.model_record_note(shape, moe.cuda_graphs)] + moe_pairs.lever_notes(moe)
 
 
 def _moe_ignored(shape: Any, moe: Any) -> list[str]:

@@ -394,12 +394,26 @@ def file_scores() -> tuple[dict[str, Any], ...]:
     return tuple(scored_rows())
 
 
+def model_of(shape: ModelShape) -> str | None:
+    """The model of the published runs whose dimensions ``shape`` has (its name aside: a
+    Hugging Face config read from any folder, a preset by any name): the preset a row
+    names, matched against the preset and against each row's variant (model_overrides);
+    None where no row's model has them, however the shape is named."""
+    mine = dataclasses.replace(shape, name=None)
+    for row in runs():
+        for candidate in (catalog.model_shape(row["model"]), shape_of(row)):
+            if dataclasses.replace(candidate, name=None) == mine:
+                return row["model"]
+    return None
+
+
 def model_record(model: str, cuda_graphs: bool | None = None) -> dict[str, Any] | None:
     """How the planner did on ``model``'s scored published runs (fit and held out; a
-    refused or unscored row has no error): their count by split, the signed mean of the
-    throughput errors (positive: predicted too fast), the mean |error| and the range; with
-    ``cuda_graphs`` also the same over the runs whose MoE layers ran that way. None where
-    no run of the model is scored."""
+    refused or unscored row has no error), its variants (rows with model_overrides)
+    pooled: their count by split, the signed mean of the throughput errors (positive:
+    predicted too fast), the mean |error| and the range; with ``cuda_graphs`` also the
+    same over the runs whose MoE layers ran that way. None where no run of the model is
+    scored."""
     by_id = {r["id"]: r for r in runs()}
     done = [s for s in file_scores() if s["model"] == model and s["split"] in SPLITS and s["error_pct"] is not None]
     if not done:
@@ -407,7 +421,8 @@ def model_record(model: str, cuda_graphs: bool | None = None) -> dict[str, Any] 
     errs = [s["error_pct"] for s in done]
     out = {"model": model, "rows": len(done), "fit": sum(s["split"] == "fit" for s in done),
            "held_out": sum(s["split"] == "held_out" for s in done), "mean_pct": mean(errs),
-           "mean_abs_pct": mean(abs(e) for e in errs), "low_pct": min(errs), "high_pct": max(errs)}
+           "mean_abs_pct": mean(abs(e) for e in errs), "low_pct": min(errs), "high_pct": max(errs),
+           "variants": sum(1 for s in done if by_id[s["id"]].get("model_overrides"))}
     if cuda_graphs is not None:
         same = [s["error_pct"] for s in done if moe.options_of(by_id[s["id"]]).cuda_graphs == cuda_graphs]
         out["class_rows"] = len(same)
@@ -415,22 +430,26 @@ def model_record(model: str, cuda_graphs: bool | None = None) -> dict[str, Any] 
     return out
 
 
-def model_record_note(model: str, cuda_graphs: bool | None = None) -> str:
-    """predict's line on ``model``'s published MoE runs (:func:`model_record`): how far the
-    planner was off on them, in which direction, so a reader can discount a prediction for
-    a model it runs fast or slow on."""
-    rec = model_record(model, cuda_graphs)
+def model_record_note(shape: ModelShape, cuda_graphs: bool | None = None) -> str:
+    """predict's and plan's line on the published MoE runs of the model ``shape`` is
+    (:func:`model_of`, :func:`model_record`): how far the planner was off on them, in
+    which direction, so a reader can discount a prediction for a model it runs fast or
+    slow on."""
+    model = model_of(shape)
+    rec = model_record(model, cuda_graphs) if model is not None else None
     if rec is None:
-        return (f"{model}: no published MoE run of it is scored (data/published_moe_runs.toml): the MoE terms "
-                "are unchecked on this model")
+        return (f"{shape.name or 'this model'}: no scored published MoE run has its dimensions "
+                "(data/published_moe_runs.toml): the MoE terms are unchecked on this model")
     line = (f"{model} in the published MoE runs: {rec['rows']} scored ({rec['fit']} fit, {rec['held_out']} held "
             f"out), predicted throughput {rec['mean_pct']:+.1f}% on average (mean |error| "
-            f"{rec['mean_abs_pct']:.1f}%, {rec['low_pct']:+.0f}% to {rec['high_pct']:+.0f}%; positive: too fast)")
+            f"{rec['mean_abs_pct']:.1f}%, {rec['low_pct']:+.1f}% to {rec['high_pct']:+.1f}%; positive: too fast)")
     if rec.get("class_rows"):
         what = "in CUDA graphs" if cuda_graphs else "eager"
         line += f"; the {rec['class_rows']} with MoE layers {what}: {rec['class_mean_pct']:+.1f}%"
     elif cuda_graphs is not None:
         line += f"; none with MoE layers {'in CUDA graphs' if cuda_graphs else 'eager'}"
+    if rec["variants"]:
+        line += f"; {rec['variants']} of the runs trained a variant of it (model_overrides), pooled"
     return line + " (python -m mgbench.planner.moe_validation)"
 
 

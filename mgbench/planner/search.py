@@ -695,7 +695,7 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
         from .moe_pairs import lever_notes
         from .moe_validation import model_record_note
 
-        reasons.append(model_record_note(shape.name, opts.moe.cuda_graphs))
+        reasons.append(model_record_note(shape, opts.moe.cuda_graphs))
         reasons += lever_notes(opts.moe, gpu_count=True)
     if rec is not None and opts.deadline_days is not None and rec["days_interval"][1] > opts.deadline_days:
         reasons.append(f"at its interval's upper end ({rec['days_interval'][1]:.1f} days) it would miss the "

@@ -37,6 +37,16 @@ def stacks() -> dict[str, dict[str, Any]]:
     return catalog.load("stacks.toml")["stacks"]
 
 
+def efficiency_stack(name: str) -> str:
+    """The stack whose published runs set ``name``'s efficiency: its own, or where it
+    carries a sibling's (stacks.toml ``efficiency_from``) that sibling's. The chain is
+    followed, not checked (:func:`efficiency` refuses a bad one)."""
+    known, seen = stacks(), ()
+    while name in known and (carried := known[name].get("efficiency_from")) and carried not in seen + (name,):
+        seen, name = seen + (name,), carried
+    return name
+
+
 def efficiency(name: str, seen: tuple[str, ...] = ()) -> float:
     """The stack's factor on compute time (1 for the calibration stack); a stack with no
     run of its own to solve it from may carry a sibling's (``efficiency_from``, with the
@@ -52,8 +62,9 @@ def efficiency(name: str, seen: tuple[str, ...] = ()) -> float:
         return efficiency(carried, seen + (name,))
     eff = known[name].get("efficiency")
     if eff is None:
+        usable = [k for k, v in known.items() if v.get("efficiency") is not None or v.get("efficiency_from")]
         raise MgbenchError(f"--stack {name}: no efficiency yet ({known[name]['null_reason']}); "
-                           f"use one of {', '.join(k for k, v in known.items() if v.get('efficiency') is not None)}")
+                           f"use one of {', '.join(usable)}")
     return float(eff)
 
 

@@ -173,11 +173,16 @@ def regime(gpu: str, pipelined: bool, profile: dict[str, Any] | None = None,
     of that class replace the dense rows' (see the module docstring)."""
     if profile is not None:
         return with_moe(_probed(profile), moe)
-    from .stack import DEFAULT_STACK
+    from .stack import DEFAULT_STACK, efficiency_stack
 
     res = _residuals()
     cls = "pipelined" if pipelined else "dense"
     calibrated = hardware.planner_defaults()["calibrated_gpu"]
+    # A stack that carries another's efficiency (stacks.toml efficiency_from) takes that
+    # stack's residuals: its own factor is that one, checked on those rows only.
+    carried = efficiency_stack(stack) if moe is None else stack
+    carry_note = f" (whose efficiency {stack} carries)" if carried != stack else ""
+    stack = carried
     own = res.get(f"{stack}:{cls}")
     rows_on = calibrated  # the GPU(s) the class's residuals were seen on
     if moe is not None:
@@ -193,12 +198,12 @@ def regime(gpu: str, pipelined: bool, profile: dict[str, Any] | None = None,
         rows_on = "MoE"  # seen on Hopper and Blackwell parts, carried to this one like the dense class
     elif own:
         low, high = _bounds(own)
-        reasons = [f"{cls} layouts: published {stack} runs on {calibrated} predicted within "
+        reasons = [f"{cls} layouts: published {stack} runs{carry_note} on {calibrated} predicted within "
                    f"{100 * max(low, high):.0f}% (validation rows of published_runs.toml and generation_pairs.toml)"]
     else:
         mine = [e for k, v in res.items() if k.startswith(f"{stack}:") for e in v]
         low, high = _bounds(res[f"{DEFAULT_STACK}:{cls}"] + mine)
-        reasons = [f"{cls} layouts: no published {stack} run of this class; {DEFAULT_STACK}'s {cls} rows and "
+        reasons = [f"{cls} layouts: no published {stack} run{carry_note} of this class; {DEFAULT_STACK}'s {cls} rows and "
                    f"{stack}'s other rows on {calibrated} were predicted within {100 * max(low, high):.0f}%"]
     if gpu == calibrated and moe is None:
         return {"regime": "catalog-validated", "evidence": "measured", "low": low, "high": high, "reasons": reasons}

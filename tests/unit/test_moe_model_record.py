@@ -34,11 +34,38 @@ def test_the_record_is_the_signed_mean_and_range_of_the_models_scored_runs(monke
     assert rec["mean_pct"] == pytest.approx(10.0) and rec["mean_abs_pct"] == pytest.approx(70.0 / 3)
     assert (rec["low_pct"], rec["high_pct"]) == (-20.0, 40.0)
     assert rec["class_rows"] == 2 and rec["class_mean_pct"] == pytest.approx(25.0)
-    note = V.model_record_note("m", cuda_graphs=False)
-    assert "m in the published MoE runs: 3 scored (1 fit, 2 held out), predicted throughput +10.0% on average" in note
-    assert "the 1 with MoE layers eager: -20.0%" in note
     assert V.model_record("nobody") is None
-    assert "no published MoE run of it is scored" in V.model_record_note("nobody")
+
+
+def test_the_note_finds_the_model_by_its_dimensions_not_its_name():
+    import dataclasses
+
+    from mgbench import catalog
+
+    qwen = catalog.model_shape("qwen3-30b-a3b")
+    rec = V.model_record("qwen3-30b-a3b", cuda_graphs=False)
+    # a Hugging Face config of the same model, named after its folder: the preset's record
+    hf = V.model_record_note(dataclasses.replace(qwen, name="Qwen3-30B-A3B"), cuda_graphs=False)
+    assert hf.startswith(f"qwen3-30b-a3b in the published MoE runs: {rec['rows']} scored")
+    assert f"predicted throughput {rec['mean_pct']:+.1f}% on average" in hf
+    assert f"with MoE layers eager: {rec['class_mean_pct']:+.1f}%" in hf
+    # the preset's name on other dimensions: unchecked, not the preset's record
+    other = V.model_record_note(dataclasses.replace(qwen, layers=12), cuda_graphs=False)
+    assert "no scored published MoE run has its dimensions" in other
+    # a variant some rows trained (gpt-oss-20b at the benchmark's vocabulary) is found too
+    oss = catalog.model_shape("gpt-oss-20b")
+    assert V.model_of(dataclasses.replace(oss, vocab=128256)) == "gpt-oss-20b"
+    assert "trained a variant of it (model_overrides), pooled" in V.model_record_note(oss, cuda_graphs=True)
+
+
+def test_plan_gives_the_record_among_its_reasons():
+    from mgbench import catalog
+    from mgbench.planner import search
+
+    shape = catalog.model_shape("qwen3-30b-a3b")
+    res = search.plan(shape, search.PlanOptions(tokens=1e10, seq_len=4096, global_batch_tokens=2**21, max_gpus=8,
+                                                systems=["dgx-b200"]))
+    assert sum(r.startswith("qwen3-30b-a3b in the published MoE runs") for r in res["reasons"]) == 1
 
 
 def test_predict_says_it_for_an_moe_model_and_not_for_a_dense_one(cli):

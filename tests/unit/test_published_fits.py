@@ -54,8 +54,9 @@ def test_the_check_fires_when_the_recipes_bytes_are_left_out(monkeypatch):
     # Negative control: at the stacks' defaults (fp32 gradients for Megatron-Core, fp32
     # weights and states for torchtitan's FSDP2 rows) the same layouts overflow by the
     # dozen: 10 with the allowance where the recipes' bytes leave 4. (13 until the
-    # fifteenth session moved three NeMo AutoModel rows to the automodel stack, whose
-    # default is their recipes' bf16 bytes.)
+    # fifteenth session moved four NeMo AutoModel rows to the automodel stack, whose
+    # default is their recipes' bf16 bytes: three of them left the list, so the control no
+    # longer sees their state_bytes dropped.)
     monkeypatch.setattr(moe_validation, "row_state_bytes", lambda row: None)
     s = F.summary(F.moe_ratios(moe_validation.scored_rows()))  # scored afresh, not the cached scores
     assert len(s["over_total"]) == 10 and len(s["over_counted"]) == 6
