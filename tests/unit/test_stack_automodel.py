@@ -20,7 +20,13 @@ def test_automodel_prices_transformer_engines_attention_at_torchtitans_efficienc
     # efficiency.toml [attention_curves] at 4,096: cuDNN 0.444, FlashAttention-2 0.254
     assert perf.attention_fraction(auto, 4096) == pytest.approx(0.444)
     assert perf.attention_fraction(titan, 4096) == pytest.approx(0.254)
-    assert stack.memory_of("automodel")["state_bytes"] == (2.0, 2.0, 4.0)
+    mem = stack.memory_of("automodel")
+    # its configs' bf16 parameters and Adam moments, torch's cross-entropy over bf16 logits
+    # (the flash_ce bytes), separate TE modules whose saved tensors are autograd's, and no
+    # Megatron-Core gpt-oss epilogue (AutoModel compiles the clamp)
+    assert mem["state_bytes"] == (2.0, 2.0, 4.0) and mem["loss"] == "flash_ce"
+    assert mem["te_saved_inputs"] is False and mem["expert_epilogue"] is False
+    assert stack.efficiency_stack("automodel") == "torchtitan" and stack.efficiency_stack("megatron-lm") == "megatron-lm"
 
 
 def test_a_carried_efficiency_that_cannot_stand_is_refused(monkeypatch):
