@@ -53,3 +53,15 @@ def test_predict_takes_the_stack(cli):
               "--zero", "3", "--stack", "automodel")
     assert out.returncode == 0, out.stderr
     assert "stack          automodel (efficiency 0.894" in out.stdout
+
+
+def test_its_dense_interval_is_the_stack_its_efficiency_comes_froms():
+    # no published dense AutoModel run: the interval is torchtitan's (whose factor it
+    # carries), not megatron-lm's narrower one, and says so
+    from mgbench.planner import uncertainty as U
+
+    auto = U.regime("a100-sxm-80gb", False, stack="automodel")
+    titan = U.regime("a100-sxm-80gb", False, stack="torchtitan")
+    mega = U.regime("a100-sxm-80gb", False, stack="megatron-lm")
+    assert (auto["low"], auto["high"]) == (titan["low"], titan["high"]) != (mega["low"], mega["high"])
+    assert "whose efficiency automodel carries" in auto["reasons"][0]
