@@ -323,6 +323,8 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
     res["notes"] = list(res.get("notes", [])) + host_notes
     res["notes"] += _moe_ignored(shape, moe)
     res["notes"] += _lever_notes(shape, moe)
+    if profile is None and not calibrate_run and (carried := stacks.carried_note(stack)) is not None:
+        res["notes"].append(carried)
     from ..planner import uncertainty
 
     moe_cls = uncertainty.moe_class(shape, moe)

@@ -131,15 +131,16 @@ FP8_ATTENTION_NOTE = ("attention's scores and values in FP8 (--fp8-attention, {s
                       "their saved activations still counted at BF16 bytes")
 
 
-def fp8_attention_ratio(shape: ModelShape, hw: Hardware, precision: str, recipe: str, seq: Any,
-                        flash: Any = True) -> tuple[Any, str]:
+def fp8_attention_terms(shape: ModelShape, hw: Hardware, precision: str, recipe: str, seq: Any,
+                        flash: Any = True) -> tuple[Any, Any, str]:
     """(seconds of attention's scores and values in FP8 over their BF16 seconds on ``hw``,
-    the scaling it runs in): the time ratio cuDNN's benchmarks measured for the model's
-    attention (hardware.fp8_attention_points: MLA, else GQA, sliding windows included), by
-    sequence (linear in log2 of it, held at the measured ends), in MXFP8 under the mxfp8
-    recipe and per-tensor FP8 under the others. MgbenchError where the layout is not FP8,
-    the recipe gives attention no FP8 (blockwise), attention is materialised (``flash``
-    False) or the GPU has no measurement."""
+    the BF16 kernel's fraction of the bf16 peak in the same run, the scaling it runs in):
+    what cuDNN's benchmarks measured for the model's kind of attention
+    (hardware.fp8_attention_points: MLA, else GQA, sliding windows included), by sequence
+    (perf.log2_interp), in MXFP8 under the mxfp8 recipe and per-tensor FP8 under the
+    others. MgbenchError where the layout is not FP8, the recipe gives attention no FP8
+    (blockwise), attention is materialised (``flash`` False) or the GPU has no
+    measurement."""
     if (why := fp8_attention_problem(precision, True, recipe, flash)) is not None:
         raise MgbenchError(why)
     points = hardware_fp8_attention_points(hw.gpu)
@@ -148,20 +149,8 @@ def fp8_attention_ratio(shape: ModelShape, hw: Hardware, precision: str, recipe:
                            f"(efficiency.toml [fp8_attention] has {', '.join(fp8_attention_gpus()) or 'none'}): "
                            "drop it")
     scaling = "mxfp8" if recipe == "mxfp8" else "fp8"
-    seqs, ratios = zip(*points["mla" if shape.is_mla else "gqa"][scaling])
-    return np.interp(np.log2(np.asarray(seq, dtype=float)), np.log2(seqs), ratios), scaling
-
-
-def fp8_attention_bf16_fraction(shape: ModelShape, hw: Hardware, seq: Any) -> Any:
-    """The BF16 fused-attention kernel's fraction of ``hw``'s bf16 peak, forward + backward
-    (FlashAttention's FLOP convention), that cuDNN's benchmark measured beside the FP8 /
-    BF16 ratios (:func:`fp8_attention_ratio`) for the model's kind of attention, by
-    sequence as the ratios are; MgbenchError where the GPU has no measurement."""
-    points = hardware_fp8_attention_points(hw.gpu)
-    if points is None:
-        raise MgbenchError(f"--fp8-attention: no FP8 / BF16 fused-attention time measured for {hw.gpu}")
-    seqs, fracs = zip(*points["mla" if shape.is_mla else "gqa"][FP8_ATTENTION_BF16])
-    return np.interp(np.log2(np.asarray(seq, dtype=float)), np.log2(seqs), fracs)
+    kind = points["mla" if shape.is_mla else "gqa"]
+    return perf.log2_interp(kind[scaling], seq), perf.log2_interp(kind[FP8_ATTENTION_BF16], seq), scaling
 
 
 def host_link_bw(hw: Hardware) -> float:
@@ -248,7 +237,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     ``pp_last_layers``: the last pipeline stage's blocks where the run sets them
     (memory.stage_layers; None: Megatron-LM's even split); ``fp8_recipe``: the FP8 scaling
     recipe under ``precision`` fp8 (perf.FP8_RECIPES; None: the stack's, stack.fp8_recipe);
-    ``fp8_attention``: attention's scores and values in FP8 too (:func:`fp8_attention_ratio`)."""
+    ``fp8_attention``: attention's scores and values in FP8 too (:func:`fp8_attention_terms`)."""
     c = np.asarray(cp, dtype=float)
     d = np.asarray(dp, dtype=float)
     dense_p, expert_p = stage_param_split(shape, tp, pp, ep, pp_last_layers)
@@ -271,13 +260,14 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         notes.append(FP8_MEASURED_NOTE.format(ratio=hw.fp8_gemm_ratio) if hw.fp8_gemm_ratio else FP8_EFF_NOTE)
     scores_saved = 0.0 * blocks  # what FP8 attention takes off the blocks' seconds
     if fp8_attention:
-        a_ratio, scaling = fp8_attention_ratio(shape, hw, precision, recipe_of(hw.stack, fp8_recipe), seq, flash)
+        a_ratio, bf16_fraction, scaling = fp8_attention_terms(shape, hw, precision, recipe_of(hw.stack, fp8_recipe),
+                                                              seq, flash)
         # The ratio is of cuDNN's kernel seconds, so it takes (1 - r) of the BF16 kernel's
         # seconds as measured in the same run, not of attention's seconds as priced: on
         # Blackwell those are FLOPs at the GEMM rate, not halved for causality, which put
         # DeepSeek-V3's MLA at 1.28x the kernel's time (a review, 2026-11-28). Never more
         # than attention's priced seconds.
-        kernel = b["flash_unit_s"] / fp8_attention_bf16_fraction(shape, hw, seq)
+        kernel = b["flash_unit_s"] / bf16_fraction
         scores_saved = np.minimum(kernel * (1.0 - a_ratio), b["scores_s"]) / hw.stack_eff
         blocks = blocks - scores_saved
         notes.append(FP8_ATTENTION_NOTE.format(ratio=float(np.mean(a_ratio)), scaling=scaling))

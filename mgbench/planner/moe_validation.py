@@ -400,11 +400,10 @@ def model_of(shape: ModelShape) -> str | None:
     names, matched against the preset and against each row's variant (model_overrides);
     None where no row's model has them, however the shape is named."""
     mine = dataclasses.replace(shape, name=None)
-    for row in runs():
-        for candidate in (catalog.model_shape(row["model"]), shape_of(row)):
-            if dataclasses.replace(candidate, name=None) == mine:
-                return row["model"]
-    return None
+    models = {row["model"] for row in runs()}
+    candidates = [(m, catalog.model_shape(m)) for m in sorted(models)] + [(r["model"], shape_of(r)) for r in runs()
+                                                                         if r.get("model_overrides")]
+    return next((m for m, c in candidates if dataclasses.replace(c, name=None) == mine), None)
 
 
 def model_record(model: str, cuda_graphs: bool | None = None) -> dict[str, Any] | None:

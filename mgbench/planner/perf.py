@@ -331,6 +331,14 @@ def flash_attention_s(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any,
     return forward * passes * rank_tokens / (hw.peak_tflops * 1e12 * frac)
 
 
+def log2_interp(points: Any, seq: Any) -> Any:
+    """The value at ``seq`` of ``points`` ((sequence, value), ... by sequence): linear in
+    log2 of the sequence between them, held at the ends (how every by-sequence table of
+    efficiency.toml is read)."""
+    seqs, values = zip(*points)
+    return np.interp(np.log2(np.asarray(seq, dtype=float)), np.log2(seqs), values)
+
+
 def attention_fraction(hw: Hardware, seq: Any) -> Any:
     """The fused attention kernel's fraction of peak at ``seq``: the curve of the stack's
     kernel (stacks.toml attention_kernel) where the GPU has one (efficiency.toml
@@ -339,8 +347,7 @@ def attention_fraction(hw: Hardware, seq: Any) -> Any:
     curve = dict(hw.attn_curves).get(stack_attention_kernel(hw.stack)) if hw.attn_curves else None
     if not curve:
         return hw.attn_eff
-    seqs, fracs = zip(*curve)
-    return np.interp(np.log2(np.asarray(seq, dtype=float)), np.log2(seqs), fracs)
+    return log2_interp(curve, seq)
 
 
 def gemm_seconds(flops: Any, nbytes: Any, hw: Hardware, rate: float) -> Any:

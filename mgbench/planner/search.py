@@ -537,6 +537,12 @@ def planned_stack(opts: PlanOptions) -> str:
     return profile_stack if opts.profile else opts.stack
 
 
+def planned_recipe(opts: PlanOptions) -> str | None:
+    """The FP8 recipe plan prices under --precision fp8 (--fp8-recipe, else the planned
+    stack's); None under another precision."""
+    return stack.fp8_recipe(planned_stack(opts), opts.fp8_recipe) if opts.precision == "fp8" else None
+
+
 def _evaluate_rows(shape: ModelShape, hw: hardware.Hardware, opts: PlanOptions, overlap: float, B: int,
                    rows: dict[str, np.ndarray], offload: bool, schedule: tuple[str, int]) -> dict[str, np.ndarray]:
     """Memory of the candidate ``rows`` under ``schedule``; the ones that fit, with their throughput."""
@@ -559,9 +565,8 @@ def check_schedule(opts: PlanOptions) -> None:
     """One clear error for options plan cannot search as asked: virtual stages without
     a schedule that takes them, or an interleaved schedule without them; an FP8 recipe
     without FP8 (the Layout's own refusal, said once rather than once a system)."""
-    recipe = stack.fp8_recipe(planned_stack(opts), opts.fp8_recipe) if opts.precision == "fp8" else None
-    why = fp8_recipe_problem(opts.precision, opts.fp8_recipe) or fp8_attention_problem(opts.precision,
-                                                                                       opts.fp8_attention, recipe)
+    why = fp8_recipe_problem(opts.precision, opts.fp8_recipe) or fp8_attention_problem(
+        opts.precision, opts.fp8_attention, planned_recipe(opts))
     if why is not None:
         raise MgbenchError(why)
     if opts.schedule == SEARCHED and opts.virtual_stages != 1:
@@ -686,6 +691,8 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
         reasons.append(last_stage_reason(shape, rec))
     reasons += notes
     reasons += model_notes(shape)
+    if not opts.profile and (carried := stack.carried_note(opts.stack)) is not None:
+        reasons.append(carried)
     reasons += evidence_lines(rec, ranked)
     reasons += _distinguishable(rec, ranked[: opts.top])
     if shape.is_moe and rec is not None:
@@ -717,8 +724,7 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
             "restart_minutes": opts.restart_minutes, "power_fraction_of_tdp": opts.power_fraction, "pue": opts.pue,
             "spot": opts.spot, "overlap": opts.overlap, "stack": None if opts.profile else opts.stack,
             "precision": opts.precision,
-            "fp8_recipe": (stack.fp8_recipe(planned_stack(opts), opts.fp8_recipe)
-                           if opts.precision == "fp8" else None),
+            "fp8_recipe": planned_recipe(opts),
             "fp8_attention": opts.fp8_attention,
             "hardware_profile": opts.profile.get("hostname") if opts.profile else None,
         },

@@ -39,33 +39,41 @@ def stacks() -> dict[str, dict[str, Any]]:
 
 def efficiency_stack(name: str) -> str:
     """The stack whose published runs set ``name``'s efficiency: its own, or where it
-    carries a sibling's (stacks.toml ``efficiency_from``) that sibling's. The chain is
-    followed, not checked (:func:`efficiency` refuses a bad one)."""
+    carries a sibling's (stacks.toml ``efficiency_from``, with its ``efficiency_reason``)
+    that sibling's; MgbenchError for a carry to no stack of the file, in a circle, or
+    without its reason. A name the file lacks is returned as it is (:func:`efficiency`
+    refuses it)."""
     known, seen = stacks(), ()
-    while name in known and (carried := known[name].get("efficiency_from")) and carried not in seen + (name,):
+    while (carried := known.get(name, {}).get("efficiency_from")) is not None:
+        if carried not in known or carried in seen + (name,) or not known[name].get("efficiency_reason"):
+            raise MgbenchError(f"stacks.toml [stacks.{name}] efficiency_from {carried!r}: not another stack of the "
+                               "file, carried in a circle, or without its efficiency_reason")
         seen, name = seen + (name,), carried
     return name
 
 
-def efficiency(name: str, seen: tuple[str, ...] = ()) -> float:
+def efficiency(name: str) -> float:
     """The stack's factor on compute time (1 for the calibration stack); a stack with no
-    run of its own to solve it from may carry a sibling's (``efficiency_from``, with the
-    reason in ``efficiency_reason``)."""
+    run of its own to solve it from may carry a sibling's (:func:`efficiency_stack`)."""
     known = stacks()
     if name not in known:
         raise MgbenchError(f"unknown --stack {name!r}; known: {', '.join(known)}")
-    carried = known[name].get("efficiency_from")
-    if carried is not None:
-        if carried not in known or carried in seen + (name,) or not known[name].get("efficiency_reason"):
-            raise MgbenchError(f"stacks.toml [stacks.{name}] efficiency_from {carried!r}: not another stack of the "
-                               "file, carried in a circle, or without its efficiency_reason")
-        return efficiency(carried, seen + (name,))
-    eff = known[name].get("efficiency")
+    source = efficiency_stack(name)
+    eff = known[source].get("efficiency")
     if eff is None:
-        usable = [k for k, v in known.items() if v.get("efficiency") is not None or v.get("efficiency_from")]
-        raise MgbenchError(f"--stack {name}: no efficiency yet ({known[name]['null_reason']}); "
+        usable = [k for k in known if known[efficiency_stack(k)].get("efficiency") is not None]
+        raise MgbenchError(f"--stack {name}: no efficiency yet ({known[source]['null_reason']}); "
                            f"use one of {', '.join(usable)}")
     return float(eff)
+
+
+def carried_note(name: str | None) -> str | None:
+    """The line predict and plan add where ``name`` carries another stack's efficiency
+    (what its published runs do not measure); None where the stack's own runs set it."""
+    if name is None or name not in stacks() or (source := efficiency_stack(name)) == name:
+        return None
+    return (f"--stack {name}: efficiency carried from {source}: {stacks()[name]['efficiency_reason']}; a dense "
+            f"model's interval comes from {source}'s runs too")
 
 
 # --state-bytes: the bytes a parameter a run keeps where its recipe differs from its stack's

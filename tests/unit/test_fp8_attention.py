@@ -65,16 +65,16 @@ def test_each_kind_of_attention_takes_its_own_ratio():
     gb300 = resolve(precision="fp8", system="gb300-nvl72")
     # halfway between 4,096 and 8,192 in log2: the mean of the two points
     mla = pts["mla"]["mxfp8"]
-    ratio, scaling = layout_time.fp8_attention_ratio(catalog.model_shape("deepseek-v3"), gb300, "fp8", "mxfp8",
-                                                    4096 * 2 ** 0.5)
+    ratio, _, scaling = layout_time.fp8_attention_terms(catalog.model_shape("deepseek-v3"), gb300, "fp8", "mxfp8",
+                                                        4096 * 2 ** 0.5)
     assert mla[1][0] == 4096 and mla[2][0] == 8192
     assert scaling == "mxfp8" and ratio == pytest.approx((mla[1][1] + mla[2][1]) / 2)
     # gpt-oss: its sliding windows carry the GQA figure (no valid FP8 window measurement)
-    ratio, scaling = layout_time.fp8_attention_ratio(catalog.model_shape("gpt-oss-120b"), gb300, "fp8", "tensorwise",
-                                                     4096)
+    ratio, _, scaling = layout_time.fp8_attention_terms(catalog.model_shape("gpt-oss-120b"), gb300, "fp8",
+                                                        "tensorwise", 4096)
     assert scaling == "fp8" and ratio == pytest.approx(dict(pts["gqa"]["fp8"])[4096])
     # held at the measured ends
-    far, _ = layout_time.fp8_attention_ratio(LLAMA, gb300, "fp8", "mxfp8", 65536)
+    far, _, _ = layout_time.fp8_attention_terms(LLAMA, gb300, "fp8", "mxfp8", 65536)
     assert far == pytest.approx(pts["gqa"]["mxfp8"][-1][1])
 
 
@@ -88,8 +88,9 @@ def test_a_pipelined_mtp_model_takes_the_saving_off_every_stage_once():
     base = layout_time.step_time(ds, hw, **kw)
     fp8 = layout_time.step_time(ds, hw, fp8_attention=True, **kw)
     b = base["breakdown"]
-    ratio, _ = layout_time.fp8_attention_ratio(ds, hw, "fp8", "mxfp8", 4096)
-    kernel = b["flash_unit_s"] / layout_time.fp8_attention_bf16_fraction(ds, hw, 4096)
+    ratio, fraction, _ = layout_time.fp8_attention_terms(ds, hw, "fp8", "mxfp8", 4096)
+    assert fraction == pytest.approx(dict(hardware.fp8_attention_points("gb300")["mla"]["bf16_fraction"])[4096])
+    kernel = b["flash_unit_s"] / fraction
     saved = kernel * (1.0 - ratio) / hw.stack_eff  # the stage's scores, at the measured kernel's rate
     # the FLOP-priced part a stage hands the last one shrinks by the MTP modules' share of
     # the saving, and the last stage's MTP time by that share scaled to the whole model
@@ -221,8 +222,11 @@ def test_the_stored_fractions_are_the_sources_milliseconds():
     # efficiency.toml's source lines quote the BF16 forward + backward milliseconds (batch 2,
     # causal): 3.5 x the causal forward FLOPs over them over the 2,500 TFLOP/s peak gives the
     # stored fraction; and the planner's kernel seconds at it give the milliseconds back
+    peak = {g: catalog.accelerator_peak(g, "bf16") * 1e12 for g in ("gb200", "gb300")}
+    assert peak["gb200"] == peak["gb300"] == 2.5e15  # what efficiency.toml's comment divides by
+
     def frac(heads, width, s, ms):
-        return 3.5 * 2 * 2 * heads * s * s / 2 * width / (ms * 1e-3) / 2.5e15
+        return 3.5 * 2 * 2 * heads * s * s / 2 * width / (ms * 1e-3) / peak["gb300"]
 
     gb300, gb200 = hardware.fp8_attention_points("gb300"), hardware.fp8_attention_points("gb200")
     assert dict(gb300["gqa"]["bf16_fraction"])[4096] == pytest.approx(frac(64, 256, 4096, 1.424), abs=0.001)

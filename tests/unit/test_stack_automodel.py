@@ -53,6 +53,10 @@ def test_predict_takes_the_stack(cli):
               "--zero", "3", "--stack", "automodel")
     assert out.returncode == 0, out.stderr
     assert "stack          automodel (efficiency 0.894" in out.stdout
+    # the carried factor is said, not hidden behind the number; a stack measured on its own
+    # runs says nothing
+    assert "note: --stack automodel: efficiency carried from torchtitan: no published dense AutoModel run" in out.stdout
+    assert stack.carried_note("torchtitan") is None and stack.carried_note("megatron-lm") is None
 
 
 def test_its_dense_interval_is_the_stack_its_efficiency_comes_froms():
