@@ -102,7 +102,10 @@ def test_lever_notes_name_the_pairs_of_what_a_run_sets():
     found = P.pairs()
     # a DeepEP run hears of DeepEP's pair only, not of HybridEP's
     deep = P.lever_note("moe.dispatcher", found, "deepep")
-    assert "1 pair, mean |effect error|" in deep and "qwen3-30b-a3b" in deep and "to or from deepep" in deep
+    # (torchtitan's Qwen3-30B-A3B pair, and since the sixteenth session the three of
+    # awslabs' DeepSeek-V3 A/B on p6-b300, UCCL's drop-in priced as DeepEP)
+    assert "4 pairs, mean |effect error|" in deep and "to or from deepep" in deep
+    assert "qwen3-30b-a3b" in deep and "deepseek-v3" in deep and "1 opposite" in deep
     hyb = P.by_knob([p for p in found if "'hybridep'" in (p["from"], p["to"])])["moe.dispatcher"]
     assert hyb["text"] in P.lever_note("moe.dispatcher", found, "hybridep")
     # graphs, and none for a knob without pairs or a run on the defaults

@@ -150,10 +150,12 @@ def test_moe_interval_is_the_published_moe_runs_of_its_class():
     # fifteenth session took that saving off the kernel's measured seconds instead of the
     # GEMM-rate stand-in, +36.2%: 1.362x. Since NeMo AutoModel's rows price Transformer
     # Engine's attention (the automodel stack, same session), the eager low is that H100
-    # Qwen3-30B-A3B row's -27.8%: 0.722x.
-    assert len(eager) == 75 and len(graphed) == 47
+    # Qwen3-30B-A3B row's -27.8%: 0.722x. Since the sixteenth session's six held-out AWS
+    # p6-b300 rows (awslabs' DeepSeek-V3 dispatcher A/B over EFA, all too fast), the eager
+    # high is their UCCL DeepEP micro-batch-1 cell's +77.7%: 1.777x.
+    assert len(eager) == 81 and len(graphed) == 47
     e = U.regime("b200", True, moe="eager")
-    assert (e["low"], e["high"]) == (pytest.approx(0.278, abs=0.002), pytest.approx(0.491, abs=0.002))
+    assert (e["low"], e["high"]) == (pytest.approx(0.278, abs=0.002), pytest.approx(0.777, abs=0.002))
     g = U.regime("b200", True, moe="graphed")
     assert (g["low"], g["high"]) == (pytest.approx(0.554, abs=0.002), pytest.approx(0.362, abs=0.002))
     # The dense interval of the same GPU is far narrower: an MoE plan must not borrow it.
