@@ -1,10 +1,12 @@
-"""Published all-reduce bandwidth across nodes against the planner's price of it
-(data/published_collectives.toml, perf.group_collective_time).
+"""Published collective bandwidth across nodes against the planner's price of it
+(data/published_collectives.toml): all-reduce (perf.group_collective_time, which prices
+data-parallel traffic) and all-to-all (moe.alltoall_seconds, the price of MoE's dispatch
+and combine).
 
-Each row's all-reduce is priced on its catalog system at its node count, ranks a node and
-message size; the predicted bus bandwidth is the published one's definition,
-algbw x 2 (n - 1) / n. "fit" rows set a link's bw_eff (hardware.toml names them);
-"held_out" rows set nothing.
+Each row's collective is priced on its catalog system at its node count, ranks a node and
+message size; the predicted bus bandwidth is the published one's definition (nccl-tests:
+algbw x 2 (n - 1) / n for all-reduce, algbw x (n - 1) / n for all-to-all). "fit" rows set
+a link's bw_eff (hardware.toml names them); "held_out" rows set nothing.
 
     python -m mgbench.planner.collective_validation   # prints the table
 """
@@ -21,6 +23,7 @@ from ..errors import MgbenchError
 from .hardware import resolve
 
 SPLITS = ("fit", "held_out")
+COLLECTIVES = ("all_reduce", "all_to_all")
 REQUIRED = ("id", "system", "nodes", "ranks_per_node", "bytes", "busbw_gbps", "split", "source", "date")
 
 
@@ -47,6 +50,12 @@ def check(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         if not 1 <= r["ranks_per_node"] <= system["gpus_per_node"]:
             bad.append(f"{r['id']}: ranks_per_node {r['ranks_per_node']} on {system['gpus_per_node']}-GPU nodes")
+        if collective_of(r) not in COLLECTIVES:
+            bad.append(f"{r['id']}: collective {collective_of(r)!r} (one of {', '.join(COLLECTIVES)})")
+        elif collective_of(r) == "all_to_all" and r["ranks_per_node"] != system["gpus_per_node"]:
+            # moe.ep_geometry prices whole nodes of consecutive ranks
+            bad.append(f"{r['id']}: an all_to_all row runs every GPU of its nodes, not {r['ranks_per_node']} "
+                       f"of {system['gpus_per_node']}")
         if r["split"] == "fit" and r.get("sets") != system["inter_link"]:
             bad.append(f"{r['id']}: a fit row sets its system's network link ({system['inter_link']}), "
                        f"not sets {r.get('sets')}")
@@ -55,15 +64,23 @@ def check(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def collective_of(row: dict[str, Any]) -> str:
+    """The row's collective: ``collective``, all-reduce where it does not say."""
+    return row.get("collective", "all_reduce")
+
+
 def predicted_busbw_gbps(row: dict[str, Any]) -> float:
-    """The bus bandwidth (GB/s) the planner's price of the row's all-reduce implies."""
-    from . import perf
+    """The bus bandwidth (GB/s) the planner's price of the row's collective implies."""
+    from . import moe, perf
 
     hw = resolve(system=row["system"])
     n = row["nodes"] * row["ranks_per_node"]
-    span = (row["nodes"] - 1) * hw.gpus_per_node + row["ranks_per_node"]  # whole nodes, g of each
-    seconds = float(perf.group_collective_time(float(row["bytes"]), n, span, hw, 2.0))
-    return busbw_factor("all_reduce", n) * row["bytes"] / seconds / 1e9
+    if collective_of(row) == "all_to_all":
+        seconds = float(moe.alltoall_seconds(hw, n, float(row["bytes"])))
+    else:
+        span = (row["nodes"] - 1) * hw.gpus_per_node + row["ranks_per_node"]  # whole nodes, g of each
+        seconds = float(perf.group_collective_time(float(row["bytes"]), n, span, hw, 2.0))
+    return busbw_factor(collective_of(row), n) * row["bytes"] / seconds / 1e9
 
 
 def score() -> list[dict[str, Any]]:
@@ -72,14 +89,16 @@ def score() -> list[dict[str, Any]]:
     for r in rows():
         pred = predicted_busbw_gbps(r)
         out.append({"id": r["id"], "split": r["split"], "system": r["system"], "nodes": r["nodes"],
+                    "collective": collective_of(r),
                     "published": r["busbw_gbps"], "predicted": pred,
                     "error_pct": 100.0 * (pred - r["busbw_gbps"]) / r["busbw_gbps"]})
     return out
 
 
-def summary(scored: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Mean and worst |error| per split."""
+def summary(scored: list[dict[str, Any]], collective: str | None = None) -> dict[str, dict[str, Any]]:
+    """Mean and worst |error| per split (of one ``collective``'s rows where given)."""
     out = {}
+    scored = [s for s in scored if collective is None or s["collective"] == collective]
     for split in SPLITS:
         errs = [(abs(s["error_pct"]), s["id"]) for s in scored if s["split"] == split]
         out[split] = {"rows": len(errs), "mean_abs_pct": mean(e for e, _ in errs) if errs else None,
@@ -90,16 +109,17 @@ def summary(scored: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def report() -> str:
     """The table and the per-split summary, as printed."""
     scored = score()
-    lines = ["Published all-reduce across nodes (published_collectives.toml): nccl-tests bus bandwidth, GB/s",
-             f"{'row':38s}  {'split':8s}  {'system':13s}  {'nodes':>5s}  {'published':>9s}  {'predicted':>9s}  "
-             f"{'error':>7s}"]
+    lines = ["Published collectives across nodes (published_collectives.toml): nccl-tests bus bandwidth, GB/s",
+             f"{'row':44s}  {'collective':10s}  {'split':8s}  {'system':13s}  {'nodes':>5s}  {'published':>9s}  "
+             f"{'predicted':>9s}  {'error':>7s}"]
     for s in scored:
-        lines.append(f"{s['id']:38s}  {s['split']:8s}  {s['system']:13s}  {s['nodes']:5d}  {s['published']:9.1f}  "
-                     f"{s['predicted']:9.1f}  {s['error_pct']:+6.1f}%")
-    for split, sm in summary(scored).items():
-        if sm["rows"]:
-            lines.append(f"{split}: {sm['rows']} rows, mean |error| {sm['mean_abs_pct']:.1f}%, worst "
-                         f"{sm['worst'][0]:.1f}% ({sm['worst'][1]})")
+        lines.append(f"{s['id']:44s}  {s['collective']:10s}  {s['split']:8s}  {s['system']:13s}  {s['nodes']:5d}  "
+                     f"{s['published']:9.1f}  {s['predicted']:9.1f}  {s['error_pct']:+6.1f}%")
+    for collective in COLLECTIVES:
+        for split, sm in summary(scored, collective).items():
+            if sm["rows"]:
+                lines.append(f"{collective} {split}: {sm['rows']} rows, mean |error| {sm['mean_abs_pct']:.1f}%, "
+                             f"worst {sm['worst'][0]:.1f}% ({sm['worst'][1]})")
     return "\n".join(lines)
 
 

@@ -300,16 +300,36 @@ def rows_sent(shape: ModelShape, ep: Any, gpus_per_node: int, opts: MoeOptions) 
     return np.where(one, inside, 0.0), np.where(one, across, 0.0)
 
 
+def exchange_seconds(hw: Any, ranks: Any, inside_bytes: Any, across_bytes: Any) -> Any:
+    """Seconds of one all-to-all exchange over ``ranks`` consecutive ranks (ep_geometry)
+    in which a rank sends ``inside_bytes`` to its node's other GPUs and ``across_bytes`` to
+    other nodes: the slower of the two links at its rate (NVLink and the network run at
+    once), plus a latency per other GPU of the node and per other node. The one price of
+    an all-to-all: MoE's dispatch and combine (:func:`a2a_seconds`) and nccl-tests'
+    alltoall_perf (:func:`alltoall_seconds`, planner/collective_validation.py) both use it."""
+    n = np.asarray(ranks, dtype=float)
+    g, N = ep_geometry(ranks, hw.gpus_per_node)
+    wire = np.maximum(np.asarray(inside_bytes, dtype=float) / hw.intra_bw,
+                      np.asarray(across_bytes, dtype=float) / hw.inter_bw)
+    latency = (g - 1.0) * hw.intra_alpha_s + (N - 1.0) * hw.inter_alpha_s
+    return np.where(n > 1, latency + wire, 0.0)
+
+
+def alltoall_seconds(hw: Any, ranks: Any, nbytes: Any) -> Any:
+    """Seconds of an even all-to-all of ``nbytes`` a rank (each rank sends nbytes / ranks
+    to every rank, itself included: nccl-tests' alltoall_perf at size nbytes)."""
+    n = np.asarray(ranks, dtype=float)
+    g, _ = ep_geometry(ranks, hw.gpus_per_node)
+    b = np.asarray(nbytes, dtype=float)
+    return exchange_seconds(hw, ranks, b * (g - 1.0) / n, b * (n - g) / n)
+
+
 def a2a_seconds(shape: ModelShape, hw: Any, *, tokens: Any, ep: Any, elem_bytes: float, opts: MoeOptions) -> Any:
     """Seconds of one dispatch (or combine) of ``tokens`` tokens a rank, each element
     ``elem_bytes`` bytes, at the busiest receiver's load."""
-    n = np.asarray(ep, dtype=float)
-    g, N = ep_geometry(ep, hw.gpus_per_node)
     inside, across = rows_sent(shape, ep, hw.gpus_per_node, opts)
-    row = np.asarray(tokens, dtype=float) * shape.hidden * elem_bytes
-    wire = np.maximum(row * inside / hw.intra_bw, row * across / hw.inter_bw) * opts.load
-    latency = (g - 1.0) * hw.intra_alpha_s + (N - 1.0) * hw.inter_alpha_s
-    return np.where(n > 1, latency + wire, 0.0)
+    row = np.asarray(tokens, dtype=float) * shape.hidden * elem_bytes * opts.load
+    return exchange_seconds(hw, ep, row * inside, row * across)
 
 
 def dispatch_bytes(opts: MoeOptions, act_bytes: float) -> float:

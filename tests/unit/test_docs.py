@@ -244,14 +244,18 @@ def fits_markdown() -> str:
 
 
 def collectives_summary_markdown() -> str:
-    """The multi-node all-reduce check in one line (README)."""
+    """The multi-node all-reduce and all-to-all checks in one paragraph (README)."""
     from mgbench.planner import collective_validation as C
 
-    s = C.summary(C.score())
+    scored = C.score()
+    s = C.summary(scored, "all_reduce")
     held, fit = s["held_out"], s["fit"]
+    a2a = C.summary(scored, "all_to_all")["held_out"]
     return (f"Collectives across nodes: published multi-node all-reduce bandwidth ({held['rows'] + fit['rows']} rows, "
             f"{fit['rows']} set the network links' rates; `python -m mgbench.planner.collective_validation`): held "
-            f"out, mean |error| {held['mean_abs_pct']:.1f}%, worst {held['worst'][0]:.1f}% (`{held['worst'][1]}`).")
+            f"out, mean |error| {held['mean_abs_pct']:.1f}%, worst {held['worst'][0]:.1f}% (`{held['worst'][1]}`). "
+            f"All-to-all as MoE's dispatch prices it, against nccl-tests alltoall_perf ({a2a['rows']} rows, all held "
+            f"out): mean |error| {a2a['mean_abs_pct']:.1f}%, worst {a2a['worst'][0]:.1f}% (`{a2a['worst'][1]}`).")
 
 
 GENERATORS = {"strategies": strategies_markdown, "schedules": schedules_markdown, "suite-keys": suite_keys_markdown,
