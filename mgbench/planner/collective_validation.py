@@ -35,8 +35,9 @@ def rows() -> tuple[dict[str, Any], ...]:
 
 def check(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows, or MgbenchError naming each that lacks a field, has an unknown split, more
-    ranks a node than its system's GPUs, or is a fit row not naming its system's network
-    link in ``sets`` (the link whose bw_eff it set)."""
+    ranks a node than its system's GPUs, an unknown ``collective``, an all-to-all on part of
+    its nodes' GPUs (moe.ep_geometry prices whole nodes), or is a fit row not naming its
+    system's network link in ``sets`` (the link whose bw_eff it set)."""
     bad = [f"{r.get('id', '?')}: missing {', '.join(k for k in REQUIRED if k not in r)}" for r in rows
            if any(k not in r for k in REQUIRED)]
     for r in rows:

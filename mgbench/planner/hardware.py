@@ -220,6 +220,13 @@ def evidence_detail(p: HardwareProfile) -> str:
     return f"{p.accelerator}: " + ", ".join(one(n, getattr(p, n)) for n in ("gemm_best", "attention", "mem_bw"))
 
 
+def on_efa(system: str | None) -> bool:
+    """Whether a catalog system's nodes talk over AWS EFA (its inter_link an efa-* link):
+    MoE dispatch across such nodes runs through other transports than InfiniBand's, and the
+    published MoE runs over EFA are kept apart (uncertainty.moe_class, moe_pairs)."""
+    return str(systems().get(system or "", {}).get("inter_link", "")).startswith("efa")
+
+
 def _link(name: str) -> dict[str, Any]:
     if name not in links():
         raise MgbenchError(f"unknown link {name!r}; known: {', '.join(links())}")

@@ -28,6 +28,7 @@ from statistics import mean
 from typing import Any
 
 from . import moe, moe_validation
+from .hardware import on_efa
 
 # Within this relative difference of the published ratio a predicted ratio "agrees"; also
 # the size below which an effect counts as none. A convention, set above the noise the
@@ -45,8 +46,10 @@ def repeat_spread(rows: list[dict[str, Any]] | None = None) -> float:
         groups.setdefault(moe_validation.configuration(r), []).append(float(r["published"]))
     return max((max(v) / min(v) - 1.0 for v in groups.values() if len(v) > 1), default=0.0)
 VERDICTS = ("agrees", "too large", "too small", "opposite")
-# Fields that change together and make one knob: an FP8 recipe exists only under fp8.
-GROUPS = {"precision": ("precision", "fp8_recipe")}
+# Fields that change together and make one knob: an FP8 recipe exists only under fp8; a
+# dispatcher's backend (a row's dispatcher_backend: UCCL-EP, NVSHMEM on libfabric) only
+# under a DeepEP-style dispatcher.
+GROUPS = {"precision": ("precision", "fp8_recipe"), "moe.dispatcher": ("moe.dispatcher", "dispatcher_backend")}
 
 
 def knob_of(diff: list[str]) -> str | None:
@@ -106,8 +109,12 @@ def pairs(scored: list[dict[str, Any]] | None = None, rows: list[dict[str, Any]]
         fields = GROUPS.get(knob, (knob,))
         pub = float(b["published"]) / float(a["published"])
         pred = by_id[b["id"]]["predicted"] / by_id[a["id"]]["predicted"]
-        out.append({"knob": knob, "from": " ".join(ka[f] for f in fields), "to": " ".join(kb[f] for f in fields),
+        def said(k: dict[str, str]) -> str:  # a group's value: its first field, and the others where set
+            return " ".join([k[fields[0]], *(k[f] for f in fields[1:] if k[f] != "None")])
+
+        out.append({"knob": knob, "from": said(ka), "to": said(kb),
                     "a": a["id"], "b": b["id"], "model": a["model"], "same_source": source_of(a) == source_of(b),
+                    "efa": on_efa(a["system"]) and on_efa(b["system"]),
                     "published_ratio": pub, "predicted_ratio": pred, "effect_error": pred / pub - 1.0,
                     "verdict": verdict(pub, pred)})
     return out
@@ -143,33 +150,40 @@ def by_knob(found: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 LEVERS = {"moe.dispatcher": "--moe-dispatcher", "moe.cuda_graphs": "--moe-cuda-graphs", "num_gpus": "the GPU count"}
 
 
-def lever_note(knob: str, found: list[dict[str, Any]] | None = None, value: Any = None) -> str | None:
+def lever_note(knob: str, found: list[dict[str, Any]] | None = None, value: Any = None,
+               efa: bool | None = None) -> str | None:
     """One line on how well the published A/B pairs of ``knob`` bear out the model's lever
     (for `mgbench predict`'s and `plan`'s notes where a run sets it), or None without
     pairs; ``value``: only the pairs with that value on one side (the dispatcher a run
-    chose)."""
+    chose); ``efa``: only the pairs run over AWS EFA (True) or over other fabrics (False),
+    where a dispatcher's transport differs (hardware.on_efa)."""
     found = pairs() if found is None else found
     if value is not None:
-        found = [p for p in found if repr(value) in (p["from"], p["to"])]
+        found = [p for p in found if repr(value) in (p["from"] + " " + p["to"]).split()]
+    if efa is not None:
+        found = [p for p in found if p["efa"] == efa]
     s = by_knob(found).get(knob)
     if s is None:
         return None
-    which = "" if value is None else f" to or from {value}"
+    which = ("" if value is None else f" to or from {value}") + \
+        ("" if efa is None else " over AWS EFA" if efa else " off AWS EFA")
     return (f"{LEVERS.get(knob, knob)}: on the published A/B pairs that change only it{which} "
             f"({', '.join(s['models'])}), the predicted ratio against the published one: {s['text']}; "
             "python -m mgbench.planner.moe_pairs lists them")
 
 
-def lever_notes(opts: moe.MoeOptions, *, gpu_count: bool = False) -> list[str]:
+def lever_notes(opts: moe.MoeOptions, *, gpu_count: bool = False, system: str | None = None) -> list[str]:
     """The :func:`lever_note` lines for what a run of an MoE model sets: a dispatcher other
-    than all-to-all (its own pairs), CUDA graphs, and (``gpu_count``: plan, which chooses
-    it) the GPU count."""
+    than all-to-all (its own pairs, those over the run's kind of fabric where ``system``
+    is given: on or off AWS EFA), CUDA graphs, and (``gpu_count``: plan, which chooses it)
+    the GPU count."""
     asked = [(k, v) for k, v, on in (("moe.dispatcher", opts.dispatcher, opts.dispatcher != "alltoall"),
                                      ("moe.cuda_graphs", None, opts.cuda_graphs), ("num_gpus", None, gpu_count)) if on]
     if not asked:
         return []
     found = pairs()
-    return [n for n in (lever_note(k, found, v) for k, v in asked) if n]
+    efa = None if system is None else on_efa(system)
+    return [n for n in (lever_note(k, found, v, efa if k == "moe.dispatcher" else None) for k, v in asked) if n]
 
 
 def report(found: list[dict[str, Any]] | None = None) -> str:

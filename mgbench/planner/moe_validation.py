@@ -457,7 +457,7 @@ def model_record_note(shape: ModelShape, cuda_graphs: bool | None = None) -> str
 # are one configuration measured again.
 CONFIG_FIELDS = ("system", "model", "model_overrides", "seq", "num_gpus", "tp", "pp", "cp", "ep", "schedule",
                  "virtual_stages", "pp_last_layers", "micro_batch", "global_batch", "zero", "recompute",
-                 "precision", "fp8_recipe", "fp8_attention", "stack", "sequence_parallel")
+                 "precision", "fp8_recipe", "fp8_attention", "stack", "sequence_parallel", "dispatcher_backend")
 
 
 def knobs(row: dict[str, Any]) -> dict[str, str]:

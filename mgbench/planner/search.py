@@ -494,7 +494,8 @@ def ranking_factor(hw: hardware.Hardware, opts: PlanOptions, pipelined: np.ndarr
         return out, "measured"
     evidence = "measured"
     for pipe in (False, True):
-        reg = uncertainty.regime(hw.gpu, pipe, None, stack=opts.stack, moe=uncertainty.moe_class(shape, opts.moe))
+        reg = uncertainty.regime(hw.gpu, pipe, None, stack=opts.stack,
+                                 moe=uncertainty.moe_class(shape, opts.moe, hw.system))
         ev = evidence_of(reg)
         if ev != "measured":
             out = np.where(np.asarray(pipelined) == pipe, 1.0 + reg["high"], out)
@@ -703,7 +704,7 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
         from .moe_validation import model_record_note
 
         reasons.append(model_record_note(shape, opts.moe.cuda_graphs))
-        reasons += lever_notes(opts.moe, gpu_count=True)
+        reasons += lever_notes(opts.moe, gpu_count=True, system=rec["system"])
     if rec is not None and opts.deadline_days is not None and rec["days_interval"][1] > opts.deadline_days:
         reasons.append(f"at its interval's upper end ({rec['days_interval'][1]:.1f} days) it would miss the "
                        f"{opts.deadline_days:g}-day deadline")
@@ -739,9 +740,9 @@ def _add_interval(r: dict[str, Any], opts: PlanOptions, shape: ModelShape) -> No
 
     reg = uncertainty.regime(r["gpu"], r["pp"] > 1, opts.profile or None,
                              stack=stack.DEFAULT_STACK if opts.profile else opts.stack,
-                             moe=uncertainty.moe_class(shape, opts.moe))
+                             moe=uncertainty.moe_class(shape, opts.moe, r["system"]))
     if opts.calibration_regime and r["system"] in opts.calibration:
-        reg = uncertainty.with_moe(opts.calibration_regime, uncertainty.moe_class(shape, opts.moe))
+        reg = uncertainty.with_moe(opts.calibration_regime, uncertainty.moe_class(shape, opts.moe, r["system"]))
     # Around the point estimate: a row ranked at its pessimistic end holds that end.
     f = r.get("ranking_factor", 1.0)
     step = max(1, opts.global_batch_tokens // opts.seq_len) * opts.seq_len / r["tokens_per_s_point"]

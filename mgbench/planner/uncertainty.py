@@ -97,17 +97,30 @@ def _residuals() -> dict[str, list[float]]:
     return out
 
 
-# The classes of MoE runs whose residuals are kept apart (:func:`moe_class`).
-MOE_CLASSES = ("eager", "graphed")
+# The classes of MoE runs whose residuals are kept apart (:func:`moe_class`), and what
+# each says of the runs (the reason line).
+MOE_CLASSES = ("eager", "graphed", "efa", "efa-deepep")
+MOE_CLASS_WORDS = {"eager": "MoE layers eager", "graphed": "MoE layers in CUDA graphs",
+                   "efa": "MoE layers eager with Megatron-Core's all-to-all over AWS EFA",
+                   "efa-deepep": "MoE layers eager with DeepEP-style dispatch over AWS EFA (UCCL-EP or NVSHMEM on "
+                                 "libfabric, not DeepEP's InfiniBand kernels the model prices)"}
 
 
-def moe_class(shape: Any, options: Any = None) -> str | None:
+def moe_class(shape: Any, options: Any = None, system: str | None = None) -> str | None:
     """The MoE interval class of a prediction: None for a dense model, "graphed" where
-    its MoE layers run in CUDA graphs (moe.MoeOptions.cuda_graphs, --moe-cuda-graphs),
-    else "eager"."""
+    its MoE layers run in CUDA graphs (moe.MoeOptions.cuda_graphs, --moe-cuda-graphs);
+    eager on a ``system`` whose nodes talk over AWS EFA, "efa" with the all-to-all
+    dispatcher and "efa-deepep" with DeepEP or HybridEP (the published EFA runs, a third
+    party's, ran far slower than the model prices, DeepEP's most: docs/planner.md); else
+    "eager"."""
     if not getattr(shape, "is_moe", False):
         return None
-    return "graphed" if options is not None and options.cuda_graphs else "eager"
+    if options is not None and options.cuda_graphs:
+        return "graphed"
+    if hardware.on_efa(system):
+        deep = options is not None and options.dispatcher != "alltoall"
+        return "efa-deepep" if deep else "efa"
+    return "eager"
 
 
 @lru_cache(maxsize=1)
@@ -123,7 +136,7 @@ def moe_residuals() -> dict[str, list[dict[str, Any]]]:
             continue
         if s["error_pct"] is None:
             continue
-        cls = moe_class(moe_validation.shape_of(row), moe.options_of(row))
+        cls = moe_class(moe_validation.shape_of(row), moe.options_of(row), row["system"])
         out[cls].append({"id": row["id"], "split": row["split"], "gpu": hardware.resolve(system=row["system"]).gpu,
                          "error": s["error_pct"] / 100.0})
     return out
@@ -137,8 +150,7 @@ def _moe_bounds(cls: str) -> tuple[float, float, list[str], str]:
     low, high = _bounds([r["error"] for r in rows])
     gpus = sorted({r["gpu"] for r in rows})
     held = sum(r["split"] == "held_out" for r in rows)
-    what = "in CUDA graphs" if cls == "graphed" else "eager"
-    reason = (f"MoE layers {what}: the {len(rows)} published MoE runs of that kind ({held} of them held out; "
+    reason = (f"{MOE_CLASS_WORDS[cls]}: the {len(rows)} published MoE runs of that kind ({held} of them held out; "
               f"published_moe_runs.toml, on {', '.join(gpus)}) took {1 - low:.2f}x to {1 + high:.2f}x "
               f"the predicted step time (python -m mgbench.planner.moe_validation)")
     return low, high, gpus, reason

@@ -156,15 +156,16 @@ def test_moe_dispatch_and_the_benchmark_all_to_all_are_one_price():
 
 def test_all_to_all_rows_are_held_out_and_their_misses_pinned():
     # 12 alltoall_perf figures (awslabs, p6-b300 at 4 to 32 nodes, p5 at 4 and 8), none fitted.
-    # At the sweep's peak the model is within 4% at 4 and 8 B300 nodes and 13% on p5's 4, but
-    # 19% and 30% over at 16 and 32 nodes, where the fabric's rate falls with the fan-out and
-    # the model's does not; at the DeepEP benchmark's ~56-64 MiB payload 7% to 31% over (the
-    # model has a latency per node, nothing per peer or for the payload's size). Pinned so
+    # At the sweep's peak the model is 4% or less over at 4 and 8 B300 nodes and 13% on p5's 4,
+    # but 19% and 30% over at 16 and 32 nodes, where the fabric's rate falls with the fan-out
+    # and the model's does not; at the DeepEP benchmark's 64 MiB payload 10% to 31% over (the
+    # model has a latency per node and per GPU of the node, nothing per peer rank or for the
+    # payload's size). Pinned so
     # that a change to the all-to-all's price shows here (docs/research/xdr_bandwidth.md).
     scored = [r for r in V.score() if r["collective"] == "all_to_all"]
     assert len(scored) == 12 and {r["split"] for r in scored} == {"held_out"}
     s = V.summary(scored)["held_out"]
-    assert s["mean_abs_pct"] == pytest.approx(16.2, abs=0.1)
+    assert s["mean_abs_pct"] == pytest.approx(17.2, abs=0.1)
     assert s["worst"] == (pytest.approx(30.5, abs=0.1), "awslabs-p5-4n-alltoall-64mib")
     assert all(r["error_pct"] > 0 for r in scored)  # every one priced faster than it ran
 

@@ -52,7 +52,7 @@ def test_the_published_pairs_are_found_with_their_ratios():
     for p in found:
         ka, kb = V.knobs(rows[p["a"]]), V.knobs(rows[p["b"]])
         diff = {k for k in ka if ka[k] != kb[k]}
-        assert diff == {p["knob"]} or (p["knob"] == "precision" and diff <= {"precision", "fp8_recipe"})
+        assert diff == {p["knob"]} or (p["knob"] in P.GROUPS and diff <= set(P.GROUPS[p["knob"]]))
         assert p["published_ratio"] >= 1.0
         assert p["a"] not in again and p["b"] not in again
 
@@ -102,11 +102,17 @@ def test_lever_notes_name_the_pairs_of_what_a_run_sets():
     found = P.pairs()
     # a DeepEP run hears of DeepEP's pair only, not of HybridEP's
     deep = P.lever_note("moe.dispatcher", found, "deepep")
-    # (torchtitan's Qwen3-30B-A3B pair, and since the sixteenth session the three of
-    # awslabs' DeepSeek-V3 A/B on p6-b300, UCCL's drop-in priced as DeepEP)
-    assert "4 pairs, mean |effect error|" in deep and "to or from deepep" in deep
-    assert "qwen3-30b-a3b" in deep and "deepseek-v3" in deep and "1 opposite" in deep
-    hyb = P.by_knob([p for p in found if "'hybridep'" in (p["from"], p["to"])])["moe.dispatcher"]
+    assert "to or from deepep" in deep and "deepseek-v3" in deep and "qwen3-30b-a3b" in deep
+    # ... and over the run's kind of fabric: torchtitan's Qwen3-30B-A3B pair on InfiniBand,
+    # awslabs' pairs over AWS EFA (UCCL-EP and NVSHMEM on libfabric, priced as DeepEP), most
+    # of them the wrong way round
+    off = P.lever_note("moe.dispatcher", found, "deepep", efa=False)
+    assert "to or from deepep off AWS EFA (qwen3-30b-a3b)" in off and "1 pair, mean |effect error|" in off
+    over = P.lever_note("moe.dispatcher", found, "deepep", efa=True)
+    assert "over AWS EFA" in over and "opposite" in over and "deepseek-v3" in over
+    assert P.lever_notes(moe.MoeOptions(dispatcher="deepep"), system="dgx-b200")[0] == off
+    assert P.lever_notes(moe.MoeOptions(dispatcher="deepep"), system="aws-p6-b300")[0] == over
+    hyb = P.by_knob([p for p in found if "'hybridep'" in (p["from"] + " " + p["to"]).split()])["moe.dispatcher"]
     assert hyb["text"] in P.lever_note("moe.dispatcher", found, "hybridep")
     # graphs, and none for a knob without pairs or a run on the defaults
     assert P.lever_note("moe.cuda_graphs", found).startswith("--moe-cuda-graphs: on the published A/B pairs")
