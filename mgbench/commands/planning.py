@@ -322,12 +322,12 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
                      fixed=holds_cuda_context(profile))  # probe/profile.py: none on a probed CPU
     res["notes"] = list(res.get("notes", [])) + host_notes
     res["notes"] += _moe_ignored(shape, moe)
-    res["notes"] += _lever_notes(shape, moe, hw.system)
+    res["notes"] += _lever_notes(shape, moe, hw.system, kw["ep"])
     if profile is None and not calibrate_run and (carried := stacks.carried_note(stack)) is not None:
         res["notes"].append(carried)
     from ..planner import uncertainty
 
-    moe_cls = uncertainty.moe_class(shape, moe, hw.system)
+    moe_cls = uncertainty.moe_class(shape, moe, hw.system, kw["ep"])
     reg = (uncertainty.with_moe(uncertainty.calibrated(fit), moe_cls) if calibrate_run
            else uncertainty.regime(hw.gpu, kw["pp"] > 1, profile, stack=stack or stacks.DEFAULT_STACK, moe=moe_cls))
     res.update(uncertainty.intervals(res["step_time_s"], res["tokens_per_s_per_gpu"], reg))
@@ -620,7 +620,7 @@ def predict_command(row: dict[str, Any], opts: Any, model_args: list[str], *, ha
     return " ".join(out)
 
 
-def _lever_notes(shape: Any, moe: Any, system: str | None = None) -> list[str]:
+def _lever_notes(shape: Any, moe: Any, system: str | None = None, ep: int | None = None) -> list[str]:
     """For an MoE model: how the planner did on the model's published runs
     (moe_validation.model_record_note) and, where the run sets a dispatcher other than
     all-to-all or CUDA graphs, how the published A/B pairs of that option bear out the
@@ -629,7 +629,10 @@ def _lever_notes(shape: Any, moe: Any, system: str | None = None) -> list[str]:
         return []
     from ..planner import moe_pairs, moe_validation
 
-    return [moe_validation.model_record_note(shape, moe.cuda_graphs)] + moe_pairs.lever_notes(moe, system=system)
+    from ..planner.hardware import ep_crosses_efa
+
+    efa = ep_crosses_efa(system, ep) if system in catalog.systems() else None
+    return [moe_validation.model_record_note(shape, moe.cuda_graphs, efa)] + moe_pairs.lever_notes(moe, system=system, ep=ep)
 
 
 def _moe_ignored(shape: Any, moe: Any) -> list[str]:

@@ -227,6 +227,13 @@ def on_efa(system: str | None) -> bool:
     return str(systems().get(system or "", {}).get("inter_link", "")).startswith("efa")
 
 
+def ep_crosses_efa(system: str | None, ep: Any = None) -> bool:
+    """Whether expert parallelism of degree ``ep`` (None: taken to) crosses nodes of a
+    system that talk over AWS EFA (:func:`on_efa`): groups of consecutive ranks larger than
+    a node (moe.ep_geometry)."""
+    return on_efa(system) and (ep is None or int(ep) > int(systems()[system]["gpus_per_node"]))
+
+
 def _link(name: str) -> dict[str, Any]:
     if name not in links():
         raise MgbenchError(f"unknown link {name!r}; known: {', '.join(links())}")

@@ -27,8 +27,9 @@ from functools import lru_cache
 from statistics import mean
 from typing import Any
 
+from .. import catalog
 from . import moe, moe_validation
-from .hardware import on_efa
+from .hardware import ep_crosses_efa, on_efa
 
 # Within this relative difference of the published ratio a predicted ratio "agrees"; also
 # the size below which an effect counts as none. A convention, set above the noise the
@@ -162,27 +163,33 @@ def lever_note(knob: str, found: list[dict[str, Any]] | None = None, value: Any 
         found = [p for p in found if repr(value) in (p["from"] + " " + p["to"]).split()]
     if efa is not None:
         found = [p for p in found if p["efa"] == efa]
+    if knob == "moe.dispatcher":
+        # a pair that changes only the backend (UCCL-EP against NVSHMEM) tests nothing the
+        # model prices (it prices both alike): the report lists it, the lever note does not
+        found = [p for p in found if p["from"].split()[0] != p["to"].split()[0]]
     s = by_knob(found).get(knob)
     if s is None:
         return None
     which = ("" if value is None else f" to or from {value}") + \
-        ("" if efa is None else " over AWS EFA" if efa else " off AWS EFA")
+        ("" if efa is None else " with EP across AWS EFA nodes" if efa else " not across AWS EFA nodes")
     return (f"{LEVERS.get(knob, knob)}: on the published A/B pairs that change only it{which} "
             f"({', '.join(s['models'])}), the predicted ratio against the published one: {s['text']}; "
             "python -m mgbench.planner.moe_pairs lists them")
 
 
-def lever_notes(opts: moe.MoeOptions, *, gpu_count: bool = False, system: str | None = None) -> list[str]:
+def lever_notes(opts: moe.MoeOptions, *, gpu_count: bool = False, system: str | None = None,
+                ep: int | None = None) -> list[str]:
     """The :func:`lever_note` lines for what a run of an MoE model sets: a dispatcher other
-    than all-to-all (its own pairs, those over the run's kind of fabric where ``system``
-    is given: on or off AWS EFA), CUDA graphs, and (``gpu_count``: plan, which chooses it)
-    the GPU count."""
+    than all-to-all (its own pairs, those of the run's kind where ``system`` is a catalog
+    one: expert parallelism of degree ``ep`` across AWS EFA nodes or not,
+    hardware.ep_crosses_efa), CUDA graphs, and (``gpu_count``: plan, which chooses it) the
+    GPU count."""
     asked = [(k, v) for k, v, on in (("moe.dispatcher", opts.dispatcher, opts.dispatcher != "alltoall"),
                                      ("moe.cuda_graphs", None, opts.cuda_graphs), ("num_gpus", None, gpu_count)) if on]
     if not asked:
         return []
     found = pairs()
-    efa = None if system is None else on_efa(system)
+    efa = ep_crosses_efa(system, ep) if system in catalog.systems() else None  # a probed machine: fabric unknown
     return [n for n in (lever_note(k, found, v, efa if k == "moe.dispatcher" else None) for k, v in asked) if n]
 
 
@@ -194,7 +201,7 @@ def report(found: list[dict[str, Any]] | None = None) -> str:
              "one agrees", f"{'knob':<18} {'from -> to':<32} {'published':>9} {'predicted':>9}  verdict     pair"]
     for p in sorted(found, key=lambda p: (p["knob"], p["a"])):
         move = f"{p['from']} -> {p['to']}"
-        lines.append(f"{p['knob']:<18} {move[:32]:<32} {p['published_ratio']:>9.3f} {p['predicted_ratio']:>9.3f}  "
+        lines.append(f"{p['knob']:<18} {move[:60]:<32} {p['published_ratio']:>9.3f} {p['predicted_ratio']:>9.3f}  "
                      f"{p['verdict']:<10}  {p['a']} / {p['b']}" + ("" if p["same_source"] else " (different sources)"))
     lines += [f"{knob}: {s['text']}" for knob, s in by_knob(found).items()]
     return "\n".join(lines)

@@ -406,15 +406,20 @@ def model_of(shape: ModelShape) -> str | None:
     return next((m for m, c in candidates if dataclasses.replace(c, name=None) == mine), None)
 
 
-def model_record(model: str, cuda_graphs: bool | None = None) -> dict[str, Any] | None:
+def model_record(model: str, cuda_graphs: bool | None = None, efa: bool | None = None) -> dict[str, Any] | None:
     """How the planner did on ``model``'s scored published runs (fit and held out; a
     refused or unscored row has no error), its variants (rows with model_overrides)
     pooled: their count by split, the signed mean of the throughput errors (positive:
     predicted too fast), the mean |error| and the range; with ``cuda_graphs`` also the
-    same over the runs whose MoE layers ran that way. None where no run of the model is
-    scored."""
+    same over the runs whose MoE layers ran that way; with ``efa`` only the runs whose
+    expert parallelism crossed nodes over AWS EFA (True) or the others (False:
+    hardware.ep_crosses_efa), whose errors differ in kind (uncertainty.moe_class). None
+    where no run of the model is scored."""
+    from .hardware import ep_crosses_efa
+
     by_id = {r["id"]: r for r in runs()}
-    done = [s for s in file_scores() if s["model"] == model and s["split"] in SPLITS and s["error_pct"] is not None]
+    done = [s for s in file_scores() if s["model"] == model and s["split"] in SPLITS and s["error_pct"] is not None
+            and (efa is None or ep_crosses_efa(by_id[s["id"]]["system"], by_id[s["id"]]["ep"]) == efa)]
     if not done:
         return None
     errs = [s["error_pct"] for s in done]
@@ -429,17 +434,19 @@ def model_record(model: str, cuda_graphs: bool | None = None) -> dict[str, Any] 
     return out
 
 
-def model_record_note(shape: ModelShape, cuda_graphs: bool | None = None) -> str:
+def model_record_note(shape: ModelShape, cuda_graphs: bool | None = None, efa: bool | None = None) -> str:
     """predict's and plan's line on the published MoE runs of the model ``shape`` is
     (:func:`model_of`, :func:`model_record`): how far the planner was off on them, in
     which direction, so a reader can discount a prediction for a model it runs fast or
-    slow on."""
+    slow on; ``efa``: only the runs of the prediction's kind (EP across AWS EFA nodes, or
+    not)."""
     model = model_of(shape)
-    rec = model_record(model, cuda_graphs) if model is not None else None
+    rec = model_record(model, cuda_graphs, efa) if model is not None else None
+    where = "" if efa is None else " with EP across AWS EFA nodes" if efa else " not across AWS EFA"
     if rec is None:
-        return (f"{shape.name or 'this model'}: no scored published MoE run has its dimensions "
+        return (f"{shape.name or 'this model'}: no scored published MoE run{where} has its dimensions "
                 "(data/published_moe_runs.toml): the MoE terms are unchecked on this model")
-    line = (f"{model} in the published MoE runs: {rec['rows']} scored ({rec['fit']} fit, {rec['held_out']} held "
+    line = (f"{model} in the published MoE runs{where}: {rec['rows']} scored ({rec['fit']} fit, {rec['held_out']} held "
             f"out), predicted throughput {rec['mean_pct']:+.1f}% on average (mean |error| "
             f"{rec['mean_abs_pct']:.1f}%, {rec['low_pct']:+.1f}% to {rec['high_pct']:+.1f}%; positive: too fast)")
     if rec.get("class_rows"):

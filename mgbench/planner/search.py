@@ -703,8 +703,10 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
         from .moe_pairs import lever_notes
         from .moe_validation import model_record_note
 
-        reasons.append(model_record_note(shape, opts.moe.cuda_graphs))
-        reasons += lever_notes(opts.moe, gpu_count=True, system=rec["system"])
+        from .hardware import ep_crosses_efa
+
+        reasons.append(model_record_note(shape, opts.moe.cuda_graphs, ep_crosses_efa(rec["system"], rec["ep"])))
+        reasons += lever_notes(opts.moe, gpu_count=True, system=rec["system"], ep=rec["ep"])
     if rec is not None and opts.deadline_days is not None and rec["days_interval"][1] > opts.deadline_days:
         reasons.append(f"at its interval's upper end ({rec['days_interval'][1]:.1f} days) it would miss the "
                        f"{opts.deadline_days:g}-day deadline")
@@ -740,9 +742,9 @@ def _add_interval(r: dict[str, Any], opts: PlanOptions, shape: ModelShape) -> No
 
     reg = uncertainty.regime(r["gpu"], r["pp"] > 1, opts.profile or None,
                              stack=stack.DEFAULT_STACK if opts.profile else opts.stack,
-                             moe=uncertainty.moe_class(shape, opts.moe, r["system"]))
+                             moe=uncertainty.moe_class(shape, opts.moe, r["system"], r["ep"]))
     if opts.calibration_regime and r["system"] in opts.calibration:
-        reg = uncertainty.with_moe(opts.calibration_regime, uncertainty.moe_class(shape, opts.moe, r["system"]))
+        reg = uncertainty.with_moe(opts.calibration_regime, uncertainty.moe_class(shape, opts.moe, r["system"], r["ep"]))
     # Around the point estimate: a row ranked at its pessimistic end holds that end.
     f = r.get("ranking_factor", 1.0)
     step = max(1, opts.global_batch_tokens // opts.seq_len) * opts.seq_len / r["tokens_per_s_point"]

@@ -40,10 +40,11 @@ reasons also name the kinds of the attention and memory-bandwidth figures.
 
 A mixture-of-experts model (``moe``: its class, :func:`moe_class`) takes its half-widths
 from the published MoE runs instead (data/published_moe_runs.toml, every scored row, fit
-and held out: planner/moe_validation.py), in two classes kept apart because their errors
-are: MoE layers run eagerly, and MoE layers captured in CUDA graphs (every published
-graphed row came out faster than it ran until the tenth session's graphed share; now they
-spread both ways). On a GPU those rows ran on the regime is ``moe-validated`` (ranked as
+and held out: planner/moe_validation.py), in classes kept apart because their errors
+are: MoE layers run eagerly, MoE layers captured in CUDA graphs (every published graphed
+row came out faster than it ran until the tenth session's graphed share; now they spread
+both ways), and eager runs whose expert parallelism crosses nodes over AWS EFA, with the
+all-to-all dispatcher or DeepEP-style (a third party's runs, all far slower than priced). On a GPU those rows ran on the regime is ``moe-validated`` (ranked as
 measured: its own runs validate it); on another, the MoE half-widths are carried to it as
 the dense class's are (compounded with the generation-pair ratio residuals, widened where
 the GPU's efficiency is carried or assumed); where no MoE row of either class ran on the
@@ -106,18 +107,19 @@ MOE_CLASS_WORDS = {"eager": "MoE layers eager", "graphed": "MoE layers in CUDA g
                                  "libfabric, not DeepEP's InfiniBand kernels the model prices)"}
 
 
-def moe_class(shape: Any, options: Any = None, system: str | None = None) -> str | None:
+def moe_class(shape: Any, options: Any = None, system: str | None = None, ep: Any = None) -> str | None:
     """The MoE interval class of a prediction: None for a dense model, "graphed" where
     its MoE layers run in CUDA graphs (moe.MoeOptions.cuda_graphs, --moe-cuda-graphs);
-    eager on a ``system`` whose nodes talk over AWS EFA, "efa" with the all-to-all
-    dispatcher and "efa-deepep" with DeepEP or HybridEP (the published EFA runs, a third
-    party's, ran far slower than the model prices, DeepEP's most: docs/planner.md); else
-    "eager"."""
+    eager with expert parallelism across nodes of a ``system`` that talk over AWS EFA
+    (``ep`` over its GPUs a node; ``ep`` None: taken to cross them), "efa" with the
+    all-to-all dispatcher and "efa-deepep" with DeepEP or HybridEP (the published EFA
+    runs, a third party's, every one with EP across nodes, ran far slower than the model
+    prices, DeepEP's most: docs/planner.md); else "eager"."""
     if not getattr(shape, "is_moe", False):
         return None
     if options is not None and options.cuda_graphs:
         return "graphed"
-    if hardware.on_efa(system):
+    if hardware.ep_crosses_efa(system, ep):
         deep = options is not None and options.dispatcher != "alltoall"
         return "efa-deepep" if deep else "efa"
     return "eager"
@@ -136,7 +138,7 @@ def moe_residuals() -> dict[str, list[dict[str, Any]]]:
             continue
         if s["error_pct"] is None:
             continue
-        cls = moe_class(moe_validation.shape_of(row), moe.options_of(row), row["system"])
+        cls = moe_class(moe_validation.shape_of(row), moe.options_of(row), row["system"], row["ep"])
         out[cls].append({"id": row["id"], "split": row["split"], "gpu": hardware.resolve(system=row["system"]).gpu,
                          "error": s["error_pct"] / 100.0})
     return out

@@ -71,8 +71,13 @@ def test_plan_gives_the_record_among_its_reasons():
 def test_predict_says_it_for_an_moe_model_and_not_for_a_dense_one(cli):
     moe = cli("predict", "--model", "qwen3-30b-a3b", "--system", "dgx-b200", "--num-gpus", "8", "--ep", "8", "--json")
     assert moe.returncode == 0, moe.stderr
-    rec = V.model_record("qwen3-30b-a3b", cuda_graphs=False)
+    # EP inside one InfiniBand node: the record of the runs of that kind (not the 17 runs over
+    # AWS EFA, whose errors differ in kind: uncertainty.moe_class)
+    rec = V.model_record("qwen3-30b-a3b", cuda_graphs=False, efa=False)
     line = [n for n in json.loads(moe.stdout)["notes"] if n.startswith("qwen3-30b-a3b in the published MoE runs")]
     assert len(line) == 1 and f"{rec['rows']} scored" in line[0] and f"{rec['mean_pct']:+.1f}%" in line[0]
+    assert "not across AWS EFA" in line[0]
+    pooled, over = V.model_record("qwen3-30b-a3b"), V.model_record("qwen3-30b-a3b", efa=True)
+    assert rec["rows"] + over["rows"] == pooled["rows"] and over["rows"] == 17 and over["high_pct"] > 250
     dense = cli("predict", "--model", "llama3-8b", "--system", "dgx-b200", "--num-gpus", "8", "--json")
     assert not any("published MoE runs" in n for n in json.loads(dense.stdout)["notes"])

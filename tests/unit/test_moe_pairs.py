@@ -107,11 +107,15 @@ def test_lever_notes_name_the_pairs_of_what_a_run_sets():
     # awslabs' pairs over AWS EFA (UCCL-EP and NVSHMEM on libfabric, priced as DeepEP), most
     # of them the wrong way round
     off = P.lever_note("moe.dispatcher", found, "deepep", efa=False)
-    assert "to or from deepep off AWS EFA (qwen3-30b-a3b)" in off and "1 pair, mean |effect error|" in off
+    assert "to or from deepep not across AWS EFA nodes (qwen3-30b-a3b)" in off and "1 pair, mean |effect error|" in off
     over = P.lever_note("moe.dispatcher", found, "deepep", efa=True)
-    assert "over AWS EFA" in over and "opposite" in over and "deepseek-v3" in over
-    assert P.lever_notes(moe.MoeOptions(dispatcher="deepep"), system="dgx-b200")[0] == off
-    assert P.lever_notes(moe.MoeOptions(dispatcher="deepep"), system="aws-p6-b300")[0] == over
+    assert "with EP across AWS EFA nodes" in over and "opposite" in over and "deepseek-v3" in over
+    # the UCCL-EP against NVSHMEM pairs (both priced as DeepEP) are listed, not counted here
+    assert "42 pairs" in over and "agrees" not in over
+    assert P.lever_notes(moe.MoeOptions(dispatcher="deepep"), system="dgx-b200", ep=16)[0] == off
+    assert P.lever_notes(moe.MoeOptions(dispatcher="deepep"), system="aws-p6-b300", ep=16)[0] == over
+    assert P.lever_notes(moe.MoeOptions(dispatcher="deepep"), system="aws-p6-b300", ep=8)[0] == off  # one node
+    assert "EFA" not in P.lever_notes(moe.MoeOptions(dispatcher="deepep"), system="probed-box")[0]
     hyb = P.by_knob([p for p in found if "'hybridep'" in (p["from"] + " " + p["to"]).split()])["moe.dispatcher"]
     assert hyb["text"] in P.lever_note("moe.dispatcher", found, "hybridep")
     # graphs, and none for a knob without pairs or a run on the defaults

@@ -215,7 +215,9 @@ def test_efa_runs_are_classes_of_their_own():
     # libfabric) up to 3.93x. A run over EFA takes their bounds; a run elsewhere does not.
     deep = MoeOptions(dispatcher="deepep")
     mixture = catalog.model_shape("deepseek-v3")
-    assert U.moe_class(mixture, MoeOptions(), "aws-p6-b300") == "efa"
+    assert U.moe_class(mixture, MoeOptions(), "aws-p6-b300") == "efa"  # ep not given: taken to cross
+    assert U.moe_class(mixture, MoeOptions(), "aws-p6-b300", 16) == "efa"
+    assert U.moe_class(mixture, MoeOptions(dispatcher="deepep"), "aws-p6-b300", 8) == "eager"  # inside one node
     assert U.moe_class(mixture, deep, "aws-p5") == "efa-deepep"
     assert U.moe_class(mixture, MoeOptions(dispatcher="hybridep"), "aws-p6-b300") == "efa-deepep"
     assert U.moe_class(mixture, deep, "dgx-b300") == "eager" and U.moe_class(mixture, deep, None) == "eager"
@@ -401,3 +403,42 @@ def test_plan_words_an_moe_gpu_without_moe_runs_as_such():
         assert len(lines) == 1 and said in lines[0] and settles in lines[0]
         lead = evidence_lines(unmeasured, [unmeasured])
         assert lead and lead[0].startswith(f"mi300x: {said.split(',')[0]}")
+
+
+def test_predict_and_plan_give_an_efa_run_its_class_and_notes():
+    # The call sites: predict and plan pass the system and the EP degree, so EP across
+    # AWS EFA nodes takes the EFA class's interval and notes, and EP inside a node or on
+    # InfiniBand does not.
+    import json
+
+    from click.testing import CliRunner
+
+    from mgbench.cli import main
+
+    base = ["predict", "--model", "qwen3-30b-a3b", "--seq-len", "4096", "--global-batch", "64",
+            "--moe-dispatcher", "deepep", "--json"]
+    out = {}
+    for name, extra in (("across", ["--system", "aws-p6-b300", "--num-gpus", "16", "--ep", "16"]),
+                        ("inside", ["--system", "aws-p6-b300", "--num-gpus", "16", "--ep", "8"]),
+                        ("ib", ["--system", "dgx-b300", "--num-gpus", "16", "--ep", "16"])):
+        r = CliRunner().invoke(main, base + extra)
+        assert r.exit_code == 0, r.output
+        out[name] = json.loads(r.output)
+    assert out["across"]["interval_reasons"][0].startswith("MoE layers eager with DeepEP-style dispatch over AWS EFA")
+    assert any("with EP across AWS EFA nodes" in n for n in out["across"]["notes"])
+    for name in ("inside", "ib"):
+        assert out[name]["interval_reasons"][0].startswith("MoE layers eager: the 75 published MoE runs")
+        assert not any("with EP across AWS EFA nodes" in n for n in out[name]["notes"])
+    # the same step, a wider interval above it
+    lo, hi = out["across"]["step_time_s_interval"]
+    assert hi / out["across"]["step_time_s"] == pytest.approx(1 + U.regime("b300", False, moe="efa-deepep")["high"],
+                                                               rel=1e-6)
+    r = CliRunner().invoke(main, ["plan", "--model", "qwen3-30b-a3b", "--tokens", "1e10", "--systems", "aws-p6-b300",
+                                  "--max-gpus", "32", "--moe-dispatcher", "deepep", "--json"])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.output)
+    rec = plan["recommendation"]
+    across = rec["ep"] > 8
+    said = " ".join(plan["reasons"]) if "reasons" in plan else r.output
+    assert ("with EP across AWS EFA nodes" if across else "not across AWS EFA nodes") in said
+    assert ("with EP across AWS EFA nodes" in said) == across
