@@ -553,6 +553,7 @@ def report(scored: list[dict[str, Any]] | None = None) -> str:
         else:
             lines.append(f"{split}: no row predicted")
     lines.append(distinct_line(scored))
+    lines.append(fabric_line(scored))
     return "\n".join(lines)
 
 
@@ -566,6 +567,31 @@ def distinct_line(scored: list[dict[str, Any]], rows: list[dict[str, Any]] | Non
         return "held out, one row per configuration: no row predicted"
     return (f"held out, one row per configuration ({n} re-measurements of a configuration an earlier row holds left "
             f"out): {s['predicted']} rows, mean |error| {s['mean_abs_pct']:.1f}%, worst {s['worst_abs_pct']:.1f}%")
+
+
+def fabric_line(scored: list[dict[str, Any]], rows: list[dict[str, Any]] | None = None) -> str:
+    """The held-out figure by the interval classes' fabric split (uncertainty.moe_class):
+    runs whose expert parallelism crossed AWS EFA nodes, with the all-to-all dispatcher
+    and DeepEP-style, apart from the rest (hardware.ep_crosses_efa)."""
+    from .hardware import ep_crosses_efa
+
+    by_id = {r["id"]: r for r in (runs() if rows is None else rows)}
+    held = [s for s in scored if s["split"] == "held_out" and s["error_pct"] is not None]
+
+    def kind(s: dict[str, Any]) -> str:
+        r = by_id[s["id"]]
+        if not ep_crosses_efa(r["system"], r["ep"]):
+            return "elsewhere"
+        return "a2a" if moe.options_of(r).dispatcher == "alltoall" else "deep"
+
+    parts = []
+    for key, what in (("a2a", "EP across AWS EFA nodes with the all-to-all dispatcher"),
+                      ("deep", "EP across AWS EFA nodes with DeepEP-style dispatch (UCCL-EP, NVSHMEM on libfabric)"),
+                      ("elsewhere", "elsewhere")):
+        sel = [abs(s["error_pct"]) for s in held if kind(s) == key]
+        if sel:
+            parts.append(f"{what} {len(sel)} rows, mean |error| {mean(sel):.1f}%")
+    return "held out by fabric: " + "; ".join(parts)
 
 
 if __name__ == "__main__":  # python -m mgbench.planner.moe_validation [--implied-host | --graphed-share]

@@ -198,32 +198,15 @@ def moe_runs_markdown() -> str:
 
 
 def moe_summary_markdown() -> str:
-    """The MoE summary line alone, with the rows counted (README)."""
+    """The MoE summary line alone, with the rows counted and the held-out figure by fabric
+    (README)."""
     from mgbench.planner import moe_validation as V
-
-    from statistics import mean
-
-    from mgbench.planner.hardware import on_efa
 
     rows = V.runs()
     scored = sum(r["split"] in V.SPLITS for r in rows)
-    # The held-out rows by the interval classes' fabric split (uncertainty.moe_class): the
-    # runs over AWS EFA, a third party's, apart from the rest.
-    from mgbench.planner import moe
-
-    system = {r["id"]: r["system"] for r in rows}
-    a2a = {r["id"] for r in rows if moe.options_of(r).dispatcher == "alltoall"}
-    held = [s for s in V.scored_rows() if s["split"] == "held_out" and s["error_pct"] is not None]
-    parts = []
-    for what, keep in (("over AWS EFA with the all-to-all dispatcher",
-                        lambda s: on_efa(system[s["id"]]) and s["id"] in a2a),
-                       ("over AWS EFA with DeepEP-style dispatch (UCCL-EP, NVSHMEM on libfabric)",
-                        lambda s: on_efa(system[s["id"]]) and s["id"] not in a2a),
-                       ("elsewhere", lambda s: not on_efa(system[s["id"]]))):
-        sel = [abs(s["error_pct"]) for s in held if keep(s)]
-        parts.append(f"{what} {len(sel)} rows, mean |error| {mean(sel):.1f}%")
+    by_fabric = V.fabric_line(V.scored_rows())
     return (f"{len(rows)} published rows, {scored} scored; " + moe_runs_markdown().splitlines()[-1]
-            + " Held out by fabric: " + "; ".join(parts) + ".")
+            + " H" + by_fabric[1:] + ".")
 
 
 def moe_intervals_markdown() -> str:

@@ -81,3 +81,22 @@ def test_predict_says_it_for_an_moe_model_and_not_for_a_dense_one(cli):
     assert rec["rows"] + over["rows"] == pooled["rows"] and over["rows"] == 17 and over["high_pct"] > 250
     dense = cli("predict", "--model", "llama3-8b", "--system", "dgx-b200", "--num-gpus", "8", "--json")
     assert not any("published MoE runs" in n for n in json.loads(dense.stdout)["notes"])
+
+
+def test_the_held_out_figure_by_fabric():
+    # By hand: the held-out rows whose EP crossed AWS EFA nodes (awslabs' 68, all held out),
+    # by dispatcher, and the rest; a row moved to an InfiniBand system counts as the rest.
+    from statistics import mean
+
+    scored = V.scored_rows()
+    rows = {r["id"]: r for r in V.runs()}
+    held = [s for s in scored if s["split"] == "held_out" and s["error_pct"] is not None]
+    aws = [s for s in held if rows[s["id"]]["system"] in ("aws-p6-b300", "aws-p5")]
+    a2a = [abs(s["error_pct"]) for s in aws if rows[s["id"]]["dispatcher"] == "alltoall"]
+    rest = [abs(s["error_pct"]) for s in held if s not in aws]
+    line = V.fabric_line(scored)
+    assert (len(a2a), len(aws) - len(a2a), len(rest)) == (25, 43, 86)
+    assert f"all-to-all dispatcher 25 rows, mean |error| {mean(a2a):.1f}%" in line
+    assert f"elsewhere 86 rows, mean |error| {mean(rest):.1f}%" in line
+    moved = [dict(r, system="dgx-b300") if r["system"] == "aws-p6-b300" else r for r in V.runs()]
+    assert "elsewhere 137 rows" in V.fabric_line(scored, moved)  # 86 + the 51 p6-b300 rows; p5's 17 stay
