@@ -29,7 +29,7 @@ from typing import Any
 
 from .. import catalog
 from . import moe, moe_validation
-from .hardware import ep_crosses_efa, on_efa
+from .hardware import ep_crosses_efa
 
 # Within this relative difference of the published ratio a predicted ratio "agrees"; also
 # the size below which an effect counts as none. A convention, set above the noise the
@@ -115,7 +115,7 @@ def pairs(scored: list[dict[str, Any]] | None = None, rows: list[dict[str, Any]]
 
         out.append({"knob": knob, "from": said(ka), "to": said(kb),
                     "a": a["id"], "b": b["id"], "model": a["model"], "same_source": source_of(a) == source_of(b),
-                    "efa": on_efa(a["system"]) and on_efa(b["system"]),
+                    "efa": ep_crosses_efa(a["system"], a["ep"]) and ep_crosses_efa(b["system"], b["ep"]),
                     "published_ratio": pub, "predicted_ratio": pred, "effect_error": pred / pub - 1.0,
                     "verdict": verdict(pub, pred)})
     return out
@@ -156,8 +156,8 @@ def lever_note(knob: str, found: list[dict[str, Any]] | None = None, value: Any 
     """One line on how well the published A/B pairs of ``knob`` bear out the model's lever
     (for `mgbench predict`'s and `plan`'s notes where a run sets it), or None without
     pairs; ``value``: only the pairs with that value on one side (the dispatcher a run
-    chose); ``efa``: only the pairs run over AWS EFA (True) or over other fabrics (False),
-    where a dispatcher's transport differs (hardware.on_efa)."""
+    chose); ``efa``: only the pairs whose expert parallelism crossed AWS EFA nodes (True)
+    or the others (False), where a dispatcher's transport differs (hardware.ep_crosses_efa)."""
     found = pairs() if found is None else found
     if value is not None:
         found = [p for p in found if repr(value) in (p["from"] + " " + p["to"]).split()]
