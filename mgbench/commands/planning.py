@@ -326,8 +326,9 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
     if profile is None and not calibrate_run and (carried := stacks.carried_note(stack)) is not None:
         res["notes"].append(carried)
     from ..planner import uncertainty
+    from ..planner.moe import moe_class
 
-    moe_cls = uncertainty.moe_class(shape, moe, hw.system, kw["ep"])
+    moe_cls = moe_class(shape, moe, hw.system, kw["ep"])
     reg = (uncertainty.with_moe(uncertainty.calibrated(fit), moe_cls) if calibrate_run
            else uncertainty.regime(hw.gpu, kw["pp"] > 1, profile, stack=stack or stacks.DEFAULT_STACK, moe=moe_cls))
     res.update(uncertainty.intervals(res["step_time_s"], res["tokens_per_s_per_gpu"], reg))
@@ -628,11 +629,10 @@ def _lever_notes(shape: Any, moe: Any, system: str | None = None, ep: int | None
     if not shape.is_moe or moe is None:
         return []
     from ..planner import moe_pairs, moe_validation
-
     from ..planner.hardware import ep_crosses_efa
 
-    efa = ep_crosses_efa(system, ep) if system in catalog.systems() else None
-    return [moe_validation.model_record_note(shape, moe.cuda_graphs, efa)] + moe_pairs.lever_notes(moe, system=system, ep=ep)
+    return ([moe_validation.model_record_note(shape, moe.cuda_graphs, ep_crosses_efa(system, ep))]
+            + moe_pairs.lever_notes(moe, system=system, ep=ep))
 
 
 def _moe_ignored(shape: Any, moe: Any) -> list[str]:

@@ -223,14 +223,17 @@ def evidence_detail(p: HardwareProfile) -> str:
 def on_efa(system: str | None) -> bool:
     """Whether a catalog system's nodes talk over AWS EFA (its inter_link an efa-* link):
     MoE dispatch across such nodes runs through other transports than InfiniBand's, and the
-    published MoE runs over EFA are kept apart (uncertainty.moe_class, moe_pairs)."""
+    published MoE runs over EFA are kept apart (moe.moe_class, moe_pairs)."""
     return str(systems().get(system or "", {}).get("inter_link", "")).startswith("efa")
 
 
-def ep_crosses_efa(system: str | None, ep: Any = None) -> bool:
+def ep_crosses_efa(system: str | None, ep: Any = None) -> bool | None:
     """Whether expert parallelism of degree ``ep`` (None: taken to) crosses nodes of a
     system that talk over AWS EFA (:func:`on_efa`): groups of consecutive ranks larger than
-    a node (moe.ep_geometry)."""
+    a node (moe.ep_geometry). None where ``system`` is not a catalog system (a probed
+    machine, or none): its fabric is unknown."""
+    if system not in systems():
+        return None
     return on_efa(system) and (ep is None or int(ep) > int(systems()[system]["gpus_per_node"]))
 
 

@@ -534,6 +534,34 @@ def epilogue_note(shape: ModelShape, opts: "MoeOptions", counted: bool, stack: s
             "--moe-fused-grouped-mlp")
 
 
+# --- the classes of MoE runs whose errors are kept apart ------------------------------------
+
+# The prediction-interval classes of MoE runs (:func:`moe_class`; planner/uncertainty.py
+# takes each class's half-widths from the published runs of it).
+MOE_CLASSES = ("eager", "graphed", "efa", "efa-deepep")
+
+
+def moe_class(shape: Any, options: Any = None, system: str | None = None, ep: Any = None) -> str | None:
+    """The MoE interval class of a prediction: None for a dense model, "graphed" where
+    its MoE layers run in CUDA graphs (MoeOptions.cuda_graphs, --moe-cuda-graphs);
+    eager with expert parallelism across nodes of a ``system`` that talk over AWS EFA
+    (``ep`` over its GPUs a node; ``ep`` None: taken to cross them:
+    hardware.ep_crosses_efa), "efa" with the all-to-all dispatcher and "efa-deepep" with
+    DeepEP or HybridEP (the published EFA runs, a third party's, every one with EP across
+    nodes, ran far slower than the model prices, DeepEP's most: docs/planner.md); else
+    "eager"."""
+    from .hardware import ep_crosses_efa
+
+    if not getattr(shape, "is_moe", False):
+        return None
+    if options is not None and options.cuda_graphs:
+        return "graphed"
+    if ep_crosses_efa(system, ep):
+        deep = options is not None and options.dispatcher != "alltoall"
+        return "efa-deepep" if deep else "efa"
+    return "eager"
+
+
 # --- the host's launch cost ----------------------------------------------------------------
 
 # The most of the eager term a graphed layer can keep: above 1 the model would price CUDA

@@ -27,7 +27,6 @@ from functools import lru_cache
 from statistics import mean
 from typing import Any
 
-from .. import catalog
 from . import moe, moe_validation
 from .hardware import ep_crosses_efa
 
@@ -115,7 +114,8 @@ def pairs(scored: list[dict[str, Any]] | None = None, rows: list[dict[str, Any]]
 
         out.append({"knob": knob, "from": said(ka), "to": said(kb),
                     "a": a["id"], "b": b["id"], "model": a["model"], "same_source": source_of(a) == source_of(b),
-                    "efa": ep_crosses_efa(a["system"], a["ep"]) and ep_crosses_efa(b["system"], b["ep"]),
+                    "changed": sorted(f for f in fields if ka[f] != kb[f]),
+                    "efa": bool(ep_crosses_efa(a["system"], a["ep"]) and ep_crosses_efa(b["system"], b["ep"])),
                     "published_ratio": pub, "predicted_ratio": pred, "effect_error": pred / pub - 1.0,
                     "verdict": verdict(pub, pred)})
     return out
@@ -166,7 +166,7 @@ def lever_note(knob: str, found: list[dict[str, Any]] | None = None, value: Any 
     if knob == "moe.dispatcher":
         # a pair that changes only the backend (UCCL-EP against NVSHMEM) tests nothing the
         # model prices (it prices both alike): the report lists it, the lever note does not
-        found = [p for p in found if p["from"].split()[0] != p["to"].split()[0]]
+        found = [p for p in found if p["changed"] != ["dispatcher_backend"]]
     s = by_knob(found).get(knob)
     if s is None:
         return None
@@ -182,14 +182,14 @@ def lever_notes(opts: moe.MoeOptions, *, gpu_count: bool = False, system: str | 
     """The :func:`lever_note` lines for what a run of an MoE model sets: a dispatcher other
     than all-to-all (its own pairs, those of the run's kind where ``system`` is a catalog
     one: expert parallelism of degree ``ep`` across AWS EFA nodes or not,
-    hardware.ep_crosses_efa), CUDA graphs, and (``gpu_count``: plan, which chooses it) the
+    hardware.ep_crosses_efa; all of them on a probed machine), CUDA graphs, and (``gpu_count``: plan, which chooses it) the
     GPU count."""
     asked = [(k, v) for k, v, on in (("moe.dispatcher", opts.dispatcher, opts.dispatcher != "alltoall"),
                                      ("moe.cuda_graphs", None, opts.cuda_graphs), ("num_gpus", None, gpu_count)) if on]
     if not asked:
         return []
     found = pairs()
-    efa = ep_crosses_efa(system, ep) if system in catalog.systems() else None  # a probed machine: fabric unknown
+    efa = ep_crosses_efa(system, ep)  # None on a probed machine: its fabric unknown
     return [n for n in (lever_note(k, found, v, efa if k == "moe.dispatcher" else None) for k, v in asked) if n]
 
 

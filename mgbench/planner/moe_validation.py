@@ -106,9 +106,31 @@ def check_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             problems.append(f"{r['id']}: {fused}")
         if (attention := fp8_attention_row_problem(r)) is not None:
             problems.append(f"{r['id']}: {attention}")
+        if (backend := dispatcher_backend_problem(r)) is not None:
+            problems.append(f"{r['id']}: {backend}")
     if problems:
         raise MgbenchError("published_moe_runs.toml: " + "; ".join(problems))
     return rows
+
+
+# The implementations a row's DeepEP-style dispatcher may name where it does not run
+# DeepEP's InfiniBand kernels (``dispatcher_backend``): UCCL's EFA drop-in for DeepEP, and
+# DeepEP over NVSHMEM on libfabric. Part of a row's configuration, not priced.
+DISPATCHER_BACKENDS = ("uccl-ep", "nvshmem-libfabric")
+
+
+def dispatcher_backend_problem(row: dict[str, Any]) -> str | None:
+    """What is wrong with a row's ``dispatcher_backend``: a name not in
+    :data:`DISPATCHER_BACKENDS` (a typo would make a configuration of its own), or one on
+    the all-to-all dispatcher, which has no backend to name."""
+    backend = row.get("dispatcher_backend")
+    if backend is None:
+        return None
+    if backend not in DISPATCHER_BACKENDS:
+        return f"dispatcher_backend {backend!r}: one of {', '.join(DISPATCHER_BACKENDS)}"
+    if row.get("dispatcher", "alltoall") == "alltoall":
+        return f"dispatcher_backend {backend!r} on the all-to-all dispatcher: only DeepEP-style dispatch names one"
+    return None
 
 
 def fp8_attention_row_problem(row: dict[str, Any]) -> str | None:
@@ -413,7 +435,7 @@ def model_record(model: str, cuda_graphs: bool | None = None, efa: bool | None =
     predicted too fast), the mean |error| and the range; with ``cuda_graphs`` also the
     same over the runs whose MoE layers ran that way; with ``efa`` only the runs whose
     expert parallelism crossed nodes over AWS EFA (True) or the others (False:
-    hardware.ep_crosses_efa), whose errors differ in kind (uncertainty.moe_class). None
+    hardware.ep_crosses_efa), whose errors differ in kind (moe.moe_class). None
     where no run of the model is scored."""
     from .hardware import ep_crosses_efa
 
@@ -570,25 +592,23 @@ def distinct_line(scored: list[dict[str, Any]], rows: list[dict[str, Any]] | Non
 
 
 def fabric_line(scored: list[dict[str, Any]], rows: list[dict[str, Any]] | None = None) -> str:
-    """The held-out figure by the interval classes' fabric split (uncertainty.moe_class):
+    """The held-out figure by the interval classes' fabric split (moe.moe_class):
     runs whose expert parallelism crossed AWS EFA nodes, with the all-to-all dispatcher
-    and DeepEP-style, apart from the rest (hardware.ep_crosses_efa)."""
-    from .hardware import ep_crosses_efa
-
+    and DeepEP-style, apart from the rest."""
     by_id = {r["id"]: r for r in (runs() if rows is None else rows)}
     held = [s for s in scored if s["split"] == "held_out" and s["error_pct"] is not None]
 
     def kind(s: dict[str, Any]) -> str:
         r = by_id[s["id"]]
-        if not ep_crosses_efa(r["system"], r["ep"]):
-            return "elsewhere"
-        return "a2a" if moe.options_of(r).dispatcher == "alltoall" else "deep"
+        return str(moe.moe_class(shape_of(r), moe.options_of(r), r["system"], r["ep"]))
 
+    efa = ("efa", "efa-deepep")
     parts = []
-    for key, what in (("a2a", "EP across AWS EFA nodes with the all-to-all dispatcher"),
-                      ("deep", "EP across AWS EFA nodes with DeepEP-style dispatch (UCCL-EP, NVSHMEM on libfabric)"),
-                      ("elsewhere", "elsewhere")):
-        sel = [abs(s["error_pct"]) for s in held if kind(s) == key]
+    for what, keep in (("EP across AWS EFA nodes with the all-to-all dispatcher", lambda k: k == "efa"),
+                       ("EP across AWS EFA nodes with DeepEP-style dispatch (UCCL-EP, NVSHMEM on libfabric)",
+                        lambda k: k == "efa-deepep"),
+                       ("elsewhere", lambda k: k not in efa)):
+        sel = [abs(s["error_pct"]) for s in held if keep(kind(s))]
         if sel:
             parts.append(f"{what} {len(sel)} rows, mean |error| {mean(sel):.1f}%")
     return "held out by fabric: " + "; ".join(parts)

@@ -26,7 +26,7 @@ from ..strategies.schedules import VIRTUAL, too_few_chunks, v_shaped
 from . import cost, decision, hardware, layout_rules, layout_time, ownership, perf, stack
 from .predict import FP32_STATE_BYTES, model_notes
 from .uncertainty import NO_MOE_RUN
-from .moe import MoeOptions
+from .moe import MoeOptions, moe_class
 from .memory import ALLOWANCE_FRACTION, SCHEDULES, STATE_BYTES, check_margin, memory_per_gpu
 from ..probe.profile import STACK as profile_stack
 from ..probe.profile import holds_cuda_context
@@ -405,7 +405,7 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
                                                        "tokens_per_s", "mfu"))
     # Where this accelerator's efficiency was not measured, every figure the ranking reads
     # is the pessimistic end of its interval (issue 29): the point estimate is kept beside.
-    factor, evidence = ranking_factor(hw, opts, P > 1, shape)
+    factor, evidence = ranking_factor(hw, opts, P > 1, shape, EP)
     tps_point, mfu_point = tps, mfu
     tps, mfu = tps / factor, mfu / factor
     good = cost.goodput(N, hw.gpus_per_node, opts.checkpoint_minutes, opts.failure_rate, opts.restart_minutes,
@@ -481,25 +481,28 @@ def evidence_of(reg: dict[str, Any]) -> str:
 
 
 def ranking_factor(hw: hardware.Hardware, opts: PlanOptions, pipelined: np.ndarray,
-                   shape: ModelShape) -> tuple[np.ndarray, str]:
+                   shape: ModelShape, ep: np.ndarray) -> tuple[np.ndarray, str]:
     """Per candidate, the step-time factor the ranking applies, and the evidence: 1 where
     the accelerator's efficiency was measured (on it, or on this machine by a probe or a
     calibration); else 1 + the upper half-width of its interval (uncertainty.regime), so
     that an accelerator nothing measured is ranked on the pessimistic end and cannot win
-    on an assumed efficiency."""
+    on an assumed efficiency. A candidate's MoE class depends on its expert-parallel
+    degree ``ep`` (moe.moe_class: across AWS EFA nodes or not)."""
     from . import uncertainty
 
     out = np.ones(np.shape(pipelined))
     if opts.profile or (opts.calibration_regime and hw.system in opts.calibration):
         return out, "measured"
     evidence = "measured"
+    ep = np.broadcast_to(np.asarray(ep), np.shape(pipelined))
     for pipe in (False, True):
-        reg = uncertainty.regime(hw.gpu, pipe, None, stack=opts.stack,
-                                 moe=uncertainty.moe_class(shape, opts.moe, hw.system))
-        ev = evidence_of(reg)
-        if ev != "measured":
-            out = np.where(np.asarray(pipelined) == pipe, 1.0 + reg["high"], out)
-            evidence = ev
+        for e in np.unique(ep):
+            reg = uncertainty.regime(hw.gpu, pipe, None, stack=opts.stack,
+                                     moe=moe_class(shape, opts.moe, hw.system, int(e)))
+            ev = evidence_of(reg)
+            if ev != "measured":
+                out = np.where((np.asarray(pipelined) == pipe) & (ep == e), 1.0 + reg["high"], out)
+                evidence = ev
     return out, evidence
 
 
@@ -700,10 +703,9 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
         # plan picks the GPU count (and prices the run's --moe-* levers): say how the planner
         # did on the model's published runs, and how the published A/B pairs of those levers
         # bear the model out
+        from .hardware import ep_crosses_efa
         from .moe_pairs import lever_notes
         from .moe_validation import model_record_note
-
-        from .hardware import ep_crosses_efa
 
         reasons.append(model_record_note(shape, opts.moe.cuda_graphs, ep_crosses_efa(rec["system"], rec["ep"])))
         reasons += lever_notes(opts.moe, gpu_count=True, system=rec["system"], ep=rec["ep"])
@@ -737,14 +739,14 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
 def _add_interval(r: dict[str, Any], opts: PlanOptions, shape: ModelShape) -> None:
     """A candidate's intervals (planner/uncertainty.py): on step time and tokens/s per GPU,
     and, scaled alike, on days and cost (both proportional to step time); ``shape``: the
-    model, whose MoE class (uncertainty.moe_class) picks the MoE runs' residuals."""
+    model, whose MoE class (moe.moe_class) picks the MoE runs' residuals."""
     from . import uncertainty
 
     reg = uncertainty.regime(r["gpu"], r["pp"] > 1, opts.profile or None,
                              stack=stack.DEFAULT_STACK if opts.profile else opts.stack,
-                             moe=uncertainty.moe_class(shape, opts.moe, r["system"], r["ep"]))
+                             moe=moe_class(shape, opts.moe, r["system"], r["ep"]))
     if opts.calibration_regime and r["system"] in opts.calibration:
-        reg = uncertainty.with_moe(opts.calibration_regime, uncertainty.moe_class(shape, opts.moe, r["system"], r["ep"]))
+        reg = uncertainty.with_moe(opts.calibration_regime, moe_class(shape, opts.moe, r["system"], r["ep"]))
     # Around the point estimate: a row ranked at its pessimistic end holds that end.
     f = r.get("ranking_factor", 1.0)
     step = max(1, opts.global_batch_tokens // opts.seq_len) * opts.seq_len / r["tokens_per_s_point"]

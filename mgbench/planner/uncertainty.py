@@ -44,8 +44,9 @@ and held out: planner/moe_validation.py), in classes kept apart because their er
 are: MoE layers run eagerly, MoE layers captured in CUDA graphs (every published graphed
 row came out faster than it ran until the tenth session's graphed share; now they spread
 both ways), and eager runs whose expert parallelism crosses nodes over AWS EFA, with the
-all-to-all dispatcher or DeepEP-style (a third party's runs, all far slower than priced). On a GPU those rows ran on the regime is ``moe-validated`` (ranked as
-measured: its own runs validate it); on another, the MoE half-widths are carried to it as
+all-to-all dispatcher or DeepEP-style (a third party's runs, all far slower than priced).
+On a GPU those rows ran on the regime is ``moe-validated`` (ranked as measured: its own
+runs validate it); on another, the MoE half-widths are carried to it as
 the dense class's are (compounded with the generation-pair ratio residuals, widened where
 the GPU's efficiency is carried or assumed); where no MoE row of either class ran on the
 GPU the regime is ``moe-carried`` and plan ranks it as carried (its measured GEMM fraction
@@ -64,6 +65,7 @@ from functools import lru_cache
 from typing import Any
 
 from . import hardware
+from .moe import MOE_CLASSES, moe_class
 
 # The evidence of the "moe-carried" regime: an MoE model on a GPU no published MoE run ran
 # on (its GEMM fraction may be measured; the MoE step is not). plan ranks it like a carried
@@ -98,31 +100,12 @@ def _residuals() -> dict[str, list[float]]:
     return out
 
 
-# The classes of MoE runs whose residuals are kept apart (:func:`moe_class`), and what
-# each says of the runs (the reason line).
-MOE_CLASSES = ("eager", "graphed", "efa", "efa-deepep")
+# What each MoE interval class (moe.MOE_CLASSES, moe.moe_class) says of its runs: the
+# reason line.
 MOE_CLASS_WORDS = {"eager": "MoE layers eager", "graphed": "MoE layers in CUDA graphs",
                    "efa": "MoE layers eager with Megatron-Core's all-to-all over AWS EFA",
                    "efa-deepep": "MoE layers eager with DeepEP-style dispatch over AWS EFA (UCCL-EP or NVSHMEM on "
                                  "libfabric, not DeepEP's InfiniBand kernels the model prices)"}
-
-
-def moe_class(shape: Any, options: Any = None, system: str | None = None, ep: Any = None) -> str | None:
-    """The MoE interval class of a prediction: None for a dense model, "graphed" where
-    its MoE layers run in CUDA graphs (moe.MoeOptions.cuda_graphs, --moe-cuda-graphs);
-    eager with expert parallelism across nodes of a ``system`` that talk over AWS EFA
-    (``ep`` over its GPUs a node; ``ep`` None: taken to cross them), "efa" with the
-    all-to-all dispatcher and "efa-deepep" with DeepEP or HybridEP (the published EFA
-    runs, a third party's, every one with EP across nodes, ran far slower than the model
-    prices, DeepEP's most: docs/planner.md); else "eager"."""
-    if not getattr(shape, "is_moe", False):
-        return None
-    if options is not None and options.cuda_graphs:
-        return "graphed"
-    if hardware.ep_crosses_efa(system, ep):
-        deep = options is not None and options.dispatcher != "alltoall"
-        return "efa-deepep" if deep else "efa"
-    return "eager"
 
 
 @lru_cache(maxsize=1)

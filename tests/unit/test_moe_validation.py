@@ -288,3 +288,16 @@ def test_a_re_measured_configuration_is_counted_once_in_the_distinct_figure(rows
     assert V.repeats([first, {**first, "id": "x"}]) == {"x"}
     line = V.distinct_line(V.scored_rows(rows), rows)
     assert f"({len([r for r in rows if r['id'] in again and r['split'] == 'held_out'])} re-measurements" in line
+
+
+def test_a_dispatcher_backend_is_checked(rows):
+    # A backend name outside the known ones (a typo would make a configuration of its own, and
+    # a pair against its twin) or one on the all-to-all dispatcher is refused with the row's id.
+    uccl = next(r for r in rows if r.get("dispatcher_backend") == "uccl-ep")
+    a2a = next(r for r in rows if r["dispatcher"] == "alltoall")
+    for bad, match in ((dict(uccl, dispatcher_backend="ucl-ep"), "'ucl-ep': one of uccl-ep, nvshmem-libfabric"),
+                       (dict(a2a, dispatcher_backend="uccl-ep"), "'uccl-ep' on the all-to-all dispatcher")):
+        broken = [bad if r["id"] == bad["id"] else r for r in rows]
+        with pytest.raises(MgbenchError, match=f"{bad['id']}: dispatcher_backend {match}"):
+            V.check_rows(broken)
+    assert {r.get("dispatcher_backend") for r in rows} == {None, *V.DISPATCHER_BACKENDS}

@@ -373,11 +373,12 @@ def test_an_moe_model_on_a_gpu_without_moe_runs_ranks_on_its_slow_end(monkeypatc
     reg = U.regime("mi300x", False, moe="eager")
     assert reg["regime"] == "moe-carried" and evidence_of(reg) == U.NO_MOE_RUN
     hw = hardware.resolve(system="mi300x-8", precision="bf16")
-    factor, evidence = ranking_factor(hw, PlanOptions(tokens=1e12), np.array([False, True]), shape)
+    factor, evidence = ranking_factor(hw, PlanOptions(tokens=1e12), np.array([False, True]), shape, np.array([8, 8]))
     assert evidence == U.NO_MOE_RUN
     assert factor[0] == pytest.approx(1 + reg["high"]) and factor[1] == pytest.approx(1 + U.regime("mi300x", True, moe="eager")["high"])
     # the same GPU for a dense model ranks on its point estimate
-    assert ranking_factor(hw, PlanOptions(tokens=1e12), np.array([False]), catalog.model_shape("llama3-8b"))[0][0] == 1.0
+    assert ranking_factor(hw, PlanOptions(tokens=1e12), np.array([False]), catalog.model_shape("llama3-8b"),
+                          np.array([1]))[0][0] == 1.0
     # Negative control: give it one published MoE row and it is measured again.
     rows = U.moe_residuals()
     fake = {k: list(v) for k, v in rows.items()}
@@ -442,3 +443,25 @@ def test_predict_and_plan_give_an_efa_run_its_class_and_notes():
     said = " ".join(plan["reasons"]) if "reasons" in plan else r.output
     assert ("with EP across AWS EFA nodes" if across else "not across AWS EFA nodes") in said
     assert ("with EP across AWS EFA nodes" in said) == across
+
+
+def test_plan_ranks_each_candidate_by_its_own_moe_class(monkeypatch):
+    # Where a GPU's efficiency is not measured, plan ranks a candidate at its interval's
+    # upper end, and that interval is its MoE class's: on an EFA system a candidate whose EP
+    # crosses nodes is ranked by the EFA class, one with EP inside a node by the eager one.
+    # (Every EFA system in the catalog has a measured GPU, so the regime is made unmeasured.)
+    import numpy as np
+
+    from mgbench import catalog
+    from mgbench.planner import hardware, search
+    from mgbench.planner.moe import MoeOptions
+
+    highs = {"eager": 0.5, "efa-deepep": 3.0}
+    monkeypatch.setattr(U, "regime", lambda gpu, pipe, profile=None, stack=None, moe=None:
+                        {"regime": "catalog-assumed", "evidence": "assumed", "low": 0.0, "high": highs[moe]})
+    opts = search.PlanOptions(tokens=1e10, seq_len=4096, global_batch_tokens=2**21, max_gpus=32,
+                              systems=["aws-p6-b200"], moe=MoeOptions(dispatcher="deepep"))
+    factor, evidence = search.ranking_factor(hardware.resolve(system="aws-p6-b200"), opts,
+                                             np.array([False, True, False]), catalog.model_shape("qwen3-30b-a3b"),
+                                             np.array([8, 8, 16]))
+    assert evidence == "assumed" and list(factor) == [1.5, 1.5, 4.0]
