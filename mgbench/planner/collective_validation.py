@@ -35,8 +35,8 @@ def rows() -> tuple[dict[str, Any], ...]:
 
 def check(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows, or MgbenchError naming each that lacks a field, has an unknown split, more
-    ranks a node than its system's GPUs, an unknown ``collective``, an all-to-all on part of
-    its nodes' GPUs (moe.ep_geometry prices whole nodes), or is a fit row not naming its
+    ranks a node than its system's GPUs, an unknown ``collective``, an all-to-all across nodes on
+    part of their GPUs (moe.ep_geometry prices whole nodes), or is a fit row not naming its
     system's network link in ``sets`` (the link whose bw_eff it set)."""
     bad = [f"{r.get('id', '?')}: missing {', '.join(k for k in REQUIRED if k not in r)}" for r in rows
            if any(k not in r for k in REQUIRED)]
@@ -53,10 +53,11 @@ def check(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             bad.append(f"{r['id']}: ranks_per_node {r['ranks_per_node']} on {system['gpus_per_node']}-GPU nodes")
         if collective_of(r) not in COLLECTIVES:
             bad.append(f"{r['id']}: collective {collective_of(r)!r} (one of {', '.join(COLLECTIVES)})")
-        elif collective_of(r) == "all_to_all" and r["ranks_per_node"] != system["gpus_per_node"]:
-            # moe.ep_geometry prices whole nodes of consecutive ranks
-            bad.append(f"{r['id']}: an all_to_all row runs every GPU of its nodes, not {r['ranks_per_node']} "
-                       f"of {system['gpus_per_node']}")
+        elif (collective_of(r) == "all_to_all" and r["nodes"] > 1
+              and r["ranks_per_node"] != system["gpus_per_node"]):
+            # moe.ep_geometry prices whole nodes of consecutive ranks (one node: any part of it)
+            bad.append(f"{r['id']}: an all_to_all row across nodes runs every GPU of its nodes, not "
+                       f"{r['ranks_per_node']} of {system['gpus_per_node']}")
         if r["split"] == "fit" and r.get("sets") != system["inter_link"]:
             bad.append(f"{r['id']}: a fit row sets its system's network link ({system['inter_link']}), "
                        f"not sets {r.get('sets')}")
