@@ -623,16 +623,18 @@ def predict_command(row: dict[str, Any], opts: Any, model_args: list[str], *, ha
 
 def _lever_notes(shape: Any, moe: Any, system: str | None = None, ep: int | None = None) -> list[str]:
     """For an MoE model: how the planner did on the model's published runs
-    (moe_validation.model_record_note) and, where the run sets a dispatcher other than
-    all-to-all or CUDA graphs, how the published A/B pairs of that option bear out the
-    model (planner/moe_pairs.py)."""
+    (moe_validation.model_record_note), how its all-to-all price did against nccl-tests
+    where the run's EP uses NCCL's all-to-all (collective_validation.a2a_record_note) and,
+    where the run sets a dispatcher other than all-to-all or CUDA graphs, how the published
+    A/B pairs of that option bear out the model (planner/moe_pairs.py)."""
     if not shape.is_moe or moe is None:
         return []
-    from ..planner import moe_pairs, moe_validation
+    from ..planner import collective_validation, moe_pairs, moe_validation
     from ..planner.hardware import ep_crosses_efa
 
+    a2a = collective_validation.a2a_record_note(moe.dispatcher, ep)
     return ([moe_validation.model_record_note(shape, moe.cuda_graphs, ep_crosses_efa(system, ep))]
-            + moe_pairs.lever_notes(moe, system=system, ep=ep))
+            + ([a2a] if a2a else []) + moe_pairs.lever_notes(moe, system=system, ep=ep))
 
 
 def _moe_ignored(shape: Any, moe: Any) -> list[str]:

@@ -58,7 +58,11 @@ def check(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             # moe.ep_geometry prices whole nodes of consecutive ranks (one node: any part of it)
             bad.append(f"{r['id']}: an all_to_all row across nodes runs every GPU of its nodes, not "
                        f"{r['ranks_per_node']} of {system['gpus_per_node']}")
-        if r["split"] == "fit" and r.get("sets") != system["inter_link"]:
+        if r["split"] == "fit" and collective_of(r) == "all_to_all":
+            if r.get("sets") != "all_to_all":  # the share no model has yet (docs/planner.md)
+                bad.append(f"{r['id']}: a fit all_to_all row sets the all-to-all share (sets = \"all_to_all\"), "
+                           f"not {r.get('sets')!r}")
+        elif r["split"] == "fit" and r.get("sets") != system["inter_link"]:
             bad.append(f"{r['id']}: a fit row sets its system's network link ({system['inter_link']}), "
                        f"not sets {r.get('sets')}")
     if bad:
@@ -106,6 +110,36 @@ def summary(scored: list[dict[str, Any]], collective: str | None = None) -> dict
         out[split] = {"rows": len(errs), "mean_abs_pct": mean(e for e, _ in errs) if errs else None,
                       "worst": max(errs) if errs else None}
     return out
+
+
+@lru_cache(maxsize=1)
+def _all_to_all_scores() -> tuple[dict[str, Any], ...]:
+    return tuple(s for s in score() if s["collective"] == "all_to_all")
+
+
+def a2a_record_note(dispatcher: str, ep: int | None) -> str | None:
+    """predict's and plan's line where a run's expert parallelism exchanges tokens with
+    NCCL's all-to-all (the "alltoall" dispatcher, EP above 1): how the model's price of an
+    all-to-all did against the published alltoall_perf figures, inside one node and across
+    nodes. None otherwise: DeepEP's and HybridEP's kernels are priced at the link rate,
+    which DeepEP's published figures reach (moe.DEEPEP_H800)."""
+    if dispatcher != "alltoall" or not ep or ep <= 1:
+        return None
+    scored = _all_to_all_scores()
+    if not scored:
+        return None
+    fast = sum(s["error_pct"] > 0 for s in scored)
+
+    def span(rows: list[dict[str, Any]]) -> str:
+        errs = [s["error_pct"] for s in rows]
+        return f"{min(errs):+.0f}% to {max(errs):+.0f}%" if errs else "no figure"
+
+    inside = [s for s in scored if s["nodes"] == 1]
+    across = [s for s in scored if s["nodes"] > 1]
+    return (f"all-to-all: the model prices NCCL's all-to-all faster than {fast} of the {len(scored)} published "
+            f"nccl-tests alltoall_perf figures ({span(inside)} inside one node, {span(across)} across nodes; "
+            f"mean |error| {mean(abs(s['error_pct']) for s in scored):.1f}%; "
+            "python -m mgbench.planner.collective_validation): the EP exchange may take longer than predicted")
 
 
 def report() -> str:

@@ -123,3 +123,19 @@ def test_predict_names_the_published_ab_evidence_of_a_lever_it_is_given(cli):
     dense = _json(cli("predict", "--model", "llama3-8b", "--system", "dgx-b200", "--num-gpus", "8",
                       "--moe-dispatcher", "hybridep", "--json"))["notes"]
     assert not any("published A/B pairs" in n for n in dense)
+
+
+def test_predict_says_how_the_all_to_all_price_did_against_nccl_tests(cli):
+    # EP over NCCL's all-to-all (the default dispatcher) gets the line read from
+    # published_collectives.toml; DeepEP / HybridEP (priced at the link rate DeepEP's own
+    # figures reach) and a run without EP do not.
+    from mgbench.planner import collective_validation as CV
+
+    line = CV.a2a_record_note("alltoall", 8)
+    notes = _json(cli("predict", *B200_QWEN, "--json"))["notes"]
+    assert line in notes and "faster than 18 of the 18" in line
+    hybrid = _json(cli("predict", *B200_QWEN, "--moe-dispatcher", "hybridep", "--json"))["notes"]
+    assert not any("alltoall_perf" in n for n in hybrid)
+    no_ep = list(B200_QWEN)
+    no_ep[no_ep.index("--ep") + 1] = "1"
+    assert not any("alltoall_perf" in n for n in _json(cli("predict", *no_ep, "--json"))["notes"])
