@@ -315,12 +315,14 @@ def exchange_seconds(hw: Any, ranks: Any, inside_bytes: Any, across_bytes: Any) 
     return np.where(n > 1, latency + wire, 0.0)
 
 
-def alltoall_seconds(hw: Any, ranks: Any, nbytes: Any) -> Any:
+def alltoall_seconds(hw: Any, ranks: Any, nbytes: Any, share: float = 1.0) -> Any:
     """Seconds of an even all-to-all of ``nbytes`` a rank (each rank sends nbytes / ranks
-    to every rank, itself included: nccl-tests' alltoall_perf at size nbytes)."""
+    to every rank, itself included: nccl-tests' alltoall_perf at size nbytes), its bytes
+    moving at ``share`` of the links' rates (1: the price MoE's dispatch pays; a share
+    below 1 is what collective_validation.solve_all_to_all_share tries, not adopted)."""
     n = np.asarray(ranks, dtype=float)
     g, _ = ep_geometry(ranks, hw.gpus_per_node)
-    b = np.asarray(nbytes, dtype=float)
+    b = np.asarray(nbytes, dtype=float) / share
     return exchange_seconds(hw, ranks, b * (g - 1.0) / n, b * (n - g) / n)
 
 

@@ -13,9 +13,10 @@ from mgbench.planner.hardware import resolve
 
 
 def test_fit_rows_set_their_links_rate():
-    # Each fit row names the link whose bw_eff it set (its system's inter_link): busbw /
-    # (ranks a node x each GPU's share of the node's line rate).
-    fit = [r for r in V.rows() if r["split"] == "fit"]
+    # Each fit all-reduce row names the link whose bw_eff it set (its system's inter_link):
+    # busbw / (ranks a node x each GPU's share of the node's line rate). (Fit all-to-all rows
+    # set no link: test_the_all_to_all_share_solved_on_fit_rows_fails_its_held_out_test.)
+    fit = [r for r in V.rows() if r["split"] == "fit" and V.collective_of(r) == "all_reduce"]
     assert {r["sets"] for r in fit} == {"efa-v4", "ib-ndr", "ib-hdr"}
     for r in fit:
         system = catalog.systems()[r["system"]]
@@ -154,24 +155,44 @@ def test_moe_dispatch_and_the_benchmark_all_to_all_are_one_price():
             pytest.approx(float(moe.alltoall_seconds(hw, ranks, nbytes)), rel=1e-12)
 
 
-def test_all_to_all_rows_are_held_out_and_their_misses_pinned():
-    # 18 alltoall_perf figures, none fitted. awslabs' 12 (p6-b300 at 4 to 32 nodes, p5 at 4 and
-    # 8): at the sweep's peak the model is 4% or less over at 4 and 8 B300 nodes and 13% on
-    # p5's 4, but 19% and 30% over at 16 and 32 nodes, where the fabric's rate falls with the
-    # fan-out and the model's does not; at the DeepEP benchmark's 64 MiB payload 10% to 31%
-    # over (the model has a latency per node and per GPU of the node, nothing per peer rank or
-    # for the payload's size). NVIDIA's GTC25 bars (6): 7% to 15% over inside a node, 24% and
-    # 29% over across 4 DGX H100 / A100 nodes. Pinned so that a change to the all-to-all's
-    # price shows here (docs/planner.md, "All-to-all below the link rate").
+def test_all_to_all_rows_and_their_misses_are_pinned():
+    # 33 alltoall_perf figures; no constant is set from them (the share below was not
+    # adopted). awslabs' 12 (p6-b300 at 4 to 32 nodes, p5 at 4 and 8) and NVIDIA's GTC25 bars
+    # (6) are held out: the model is 3% to 30% over across nodes, 7% to 15% inside one. The
+    # 15 of crazyguitar's p5 sweep and Oracle's OCI tables alternate fit / held out: at
+    # 64 MiB across 16 and 32 p5 nodes the model is 71% and 72% over (it has a latency per
+    # node and per GPU of the node, nothing per peer rank or for the payload's size); inside
+    # an NVL72 rack or an HGX B300 within 11%. Pinned so that a change to the all-to-all's
+    # price shows here (docs/planner.md, "An all-to-all share from fit rows").
     scored = [r for r in V.score() if r["collective"] == "all_to_all"]
-    assert len(scored) == 18 and {r["split"] for r in scored} == {"held_out"}
-    s = V.summary(scored)["held_out"]
-    assert s["mean_abs_pct"] == pytest.approx(16.6, abs=0.1)
-    assert s["worst"] == (pytest.approx(30.5, abs=0.1), "awslabs-p5-4n-alltoall-64mib")
-    assert all(r["error_pct"] > 0 for r in scored)  # every one priced faster than it ran
-    gtc = {r["id"]: r["error_pct"] for r in scored if r["id"].startswith("nvidia-gtc25")}
-    assert gtc["nvidia-gtc25-dgx-h100-32gpu-alltoall"] == pytest.approx(24.4, abs=0.1)  # 59.7 GB/s against 48
-    assert gtc["nvidia-gtc25-h100-8gpu-alltoall"] == pytest.approx(15.3, abs=0.1)  # NVLink 4: 368.9 against 320
+    assert len(scored) == 33
+    s = V.summary(scored)
+    assert (s["fit"]["rows"], s["held_out"]["rows"]) == (8, 25)
+    assert s["held_out"]["mean_abs_pct"] == pytest.approx(14.7, abs=0.1)
+    assert s["held_out"]["worst"] == (pytest.approx(30.5, abs=0.1), "awslabs-p5-4n-alltoall-64mib")
+    assert s["fit"]["mean_abs_pct"] == pytest.approx(29.9, abs=0.1)
+    assert s["fit"]["worst"] == (pytest.approx(72.0, abs=0.1), "crazyguitar-p5-32n-alltoall-64mib")
+    assert sum(r["error_pct"] > 0 for r in scored) == 32  # all but OCI's 8 GB300 GPUs (-0.2%)
+    err = {r["id"]: r["error_pct"] for r in scored}
+    assert err["nvidia-gtc25-dgx-h100-32gpu-alltoall"] == pytest.approx(24.4, abs=0.1)  # 59.7 GB/s against 48
+    assert err["nvidia-gtc25-h100-8gpu-alltoall"] == pytest.approx(15.3, abs=0.1)  # NVLink 4: 368.9 against 320
+    assert err["oci-gb300-8gpu-alltoall-16gib"] == pytest.approx(-0.2, abs=0.1)
+
+
+def test_the_all_to_all_share_solved_on_fit_rows_fails_its_held_out_test():
+    # The rule fixed before the first solve: a share of the links' rates for NCCL's
+    # all-to-all, solved on the fit rows, is adopted only if the held-out rows' error falls.
+    # The p5 rows at 64 MiB pull it to 0.72; the held-out rows (peaks, NVLink) then come out
+    # slow: 14.7% -> 16.6%. Not adopted; this fails when the rows change that verdict.
+    got = V.solve_all_to_all_share()
+    assert got["share"] == pytest.approx(0.72)
+    assert got["fit_pct"] == pytest.approx(20.6, abs=0.1) and got["fit_pct_at_1"] == pytest.approx(29.9, abs=0.1)
+    assert got["held_out_pct"] == pytest.approx(16.6, abs=0.1)
+    assert got["held_out_pct"] > got["held_out_pct_at_1"] == pytest.approx(14.7, abs=0.1)
+    # the stored pricing is the share of 1 (the model moves bytes at the links' rates)
+    row = next(r for r in V.rows() if r["id"] == "nvidia-gtc25-dgx-h100-32gpu-alltoall")
+    assert V.predicted_busbw_gbps(row) == pytest.approx(V.predicted_busbw_gbps(row, 1.0))
+    assert V.predicted_busbw_gbps(row, 0.5) == pytest.approx(0.5 * V.predicted_busbw_gbps(row), rel=0.01)
 
 
 def test_an_all_to_all_row_inside_one_node_may_use_part_of_it():
@@ -194,11 +215,11 @@ def test_an_all_to_all_row_the_model_cannot_place_is_refused():
 
 def test_the_all_to_all_note_counts_the_published_figures_as_priced(monkeypatch):
     # Read from the scores, not written down: with the first row priced at half the
-    # published rate the note counts 17 too fast, and its span reaches that row's -50%.
+    # published rate the note counts 31 too fast, and its span reaches that row's -50%.
     V._all_to_all_scores.cache_clear()
     line = V.a2a_record_note("alltoall", 8)
-    assert "faster than 18 of the 18" in line and "+7% to +15% inside one node" in line
-    assert "+3% to +31% across nodes" in line and "mean |error| 16.6%" in line
+    assert "faster than 32 of the 33" in line and "-0.2% to +15.3% inside one node" in line
+    assert "+2.7% to +72.0% across nodes" in line and "mean |error| 18.4%" in line
     assert V.a2a_record_note("deepep", 8) is None and V.a2a_record_note("alltoall", 1) is None
     first = next(r for r in V.rows() if V.collective_of(r) == "all_to_all")
     real = V.predicted_busbw_gbps
@@ -207,7 +228,7 @@ def test_the_all_to_all_note_counts_the_published_figures_as_priced(monkeypatch)
     V._all_to_all_scores.cache_clear()
     try:
         broken = V.a2a_record_note("alltoall", 8)
-        assert "faster than 17 of the 18" in broken and "-50% to +31% across nodes" in broken
+        assert "faster than 31 of the 33" in broken and "-50.0% to +72.0% across nodes" in broken
     finally:
         V._all_to_all_scores.cache_clear()
 

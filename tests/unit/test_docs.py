@@ -253,12 +253,16 @@ def collectives_summary_markdown() -> str:
     scored = C.score()
     s = C.summary(scored, "all_reduce")
     held, fit = s["held_out"], s["fit"]
-    a2a = C.summary(scored, "all_to_all")["held_out"]
+    a2a = C.summary(scored, "all_to_all")
+    part = {k: f"mean |error| {v['mean_abs_pct']:.1f}%, worst {v['worst'][0]:.1f}% (`{v['worst'][1]}`)"
+            for k, v in a2a.items() if v["rows"]}
     return (f"Collectives across nodes: published multi-node all-reduce bandwidth ({held['rows'] + fit['rows']} rows, "
             f"{fit['rows']} set the network links' rates; `python -m mgbench.planner.collective_validation`): held "
             f"out, mean |error| {held['mean_abs_pct']:.1f}%, worst {held['worst'][0]:.1f}% (`{held['worst'][1]}`). "
-            f"All-to-all as MoE's dispatch prices it, against nccl-tests alltoall_perf ({a2a['rows']} rows, all held "
-            f"out): mean |error| {a2a['mean_abs_pct']:.1f}%, worst {a2a['worst'][0]:.1f}% (`{a2a['worst'][1]}`).")
+            f"All-to-all as MoE's dispatch prices it, against nccl-tests alltoall_perf "
+            f"({a2a['held_out']['rows']} rows held out, {a2a['fit']['rows']} fit; no constant is set from them yet, "
+            f"docs/planner.md): held out {part['held_out']}"
+            + (f"; fit {part['fit']}." if "fit" in part else "."))
 
 
 GENERATORS = {"strategies": strategies_markdown, "schedules": schedules_markdown, "suite-keys": suite_keys_markdown,
