@@ -75,9 +75,10 @@ def collective_of(row: dict[str, Any]) -> str:
     return row.get("collective", "all_reduce")
 
 
-def predicted_busbw_gbps(row: dict[str, Any], share: float = 1.0) -> float:
+def predicted_busbw_gbps(row: dict[str, Any], share: float | None = None) -> float:
     """The bus bandwidth (GB/s) the planner's price of the row's collective implies (an
-    all-to-all's bytes at ``share`` of the links' rates: :func:`solve_all_to_all_share`)."""
+    all-to-all's bytes at ``share`` of the links' rates, None: the stored share;
+    :func:`solve_all_to_all_share`)."""
     from . import moe, perf
 
     hw = resolve(system=row["system"])
@@ -114,12 +115,12 @@ def summary(scored: list[dict[str, Any]], collective: str | None = None) -> dict
 
 
 def solve_all_to_all_share() -> dict[str, Any]:
-    """The share of the links' rates an all-to-all would move its bytes at, solved on the
-    fit all-to-all rows (least mean |error| of bus bandwidth, a 0.01 grid from 0.50 to 1),
-    with both splits' mean |error| at it and at 1 (the stored pricing). The rule fixed
-    before the first solve (docs/planner.md, "An all-to-all share from fit rows"): adopt it
-    only if the held-out rows' error falls. On 2026-11-28 it did not (0.72: held out 14.7%
-    to 16.6%), so the model prices every all-to-all at the links' rates."""
+    """The share of the links' rates NCCL's all-to-all moves its bytes at
+    (moe.nccl_all_to_all_share), solved on the fit all-to-all rows (least mean |error| of
+    bus bandwidth, a 0.01 grid from 0.50 to 1), with both splits' mean |error| at it and
+    at 1. The rule fixed before the first solve (docs/planner.md, "An all-to-all share from
+    fit rows"): adopt it only if the held-out rows' error falls below their error at 1.
+    The first solve (0.72) failed that; after efa-v2's latency was solved (0.97) it passed."""
     rows_ = [r for r in rows() if collective_of(r) == "all_to_all"]
 
     def err(split: str, share: float) -> float:
@@ -130,6 +131,40 @@ def solve_all_to_all_share() -> dict[str, Any]:
     best = min(grid, key=lambda s: err("fit", s))
     return {"share": best, "fit_pct": err("fit", best), "held_out_pct": err("held_out", best),
             "fit_pct_at_1": err("fit", 1.0), "held_out_pct_at_1": err("held_out", 1.0)}
+
+
+def solve_link_alpha(link: str) -> dict[str, Any]:
+    """A network link's latency (hardware.toml ``alpha_us``: what an exchange pays per
+    peer node, moe.exchange_seconds, and a ring per step, perf.group_collective_time)
+    solved on the fit all-to-all rows across nodes of systems whose inter_link it is: least mean |error|
+    of bus bandwidth on a 1 us grid from 0 to 300 us, every other figure held. Returns the
+    value, the fit rows' and the held-out rows' (every collective on the link) mean |error|
+    at it and at the stored value. What set efa-v2's (docs/planner.md)."""
+    table = catalog.load("hardware.toml")["links"][link]
+    stored = table["alpha_us"]
+    on_link = [r for r in rows() if catalog.systems()[r["system"]]["inter_link"] == link]
+    # rows inside one node never touch the link's latency
+    fit = [r for r in on_link if r["split"] == "fit" and collective_of(r) == "all_to_all" and r["nodes"] > 1]
+    held = [r for r in on_link if r["split"] == "held_out"]
+    if not fit:
+        raise MgbenchError(f"published_collectives.toml: no fit all_to_all row runs across nodes on {link}")
+
+    def err(group: list[dict[str, Any]]) -> float:
+        return mean(abs(predicted_busbw_gbps(r) / r["busbw_gbps"] - 1.0) * 100.0 for r in group)
+
+    try:
+        at = {}
+        for alpha in range(301):
+            table["alpha_us"] = float(alpha)
+            at[alpha] = err(fit)
+        best = min(at, key=lambda a: (at[a], a))
+        table["alpha_us"] = float(best)
+        held_best = err(held)
+    finally:
+        table["alpha_us"] = stored
+    return {"alpha_us": float(best), "fit_pct": at[best], "held_out_pct": held_best,
+            "stored_alpha_us": stored, "fit_pct_at_stored": err(fit), "held_out_pct_at_stored": err(held),
+            "fit_rows": [r["id"] for r in fit], "held_out_rows": [r["id"] for r in held]}
 
 
 @lru_cache(maxsize=1)

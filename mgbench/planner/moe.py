@@ -315,22 +315,34 @@ def exchange_seconds(hw: Any, ranks: Any, inside_bytes: Any, across_bytes: Any) 
     return np.where(n > 1, latency + wire, 0.0)
 
 
-def alltoall_seconds(hw: Any, ranks: Any, nbytes: Any, share: float = 1.0) -> Any:
-    """Seconds of an even all-to-all of ``nbytes`` a rank (each rank sends nbytes / ranks
-    to every rank, itself included: nccl-tests' alltoall_perf at size nbytes), its bytes
-    moving at ``share`` of the links' rates (1: the price MoE's dispatch pays; a share
-    below 1 is what collective_validation.solve_all_to_all_share tries, not adopted)."""
+def nccl_all_to_all_share() -> float:
+    """The share of the links' rates NCCL's all-to-all moves its bytes at (hardware.toml
+    [planner.all_to_all] nccl_share, solved on published alltoall_perf rows:
+    collective_validation.solve_all_to_all_share)."""
+    from .. import catalog
+
+    return float(catalog.load("hardware.toml")["planner"]["all_to_all"]["nccl_share"])
+
+
+def alltoall_seconds(hw: Any, ranks: Any, nbytes: Any, share: float | None = None) -> Any:
+    """Seconds of an even NCCL all-to-all of ``nbytes`` a rank (each rank sends nbytes /
+    ranks to every rank, itself included: nccl-tests' alltoall_perf at size nbytes), its
+    bytes moving at ``share`` of the links' rates (None: :func:`nccl_all_to_all_share`)."""
     n = np.asarray(ranks, dtype=float)
     g, _ = ep_geometry(ranks, hw.gpus_per_node)
-    b = np.asarray(nbytes, dtype=float) / share
+    b = np.asarray(nbytes, dtype=float) / (nccl_all_to_all_share() if share is None else share)
     return exchange_seconds(hw, ranks, b * (g - 1.0) / n, b * (n - g) / n)
 
 
 def a2a_seconds(shape: ModelShape, hw: Any, *, tokens: Any, ep: Any, elem_bytes: float, opts: MoeOptions) -> Any:
     """Seconds of one dispatch (or combine) of ``tokens`` tokens a rank, each element
-    ``elem_bytes`` bytes, at the busiest receiver's load."""
+    ``elem_bytes`` bytes, at the busiest receiver's load; Megatron-Core's all-to-all
+    dispatcher runs NCCL's all-to-all (:func:`nccl_all_to_all_share` of the links' rates),
+    DeepEP and HybridEP their own kernels at the links' rates."""
     inside, across = rows_sent(shape, ep, hw.gpus_per_node, opts)
     row = np.asarray(tokens, dtype=float) * shape.hidden * elem_bytes * opts.load
+    if not opts.dedup:
+        row = row / nccl_all_to_all_share()
     return exchange_seconds(hw, ep, row * inside, row * across)
 
 

@@ -162,10 +162,12 @@ def test_moe_interval_is_the_published_moe_runs_of_its_class():
     # GEMM-rate stand-in, +36.2%: 1.362x. Since NeMo AutoModel's rows price Transformer
     # Engine's attention (the automodel stack, same session), the eager low is that H100
     # Qwen3-30B-A3B row's -27.8%: 0.722x. (The sixteenth session's AWS rows, over EFA, are
-    # classes of their own: test_efa_runs_are_classes_of_their_own.)
+    # classes of their own: test_efa_runs_are_classes_of_their_own.) Since the seventeenth
+    # session's all-to-all share (0.97 of the links' rates for NCCL's) the eager high is the
+    # 26.02 B300 gpt-oss-120b at EP 64's +47.6%: 1.476x.
     assert len(eager) == 75 and len(graphed) == 47
     e = U.regime("b200", True, moe="eager")
-    assert (e["low"], e["high"]) == (pytest.approx(0.278, abs=0.002), pytest.approx(0.491, abs=0.002))
+    assert (e["low"], e["high"]) == (pytest.approx(0.278, abs=0.002), pytest.approx(0.476, abs=0.002))
     g = U.regime("b200", True, moe="graphed")
     assert (g["low"], g["high"]) == (pytest.approx(0.554, abs=0.002), pytest.approx(0.362, abs=0.002))
     # The dense interval of the same GPU is far narrower: an MoE plan must not borrow it.
@@ -211,8 +213,9 @@ def test_efa_runs_are_classes_of_their_own():
 
     # The 68 published MoE runs over AWS EFA (awslabs' Megatron-Bridge dispatcher benchmarks
     # on p6-b300 and p5, all held out) ran far slower than the model prices them: NCCL
-    # all-to-all up to 1.81x the predicted step, DeepEP over EFA (UCCL-EP, NVSHMEM on
-    # libfabric) up to 3.93x. A run over EFA takes their bounds; a run elsewhere does not.
+    # all-to-all up to 1.79x the predicted step, DeepEP over EFA (UCCL-EP, NVSHMEM on
+    # libfabric) up to 3.67x (1.81x and 3.93x before the seventeenth session solved efa-v2's
+    # latency). A run over EFA takes their bounds; a run elsewhere does not.
     deep = MoeOptions(dispatcher="deepep")
     mixture = catalog.model_shape("deepseek-v3")
     assert U.moe_class(mixture, MoeOptions(), "aws-p6-b300") == "efa"  # ep not given: taken to cross
@@ -227,10 +230,10 @@ def test_efa_runs_are_classes_of_their_own():
     assert {r["split"] for r in res["efa"] + res["efa-deepep"]} == {"held_out"}
     a = U.regime("b300", True, moe="efa")
     d = U.regime("b300", True, moe="efa-deepep")
-    assert a["high"] == pytest.approx(0.807, abs=0.002) and d["high"] == pytest.approx(2.926, abs=0.002)
+    assert a["high"] == pytest.approx(0.794, abs=0.002) and d["high"] == pytest.approx(2.669, abs=0.002)
     assert "UCCL-EP or NVSHMEM" in d["reasons"][0]
     # Negative control: pooled with the other eager runs, every eager MoE interval would
-    # carry EFA DeepEP's 3.93x.
+    # carry EFA DeepEP's 3.67x.
     pooled = [r["error"] for c in ("eager", "efa", "efa-deepep") for r in res[c]]
     assert max(pooled) == pytest.approx(d["high"]) and U.regime("b200", True, moe="eager")["high"] < 0.5
 
