@@ -57,10 +57,16 @@ def split_rule(rows: list[dict[str, Any]]) -> dict[str, str]:
     (``layout_conflict``) is unscored; rows seen before it was written (``seen_before``)
     are fit; rows added after the host launch term was built (``added_after_host_term``)
     are all held out; the Blackwell Ultra rows of the tenth session (``added_as_fit``)
-    are all fit; the others alternate in file order, held_out first (an unscored
-    row among them keeps its turn, so the rows after it keep their split)."""
-    out, i = {}, 0
+    are all fit; rows added from the seventeenth session on (``added_alternating``)
+    alternate among themselves in file order, fit first; the others alternate in file
+    order, held_out first (an unscored row among them keeps its turn, so the rows after it
+    keep their split)."""
+    out, i, j = {}, 0, 0
     for r in rows:
+        if r.get("added_alternating"):
+            out[r["id"]] = UNSCORED if r.get("layout_conflict") else ("fit" if j % 2 == 0 else "held_out")
+            j += 1
+            continue
         if r.get("added_as_fit"):
             out[r["id"]] = UNSCORED if r.get("layout_conflict") else "fit"
             continue

@@ -220,6 +220,18 @@ def test_an_unscored_row_keeps_its_turn_so_no_other_row_changes_split(rows):
 
 
 
+def test_rows_added_alternating_take_turns_fit_first_and_move_no_other_row(rows):
+    """From the seventeenth session new rows carry added_alternating and alternate among
+    themselves, fit first, so later batches give the model fit rows; the rows before keep
+    their splits, and an unscored one among the new keeps its turn."""
+    base = {**rows[-1], "split": None, "added_after_host_term": False, "added_alternating": True}
+    new = [{**base, "id": f"new-{k}"} for k in range(5)]
+    new[2] = {**new[2], "layout_conflict": {"ep": 8, "why": "test"}}
+    got = V.split_rule(rows + new)
+    assert [got[r["id"]] for r in new] == ["fit", "held_out", V.UNSCORED, "held_out", "fit"]
+    assert {k: v for k, v in got.items() if not k.startswith("new-")} == V.split_rule(rows)
+
+
 def test_graphed_host_share_reads_a_published_step_between_its_two_pricings():
     row = next(r for r in V.runs() if r["id"] == "mlperf-v6.0-b200-gpt-oss-20b-64")
     base, d0, d1 = V.host_terms(row)  # the step without any host term, and its eager wait by hand
