@@ -223,7 +223,8 @@ _OPTIONAL = {
                 "retrieved": "date", "cloud": "text"},
     "accelerators": {"name": "text", "match": "patterns", "vendor": "text", "tdp_w": "positive", "form": "text",
                      "source": "text", "retrieved": "date", "mx_formats": "flag", "fp8_any_layout": "flag"},
-    "links": {"name": "text", "source": "text", "eff_source": "text", "alpha_source": "text", "retrieved": "date"},
+    "links": {"name": "text", "source": "text", "eff_source": "text", "alpha_source": "text", "retrieved": "date",
+              "a2a_peer_us": "non-negative", "a2a_peer_source": "text"},
 }
 PEAK_PRECISIONS = ("bf16", "fp16", "fp8", "tf32", "fp32")
 

@@ -5,8 +5,10 @@ and combine).
 
 Each row's collective is priced on its catalog system at its node count, ranks a node and
 message size; the predicted bus bandwidth is the published one's definition (nccl-tests:
-algbw x 2 (n - 1) / n for all-reduce, algbw x (n - 1) / n for all-to-all). "fit" rows set
-a link's bw_eff (hardware.toml names them); "held_out" rows set nothing.
+algbw x 2 (n - 1) / n for all-reduce, algbw x (n - 1) / n for all-to-all). "fit"
+all-reduce rows set a link's bw_eff (hardware.toml names them); "fit" all-to-all rows set
+NCCL's all-to-all share (:func:`solve_all_to_all_share`) and a link's all-to-all cost per
+peer node (:func:`solve_a2a_peer`); "held_out" rows set nothing.
 
     python -m mgbench.planner.collective_validation   # prints the table
 """
@@ -36,8 +38,9 @@ def rows() -> tuple[dict[str, Any], ...]:
 def check(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows, or MgbenchError naming each that lacks a field, has an unknown split, more
     ranks a node than its system's GPUs, an unknown ``collective``, an all-to-all across nodes on
-    part of their GPUs (moe.ep_geometry prices whole nodes), or is a fit row not naming its
-    system's network link in ``sets`` (the link whose bw_eff it set)."""
+    part of their GPUs (moe.ep_geometry prices whole nodes), or is a fit row not naming what
+    it sets in ``sets``: its system's network link for an all-reduce (the link whose
+    bw_eff it set), "all_to_all" for an all-to-all."""
     bad = [f"{r.get('id', '?')}: missing {', '.join(k for k in REQUIRED if k not in r)}" for r in rows
            if any(k not in r for k in REQUIRED)]
     for r in rows:
@@ -133,40 +136,58 @@ def solve_all_to_all_share() -> dict[str, Any]:
             "fit_pct_at_1": err("fit", 1.0), "held_out_pct_at_1": err("held_out", 1.0)}
 
 
-def solve_link_alpha(link: str) -> dict[str, Any]:
-    """A network link's latency (hardware.toml ``alpha_us``: what an exchange pays per
-    peer node, moe.exchange_seconds, and a ring per step, perf.group_collective_time)
-    solved on the fit all-to-all rows across nodes of systems whose inter_link it is: least mean |error|
-    of bus bandwidth on a 1 us grid from 0 to 300 us, every other figure held. Returns the
-    value, the fit rows' and the held-out rows' (every collective on the link) mean |error|
-    at it and at the stored value. What set efa-v2's (docs/planner.md)."""
-    table = catalog.load("hardware.toml")["links"][link]
-    stored = table["alpha_us"]
-    on_link = [r for r in rows() if catalog.systems()[r["system"]]["inter_link"] == link]
-    # rows inside one node never touch the link's latency
-    fit = [r for r in on_link if r["split"] == "fit" and collective_of(r) == "all_to_all" and r["nodes"] > 1]
-    held = [r for r in on_link if r["split"] == "held_out"]
+def solve_a2a_peer(link: str) -> dict[str, Any]:
+    """What an all-to-all pays per peer node on a network link (hardware.toml ``a2a_peer_us``,
+    moe.exchange_seconds; a ring's steps keep the link's ``alpha_us``), solved on the fit
+    all-to-all rows across nodes of systems whose inter_link it is: least mean |error| of
+    bus bandwidth on a 1 us grid from 0 to 300 us, every other figure held. Returns the value,
+    the fit rows' and the held-out all-to-all rows' (across nodes, on the link) mean |error|
+    at it and at the stored value (None where the link has none: its latency then). What set
+    efa-v2's (docs/planner.md). Edits the loaded catalog while it runs and puts it back, so a
+    --system-file overlay of the link would hide the search."""
+    links = catalog.load("hardware.toml")["links"]
+    if link not in links:
+        raise MgbenchError(f"hardware.toml has no link {link!r}")
+    table = links[link]
+    stored = table.get("a2a_peer_us")
+
+    def across(split: str) -> list[dict[str, Any]]:  # rows inside one node never reach the link
+        return [r for r in rows() if catalog.systems()[r["system"]]["inter_link"] == link
+                and r["split"] == split and collective_of(r) == "all_to_all" and r["nodes"] > 1]
+
+    fit, held = across("fit"), across("held_out")
     if not fit:
         raise MgbenchError(f"published_collectives.toml: no fit all_to_all row runs across nodes on {link}")
 
     def err(group: list[dict[str, Any]]) -> float:
         return mean(abs(predicted_busbw_gbps(r) / r["busbw_gbps"] - 1.0) * 100.0 for r in group)
 
+    def put(value: float | None) -> None:
+        if value is None:
+            table.pop("a2a_peer_us", None)
+        else:
+            table["a2a_peer_us"] = value
+
     try:
         at = {}
-        for alpha in range(301):
-            table["alpha_us"] = float(alpha)
-            at[alpha] = err(fit)
+        for peer in range(301):
+            put(float(peer))
+            at[peer] = err(fit)
         best = min(at, key=lambda a: (at[a], a))
-        table["alpha_us"] = float(best)
+        put(float(best))
         held_best = err(held)
+        put(None)
+        fit_none, held_none = err(fit), err(held)
     finally:
-        table["alpha_us"] = stored
-    return {"alpha_us": float(best), "fit_pct": at[best], "held_out_pct": held_best,
-            "stored_alpha_us": stored, "fit_pct_at_stored": err(fit), "held_out_pct_at_stored": err(held),
+        put(stored)
+    return {"a2a_peer_us": float(best), "fit_pct": at[best], "held_out_pct": held_best,
+            "stored_a2a_peer_us": stored, "fit_pct_at_stored": err(fit), "held_out_pct_at_stored": err(held),
+            "fit_pct_at_latency": fit_none, "held_out_pct_at_latency": held_none,
             "fit_rows": [r["id"] for r in fit], "held_out_rows": [r["id"] for r in held]}
 
 
+# Cached for predict's and plan's note: a test that patches the share, a link's cost or the
+# pricing in-process must clear it (cache_clear) before and after.
 @lru_cache(maxsize=1)
 def _all_to_all_scores() -> tuple[dict[str, Any], ...]:
     return tuple(s for s in score() if s["collective"] == "all_to_all")

@@ -58,6 +58,11 @@ class Hardware:
     # "carried" from a named sibling, or "assumed" (uncertainty.py widens the interval by it).
     evidence: str = "assumed"  # every constructor states it; a Hardware built without says nothing was measured
     evidence_detail: str | None = None  # the figures' kinds and siblings, in words
+    # What an all-to-all pays per peer node across the network (hardware.toml link
+    # ``a2a_peer_us``, solved on published alltoall_perf rows; moe.exchange_seconds): a
+    # rank's messages to each peer are small, and the network's per-message cost shows
+    # there, not in a ring's steps. None: the link's latency (inter_alpha_s).
+    a2a_peer_s: float | None = None
     # GEMMs priced at the layer's own shapes (planner/perf.py gemm_seconds): every GEMM pays
     # gemm_fixed_s, and its operands stream at mem_bw x mem_bw_fraction, the two combined
     # with the compute time by the p-norm gemm_norm (hardware_profile.shape_model). False:
@@ -295,6 +300,7 @@ def resolve(system: str | None = None, gpu: str | None = None, precision: str = 
         intra_alpha_s=intra["alpha_us"] * 1e-6,
         inter_bw=inter["peak_gbps"] * GB * inter["bw_eff"] * nic_share * comm_eff_scale,
         inter_alpha_s=inter["alpha_us"] * 1e-6,
+        a2a_peer_s=inter["a2a_peer_us"] * 1e-6 if "a2a_peer_us" in inter else None,
         max_power_kw=s.get("max_power_kw"),
         compute_eff=compute_eff if compute_eff is not None else compute_efficiency(s["gpu"]),
         mem_bw=float(acc["mem_bw_tbps"]) * 1e12,

@@ -304,14 +304,16 @@ def exchange_seconds(hw: Any, ranks: Any, inside_bytes: Any, across_bytes: Any) 
     """Seconds of one all-to-all exchange over ``ranks`` consecutive ranks (ep_geometry)
     in which a rank sends ``inside_bytes`` to its node's other GPUs and ``across_bytes`` to
     other nodes: the slower of the two links at its rate (NVLink and the network run at
-    once), plus a latency per other GPU of the node and per other node. The one price of
+    once), plus a latency per other GPU of the node and a cost per other node (the link's
+    ``a2a_peer_us`` where the catalog solved one, else its latency). The one price of
     an all-to-all: MoE's dispatch and combine (:func:`a2a_seconds`) and nccl-tests'
     alltoall_perf (:func:`alltoall_seconds`, planner/collective_validation.py) both use it."""
     n = np.asarray(ranks, dtype=float)
     g, N = ep_geometry(ranks, hw.gpus_per_node)
     wire = np.maximum(np.asarray(inside_bytes, dtype=float) / hw.intra_bw,
                       np.asarray(across_bytes, dtype=float) / hw.inter_bw)
-    latency = (g - 1.0) * hw.intra_alpha_s + (N - 1.0) * hw.inter_alpha_s
+    peer = hw.inter_alpha_s if hw.a2a_peer_s is None else hw.a2a_peer_s
+    latency = (g - 1.0) * hw.intra_alpha_s + (N - 1.0) * peer
     return np.where(n > 1, latency + wire, 0.0)
 
 
@@ -321,7 +323,11 @@ def nccl_all_to_all_share() -> float:
     collective_validation.solve_all_to_all_share)."""
     from .. import catalog
 
-    return float(catalog.load("hardware.toml")["planner"]["all_to_all"]["nccl_share"])
+    share = catalog.load("hardware.toml")["planner"]["all_to_all"]["nccl_share"]
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 < share <= 1.0:
+        raise MgbenchError(f"hardware.toml [planner.all_to_all] nccl_share must be a fraction above 0 and at most 1, "
+                           f"got {share!r}")
+    return float(share)
 
 
 def alltoall_seconds(hw: Any, ranks: Any, nbytes: Any, share: float | None = None) -> Any:
@@ -341,7 +347,7 @@ def a2a_seconds(shape: ModelShape, hw: Any, *, tokens: Any, ep: Any, elem_bytes:
     DeepEP and HybridEP their own kernels at the links' rates."""
     inside, across = rows_sent(shape, ep, hw.gpus_per_node, opts)
     row = np.asarray(tokens, dtype=float) * shape.hidden * elem_bytes * opts.load
-    if not opts.dedup:
+    if opts.dispatcher == "alltoall":  # NCCL's all-to-all
         row = row / nccl_all_to_all_share()
     return exchange_seconds(hw, ep, row * inside, row * across)
 

@@ -139,3 +139,18 @@ def test_predict_says_how_the_all_to_all_price_did_against_nccl_tests(cli):
     no_ep = list(B200_QWEN)
     no_ep[no_ep.index("--ep") + 1] = "1"
     assert not any("alltoall_perf" in n for n in _json(cli("predict", *no_ep, "--json"))["notes"])
+
+
+def test_plan_says_how_its_leads_all_to_all_price_did(cli):
+    # plan's reasons carry the same line when its lead's EP runs NCCL's all-to-all
+    # (planner/search.py), and not when the run uses HybridEP.
+    from mgbench.planner import collective_validation as CV
+
+    args = ("plan", "--model", "qwen3-30b-a3b", "--tokens", "1e11", "--systems", "dgx-b200", "--max-gpus", "16",
+            "--precision", "fp8", "--json")
+    out = _json(cli(*args))
+    lead_ep = out["recommendation"]["ep"]
+    assert lead_ep > 1
+    assert CV.a2a_record_note("alltoall", lead_ep) in out["reasons"]
+    hybrid = _json(cli(*args, "--moe-dispatcher", "hybridep"))
+    assert not any("alltoall_perf" in r for r in hybrid["reasons"])
