@@ -201,6 +201,8 @@ _ACC = "[accelerators.g]\ntflops = { bf16 = 100.0 }\nmemory_gb = 40\nmem_bw_tbps
      "[links.l] bw_eff must be a fraction in (0, 1], got 0.0"),
     ("[links.l]\npeak_gbps = 50.0\nbw_eff = 0.8\nalpha_us = -1.0\n" + _ACC + _SYSTEM.replace("'pcie4'", "'l'"),
      "[links.l] alpha_us cannot be negative, got -1.0"),
+    ("[links.l]\npeak_gbps = 50.0\nbw_eff = 0.8\nalpha_us = 1.0\na2a_peer_us = -5.0\n" + _ACC
+     + _SYSTEM.replace("'pcie4'", "'l'"), "[links.l] a2a_peer_us cannot be negative, got -5.0"),
     ("links = 3\n" + _ACC + _SYSTEM, "[links] must be a table of named entries"),
     ("[accelerators]\ng = 5\n" + _SYSTEM, "[accelerators.g] must be a table of keys, got 5"),
 ])
@@ -210,3 +212,26 @@ def test_every_value_check_of_a_system_file_fires_on_a_bad_value(text, problem):
 
     problems = catalog.check_system_file(tomllib.loads(text))
     assert any(p.startswith(problem) for p in problems), problems
+
+
+def test_a_users_link_may_give_its_all_to_all_cost_per_peer_node(tmp_path):
+    # A link's a2a_peer_us (what an all-to-all pays per peer node, as hardware.toml's efa-v2)
+    # reaches the all-to-all's price; without it the link's latency stands there.
+    from mgbench.planner import moe
+    from mgbench.planner.hardware import resolve
+
+    text = GOOD.replace('inter_link = "eth-100g"', 'inter_link = "lab-fabric"')
+    with_peer = text.replace("alpha_us = 2.0", "alpha_us = 2.0\na2a_peer_us = 50.0")
+    S, n = 1e6, 8  # two nodes of 4 GPUs: 3 peers inside, one peer node
+    got = {}
+    for name, body in (("plain", text), ("peer", with_peer)):
+        catalog.clear_system_file()
+        catalog.use_system_file(_write(tmp_path, body, f"{name}.toml"))
+        hw = resolve(system="lab-box")
+        b = S / moe.nccl_all_to_all_share()
+        wire = max(b * 3 / n / hw.intra_bw, b * 4 / n / hw.inter_bw)
+        peer = hw.inter_alpha_s if name == "plain" else 50e-6
+        assert hw.a2a_peer_s == (None if name == "plain" else pytest.approx(50e-6))
+        got[name] = float(moe.alltoall_seconds(hw, n, S))
+        assert got[name] == pytest.approx(3 * hw.intra_alpha_s + peer + wire)
+    assert got["peer"] - got["plain"] == pytest.approx(48e-6)  # 50 us against the link's 2
