@@ -123,7 +123,7 @@ def solve_all_to_all_share() -> dict[str, Any]:
     bus bandwidth, a 0.01 grid from 0.50 to 1), with both splits' mean |error| at it and
     at 1. The rule fixed before the first solve (docs/planner.md, "An all-to-all share from
     fit rows"): adopt it only if the held-out rows' error falls below their error at 1.
-    The first solve (0.72) failed that; after efa-v2's latency was solved (0.97) it passed."""
+    The first solve (0.72) failed that; after efa-v2's all-to-all cost per peer node was solved (0.97) it passed."""
     rows_ = [r for r in rows() if collective_of(r) == "all_to_all"]
 
     def err(split: str, share: float) -> float:
@@ -143,8 +143,7 @@ def solve_a2a_peer(link: str) -> dict[str, Any]:
     bus bandwidth on a 1 us grid from 0 to 300 us, every other figure held. Returns the value,
     the fit rows' and the held-out all-to-all rows' (across nodes, on the link) mean |error|
     at it and at the stored value (None where the link has none: its latency then). What set
-    efa-v2's (docs/planner.md). Edits the loaded catalog while it runs and puts it back, so a
-    --system-file overlay of the link would hide the search."""
+    efa-v2's (docs/planner.md). Edits the loaded catalog while it runs and puts it back."""
     links = catalog.load("hardware.toml")["links"]
     if link not in links:
         raise MgbenchError(f"hardware.toml has no link {link!r}")

@@ -32,7 +32,10 @@ experts is any of the E with equal chance; h the hidden size):
     backward combine in BF16). Combine rows mirror dispatch rows.
     One all-to-all takes max(inside bytes / intra_bw, across bytes / inter_bw) (the two
     links run at once) times the busiest receiver's load (:meth:`MoeOptions.load`), plus
-    one latency per peer node and per peer GPU of the node. The bandwidths are the
+    one latency per peer GPU of the node and a cost per peer node (the link's a2a_peer_us
+    where the catalog solved one, else its latency; DeepEP and HybridEP pay it too, though it
+    was solved on NCCL's all-to-all). NCCL's all-to-all (the "alltoall" dispatcher) moves its
+    bytes at :func:`nccl_all_to_all_share` of the links' rates. The bandwidths are the
     catalog's (hardware.toml links, the ring busbw fraction): DeepEP's published H800
     figures agree with what they give an H800 node (see :data:`DEEPEP_H800`).
     A step issues 4 per MoE layer and micro-batch (dispatch and combine, forward and

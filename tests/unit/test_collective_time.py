@@ -181,7 +181,7 @@ def test_all_to_all_rows_and_their_misses_are_pinned():
     # 33 alltoall_perf figures. awslabs' 12 (p6-b300 at 4 to 32 nodes, p5 at 4 and 8) and
     # NVIDIA's GTC25 bars (6) are held out; the 15 of crazyguitar's p5 sweep and Oracle's OCI
     # tables alternate fit / held out, and the 8 fit ones set NCCL's all-to-all share (0.97)
-    # and efa-v2's latency (78 us). Still missed: the fan-out on EFA v4 (p6-b300 at 16 and 32
+    # and efa-v2's all-to-all cost per peer node (78 us). Still missed: the fan-out on EFA v4 (p6-b300 at 16 and 32
     # nodes +15% and +26% at the peak: the model has a latency per node, nothing per peer
     # rank), 64 MiB on p6-b300 (+7% to +24%), and the GTC25 InfiniBand bars across 4 nodes
     # (+21% and +25%). Pinned so that a change to the all-to-all's price shows here

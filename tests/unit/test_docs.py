@@ -261,7 +261,7 @@ def collectives_summary_markdown() -> str:
             f"out, mean |error| {held['mean_abs_pct']:.1f}%, worst {held['worst'][0]:.1f}% (`{held['worst'][1]}`). "
             f"All-to-all as MoE's dispatch prices it, against nccl-tests alltoall_perf "
             f"({a2a['held_out']['rows']} rows held out; {a2a['fit']['rows']} fit, which set NCCL's all-to-all share of "
-            f"the links' rates and efa-v2's latency, docs/planner.md): held out {part['held_out']}"
+            f"the links' rates and efa-v2's all-to-all cost per peer node, docs/planner.md): held out {part['held_out']}"
             + (f"; fit {part['fit']}." if "fit" in part else "."))
 
 
