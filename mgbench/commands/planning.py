@@ -629,12 +629,9 @@ def _lever_notes(shape: Any, moe: Any, system: str | None = None, ep: int | None
     A/B pairs of that option bear out the model (planner/moe_pairs.py)."""
     if not shape.is_moe or moe is None:
         return []
-    from ..planner import collective_validation, moe_pairs, moe_validation
-    from ..planner.hardware import ep_crosses_efa
+    from ..planner.moe_pairs import evidence_notes
 
-    a2a = collective_validation.a2a_record_note(moe.dispatcher, ep)
-    return ([moe_validation.model_record_note(shape, moe.cuda_graphs, ep_crosses_efa(system, ep))]
-            + ([a2a] if a2a else []) + moe_pairs.lever_notes(moe, system=system, ep=ep))
+    return evidence_notes(shape, moe, system=system, ep=ep)
 
 
 def _moe_ignored(shape: Any, moe: Any) -> list[str]:

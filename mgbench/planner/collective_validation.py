@@ -62,7 +62,7 @@ def check(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             bad.append(f"{r['id']}: an all_to_all row across nodes runs every GPU of its nodes, not "
                        f"{r['ranks_per_node']} of {system['gpus_per_node']}")
         if r["split"] == "fit" and collective_of(r) == "all_to_all":
-            if r.get("sets") != "all_to_all":  # the share no model has yet (docs/planner.md)
+            if r.get("sets") != "all_to_all":  # NCCL's share and a link's a2a_peer_us (solve_*)
                 bad.append(f"{r['id']}: a fit all_to_all row sets the all-to-all share (sets = \"all_to_all\"), "
                            f"not {r.get('sets')!r}")
         elif r["split"] == "fit" and r.get("sets") != system["inter_link"]:
@@ -94,6 +94,13 @@ def predicted_busbw_gbps(row: dict[str, Any], share: float | None = None) -> flo
     return busbw_factor(collective_of(row), n) * row["bytes"] / seconds / 1e9
 
 
+def error_pct(row: dict[str, Any], share: float | None = None, predicted: float | None = None) -> float:
+    """(predicted - published) / published busbw in % (``share``: as
+    :func:`predicted_busbw_gbps`; ``predicted``: the prediction where the caller has it)."""
+    pred = predicted_busbw_gbps(row, share) if predicted is None else predicted
+    return 100.0 * (pred - row["busbw_gbps"]) / row["busbw_gbps"]
+
+
 def score() -> list[dict[str, Any]]:
     """Every row: published and predicted busbw and the error in %."""
     out = []
@@ -102,7 +109,7 @@ def score() -> list[dict[str, Any]]:
         out.append({"id": r["id"], "split": r["split"], "system": r["system"], "nodes": r["nodes"],
                     "collective": collective_of(r),
                     "published": r["busbw_gbps"], "predicted": pred,
-                    "error_pct": 100.0 * (pred - r["busbw_gbps"]) / r["busbw_gbps"]})
+                    "error_pct": error_pct(r, predicted=pred)})
     return out
 
 
@@ -127,8 +134,7 @@ def solve_all_to_all_share() -> dict[str, Any]:
     rows_ = [r for r in rows() if collective_of(r) == "all_to_all"]
 
     def err(split: str, share: float) -> float:
-        return mean(abs(predicted_busbw_gbps(r, share) / r["busbw_gbps"] - 1.0) * 100.0
-                    for r in rows_ if r["split"] == split)
+        return mean(abs(error_pct(r, share)) for r in rows_ if r["split"] == split)
 
     grid = [round(0.5 + 0.01 * i, 2) for i in range(51)]
     best = min(grid, key=lambda s: err("fit", s))
@@ -159,7 +165,7 @@ def solve_a2a_peer(link: str) -> dict[str, Any]:
         raise MgbenchError(f"published_collectives.toml: no fit all_to_all row runs across nodes on {link}")
 
     def err(group: list[dict[str, Any]]) -> float:
-        return mean(abs(predicted_busbw_gbps(r) / r["busbw_gbps"] - 1.0) * 100.0 for r in group)
+        return mean(abs(error_pct(r)) for r in group)
 
     def put(value: float | None) -> None:
         if value is None:

@@ -222,3 +222,18 @@ def markdown(found: list[dict[str, Any]] | None = None) -> str:
 
 if __name__ == "__main__":  # python -m mgbench.planner.moe_pairs
     print(report())
+
+
+def evidence_notes(shape: Any, opts: moe.MoeOptions, *, system: str | None = None, ep: int | None = None,
+                   gpu_count: bool = False) -> list[str]:
+    """predict's and plan's evidence lines for a run of an MoE model, in one place: how the
+    planner did on the model's published runs of the run's kind
+    (moe_validation.model_record_note), how its all-to-all price did against nccl-tests
+    where the run's expert parallelism uses NCCL's all-to-all
+    (collective_validation.a2a_record_note), and the published A/B pairs of the levers it
+    sets (:func:`lever_notes`; ``gpu_count``: plan, which chooses it)."""
+    from .collective_validation import a2a_record_note
+
+    a2a = a2a_record_note(opts.dispatcher, ep)
+    return ([moe_validation.model_record_note(shape, opts.cuda_graphs, ep_crosses_efa(system, ep))]
+            + ([a2a] if a2a else []) + lever_notes(opts, gpu_count=gpu_count, system=system, ep=ep))

@@ -703,15 +703,9 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
         # plan picks the GPU count (and prices the run's --moe-* levers): say how the planner
         # did on the model's published runs, and how the published A/B pairs of those levers
         # bear the model out
-        from .collective_validation import a2a_record_note
-        from .hardware import ep_crosses_efa
-        from .moe_pairs import lever_notes
-        from .moe_validation import model_record_note
+        from .moe_pairs import evidence_notes
 
-        reasons.append(model_record_note(shape, opts.moe.cuda_graphs, ep_crosses_efa(rec["system"], rec["ep"])))
-        if (a2a := a2a_record_note(opts.moe.dispatcher, rec["ep"])) is not None:
-            reasons.append(a2a)
-        reasons += lever_notes(opts.moe, gpu_count=True, system=rec["system"], ep=rec["ep"])
+        reasons += evidence_notes(shape, opts.moe, system=rec["system"], ep=rec["ep"], gpu_count=True)
     if rec is not None and opts.deadline_days is not None and rec["days_interval"][1] > opts.deadline_days:
         reasons.append(f"at its interval's upper end ({rec['days_interval'][1]:.1f} days) it would miss the "
                        f"{opts.deadline_days:g}-day deadline")
