@@ -106,6 +106,11 @@ DEFAULT_IMBALANCE = 1.1
 FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0
 
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
+# The implementations a DeepEP-style dispatch may name where it does not run DeepEP's
+# InfiniBand kernels (MoeOptions.backend, a published row's dispatcher_backend): UCCL's
+# EFA drop-in for DeepEP, and DeepEP over NVSHMEM on libfabric. Across EFA nodes each is
+# priced at its published kernels' share of the network rate (planner/ep_kernels.py).
+DISPATCHER_BACKENDS = ("uccl-ep", "nvshmem-libfabric")
 # Megatron-Core recompute_modules (its MoE README, "Fine-grained Recomputation"): the
 # matmuls of "mla_up_proj", "mlp" and "moe" are priced again here; "mla_up_proj",
 # "moe_act", "moe" and "layernorm" discard what memory.py would count as saved ("mlp": not
@@ -139,6 +144,12 @@ class MoeOptions:
         "choices": DISPATCHERS, "help": "alltoall: Megatron-Core's (one row per chosen expert); deepep / hybridep: "
                                         "one row per destination node and GPU, forwarded over NVLink. Each has its own "
                                         "host launch time a layer pass when eager (stacks.toml [moe_host])."})
+    backend: str | None = field(default=None, metadata={
+        "choices": DISPATCHER_BACKENDS,
+        "help": "deepep / hybridep only: the kernels' implementation over AWS EFA, uccl-ep (UCCL's drop-in for "
+                "DeepEP) or nvshmem-libfabric (DeepEP on NVSHMEM's libfabric transport); across EFA nodes its "
+                "bytes move at the share of the network rate its published benchmarks reach "
+                "(data/published_ep_kernels.toml). Not given: DeepEP's own kernels, at the links' rates."})
     node_limit: int | None = field(default=None, metadata={
         "metavar": "M", "help": "Each token's experts on at most M nodes (DeepSeek-V3: 4)."})
     device_limit: int | None = field(default=None, metadata={
@@ -173,6 +184,12 @@ class MoeOptions:
         object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules or ()))  # a CLI list too
         if self.dispatcher not in DISPATCHERS:
             raise MgbenchError(f"MoE dispatcher must be one of {', '.join(DISPATCHERS)}, got {self.dispatcher!r}")
+        if self.backend is not None:
+            if self.backend not in DISPATCHER_BACKENDS:
+                raise MgbenchError(f"MoE backend must be one of {', '.join(DISPATCHER_BACKENDS)}, got {self.backend!r}")
+            if self.dispatcher == "alltoall":
+                raise MgbenchError(f"MoE backend {self.backend!r} names a DeepEP-style dispatch's implementation: "
+                                   "give --moe-dispatcher deepep (or hybridep) with it, or no backend")
         for name in ("imbalance", "capacity_factor"):
             v = getattr(self, name)
             if v is not None and not math.isfinite(v):
@@ -352,7 +369,21 @@ def a2a_seconds(shape: ModelShape, hw: Any, *, tokens: Any, ep: Any, elem_bytes:
     row = np.asarray(tokens, dtype=float) * shape.hidden * elem_bytes * opts.load
     if opts.dispatcher == "alltoall":  # NCCL's all-to-all
         row = row / nccl_all_to_all_share()
-    return exchange_seconds(hw, ep, row * inside, row * across)
+    return exchange_seconds(hw, ep, row * inside, row * across / backend_share(hw, opts))
+
+
+def backend_share(hw: Any, opts: MoeOptions) -> float:
+    """The share of the network rate a DeepEP-style backend's kernels reach across ``hw``'s
+    nodes: its published benchmarks' (ep_kernels.backend_share) where the run names one
+    and its system talks over EFA, where they were measured; else 1 (DeepEP's own kernels,
+    and any backend where no figure was published, at the links' rates)."""
+    from .ep_kernels import backend_share as published_share
+    from .hardware import catalog_system, on_efa
+
+    if opts.backend is None or not on_efa(catalog_system(hw)):
+        return 1.0
+    share = published_share(opts.backend)
+    return 1.0 if share is None else share
 
 
 def dispatch_bytes(opts: MoeOptions, act_bytes: float) -> float:
@@ -672,7 +703,7 @@ def host_wait(host: Any, *, bubble_fraction: Any) -> Any:
 
 def note(opts: MoeOptions, schedule: str) -> str:
     """One line of a prediction's notes: the MoE options it was priced with."""
-    how = [f"{opts.dispatcher} dispatcher"]
+    how = [f"{opts.dispatcher} dispatcher" + (f" ({opts.backend})" if opts.backend else "")]
     if opts.node_limit:
         how.append(f"at most {opts.node_limit} nodes a token")
     if opts.device_limit:
@@ -713,6 +744,7 @@ def options_of(row: dict[str, Any]) -> MoeOptions:
     return MoeOptions(imbalance=1.0 if routing in ("force_balanced", "round_robin")
                       else None if imbalance is None else float(imbalance), round_robin=routing == "round_robin",
                       capacity_factor=row.get("capacity_factor"), dispatcher=row.get("dispatcher", "alltoall"),
+                      backend=row.get("dispatcher_backend"),
                       node_limit=row.get("node_limit"), device_limit=row.get("device_limit"),
                       fp8_dispatch=bool(row.get("fp8_dispatch", False)), a2a_overlap=bool(row.get("a2a_overlap", False)),
                       recompute_modules=tuple(row.get("moe_recompute", ())),

@@ -119,21 +119,17 @@ def check_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-# The implementations a row's DeepEP-style dispatcher may name where it does not run
-# DeepEP's InfiniBand kernels (``dispatcher_backend``): UCCL's EFA drop-in for DeepEP, and
-# DeepEP over NVSHMEM on libfabric. Part of a row's configuration, not priced.
-DISPATCHER_BACKENDS = ("uccl-ep", "nvshmem-libfabric")
 
 
 def dispatcher_backend_problem(row: dict[str, Any]) -> str | None:
     """What is wrong with a row's ``dispatcher_backend``: a name not in
-    :data:`DISPATCHER_BACKENDS` (a typo would make a configuration of its own), or one on
+    :data:`moe.DISPATCHER_BACKENDS` (a typo would make a configuration of its own), or one on
     the all-to-all dispatcher, which has no backend to name."""
     backend = row.get("dispatcher_backend")
     if backend is None:
         return None
-    if backend not in DISPATCHER_BACKENDS:
-        return f"dispatcher_backend {backend!r}: one of {', '.join(DISPATCHER_BACKENDS)}"
+    if backend not in moe.DISPATCHER_BACKENDS:
+        return f"dispatcher_backend {backend!r}: one of {', '.join(moe.DISPATCHER_BACKENDS)}"
     if row.get("dispatcher", "alltoall") == "alltoall":
         return f"dispatcher_backend {backend!r} on the all-to-all dispatcher: only DeepEP-style dispatch names one"
     return None

@@ -312,4 +312,4 @@ def test_a_dispatcher_backend_is_checked(rows):
         broken = [bad if r["id"] == bad["id"] else r for r in rows]
         with pytest.raises(MgbenchError, match=f"{bad['id']}: dispatcher_backend {match}"):
             V.check_rows(broken)
-    assert {r.get("dispatcher_backend") for r in rows} == {None, *V.DISPATCHER_BACKENDS}
+    assert {r.get("dispatcher_backend") for r in rows} == {None, *moe.DISPATCHER_BACKENDS}
