@@ -3,7 +3,7 @@
 
 DeepEP's own InfiniBand kernels reach the links' rates (moe.DEEPEP_H800), so the planner
 prices DeepEP-style dispatch at them. Its drop-ins over EFA (UCCL-EP, DeepEP on NVSHMEM's
-libfabric transport: moe.DISPATCHER_BACKENDS) publish lower figures. A backend's share
+libfabric transport: :data:`DISPATCHER_BACKENDS`) publish lower figures. A backend's share
 (:func:`backend_share`) is the mean, over its fit rows, of the published figure, put in
 the bytes the planner counts as crossing nodes (:func:`network_gbps`), over the catalog's
 per-GPU network rate of the row's system; the held-out rows check it (:func:`report`).
@@ -21,6 +21,10 @@ from typing import Any
 from .. import catalog
 from ..errors import MgbenchError
 
+# The implementations a DeepEP-style dispatch may name where it does not run DeepEP's
+# InfiniBand kernels (moe.MoeOptions.backend, a published MoE row's dispatcher_backend):
+# UCCL's EFA drop-in for DeepEP, and DeepEP over NVSHMEM on libfabric.
+DISPATCHER_BACKENDS = ("uccl-ep", "nvshmem-libfabric")
 SPLITS = ("fit", "held_out")
 PHASES = ("dispatch", "combine")
 REQUIRED = ("id", "backend", "system", "nodes", "ep", "phase", "gbps", "counts_own_node", "split", "source", "date")
@@ -38,7 +42,6 @@ def check(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     nodes of more than one, or breaks the file's rule: within a backend, rows alternate
     fit / held out in file order, fit first."""
     from .hardware import on_efa
-    from .moe import DISPATCHER_BACKENDS
 
     bad = [f"{r.get('id', '?')}: missing {', '.join(k for k in REQUIRED if k not in r)}" for r in rows
            if any(k not in r for k in REQUIRED)]

@@ -72,6 +72,7 @@ import numpy as np
 from ..errors import MgbenchError
 from ..model_shape import MLA_UP_PROJECTIONS, ModelShape
 from ..strategies.schedules import VIRTUAL
+from .ep_kernels import DISPATCHER_BACKENDS
 
 # DeepEP's normal (training) kernels on H800, DeepSeek-V3's pretraining setting (4096
 # tokens a batch, hidden 7168, top-4 groups, top-8 experts, FP8 dispatch, BF16 combine):
@@ -106,11 +107,6 @@ DEFAULT_IMBALANCE = 1.1
 FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0
 
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
-# The implementations a DeepEP-style dispatch may name where it does not run DeepEP's
-# InfiniBand kernels (MoeOptions.backend, a published row's dispatcher_backend): UCCL's
-# EFA drop-in for DeepEP, and DeepEP over NVSHMEM on libfabric. Across EFA nodes each is
-# priced at its published kernels' share of the network rate (planner/ep_kernels.py).
-DISPATCHER_BACKENDS = ("uccl-ep", "nvshmem-libfabric")
 # Megatron-Core recompute_modules (its MoE README, "Fine-grained Recomputation"): the
 # matmuls of "mla_up_proj", "mlp" and "moe" are priced again here; "mla_up_proj",
 # "moe_act", "moe" and "layernorm" discard what memory.py would count as saved ("mlp": not

@@ -47,9 +47,9 @@ def repeat_spread(rows: list[dict[str, Any]] | None = None) -> float:
     return max((max(v) / min(v) - 1.0 for v in groups.values() if len(v) > 1), default=0.0)
 VERDICTS = ("agrees", "too large", "too small", "opposite")
 # Fields that change together and make one knob: an FP8 recipe exists only under fp8; a
-# dispatcher's backend (a row's dispatcher_backend: UCCL-EP, NVSHMEM on libfabric) only
-# under a DeepEP-style dispatcher.
-GROUPS = {"precision": ("precision", "fp8_recipe"), "moe.dispatcher": ("moe.dispatcher", "dispatcher_backend")}
+# dispatcher's backend (moe.backend, a row's dispatcher_backend: UCCL-EP, NVSHMEM on
+# libfabric) only under a DeepEP-style dispatcher.
+GROUPS = {"precision": ("precision", "fp8_recipe"), "moe.dispatcher": ("moe.dispatcher", "moe.backend")}
 
 
 def knob_of(diff: list[str]) -> str | None:
@@ -164,9 +164,10 @@ def lever_note(knob: str, found: list[dict[str, Any]] | None = None, value: Any 
     if efa is not None:
         found = [p for p in found if p["efa"] == efa]
     if knob == "moe.dispatcher":
-        # a pair that changes only the backend (UCCL-EP against NVSHMEM) tests nothing the
-        # model prices (it prices both alike): the report lists it, the lever note does not
-        found = [p for p in found if p["changed"] != ["dispatcher_backend"]]
+        # a pair that changes only the backend (UCCL-EP against NVSHMEM) tests the backends'
+        # kernel shares (ep_kernels), not the dispatcher a run chose: the report lists it,
+        # the lever note does not
+        found = [p for p in found if p["changed"] != ["moe.backend"]]
     s = by_knob(found).get(knob)
     if s is None:
         return None

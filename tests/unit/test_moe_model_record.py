@@ -78,7 +78,7 @@ def test_predict_says_it_for_an_moe_model_and_not_for_a_dense_one(cli):
     assert len(line) == 1 and f"{rec['rows']} scored" in line[0] and f"{rec['mean_pct']:+.1f}%" in line[0]
     assert "not across AWS EFA" in line[0]
     pooled, over = V.model_record("qwen3-30b-a3b"), V.model_record("qwen3-30b-a3b", efa=True)
-    assert rec["rows"] + over["rows"] == pooled["rows"] and over["rows"] == 17 and over["high_pct"] > 250
+    assert rec["rows"] + over["rows"] == pooled["rows"] and over["rows"] == 17 and over["high_pct"] > 200
     dense = cli("predict", "--model", "llama3-8b", "--system", "dgx-b200", "--num-gpus", "8", "--json")
     assert not any("published MoE runs" in n for n in json.loads(dense.stdout)["notes"])
 
