@@ -85,6 +85,8 @@ def test_plan_takes_the_moe_options(cli):
     (("--moe-capacity-factor", "inf"), "finite"),
     (("--moe-round-robin", "--moe-node-limit", "4"), "replaces the router"),
     (("--moe-round-robin", "--moe-imbalance", "1.3"), "exactly balanced"),
+    (("--moe-backend", "uccl-ep"), "give --moe-dispatcher deepep"),
+    (("--moe-dispatcher", "deepep", "--moe-backend", "pplx"), "moe-backend"),
 ])
 def test_bad_moe_options_are_one_line_and_exit_2(cli, bad, says):
     p = cli("predict", *B200_QWEN, *bad)
@@ -154,3 +156,18 @@ def test_plan_says_how_its_leads_all_to_all_price_did(cli):
     assert CV.a2a_record_note("alltoall", lead_ep) in out["reasons"]
     hybrid = _json(cli(*args, "--moe-dispatcher", "hybridep"))
     assert not any("alltoall_perf" in r for r in hybrid["reasons"])
+
+
+def test_predict_prices_a_named_backend_across_efa_nodes_only(cli):
+    # UCCL-EP over 4 p5 nodes: its bytes across nodes at its published kernels' share of the
+    # network rate (planner/ep_kernels.py, below 1), so a slower step than DeepEP's own
+    # kernels; the note names the backend. Inside one node nothing crosses: no change.
+    run = ("--model", "qwen3-30b-a3b", "--system", "aws-p5", "--num-gpus", "32", "--ep", "32", "--micro-batch", "1",
+           "--global-batch", "256", "--moe-dispatcher", "deepep", "--moe-imbalance", "1", "--json")
+    deep = _json(cli("predict", *run))
+    uccl = _json(cli("predict", *run, "--moe-backend", "uccl-ep"))
+    assert uccl["step_time_s"] > deep["step_time_s"]
+    assert any("deepep dispatcher (uccl-ep)" in n for n in uccl["notes"])
+    one = [a if a not in ("32",) else "8" for a in run]
+    assert _json(cli("predict", *one, "--moe-backend", "uccl-ep"))["step_time_s"] == \
+        pytest.approx(_json(cli("predict", *one))["step_time_s"])
