@@ -113,6 +113,28 @@ def error_pct(row: dict[str, Any]) -> float | None:
     return 100.0 * (share * catalog_gbps(row["system"]) / network_gbps(row) - 1.0)
 
 
+def backend_note(backend: str, across_efa: bool | None) -> str:
+    """One line of predict's and plan's notes on a run that names ``backend``: the share of
+    the network rate its bytes across EFA nodes were priced at and how that share did on
+    the backend's held-out kernel rows; or, where its expert parallelism does not cross EFA
+    nodes (``across_efa`` False, or None: not a catalog system), that nothing was changed."""
+    share = backend_share(backend)
+    if not across_efa:
+        return (f"--moe-backend {backend}: not priced here (its published kernel figures are over AWS EFA, and this "
+                "run's expert parallelism does not cross EFA nodes): the links' rates, as DeepEP's own kernels")
+    if share is None:
+        return (f"--moe-backend {backend}: no published kernel figure to fit (data/published_ep_kernels.toml): "
+                "priced at the links' rates, as DeepEP's own kernels")
+    held = [abs(e) for r in rows() if r["backend"] == backend and r["split"] == "held_out"
+            and (e := error_pct(r)) is not None]
+    fit = sum(r["backend"] == backend and r["split"] == "fit" for r in rows())
+    check = (f"on its {len(held)} held-out kernel rows mean |error| {mean(held):.1f}%, worst {max(held):.1f}%"
+             if held else "no held-out kernel row checks it")
+    return (f"--moe-backend {backend}: its bytes across EFA nodes priced at {share:.3f} of the network rate, the mean "
+            f"of its {fit} fit kernel benchmark rows ({check}; python -m mgbench.planner.ep_kernels); what the published "
+            "training runs over EFA with DeepEP-style dispatch took against their predictions is the interval's")
+
+
 def report() -> str:
     """Each row's share and error, and the mean |error| by backend and split."""
     from tabulate import tabulate

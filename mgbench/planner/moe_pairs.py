@@ -231,10 +231,13 @@ def evidence_notes(shape: Any, opts: moe.MoeOptions, *, system: str | None = Non
     planner did on the model's published runs of the run's kind
     (moe_validation.model_record_note), how its all-to-all price did against nccl-tests
     where the run's expert parallelism uses NCCL's all-to-all
-    (collective_validation.a2a_record_note), and the published A/B pairs of the levers it
-    sets (:func:`lever_notes`; ``gpu_count``: plan, which chooses it)."""
+    (collective_validation.a2a_record_note), the rate a named DeepEP-style backend was
+    priced at (ep_kernels.backend_note), and the published A/B pairs of the levers it sets
+    (:func:`lever_notes`; ``gpu_count``: plan, which chooses it)."""
     from .collective_validation import a2a_record_note
+    from .ep_kernels import backend_note
 
     a2a = a2a_record_note(opts.dispatcher, ep)
+    kernels = backend_note(opts.backend, ep_crosses_efa(system, ep)) if opts.backend else None
     return ([moe_validation.model_record_note(shape, opts.cuda_graphs, ep_crosses_efa(system, ep))]
-            + ([a2a] if a2a else []) + lever_notes(opts, gpu_count=gpu_count, system=system, ep=ep))
+            + [n for n in (a2a, kernels) if n] + lever_notes(opts, gpu_count=gpu_count, system=system, ep=ep))

@@ -111,3 +111,17 @@ def test_a_backend_needs_a_deepep_style_dispatcher_and_a_known_name():
     with pytest.raises(MgbenchError, match="MoE backend must be one of"):
         moe.MoeOptions(dispatcher="deepep", backend="pplx")
     assert "deepep dispatcher (uccl-ep)" in moe.note(moe.MoeOptions(dispatcher="deepep", backend="uccl-ep"), "1f1b")
+
+
+def test_the_backend_note_says_the_share_and_its_check_or_that_nothing_changed(monkeypatch):
+    rows = (row(id="a", gbps=20.0), row(id="b", gbps=40.0, split="held_out"))
+    monkeypatch.setattr(K, "rows", lambda: rows)
+    K.backend_share.cache_clear()
+    try:
+        line = K.backend_note("uccl-ep", True)
+        assert f"{K.row_share(rows[0]):.3f} of the network rate" in line and "1 fit kernel" in line
+        assert f"mean |error| {abs(K.error_pct(rows[1])):.1f}%" in line
+        assert "not priced here" in K.backend_note("uccl-ep", False)
+        assert "no published kernel figure" in K.backend_note("nvshmem-libfabric", True)
+    finally:
+        K.backend_share.cache_clear()
