@@ -77,6 +77,7 @@ from ..errors import MgbenchError
 from ..layout import fp8_attention_problem
 from ..model_shape import ModelShape
 from ..strategies.schedules import bubble_unknown_reason
+from . import ep_kernels
 from . import moe as moe_terms
 from . import perf
 from .hardware import GB, Hardware
@@ -366,7 +367,8 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
 
     if shape.is_moe:
         a2a = moe_terms.a2a_per_step(shape, hw, tokens=tokens_rank, ep=ep, act_bytes=e, opts=opts,
-                                     moe_layers=moe_layers, num_micro=m, moe_rerun_share=rerun)
+                                     moe_layers=moe_layers, num_micro=m, moe_rerun_share=rerun,
+                                     across_share=ep_kernels.priced_share(hw, opts))
         ep_comm = moe_terms.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule=schedule, virtual_stages=v,
                                         opts=opts)
         host = moe_terms.host_seconds(shape, ep=ep, moe_layers=moe_layers, num_micro=m, opts=opts, rerun=rerun)

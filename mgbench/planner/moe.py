@@ -35,7 +35,9 @@ experts is any of the E with equal chance; h the hidden size):
     one latency per peer GPU of the node and a cost per peer node (the link's a2a_peer_us
     where the catalog solved one, else its latency; DeepEP and HybridEP pay it too, though it
     was solved on NCCL's all-to-all). NCCL's all-to-all (the "alltoall" dispatcher) moves its
-    bytes at :func:`nccl_all_to_all_share` of the links' rates. The bandwidths are the
+    bytes at :func:`nccl_all_to_all_share` of the links' rates; a DeepEP run that names its
+    implementation over EFA (MoeOptions.backend) moves its bytes across EFA nodes at that
+    backend's published kernels' share of the network rate (planner/ep_kernels.py). The bandwidths are the
     catalog's (hardware.toml links, the ring busbw fraction): DeepEP's published H800
     figures agree with what they give an H800 node (see :data:`DEEPEP_H800`).
     A step issues 4 per MoE layer and micro-batch (dispatch and combine, forward and
@@ -72,17 +74,20 @@ import numpy as np
 from ..errors import MgbenchError
 from ..model_shape import MLA_UP_PROJECTIONS, ModelShape
 from ..strategies.schedules import VIRTUAL
-from .ep_kernels import DISPATCHER_BACKENDS
 
 # DeepEP's normal (training) kernels on H800, DeepSeek-V3's pretraining setting (4096
 # tokens a batch, hidden 7168, top-4 groups, top-8 experts, FP8 dispatch, BF16 combine):
 # "bottleneck bandwidth" per GPU, GB/s (deepseek-ai/DeepEP docs/legacy.md @dd758caf,
 # "Normal kernels with NVLink and RDMA forwarding"; it gives H800's NVLink as ~160 GB/s
 # and the CX7 400 Gb/s NIC as ~50 GB/s). What the catalog gives an hgx-h800 node: NVLink
-# 200 x 0.82 = 164 GB/s, InfiniBand NDR 50 x 0.85 = 42.5 GB/s a GPU: within 7% of the
-# intranode figures and 1-27% under the internode ones (whose "logical" bytes count some
-# traffic that stays in the node), so the all-to-all is priced at the catalog's links,
-# with no factor of its own. tests/unit/test_moe_terms.py keeps the comparison.
+# 200 x 0.82 = 164 GB/s, InfiniBand NDR 50 x 0.925 = 46.25 GB/s a GPU: within 7% of the
+# intranode figures and 7-26% off the internode ones, as printed (the benchmark's
+# "logical" bytes count a token once for each node it reaches, its own included), so the
+# all-to-all is priced at the catalog's links, with no factor of its own.
+# tests/unit/test_moe_terms.py keeps the comparison. Put in the bytes that cross nodes
+# (x (N - 1) / N, as planner/ep_kernels.py reads the EFA backends' figures of the same
+# benchmark) they are 0.47, 0.92-0.94 and 0.95-0.96 of the catalog's rate at 2, 4 and 8 nodes: the
+# 2-node shortfall the EFA backends show is DeepEP's on InfiniBand too.
 DEEPEP_H800 = {"intranode": {"ep": 8, "dispatch_gbps": 153.0, "combine_gbps": 158.0},
                "internode": [{"ep": 16, "dispatch_gbps": 43.0, "combine_gbps": 43.0},
                              {"ep": 32, "dispatch_gbps": 58.0, "combine_gbps": 57.0},
@@ -107,6 +112,11 @@ DEFAULT_IMBALANCE = 1.1
 FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0
 
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
+# The implementations a DeepEP dispatch may name where it does not run DeepEP's
+# InfiniBand kernels (MoeOptions.backend, a published row's dispatcher_backend): UCCL's
+# EFA drop-in for DeepEP, and DeepEP over NVSHMEM on libfabric. Across EFA nodes each is
+# priced at its published kernels' share of the network rate (planner/ep_kernels.py).
+DISPATCHER_BACKENDS = ("uccl-ep", "nvshmem-libfabric")
 # Megatron-Core recompute_modules (its MoE README, "Fine-grained Recomputation"): the
 # matmuls of "mla_up_proj", "mlp" and "moe" are priced again here; "mla_up_proj",
 # "moe_act", "moe" and "layernorm" discard what memory.py would count as saved ("mlp": not
@@ -142,7 +152,7 @@ class MoeOptions:
                                         "host launch time a layer pass when eager (stacks.toml [moe_host])."})
     backend: str | None = field(default=None, metadata={
         "choices": DISPATCHER_BACKENDS,
-        "help": "deepep / hybridep only: the kernels' implementation over AWS EFA, uccl-ep (UCCL's drop-in for "
+        "help": "deepep only: the kernels' implementation over AWS EFA, uccl-ep (UCCL's drop-in for "
                 "DeepEP) or nvshmem-libfabric (DeepEP on NVSHMEM's libfabric transport); across EFA nodes its "
                 "bytes move at the share of the network rate its published benchmarks reach "
                 "(data/published_ep_kernels.toml). Not given: DeepEP's own kernels, at the links' rates."})
@@ -183,9 +193,9 @@ class MoeOptions:
         if self.backend is not None:
             if self.backend not in DISPATCHER_BACKENDS:
                 raise MgbenchError(f"MoE backend must be one of {', '.join(DISPATCHER_BACKENDS)}, got {self.backend!r}")
-            if self.dispatcher == "alltoall":
-                raise MgbenchError(f"MoE backend {self.backend!r} names a DeepEP-style dispatch's implementation: "
-                                   "give --moe-dispatcher deepep (or hybridep) with it, or no backend")
+            if self.dispatcher != "deepep":
+                raise MgbenchError(f"MoE backend {self.backend!r} names an implementation of DeepEP's kernels (their "
+                                   "published figures are DeepEP's): give --moe-dispatcher deepep with it, or no backend")
         for name in ("imbalance", "capacity_factor"):
             v = getattr(self, name)
             if v is not None and not math.isfinite(v):
@@ -356,30 +366,19 @@ def alltoall_seconds(hw: Any, ranks: Any, nbytes: Any, share: float | None = Non
     return exchange_seconds(hw, ranks, b * (g - 1.0) / n, b * (n - g) / n)
 
 
-def a2a_seconds(shape: ModelShape, hw: Any, *, tokens: Any, ep: Any, elem_bytes: float, opts: MoeOptions) -> Any:
+def a2a_seconds(shape: ModelShape, hw: Any, *, tokens: Any, ep: Any, elem_bytes: float, opts: MoeOptions,
+                across_share: float = 1.0) -> Any:
     """Seconds of one dispatch (or combine) of ``tokens`` tokens a rank, each element
     ``elem_bytes`` bytes, at the busiest receiver's load; Megatron-Core's all-to-all
     dispatcher runs NCCL's all-to-all (:func:`nccl_all_to_all_share` of the links' rates),
-    DeepEP and HybridEP their own kernels at the links' rates."""
+    DeepEP and HybridEP their own kernels at the links' rates, the bytes across nodes at
+    ``across_share`` of the network's (a named backend's over EFA:
+    ep_kernels.priced_share)."""
     inside, across = rows_sent(shape, ep, hw.gpus_per_node, opts)
     row = np.asarray(tokens, dtype=float) * shape.hidden * elem_bytes * opts.load
     if opts.dispatcher == "alltoall":  # NCCL's all-to-all
         row = row / nccl_all_to_all_share()
-    return exchange_seconds(hw, ep, row * inside, row * across / backend_share(hw, opts))
-
-
-def backend_share(hw: Any, opts: MoeOptions) -> float:
-    """The share of the network rate a DeepEP-style backend's kernels reach across ``hw``'s
-    nodes: its published benchmarks' (ep_kernels.backend_share) where the run names one
-    and its system talks over EFA, where they were measured; else 1 (DeepEP's own kernels,
-    and any backend where no figure was published, at the links' rates)."""
-    from .ep_kernels import backend_share as published_share
-    from .hardware import catalog_system, on_efa
-
-    if opts.backend is None or not on_efa(catalog_system(hw)):
-        return 1.0
-    share = published_share(opts.backend)
-    return 1.0 if share is None else share
+    return exchange_seconds(hw, ep, row * inside, row * across / across_share)
 
 
 def dispatch_bytes(opts: MoeOptions, act_bytes: float) -> float:
@@ -388,13 +387,15 @@ def dispatch_bytes(opts: MoeOptions, act_bytes: float) -> float:
 
 
 def a2a_per_step(shape: ModelShape, hw: Any, *, tokens: Any, ep: Any, act_bytes: float, opts: MoeOptions,
-                 moe_layers: Any, num_micro: Any, moe_rerun_share: Any) -> Any:
+                 moe_layers: Any, num_micro: Any, moe_rerun_share: Any, across_share: float = 1.0) -> Any:
     """Seconds of every expert-parallel all-to-all of a step on one rank: per MoE layer of
     its stage and micro-batch, dispatch and combine forward (dispatch dtype, activation
     dtype), their backward (likewise: combine's backward dispatches, dispatch's combines),
-    and a forward pair again for the ``moe_rerun_share`` of MoE layers recomputed."""
-    d = a2a_seconds(shape, hw, tokens=tokens, ep=ep, elem_bytes=dispatch_bytes(opts, act_bytes), opts=opts)
-    c = a2a_seconds(shape, hw, tokens=tokens, ep=ep, elem_bytes=act_bytes, opts=opts)
+    and a forward pair again for the ``moe_rerun_share`` of MoE layers recomputed
+    (``across_share``: :func:`a2a_seconds`)."""
+    d = a2a_seconds(shape, hw, tokens=tokens, ep=ep, elem_bytes=dispatch_bytes(opts, act_bytes), opts=opts,
+                    across_share=across_share)
+    c = a2a_seconds(shape, hw, tokens=tokens, ep=ep, elem_bytes=act_bytes, opts=opts, across_share=across_share)
     pairs = 2.0 + np.asarray(moe_rerun_share, dtype=float)
     return pairs * (d + c) * np.asarray(moe_layers, dtype=float) * np.asarray(num_micro, dtype=float)
 

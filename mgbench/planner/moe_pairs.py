@@ -238,6 +238,6 @@ def evidence_notes(shape: Any, opts: moe.MoeOptions, *, system: str | None = Non
     from .ep_kernels import backend_note
 
     a2a = a2a_record_note(opts.dispatcher, ep)
-    kernels = backend_note(opts.backend, ep_crosses_efa(system, ep)) if opts.backend else None
+    kernels = backend_note(opts.backend, ep_crosses_efa(system, ep), opts.dispatcher)
     return ([moe_validation.model_record_note(shape, opts.cuda_graphs, ep_crosses_efa(system, ep))]
             + [n for n in (a2a, kernels) if n] + lever_notes(opts, gpu_count=gpu_count, system=system, ep=ep))

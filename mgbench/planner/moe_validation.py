@@ -119,12 +119,11 @@ def check_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-
-
 def dispatcher_backend_problem(row: dict[str, Any]) -> str | None:
-    """What is wrong with a row's ``dispatcher_backend``: a name not in
-    :data:`moe.DISPATCHER_BACKENDS` (a typo would make a configuration of its own), or one on
-    the all-to-all dispatcher, which has no backend to name."""
+    """What is wrong with a row's ``dispatcher_backend`` (moe.options_of carries it as
+    MoeOptions.backend): a name not in :data:`moe.DISPATCHER_BACKENDS` (a typo would make a
+    configuration of its own), or one on the all-to-all dispatcher, which has no backend to
+    name."""
     backend = row.get("dispatcher_backend")
     if backend is None:
         return None
@@ -484,7 +483,8 @@ def model_record_note(shape: ModelShape, cuda_graphs: bool | None = None, efa: b
 
 
 # The fields that make two rows one configuration for the planner (with the MoE options,
-# moe.options_of, which carry a row's dispatcher_backend as moe.backend): what it prices. Rows that differ only in who measured them, or when,
+# moe.options_of, which carry a row's dispatcher_backend as moe.backend): what it
+# prices. Rows that differ only in who measured them, or when,
 # are one configuration measured again.
 CONFIG_FIELDS = ("system", "model", "model_overrides", "seq", "num_gpus", "tp", "pp", "cp", "ep", "schedule",
                  "virtual_stages", "pp_last_layers", "micro_batch", "global_batch", "zero", "recompute",

@@ -265,12 +265,29 @@ def collectives_summary_markdown() -> str:
             + (f"; fit {part['fit']}." if "fit" in part else "."))
 
 
+def ep_kernel_shares_markdown() -> str:
+    """Each DeepEP-style backend's share of the network rate and its kernel rows' errors
+    (docs/planner.md; planner/ep_kernels.py)."""
+    from mgbench.planner import ep_kernels as K
+
+    def part(s: dict) -> str:
+        return f"{s['rows']} rows, {s['mean']:.1f}% (worst {s['worst']:.1f}%)" if s["rows"] else "-"
+
+    lines = ["| backend | share of the network rate | fit | held out | held out, configurations no fit row holds |",
+             "|---|---|---|---|---|"]
+    for backend in sorted({r["backend"] for r in K.rows()}):
+        s = K.summary(backend)
+        lines.append(f"| {backend} | {K.backend_share(backend):.3f} | {part(s['fit'])} | {part(s['held_out'])} | "
+                     f"{part(s['held_out_new'])} |")
+    return "\n".join(lines) + "\n"
+
+
 GENERATORS = {"strategies": strategies_markdown, "schedules": schedules_markdown, "suite-keys": suite_keys_markdown,
               "strategy-names": strategy_names_markdown, "accelerator-families": accelerator_families_markdown,
               "moe-runs": moe_runs_markdown, "moe-summary": moe_summary_markdown,
               "moe-intervals": moe_intervals_markdown, "moe-graphed-share": moe_graphed_share_markdown,
               "moe-pairs": moe_pairs_markdown, "moe-fits": moe_fits_markdown, "fits": fits_markdown,
-              "collectives-summary": collectives_summary_markdown}
+              "collectives-summary": collectives_summary_markdown, "ep-kernel-shares": ep_kernel_shares_markdown}
 GENERATED = re.compile(r"(<!-- generated: ([a-z-]+)[^\n]*-->\n)(.*?)(<!-- end generated -->)", re.S)
 
 
