@@ -170,6 +170,9 @@ def test_predict_prices_a_named_backend_across_efa_nodes_only(cli):
     assert any("deepep dispatcher (uccl-ep)" in n for n in uccl["notes"])
     assert any(n.startswith("--moe-backend uccl-ep: its bytes across EFA nodes priced at") for n in uccl["notes"])
     assert not any(n.startswith("--moe-backend") for n in deep["notes"])
+    # DeepEP across EFA nodes without a backend: told its own kernels do not run there
+    assert any(n.startswith("--moe-dispatcher deepep across AWS EFA nodes with no --moe-backend") for n in deep["notes"])
+    assert not any("with no --moe-backend" in n for n in uccl["notes"])
     one = [a if a not in ("32",) else "8" for a in run]
     assert _json(cli("predict", *one, "--moe-backend", "uccl-ep"))["step_time_s"] == \
         pytest.approx(_json(cli("predict", *one))["step_time_s"])
