@@ -236,7 +236,9 @@ def ep_crosses_efa(system: str | None, ep: Any = None) -> bool | None:
     """Whether expert parallelism of degree ``ep`` (None: taken to) crosses nodes of a
     system that talk over AWS EFA (:func:`on_efa`): groups of consecutive ranks larger than
     a node (moe.ep_geometry). None where ``system`` is not a catalog system (a probed
-    machine, or none): its fabric is unknown."""
+    machine, or none): its fabric is unknown. A catalog system given another GPU
+    (``SYSTEM[GPU]``, :func:`resolve`'s label) keeps its system's fabric."""
+    system = system.split("[")[0] if system else system
     if system not in systems():
         return None
     return on_efa(system) and (ep is None or int(ep) > int(systems()[system]["gpus_per_node"]))

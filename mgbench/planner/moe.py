@@ -81,7 +81,7 @@ from ..strategies.schedules import VIRTUAL
 # "Normal kernels with NVLink and RDMA forwarding"; it gives H800's NVLink as ~160 GB/s
 # and the CX7 400 Gb/s NIC as ~50 GB/s). What the catalog gives an hgx-h800 node: NVLink
 # 200 x 0.82 = 164 GB/s, InfiniBand NDR 50 x 0.925 = 46.25 GB/s a GPU: within 7% of the
-# intranode figures and 7-26% off the internode ones, as printed (the benchmark's
+# intranode figures and 7-25% off the internode ones, as printed (the benchmark's
 # "logical" bytes count a token once for each node it reaches, its own included), so the
 # all-to-all is priced at the catalog's links, with no factor of its own.
 # tests/unit/test_moe_terms.py keeps the comparison. Put in the bytes that cross nodes

@@ -122,15 +122,16 @@ def check_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def dispatcher_backend_problem(row: dict[str, Any]) -> str | None:
     """What is wrong with a row's ``dispatcher_backend`` (moe.options_of carries it as
     MoeOptions.backend): a name not in :data:`moe.DISPATCHER_BACKENDS` (a typo would make a
-    configuration of its own), or one on the all-to-all dispatcher, which has no backend to
-    name."""
+    configuration of its own), or one on a dispatcher other than DeepEP (the backends are
+    DeepEP's kernels; the all-to-all has none, and HybridEP's were not measured with one)."""
     backend = row.get("dispatcher_backend")
     if backend is None:
         return None
     if backend not in moe.DISPATCHER_BACKENDS:
         return f"dispatcher_backend {backend!r}: one of {', '.join(moe.DISPATCHER_BACKENDS)}"
-    if row.get("dispatcher", "alltoall") == "alltoall":
-        return f"dispatcher_backend {backend!r} on the all-to-all dispatcher: only DeepEP-style dispatch names one"
+    if row.get("dispatcher", "alltoall") != "deepep":
+        return (f"dispatcher_backend {backend!r} on the {row.get('dispatcher', 'alltoall')} dispatcher: only DeepEP "
+                "dispatch names one")
     return None
 
 

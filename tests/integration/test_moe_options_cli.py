@@ -176,3 +176,16 @@ def test_predict_prices_a_named_backend_across_efa_nodes_only(cli):
     one = [a if a not in ("32",) else "8" for a in run]
     assert _json(cli("predict", *one, "--moe-backend", "uccl-ep"))["step_time_s"] == \
         pytest.approx(_json(cli("predict", *one))["step_time_s"])
+
+
+def test_a_catalog_efa_system_given_another_gpu_keeps_its_fabric_in_the_notes(cli):
+    # aws-p5 with H200s: priced with the backend's share, and its note says so (it once
+    # read the label "aws-p5[h200]" as an unknown fabric); without a backend, told DeepEP's
+    # kernels do not run over EFA.
+    run = ("--model", "qwen3-30b-a3b", "--system", "aws-p5", "--gpu", "h200", "--num-gpus", "32", "--ep", "32",
+           "--micro-batch", "1", "--global-batch", "256", "--moe-dispatcher", "deepep", "--moe-imbalance", "1", "--json")
+    deep = _json(cli("predict", *run))
+    uccl = _json(cli("predict", *run, "--moe-backend", "uccl-ep"))
+    assert uccl["step_time_s"] > deep["step_time_s"]
+    assert any(n.startswith("--moe-backend uccl-ep: its bytes across EFA nodes priced at") for n in uccl["notes"])
+    assert any("with no --moe-backend" in n for n in deep["notes"])

@@ -48,6 +48,8 @@ def test_the_files_rows_pass_their_checks():
     ({"nodes": 2.5, "ep": 20}, "nodes must be whole numbers"),
     ({"nodes": "2"}, "nodes must be whole numbers"),
     ({"dispatch_dtype": "fp4"}, "dispatch_dtype 'fp4'"),
+    ({"gbps": True}, "not a positive number"),
+    ({"tokens": 0}, "tokens must be whole numbers of 1 or more"),
 ])
 def test_a_broken_row_is_refused_naming_it(broken, words):
     with pytest.raises(MgbenchError, match="published_ep_kernels.toml") as e:
@@ -89,6 +91,13 @@ def test_a_rows_kernel_time_and_share_net_of_the_planners_latency_by_hand():
     # FP8 dispatch counts 1 + 4/128 bytes an element; combine is BF16 whatever the dispatch.
     assert K.kernel_seconds(row(dispatch_dtype="fp8")) == pytest.approx(t * (1 + 4 / 128) / 2)
     assert K.kernel_seconds(row(dispatch_dtype="fp8", phase="combine")) == pytest.approx(t)
+    # A benchmark that counts only the other nodes: (N - 1) / N of those visits.
+    assert K.kernel_seconds(row(counts_own_node=False)) == pytest.approx(t / 2)
+    # Above 4 nodes the benchmark's 4 chosen nodes are all reached (its group choice by each
+    # node's best score), not the 3.6 an even draw among their experts gives.
+    t8 = 4096 * 4 * 7168 * 2 / 20e9
+    assert K.kernel_seconds(row(nodes=8, ep=64)) == pytest.approx(t8)
+    assert K.kernel_seconds(row(nodes=4, ep=32)) < K.kernel_seconds(row(nodes=8, ep=64))
     # p5's latency the planner adds: 7 peer GPUs at NVLink's, 1 peer node at efa-v2's a2a_peer_us.
     lat = 7 * P5.intra_alpha_s + 1 * P5.a2a_peer_s
     assert K.latency_seconds(row()) == pytest.approx(lat)

@@ -308,7 +308,8 @@ def test_a_dispatcher_backend_is_checked(rows):
     uccl = next(r for r in rows if r.get("dispatcher_backend") == "uccl-ep")
     a2a = next(r for r in rows if r["dispatcher"] == "alltoall")
     for bad, match in ((dict(uccl, dispatcher_backend="ucl-ep"), "'ucl-ep': one of uccl-ep, nvshmem-libfabric"),
-                       (dict(a2a, dispatcher_backend="uccl-ep"), "'uccl-ep' on the all-to-all dispatcher")):
+                       (dict(a2a, dispatcher_backend="uccl-ep"), "'uccl-ep' on the alltoall dispatcher"),
+                       (dict(uccl, dispatcher="hybridep"), "'uccl-ep' on the hybridep dispatcher")):
         broken = [bad if r["id"] == bad["id"] else r for r in rows]
         with pytest.raises(MgbenchError, match=f"{bad['id']}: dispatcher_backend {match}"):
             V.check_rows(broken)
