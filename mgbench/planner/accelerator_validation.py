@@ -31,12 +31,12 @@ from ..errors import MgbenchError
 from ..layout import Layout
 from ..model_shape import ModelShape
 from . import perf
+from .splits import SPLITS, alternating
 from .stack import row_state_bytes
 
 # The targets (29): held-out mean |error| under 15%, no row off by more than 35%.
 TARGET_HELD_OUT_MEAN_PCT = 15.0
 TARGET_WORST_PCT = 35.0
-SPLITS = ("fit", "held_out")
 UNSCORED = "unscored"  # the value published_moe_runs.toml gives a run stated with two layouts (moe_validation)
 METRICS = ("tokens", "model", "ratio")
 # How a "model" row's source counts a token's FLOPs, where not as the planner does
@@ -147,7 +147,7 @@ def split_by_rule(rows: list[dict[str, Any]]) -> dict[str, str]:
         seen[fam] = i + 1
         twin = moe_row_for(r)
         out[r["id"]] = (UNSCORED if twin and twin.get("layout_conflict") else
-                        "held_out" if i % 2 == 0 else "fit")
+                        alternating(i, "held_out"))
     return out
 
 

@@ -23,8 +23,8 @@ from .. import catalog
 from ..collectives import busbw_factor
 from ..errors import MgbenchError
 from .hardware import resolve
+from .splits import SPLITS
 
-SPLITS = ("fit", "held_out")
 COLLECTIVES = ("all_reduce", "all_to_all")
 REQUIRED = ("id", "system", "nodes", "ranks_per_node", "bytes", "busbw_gbps", "split", "source", "date")
 

@@ -1,8 +1,8 @@
 """Published bandwidths of DeepEP-style expert-parallel kernels across AWS EFA nodes
 (data/published_ep_kernels.toml) and the share of the network rate a backend reaches.
 
-DeepEP's own InfiniBand kernels reach the links' rates (moe.DEEPEP_H800), so the planner
-prices DeepEP-style dispatch at them. Its drop-ins over EFA (UCCL-EP, DeepEP on NVSHMEM's
+DeepEP's own InfiniBand kernels reach the links' rates from 4 nodes up (moe.DEEPEP_H800), so
+the planner prices DeepEP-style dispatch at them. Its drop-ins over EFA (UCCL-EP, DeepEP on NVSHMEM's
 libfabric transport: moe.DISPATCHER_BACKENDS) publish their own figures. A backend's share
 (:func:`backend_share`) is the mean, over its fit rows, of the published figure put in
 the bytes the planner counts as crossing nodes (:func:`network_gbps`) and taken net of
@@ -25,8 +25,8 @@ from .. import catalog
 from ..errors import MgbenchError
 from . import moe
 from .hardware import catalog_system, on_efa, resolve
+from .splits import SPLITS, alternating
 
-SPLITS = ("fit", "held_out")
 PHASES = ("dispatch", "combine")
 DTYPES = ("fp8", "bf16")
 REQUIRED = ("id", "backend", "system", "nodes", "ep", "phase", "gbps", "counts_own_node", "tokens", "hidden",
@@ -86,9 +86,9 @@ def check(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             bad.append(f"{r['id']}: {', '.join(ints)} must be whole numbers of 1 or more")
         j = turn.get(r["backend"], 0)
         turn[r["backend"]] = j + 1
-        if r["split"] != SPLITS[j % 2]:
+        if r["split"] != alternating(j, "fit"):
             bad.append(f"{r['id']}: split {r['split']!r}, but the rule makes the {r['backend']} row number {j + 1} "
-                       f"{SPLITS[j % 2]} (alternating in file order, fit first)")
+                       f"{alternating(j, 'fit')} (alternating in file order, fit first)")
         system = catalog.systems().get(r["system"])
         if system is None:
             bad.append(f"{r['id']}: no catalog system {r['system']!r}")
@@ -188,7 +188,7 @@ def error_pct(row: dict[str, Any]) -> float | None:
         return None
     t = kernel_seconds(row)
     across = network_gbps(row) * 1e9 * t  # the bytes across nodes, as the planner counts them
-    predicted = latency_seconds(row) + across / (share * catalog_gbps(row["system"]) * 1e9)
+    predicted = float(moe.exchange_seconds(resolve(row["system"]), row["ep"], 0.0, across / share))
     return 100.0 * (t / predicted - 1.0)
 
 

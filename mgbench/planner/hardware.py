@@ -238,7 +238,7 @@ def ep_crosses_efa(system: str | None, ep: Any = None) -> bool | None:
     a node (moe.ep_geometry). None where ``system`` is not a catalog system (a probed
     machine, or none): its fabric is unknown. A catalog system given another GPU
     (``SYSTEM[GPU]``, :func:`resolve`'s label) keeps its system's fabric."""
-    system = system.split("[")[0] if system else system
+    system = system_of(system) if system else system
     if system not in systems():
         return None
     return on_efa(system) and (ep is None or int(ep) > int(systems()[system]["gpus_per_node"]))
@@ -253,7 +253,13 @@ def _link(name: str) -> dict[str, Any]:
 def catalog_system(hw: Hardware) -> str:
     """The catalog system ``hw`` was resolved from (its label is ``SYSTEM[GPU]`` when a
     system was given another GPU: :func:`resolve`)."""
-    return hw.system.split("[")[0]
+    return system_of(hw.system)
+
+
+def system_of(label: str) -> str:
+    """The catalog system of a Hardware label (``SYSTEM[GPU]`` when :func:`resolve` gave a
+    system another GPU, else the system's name)."""
+    return label.split("[")[0]
 
 
 def resolve(system: str | None = None, gpu: str | None = None, precision: str = "bf16",

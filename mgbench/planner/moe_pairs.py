@@ -237,7 +237,8 @@ def evidence_notes(shape: Any, opts: moe.MoeOptions, *, system: str | None = Non
     from .collective_validation import a2a_record_note
     from .ep_kernels import backend_note
 
+    crosses = ep_crosses_efa(system, ep)
     a2a = a2a_record_note(opts.dispatcher, ep)
-    kernels = backend_note(opts.backend, ep_crosses_efa(system, ep), opts.dispatcher)
-    return ([moe_validation.model_record_note(shape, opts.cuda_graphs, ep_crosses_efa(system, ep))]
+    kernels = backend_note(opts.backend, crosses, opts.dispatcher)
+    return ([moe_validation.model_record_note(shape, opts.cuda_graphs, crosses)]
             + [n for n in (a2a, kernels) if n] + lever_notes(opts, gpu_count=gpu_count, system=system, ep=ep))

@@ -28,13 +28,13 @@ from ..layout import Layout, fp8_attention_problem
 from ..model_shape import ModelShape
 from . import moe, perf
 from .memory import stage_layers
+from .splits import SPLITS, alternating
 from .stack import row_state_bytes
 
 # The issue's acceptance (26): mean |error| under 15% and none over 30%, on the fit and the
 # held-out rows alike.
 TARGET_MEAN_PCT = 15.0
 TARGET_WORST_PCT = 30.0
-SPLITS = ("fit", "held_out")
 # A row whose source states its layout two ways (the table one, the recipe at the
 # release's tag another) cannot score the model: it is printed priced both ways
 # (``layout_conflict`` names the other layout's fields) and counted in neither split.
@@ -64,7 +64,7 @@ def split_rule(rows: list[dict[str, Any]]) -> dict[str, str]:
     out, i, j = {}, 0, 0
     for r in rows:
         if r.get("added_alternating"):
-            out[r["id"]] = UNSCORED if r.get("layout_conflict") else ("fit" if j % 2 == 0 else "held_out")
+            out[r["id"]] = UNSCORED if r.get("layout_conflict") else alternating(j, "fit")
             j += 1
             continue
         if r.get("added_as_fit"):
@@ -81,7 +81,7 @@ def split_rule(rows: list[dict[str, Any]]) -> dict[str, str]:
         if r.get("added_after_host_term"):
             out[r["id"]] = "held_out"
             continue
-        out[r["id"]] = "held_out" if i % 2 == 0 else "fit"
+        out[r["id"]] = alternating(i, "held_out")
         i += 1
     return out
 
@@ -112,27 +112,9 @@ def check_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             problems.append(f"{r['id']}: {fused}")
         if (attention := fp8_attention_row_problem(r)) is not None:
             problems.append(f"{r['id']}: {attention}")
-        if (backend := dispatcher_backend_problem(r)) is not None:
-            problems.append(f"{r['id']}: {backend}")
     if problems:
         raise MgbenchError("published_moe_runs.toml: " + "; ".join(problems))
     return rows
-
-
-def dispatcher_backend_problem(row: dict[str, Any]) -> str | None:
-    """What is wrong with a row's ``dispatcher_backend`` (moe.options_of carries it as
-    MoeOptions.backend): a name not in :data:`moe.DISPATCHER_BACKENDS` (a typo would make a
-    configuration of its own), or one on a dispatcher other than DeepEP (the backends are
-    DeepEP's kernels; the all-to-all has none, and HybridEP's were not measured with one)."""
-    backend = row.get("dispatcher_backend")
-    if backend is None:
-        return None
-    if backend not in moe.DISPATCHER_BACKENDS:
-        return f"dispatcher_backend {backend!r}: one of {', '.join(moe.DISPATCHER_BACKENDS)}"
-    if row.get("dispatcher", "alltoall") != "deepep":
-        return (f"dispatcher_backend {backend!r} on the {row.get('dispatcher', 'alltoall')} dispatcher: only DeepEP "
-                "dispatch names one")
-    return None
 
 
 def fp8_attention_row_problem(row: dict[str, Any]) -> str | None:

@@ -105,7 +105,7 @@ def _residuals() -> dict[str, list[float]]:
 MOE_CLASS_WORDS = {"eager": "MoE layers eager", "graphed": "MoE layers in CUDA graphs",
                    "efa": "MoE layers eager with Megatron-Core's all-to-all over AWS EFA",
                    "efa-deepep": "MoE layers eager with DeepEP-style dispatch over AWS EFA (UCCL-EP or NVSHMEM on "
-                                 "libfabric, each priced at its own kernel benchmarks' share of the network rate)"}
+                                 "libfabric; where the run names it, priced at its kernel benchmarks' share of the network rate)"}
 
 
 @lru_cache(maxsize=1)

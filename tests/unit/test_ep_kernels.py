@@ -183,3 +183,12 @@ def test_the_backend_note_says_the_share_and_its_check_or_that_nothing_changed(m
         assert K.backend_note(None, False, "deepep") is None and K.backend_note(None, True, "alltoall") is None
     finally:
         K.backend_share.cache_clear()
+
+
+def test_splits_alternate_from_the_first_a_file_names():
+    from mgbench.planner.splits import alternating
+
+    assert [alternating(j) for j in range(3)] == ["fit", "held_out", "fit"]
+    assert [alternating(j, "held_out") for j in range(3)] == ["held_out", "fit", "held_out"]
+    with pytest.raises(ValueError, match="first must be one of"):
+        alternating(0, "test")

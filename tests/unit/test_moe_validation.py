@@ -304,13 +304,14 @@ def test_a_re_measured_configuration_is_counted_once_in_the_distinct_figure(rows
 
 def test_a_dispatcher_backend_is_checked(rows):
     # A backend name outside the known ones (a typo would make a configuration of its own, and
-    # a pair against its twin) or one on the all-to-all dispatcher is refused with the row's id.
+    # a pair against its twin) or one on a dispatcher other than DeepEP is refused with the
+    # row's id (MoeOptions' own checks, through moe.options_of).
     uccl = next(r for r in rows if r.get("dispatcher_backend") == "uccl-ep")
     a2a = next(r for r in rows if r["dispatcher"] == "alltoall")
-    for bad, match in ((dict(uccl, dispatcher_backend="ucl-ep"), "'ucl-ep': one of uccl-ep, nvshmem-libfabric"),
-                       (dict(a2a, dispatcher_backend="uccl-ep"), "'uccl-ep' on the alltoall dispatcher"),
-                       (dict(uccl, dispatcher="hybridep"), "'uccl-ep' on the hybridep dispatcher")):
+    for bad, match in ((dict(uccl, dispatcher_backend="ucl-ep"), "MoE backend must be one of uccl-ep, nvshmem-libfabric"),
+                       (dict(a2a, dispatcher_backend="uccl-ep"), "MoE backend 'uccl-ep' names an implementation"),
+                       (dict(uccl, dispatcher="hybridep"), "MoE backend 'uccl-ep' names an implementation")):
         broken = [bad if r["id"] == bad["id"] else r for r in rows]
-        with pytest.raises(MgbenchError, match=f"{bad['id']}: dispatcher_backend {match}"):
+        with pytest.raises(MgbenchError, match=f"{bad['id']}: {match}"):
             V.check_rows(broken)
     assert {r.get("dispatcher_backend") for r in rows} == {None, *moe.DISPATCHER_BACKENDS}
