@@ -114,9 +114,12 @@ FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
 # The implementations a DeepEP dispatch may name where it does not run DeepEP's
 # InfiniBand kernels (MoeOptions.backend, a published row's dispatcher_backend): UCCL's
-# EFA drop-in for DeepEP, and DeepEP over NVSHMEM on libfabric. Across EFA nodes each is
-# priced at its published kernels' share of the network rate (planner/ep_kernels.py).
-DISPATCHER_BACKENDS = ("uccl-ep", "nvshmem-libfabric")
+# EFA drop-in for DeepEP, DeepEP over NVSHMEM on libfabric, and DeepEP v2 (ElasticBuffer)
+# over NCCL's GIN device API (on EFA its GPU-initiated GDA transport). Across EFA nodes
+# each is priced at its published kernels' share of the network rate where
+# published_ep_kernels.toml has fit rows for it (planner/ep_kernels.py), at the links'
+# rates where it has none.
+DISPATCHER_BACKENDS = ("uccl-ep", "nvshmem-libfabric", "deepep-v2-nccl-gin")
 # Megatron-Core recompute_modules (its MoE README, "Fine-grained Recomputation"): the
 # matmuls of "mla_up_proj", "mlp" and "moe" are priced again here; "mla_up_proj",
 # "moe_act", "moe" and "layernorm" discard what memory.py would count as saved ("mlp": not

@@ -26,7 +26,7 @@ from .. import catalog
 from ..errors import MgbenchError
 from ..layout import Layout, fp8_attention_problem
 from ..model_shape import ModelShape
-from . import moe, perf
+from . import hardware, moe, perf
 from .memory import stage_layers
 from .splits import SPLITS, alternating
 from .stack import row_state_bytes
@@ -244,11 +244,14 @@ def published_step_s(row: dict[str, Any]) -> float:
 def host_fit_rows() -> list[dict[str, Any]]:
     """The rows the host launch constants are solved from: the "fit" rows of this file
     that accelerator_runs.toml does not hold out (a row both files carry is fitted only
-    where neither holds it out)."""
+    where neither holds it out), and whose expert parallelism stays off EFA: a launch
+    constant is a host and GPU property, and a row across EFA nodes would move it by what
+    EFA's own network terms miss (rule of 2026-11-28, docs/planner.md)."""
     # accelerator_runs.toml's split labels (accelerator_validation checks them against its
     # rule; it imports this module, so the file is read here)
     held = {r["id"] for r in catalog.load("accelerator_runs.toml")["runs"] if r["split"] == "held_out"}
-    return [r for r in runs() if r["split"] == "fit" and r["id"] not in held]
+    return [r for r in runs() if r["split"] == "fit" and r["id"] not in held
+            and not hardware.ep_crosses_efa(r["system"], r["ep"])]
 
 
 def host_terms(row: dict[str, Any]) -> tuple[float, float, float]:
@@ -590,7 +593,7 @@ def fabric_line(scored: list[dict[str, Any]], rows: list[dict[str, Any]] | None 
     efa = ("efa", "efa-deepep")
     parts = []
     for what, keep in (("EP across AWS EFA nodes with the all-to-all dispatcher", lambda k: k == "efa"),
-                       ("EP across AWS EFA nodes with DeepEP-style dispatch (UCCL-EP, NVSHMEM on libfabric)",
+                       ("EP across AWS EFA nodes with DeepEP-style dispatch (UCCL-EP, NVSHMEM on libfabric, DeepEP v2 on NCCL GIN)",
                         lambda k: k == "efa-deepep"),
                        ("elsewhere", lambda k: k not in efa)):
         sel = [abs(s["error_pct"]) for s in held if keep(kind(s))]
