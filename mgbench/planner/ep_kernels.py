@@ -168,12 +168,18 @@ def backend_share(backend: str) -> float | None:
     return mean(fit) if fit else None
 
 
+def talks_over_efa(hw: Any) -> bool:
+    """Whether ``hw``'s nodes talk over AWS EFA: a catalog system on EFA (a probed machine's
+    fabric is not known: False)."""
+    return bool(on_efa(catalog_system(hw)))
+
+
 def priced_share(hw: Any, opts: Any) -> float:
     """The share of the network rate the planner moves a run's bytes across ``hw``'s nodes
     at (moe.a2a_seconds' ``across_share``): its backend's (:func:`backend_share`) where the
     run names one and its system talks over EFA, where the figures were measured; else 1
     (DeepEP's own kernels, and a backend with no fit row, at the links' rates)."""
-    if getattr(opts, "backend", None) is None or not on_efa(catalog_system(hw)):
+    if getattr(opts, "backend", None) is None or not talks_over_efa(hw):
         return 1.0
     share = backend_share(opts.backend)
     return 1.0 if share is None else share
@@ -226,8 +232,20 @@ def backend_note(backend: str | None, across_efa: bool | None, dispatcher: str =
                       else "; every one repeats a fit row's configuration")
     return (f"--moe-backend {backend}: its bytes across EFA nodes priced at {share:.3f} of the network rate, the mean "
             f"of its {s['fit']['rows']} fit kernel benchmark rows net of the planner's latency ({check}; python -m "
-            "mgbench.planner.ep_kernels); what the published training runs over EFA with DeepEP-style dispatch took "
-            "against their predictions is the interval's")
+            f"mgbench.planner.ep_kernels){proxy_note(backend)}; what the published training runs over EFA with "
+            "DeepEP-style dispatch took against their predictions is the interval's")
+
+
+def proxy_note(backend: str) -> str:
+    """The clause a backend note adds where the backend's traffic across EFA goes through a
+    CPU proxy (moe.PROXY_BACKENDS): the host wait each forward dispatch pays for its token
+    counts (moe.efa_notify_seconds); empty otherwise."""
+    if backend not in moe.PROXY_BACKENDS:
+        return ""
+    ms = float(moe.host_constants()["efa_proxy_notify_ms"])
+    return (f"; and {ms:g} ms of host wait a forward dispatch (a recomputed one too) for the token counts it exchanges "
+            "through the CPU proxy, which the kernel benchmarks' cached dispatch leaves out (solved from the fit "
+            "published MoE rows that run it: python -m mgbench.planner.moe_validation --efa-notify)")
 
 
 def summary(backend: str) -> dict[str, dict[str, Any]]:

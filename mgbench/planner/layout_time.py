@@ -39,6 +39,10 @@ moe_host  what the GPU waits on the host in eager MoE layers (moe.host_seconds: 
           dropless or drop-and-pad, stretched by the bubble like the stage's other work);
           under MoeOptions(cuda_graphs=True) the stored graphed_share of it (the GPU time
           of the small kernels that stays in graphs).
+moe_efa_notify  the host's wait for the token counts a forward DeepEP-style dispatch
+          exchanges across AWS EFA nodes through a CPU proxy (UCCL-EP, NVSHMEM on
+          libfabric), which the kernels' published rates leave out: per forward dispatch
+          (moe.efa_notify_seconds), stretched by the bubble as moe_host.
 moe       compute the MoE layers add to perf's (in the blocks, so the bubble scales too):
           the busiest rank's extra expert rows (load - 1 of perf's expert_gemm_s, or of
           the routed experts' FLOP share of the linears where perf reports none), the
@@ -296,6 +300,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     moe_layers = np.minimum(lps, shape.moe_layers)
     zero_s = 0.0 * blocks
     imbalance_s, moe_recompute_s, permute_s, a2a, ep_comm, host_s = zero_s, zero_s, zero_s, zero_s, zero_s, zero_s
+    notify_s = zero_s
     epilogue_s = zero_s
     rerun = zero_s  # the share of MoE layers whose forward runs again
     traffic_s = zero_s
@@ -373,6 +378,10 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
                                         opts=opts)
         host = moe_terms.host_seconds(shape, ep=ep, moe_layers=moe_layers, num_micro=m, opts=opts, rerun=rerun)
         host_s = moe_terms.host_wait(host, bubble_fraction=f)
+        notify = moe_terms.efa_notify_seconds(ep=ep, gpus_per_node=hw.gpus_per_node,
+                                              across_efa=ep_kernels.talks_over_efa(hw), moe_layers=moe_layers,
+                                              num_micro=m, opts=opts, rerun=rerun)
+        notify_s = moe_terms.host_wait(notify, bubble_fraction=f)
     cp_comm = cp_kv_exchange_s(shape, hw, seq=s, micro_batch=micro_batch, tp=t, cp=c, span=t * c,
                                precision=precision, layers=lps, num_micro=m, recompute=rc)
 
@@ -400,7 +409,8 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     # which it does not overlap, are about 1F1B's exposed count. (Tried at v x on
     # 2026-11-27, with the validation rows in view: Hopper's interleaved rows came out 2 to
     # 10 points slower, its held-out mean 7.5% -> 8.4%; the mechanism, not that, decided.)
-    total = compute + bubble + b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s + host_s
+    total = (compute + bubble + b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s + host_s
+             + notify_s)
     n_gpus = t * p * dpc
     tokens = np.asarray(global_batch, dtype=float) * s
     tps = tokens / total
@@ -417,7 +427,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     res["breakdown"] = {**terms, "compute_s": compute, "bubble_s": bubble, "bubble_fraction": f, "dp_comm_s": dp_comm,
                         "exposed_dp_comm_s": exposed_dp, "ep_comm_s": ep_comm, "ep_a2a_s": a2a,
                         "moe_imbalance_s": imbalance_s, "moe_recompute_s": moe_recompute_s,
-                        "moe_permute_s": permute_s, "moe_epilogue_s": epilogue_s, "moe_traffic_s": traffic_s, "fp8_cast_s": cast_s, "moe_host_s": host_s, "moe_rerun_share": rerun, "cp_comm_s": cp_comm,
+                        "moe_permute_s": permute_s, "moe_epilogue_s": epilogue_s, "moe_traffic_s": traffic_s, "fp8_cast_s": cast_s, "moe_host_s": host_s, "moe_efa_notify_s": notify_s, "moe_rerun_share": rerun, "cp_comm_s": cp_comm,
                         "mtp_last_stage_s": mtp_s,
                         "offload_s": offload_s,
                         "exposed_comm_s": b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s}

@@ -120,6 +120,12 @@ DISPATCHERS = ("alltoall", "deepep", "hybridep")
 # published_ep_kernels.toml has fit rows for it (planner/ep_kernels.py), at the links'
 # rates where it has none.
 DISPATCHER_BACKENDS = ("uccl-ep", "nvshmem-libfabric", "deepep-v2-nccl-gin")
+# The backends whose traffic across EFA nodes a CPU thread posts: UCCL-EP by design (its
+# CPU proxies issue the RDMA writes the GPU asks for), and NVSHMEM's libfabric transport,
+# like every NVSHMEM remote transport but IBGDA ("other transports that rely on passing
+# messages to a CPU proxy thread", NVSHMEM's best-practice guide, Performance). DeepEP v2
+# over NCCL GIN is GPU-initiated on EFA (its GDA transport). :func:`efa_notify_seconds`.
+PROXY_BACKENDS = ("uccl-ep", "nvshmem-libfabric")
 # Megatron-Core recompute_modules (its MoE README, "Fine-grained Recomputation"): the
 # matmuls of "mla_up_proj", "mlp" and "moe" are priced again here; "mla_up_proj",
 # "moe_act", "moe" and "layernorm" discard what memory.py would count as saved ("mlp": not
@@ -641,6 +647,10 @@ def host_constants() -> dict[str, Any]:
     if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0.0 <= share <= MAX_GRAPHED_SHARE:
         raise MgbenchError(f"stacks.toml [moe_host] graphed_share must be a number from 0 to {MAX_GRAPHED_SHARE:g}, "
                            f"got {share!r}")
+    notify = c.get("efa_proxy_notify_ms")
+    if not isinstance(notify, (int, float)) or isinstance(notify, bool) or notify < 0.0:
+        raise MgbenchError(f"stacks.toml [moe_host] efa_proxy_notify_ms must be a number of ms, 0 or more, "
+                           f"got {notify!r}")
     return c
 
 
@@ -683,6 +693,33 @@ def host_seconds(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any,
     c = host_constants()
     eager = (float(c["per_layer_ms"][opts.dispatcher]) * n + float(c["per_local_expert_ms"]) * n_local) * 1e-3
     return float(c["graphed_share"]) * eager if opts.cuda_graphs else eager
+
+
+def efa_notify_launches(*, ep: Any, gpus_per_node: int, across_efa: bool, moe_layers: Any, num_micro: Any,
+                        opts: MoeOptions, rerun: Any = 0.0) -> Any:
+    """A stage's forward DeepEP-style dispatches a step that exchange their token counts
+    across AWS EFA nodes through a CPU proxy: its MoE layers x micro-batches, and again for
+    the share ``rerun`` whose forward recompute runs (each a dispatch that is not cached),
+    where the run's backend is one of :data:`PROXY_BACKENDS`, its system talks over EFA
+    (``across_efa``) and its EP group spans nodes (:func:`ep_geometry`); else 0."""
+    n = np.asarray(moe_layers, dtype=float) * np.asarray(num_micro, dtype=float) * (1.0 + np.asarray(rerun, dtype=float))
+    if not across_efa or opts.dispatcher != "deepep" or opts.backend not in PROXY_BACKENDS:
+        return 0.0 * n
+    _, nodes = ep_geometry(ep, gpus_per_node)
+    return np.where(nodes > 1, n, 0.0)
+
+
+def efa_notify_seconds(**kwargs: Any) -> Any:
+    """Seconds of host wait a step's forward DeepEP-style dispatches across EFA nodes
+    through a CPU proxy add (:func:`efa_notify_launches` x ``efa_proxy_notify_ms``,
+    :func:`host_constants`). DeepEP's internode benchmark times the dispatch kernel on a
+    cached handle (tests/legacy/test_internode.py @dd758ca lines 245-248; the notify kernel
+    is timed apart) and UCCL-EP's copy does the same, so the kernel shares of
+    published_ep_kernels.toml hold neither the count exchange nor the host's wait for the
+    counts that a training step's forward dispatch makes before it can size its receive
+    buffers; over EFA that exchange goes through the proxy. Waited for in full, as the
+    host term (:func:`host_wait`). Solved on fit rows: moe_validation.solve_efa_notify."""
+    return efa_notify_launches(**kwargs) * float(host_constants()["efa_proxy_notify_ms"]) * 1e-3
 
 
 def host_wait(host: Any, *, bubble_fraction: Any) -> Any:

@@ -26,7 +26,7 @@ from .. import catalog
 from ..errors import MgbenchError
 from ..layout import Layout, fp8_attention_problem
 from ..model_shape import ModelShape
-from . import hardware, moe, perf
+from . import ep_kernels, hardware, moe, perf
 from .memory import stage_layers
 from .splits import SPLITS, alternating
 from .stack import row_state_bytes
@@ -112,6 +112,11 @@ def check_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             problems.append(f"{r['id']}: {fused}")
         if (attention := fp8_attention_row_problem(r)) is not None:
             problems.append(f"{r['id']}: {attention}")
+        unpriced = r.get("unpriced_settings")
+        if unpriced is not None and (not isinstance(unpriced, dict) or not unpriced
+                                     or not all(isinstance(v, str) for v in unpriced.values())):
+            problems.append(f"{r['id']}: unpriced_settings must be a table of the settings the source varies, "
+                            f"each a string, got {unpriced!r}")
     if problems:
         raise MgbenchError("published_moe_runs.toml: " + "; ".join(problems))
     return rows
@@ -334,6 +339,80 @@ def implied_host_report(rows: list[dict[str, Any]] | None = None) -> str:
     return "\n".join(lines)
 
 
+def efa_notify_terms(row: dict[str, Any]) -> tuple[float, float]:
+    """(step seconds without the EFA proxy notify term, d step / d efa_proxy_notify_ms) of
+    ``row``: its step is linear in the constant (moe.efa_notify_seconds, the bubble's
+    stretch included), so one prediction gives every candidate's step. The derivative is 0
+    where the term does not apply (moe.efa_notify_launches)."""
+    res = predict_row(row)
+    b = res["breakdown"]
+    shape = shape_of(row)
+    lps = float(stage_layers(shape.layers, row.get("pp", 1), row.get("pp_last_layers"))[0])
+    hw = hardware.resolve(row["system"])
+    n = moe.efa_notify_launches(ep=row["ep"], gpus_per_node=hw.gpus_per_node, across_efa=ep_kernels.talks_over_efa(hw),
+                                moe_layers=min(lps, shape.moe_layers), num_micro=res["num_micro_batches"],
+                                opts=moe.options_of(row), rerun=b["moe_rerun_share"])
+    per_ms = float(moe.host_wait(float(n) * 1e-3, bubble_fraction=b["bubble_fraction"]))
+    return float(res["step_time_s"]) - float(b["moe_efa_notify_s"]), per_ms
+
+
+def efa_notify_rows(split: str) -> list[dict[str, Any]]:
+    """The rows of ``split`` the EFA proxy notify term applies to (DeepEP-style dispatch
+    through a CPU proxy across EFA nodes: moe.efa_notify_launches)."""
+    return [r for r in runs() if r["split"] == split and efa_notify_terms(r)[1] > 0.0]
+
+
+def solve_efa_notify(rows: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """The stored ``efa_proxy_notify_ms`` (stacks.toml [moe_host]) with the least mean
+    |error| of tokens/s over ``rows`` (the fit rows it applies to: :func:`efa_notify_rows`),
+    on a 0.1 ms grid from 0 to 20 ms, every other constant at its stored value (rule of
+    2026-11-28, docs/planner.md); None where there is no row."""
+    import numpy as np
+
+    rows = efa_notify_rows("fit") if rows is None else rows
+    if not rows:
+        return None
+    terms = np.array([efa_notify_terms(r) for r in rows])
+    pub = np.array([published_step_s(r) for r in rows])
+    grid = np.round(np.arange(0.0, 20.0 + 1e-9, 0.1), 1)[:, None]
+    err = np.abs(pub / (terms[:, 0] + grid * terms[:, 1]) - 1.0).mean(axis=1)
+    j = int(np.argmin(err))
+    return {"efa_proxy_notify_ms": float(grid[j, 0]), "mean_abs_pct": 100.0 * float(err[j]),
+            "rows": [r["id"] for r in rows]}
+
+
+def efa_notify_summary() -> dict[str, dict[str, Any]]:
+    """Per split, over the rows the EFA proxy notify term applies to: rows, and mean |error|
+    of tokens/s without the term and with it at the stored value."""
+    c = float(moe.host_constants()["efa_proxy_notify_ms"])
+    out = {}
+    for split in SPLITS:
+        rows = efa_notify_rows(split)
+        without, with_term = [], []
+        for r in rows:
+            base, per_ms = efa_notify_terms(r)
+            step = published_step_s(r)
+            without.append(abs(step / base - 1.0) * 100.0)
+            with_term.append(abs(step / (base + c * per_ms) - 1.0) * 100.0)
+        out[split] = {"rows": len(rows), "without": mean(without) if rows else None,
+                      "with": mean(with_term) if rows else None}
+    return out
+
+
+def efa_notify_report() -> str:
+    """The stored constant, what the solve gives, and each split's error without and with it."""
+    c = float(moe.host_constants()["efa_proxy_notify_ms"])
+    solved = solve_efa_notify()
+    lines = [f"efa_proxy_notify_ms stored {c:g}; solved "
+             + ("- (no fit row)" if solved is None else
+                f"{solved['efa_proxy_notify_ms']:g} over {len(solved['rows'])} fit rows ({', '.join(solved['rows'])})")]
+    for split, s in efa_notify_summary().items():
+        if s["rows"]:
+            lines.append(f"{split}: {s['rows']} rows, mean |error| {s['without']:.1f}% without the term, "
+                         f"{s['with']:.1f}% with it")
+    return "\n".join(lines)
+
+
 def graphed_host_share(row: dict[str, Any]) -> float:
     """Of a graphed row (its MoE layers in CUDA graphs), the share of the eager host term
     (the same row priced eagerly) its published step pays: 0 where it ran as fast as the
@@ -474,7 +553,7 @@ def model_record_note(shape: ModelShape, cuda_graphs: bool | None = None, efa: b
 # are one configuration measured again.
 CONFIG_FIELDS = ("system", "model", "model_overrides", "seq", "num_gpus", "tp", "pp", "cp", "ep", "schedule",
                  "virtual_stages", "pp_last_layers", "micro_batch", "global_batch", "zero", "recompute",
-                 "precision", "fp8_recipe", "fp8_attention", "stack", "sequence_parallel")
+                 "precision", "fp8_recipe", "fp8_attention", "stack", "sequence_parallel", "unpriced_settings")
 
 
 def knobs(row: dict[str, Any]) -> dict[str, str]:
@@ -602,12 +681,14 @@ def fabric_line(scored: list[dict[str, Any]], rows: list[dict[str, Any]] | None 
     return "held out by fabric: " + "; ".join(parts)
 
 
-if __name__ == "__main__":  # python -m mgbench.planner.moe_validation [--implied-host | --graphed-share]
+if __name__ == "__main__":  # python -m mgbench.planner.moe_validation [--implied-host | --graphed-share | --efa-notify]
     import sys
 
     if "--implied-host" in sys.argv[1:]:
         print(implied_host_report())
     elif "--graphed-share" in sys.argv[1:]:
         print(graphed_share_report())
+    elif "--efa-notify" in sys.argv[1:]:
+        print(efa_notify_report())
     else:
         print(report())

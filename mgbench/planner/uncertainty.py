@@ -104,8 +104,9 @@ def _residuals() -> dict[str, list[float]]:
 # reason line.
 MOE_CLASS_WORDS = {"eager": "MoE layers eager", "graphed": "MoE layers in CUDA graphs",
                    "efa": "MoE layers eager with Megatron-Core's all-to-all over AWS EFA",
-                   "efa-deepep": "MoE layers eager with DeepEP-style dispatch over AWS EFA (UCCL-EP or NVSHMEM on "
-                                 "libfabric; where the run names it, priced at its kernel benchmarks' share of the network rate)"}
+                   "efa-deepep": "MoE layers eager with DeepEP-style dispatch over AWS EFA (UCCL-EP, NVSHMEM on "
+                                 "libfabric or DeepEP v2 on NCCL GIN; where the run names it, priced at its kernel "
+                                 "benchmarks' share of the network rate, and through a CPU proxy with its notify wait)"}
 
 
 @lru_cache(maxsize=1)

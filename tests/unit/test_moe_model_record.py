@@ -78,24 +78,27 @@ def test_predict_says_it_for_an_moe_model_and_not_for_a_dense_one(cli):
     assert len(line) == 1 and f"{rec['rows']} scored" in line[0] and f"{rec['mean_pct']:+.1f}%" in line[0]
     assert "not across AWS EFA" in line[0]
     pooled, over = V.model_record("qwen3-30b-a3b"), V.model_record("qwen3-30b-a3b", efa=True)
-    assert rec["rows"] + over["rows"] == pooled["rows"] and over["rows"] == 17 and over["high_pct"] > 200
+    # (their worst +155% since the EFA proxy's notify wait was priced; +247% before)
+    assert rec["rows"] + over["rows"] == pooled["rows"] and over["rows"] == 17 and over["high_pct"] > 100
     dense = cli("predict", "--model", "llama3-8b", "--system", "dgx-b200", "--num-gpus", "8", "--json")
     assert not any("published MoE runs" in n for n in json.loads(dense.stdout)["notes"])
 
 
 def test_the_held_out_figure_by_fabric():
-    # By hand: the held-out rows whose EP crossed AWS EFA nodes (awslabs' 68, all held out),
-    # by dispatcher, and the rest; a row moved to an InfiniBand system counts as the rest.
+    # By hand: the held-out rows whose EP crossed AWS EFA nodes (awslabs' 68, all held out,
+    # and the nineteenth session's 7: UCCL's p5en UCCL-EP rows, awslabs' p6-b200 UCCL-EP and
+    # DeepEP v2 ones), by dispatcher, and the rest; a row moved to an InfiniBand system counts
+    # as the rest.
     from statistics import mean
 
     scored = V.scored_rows()
     rows = {r["id"]: r for r in V.runs()}
     held = [s for s in scored if s["split"] == "held_out" and s["error_pct"] is not None]
-    aws = [s for s in held if rows[s["id"]]["system"] in ("aws-p6-b300", "aws-p5")]
+    aws = [s for s in held if rows[s["id"]]["system"] in ("aws-p6-b300", "aws-p5", "aws-p5en", "aws-p6-b200")]
     a2a = [abs(s["error_pct"]) for s in aws if rows[s["id"]]["dispatcher"] == "alltoall"]
     rest = [abs(s["error_pct"]) for s in held if s not in aws]
     line = V.fabric_line(scored)
-    assert (len(a2a), len(aws) - len(a2a), len(rest)) == (25, 43, 88)
+    assert (len(a2a), len(aws) - len(a2a), len(rest)) == (25, 50, 88)
     assert f"all-to-all dispatcher 25 rows, mean |error| {mean(a2a):.1f}%" in line
     assert f"elsewhere 88 rows, mean |error| {mean(rest):.1f}%" in line
     moved = [dict(r, system="dgx-b300") if r["system"] == "aws-p6-b300" else r for r in V.runs()]

@@ -104,14 +104,14 @@ def test_lever_notes_name_the_pairs_of_what_a_run_sets():
     deep = P.lever_note("moe.dispatcher", found, "deepep")
     assert "to or from deepep" in deep and "deepseek-v3" in deep and "qwen3-30b-a3b" in deep
     # ... and over the run's kind of fabric: torchtitan's Qwen3-30B-A3B pair on InfiniBand,
-    # awslabs' pairs over AWS EFA (UCCL-EP and NVSHMEM on libfabric, priced as DeepEP), most
-    # of them the wrong way round
+    # awslabs' pairs over AWS EFA (UCCL-EP, NVSHMEM on libfabric and DeepEP v2, priced as
+    # DeepEP at their kernels' shares and, through a proxy, with its notify wait): few agree
     off = P.lever_note("moe.dispatcher", found, "deepep", efa=False)
     assert "to or from deepep not across AWS EFA nodes (qwen3-30b-a3b)" in off and "1 pair, mean |effect error|" in off
     over = P.lever_note("moe.dispatcher", found, "deepep", efa=True)
     assert "with EP across AWS EFA nodes" in over and "opposite" in over and "deepseek-v3" in over
     # the UCCL-EP against NVSHMEM pairs (both priced as DeepEP) are listed, not counted here
-    assert "42 pairs" in over and "agrees" not in over
+    assert "45 pairs" in over and "(6 agrees," in over
     assert P.lever_notes(moe.MoeOptions(dispatcher="deepep"), system="dgx-b200", ep=16)[0] == off
     assert P.lever_notes(moe.MoeOptions(dispatcher="deepep"), system="aws-p6-b300", ep=16)[0] == over
     assert P.lever_notes(moe.MoeOptions(dispatcher="deepep"), system="aws-p6-b300", ep=8)[0] == off  # one node

@@ -40,7 +40,9 @@ def test_ratios_and_the_two_counts_by_hand():
 
 def test_the_moe_file_with_each_recipes_bytes():
     s = F.summary(F.moe_ratios())
-    assert s["rows"] == 194  # 122 until the sixteenth session's 68 awslabs rows; NeMo's 4 Mixtral rows since the seventeenth
+    # 122 until the sixteenth session's 68 awslabs rows; NeMo's 4 Mixtral rows since the
+    # seventeenth; the nineteenth's 14 EFA rows (UCCL on p5en, awslabs' Kimi-K2 on p6-b200)
+    assert s["rows"] == 208
     # With each recipe's own bytes a parameter (the data file's state_bytes), two layouts
     # are over their GPU's memory on the model's count alone, each for a reason the row
     # states: DeepSeek-V2 recomputes operators its report does not name (none priced), and
