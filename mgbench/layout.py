@@ -150,7 +150,8 @@ class Layout:
     def from_published(cls, row: dict[str, Any]) -> "Layout":
         """The layout of a published training row (data/accelerator_runs.toml and
         data/published_moe_runs.toml share the keys): degrees as published, tp, pp, cp, ep
-        1 where absent, sequence parallel with tp unless the row says otherwise."""
+        1 where absent, sequence parallel with tp unless the row says otherwise, CPU offload
+        where it says so."""
         return cls(num_gpus=row["num_gpus"], tp=row.get("tp", 1), pp=row.get("pp", 1), cp=row.get("cp", 1),
                    ep=row.get("ep", 1), zero=row["zero"], micro_batch=row["micro_batch"], seq_len=row["seq"],
                    global_batch=row["global_batch"], precision=row["precision"], recompute=row["recompute"],
@@ -158,7 +159,7 @@ class Layout:
                    schedule=row.get("schedule", "1f1b"),
                    virtual_stages=row.get("virtual_stages", 1), replicas=row.get("replicas", 1),
                    pp_last_layers=row.get("pp_last_layers"), fp8_recipe=row.get("fp8_recipe"),
-                   fp8_attention=bool(row.get("fp8_attention", False)))
+                   fp8_attention=bool(row.get("fp8_attention", False)), offload=bool(row.get("offload", False)))
 
     # -- derived degrees -------------------------------------------------------------------
     @property

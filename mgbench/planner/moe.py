@@ -598,11 +598,15 @@ def epilogue_note(shape: ModelShape, opts: "MoeOptions", counted: bool, stack: s
 
 # The prediction-interval classes of MoE runs (:func:`moe_class`; planner/uncertainty.py
 # takes each class's half-widths from the published runs of it).
-MOE_CLASSES = ("eager", "graphed", "efa", "efa-deepep")
+MOE_CLASSES = ("eager", "graphed", "efa", "efa-deepep", "offload")
 
 
-def moe_class(shape: Any, options: Any = None, system: str | None = None, ep: Any = None) -> str | None:
-    """The MoE interval class of a prediction: None for a dense model, "graphed" where
+def moe_class(shape: Any, options: Any = None, system: str | None = None, ep: Any = None,
+              offload: bool = False) -> str | None:
+    """The MoE interval class of a prediction: None for a dense model, "offload" where the
+    run offloads its model states to the host (FSDP2's CPU offload, --offload: the optimizer
+    step then runs on the host, which the planner does not price, so such runs miss by
+    their own measure), "graphed" where
     its MoE layers run in CUDA graphs (MoeOptions.cuda_graphs, --moe-cuda-graphs);
     eager with expert parallelism across nodes of a ``system`` that talk over AWS EFA
     (``ep`` over its GPUs a node; ``ep`` None: taken to cross them:
@@ -614,6 +618,8 @@ def moe_class(shape: Any, options: Any = None, system: str | None = None, ep: An
 
     if not getattr(shape, "is_moe", False):
         return None
+    if offload:
+        return "offload"
     if options is not None and options.cuda_graphs:
         return "graphed"
     if ep_crosses_efa(system, ep):

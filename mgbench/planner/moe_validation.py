@@ -156,6 +156,13 @@ def fused_mlp_problem(row: dict[str, Any]) -> str | None:
     return None if problem is None else f"fused_grouped_mlp: {problem}"
 
 
+# A layout_conflict's keys that are not layout fields: where the two statements disagree,
+# and (where it was not the 2026-11-27 application to rows whose errors were known) when the
+# rule was applied to the row.
+CONFLICT_NOTES = ("why", "applied")
+CONFLICT_APPLIED = "on 2026-11-27, its tabled error known"
+
+
 def conflict_problems(row: dict[str, Any]) -> list[str]:
     """What is wrong with a row's ``layout_conflict`` (a table: ``why``, and the layout
     fields the other statement gives, each differing from the row's own)."""
@@ -164,7 +171,9 @@ def conflict_problems(row: dict[str, Any]) -> list[str]:
         return []
     if not isinstance(c, dict) or not isinstance(c.get("why"), str):
         return ["layout_conflict is a table with a 'why' (where the two statements disagree)"]
-    fields = {k: v for k, v in c.items() if k != "why"}
+    if not isinstance(c.get("applied", ""), str):
+        return ["layout_conflict's 'applied' is text: when the rule was applied to the row, and what was known then"]
+    fields = {k: v for k, v in c.items() if k not in CONFLICT_NOTES}
     bad = sorted(k for k in fields if k not in LAYOUT_FIELDS)
     if bad or not fields:
         return [f"layout_conflict names {', '.join(bad) or 'no layout field'}; "
@@ -178,7 +187,7 @@ def conflicting(row: dict[str, Any]) -> dict[str, Any] | None:
     c = row.get("layout_conflict")
     if c is None:
         return None
-    other = {**row, **{k: v for k, v in c.items() if k != "why"}}
+    other = {**row, **{k: v for k, v in c.items() if k not in CONFLICT_NOTES}}
     if "pp" in c and "pp_last_layers" not in c:  # the row's last-stage split is its own layout's
         other.pop("pp_last_layers", None)
     return other
@@ -195,9 +204,12 @@ def runs() -> list[dict[str, Any]]:
 
 
 def shape_of(row: dict[str, Any]) -> ModelShape:
-    """The row's model: a models.toml preset, with ``model_overrides`` applied."""
+    """The row's model: a models.toml preset, with ``model_overrides`` applied (the string
+    "none" unsets an optional dimension, which TOML cannot write as null: torchtitan's
+    q_lora_rank = 0, queries projected directly)."""
     shape = catalog.model_shape(row["model"])
-    return dataclasses.replace(shape, **row.get("model_overrides", {}))
+    overrides = {k: (None if v == "none" else v) for k, v in row.get("model_overrides", {}).items()}
+    return dataclasses.replace(shape, **overrides)
 
 
 def predict_row(row: dict[str, Any], options: moe.MoeOptions | None = None) -> dict[str, Any]:
@@ -220,8 +232,9 @@ def score(row: dict[str, Any], options: moe.MoeOptions | None = None) -> dict[st
            "published": pub, "predicted": None, "error_pct": None, "refused": None, "terms": {}}
     if (alt := conflicting(row)) is not None:
         other = score({**alt, "layout_conflict": None}, options)
-        out["other"] = {"layout": {k: v for k, v in row["layout_conflict"].items() if k != "why"},
-                        "why": row["layout_conflict"]["why"], "predicted": other["predicted"],
+        out["other"] = {"layout": {k: v for k, v in row["layout_conflict"].items() if k not in CONFLICT_NOTES},
+                        "why": row["layout_conflict"]["why"],
+                        "applied": row["layout_conflict"].get("applied", CONFLICT_APPLIED), "predicted": other["predicted"],
                         "error_pct": other["error_pct"], "refused": other["refused"]}
     try:
         res = predict_row(row, options)
@@ -249,13 +262,15 @@ def published_step_s(row: dict[str, Any]) -> float:
 def host_fit_rows() -> list[dict[str, Any]]:
     """The rows the host launch constants are solved from: the "fit" rows of this file
     that accelerator_runs.toml does not hold out (a row both files carry is fitted only
-    where neither holds it out), and whose expert parallelism stays off EFA: a launch
-    constant is a host and GPU property, and a row across EFA nodes would move it by what
-    EFA's own network terms miss (rule of 2026-11-28, docs/planner.md)."""
+    where neither holds it out), run on Megatron-Core (the constants are its MoE layer's:
+    another stack's rows set that stack's own term, moe.host_seconds), and whose expert
+    parallelism stays off EFA: a launch constant is a host and GPU property, and a row
+    across EFA nodes would move it by what EFA's own network terms miss (rules of
+    2026-11-28, docs/planner.md; no fit row of another stack or across EFA existed before)."""
     # accelerator_runs.toml's split labels (accelerator_validation checks them against its
     # rule; it imports this module, so the file is read here)
     held = {r["id"] for r in catalog.load("accelerator_runs.toml")["runs"] if r["split"] == "held_out"}
-    return [r for r in runs() if r["split"] == "fit" and r["id"] not in held
+    return [r for r in runs() if r["split"] == "fit" and r["id"] not in held and r.get("stack", STACK) == STACK
             and not hardware.ep_crosses_efa(r["system"], r["ep"])]
 
 
@@ -553,7 +568,8 @@ def model_record_note(shape: ModelShape, cuda_graphs: bool | None = None, efa: b
 # are one configuration measured again.
 CONFIG_FIELDS = ("system", "model", "model_overrides", "seq", "num_gpus", "tp", "pp", "cp", "ep", "schedule",
                  "virtual_stages", "pp_last_layers", "micro_batch", "global_batch", "zero", "recompute",
-                 "precision", "fp8_recipe", "fp8_attention", "stack", "sequence_parallel", "unpriced_settings")
+                 "precision", "fp8_recipe", "fp8_attention", "stack", "sequence_parallel", "offload",
+                 "unpriced_settings")
 
 
 def knobs(row: dict[str, Any]) -> dict[str, str]:
@@ -611,7 +627,7 @@ def conflict_line(scored: dict[str, Any]) -> str:
         return f"refused: {r['refused']}" if r["error_pct"] is None else f"{r['predicted']:.0f} ({r['error_pct']:+.1f}%)"
 
     return (f"unscored; as tabled {got(scored)}, with {lay} {got(other)}; {other['why']} (the rule that leaves such a "
-            "row unscored was applied to it on 2026-11-27, its tabled error known)")
+            f"row unscored was applied to it {other['applied']})")
 
 
 def report(scored: list[dict[str, Any]] | None = None) -> str:
@@ -667,7 +683,7 @@ def fabric_line(scored: list[dict[str, Any]], rows: list[dict[str, Any]] | None 
 
     def kind(s: dict[str, Any]) -> str:
         r = by_id[s["id"]]
-        return str(moe.moe_class(shape_of(r), moe.options_of(r), r["system"], r["ep"]))
+        return str(moe.moe_class(shape_of(r), moe.options_of(r), r["system"], r["ep"], offload=bool(r.get("offload"))))
 
     efa = ("efa", "efa-deepep")
     parts = []

@@ -741,9 +741,10 @@ def _add_interval(r: dict[str, Any], opts: PlanOptions, shape: ModelShape) -> No
 
     reg = uncertainty.regime(r["gpu"], r["pp"] > 1, opts.profile or None,
                              stack=stack.DEFAULT_STACK if opts.profile else opts.stack,
-                             moe=moe_class(shape, opts.moe, r["system"], r["ep"]))
+                             moe=moe_class(shape, opts.moe, r["system"], r["ep"], offload=r["offload"]))
     if opts.calibration_regime and r["system"] in opts.calibration:
-        reg = uncertainty.with_moe(opts.calibration_regime, moe_class(shape, opts.moe, r["system"], r["ep"]))
+        reg = uncertainty.with_moe(opts.calibration_regime,
+                                   moe_class(shape, opts.moe, r["system"], r["ep"], offload=r["offload"]))
     # Around the point estimate: a row ranked at its pessimistic end holds that end.
     f = r.get("ranking_factor", 1.0)
     step = max(1, opts.global_batch_tokens // opts.seq_len) * opts.seq_len / r["tokens_per_s_point"]

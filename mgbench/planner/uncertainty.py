@@ -106,7 +106,9 @@ MOE_CLASS_WORDS = {"eager": "MoE layers eager", "graphed": "MoE layers in CUDA g
                    "efa": "MoE layers eager with Megatron-Core's all-to-all over AWS EFA",
                    "efa-deepep": "MoE layers eager with DeepEP-style dispatch over AWS EFA (UCCL-EP, NVSHMEM on "
                                  "libfabric or DeepEP v2 on NCCL GIN; where the run names it, priced at its kernel "
-                                 "benchmarks' share of the network rate, and through a CPU proxy with its notify wait)"}
+                                 "benchmarks' share of the network rate, and through a CPU proxy with its notify wait)",
+                   "offload": "MoE runs with FSDP2's CPU offload (their optimizer step runs on the host, which the "
+                              "planner does not price)"}
 
 
 @lru_cache(maxsize=1)
@@ -122,7 +124,8 @@ def moe_residuals() -> dict[str, list[dict[str, Any]]]:
             continue
         if s["error_pct"] is None:
             continue
-        cls = moe_class(moe_validation.shape_of(row), moe.options_of(row), row["system"], row["ep"])
+        cls = moe_class(moe_validation.shape_of(row), moe.options_of(row), row["system"], row["ep"],
+                        offload=bool(row.get("offload")))
         out[cls].append({"id": row["id"], "split": row["split"], "gpu": hardware.resolve(system=row["system"]).gpu,
                          "error": s["error_pct"] / 100.0})
     return out

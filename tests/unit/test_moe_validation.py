@@ -322,7 +322,7 @@ def test_unpriced_settings_are_checked_and_tell_rows_apart(rows, bad):
     # A row's unpriced settings (what its source varies that the planner does not price) must
     # be a table of strings; rows differing only in them are two configurations, not a
     # re-measurement of one (so the repeat spread stays the re-measurement noise).
-    swept = [r for r in rows if "unpriced_settings" in r]
+    swept = [r for r in rows if "nccl_max_nchannels" in r.get("unpriced_settings", {})]
     assert len(swept) == 8 and not V.repeats(swept)
     broken = [dict(r, unpriced_settings=bad) if r["id"] == swept[0]["id"] else r for r in rows]
     with pytest.raises(MgbenchError, match=f"{swept[0]['id']}: unpriced_settings must be a table"):
