@@ -328,7 +328,7 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
     from ..planner import uncertainty
     from ..planner.moe import moe_class
 
-    moe_cls = moe_class(shape, moe, hw.system, kw["ep"], offload=kw["offload"])
+    moe_cls = moe_class(shape, moe, hw.system, kw["ep"], offload=kw["offload"], stack=stack or stacks.DEFAULT_STACK)
     reg = (uncertainty.with_moe(uncertainty.calibrated(fit), moe_cls) if calibrate_run
            else uncertainty.regime(hw.gpu, kw["pp"] > 1, profile, stack=stack or stacks.DEFAULT_STACK, moe=moe_cls))
     res.update(uncertainty.intervals(res["step_time_s"], res["tokens_per_s_per_gpu"], reg))

@@ -376,7 +376,8 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
                                      across_share=ep_kernels.priced_share(hw, opts))
         ep_comm = moe_terms.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule=schedule, virtual_stages=v,
                                         opts=opts)
-        host = moe_terms.host_seconds(shape, ep=ep, moe_layers=moe_layers, num_micro=m, opts=opts, rerun=rerun)
+        host = moe_terms.host_seconds(shape, ep=ep, moe_layers=moe_layers, num_micro=m, opts=opts, rerun=rerun,
+                                      stack=hw.stack)
         host_s = moe_terms.host_wait(host, bubble_fraction=f)
         notify = moe_terms.efa_notify_seconds(ep=ep, gpus_per_node=hw.gpus_per_node,
                                               across_efa=ep_kernels.talks_over_efa(hw), moe_layers=moe_layers,

@@ -598,11 +598,11 @@ def epilogue_note(shape: ModelShape, opts: "MoeOptions", counted: bool, stack: s
 
 # The prediction-interval classes of MoE runs (:func:`moe_class`; planner/uncertainty.py
 # takes each class's half-widths from the published runs of it).
-MOE_CLASSES = ("eager", "graphed", "efa", "efa-deepep", "offload")
+MOE_CLASSES = ("eager", "graphed", "efa", "efa-deepep", "offload", "eager-torchtitan")
 
 
 def moe_class(shape: Any, options: Any = None, system: str | None = None, ep: Any = None,
-              offload: bool = False) -> str | None:
+              offload: bool = False, stack: str | None = None) -> str | None:
     """The MoE interval class of a prediction: None for a dense model, "offload" where the
     run offloads its model states to the host (FSDP2's CPU offload, --offload: the optimizer
     step then runs on the host, which the planner does not price, so such runs miss by
@@ -612,8 +612,10 @@ def moe_class(shape: Any, options: Any = None, system: str | None = None, ep: An
     (``ep`` over its GPUs a node; ``ep`` None: taken to cross them:
     hardware.ep_crosses_efa), "efa" with the all-to-all dispatcher and "efa-deepep" with
     DeepEP or HybridEP (the published EFA runs, a third party's, every one with EP across
-    nodes, ran far slower than the model prices, DeepEP's most: docs/planner.md); else
-    "eager"."""
+    nodes, ran far slower than the model prices, DeepEP's most: docs/planner.md);
+    "eager-torchtitan" on torchtitan's stack (``stack``: its MoE layer is priced with
+    Megatron-Core's host constants, an assumption, and its published runs miss by their own
+    measure); else "eager"."""
     from .hardware import ep_crosses_efa
 
     if not getattr(shape, "is_moe", False):
@@ -625,6 +627,8 @@ def moe_class(shape: Any, options: Any = None, system: str | None = None, ep: An
     if ep_crosses_efa(system, ep):
         deep = options is not None and options.dispatcher != "alltoall"
         return "efa-deepep" if deep else "efa"
+    if stack == "torchtitan":
+        return "eager-torchtitan"
     return "eager"
 
 
@@ -653,6 +657,11 @@ def host_constants() -> dict[str, Any]:
     if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0.0 <= share <= MAX_GRAPHED_SHARE:
         raise MgbenchError(f"stacks.toml [moe_host] graphed_share must be a number from 0 to {MAX_GRAPHED_SHARE:g}, "
                            f"got {share!r}")
+    extra = c.get("torchtitan_extra_ms")
+    if (not isinstance(extra, (int, float)) or isinstance(extra, bool)
+            or extra < -min(float(v) for v in per_layer.values())):
+        raise MgbenchError(f"stacks.toml [moe_host] torchtitan_extra_ms must be a number of ms no lower than minus the "
+                           f"smallest per_layer_ms, got {extra!r}")
     notify = c.get("efa_proxy_notify_ms")
     if not isinstance(notify, (int, float)) or isinstance(notify, bool) or notify < 0.0:
         raise MgbenchError(f"stacks.toml [moe_host] efa_proxy_notify_ms must be a number of ms, 0 or more, "
@@ -682,7 +691,7 @@ def host_launches(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any
 
 
 def host_seconds(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any, opts: MoeOptions,
-                 rerun: Any = 0.0) -> Any:
+                 rerun: Any = 0.0, stack: str | None = None) -> Any:
     """Seconds a step's eager MoE layers add, n x (per_layer[dispatcher] +
     per_local_expert x experts / ep) ms (:func:`host_launches`, :func:`host_constants`):
     the launch work of each layer pass (the router, the permutation and the dispatcher's
@@ -694,10 +703,15 @@ def host_seconds(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any,
     GPU, which the eager term covered and the rest of the model does not price: such a
     layer takes ``graphed_share`` of the eager time (:func:`host_constants`; solved from
     graphed fit rows, moe_validation.solve_graphed_share). A recomputed MoE layer launches
-    its forward again (``rerun``, :func:`host_launches`)."""
+    its forward again (``rerun``, :func:`host_launches`). The constants are Megatron-Core's
+    MoE layer's; a torchtitan run (``stack``) adds ``torchtitan_extra_ms`` a layer pass, its
+    own router, permutation and grouped GEMMs in eager PyTorch ops (solved from torchtitan's
+    fit rows: moe_validation.solve_torchtitan_extra)."""
     n, n_local = host_launches(shape, ep=ep, moe_layers=moe_layers, num_micro=num_micro, rerun=rerun)
     c = host_constants()
-    eager = (float(c["per_layer_ms"][opts.dispatcher]) * n + float(c["per_local_expert_ms"]) * n_local) * 1e-3
+    per_layer = float(c["per_layer_ms"][opts.dispatcher]) + (float(c["torchtitan_extra_ms"]) if stack == "torchtitan"
+                                                             else 0.0)
+    eager = (per_layer * n + float(c["per_local_expert_ms"]) * n_local) * 1e-3
     return float(c["graphed_share"]) * eager if opts.cuda_graphs else eager
 
 

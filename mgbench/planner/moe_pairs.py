@@ -32,10 +32,11 @@ from .hardware import ep_crosses_efa
 
 # Within this relative difference of the published ratio a predicted ratio "agrees"; also
 # the size below which an effect counts as none. A convention, set above the noise the
-# file itself shows: the MLPerf submitters' re-measurements of one configuration spread by
-# up to 3.4% (eight-GPU B300, five submitters; :func:`repeat_spread`, which a test keeps
-# under this band).
-BAND = 0.05
+# file itself shows (:func:`repeat_spread`, which a test keeps under this band): 5% while
+# the widest re-measurement spread was the MLPerf submitters' 3.4% (eight-GPU B300, five
+# submitters); 10% since the nineteenth session's rows, whose widest is 8.4% (torchtitan
+# PR 2627's two tables of one 9.5B configuration on 8 B200, 23,780 and 21,940 tokens/s).
+BAND = 0.10
 
 
 def repeat_spread(rows: list[dict[str, Any]] | None = None) -> float:

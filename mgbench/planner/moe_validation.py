@@ -354,6 +354,79 @@ def implied_host_report(rows: list[dict[str, Any]] | None = None) -> str:
     return "\n".join(lines)
 
 
+def torchtitan_rows(split: str) -> list[dict[str, Any]]:
+    """The eager torchtitan rows of ``split`` (the ones ``torchtitan_extra_ms`` prices in
+    full; a graphed one would pay the graphed share of it)."""
+    return [r for r in runs() if r["split"] == split and r.get("stack") == "torchtitan"
+            and not moe.options_of(r).cuda_graphs]
+
+
+def solve_torchtitan_extra(rows: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """The stored ``torchtitan_extra_ms`` (stacks.toml [moe_host]) with the least mean
+    |error| of tokens/s over ``rows`` (:func:`torchtitan_rows` of the fit split), on a
+    0.05 ms grid from minus the smallest per-layer constant to 20 ms, every other constant
+    at its stored value (rule of 2026-11-28, docs/planner.md); None where there is no row.
+    A row's step is linear in it: the stored host wait's per-layer unit (:func:`host_terms`)."""
+    import numpy as np
+
+    rows = torchtitan_rows("fit") if rows is None else rows
+    if not rows:
+        return None
+    c = moe.host_constants()
+    now = float(c["torchtitan_extra_ms"])
+    terms = np.array([host_terms(r) for r in rows])
+    # the step at the stored constants, less the stored extra's share: base + per-layer unit x x
+    stored = np.array([float(predict_row(r)["step_time_s"]) for r in rows]) - now * terms[:, 1]
+    pub = np.array([published_step_s(r) for r in rows])
+    low = -min(float(v) for v in c["per_layer_ms"].values())
+    grid = np.round(np.arange(low, 20.0 + 1e-9, 0.05), 2)[:, None]
+    err = np.abs(pub / (stored + grid * terms[:, 1]) - 1.0).mean(axis=1)
+    j = int(np.argmin(err))
+    return {"torchtitan_extra_ms": float(grid[j, 0]), "mean_abs_pct": 100.0 * float(err[j]),
+            "rows": [r["id"] for r in rows]}
+
+
+def torchtitan_extra_summary(value: float | None = None) -> dict[str, dict[str, Any]]:
+    """Per split, over the eager torchtitan rows: rows, and mean |error| of tokens/s without
+    ``torchtitan_extra_ms`` and with it at ``value`` (None: the stored one); "held_out_plain"
+    leaves out the held-out rows that re-measure a fit row's configuration or offload to the
+    host (whose miss is the host optimizer step, not priced)."""
+    stored = float(moe.host_constants()["torchtitan_extra_ms"])
+    value = stored if value is None else float(value)
+    fit_configs = {configuration(r) for r in torchtitan_rows("fit")}
+    parts = {split: torchtitan_rows(split) for split in SPLITS}
+    parts["held_out_plain"] = [r for r in parts["held_out"]
+                               if configuration(r) not in fit_configs and not r.get("offload")]
+    out = {}
+    for name, rows in parts.items():
+        without, with_term = [], []
+        for r in rows:
+            per_ms = host_terms(r)[1]
+            base = float(predict_row(r)["step_time_s"]) - stored * per_ms
+            pub = published_step_s(r)
+            without.append(abs(pub / base - 1.0) * 100.0)
+            with_term.append(abs(pub / (base + value * per_ms) - 1.0) * 100.0)
+        out[name] = {"rows": len(rows), "without": mean(without) if rows else None,
+                     "with": mean(with_term) if rows else None, "ids": [r["id"] for r in rows]}
+    return out
+
+
+def torchtitan_extra_report() -> str:
+    """The stored constant, what the solve gives, and each split's error without it and with
+    the solved value."""
+    now = float(moe.host_constants()["torchtitan_extra_ms"])
+    solved = solve_torchtitan_extra()
+    if solved is None:
+        return f"torchtitan_extra_ms stored {now:g}; no fit row to solve it from"
+    lines = [f"torchtitan_extra_ms stored {now:g}; solved {solved['torchtitan_extra_ms']:g} over "
+             f"{len(solved['rows'])} fit rows ({', '.join(solved['rows'])})"]
+    for name, s in torchtitan_extra_summary(solved["torchtitan_extra_ms"]).items():
+        if s["rows"]:
+            lines.append(f"{name}: {s['rows']} rows, mean |error| {s['without']:.1f}% without the term, "
+                         f"{s['with']:.1f}% at the solved value")
+    return "\n".join(lines)
+
+
 def efa_notify_terms(row: dict[str, Any]) -> tuple[float, float]:
     """(step seconds without the EFA proxy notify term, d step / d efa_proxy_notify_ms) of
     ``row``: its step is linear in the constant (moe.efa_notify_seconds, the bubble's
@@ -683,7 +756,8 @@ def fabric_line(scored: list[dict[str, Any]], rows: list[dict[str, Any]] | None 
 
     def kind(s: dict[str, Any]) -> str:
         r = by_id[s["id"]]
-        return str(moe.moe_class(shape_of(r), moe.options_of(r), r["system"], r["ep"], offload=bool(r.get("offload"))))
+        return str(moe.moe_class(shape_of(r), moe.options_of(r), r["system"], r["ep"], offload=bool(r.get("offload")),
+                                 stack=r.get("stack", STACK)))
 
     efa = ("efa", "efa-deepep")
     parts = []
@@ -697,7 +771,7 @@ def fabric_line(scored: list[dict[str, Any]], rows: list[dict[str, Any]] | None 
     return "held out by fabric: " + "; ".join(parts)
 
 
-if __name__ == "__main__":  # python -m mgbench.planner.moe_validation [--implied-host | --graphed-share | --efa-notify]
+if __name__ == "__main__":  # python -m mgbench.planner.moe_validation [--implied-host | --graphed-share | --efa-notify | --torchtitan-extra]
     import sys
 
     if "--implied-host" in sys.argv[1:]:
@@ -706,5 +780,7 @@ if __name__ == "__main__":  # python -m mgbench.planner.moe_validation [--implie
         print(graphed_share_report())
     elif "--efa-notify" in sys.argv[1:]:
         print(efa_notify_report())
+    elif "--torchtitan-extra" in sys.argv[1:]:
+        print(torchtitan_extra_report())
     else:
         print(report())

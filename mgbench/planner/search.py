@@ -498,7 +498,7 @@ def ranking_factor(hw: hardware.Hardware, opts: PlanOptions, pipelined: np.ndarr
     for pipe in (False, True):
         for e in np.unique(ep):
             reg = uncertainty.regime(hw.gpu, pipe, None, stack=opts.stack,
-                                     moe=moe_class(shape, opts.moe, hw.system, int(e)))
+                                     moe=moe_class(shape, opts.moe, hw.system, int(e), stack=opts.stack))
             ev = evidence_of(reg)
             if ev != "measured":
                 out = np.where((np.asarray(pipelined) == pipe) & (ep == e), 1.0 + reg["high"], out)
@@ -741,10 +741,12 @@ def _add_interval(r: dict[str, Any], opts: PlanOptions, shape: ModelShape) -> No
 
     reg = uncertainty.regime(r["gpu"], r["pp"] > 1, opts.profile or None,
                              stack=stack.DEFAULT_STACK if opts.profile else opts.stack,
-                             moe=moe_class(shape, opts.moe, r["system"], r["ep"], offload=r["offload"]))
+                             moe=moe_class(shape, opts.moe, r["system"], r["ep"], offload=r["offload"],
+                                           stack=opts.stack))
     if opts.calibration_regime and r["system"] in opts.calibration:
         reg = uncertainty.with_moe(opts.calibration_regime,
-                                   moe_class(shape, opts.moe, r["system"], r["ep"], offload=r["offload"]))
+                                   moe_class(shape, opts.moe, r["system"], r["ep"], offload=r["offload"],
+                                             stack=opts.stack))
     # Around the point estimate: a row ranked at its pessimistic end holds that end.
     f = r.get("ranking_factor", 1.0)
     step = max(1, opts.global_batch_tokens // opts.seq_len) * opts.seq_len / r["tokens_per_s_point"]

@@ -108,7 +108,9 @@ MOE_CLASS_WORDS = {"eager": "MoE layers eager", "graphed": "MoE layers in CUDA g
                                  "libfabric or DeepEP v2 on NCCL GIN; where the run names it, priced at its kernel "
                                  "benchmarks' share of the network rate, and through a CPU proxy with its notify wait)",
                    "offload": "MoE runs with FSDP2's CPU offload (their optimizer step runs on the host, which the "
-                              "planner does not price)"}
+                              "planner does not price)",
+                   "eager-torchtitan": "MoE layers eager on torchtitan's stack (priced with Megatron-Core's MoE host "
+                                       "constants: an assumption)"}
 
 
 @lru_cache(maxsize=1)
@@ -125,7 +127,7 @@ def moe_residuals() -> dict[str, list[dict[str, Any]]]:
         if s["error_pct"] is None:
             continue
         cls = moe_class(moe_validation.shape_of(row), moe.options_of(row), row["system"], row["ep"],
-                        offload=bool(row.get("offload")))
+                        offload=bool(row.get("offload")), stack=row.get("stack", moe_validation.STACK))
         out[cls].append({"id": row["id"], "split": row["split"], "gpu": hardware.resolve(system=row["system"]).gpu,
                          "error": s["error_pct"] / 100.0})
     return out

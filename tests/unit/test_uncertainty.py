@@ -128,11 +128,13 @@ def _moe_errors(cls: str) -> list[float]:
 
     def cls_of(r):
         o = moe.options_of(r)
+        if r.get("offload"):
+            return "offload"
         if o.cuda_graphs:
             return "graphed"
         if on_efa(r["system"]):
             return "efa" if o.dispatcher == "alltoall" else "efa-deepep"
-        return "eager"
+        return "eager-torchtitan" if r.get("stack") == "torchtitan" else "eager"
 
     return [s["error_pct"] / 100 for r, s in ((r, mv.score(r)) for r in mv.runs())
             if r["split"] in mv.SPLITS and s["error_pct"] is not None and cls_of(r) == cls]
@@ -166,8 +168,11 @@ def test_moe_interval_is_the_published_moe_runs_of_its_class():
     # session's all-to-all share (0.97 of the links' rates for NCCL's) the eager high is the
     # 26.02 B300 gpt-oss-120b at EP 64's +47.6%: 1.476x. NeMo's four Mixtral rows joined the
     # same session (two eager, two graphed; the graphed share re-solved to 0.93): graphed
-    # runs from -52.8% (25.09 B200 Qwen3-30B-A3B token-drop) to +38.6%.
-    assert len(eager) == 77 and len(graphed) == 49
+    # runs from -52.8% (25.09 B200 Qwen3-30B-A3B token-drop) to +38.6%. The nineteenth
+    # session gave runs on torchtitan's stack (9, with AutoModel's two priced on it) and the
+    # CPU-offload run classes of their own (test_torchtitan_extra.py): eager 77 -> 68 rows,
+    # its bounds unchanged.
+    assert len(eager) == 68 and len(graphed) == 49
     e = U.regime("b200", True, moe="eager")
     assert (e["low"], e["high"]) == (pytest.approx(0.278, abs=0.002), pytest.approx(0.476, abs=0.002))
     g = U.regime("b200", True, moe="graphed")
@@ -436,7 +441,7 @@ def test_predict_and_plan_give_an_efa_run_its_class_and_notes():
     assert out["across"]["interval_reasons"][0].startswith("MoE layers eager with DeepEP-style dispatch over AWS EFA")
     assert any("with EP across AWS EFA nodes" in n for n in out["across"]["notes"])
     for name in ("inside", "ib"):
-        assert out[name]["interval_reasons"][0].startswith("MoE layers eager: the 77 published MoE runs")
+        assert out[name]["interval_reasons"][0].startswith("MoE layers eager: the 68 published MoE runs")
         assert not any("with EP across AWS EFA nodes" in n for n in out[name]["notes"])
     # the same step, a wider interval above it
     lo, hi = out["across"]["step_time_s_interval"]

@@ -1,0 +1,77 @@
+"""torchtitan's own MoE layer cost (stacks.toml [moe_host] torchtitan_extra_ms,
+moe.host_seconds): solved on torchtitan's fit rows under the rule of 2026-11-28 and not
+adopted (the solve sits at its bound and makes the held-out rows that neither re-measure a
+fit configuration nor offload worse); the term prices torchtitan runs only, by hand; and
+the MoE interval classes a torchtitan run and an offloading one fall in."""
+
+from __future__ import annotations
+
+import pytest
+
+from mgbench import catalog
+from mgbench.errors import MgbenchError
+from mgbench.planner import moe
+from mgbench.planner import moe_validation as V
+
+
+def test_the_solve_sits_at_its_bound_and_is_not_adopted():
+    solved = V.solve_torchtitan_extra()
+    assert solved["torchtitan_extra_ms"] == pytest.approx(20.0)  # the grid's top: the form cannot close the fit rows
+    assert moe.host_constants()["torchtitan_extra_ms"] == 0.0
+    s = V.torchtitan_extra_summary(solved["torchtitan_extra_ms"])
+    assert not ({r["id"] for r in V.runs() if r["split"] != "fit"} & set(solved["rows"]))
+    # The rule's necessary condition holds on every held-out row priced on the stack ...
+    assert s["held_out"]["with"] < s["held_out"]["without"]
+    # ... but only through a re-measurement of a fit configuration and the offload row: the others worsen.
+    assert s["held_out_plain"]["rows"] == s["held_out"]["rows"] - 2
+    assert s["held_out_plain"]["with"] > s["held_out_plain"]["without"]
+
+
+def test_the_term_prices_torchtitan_layers_only_by_hand(monkeypatch):
+    shape = catalog.model_shape("qwen3-30b-a3b")
+    opts = moe.MoeOptions(dispatcher="alltoall")
+    kw = dict(ep=8, moe_layers=48, num_micro=1, opts=opts)
+    base = float(moe.host_seconds(shape, **kw, stack="torchtitan"))
+    assert base == pytest.approx(float(moe.host_seconds(shape, **kw)))  # 0 stored: no difference
+    stored = moe.host_constants()
+    monkeypatch.setattr(moe, "host_constants", lambda: {**stored, "torchtitan_extra_ms": 2.5})
+    assert float(moe.host_seconds(shape, **kw, stack="torchtitan")) == pytest.approx(base + 48 * 2.5e-3)
+    assert float(moe.host_seconds(shape, **kw, stack="megatron-lm")) == pytest.approx(base)
+
+
+@pytest.mark.parametrize("bad", [-2.0, "1 ms", True, None])
+def test_an_extra_out_of_range_is_refused(monkeypatch, bad):
+    real = catalog.load
+
+    def load(name):
+        data = real(name)
+        if name != "stacks.toml":
+            return data
+        host = {k: v for k, v in data["moe_host"].items() if k != "torchtitan_extra_ms"}
+        return {**data, "moe_host": host if bad is None else {**host, "torchtitan_extra_ms": bad}}
+
+    monkeypatch.setattr(catalog, "load", load)
+    moe.host_constants.cache_clear()
+    try:
+        with pytest.raises(MgbenchError, match="torchtitan_extra_ms must be a number of ms"):
+            moe.host_constants()
+    finally:
+        moe.host_constants.cache_clear()
+
+
+def test_torchtitan_and_offloading_runs_take_their_own_intervals():
+    from mgbench.planner import uncertainty as U
+
+    shape = catalog.model_shape("qwen3-30b-a3b")
+    assert moe.moe_class(shape, moe.MoeOptions(), "dgx-b200", 8) == "eager"
+    assert moe.moe_class(shape, moe.MoeOptions(), "dgx-b200", 8, stack="torchtitan") == "eager-torchtitan"
+    assert moe.moe_class(shape, moe.MoeOptions(), "dgx-b200", 8, offload=True, stack="torchtitan") == "offload"
+    assert moe.moe_class(catalog.model_shape("llama3-8b"), moe.MoeOptions(), "dgx-b200", 8, offload=True) is None
+    res = U.moe_residuals()
+    tt = {r["id"] for r in res["eager-torchtitan"]}
+    assert "torchtitan-b200-dsv3-9b5-deepep-8gpu" in tt and "automodel-h100-gpt-oss-20b-8" in tt
+    assert [r["id"] for r in res["offload"]] == ["torchtitan-b200-mini-kimi-k2-alltoall-8gpu"]
+    # Negative control: pooled with Megatron-Core's eager runs, torchtitan's 3.1x would be everyone's.
+    eager = U.regime("b200", False, moe="eager")
+    assert eager["high"] < 0.5 and U.regime("b200", False, moe="eager-torchtitan")["high"] > 2.0
+    assert max(r["error"] for r in res["eager"] + res["eager-torchtitan"]) > 2.0
