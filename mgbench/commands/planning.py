@@ -346,7 +346,8 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
                                                  "pp_last_layers": kw.get("pp_last_layers")}) if kw["pp"] > 1 else ""))
     click.echo(f"step time      {res['step_time_s']:.3f} s  (compute {b['compute_s']:.3f}, bubble {b['bubble_s']:.3f}, "
                f"exposed comm {b['exposed_comm_s']:.3f}"
-               + (f", MoE per-layer time {b['moe_host_s']:.3f}" if b.get("moe_host_s") else "") + ")")
+               + (f", MoE per-layer time {b['moe_host_s']:.3f}" if b.get("moe_host_s") else "")
+               + (f", EFA proxy notify wait {b['moe_efa_notify_s']:.3f}" if b.get("moe_efa_notify_s") else "") + ")")
     lo, hi = res["step_time_s_interval"]
     click.echo(f"interval       {lo:.3f} to {hi:.3f} s ({res['regime']}: {'; '.join(res['interval_reasons'])})")
     click.echo(f"throughput     {res['tokens_per_s']:,.0f} tokens/s, {res['tokens_per_s_per_gpu']:,.0f} per GPU")

@@ -243,9 +243,11 @@ def proxy_note(backend: str) -> str:
     if backend not in moe.PROXY_BACKENDS:
         return ""
     ms = float(moe.host_constants()["efa_proxy_notify_ms"])
-    return (f"; and {ms:g} ms of host wait a forward dispatch (a recomputed one too) for the token counts it exchanges "
-            "through the CPU proxy, which the kernel benchmarks' cached dispatch leaves out (solved from the fit "
-            "published MoE rows that run it: python -m mgbench.planner.moe_validation --efa-notify)")
+    return (f"; and {ms:g} ms more host wait a forward dispatch (a recomputed one too) for the token counts it "
+            "exchanges through the CPU proxy, beyond the per-layer host wait already priced, which the kernel "
+            "benchmarks' cached dispatch leaves out (solved from the one fit row through a CPU proxy, NVSHMEM on "
+            "libfabric with Kimi-K2 on 32 p6-b200, and applied to both proxy backends: python -m "
+            "mgbench.planner.moe_validation --efa-notify)")
 
 
 def summary(backend: str) -> dict[str, dict[str, Any]]:

@@ -39,9 +39,9 @@ moe_host  what the GPU waits on the host in eager MoE layers (moe.host_seconds: 
           dropless or drop-and-pad, stretched by the bubble like the stage's other work);
           under MoeOptions(cuda_graphs=True) the stored graphed_share of it (the GPU time
           of the small kernels that stays in graphs).
-moe_efa_notify  the host's wait for the token counts a forward DeepEP-style dispatch
-          exchanges across AWS EFA nodes through a CPU proxy (UCCL-EP, NVSHMEM on
-          libfabric), which the kernels' published rates leave out: per forward dispatch
+moe_efa_notify  the extra host wait (beyond moe_host's) for the token counts a forward
+          DeepEP-style dispatch exchanges across AWS EFA nodes through a CPU proxy
+          (UCCL-EP, NVSHMEM on libfabric), which the kernels' published rates leave out: per forward dispatch
           (moe.efa_notify_seconds), stretched by the bubble as moe_host.
 moe       compute the MoE layers add to perf's (in the blocks, so the bubble scales too):
           the busiest rank's extra expert rows (load - 1 of perf's expert_gemm_s, or of

@@ -124,7 +124,9 @@ DISPATCHER_BACKENDS = ("uccl-ep", "nvshmem-libfabric", "deepep-v2-nccl-gin")
 # CPU proxies issue the RDMA writes the GPU asks for), and NVSHMEM's libfabric transport,
 # like every NVSHMEM remote transport but IBGDA ("other transports that rely on passing
 # messages to a CPU proxy thread", NVSHMEM's best-practice guide, Performance). DeepEP v2
-# over NCCL GIN is GPU-initiated on EFA (its GDA transport). :func:`efa_notify_seconds`.
+# over NCCL GIN is GPU-initiated on EFA (its GDA transport); that it pays no such extra is
+# an assumption no fit row has tested (its dispatch also waits on the host by default:
+# DeepEP dd758ca deep_ep/buffers/elastic.py do_cpu_sync). :func:`efa_notify_seconds`.
 PROXY_BACKENDS = ("uccl-ep", "nvshmem-libfabric")
 # Megatron-Core recompute_modules (its MoE README, "Fine-grained Recomputation"): the
 # matmuls of "mla_up_proj", "mlp" and "moe" are priced again here; "mla_up_proj",
@@ -162,9 +164,12 @@ class MoeOptions:
     backend: str | None = field(default=None, metadata={
         "choices": DISPATCHER_BACKENDS,
         "help": "deepep only: the kernels' implementation over AWS EFA, uccl-ep (UCCL's drop-in for "
-                "DeepEP) or nvshmem-libfabric (DeepEP on NVSHMEM's libfabric transport); across EFA nodes its "
-                "bytes move at the share of the network rate its published benchmarks reach "
-                "(data/published_ep_kernels.toml). Not given: DeepEP's own kernels, at the links' rates."})
+                "DeepEP), nvshmem-libfabric (DeepEP on NVSHMEM's libfabric transport) or deepep-v2-nccl-gin "
+                "(DeepEP v2 over NCCL's GIN, GPU-initiated); across EFA nodes its bytes move at the share of the "
+                "network rate its published benchmarks reach (data/published_ep_kernels.toml; none for "
+                "deepep-v2-nccl-gin: the links' rates), and the two through a CPU proxy (uccl-ep, "
+                "nvshmem-libfabric) add efa_proxy_notify_ms a forward dispatch (stacks.toml [moe_host]). Not given: "
+                "DeepEP's own kernels, at the links' rates."})
     node_limit: int | None = field(default=None, metadata={
         "metavar": "M", "help": "Each token's experts on at most M nodes (DeepSeek-V3: 4)."})
     device_limit: int | None = field(default=None, metadata={
@@ -732,13 +737,17 @@ def efa_notify_launches(*, ep: Any, gpus_per_node: int, across_efa: bool, moe_la
 def efa_notify_seconds(**kwargs: Any) -> Any:
     """Seconds of host wait a step's forward DeepEP-style dispatches across EFA nodes
     through a CPU proxy add (:func:`efa_notify_launches` x ``efa_proxy_notify_ms``,
-    :func:`host_constants`). DeepEP's internode benchmark times the dispatch kernel on a
-    cached handle (tests/legacy/test_internode.py @dd758ca lines 245-248; the notify kernel
-    is timed apart) and UCCL-EP's copy does the same, so the kernel shares of
-    published_ep_kernels.toml hold neither the count exchange nor the host's wait for the
-    counts that a training step's forward dispatch makes before it can size its receive
-    buffers; over EFA that exchange goes through the proxy. Waited for in full, as the
-    host term (:func:`host_wait`). Solved on fit rows: moe_validation.solve_efa_notify."""
+    :func:`host_constants`): the extra that exchange takes through a proxy over EFA, beyond
+    the per-layer host wait already priced (:func:`host_seconds`, whose DeepEP constant was
+    solved on runs off EFA and holds the wait every non-cached dispatch makes). DeepEP's
+    internode benchmark times the dispatch kernel on a cached handle (DeepEP dd758ca
+    tests/legacy/test_internode.py lines 247-251, 567632dd tests/test_internode.py 245-247;
+    UCCL ep/bench/test_internode.py 433-435; the notify kernel is timed apart), so the
+    kernel shares of published_ep_kernels.toml hold neither the count exchange nor the
+    host's wait for the counts that a training step's forward dispatch makes (Megatron-Core
+    core_v0.17.0 to v0.19.0 fused_a2a.py: no num_worst_tokens; backward reuses the
+    handle). Waited for in full, as the host term (:func:`host_wait`). Solved on fit rows
+    (one, so far): moe_validation.solve_efa_notify."""
     return efa_notify_launches(**kwargs) * float(host_constants()["efa_proxy_notify_ms"]) * 1e-3
 
 

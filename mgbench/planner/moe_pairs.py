@@ -41,10 +41,11 @@ BAND = 0.10
 
 def repeat_spread(rows: list[dict[str, Any]] | None = None) -> float:
     """The largest relative spread (max / min - 1) of the published figures of one
-    configuration measured more than once (moe_validation.configuration)."""
+    configuration measured more than once with nothing else varied (moe_validation.measurement:
+    rows that differ only in a setting the planner does not price are not re-measurements)."""
     groups: dict[tuple[Any, ...], list[float]] = {}
     for r in moe_validation.runs() if rows is None else rows:
-        groups.setdefault(moe_validation.configuration(r), []).append(float(r["published"]))
+        groups.setdefault(moe_validation.measurement(r), []).append(float(r["published"]))
     return max((max(v) / min(v) - 1.0 for v in groups.values() if len(v) > 1), default=0.0)
 VERDICTS = ("agrees", "too large", "too small", "opposite")
 # Fields that change together and make one knob: an FP8 recipe exists only under fp8; a

@@ -87,7 +87,8 @@ def test_the_term_lowers_the_error_on_the_held_out_rows_it_applies_to():
 
 def test_the_backend_note_says_the_wait_for_proxy_backends_only():
     note = ep_kernels.backend_note("uccl-ep", True)
-    assert f"{moe.host_constants()['efa_proxy_notify_ms']:g} ms of host wait a forward dispatch" in note
+    assert f"{moe.host_constants()['efa_proxy_notify_ms']:g} ms more host wait a forward dispatch" in note
+    assert "the one fit row through a CPU proxy" in note  # no fit row runs UCCL-EP itself
     assert ep_kernels.proxy_note("deepep-v2-nccl-gin") == ""
 
 
@@ -115,3 +116,17 @@ def test_rows_across_efa_set_no_host_launch_constant():
     fit_across = [r for r in V.runs() if r["split"] == "fit" and hardware.ep_crosses_efa(r["system"], r["ep"])]
     assert fit_across  # the nineteenth session's fit rows across EFA
     assert not {r["id"] for r in fit_across} & {r["id"] for r in V.host_fit_rows()}
+
+
+def test_predicts_step_line_shows_the_wait():
+    from click.testing import CliRunner
+    from mgbench.cli import main
+
+    args = ["predict", "--model", "kimi-k2", "--system", "aws-p6-b200", "--num-gpus", "256", "--tp", "8", "--pp", "8",
+            "--ep", "32", "--seq-len", "4096", "--global-batch", "256", "--micro-batch", "4", "--recompute", "full",
+            "--moe-dispatcher", "deepep"]
+    with_proxy = CliRunner().invoke(main, args + ["--moe-backend", "nvshmem-libfabric"])
+    assert with_proxy.exit_code == 0, with_proxy.output
+    assert "EFA proxy notify wait" in with_proxy.output
+    gda = CliRunner().invoke(main, args + ["--moe-backend", "deepep-v2-nccl-gin"])
+    assert gda.exit_code == 0 and "EFA proxy notify wait" not in gda.output

@@ -103,3 +103,15 @@ def test_the_held_out_figure_by_fabric():
     assert f"elsewhere 90 rows, mean |error| {mean(rest):.1f}%" in line
     moved = [dict(r, system="dgx-b300") if r["system"] == "aws-p6-b300" else r for r in V.runs()]
     assert "elsewhere 141 rows" in V.fabric_line(scored, moved)  # 90 + the 51 p6-b300 rows; p5's 17 stay
+
+
+def test_another_model_built_from_a_presets_fields_stays_out_of_its_record():
+    rows = {r["id"]: r for r in V.runs()}
+    bench = rows["aws-p5en-dsv3-12l-ep32-alltoall-nch32"]  # 12 layers, standard attention: not DeepSeek-V3
+    variant = next(r for r in V.runs() if r["model"] == "deepseek-v3" and r.get("model_overrides") == {"mtp_layers": 0})
+    assert V.another_model(bench) and not V.another_model(variant)
+    rec = V.model_record("deepseek-v3")
+    ids = {s["id"] for s in V.file_scores() if s["model"] == "deepseek-v3" and s["split"] in V.SPLITS
+           and s["error_pct"] is not None}
+    # Negative control: counted without the rule, the record would pool the benchmark model's rows.
+    assert rec["rows"] == len([i for i in ids if not V.another_model(rows[i])]) < len(ids)

@@ -320,10 +320,14 @@ def test_a_dispatcher_backend_is_checked(rows):
 @pytest.mark.parametrize("bad", [{}, "nccl 8", {"nccl_max_nchannels": 8}])
 def test_unpriced_settings_are_checked_and_tell_rows_apart(rows, bad):
     # A row's unpriced settings (what its source varies that the planner does not price) must
-    # be a table of strings; rows differing only in them are two configurations, not a
-    # re-measurement of one (so the repeat spread stays the re-measurement noise).
+    # be a table of strings; rows differing only in them are one configuration (priced alike,
+    # counted once) but not a re-measurement of one setup (the repeat spread stays the noise).
+    from mgbench.planner import moe_pairs
+
     swept = [r for r in rows if "nccl_max_nchannels" in r.get("unpriced_settings", {})]
-    assert len(swept) == 8 and not V.repeats(swept)
+    assert len(swept) == 8 and len(V.repeats(swept)) == 6  # two arms, four channel settings each
+    assert len({V.measurement(r) for r in swept}) == 8
+    assert moe_pairs.repeat_spread(swept) == 0.0
     broken = [dict(r, unpriced_settings=bad) if r["id"] == swept[0]["id"] else r for r in rows]
     with pytest.raises(MgbenchError, match=f"{swept[0]['id']}: unpriced_settings must be a table"):
         V.check_rows(broken)

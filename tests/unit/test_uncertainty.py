@@ -220,7 +220,7 @@ def test_efa_runs_are_classes_of_their_own():
 
     # The 82 published MoE runs over AWS EFA (awslabs' Megatron-Bridge dispatcher benchmarks
     # on p6-b300 and p5, all held out; since the nineteenth session UCCL's p5en runs and
-    # awslabs' p6-b200 Kimi-K2 ones, alternating) ran slower than the model prices them:
+    # awslabs' p6-b200 Kimi-K2 ones, alternating) ran mostly slower than the model prices them:
     # NCCL all-to-all up to 1.79x the predicted step, DeepEP-style over EFA up to 2.79x
     # (1.81x and 3.93x before the seventeenth session's all-to-all share and efa-v2's
     # all-to-all peer cost; 3.67x before the backends' kernel shares, planner/ep_kernels.py;
