@@ -328,9 +328,10 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
     from ..planner import uncertainty
     from ..planner.moe import moe_class
 
-    moe_cls = moe_class(shape, moe, hw.system, kw["ep"], offload=kw["offload"], stack=stack or stacks.DEFAULT_STACK)
+    run_stack = stack or stacks.DEFAULT_STACK
+    moe_cls = moe_class(shape, moe, hw.system, kw["ep"], offload=kw["offload"], stack=run_stack)
     reg = (uncertainty.with_moe(uncertainty.calibrated(fit), moe_cls) if calibrate_run
-           else uncertainty.regime(hw.gpu, kw["pp"] > 1, profile, stack=stack or stacks.DEFAULT_STACK, moe=moe_cls))
+           else uncertainty.regime(hw.gpu, kw["pp"] > 1, profile, stack=run_stack, moe=moe_cls))
     res.update(uncertainty.intervals(res["step_time_s"], res["tokens_per_s_per_gpu"], reg))
     if as_json:
         click.echo(json.dumps(res, indent=2))

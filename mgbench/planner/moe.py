@@ -658,19 +658,14 @@ def host_constants() -> dict[str, Any]:
     if not isinstance(per_layer, dict) or sorted(per_layer) != sorted(DISPATCHERS):
         raise MgbenchError(f"stacks.toml [moe_host] per_layer_ms must give one value for each dispatcher "
                            f"({', '.join(DISPATCHERS)}), got {per_layer!r}")
-    share = c.get("graphed_share")
-    if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0.0 <= share <= MAX_GRAPHED_SHARE:
-        raise MgbenchError(f"stacks.toml [moe_host] graphed_share must be a number from 0 to {MAX_GRAPHED_SHARE:g}, "
-                           f"got {share!r}")
-    extra = c.get("torchtitan_extra_ms")
-    if (not isinstance(extra, (int, float)) or isinstance(extra, bool)
-            or extra < -min(float(v) for v in per_layer.values())):
-        raise MgbenchError(f"stacks.toml [moe_host] torchtitan_extra_ms must be a number of ms no lower than minus the "
-                           f"smallest per_layer_ms, got {extra!r}")
-    notify = c.get("efa_proxy_notify_ms")
-    if not isinstance(notify, (int, float)) or isinstance(notify, bool) or notify < 0.0:
-        raise MgbenchError(f"stacks.toml [moe_host] efa_proxy_notify_ms must be a number of ms, 0 or more, "
-                           f"got {notify!r}")
+    for key, low, high, what in (
+            ("graphed_share", 0.0, MAX_GRAPHED_SHARE, f"a number from 0 to {MAX_GRAPHED_SHARE:g}"),
+            ("torchtitan_extra_ms", -min(float(v) for v in per_layer.values()), float("inf"),
+             "a number of ms no lower than minus the smallest per_layer_ms"),
+            ("efa_proxy_notify_ms", 0.0, float("inf"), "a number of ms, 0 or more")):
+        v = c.get(key)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not low <= v <= high:
+            raise MgbenchError(f"stacks.toml [moe_host] {key} must be {what}, got {v!r}")
     return c
 
 

@@ -362,54 +362,59 @@ def torchtitan_rows(split: str) -> list[dict[str, Any]]:
             and not moe.options_of(r).cuda_graphs]
 
 
+def torchtitan_extra_terms(row: dict[str, Any]) -> tuple[float, float]:
+    """(step seconds without ``torchtitan_extra_ms``, d step / d torchtitan_extra_ms) of a
+    torchtitan row run eagerly: the extra adds to its dispatcher's per-layer constant, so
+    the derivative is the host term's per-layer unit (:func:`host_terms`)."""
+    per_ms = host_terms(row)[1]
+    return float(predict_row(row)["step_time_s"]) - float(moe.host_constants()["torchtitan_extra_ms"]) * per_ms, per_ms
+
+
 def solve_torchtitan_extra(rows: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
     """The stored ``torchtitan_extra_ms`` (stacks.toml [moe_host]) with the least mean
     |error| of tokens/s over ``rows`` (:func:`torchtitan_rows` of the fit split), on a
     0.05 ms grid from minus the smallest per-layer constant to 20 ms, every other constant
-    at its stored value (rule of 2026-11-28, docs/planner.md); None where there is no row.
-    A row's step is linear in it: the stored host wait's per-layer unit (:func:`host_terms`)."""
+    at its stored value (rule of 2026-11-28, docs/planner.md); None where there is no row."""
     import numpy as np
 
     rows = torchtitan_rows("fit") if rows is None else rows
     if not rows:
         return None
-    c = moe.host_constants()
-    now = float(c["torchtitan_extra_ms"])
-    terms = np.array([host_terms(r) for r in rows])
-    # the step at the stored constants, less the stored extra's share: base + per-layer unit x x
-    stored = np.array([float(predict_row(r)["step_time_s"]) for r in rows]) - now * terms[:, 1]
-    pub = np.array([published_step_s(r) for r in rows])
-    low = -min(float(v) for v in c["per_layer_ms"].values())
-    grid = np.round(np.arange(low, 20.0 + 1e-9, 0.05), 2)[:, None]
-    err = np.abs(pub / (stored + grid * terms[:, 1]) - 1.0).mean(axis=1)
-    j = int(np.argmin(err))
-    return {"torchtitan_extra_ms": float(grid[j, 0]), "mean_abs_pct": 100.0 * float(err[j]),
-            "rows": [r["id"] for r in rows]}
+    terms = np.array([torchtitan_extra_terms(r) for r in rows])
+    low = -min(float(v) for v in moe.host_constants()["per_layer_ms"].values())
+    value, pct = least_error(terms[:, 0], terms[:, 1], [published_step_s(r) for r in rows],
+                             np.round(np.arange(low, 20.0 + 1e-9, 0.05), 2))
+    return {"torchtitan_extra_ms": value, "mean_abs_pct": pct, "rows": [r["id"] for r in rows]}
 
 
-def torchtitan_extra_summary(value: float | None = None) -> dict[str, dict[str, Any]]:
-    """Per split, over the eager torchtitan rows: rows, and mean |error| of tokens/s without
-    ``torchtitan_extra_ms`` and with it at ``value`` (None: the stored one); "held_out_plain"
-    leaves out the held-out rows that re-measure a fit row's configuration or offload to the
-    host (whose miss is the host optimizer step, not priced)."""
-    stored = float(moe.host_constants()["torchtitan_extra_ms"])
-    value = stored if value is None else float(value)
-    fit_configs = {configuration(r) for r in torchtitan_rows("fit")}
-    parts = {split: torchtitan_rows(split) for split in SPLITS}
-    parts["held_out_plain"] = [r for r in parts["held_out"]
-                               if configuration(r) not in fit_configs and not r.get("offload")]
+def term_errors(parts: dict[str, list[dict[str, Any]]], terms: Any, value: float) -> dict[str, dict[str, Any]]:
+    """For each named list of rows: its count and mean |error| of tokens/s without a term
+    the step is linear in and with it at ``value`` (``terms(row)``: the step without it and
+    its derivative)."""
     out = {}
     for name, rows in parts.items():
         without, with_term = [], []
         for r in rows:
-            per_ms = host_terms(r)[1]
-            base = float(predict_row(r)["step_time_s"]) - stored * per_ms
+            base, per = terms(r)
             pub = published_step_s(r)
             without.append(abs(pub / base - 1.0) * 100.0)
-            with_term.append(abs(pub / (base + value * per_ms) - 1.0) * 100.0)
+            with_term.append(abs(pub / (base + value * per) - 1.0) * 100.0)
         out[name] = {"rows": len(rows), "without": mean(without) if rows else None,
-                     "with": mean(with_term) if rows else None, "ids": [r["id"] for r in rows]}
+                     "with": mean(with_term) if rows else None}
     return out
+
+
+def torchtitan_extra_summary(value: float | None = None) -> dict[str, dict[str, Any]]:
+    """Per split, over the eager torchtitan rows (:func:`term_errors`), at ``value`` (None:
+    the stored one); "held_out_plain" leaves out the held-out rows that re-measure a fit
+    row's configuration or offload to the host (whose miss is the host optimizer step, not
+    priced)."""
+    value = float(moe.host_constants()["torchtitan_extra_ms"]) if value is None else float(value)
+    fit_configs = {configuration(r) for r in torchtitan_rows("fit")}
+    parts = {split: torchtitan_rows(split) for split in SPLITS}
+    parts["held_out_plain"] = [r for r in parts["held_out"]
+                               if configuration(r) not in fit_configs and not r.get("offload")]
+    return term_errors(parts, torchtitan_extra_terms, value)
 
 
 def torchtitan_extra_report() -> str:
@@ -462,12 +467,9 @@ def solve_efa_notify(rows: list[dict[str, Any]] | None = None) -> dict[str, Any]
     if not rows:
         return None
     terms = np.array([efa_notify_terms(r) for r in rows])
-    pub = np.array([published_step_s(r) for r in rows])
-    grid = np.round(np.arange(0.0, 20.0 + 1e-9, 0.1), 1)[:, None]
-    err = np.abs(pub / (terms[:, 0] + grid * terms[:, 1]) - 1.0).mean(axis=1)
-    j = int(np.argmin(err))
-    return {"efa_proxy_notify_ms": float(grid[j, 0]), "mean_abs_pct": 100.0 * float(err[j]),
-            "rows": [r["id"] for r in rows]}
+    value, pct = least_error(terms[:, 0], terms[:, 1], [published_step_s(r) for r in rows],
+                             np.round(np.arange(0.0, 20.0 + 1e-9, 0.1), 1))
+    return {"efa_proxy_notify_ms": value, "mean_abs_pct": pct, "rows": [r["id"] for r in rows]}
 
 
 def efa_notify_summary() -> dict[str, dict[str, Any]]:
@@ -475,21 +477,9 @@ def efa_notify_summary() -> dict[str, dict[str, Any]]:
     of tokens/s without the term and with it at the stored value; "held_out_new": the
     held-out rows found after its rule was written (the others' errors, every one too fast,
     were in view: on them any small value lowers every error, so their fall is no test)."""
-    c = float(moe.host_constants()["efa_proxy_notify_ms"])
-    out = {}
     parts = {split: efa_notify_rows(split) for split in SPLITS}
-    # the held-out rows found after the term's rule was written (whose errors were not in view)
     parts["held_out_new"] = [r for r in parts["held_out"] if r.get("added_alternating")]
-    for split, rows in parts.items():
-        without, with_term = [], []
-        for r in rows:
-            base, per_ms = efa_notify_terms(r)
-            step = published_step_s(r)
-            without.append(abs(step / base - 1.0) * 100.0)
-            with_term.append(abs(step / (base + c * per_ms) - 1.0) * 100.0)
-        out[split] = {"rows": len(rows), "without": mean(without) if rows else None,
-                      "with": mean(with_term) if rows else None}
-    return out
+    return term_errors(parts, efa_notify_terms, float(moe.host_constants()["efa_proxy_notify_ms"]))
 
 
 def efa_notify_report() -> str:
@@ -530,6 +520,18 @@ def graphed_fit_rows() -> list[dict[str, Any]]:
     return [r for r in host_fit_rows() if moe.options_of(r).cuda_graphs]
 
 
+def least_error(base: Any, per_unit: Any, published: Any, grid: Any) -> tuple[float, float]:
+    """(value, mean |error| in %) of the ``grid`` value whose steps, ``base`` + value x
+    ``per_unit`` a row (a constant the step is linear in), come closest to ``published``
+    steps in mean |error| of tokens/s: the solve of every such stored constant."""
+    import numpy as np
+
+    g = np.asarray(grid, dtype=float)[:, None]
+    err = np.abs(np.asarray(published) / (np.asarray(base) + g * np.asarray(per_unit)) - 1.0).mean(axis=1)
+    j = int(np.argmin(err))
+    return float(g[j, 0]), 100.0 * float(err[j])
+
+
 def solve_graphed_share(rows: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
     """The stored ``graphed_share`` (stacks.toml [moe_host]) with the least mean |error| of
     tokens/s over ``rows`` (:func:`graphed_fit_rows`), on a 0.01 grid from 0 to
@@ -540,13 +542,10 @@ def solve_graphed_share(rows: list[dict[str, Any]] | None = None) -> dict[str, A
     rows = graphed_fit_rows() if rows is None else rows
     if not rows:
         return None
-    base = np.array([host_terms(r)[0] for r in rows])
-    per_share = np.array([eager_host_wait(r) for r in rows])
-    pub = np.array([published_step_s(r) for r in rows])
-    grid = np.round(np.arange(0.0, moe.MAX_GRAPHED_SHARE + 1e-4, 0.01), 2)[:, None]
-    err = np.abs(pub / (base + grid * per_share) - 1.0).mean(axis=1)
-    j = int(np.argmin(err))
-    return {"graphed_share": float(grid[j, 0]), "mean_abs_pct": 100.0 * float(err[j]), "rows": [r["id"] for r in rows]}
+    share, pct = least_error([host_terms(r)[0] for r in rows], [eager_host_wait(r) for r in rows],
+                             [published_step_s(r) for r in rows],
+                             np.round(np.arange(0.0, moe.MAX_GRAPHED_SHARE + 1e-4, 0.01), 2))
+    return {"graphed_share": share, "mean_abs_pct": pct, "rows": [r["id"] for r in rows]}
 
 
 def graphed_share_report() -> str:

@@ -10,7 +10,6 @@ import dataclasses
 import pytest
 
 from mgbench import catalog
-from mgbench.errors import MgbenchError
 from mgbench.planner import ep_kernels, hardware, moe
 from mgbench.planner import moe_validation as V
 
@@ -94,22 +93,13 @@ def test_the_backend_note_says_the_wait_for_proxy_backends_only():
 
 @pytest.mark.parametrize("bad", [-1.0, "3 ms", True, None])
 def test_a_wait_that_is_not_a_number_of_ms_is_refused(monkeypatch, bad):
-    real = catalog.load
+    from tests.unit.test_moe_host import _refused_with_host_table
 
-    def load(name):
-        data = real(name)
-        if name != "stacks.toml":
-            return data
-        host = {k: v for k, v in data["moe_host"].items() if k != "efa_proxy_notify_ms"}
-        return {**data, "moe_host": host if bad is None else {**host, "efa_proxy_notify_ms": bad}}
+    def set_wait(host):
+        host = {k: v for k, v in host.items() if k != "efa_proxy_notify_ms"}
+        return host if bad is None else {**host, "efa_proxy_notify_ms": bad}
 
-    monkeypatch.setattr(catalog, "load", load)
-    moe.host_constants.cache_clear()
-    try:
-        with pytest.raises(MgbenchError, match="efa_proxy_notify_ms must be a number of ms"):
-            moe.host_constants()
-    finally:
-        moe.host_constants.cache_clear()
+    _refused_with_host_table(monkeypatch, set_wait, "efa_proxy_notify_ms must be a number of ms")
 
 
 def test_rows_across_efa_set_no_host_launch_constant():

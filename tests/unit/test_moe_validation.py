@@ -331,3 +331,14 @@ def test_unpriced_settings_are_checked_and_tell_rows_apart(rows, bad):
     broken = [dict(r, unpriced_settings=bad) if r["id"] == swept[0]["id"] else r for r in rows]
     with pytest.raises(MgbenchError, match=f"{swept[0]['id']}: unpriced_settings must be a table"):
         V.check_rows(broken)
+
+
+def test_a_conflicts_applied_note_is_text_and_none_unsets_a_dimension(rows):
+    conflicted = next(r for r in rows if r.get("layout_conflict", {}).get("applied"))
+    broken = [dict(r, layout_conflict={**r["layout_conflict"], "applied": 2026}) if r["id"] == conflicted["id"] else r
+              for r in rows]
+    with pytest.raises(MgbenchError, match=f"{conflicted['id']}: layout_conflict's 'applied' is text"):
+        V.check_rows(broken)
+    # torchtitan's q_lora_rank = 0 is written "none": unset, queries projected directly.
+    tt = next(r for r in rows if r.get("stack") == "torchtitan" and r.get("model_overrides", {}).get("q_lora_rank") == "none")
+    assert V.shape_of(tt).q_lora_rank is None and V.shape_of(tt).kv_lora_rank == 512

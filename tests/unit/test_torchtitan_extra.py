@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 
 from mgbench import catalog
-from mgbench.errors import MgbenchError
 from mgbench.planner import moe
 from mgbench.planner import moe_validation as V
 
@@ -41,22 +40,13 @@ def test_the_term_prices_torchtitan_layers_only_by_hand(monkeypatch):
 
 @pytest.mark.parametrize("bad", [-2.0, "1 ms", True, None])
 def test_an_extra_out_of_range_is_refused(monkeypatch, bad):
-    real = catalog.load
+    from tests.unit.test_moe_host import _refused_with_host_table
 
-    def load(name):
-        data = real(name)
-        if name != "stacks.toml":
-            return data
-        host = {k: v for k, v in data["moe_host"].items() if k != "torchtitan_extra_ms"}
-        return {**data, "moe_host": host if bad is None else {**host, "torchtitan_extra_ms": bad}}
+    def set_extra(host):
+        host = {k: v for k, v in host.items() if k != "torchtitan_extra_ms"}
+        return host if bad is None else {**host, "torchtitan_extra_ms": bad}
 
-    monkeypatch.setattr(catalog, "load", load)
-    moe.host_constants.cache_clear()
-    try:
-        with pytest.raises(MgbenchError, match="torchtitan_extra_ms must be a number of ms"):
-            moe.host_constants()
-    finally:
-        moe.host_constants.cache_clear()
+    _refused_with_host_table(monkeypatch, set_extra, "torchtitan_extra_ms must be a number of ms")
 
 
 def test_torchtitan_and_offloading_runs_take_their_own_intervals():
