@@ -37,8 +37,9 @@ moe_host  what the GPU waits on the host in eager MoE layers (moe.host_seconds: 
           from published Megatron-Bridge rows, a recomputed layer's forward launches
           counted again: ``moe_rerun_share``, moe.host_launches; moe.host_wait: all of it,
           dropless or drop-and-pad, stretched by the bubble like the stage's other work);
-          under MoeOptions(cuda_graphs=True) the stored graphed_share of it (the GPU time
-          of the small kernels that stays in graphs).
+          under MoeOptions(cuda_graphs=True) the stored graphed_share of it, or
+          graphed_padded_share with a capacity factor (the GPU time of the small kernels
+          that stays in graphs; moe.graphed_share_key).
 moe_efa_notify  the extra host wait (beyond moe_host's) for the token counts a forward
           DeepEP-style dispatch exchanges across AWS EFA nodes through a CPU proxy
           (UCCL-EP, NVSHMEM on libfabric), which the kernels' published rates leave out: per forward dispatch

@@ -186,7 +186,8 @@ class MoeOptions:
     cuda_graphs: bool = field(default=False, metadata={
         "help": "MoE layers captured in CUDA graphs (a sync-free dispatcher): no host launches, but the per-layer "
                 "time the published graphed runs still show stays (stacks.toml [moe_host] graphed_share of the eager "
-                "term, which the prediction's notes give; at 1 the step is priced as eager's and only the interval, "
+                "term, graphed_padded_share with --moe-capacity-factor, taken then as drop-and-pad, the whole layer "
+                "captured; the prediction's notes give it; at 1 the step is priced as eager's and only the interval, "
                 "the graphed runs', differs)."})
     fused_grouped_mlp: bool = field(default=False, metadata={
         "help": "The experts' GEMMs, gated activation and biases run in one kernel (Transformer Engine's CuteDSL "
@@ -649,8 +650,9 @@ MAX_GRAPHED_SHARE = 1.0
 def host_constants() -> dict[str, Any]:
     """data/stacks.toml [moe_host]: the host time an eager MoE layer adds per micro-batch
     (forward and backward) in ms: ``per_layer_ms``, a table by dispatcher (one value for
-    each of :data:`DISPATCHERS`), and ``per_local_expert_ms``; ``graphed_share``: the
-    share of that time a layer captured in CUDA graphs still takes (:func:`host_seconds`)."""
+    each of :data:`DISPATCHERS`), and ``per_local_expert_ms``; ``graphed_share`` and
+    ``graphed_padded_share``: the share of that time a layer captured in CUDA graphs still
+    takes, dropless or drop-and-pad (:func:`graphed_share_key`, :func:`host_seconds`)."""
     from .. import catalog
 
     c = dict(catalog.load("stacks.toml")["moe_host"])
@@ -660,6 +662,7 @@ def host_constants() -> dict[str, Any]:
                            f"({', '.join(DISPATCHERS)}), got {per_layer!r}")
     for key, low, high, what in (
             ("graphed_share", 0.0, MAX_GRAPHED_SHARE, f"a number from 0 to {MAX_GRAPHED_SHARE:g}"),
+            ("graphed_padded_share", 0.0, MAX_GRAPHED_SHARE, f"a number from 0 to {MAX_GRAPHED_SHARE:g}"),
             ("torchtitan_extra_ms", -min(float(v) for v in per_layer.values()), float("inf"),
              "a number of ms no lower than minus the smallest per_layer_ms"),
             ("efa_proxy_notify_ms", 0.0, float("inf"), "a number of ms, 0 or more")):
@@ -690,6 +693,18 @@ def host_launches(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any
             n_local * (1.0 + r * HOST_FORWARD_SHARE["per_local_expert"]))
 
 
+def graphed_share_key(opts: MoeOptions) -> str:
+    """Which stored share of the eager host term a graphed run's MoE layers keep
+    (:func:`host_constants`): "graphed_padded_share" where the run has a capacity factor,
+    "graphed_share" where it is dropless. Megatron-Core captures an MoE layer only where its
+    shapes are static, with a capacity factor and padding (core_v0.14.0 moe/README.md:
+    without them "the resulting dynamic shapes make MoE layers uncapturable"), so a graphed
+    run with a capacity factor is taken as drop-and-pad, its permutation, dispatch and expert
+    GEMMs in the graph; a dropless one graphs attention, or the router and preprocess, or a
+    full iteration over a paged stash (rule of the twentieth session, docs/planner.md)."""
+    return "graphed_padded_share" if opts.capacity_factor is not None else "graphed_share"
+
+
 def host_seconds(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any, opts: MoeOptions,
                  rerun: Any = 0.0, stack: str | None = None) -> Any:
     """Seconds a step's eager MoE layers add, n x (per_layer[dispatcher] +
@@ -701,8 +716,9 @@ def host_seconds(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any,
     captures its MoE layers in CUDA graphs the host launches nothing, but the same small
     kernels (router, permutation, per-expert casts and GEMMs, their gaps) still run on the
     GPU, which the eager term covered and the rest of the model does not price: such a
-    layer takes ``graphed_share`` of the eager time (:func:`host_constants`; solved from
-    graphed fit rows, moe_validation.solve_graphed_share). A recomputed MoE layer launches
+    layer takes ``graphed_share`` of the eager time, ``graphed_padded_share`` where it drops
+    and pads (:func:`graphed_share_key`; each solved from its own graphed fit rows,
+    moe_validation.solve_graphed_share). A recomputed MoE layer launches
     its forward again (``rerun``, :func:`host_launches`). The constants are Megatron-Core's
     MoE layer's; a torchtitan run (``stack``) adds ``torchtitan_extra_ms`` a layer pass, its
     own router, permutation and grouped GEMMs in eager PyTorch ops (solved from torchtitan's
@@ -712,7 +728,7 @@ def host_seconds(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any,
     per_layer = float(c["per_layer_ms"][opts.dispatcher]) + (float(c["torchtitan_extra_ms"]) if stack == "torchtitan"
                                                              else 0.0)
     eager = (per_layer * n + float(c["per_local_expert_ms"]) * n_local) * 1e-3
-    return float(c["graphed_share"]) * eager if opts.cuda_graphs else eager
+    return float(c[graphed_share_key(opts)]) * eager if opts.cuda_graphs else eager
 
 
 def efa_notify_launches(*, ep: Any, gpus_per_node: int, across_efa: bool, moe_layers: Any, num_micro: Any,
@@ -785,10 +801,12 @@ def note(opts: MoeOptions, schedule: str) -> str:
                 "1 at ep 1, where every rank runs all experts)")
     else:
         load = f"dropless, busiest expert rank at {opts.imbalance:g} x the mean (1 at ep 1)"
-    share = float(host_constants()["graphed_share"])
+    key = graphed_share_key(opts)
+    share = float(host_constants()[key])
     kept = "all" if share == 1.0 else f"{share:.0%}"
-    host = (f"MoE layers in CUDA graphs: no host launches, yet {kept} of the eager layers' per-layer time kept (stacks.toml "
-            "[moe_host] graphed_share, solved from the published graphed runs)" if opts.cuda_graphs else
+    kind = "drop-and-pad (a capacity factor: the whole MoE layer captured)" if key == "graphed_padded_share" else "dropless"
+    host = (f"{kind} MoE layers in CUDA graphs: no host launches, yet {kept} of the eager layers' per-layer time kept "
+            f"(stacks.toml [moe_host] {key}, solved from the published graphed runs of that kind)" if opts.cuda_graphs else
             f"eager MoE layers: the host's launch time per layer and micro-batch added, {opts.dispatcher} "
             "dispatcher's (solved from Megatron-Core and DeepSeek runs, stacks.toml [moe_host]; applied to every "
             "stack, dropless or drop-and-pad, an assumption)")

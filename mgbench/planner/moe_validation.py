@@ -279,7 +279,8 @@ def host_terms(row: dict[str, Any]) -> tuple[float, float, float]:
     """(step seconds without the host term, d step / d per_layer_ms (its dispatcher's), d step /
     d per_local_expert_ms) of a row run eagerly: its step is linear in both constants
     (moe.host_seconds, the bubble's share included), so one prediction gives every
-    candidate's step. (A graphed row pays the stored graphed_share of that eager wait.)"""
+    candidate's step. (A graphed row pays the stored share of its kind of that eager wait:
+    moe.graphed_share_key.)"""
     res = predict_row(row)
     b = res["breakdown"]
     lps = float(stage_layers(shape_of(row).layers, row.get("pp", 1), row.get("pp_last_layers"))[0])
@@ -499,8 +500,8 @@ def efa_notify_report() -> str:
 def graphed_host_share(row: dict[str, Any]) -> float:
     """Of a graphed row (its MoE layers in CUDA graphs), the share of the eager host term
     (the same row priced eagerly) its published step pays: 0 where it ran as fast as the
-    host-free pricing, 1 where it ran as slowly as the eager one (the stored graphed_share
-    prices it in between). (published step - host-free step) / (eager step - host-free
+    host-free pricing, 1 where it ran as slowly as the eager one (the stored share of its
+    kind, moe.graphed_share_key, prices it in between). (published step - host-free step) / (eager step - host-free
     step)."""
     if not moe.options_of(row).cuda_graphs:
         raise MgbenchError(f"{row['id']}: not a graphed row (cuda_graphs false)")
@@ -514,10 +515,16 @@ def eager_host_wait(row: dict[str, Any]) -> float:
     return float(predict_row(row, opts)["breakdown"]["moe_host_s"])
 
 
-def graphed_fit_rows() -> list[dict[str, Any]]:
-    """The rows the graphed share is solved from: the "fit" rows run in CUDA graphs (of
-    :func:`host_fit_rows`, so none that another file holds out)."""
-    return [r for r in host_fit_rows() if moe.options_of(r).cuda_graphs]
+def graphed_fit_rows(key: str = "graphed_share") -> list[dict[str, Any]]:
+    """The rows a graphed share (``key``, moe.graphed_share_key) is solved from: the "fit"
+    rows run in CUDA graphs whose share is that one (of :func:`host_fit_rows`, so none that
+    another file holds out)."""
+    return [r for r in host_fit_rows() if moe.options_of(r).cuda_graphs and graphed_key(r) == key]
+
+
+def graphed_key(row: dict[str, Any]) -> str:
+    """The stored share a graphed row's MoE layers keep: moe.graphed_share_key of its options."""
+    return moe.graphed_share_key(moe.options_of(row))
 
 
 def least_error(base: Any, per_unit: Any, published: Any, grid: Any) -> tuple[float, float]:
@@ -532,32 +539,43 @@ def least_error(base: Any, per_unit: Any, published: Any, grid: Any) -> tuple[fl
     return float(g[j, 0]), 100.0 * float(err[j])
 
 
-def solve_graphed_share(rows: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
-    """The stored ``graphed_share`` (stacks.toml [moe_host]) with the least mean |error| of
-    tokens/s over ``rows`` (:func:`graphed_fit_rows`), on a 0.01 grid from 0 to
-    moe.MAX_GRAPHED_SHARE (the grid ran to 2 until the tenth session's solve gave 1.15),
-    the eager constants held at their stored values; None where there is no row."""
+def solve_graphed_share(rows: list[dict[str, Any]] | None = None, key: str = "graphed_share") -> dict[str, Any] | None:
+    """The stored share ``key`` (stacks.toml [moe_host] graphed_share, dropless, or
+    graphed_padded_share, drop-and-pad: moe.graphed_share_key) with the least mean |error|
+    of tokens/s over ``rows`` (:func:`graphed_fit_rows` of that kind), on a 0.01 grid from
+    0 to moe.MAX_GRAPHED_SHARE (the grid ran to 2 until the tenth session's solve gave
+    1.15), the eager constants held at their stored values; None where there is no row."""
     import numpy as np
 
-    rows = graphed_fit_rows() if rows is None else rows
+    rows = graphed_fit_rows(key) if rows is None else rows
     if not rows:
         return None
     share, pct = least_error([host_terms(r)[0] for r in rows], [eager_host_wait(r) for r in rows],
                              [published_step_s(r) for r in rows],
                              np.round(np.arange(0.0, moe.MAX_GRAPHED_SHARE + 1e-4, 0.01), 2))
-    return {"graphed_share": share, "mean_abs_pct": pct, "rows": [r["id"] for r in rows]}
+    return {key: share, "mean_abs_pct": pct, "rows": [r["id"] for r in rows]}
 
 
 def graphed_share_report() -> str:
     """Each scored graphed row's :func:`graphed_host_share`, and how many fall between the
     two pricings."""
     rows = [r for r in runs() if r["split"] in SPLITS and moe.options_of(r).cuda_graphs]
+    kind = {r["id"]: f"{r['split']:<9} {'drop-and-pad' if graphed_key(r) == 'graphed_padded_share' else 'dropless'}"
+            for r in rows}
     shares = sorted((graphed_host_share(r), r["id"]) for r in rows)
-    lines = [f"{i:<52}  {s:>5.2f}" for s, i in shares]
+    lines = [f"{i:<52}  {kind[i]:<22} {s:>5.2f}" for s, i in shares]
     inside = sum(0.0 <= s <= 1.0 for s, _ in shares)
     lines.append(f"{inside} of {len(shares)} graphed rows between their host-free and eager pricing; share of the eager "
                  f"host term paid: median {median(s for s, _ in shares):.2f}, "
                  f"{shares[0][0]:.2f} to {shares[-1][0]:.2f}")
+    stored = moe.host_constants()
+    for key in ("graphed_share", "graphed_padded_share"):
+        solved = solve_graphed_share(key=key)
+        held = [r for r in rows if r["split"] == "held_out" and graphed_key(r) == key]
+        held_pct = mean(abs(score(r)["error_pct"]) for r in held) if held else float("nan")
+        lines.append(f"{key}: stored {stored[key]:g}; solved on {len(solved['rows']) if solved else 0} fit rows "
+                     + (f"{solved[key]:g} (mean |error| {solved['mean_abs_pct']:.1f}%)" if solved else "(none)")
+                     + f"; {len(held)} held-out rows of the kind at the stored value: mean |error| {held_pct:.1f}%")
     return "\n".join(lines)
 
 

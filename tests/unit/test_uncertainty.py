@@ -171,18 +171,22 @@ def test_moe_interval_is_the_published_moe_runs_of_its_class():
     # runs from -52.8% (25.09 B200 Qwen3-30B-A3B token-drop) to +38.6%. The nineteenth
     # session gave runs on torchtitan's stack (9, with AutoModel's two priced on it) and the
     # CPU-offload run classes of their own (test_torchtitan_extra.py): eager 77 -> 68 rows,
-    # its bounds unchanged.
+    # its bounds unchanged. The twentieth session's drop-and-pad share (graphed runs with a
+    # capacity factor keep 0.29 of the eager term, dropless ones 1.0): graphed runs from
+    # -26.0% (MLPerf's B200 GPT-OSS-20B on 64) to +36.2% (MLPerf's GB200 DeepSeek-V3 on 8192).
     assert len(eager) == 68 and len(graphed) == 49
     e = U.regime("b200", True, moe="eager")
     assert (e["low"], e["high"]) == (pytest.approx(0.278, abs=0.002), pytest.approx(0.476, abs=0.002))
     g = U.regime("b200", True, moe="graphed")
-    assert (g["low"], g["high"]) == (pytest.approx(0.528, abs=0.002), pytest.approx(0.386, abs=0.002))
+    assert (g["low"], g["high"]) == (pytest.approx(0.260, abs=0.002), pytest.approx(0.362, abs=0.002))
     # The dense interval of the same GPU is far narrower: an MoE plan must not borrow it.
     dense = U.regime("b200", True)
     # (Half as wide until the thirteenth session's re-solve narrowed the graphed one; 0.61
-    # of the eager one's width since the fifteenth session narrowed that, from 0.85.)
+    # of the eager one's width since the fifteenth session narrowed that, from 0.85; 0.75 of
+    # the graphed one's since the twentieth session's drop-and-pad share narrowed it.)
     assert dense["regime"] != "moe-validated"
-    assert all(dense["low"] + dense["high"] < 0.65 * (r["low"] + r["high"]) for r in (e, g))
+    assert dense["low"] + dense["high"] < 0.65 * (e["low"] + e["high"])
+    assert dense["low"] + dense["high"] < 0.8 * (g["low"] + g["high"])
 
 
 def test_moe_interval_off_the_rows_gpus_is_carried_like_the_dense_one():
