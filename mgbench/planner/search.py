@@ -405,7 +405,7 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
                                                        "tokens_per_s", "mfu"))
     # Where this accelerator's efficiency was not measured, every figure the ranking reads
     # is the pessimistic end of its interval (issue 29): the point estimate is kept beside.
-    factor, evidence = ranking_factor(hw, opts, P > 1, shape, EP)
+    factor, evidence = ranking_factor(hw, opts, P > 1, shape, EP, OFF)
     tps_point, mfu_point = tps, mfu
     tps, mfu = tps / factor, mfu / factor
     good = cost.goodput(N, hw.gpus_per_node, opts.checkpoint_minutes, opts.failure_rate, opts.restart_minutes,
@@ -481,13 +481,15 @@ def evidence_of(reg: dict[str, Any]) -> str:
 
 
 def ranking_factor(hw: hardware.Hardware, opts: PlanOptions, pipelined: np.ndarray,
-                   shape: ModelShape, ep: np.ndarray) -> tuple[np.ndarray, str]:
+                   shape: ModelShape, ep: np.ndarray, offload: np.ndarray | None = None) -> tuple[np.ndarray, str]:
     """Per candidate, the step-time factor the ranking applies, and the evidence: 1 where
     the accelerator's efficiency was measured (on it, or on this machine by a probe or a
     calibration); else 1 + the upper half-width of its interval (uncertainty.regime), so
     that an accelerator nothing measured is ranked on the pessimistic end and cannot win
     on an assumed efficiency. A candidate's MoE class depends on its expert-parallel
-    degree ``ep`` (moe.moe_class: across AWS EFA nodes or not)."""
+    degree ``ep`` (moe.moe_class: across AWS EFA nodes or not) and on whether it offloads
+    (``offload``, None: none does; an offloading MoE run is a class of its own), as the
+    interval plan prints for it does."""
     from . import uncertainty
 
     out = np.ones(np.shape(pipelined))
@@ -495,14 +497,18 @@ def ranking_factor(hw: hardware.Hardware, opts: PlanOptions, pipelined: np.ndarr
         return out, "measured"
     evidence = "measured"
     ep = np.broadcast_to(np.asarray(ep), np.shape(pipelined))
+    off = np.broadcast_to(np.zeros(1, dtype=bool) if offload is None else np.asarray(offload, dtype=bool),
+                          np.shape(pipelined))
     for pipe in (False, True):
         for e in np.unique(ep):
-            reg = uncertainty.regime(hw.gpu, pipe, None, stack=opts.stack,
-                                     moe=moe_class(shape, opts.moe, hw.system, int(e), stack=opts.stack))
-            ev = evidence_of(reg)
-            if ev != "measured":
-                out = np.where((np.asarray(pipelined) == pipe) & (ep == e), 1.0 + reg["high"], out)
-                evidence = ev
+            for o in np.unique(off):
+                reg = uncertainty.regime(hw.gpu, pipe, None, stack=opts.stack,
+                                         moe=moe_class(shape, opts.moe, hw.system, int(e), offload=bool(o),
+                                                       stack=opts.stack))
+                ev = evidence_of(reg)
+                if ev != "measured":
+                    out = np.where((np.asarray(pipelined) == pipe) & (ep == e) & (off == o), 1.0 + reg["high"], out)
+                    evidence = ev
     return out, evidence
 
 

@@ -482,3 +482,23 @@ def test_plan_ranks_each_candidate_by_its_own_moe_class(monkeypatch):
                                              np.array([False, True, False]), catalog.model_shape("qwen3-30b-a3b"),
                                              np.array([8, 8, 16]))
     assert evidence == "assumed" and list(factor) == [1.5, 1.5, 4.0]
+
+
+def test_plan_ranks_an_offloading_moe_candidate_by_the_offload_class(monkeypatch):
+    # plan prints an offloading MoE candidate's interval from the "offload" class; its
+    # ranking factor must read the same class (before the twentieth session it read the
+    # eager one, so an offloading layout was ranked on a far narrower interval than shown).
+    import numpy as np
+
+    from mgbench import catalog
+    from mgbench.planner import hardware, search
+
+    highs = {"eager": 0.5, "offload": 11.0}
+    monkeypatch.setattr(U, "regime", lambda gpu, pipe, profile=None, stack=None, moe=None:
+                        {"regime": "catalog-assumed", "evidence": "assumed", "low": 0.0, "high": highs[moe]})
+    opts = search.PlanOptions(tokens=1e10, seq_len=4096, global_batch_tokens=2**21, max_gpus=8, offload=True)
+    args = (hardware.resolve(system="dgx-b200"), opts, np.array([False, False]), catalog.model_shape("qwen3-30b-a3b"),
+            np.array([8, 8]))
+    factor, evidence = search.ranking_factor(*args, np.array([False, True]))
+    assert evidence == "assumed" and list(factor) == [1.5, 12.0]
+    assert list(search.ranking_factor(*args)[0]) == [1.5, 1.5]  # no offload given: none offloads
