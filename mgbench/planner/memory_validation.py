@@ -54,7 +54,12 @@ def moe_options_of(run: dict[str, Any]) -> Any:
 
 def predict_row(run: dict[str, Any]) -> dict[str, Any]:
     """The planner's memory for one row, beside what was published."""
-    shape = catalog.model_shape(run["model"]) if "model" in run else ModelShape(name=run["id"], **run["shape"])
+    if "model" in run:  # a preset, its dims overridden where the run trained a variant (as the MoE file's rows)
+        from .moe_validation import shape_of
+
+        shape = shape_of(run)
+    else:
+        shape = ModelShape(name=run["id"], **run["shape"])
     got = memory(shape, layout_of_row(run), stack=run["stack"], moe=moe_options_of(run),
                  state_bytes=run.get("state_bytes"))
     # torchtitan publishes the caching allocator's reserved peak: the CUDA context and NCCL's
