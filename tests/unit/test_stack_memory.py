@@ -387,3 +387,11 @@ def test_memory_warns_of_the_torchtitan_moe_miss_and_only_there():
     assert "ran 31-40% above this count" in notes("qwen3-30b-a3b", "torchtitan")
     assert "ran 31-40% above" not in notes("qwen3-30b-a3b", "megatron-lm")
     assert "ran 31-40% above" not in notes("llama3-8b", "torchtitan")
+
+
+def test_plan_warns_of_the_torchtitan_moe_miss():
+    args = ["plan", "--model", "qwen3-30b-a3b", "--tokens", "1e10", "--systems", "dgx-b200", "--max-gpus", "8"]
+    titan = CliRunner().invoke(main, [*args, "--stack", "torchtitan"])
+    assert titan.exit_code == 0, titan.output
+    assert "ran 31-40% above this count" in titan.output
+    assert "ran 31-40% above" not in CliRunner().invoke(main, args).output
