@@ -136,6 +136,9 @@ def memory(model, hf_config, params, as_json, largest_layer_params, hardware_pro
     res = memory_fn(shape, _layout(kw), params=params, largest_layer_params=largest_layer_params,
                     stack=PROFILE_STACK if hardware_profile else stack, margin=kw["memory_margin"], fixed=fixed,
                     moe=moe, state_bytes=state_bytes)
+    from ..planner.memory_validation import stack_memory_notes
+
+    res["notes"] += stack_memory_notes(shape, PROFILE_STACK if hardware_profile else stack)
     if profile is not None:
         from ..probe.profile import memory_budget
 
@@ -322,6 +325,9 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
                      fixed=holds_cuda_context(profile))  # probe/profile.py: none on a probed CPU
     res["notes"] = list(res.get("notes", [])) + host_notes
     res["notes"] += _moe_ignored(shape, moe)
+    from ..planner.memory_validation import stack_memory_notes
+
+    res["notes"] += stack_memory_notes(shape, stack)
     res["notes"] += _lever_notes(shape, moe, hw.system, kw["ep"])
     if profile is None and not calibrate_run and (carried := stacks.carried_note(stack)) is not None:
         res["notes"].append(carried)

@@ -15,6 +15,7 @@ may be set from, "held_out" rows never set one, and both parts' errors are repor
 
 from __future__ import annotations
 
+from functools import lru_cache
 from statistics import mean
 from typing import Any
 
@@ -52,14 +53,19 @@ def moe_options_of(run: dict[str, Any]) -> Any:
     return options_of(run)
 
 
-def predict_row(run: dict[str, Any]) -> dict[str, Any]:
-    """The planner's memory for one row, beside what was published."""
-    if "model" in run:  # a preset, its dims overridden where the run trained a variant (as the MoE file's rows)
+def _shape(run: dict[str, Any]) -> ModelShape:
+    """A row's model: a preset, its dims overridden where the run trained a variant (as the
+    MoE file's rows: moe_validation.shape_of), or the dims the row gives."""
+    if "model" in run:
         from .moe_validation import shape_of
 
-        shape = shape_of(run)
-    else:
-        shape = ModelShape(name=run["id"], **run["shape"])
+        return shape_of(run)
+    return ModelShape(name=run["id"], **run["shape"])
+
+
+def predict_row(run: dict[str, Any]) -> dict[str, Any]:
+    """The planner's memory for one row, beside what was published."""
+    shape = _shape(run)
     got = memory(shape, layout_of_row(run), stack=run["stack"], moe=moe_options_of(run),
                  state_bytes=run.get("state_bytes"))
     # torchtitan publishes the caching allocator's reserved peak: the CUDA context and NCCL's
@@ -79,6 +85,43 @@ def predict_row(run: dict[str, Any]) -> dict[str, Any]:
     else:
         out["error_pct"] = 100.0 * (predicted - run["measured_gib"]) / run["measured_gib"]
     return out
+
+
+@lru_cache(maxsize=None)
+def moe_miss(stack: str) -> tuple[tuple[float, float] | None, tuple[str, ...]]:
+    """How far the planner's memory is from ``stack``'s published MoE peaks: the (smallest,
+    largest) |error| in % over its measured MoE rows, None where it has none; and the ids
+    of its published out-of-memory MoE layouts the planner says fit. Read by
+    stack_memory_notes, so the warning says what the rows say."""
+    rows = [r for r in published_memory() if r["stack"] == stack and _shape(r).is_moe]
+    scored = [predict_row(r) for r in rows]
+    errs = [abs(r["error_pct"]) for r in scored if r["error_pct"] is not None]
+    return ((min(errs), max(errs)) if errs else None,
+            tuple(r["id"] for r in scored if r["oom"] and r["predicted_fits"]))
+
+
+# Above this |error| on a stack's published MoE peaks, memory warns (the validation file's
+# target, tests/unit/test_stack_memory.py's 15%).
+MOE_MEMORY_WARN_PCT = 15.0
+
+
+def stack_memory_notes(shape: ModelShape | None, stack: str | None) -> list[str]:
+    """Where the memory model misses a stack's published MoE peaks (data/published_memory.toml,
+    :func:`moe_miss`) by more than MOE_MEMORY_WARN_PCT, or says one of its
+    out-of-memory MoE layouts fits, one line for an MoE model on that stack."""
+    if shape is None or not shape.is_moe:
+        return []
+    from .stack import DEFAULT_STACK
+
+    stack = stack or DEFAULT_STACK
+    span, oom_fits = moe_miss(stack)
+    if (span is None or span[1] <= MOE_MEMORY_WARN_PCT) and not oom_fits:
+        return []
+    said = [] if span is None else [f"{stack}'s published MoE peaks (data/published_memory.toml) are "
+                                    f"{span[0]:.0f}-{span[1]:.0f}% off this count"]
+    if oom_fits:
+        said.append(f"{len(oom_fits)} layout(s) it counts as fitting ran out of memory ({', '.join(oom_fits)})")
+    return ["; ".join(said) + ": keep that much headroom (docs/planner.md)"]
 
 
 def error_table() -> list[dict[str, Any]]:

@@ -661,8 +661,7 @@ def host_constants() -> dict[str, Any]:
         raise MgbenchError(f"stacks.toml [moe_host] per_layer_ms must give one value for each dispatcher "
                            f"({', '.join(DISPATCHERS)}), got {per_layer!r}")
     for key, low, high, what in (
-            ("graphed_share", 0.0, MAX_GRAPHED_SHARE, f"a number from 0 to {MAX_GRAPHED_SHARE:g}"),
-            ("graphed_padded_share", 0.0, MAX_GRAPHED_SHARE, f"a number from 0 to {MAX_GRAPHED_SHARE:g}"),
+            *((k, 0.0, MAX_GRAPHED_SHARE, f"a number from 0 to {MAX_GRAPHED_SHARE:g}") for k in GRAPHED_SHARE_KEYS),
             ("torchtitan_extra_ms", -min(float(v) for v in per_layer.values()), float("inf"),
              "a number of ms no lower than minus the smallest per_layer_ms"),
             ("efa_proxy_notify_ms", 0.0, float("inf"), "a number of ms, 0 or more")):
@@ -693,6 +692,11 @@ def host_launches(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any
             n_local * (1.0 + r * HOST_FORWARD_SHARE["per_local_expert"]))
 
 
+# The stored shares of the eager host term a graphed MoE layer keeps: dropless, drop-and-pad
+# (stacks.toml [moe_host]; :func:`graphed_share_key` picks one).
+GRAPHED_SHARE_KEYS = ("graphed_share", "graphed_padded_share")
+
+
 def graphed_share_key(opts: MoeOptions) -> str:
     """Which stored share of the eager host term a graphed run's MoE layers keep
     (:func:`host_constants`): "graphed_padded_share" where the run has a capacity factor,
@@ -702,7 +706,7 @@ def graphed_share_key(opts: MoeOptions) -> str:
     run with a capacity factor is taken as drop-and-pad, its permutation, dispatch and expert
     GEMMs in the graph; a dropless one graphs attention, or the router and preprocess, or a
     full iteration over a paged stash (rule of the twentieth session, docs/planner.md)."""
-    return "graphed_padded_share" if opts.capacity_factor is not None else "graphed_share"
+    return GRAPHED_SHARE_KEYS[opts.capacity_factor is not None]
 
 
 def host_seconds(shape: ModelShape, *, ep: Any, moe_layers: Any, num_micro: Any, opts: MoeOptions,
@@ -804,7 +808,7 @@ def note(opts: MoeOptions, schedule: str) -> str:
     key = graphed_share_key(opts)
     share = float(host_constants()[key])
     kept = "all" if share == 1.0 else f"{share:.0%}"
-    kind = "drop-and-pad (a capacity factor: the whole MoE layer captured)" if key == "graphed_padded_share" else "dropless"
+    kind = "dropless" if key == GRAPHED_SHARE_KEYS[0] else "drop-and-pad (a capacity factor: the whole MoE layer captured)"
     host = (f"{kind} MoE layers in CUDA graphs: no host launches, yet {kept} of the eager layers' per-layer time kept "
             f"(stacks.toml [moe_host] {key}, solved from the published graphed runs of that kind)" if opts.cuda_graphs else
             f"eager MoE layers: the host's launch time per layer and micro-batch added, {opts.dispatcher} "

@@ -560,7 +560,7 @@ def graphed_share_report() -> str:
     """Each scored graphed row's :func:`graphed_host_share`, and how many fall between the
     two pricings."""
     rows = [r for r in runs() if r["split"] in SPLITS and moe.options_of(r).cuda_graphs]
-    kind = {r["id"]: f"{r['split']:<9} {'drop-and-pad' if graphed_key(r) == 'graphed_padded_share' else 'dropless'}"
+    kind = {r["id"]: f"{r['split']:<9} {'dropless' if graphed_key(r) == moe.GRAPHED_SHARE_KEYS[0] else 'drop-and-pad'}"
             for r in rows}
     shares = sorted((graphed_host_share(r), r["id"]) for r in rows)
     lines = [f"{i:<52}  {kind[i]:<22} {s:>5.2f}" for s, i in shares]
@@ -569,13 +569,14 @@ def graphed_share_report() -> str:
                  f"host term paid: median {median(s for s, _ in shares):.2f}, "
                  f"{shares[0][0]:.2f} to {shares[-1][0]:.2f}")
     stored = moe.host_constants()
-    for key in ("graphed_share", "graphed_padded_share"):
+    for key in moe.GRAPHED_SHARE_KEYS:
         solved = solve_graphed_share(key=key)
         held = [r for r in rows if r["split"] == "held_out" and graphed_key(r) == key]
-        held_pct = mean(abs(score(r)["error_pct"]) for r in held) if held else float("nan")
+        held_said = (f"mean |error| {mean(abs(score(r)['error_pct']) for r in held):.1f}%" if held
+                     else "none to test it")
         lines.append(f"{key}: stored {stored[key]:g}; solved on {len(solved['rows']) if solved else 0} fit rows "
                      + (f"{solved[key]:g} (mean |error| {solved['mean_abs_pct']:.1f}%)" if solved else "(none)")
-                     + f"; {len(held)} held-out rows of the kind at the stored value: mean |error| {held_pct:.1f}%")
+                     + f"; {len(held)} held-out rows of the kind at the stored value: {held_said}")
     return "\n".join(lines)
 
 

@@ -78,16 +78,6 @@ def pipeline_notes(layout: Layout) -> list[str]:
     return []
 
 
-def stack_memory_notes(shape: ModelShape | None, stack: str | None) -> list[str]:
-    """Where the memory model is known to miss a stack's published peaks, one line: an MoE
-    model on torchtitan (data/published_memory.toml's tt-9b5 rows, docs/planner.md)."""
-    if stack == "torchtitan" and shape is not None and shape.is_moe:
-        return ["torchtitan's eager MoE: its published peaks (a 9.5B DeepSeek-V3-style model on 8 B200, "
-                "data/published_memory.toml) ran 31-40% above this count, and a layout it counts as fitting ran out "
-                "of memory; keep that much headroom"]
-    return []
-
-
 def _floats(d: dict[str, Any]) -> dict[str, Any]:
     return {k: (_floats(v) if isinstance(v, dict) else float(v)) for k, v in d.items()}
 
@@ -118,7 +108,7 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
     # Offloaded model states: in host memory, not in the device total.
     out["host_bytes"] = float(m["host_bytes"])
     out["notes"] = (model_notes(shape) + runner_notes(shape, layout)
-                    + (pipeline_notes(layout) if shape is not None else []) + stack_memory_notes(shape, stack))
+                    + (pipeline_notes(layout) if shape is not None else []))
     if shape is None and layout.zero >= 3 and largest_layer_params is None:
         out["notes"] += ["ZeRO-3's gathered working set is not counted: the largest layer is unknown with --params; "
                         "give --largest-layer-params N (DeepSpeed's estimator takes the same)"]

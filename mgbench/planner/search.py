@@ -662,7 +662,7 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
             notes.append(f"context parallelism searched from --seq-len {CP_MIN_SEQ} on (cp = 1 here)")
         if (why := batch_note(opts)) is not None:
             notes.append(why)
-    from .predict import stack_memory_notes
+    from .memory_validation import stack_memory_notes
 
     notes.extend(stack_memory_notes(shape, opts.stack))
     for cols in pieces:
