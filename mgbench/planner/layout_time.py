@@ -63,9 +63,11 @@ dp_comm   perf's rule per parameter group (its all-gather count and overlap wind
           all-reduce of the shard across the replicas), routed experts (/ ep) over the
           expert data-parallel group of dp x cp / ep ranks; under fp8 with ZeRO-3 the
           weight all-gathers carry 1 byte a weight (torchao's float8 all-gather).
-offload   FSDP2 CPU offload: every all-gather first copies the fp32 shard host to
-          device (perf.zero3_gathers: 2 per micro-batch), every reduce-scatter
-          copies the fp32 gradient shard back; the two directions run concurrently on
+offload   FSDP2 CPU offload: every all-gather first copies the sharded weights host to
+          device (perf.zero3_gathers: 2 per micro-batch) at the bytes a weight the run
+          keeps (``offload_weight_bytes``: the stack's, fp32 under FSDP2's mixed precision,
+          2 where it trains in bf16 throughout), every reduce-scatter copies the gradient
+          shard back; the two directions run concurrently on
           the host link (PCIe / C2C of the system, hardware.toml ``host_link``), not
           overlapped with compute. The optimizer step on the host CPU is not priced
           (no host memory bandwidth in the catalog): said in the result's notes.
@@ -235,7 +237,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
               ep: Any = 1, cp: Any = 1, replicas: Any = 1, offload: bool = False,
               host_ops: dict[str, float] | None = None, moe: moe_terms.MoeOptions | None = None,
               pp_last_layers: Any = None, fp8_recipe: str | None = None,
-              fp8_attention: bool = False) -> dict[str, Any]:
+              fp8_attention: bool = False, offload_weight_bytes: float = 4.0) -> dict[str, Any]:
     """Predicted step time and its parts for a layout with every axis (arrays
     broadcast); the step, its named terms in ``breakdown`` and ``notes``.
     ``hw`` is resolved at :func:`hardware_precision` (bf16 for fp8); ``moe``: how an MoE
@@ -243,7 +245,9 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     ``pp_last_layers``: the last pipeline stage's blocks where the run sets them
     (memory.stage_layers; None: Megatron-LM's even split); ``fp8_recipe``: the FP8 scaling
     recipe under ``precision`` fp8 (perf.FP8_RECIPES; None: the stack's, stack.fp8_recipe);
-    ``fp8_attention``: attention's scores and values in FP8 too (:func:`fp8_attention_terms`)."""
+    ``fp8_attention``: attention's scores and values in FP8 too (:func:`fp8_attention_terms`);
+    ``offload_weight_bytes``: the bytes a weight the host copy holds under ``offload`` (the
+    run's state_bytes[0]; 4, FSDP2's fp32 shard, where none is given)."""
     c = np.asarray(cp, dtype=float)
     d = np.asarray(dp, dtype=float)
     dense_p, expert_p = stage_param_split(shape, tp, pp, ep, pp_last_layers)
@@ -397,10 +401,10 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     if offload:
         shard = dense_p / (dpc / np.asarray(replicas, dtype=float)) + expert_p / (dpc / np.asarray(ep, dtype=float))
         bw = host_link_bw(hw)
-        # Host to device (one fp32 shard copy per all-gather: 2 m, or one for a pipeline
-        # whose stages stay unsharded) is the larger direction; the gradient copies back
-        # run concurrently the other way.
-        offload_s = perf.zero3_gathers(m, p, schedule) * 4.0 * shard / bw
+        # Host to device (one shard copy per all-gather: 2 m, or one for a pipeline whose
+        # stages stay unsharded) is the larger direction; the gradient copies back run
+        # concurrently the other way.
+        offload_s = perf.zero3_gathers(m, p, schedule) * offload_weight_bytes * shard / bw
         notes.append(OFFLOAD_NOTE)
 
     # Pipeline sends are priced at 1F1B's count for every schedule. An interleaved schedule

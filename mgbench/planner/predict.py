@@ -130,9 +130,14 @@ def predict(shape: ModelShape, hw: Hardware, layout: Layout, overlap: float = pe
     optimizer states where its recipe differs from the stack's: :func:`memory`; ``fixed``:
     a GPU process's fixed memory counted, False on a probed CPU, as plan's
     search.holds_cuda_context)."""
+    from .stack import memory_of
+
     validate(layout, shape)
+    # The offloaded shard's bytes a weight: the run's (fp32 training: fp32 everything).
+    weight_bytes = float((STATE_BYTES["fp32"] if layout.precision == "fp32"
+                          else memory_of(hw.stack, state_bytes)["state_bytes"])[0])
     out = layout_time.step_time(shape, hw, global_batch=layout.batch, overlap=overlap, host_ops=host_ops,
-                                moe=moe, **layout.model_kwargs())
+                                moe=moe, offload_weight_bytes=weight_bytes, **layout.model_kwargs())
     notes = out.pop("notes")
     recipe = out.pop("fp8_recipe")
     res = _floats(out)

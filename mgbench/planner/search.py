@@ -564,7 +564,9 @@ def _evaluate_rows(shape: ModelShape, hw: hardware.Hardware, opts: PlanOptions, 
                          margin=opts.memory_margin, fixed=holds_cuda_context(opts.profile), moe=opts.moe)
     fits = mem["total_bytes"] <= hw.memory_bytes
     kept = cand.take(fits)
-    out = layout_time.step_time(shape, hw, global_batch=B, overlap=overlap, moe=opts.moe, **kept.model_kwargs())
+    out = layout_time.step_time(shape, hw, global_batch=B, overlap=overlap, moe=opts.moe,
+                                offload_weight_bytes=float((STATE_BYTES["fp32"] if opts.precision == "fp32"
+                                                            else held["state_bytes"])[0]), **kept.model_kwargs())
     return {**{k: a[fits] for k, a in rows.items()}, "offload": np.full(fits.sum(), offload),
             "memory_per_gpu_bytes": mem["total_bytes"][fits],
             "host_memory_per_gpu_bytes": np.broadcast_to(mem["host_bytes"], fits.shape)[fits],

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from mgbench import catalog
 from mgbench.cli import main
 from mgbench.errors import MgbenchError
+from mgbench.layout import Layout
 from mgbench.planner import hardware, layout_time, perf
 from mgbench.planner import memory as M
 from mgbench.planner.search import PlanOptions, plan
@@ -342,6 +343,24 @@ def test_offload_transfer_over_the_host_link_by_hand():
     m = 16 / 8
     assert float(r["breakdown"]["offload_s"]) == pytest.approx(2 * m * 4 * shard / pcie5, rel=1e-9)
     assert any("host CPU is not priced" in n for n in r["notes"])
+    # A run kept in bf16 throughout (torchtitan's training.dtype bfloat16) copies 2 bytes a
+    # weight: half the time.
+    half = layout_time.step_time(LLAMA8, H100, offload=True, offload_weight_bytes=2.0, **kw)
+    assert float(half["breakdown"]["offload_s"]) == pytest.approx(2 * m * 2 * shard / pcie5, rel=1e-9)
+
+
+def test_predict_offloads_the_runs_own_weight_bytes():
+    """predict's offload copies follow the run's state_bytes (and the stack's where none
+    is given: torchtitan's fp32 shard), not a fixed 4 bytes."""
+    from mgbench.planner.predict import predict
+    from mgbench.planner.resolve import resolve
+
+    hw = resolve(precision="bf16", system="dgx-h100", stack="torchtitan")
+    lay = Layout(num_gpus=8, tp=1, pp=1, zero=3, micro_batch=1, seq_len=4096, global_batch=16, precision="bf16",
+                 recompute="full", offload=True)
+    own = predict(LLAMA8, hw, lay)["breakdown"]["offload_s"]
+    bf16 = predict(LLAMA8, hw, lay, state_bytes=(2.0, 2.0, 4.0))["breakdown"]["offload_s"]
+    assert float(bf16) == pytest.approx(float(own) / 2, rel=1e-9)
 
 
 def test_hsdp_reduces_inside_replicas_and_all_reduces_across():
