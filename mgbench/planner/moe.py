@@ -604,7 +604,7 @@ def epilogue_note(shape: ModelShape, opts: "MoeOptions", counted: bool, stack: s
 
 # The prediction-interval classes of MoE runs (:func:`moe_class`; planner/uncertainty.py
 # takes each class's half-widths from the published runs of it).
-MOE_CLASSES = ("eager", "graphed", "efa", "efa-deepep", "offload", "eager-torchtitan")
+MOE_CLASSES = ("eager", "graphed", "efa", "efa-deepep", "offload", "eager-torchtitan", "eager-automodel")
 
 
 def moe_class(shape: Any, options: Any = None, system: str | None = None, ep: Any = None,
@@ -621,7 +621,8 @@ def moe_class(shape: Any, options: Any = None, system: str | None = None, ep: An
     nodes, ran far slower than the model prices, DeepEP's most: docs/planner.md);
     "eager-torchtitan" on torchtitan's stack (``stack``: its MoE layer is priced with
     Megatron-Core's host constants, an assumption, and its published runs miss by their own
-    measure); else "eager"."""
+    measure), "eager-automodel" on NeMo AutoModel's (its own MoE layer, FSDP2 with DeepEP or
+    all-to-all, priced likewise); else "eager"."""
     from .hardware import ep_crosses_efa
 
     if not getattr(shape, "is_moe", False):
@@ -635,6 +636,8 @@ def moe_class(shape: Any, options: Any = None, system: str | None = None, ep: An
         return "efa-deepep" if deep else "efa"
     if stack == "torchtitan":
         return "eager-torchtitan"
+    if stack == "automodel":
+        return "eager-automodel"
     return "eager"
 
 

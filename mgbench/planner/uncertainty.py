@@ -110,7 +110,9 @@ MOE_CLASS_WORDS = {"eager": "MoE layers eager", "graphed": "MoE layers in CUDA g
                    "offload": "MoE runs with FSDP2's CPU offload (their optimizer step runs on the host, which the "
                               "planner does not price)",
                    "eager-torchtitan": "MoE layers eager on torchtitan's stack (priced with Megatron-Core's MoE host "
-                                       "constants: an assumption)"}
+                                       "constants: an assumption)",
+                   "eager-automodel": "MoE layers eager on NeMo AutoModel's stack (priced with Megatron-Core's MoE "
+                                      "host constants: an assumption)"}
 
 
 @lru_cache(maxsize=1)
@@ -127,7 +129,7 @@ def moe_residuals() -> dict[str, list[dict[str, Any]]]:
         if s["error_pct"] is None:
             continue
         cls = moe_class(moe_validation.shape_of(row), moe.options_of(row), row["system"], row["ep"],
-                        offload=bool(row.get("offload")), stack=row.get("stack", moe_validation.STACK))
+                        offload=bool(row.get("offload")), stack=moe_validation.software(row))
         out[cls].append({"id": row["id"], "split": row["split"], "gpu": hardware.resolve(system=row["system"]).gpu,
                          "error": s["error_pct"] / 100.0})
     return out

@@ -165,3 +165,5 @@ def test_a_published_row_becomes_its_layout():
     assert (lay.tp, lay.pp, lay.dp, lay.ep, lay.cp) == (1, 2, 8, 8, 1)
     assert lay.num_micro == 32 and lay.virtual_stages == 24 and lay.sequence_parallel is False
     assert Layout.from_published({**row, "tp": 2, "num_gpus": 32}).sequence_parallel is True
+    # FSDP2's CPU offload where the row says so (torchtitan's enable_cpu_offload), else none.
+    assert lay.offload is False and Layout.from_published({**row, "zero": 3, "offload": True}).offload is True

@@ -134,7 +134,7 @@ def _moe_errors(cls: str) -> list[float]:
             return "graphed"
         if on_efa(r["system"]):
             return "efa" if o.dispatcher == "alltoall" else "efa-deepep"
-        return "eager-torchtitan" if r.get("stack") == "torchtitan" else "eager"
+        return {"torchtitan": "eager-torchtitan", "automodel": "eager-automodel"}.get(mv.software(r), "eager")
 
     return [s["error_pct"] / 100 for r, s in ((r, mv.score(r)) for r in mv.runs())
             if r["split"] in mv.SPLITS and s["error_pct"] is not None and cls_of(r) == cls]
@@ -174,9 +174,11 @@ def test_moe_interval_is_the_published_moe_runs_of_its_class():
     # its bounds unchanged. The twentieth session's drop-and-pad share (graphed runs with a
     # capacity factor keep 0.29 of the eager term, dropless ones 1.0): graphed runs from
     # -26.0% (MLPerf's B200 GPT-OSS-20B on 64) to +36.2% (MLPerf's GB200 DeepSeek-V3 on 8192).
-    assert len(eager) == 68 and len(graphed) == 49
+    # The twenty-first session gave NeMo AutoModel's runs a class of their own (eager 68 -> 64
+    # rows; AutoModel's H100 Qwen3-30B-A3B, -27.8%, had set the eager low).
+    assert len(eager) == 64 and len(graphed) == 49
     e = U.regime("b200", True, moe="eager")
-    assert (e["low"], e["high"]) == (pytest.approx(0.278, abs=0.002), pytest.approx(0.476, abs=0.002))
+    assert (e["low"], e["high"]) == (pytest.approx(0.249, abs=0.002), pytest.approx(0.476, abs=0.002))
     g = U.regime("b200", True, moe="graphed")
     assert (g["low"], g["high"]) == (pytest.approx(0.260, abs=0.002), pytest.approx(0.362, abs=0.002))
     # The dense interval of the same GPU is far narrower: an MoE plan must not borrow it.
@@ -445,7 +447,7 @@ def test_predict_and_plan_give_an_efa_run_its_class_and_notes():
     assert out["across"]["interval_reasons"][0].startswith("MoE layers eager with DeepEP-style dispatch over AWS EFA")
     assert any("with EP across AWS EFA nodes" in n for n in out["across"]["notes"])
     for name in ("inside", "ib"):
-        assert out[name]["interval_reasons"][0].startswith("MoE layers eager: the 68 published MoE runs")
+        assert out[name]["interval_reasons"][0].startswith("MoE layers eager: the 64 published MoE runs")
         assert not any("with EP across AWS EFA nodes" in n for n in out[name]["notes"])
     # the same step, a wider interval above it
     lo, hi = out["across"]["step_time_s_interval"]
