@@ -96,12 +96,17 @@ def pairs(scored: list[dict[str, Any]] | None = None, rows: list[dict[str, Any]]
     rows = moe_validation.runs() if rows is None else rows
     scored = moe_validation.scored_rows(rows) if scored is None else scored
     by_id = {s["id"]: s for s in scored}
-    again = moe_validation.repeats(rows)
-    use = [r for r in rows if r["split"] in moe_validation.SPLITS and r["id"] not in again
-           and by_id.get(r["id"], {}).get("error_pct") is not None]
-    cfg = {r["id"]: moe_validation.knobs(r) for r in use}
+    measured = [r for r in rows if r["split"] in moe_validation.SPLITS
+                and by_id.get(r["id"], {}).get("error_pct") is not None]
+    # One pair a pair of configurations; where one was measured more than once, the
+    # measurement from the other's source (its own table), else the first in file order.
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in measured:
+        groups.setdefault(moe_validation.configuration(r), []).append(r)
+    cfg = {r["id"]: moe_validation.knobs(r) for r in measured}
     out = []
-    for a, b in itertools.combinations(use, 2):
+    for ga, gb in itertools.combinations(groups.values(), 2):
+        a, b = next(((x, y) for x in ga for y in gb if source_of(x) == source_of(y)), (ga[0], gb[0]))
         ka, kb = cfg[a["id"]], cfg[b["id"]]
         knob = knob_of([k for k in ka if ka[k] != kb[k]])
         if knob is None:
