@@ -254,8 +254,11 @@ def test_the_eager_drop_and_pad_rows_are_better_with_the_whole_term():
     # only the launches the compute does not cover leaves these rows further off.
     # The five 25.09 rows the rule was chosen on (MLPerf's eager drop-and-pad GPT-OSS-20B row,
     # predicted blind later, is docs/planner.md's: its miss is mostly data-parallel traffic).
+    # (The twenty-first session's eager drop-and-pad rows are not among them: of those the
+    # dgxc Grok-1 H100 pair is nearer with the excess only, -9.5% / +9.3% against -29% /
+    # -28% whole, the Megatron-Bridge MXFP8 pair nearer whole; docs/planner.md.)
     rows = [r for r in V.runs() if moe.options_of(r).capacity_factor is not None and not moe.options_of(r).cuda_graphs
-            and r["id"].startswith("mbridge-25.09")]
+            and r["id"].startswith("mbridge-25.09") and not r.get("added_alternating")]
     assert len(rows) == 5
     whole = [abs(V.score(r)["error_pct"]) for r in rows]
     excess = []
@@ -281,6 +284,8 @@ def test_the_solves_arithmetic_is_the_step_models():
     # graphed row pays the stored share of its kind of the eager wait).
     c = moe.host_constants()
     for row in V.runs():
+        if row["split"] not in V.SPLITS:  # an unscored row's stated layout may be refused
+            continue
         base, d0, d1 = V.host_terms(row)
         got = float(V.predict_row(row)["step_time_s"])
         per_layer = c["per_layer_ms"][moe.options_of(row).dispatcher]

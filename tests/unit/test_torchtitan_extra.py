@@ -67,7 +67,7 @@ def test_torchtitan_and_offloading_runs_take_their_own_intervals():
     assert {"automodel-h100-gpt-oss-20b-8", "automodel-h100-qwen3-30b-a3b-8"} <= am and not am & tt
     assert [r["id"] for r in res["offload"]] == ["torchtitan-b200-mini-kimi-k2-alltoall-8gpu"]
     eager = U.regime("b200", False, moe="eager")
-    assert eager["high"] < 0.5 and U.regime("b200", False, moe="eager-torchtitan")["high"] > 2.0
+    assert eager["high"] < 0.6 and U.regime("b200", False, moe="eager-torchtitan")["high"] > 2.0
 
 
 def test_pooled_with_megatron_cores_runs_torchtitans_miss_would_be_everyones(monkeypatch):

@@ -176,11 +176,13 @@ def test_moe_interval_is_the_published_moe_runs_of_its_class():
     # -26.0% (MLPerf's B200 GPT-OSS-20B on 64) to +36.2% (MLPerf's GB200 DeepSeek-V3 on 8192).
     # The twenty-first session gave NeMo AutoModel's runs a class of their own (eager 68 -> 64
     # rows; AutoModel's H100 Qwen3-30B-A3B, -27.8%, had set the eager low).
-    assert len(eager) == 64 and len(graphed) == 49
+    # Its graphed drop-and-pad search (21st session) added eight graphed and four eager
+    # scored rows, and the host constants' re-solve on them moved the eager bounds.
+    assert len(eager) == 68 and len(graphed) == 57
     e = U.regime("b200", True, moe="eager")
-    assert (e["low"], e["high"]) == (pytest.approx(0.249, abs=0.002), pytest.approx(0.476, abs=0.002))
+    assert (e["low"], e["high"]) == (pytest.approx(0.292, abs=0.002), pytest.approx(0.530, abs=0.002))
     g = U.regime("b200", True, moe="graphed")
-    assert (g["low"], g["high"]) == (pytest.approx(0.260, abs=0.002), pytest.approx(0.362, abs=0.002))
+    assert (g["low"], g["high"]) == (pytest.approx(0.263, abs=0.002), pytest.approx(0.361, abs=0.002))
     # The dense interval of the same GPU is far narrower: an MoE plan must not borrow it.
     dense = U.regime("b200", True)
     # (Half as wide until the thirteenth session's re-solve narrowed the graphed one; 0.61
@@ -246,12 +248,13 @@ def test_efa_runs_are_classes_of_their_own():
     assert {r["split"] for r in res["efa"] + res["efa-deepep"]} == {"fit", "held_out"}
     a = U.regime("b300", True, moe="efa")
     d = U.regime("b300", True, moe="efa-deepep")
-    assert a["high"] == pytest.approx(0.794, abs=0.002) and d["high"] == pytest.approx(1.787, abs=0.002)
+    # (all-to-all 0.794 until the twenty-first session's host re-solve: 1.87x since)
+    assert a["high"] == pytest.approx(0.872, abs=0.002) and d["high"] == pytest.approx(1.794, abs=0.002)
     assert "UCCL-EP, NVSHMEM" in d["reasons"][0] and "notify wait" in d["reasons"][0]
     # Negative control: pooled with the other eager runs, every eager MoE interval would
     # carry EFA DeepEP's 2.79x.
     pooled = [r["error"] for c in ("eager", "efa", "efa-deepep") for r in res[c]]
-    assert max(pooled) == pytest.approx(d["high"]) and U.regime("b200", True, moe="eager")["high"] < 0.5
+    assert max(pooled) == pytest.approx(d["high"]) and U.regime("b200", True, moe="eager")["high"] < 0.6
 
 
 def test_moe_class_of_a_model_and_its_options():
@@ -447,7 +450,7 @@ def test_predict_and_plan_give_an_efa_run_its_class_and_notes():
     assert out["across"]["interval_reasons"][0].startswith("MoE layers eager with DeepEP-style dispatch over AWS EFA")
     assert any("with EP across AWS EFA nodes" in n for n in out["across"]["notes"])
     for name in ("inside", "ib"):
-        assert out[name]["interval_reasons"][0].startswith("MoE layers eager: the 64 published MoE runs")
+        assert out[name]["interval_reasons"][0].startswith("MoE layers eager: the 68 published MoE runs")
         assert not any("with EP across AWS EFA nodes" in n for n in out[name]["notes"])
     # the same step, a wider interval above it
     lo, hi = out["across"]["step_time_s_interval"]
