@@ -364,6 +364,11 @@ def layout_group() -> list[Opt]:
                  "stage). Default: every stage ceil(layers / pp), Megatron-LM's default split."),
         opt("--ep", type=int, default=1, show_default=True,
             help="Expert-parallel degree (MoE models): routed experts sharded over ep of the data-parallel ranks."),
+        opt("--etp", type=int, default=1, show_default=True,
+            help="Expert tensor-parallel degree (MoE models): each routed expert split over etp ranks, its "
+                 "ep x etp ranks carved from tp x dp x cp (Megatron-Core's expert_tensor_parallel_size, which "
+                 "defaults to the tp degree there; 1 here: whole experts, MoE parallel folding). Priced: weights "
+                 "and gradient traffic / etp, an all-gather and a reduce-scatter of the routed rows a layer pass."),
         opt("--cp", type=int, default=1, show_default=True,
             help="Context-parallel degree: each sequence split over cp ranks (K/V all-gathered per layer)."),
         opt("--hsdp", "replicas", type=int, default=1, show_default=True, metavar="REPLICAS",

@@ -110,6 +110,11 @@ class Layout:
     # layer (Megatron-LM --decoder-last-pipeline-num-layers, a pipeline layout string); the
     # other stages share the rest. None: every stage ceil(layers / pp). Priced, not run.
     pp_last_layers: Any = None
+    # Expert tensor parallelism (MoE): each routed expert split over etp ranks, its
+    # expert-parallel group ep x etp ranks of a stage's tp x dp x cp (Megatron-Core's
+    # expert_tensor_parallel_size, whose default is the tp degree; 1, the planner's
+    # default, is its MoE parallel folding with whole experts). Priced, not run.
+    etp: Any = 1
     # The FP8 scaling recipe under precision fp8 (planner/perf.py FP8_RECIPES): what casting
     # costs. None: the stack's (planner/stack.py fp8_recipe). Priced, not run.
     fp8_recipe: str | None = None
@@ -158,7 +163,7 @@ class Layout:
                    sequence_parallel=row.get("sequence_parallel", row.get("tp", 1) > 1),
                    schedule=row.get("schedule", "1f1b"),
                    virtual_stages=row.get("virtual_stages", 1), replicas=row.get("replicas", 1),
-                   pp_last_layers=row.get("pp_last_layers"), fp8_recipe=row.get("fp8_recipe"),
+                   pp_last_layers=row.get("pp_last_layers"), fp8_recipe=row.get("fp8_recipe"), etp=row.get("etp", 1),
                    fp8_attention=bool(row.get("fp8_attention", False)), offload=bool(row.get("offload", False)))
 
     # -- derived degrees -------------------------------------------------------------------
@@ -241,7 +246,7 @@ class Layout:
                     sp=self.sequence_parallel, flash=self.flash_attention, schedule=self.schedule,
                     virtual_stages=self.virtual_stages, ep=self.ep, cp=self.cp, replicas=self.replicas,
                     offload=self.offload, pp_last_layers=self.pp_last_layers, fp8_recipe=self.fp8_recipe,
-                    fp8_attention=self.fp8_attention)
+                    fp8_attention=self.fp8_attention, etp=self.etp)
 
     def take(self, index: Any) -> "Layout":
         """The rows ``index`` (a mask or indices) of a vectorised layout; scalars stay."""
@@ -266,7 +271,7 @@ class Layout:
                 "micro_batch": self.micro_batch, "precision": self.precision, "recompute": self.recompute_name,
                 "ep": self.ep, "cp": self.cp, "hsdp_replicas": self.replicas, "offload": bool(self.offload),
                 "schedule": self.schedule, "pp_last_layers": self.pp_last_layers, "fp8_recipe": self.fp8_recipe,
-                "fp8_attention": bool(self.fp8_attention)}
+                "fp8_attention": bool(self.fp8_attention), "etp": self.etp}
 
     # -- the runner's rules and strategy names ---------------------------------------------------
     def runner_problems(self, world: int, *, layers: int | None = None, heads: int | None = None,
@@ -279,6 +284,9 @@ class Layout:
         vocabulary evenly rather than replicating them."""
         where = f"layout {self.describe()} on world size {world}"
         out = [f"{where}: {name} must be >= 1" for name in ("tp", "pp", "ep", "cp") if getattr(self, name) < 1]
+        if self.etp != 1:
+            out.append(f"{where}: etp={self.etp}: the runner's experts are whole on their rank (expert tensor "
+                       "parallelism is priced by the planner, not run)")
         if self.dp < 1 and not out:
             out.append(f"{where}: dp must be >= 1")
         if out:

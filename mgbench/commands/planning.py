@@ -55,7 +55,7 @@ def _layout(kw: dict[str, Any]):
                   flash_attention=not kw["no_flash_attention"], schedule=kw["schedule"],
                   virtual_stages=kw["virtual_stages"], ep=kw["ep"], cp=kw["cp"], replicas=kw["replicas"],
                   offload=kw["offload"], pp_last_layers=kw["pp_last_layers"], fp8_recipe=kw["fp8_recipe"],
-                  fp8_attention=kw["fp8_attention"])
+                  fp8_attention=kw["fp8_attention"], etp=kw["etp"])
 
 
 def _dims(kw: dict[str, Any]) -> dict[str, Any]:
@@ -345,7 +345,7 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
     b = res["breakdown"]
     click.echo(f"{shape.name} on {kw['num_gpus']}x {hw.gpu} ({hw.system}), tp={kw['tp']} pp={kw['pp']} "
                f"zero={kw['zero']} mb={kw['micro_batch']} gb={res['global_batch']} s={kw['seq_len']}"
-               + "".join(f" {k}={kw[k]}" for k in ("cp", "ep") if kw[k] > 1)
+               + "".join(f" {k}={kw[k]}" for k in ("cp", "ep", "etp") if kw[k] > 1)
                + (f" hsdp={kw['replicas']}" if kw["replicas"] > 1 else "") + (" offload" if kw["offload"] else "")
                + (f" fp8 ({res['assumptions']['fp8_recipe']} recipe)" if kw["precision"] == "fp8" else "")
                + (" with FP8 attention" if kw["fp8_attention"] else "")
@@ -600,7 +600,7 @@ def predict_command(row: dict[str, Any], opts: Any, model_args: list[str], *, ha
     if (calibrate_run or comm_run) and results_dir != "results":
         out.append(f"--results-dir {shlex.quote(results_dir)}")
     out += [f"--num-gpus {lay.num_gpus}", f"--tp {lay.tp}", f"--pp {lay.pp}"]
-    out += [f"--{k} {getattr(lay, k)}" for k in ("cp", "ep") if getattr(lay, k) > 1]
+    out += [f"--{k} {getattr(lay, k)}" for k in ("cp", "ep", "etp") if getattr(lay, k) > 1]
     out += [f"--zero {lay.zero}", f"--micro-batch {lay.micro_batch}", f"--global-batch {lay.batch}",
             f"--seq-len {lay.seq_len}", f"--recompute {lay.recompute_name}", f"--precision {lay.precision}"]
     if lay.fp8_recipe:

@@ -55,8 +55,8 @@ def rules(shape: ModelShape | None, layout: Layout) -> dict[str, Any]:
     ``shape`` (`mgbench memory --params`) the rules about heads, layers and experts are
     not known and left out."""
     L = layout
-    N, T, P, C, E, Z, MB, R = (np.asarray(x, dtype=np.int64) for x in
-                               (L.num_gpus, L.tp, L.pp, L.cp, L.ep, L.zero, L.micro_batch, L.replicas))
+    N, T, P, C, E, Z, MB, R, X = (np.asarray(x, dtype=np.int64) for x in
+                                  (L.num_gpus, L.tp, L.pp, L.cp, L.ep, L.zero, L.micro_batch, L.replicas, L.etp))
     width = T * P * C
     divides = N % width == 0
     D = np.where(divides, N // np.maximum(width, 1), 1)  # data-parallel ranks where the degrees divide
@@ -89,6 +89,10 @@ def rules(shape: ModelShape | None, layout: Layout) -> dict[str, Any]:
             # ranks of a pipeline stage (attention's tp folds into it), as the MoE step and
             # memory terms price it (planner/moe.py).
             "experts": (E == 1) | (((T * D * C) % E == 0) & (shape.experts % E == 0)) if shape.is_moe else (E == 1),
+            # Expert tensor parallelism: ep x etp ranks of the stage's tp x dp x cp hold
+            # one copy of the experts, each split etp ways along its width.
+            "etp": (X == 1) | (((T * D * C) % (E * X) == 0) & (shape.moe_ffn_hidden % X == 0)) if shape.is_moe
+            else (X == 1),
         })
     return out
 
@@ -127,6 +131,9 @@ MESSAGES: dict[str, Callable[[Any, ModelShape], str]] = {
                             f"the {s.layers} layers"),
     "experts": lambda L, s: (f"--ep {L.ep} must divide the {s.experts} experts and the {L.tp * L.dp * L.cp} ranks "
                              "of a pipeline stage (tp x dp x cp: Megatron-Core's MoE parallel folding)"),
+    "etp": lambda L, s: (f"--etp {L.etp} is for MoE models (a dense model has no experts to split)" if not s.is_moe
+                         else f"--ep {L.ep} x --etp {L.etp} must divide the {L.tp * L.dp * L.cp} ranks of a pipeline "
+                              f"stage (tp x dp x cp), and --etp the experts' width {s.moe_ffn_hidden}"),
     "last_stage": lambda L, s: (f"--pp-last-layers {L.pp_last_layers} needs a pipeline (--pp 2 or more)" if L.pp == 1
                                 else f"--pp-last-layers {L.pp_last_layers}: the last of {L.pp} stages"
                                      + (" (in the V, rank 0, which runs the output layer)" if v_shaped(L.schedule) else "")

@@ -222,6 +222,26 @@ def dp_comm_s(hw: Hardware, *, dense: Any, expert: Any, tp: Any, dpc: Any, ep: A
     return group(dense, d, np.asarray(replicas, dtype=float)) + experts
 
 
+def etp_comm_s(shape: ModelShape, hw: Hardware, *, tokens: Any, etp: Any, load: Any, act_bytes: float,
+               moe_layers: Any, num_micro: Any, moe_rerun_share: Any) -> Any:
+    """Seconds a step of expert tensor parallelism's own traffic on one rank (0 at etp 1):
+    Megatron-Core's dispatcher all-gathers the routed rows of the etp ranks before the
+    experts and reduce-scatters the experts' partial outputs after them (its
+    gather_from_sequence_parallel_region / reduce_scatter_to_sequence_parallel_region
+    over the expert tensor-parallel group), and backward runs the two the other way: four
+    ring collectives a MoE layer and micro-batch (two more for a recomputed layer's
+    forward) over etp consecutive ranks, each moving the rank's routed rows (``tokens``
+    x top_k at the busiest rank's ``load``, hidden wide) from or to each of the others.
+    Not overlapped with compute (none of the published recipes overlaps it)."""
+    x = np.asarray(etp, dtype=float)
+    rows = np.asarray(tokens, dtype=float) * shape.top_k * np.asarray(load, dtype=float)
+    gathered = rows * x * shape.hidden * act_bytes  # the etp ranks' rows, each rank's whole after the gather
+    one = perf.group_collective_time(gathered, x, x, hw, 1.0)
+    passes = 4.0 + 2.0 * np.asarray(moe_rerun_share, dtype=float)
+    return np.where(x > 1, passes * one * np.asarray(moe_layers, dtype=float) * np.asarray(num_micro, dtype=float),
+                    0.0)
+
+
 def check_fused_grouped_mlp(gpu: str | None, stack: str | None, precision: str, fp8_recipe: str | None) -> None:
     """One line (MgbenchError) where a run states the fused grouped MLP it cannot have
     (moe.fused_grouped_mlp_problem), its FP8 recipe resolved as the step prices it
@@ -237,7 +257,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
               ep: Any = 1, cp: Any = 1, replicas: Any = 1, offload: bool = False,
               host_ops: dict[str, float] | None = None, moe: moe_terms.MoeOptions | None = None,
               pp_last_layers: Any = None, fp8_recipe: str | None = None,
-              fp8_attention: bool = False, offload_weight_bytes: float = 4.0) -> dict[str, Any]:
+              fp8_attention: bool = False, offload_weight_bytes: float = 4.0, etp: Any = 1) -> dict[str, Any]:
     """Predicted step time and its parts for a layout with every axis (arrays
     broadcast); the step, its named terms in ``breakdown`` and ``notes``.
     ``hw`` is resolved at :func:`hardware_precision` (bf16 for fp8); ``moe``: how an MoE
@@ -247,10 +267,13 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     recipe under ``precision`` fp8 (perf.FP8_RECIPES; None: the stack's, stack.fp8_recipe);
     ``fp8_attention``: attention's scores and values in FP8 too (:func:`fp8_attention_terms`);
     ``offload_weight_bytes``: the bytes a weight the host copy holds under ``offload`` (the
-    run's state_bytes[0]; 4, FSDP2's fp32 shard, where none is given)."""
+    run's state_bytes[0]; 4, FSDP2's fp32 shard, where none is given); ``etp``: each routed
+    expert split over etp ranks (Megatron-Core's expert tensor parallelism: its weights and
+    gradient traffic / etp, and an all-gather and a reduce-scatter of the routed rows over
+    the etp ranks around the experts, :func:`etp_comm_s`)."""
     c = np.asarray(cp, dtype=float)
     d = np.asarray(dp, dtype=float)
-    dense_p, expert_p = stage_param_split(shape, tp, pp, ep, pp_last_layers)
+    dense_p, expert_p = stage_param_split(shape, tp, pp, ep, pp_last_layers, etp)
     virtual = schedule in VIRTUAL_SCHEDULES
     v = virtual_stages if virtual else 1
     b = perf.compute_terms(shape, hw, seq=seq, global_batch=global_batch, micro_batch=np.asarray(micro_batch) / c,
@@ -306,6 +329,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     zero_s = 0.0 * blocks
     imbalance_s, moe_recompute_s, permute_s, a2a, ep_comm, host_s = zero_s, zero_s, zero_s, zero_s, zero_s, zero_s
     notify_s = zero_s
+    etp_s = zero_s
     epilogue_s = zero_s
     rerun = zero_s  # the share of MoE layers whose forward runs again
     traffic_s = zero_s
@@ -388,12 +412,17 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
                                               across_efa=ep_kernels.talks_over_efa(hw), moe_layers=moe_layers,
                                               num_micro=m, opts=opts, rerun=rerun)
         notify_s = moe_terms.host_wait(notify, bubble_fraction=f)
+        etp_s = etp_comm_s(shape, hw, tokens=tokens_rank, etp=etp, load=load, act_bytes=e, moe_layers=moe_layers,
+                           num_micro=m, moe_rerun_share=rerun)
+        ep_comm = ep_comm + etp_s
     cp_comm = cp_kv_exchange_s(shape, hw, seq=s, micro_batch=micro_batch, tp=t, cp=c, span=t * c,
                                precision=precision, layers=lps, num_micro=m, recompute=rc)
 
     dpc = d * c
-    dp_comm = dp_comm_s(hw, dense=dense_p, expert=expert_p, tp=t, dpc=dpc, ep=ep, replicas=replicas, zero=zero,
-                        num_micro=m, precision=precision, pp=p, schedule=schedule)
+    # Expert tensor parallelism: an expert's ranks are ep x etp of the t x dp x cp, so its
+    # data-parallel group is etp times smaller (dp_comm_s prices it from the product).
+    dp_comm = dp_comm_s(hw, dense=dense_p, expert=expert_p, tp=t, dpc=dpc, ep=np.asarray(ep) * np.asarray(etp),
+                        replicas=replicas, zero=zero, num_micro=m, precision=precision, pp=p, schedule=schedule)
     z = np.asarray(zero)
     exposed_dp = np.maximum(dp_comm - overlap * compute * perf.dp_window_fraction(m, z, p, schedule), 0.0)
 
@@ -434,6 +463,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
                         "exposed_dp_comm_s": exposed_dp, "ep_comm_s": ep_comm, "ep_a2a_s": a2a,
                         "moe_imbalance_s": imbalance_s, "moe_recompute_s": moe_recompute_s,
                         "moe_permute_s": permute_s, "moe_epilogue_s": epilogue_s, "moe_traffic_s": traffic_s, "fp8_cast_s": cast_s, "moe_host_s": host_s, "moe_efa_notify_s": notify_s, "moe_rerun_share": rerun, "cp_comm_s": cp_comm,
+                        "etp_comm_s": etp_s,
                         "mtp_last_stage_s": mtp_s,
                         "offload_s": offload_s,
                         "exposed_comm_s": b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s}

@@ -158,14 +158,16 @@ def stage_params(shape: ModelShape, tp: Any, pp: Any, pp_last_layers: Any = None
     return (layers_per_stage * shape.params_per_layer() + ends) / tp + shape.hidden
 
 
-def stage_param_split(shape: ModelShape, tp: Any, pp: Any, ep: Any = 1, pp_last_layers: Any = None) -> tuple[Any, Any]:
+def stage_param_split(shape: ModelShape, tp: Any, pp: Any, ep: Any = 1, pp_last_layers: Any = None,
+                      etp: Any = 1) -> tuple[Any, Any]:
     """(dense, expert) parameters one GPU of the heaviest pipeline stage holds, before
     ZeRO sharding; their sum is :func:`stage_params` when ep = 1 and the stage's layers
     are all MoE layers.
 
     Routed experts are sharded over the ep ranks (experts / ep each) and not over tp:
     the runner's expert parallelism does not combine with tensor parallelism (Megatron's
-    expert tensor-parallel degree 1). The heaviest stage is taken to hold
+    expert tensor-parallel degree 1); with ``etp`` > 1 each is split over etp ranks too
+    (Megatron-Core's expert_tensor_parallel_size). The heaviest stage is taken to hold
     min(ceil(L / p), MoE layers) MoE layers. Everything else (attention, norms, router,
     shared experts, dense MLPs, embedding, head) follows :func:`stage_params`. A dense
     model: (stage_params, 0)."""
@@ -179,13 +181,14 @@ def stage_param_split(shape: ModelShape, tp: Any, pp: Any, ep: Any = 1, pp_last_
     ends = np.where(pp == 1, emb * (1 if shape.tie_embeddings else 2), emb)
     non_expert = shape.params_per_layer() - shape.num_expert_params() / shape.layers  # mean over blocks
     dense = (lps * non_expert + ends) / tp + shape.hidden
-    expert = np.minimum(lps, shape.moe_layers) * per_layer_experts / np.asarray(ep, dtype=float)
+    expert = np.minimum(lps, shape.moe_layers) * per_layer_experts / (np.asarray(ep, dtype=float)
+                                                                       * np.asarray(etp, dtype=float))
     return dense, expert
 
 
 def moe_mlp_extra(shape: ModelShape, tokens: Any, tp: Any, precision: str, load: float = 1.0,
                   modules: tuple[str, ...] = (), te: bool = False, fp8_act_cache: bool = False,
-                  sp: Any = True, clamp_saved: bool = False) -> Any:
+                  sp: Any = True, clamp_saved: bool = False, etp: Any = 1) -> Any:
     """Bytes an MoE block saves for backward beyond a dense block of width ffn_hidden
     (what :func:`layer_activations` counts), for ``tokens`` tokens. Zero for a dense model.
 
@@ -209,7 +212,10 @@ def moe_mlp_extra(shape: ModelShape, tokens: Any, tp: Any, precision: str, load:
     1 byte an element instead of e, for the routed and shared experts. ``clamp_saved``
     (gpt-oss's clamp run unfused, planner/moe.py EPILOGUE_BYTES): the clamp keeps its input,
     the first GEMM's output, while the activation keeps the clamped copy: 2 e F_e a routed
-    row more, unless the activation is recomputed (moe_act, moe)."""
+    row more, unless the activation is recomputed (moe_act, moe). ``etp``: expert tensor
+    parallelism all-gathers the routed rows of its etp ranks before the experts, each of
+    which keeps that etp x the first GEMM's input (the hidden-wide rows) and 1 / etp of
+    the expert's width for etp x the rows: the same."""
     if not shape.is_moe:
         return 0.0 * np.asarray(tokens, dtype=float)
     e = act_bytes(precision)
@@ -226,7 +232,7 @@ def moe_mlp_extra(shape: ModelShape, tokens: Any, tp: Any, precision: str, load:
     # every token, their widths split.
     share = np.where(np.asarray(sp, dtype=bool), t, 1.0)
     clamp = 2.0 * e * act if clamp_saved else 0.0
-    routed = load * shape.top_k * (f * h + (2.0 * g + act * f + clamp) * fe) / share
+    routed = load * shape.top_k * (f * h * np.asarray(etp, dtype=float) + (2.0 * g + act * f + clamp) * fe) / share
     shared = (2.0 * g + act * f) * shape.shared_experts * fe / t
     router = (e + 4.0) * shape.experts / share
     if "moe" in modules:
@@ -568,7 +574,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
                    margin: float = ALLOWANCE_FRACTION, fixed: bool = True, moe: Any = None,
                    pp_last_layers: Any = None, fp8_recipe: str | None = None,
                    pipeline_outputs_freed: bool = False, expert_epilogue: bool = False,
-                   fp8_attention: bool = False) -> dict[str, Any]:
+                   fp8_attention: bool = False, etp: Any = 1) -> dict[str, Any]:
     """Everything one GPU holds at its peak under the planner's production assumptions,
     in bytes; the components add up to ``total_bytes``.
 
@@ -597,6 +603,9 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
       ZeRO group is the expert data-parallel ranks, tp x dp x cp / ep (MoE parallel
       folding: with tp = 1 the data-parallel group / ep); MoE blocks' activations by
       :func:`moe_mlp_extra`, at the busiest rank's load (``moe``: planner/moe.py MoeOptions);
+    - ``etp``: each routed expert split over etp ranks too (:func:`stage_param_split`),
+      their ZeRO group tp x dp x cp / (ep x etp), their input rows gathered etp-fold
+      (:func:`moe_mlp_extra`);
     - ``cp``: each rank holds s / cp tokens of each sequence, so every per-token
       activation is divided by cp; ZeRO shards over dp x cp (the cp ranks hold the same
       weights: torchtitan's FSDP mesh); plus :func:`cp_kv_bytes`;
@@ -649,11 +658,12 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
                 "reserved_bytes": subtotal, "total_bytes": subtotal,
                 "host_bytes": host, "gathered_params_known": largest_layer_params is not None}
     p_arr = np.asarray(pp)
-    dense_p, expert_p = stage_param_split(shape, tp, pp, ep, pp_last_layers)
+    dense_p, expert_p = stage_param_split(shape, tp, pp, ep, pp_last_layers, etp)
     sb = None if precision == "fp32" else state_bytes  # fp32 training keeps fp32 everything
     # Routed experts' ZeRO group: their expert data-parallel ranks, t x dp x cp / ep
     # (MoE parallel folding, planner/moe.py: ep consecutive ranks of the t x dp x cp).
-    egroup = np.maximum(zgroup * np.asarray(tp, dtype=float) / np.asarray(ep, dtype=float), 1.0)
+    egroup = np.maximum(zgroup * np.asarray(tp, dtype=float) / (np.asarray(ep, dtype=float)
+                                                                 * np.asarray(etp, dtype=float)), 1.0)
     states = _add_states(model_states(dense_p, zgroup, zero, precision, sb),
                          model_states(expert_p, egroup, zero, precision, sb))
     states, host = _offloaded(states, offload)
@@ -680,7 +690,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
         full_l = full_l + moe_mlp_extra(shape, tokens, tp, precision, rank_load(mopts, ep), mopts.recompute_modules,
                                         te=te_saved_inputs, fp8_act_cache=mopts.fp8_act_cache, sp=sp,
                                         clamp_saved=expert_epilogue and shape.glu_clamp is not None
-                                        and not mopts.fused_grouped_mlp) \
+                                        and not mopts.fused_grouped_mlp, etp=etp) \
             * np.minimum(lps, shape.moe_layers) / lps
     ck_l = checkpointed_layer(shape, tokens, tp, sp, precision)
     blocks = (lps - ck) * full_l + ck * ck_l
@@ -713,10 +723,10 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     rebuild = np.where((ck > 0) | (rc == OP_SAC), whole_l, 0.0)
     temps = np.where(p_arr == 1, np.maximum(loss_t, rebuild),
                      np.where((first >= last) & (not v), rebuild, np.maximum(loss_t, rebuild)))
-    # One block's weights on this GPU: routed experts / ep, the rest / tp.
+    # One block's weights on this GPU: routed experts / (ep x etp), the rest / tp.
     layer_experts = shape.experts * shape.expert_params() if shape.is_moe else 0.0
     layer_p = (shape.params_per_layer() - shape.num_expert_params() / shape.layers) / t \
-        + layer_experts / np.asarray(ep, dtype=float)
+        + layer_experts / (np.asarray(ep, dtype=float) * np.asarray(etp, dtype=float))
     z3 = np.asarray(zero) >= 3
     # Gathered 16-bit weights; float8 ones under fp8 (torchao's float8 all-gather).
     w_bytes = 1.0 if precision == "fp8" else STATE_BYTES[precision][0]

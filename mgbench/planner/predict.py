@@ -23,7 +23,7 @@ MEMORY_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "model_states_b
 def validate(layout: Layout, shape: ModelShape | None) -> None:
     """One check for every degree: each problem names the degrees and the GPU count."""
     L = layout
-    for name in ("num_gpus", "tp", "pp", "micro_batch", "seq_len", "virtual_stages", "ep", "cp", "replicas"):
+    for name in ("num_gpus", "tp", "pp", "micro_batch", "seq_len", "virtual_stages", "ep", "cp", "replicas", "etp"):
         if getattr(L, name) < 1:
             raise MgbenchError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(L, name)}")
     if L.zero not in (0, 1, 2, 3):
@@ -36,6 +36,9 @@ def validate(layout: Layout, shape: ModelShape | None) -> None:
         raise MgbenchError(why)
     if L.ep > 1 and (shape is None or not shape.is_moe):
         raise MgbenchError(f"--ep {L.ep} shards routed experts: give an MoE model (--model mixtral-8x7b, "
+                           "qwen3-30b-a3b, deepseek-v3, or --experts/--top-k with dims)")
+    if L.etp > 1 and (shape is None or not shape.is_moe):
+        raise MgbenchError(f"--etp {L.etp} splits routed experts: give an MoE model (--model mixtral-8x7b, "
                            "qwen3-30b-a3b, deepseek-v3, or --experts/--top-k with dims)")
     if L.cp > 1 and shape is None:
         raise MgbenchError("--cp splits each sequence's activations: give --model NAME or dims, not --params")
