@@ -188,7 +188,7 @@ def stage_param_split(shape: ModelShape, tp: Any, pp: Any, ep: Any = 1, pp_last_
 
 def moe_mlp_extra(shape: ModelShape, tokens: Any, tp: Any, precision: str, load: float = 1.0,
                   modules: tuple[str, ...] = (), te: bool = False, fp8_act_cache: bool = False,
-                  sp: Any = True, clamp_saved: bool = False, etp: Any = 1) -> Any:
+                  sp: Any = True, clamp_saved: bool = False, etp: Any = 1, eager_saved: bool = False) -> Any:
     """Bytes an MoE block saves for backward beyond a dense block of width ffn_hidden
     (what :func:`layer_activations` counts), for ``tokens`` tokens. Zero for a dense model.
 
@@ -215,7 +215,14 @@ def moe_mlp_extra(shape: ModelShape, tokens: Any, tp: Any, precision: str, load:
     row more, unless the activation is recomputed (moe_act, moe). ``etp``: expert tensor
     parallelism all-gathers the routed rows of its etp ranks before the experts, each of
     which keeps that etp x the first GEMM's input (the hidden-wide rows) and 1 / etp of
-    the expert's width for etp x the rows: the same."""
+    the expert's width for etp x the rows: the same. ``eager_saved`` (torchtitan's MoE layer,
+    data/stacks.toml ``moe_eager_saved``): its unfused SwiGLU keeps the activation's input and
+    output apart, e F_e a routed row more than the fused count (silu saves the gate
+    projection, the product saves silu's output and the up projection), and its combine,
+    the router's scores times the routed outputs as a bmm over an fp32 copy of them, keeps
+    that copy, 4 h a routed row (torchtitan/models/moe/moe.py @781a146c lines 1030-1047 and
+    _run_experts_grouped_mm's unfused path, lines 355-366; the scores-after-experts models,
+    DeepSeek-V3, Qwen3 and gpt-oss's flavours there, set score_before_experts False)."""
     if not shape.is_moe:
         return 0.0 * np.asarray(tokens, dtype=float)
     e = act_bytes(precision)
@@ -232,7 +239,9 @@ def moe_mlp_extra(shape: ModelShape, tokens: Any, tp: Any, precision: str, load:
     # every token, their widths split.
     share = np.where(np.asarray(sp, dtype=bool), t, 1.0)
     clamp = 2.0 * e * act if clamp_saved else 0.0
-    routed = load * shape.top_k * (f * h * np.asarray(etp, dtype=float) + (2.0 * g + act * f + clamp) * fe) / share
+    eager = (act * e * fe + 4.0 * h) if eager_saved else 0.0
+    routed = load * shape.top_k * (f * h * np.asarray(etp, dtype=float) + (2.0 * g + act * f + clamp) * fe
+                                   + eager) / share
     shared = (2.0 * g + act * f) * shape.shared_experts * fe / t
     router = (e + 4.0) * shape.experts / share
     if "moe" in modules:
@@ -574,7 +583,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
                    margin: float = ALLOWANCE_FRACTION, fixed: bool = True, moe: Any = None,
                    pp_last_layers: Any = None, fp8_recipe: str | None = None,
                    pipeline_outputs_freed: bool = False, expert_epilogue: bool = False,
-                   fp8_attention: bool = False, etp: Any = 1) -> dict[str, Any]:
+                   fp8_attention: bool = False, etp: Any = 1, moe_eager_saved: bool = False) -> dict[str, Any]:
     """Everything one GPU holds at its peak under the planner's production assumptions,
     in bytes; the components add up to ``total_bytes``.
 
@@ -690,7 +699,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
         full_l = full_l + moe_mlp_extra(shape, tokens, tp, precision, rank_load(mopts, ep), mopts.recompute_modules,
                                         te=te_saved_inputs, fp8_act_cache=mopts.fp8_act_cache, sp=sp,
                                         clamp_saved=expert_epilogue and shape.glu_clamp is not None
-                                        and not mopts.fused_grouped_mlp, etp=etp) \
+                                        and not mopts.fused_grouped_mlp, etp=etp, eager_saved=moe_eager_saved) \
             * np.minimum(lps, shape.moe_layers) / lps
     ck_l = checkpointed_layer(shape, tokens, tp, sp, precision)
     blocks = (lps - ck) * full_l + ck * ck_l

@@ -621,8 +621,8 @@ def moe_class(shape: Any, options: Any = None, system: str | None = None, ep: An
     nodes, ran far slower than the model prices, DeepEP's most: docs/planner.md);
     "eager-torchtitan" on torchtitan's stack (``stack``: its MoE layer is priced with
     Megatron-Core's host constants, an assumption, and its published runs miss by their own
-    measure), "eager-automodel" on NeMo AutoModel's (its own MoE layer, FSDP2 with DeepEP or
-    all-to-all, priced likewise); else "eager"."""
+    measure), "eager-automodel" on NeMo AutoModel's (either of its stacks: its own MoE layer,
+    FSDP2 with DeepEP or all-to-all, priced likewise); else "eager"."""
     from .hardware import ep_crosses_efa
 
     if not getattr(shape, "is_moe", False):
@@ -636,7 +636,7 @@ def moe_class(shape: Any, options: Any = None, system: str | None = None, ep: An
         return "efa-deepep" if deep else "efa"
     if stack == "torchtitan":
         return "eager-torchtitan"
-    if stack == "automodel":
+    if stack in ("automodel", "automodel-flex"):
         return "eager-automodel"
     return "eager"
 

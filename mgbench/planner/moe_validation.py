@@ -30,7 +30,6 @@ from . import ep_kernels, hardware, moe, perf
 from .memory import stage_layers
 from .splits import SPLITS, alternating
 from .stack import row_state_bytes
-from .stack import stacks as stack_names
 
 # The issue's acceptance (26): mean |error| under 15% and none over 30%, on the fit and the
 # held-out rows alike.
@@ -113,8 +112,6 @@ def check_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             problems.append(f"{r['id']}: {fused}")
         if (attention := fp8_attention_row_problem(r)) is not None:
             problems.append(f"{r['id']}: {attention}")
-        if "framework" in r and r["framework"] not in stack_names():
-            problems.append(f"{r['id']}: framework {r['framework']!r} is not a stack of stacks.toml")
         unpriced = r.get("unpriced_settings")
         if unpriced is not None and (not isinstance(unpriced, dict) or not unpriced
                                      or not all(isinstance(v, str) for v in unpriced.values())):
@@ -207,10 +204,8 @@ def runs() -> list[dict[str, Any]]:
 
 
 def software(row: dict[str, Any]) -> str:
-    """The stack whose MoE layer the run ran, which names its interval class
-    (moe.moe_class): the row's ``framework`` where it is priced on another stack's kernels
-    (NeMo AutoModel's gpt-oss runs, FlexAttention: priced as torchtitan), else its stack."""
-    return str(row.get("framework", row.get("stack", STACK)))
+    """The stack the row is priced on, which names its interval class (moe.moe_class)."""
+    return str(row.get("stack", STACK))
 
 
 def shape_of(row: dict[str, Any]) -> ModelShape:

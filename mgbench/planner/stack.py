@@ -145,7 +145,8 @@ def memory_of(name: str | None, state_bytes: tuple[float, float, float] | None =
             "loss_vocab_parallel": bool(m["loss_vocab_parallel"]),
             "te_saved_inputs": saved == "transformer-engine",
             "pipeline_outputs_freed": bool(m.get("pipeline_outputs_freed", False)),
-            "expert_epilogue": counts_expert_epilogue(name)}
+            "expert_epilogue": counts_expert_epilogue(name),
+            "moe_eager_saved": bool(m.get("moe_eager_saved", False))}
 
 
 # data/stacks.toml expert_epilogue: the implementations whose gpt-oss expert ops are counted.

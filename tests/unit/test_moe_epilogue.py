@@ -230,8 +230,7 @@ def test_priced_for_megatron_core_only_and_its_saved_copy_in_memory():
     from mgbench.planner import stack
 
     assert stack.counts_expert_epilogue("megatron-lm") and not stack.counts_expert_epilogue("torchtitan")
-    row = _row("automodel-h100-gpt-oss-120b-64")
-    assert row["stack"] == "torchtitan"
+    row = {**_row("automodel-h100-gpt-oss-120b-64"), "stack": "torchtitan"}
     res = V.predict_row(row)
     assert float(res["breakdown"]["moe_epilogue_s"]) == 0.0
     assert any("not priced for the torchtitan stack" in n for n in res["notes"])

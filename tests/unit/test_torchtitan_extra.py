@@ -21,9 +21,13 @@ def test_the_solve_sits_at_its_bound_and_is_not_adopted():
     assert not ({r["id"] for r in V.runs() if r["split"] != "fit"} & set(solved["rows"]))
     # The rule's necessary condition holds on every held-out row priced on the stack ...
     assert s["held_out"]["with"] < s["held_out"]["without"]
-    # ... but only through a re-measurement of a fit configuration and the offload row: the others worsen.
+    # ... and, since NeMo AutoModel's two gpt-oss rows left the stack (automodel-flex, the
+    # twenty-first session), on torchtitan's own seven Qwen3 rows too (29.4% -> 25.6%); it stays
+    # unadopted because the solve sits at the grid's top with the fit rows still far off:
+    # the form, one constant a layer pass, does not close them (docs/planner.md).
     assert s["held_out_plain"]["rows"] == s["held_out"]["rows"] - 2
-    assert s["held_out_plain"]["with"] > s["held_out_plain"]["without"]
+    assert s["held_out_plain"]["with"] < s["held_out_plain"]["without"]
+    assert s["fit"]["with"] > 50.0
 
 
 def test_the_term_prices_torchtitan_layers_only_by_hand(monkeypatch):
@@ -61,8 +65,8 @@ def test_torchtitan_and_offloading_runs_take_their_own_intervals():
     res = U.moe_residuals()
     tt = {r["id"] for r in res["eager-torchtitan"]}
     assert "torchtitan-b200-dsv3-9b5-deepep-8gpu" in tt
-    # AutoModel's runs take their own class, the two priced on torchtitan's kernels
-    # (framework = "automodel") with them.
+    # AutoModel's runs take their own class, the two priced with FlexAttention
+    # (automodel-flex) with them.
     am = {r["id"] for r in res["eager-automodel"]}
     assert {"automodel-h100-gpt-oss-20b-8", "automodel-h100-qwen3-30b-a3b-8"} <= am and not am & tt
     assert [r["id"] for r in res["offload"]] == ["torchtitan-b200-mini-kimi-k2-alltoall-8gpu"]

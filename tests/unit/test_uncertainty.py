@@ -134,7 +134,8 @@ def _moe_errors(cls: str) -> list[float]:
             return "graphed"
         if on_efa(r["system"]):
             return "efa" if o.dispatcher == "alltoall" else "efa-deepep"
-        return {"torchtitan": "eager-torchtitan", "automodel": "eager-automodel"}.get(mv.software(r), "eager")
+        return {"torchtitan": "eager-torchtitan", "automodel": "eager-automodel",
+                "automodel-flex": "eager-automodel"}.get(mv.software(r), "eager")
 
     return [s["error_pct"] / 100 for r, s in ((r, mv.score(r)) for r in mv.runs())
             if r["split"] in mv.SPLITS and s["error_pct"] is not None and cls_of(r) == cls]
