@@ -334,6 +334,12 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     rerun = zero_s  # the share of MoE layers whose forward runs again
     traffic_s = zero_s
     load = moe_terms.rank_load(opts, ep) if shape.is_moe else 1.0  # 1 without expert parallelism
+    if shape.is_moe and np.any(np.asarray(etp) > 1) and opts.dedup:
+        # DeepEP / HybridEP send a token to every etp rank of its experts over ep x etp ranks
+        # and run no gather or scatter: another form, not priced.
+        raise MgbenchError(f"--etp with --moe-dispatcher {opts.dispatcher} is not priced (its kernels send to every "
+                           "expert tensor-parallel rank instead of gathering over them); give --moe-dispatcher "
+                           "alltoall, or --etp 1")
     if shape.is_moe:
         linear_scale = (ratio if precision == "fp8" else 1.0) / hw.stack_eff  # the linears' seconds as run
         expert = np.asarray(b.get("expert_gemm_s", zero_s), dtype=float)
@@ -402,7 +408,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     if shape.is_moe:
         a2a = moe_terms.a2a_per_step(shape, hw, tokens=tokens_rank, ep=ep, act_bytes=e, opts=opts,
                                      moe_layers=moe_layers, num_micro=m, moe_rerun_share=rerun,
-                                     across_share=ep_kernels.priced_share(hw, opts))
+                                     across_share=ep_kernels.priced_share(hw, opts), etp=etp)
         ep_comm = moe_terms.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule=schedule, virtual_stages=v,
                                         opts=opts)
         host = moe_terms.host_seconds(shape, ep=ep, moe_layers=moe_layers, num_micro=m, opts=opts, rerun=rerun,

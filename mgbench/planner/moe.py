@@ -341,16 +341,18 @@ def rows_sent(shape: ModelShape, ep: Any, gpus_per_node: int, opts: MoeOptions) 
     return np.where(one, inside, 0.0), np.where(one, across, 0.0)
 
 
-def exchange_seconds(hw: Any, ranks: Any, inside_bytes: Any, across_bytes: Any) -> Any:
+def exchange_seconds(hw: Any, ranks: Any, inside_bytes: Any, across_bytes: Any, per_node: Any = None) -> Any:
     """Seconds of one all-to-all exchange over ``ranks`` consecutive ranks (ep_geometry)
     in which a rank sends ``inside_bytes`` to its node's other GPUs and ``across_bytes`` to
     other nodes: the slower of the two links at its rate (NVLink and the network run at
     once), plus a latency per other GPU of the node and a cost per other node (the link's
     ``a2a_peer_us`` where the catalog solved one, else its latency). The one price of
     an all-to-all: MoE's dispatch and combine (:func:`a2a_seconds`) and nccl-tests'
-    alltoall_perf (:func:`alltoall_seconds`, planner/collective_validation.py) both use it."""
+    alltoall_perf (:func:`alltoall_seconds`, planner/collective_validation.py) both use it.
+    ``per_node``: the group's ranks a node holds where they are not consecutive (an
+    expert-parallel group strided by expert tensor parallelism, :func:`ep_ranks_per_node`)."""
     n = np.asarray(ranks, dtype=float)
-    g, N = ep_geometry(ranks, hw.gpus_per_node)
+    g, N = ep_geometry(ranks, hw.gpus_per_node if per_node is None else per_node)
     wire = np.maximum(np.asarray(inside_bytes, dtype=float) / hw.intra_bw,
                       np.asarray(across_bytes, dtype=float) / hw.inter_bw)
     peer = hw.inter_alpha_s if hw.a2a_peer_s is None else hw.a2a_peer_s
@@ -381,19 +383,28 @@ def alltoall_seconds(hw: Any, ranks: Any, nbytes: Any, share: float | None = Non
     return exchange_seconds(hw, ranks, b * (g - 1.0) / n, b * (n - g) / n)
 
 
+def ep_ranks_per_node(gpus_per_node: int, etp: Any = 1) -> Any:
+    """A node's ranks of one expert-parallel group: Megatron-Core lays the expert tensor-
+    parallel ranks innermost, so an ep group's ranks are etp GPUs apart and a node holds
+    gpus_per_node / etp of them (at least one)."""
+    return np.maximum(float(gpus_per_node) / np.asarray(etp, dtype=float), 1.0)
+
+
 def a2a_seconds(shape: ModelShape, hw: Any, *, tokens: Any, ep: Any, elem_bytes: float, opts: MoeOptions,
-                across_share: float = 1.0) -> Any:
+                across_share: float = 1.0, etp: Any = 1) -> Any:
     """Seconds of one dispatch (or combine) of ``tokens`` tokens a rank, each element
     ``elem_bytes`` bytes, at the busiest receiver's load; Megatron-Core's all-to-all
     dispatcher runs NCCL's all-to-all (:func:`nccl_all_to_all_share` of the links' rates),
     DeepEP and HybridEP their own kernels at the links' rates, the bytes across nodes at
     ``across_share`` of the network's (a named backend's over EFA:
-    ep_kernels.priced_share)."""
-    inside, across = rows_sent(shape, ep, hw.gpus_per_node, opts)
+    ep_kernels.priced_share); ``etp``: the group's ranks strided by expert tensor
+    parallelism (:func:`ep_ranks_per_node`)."""
+    per_node = ep_ranks_per_node(hw.gpus_per_node, etp)
+    inside, across = rows_sent(shape, ep, per_node, opts)
     row = np.asarray(tokens, dtype=float) * shape.hidden * elem_bytes * opts.load
     if opts.dispatcher == "alltoall":  # NCCL's all-to-all
         row = row / nccl_all_to_all_share()
-    return exchange_seconds(hw, ep, row * inside, row * across / across_share)
+    return exchange_seconds(hw, ep, row * inside, row * across / across_share, per_node=per_node)
 
 
 def dispatch_bytes(opts: MoeOptions, act_bytes: float) -> float:
@@ -402,15 +413,17 @@ def dispatch_bytes(opts: MoeOptions, act_bytes: float) -> float:
 
 
 def a2a_per_step(shape: ModelShape, hw: Any, *, tokens: Any, ep: Any, act_bytes: float, opts: MoeOptions,
-                 moe_layers: Any, num_micro: Any, moe_rerun_share: Any, across_share: float = 1.0) -> Any:
+                 moe_layers: Any, num_micro: Any, moe_rerun_share: Any, across_share: float = 1.0,
+                 etp: Any = 1) -> Any:
     """Seconds of every expert-parallel all-to-all of a step on one rank: per MoE layer of
     its stage and micro-batch, dispatch and combine forward (dispatch dtype, activation
     dtype), their backward (likewise: combine's backward dispatches, dispatch's combines),
     and a forward pair again for the ``moe_rerun_share`` of MoE layers recomputed
     (``across_share``: :func:`a2a_seconds`)."""
     d = a2a_seconds(shape, hw, tokens=tokens, ep=ep, elem_bytes=dispatch_bytes(opts, act_bytes), opts=opts,
-                    across_share=across_share)
-    c = a2a_seconds(shape, hw, tokens=tokens, ep=ep, elem_bytes=act_bytes, opts=opts, across_share=across_share)
+                    across_share=across_share, etp=etp)
+    c = a2a_seconds(shape, hw, tokens=tokens, ep=ep, elem_bytes=act_bytes, opts=opts, across_share=across_share,
+                    etp=etp)
     pairs = 2.0 + np.asarray(moe_rerun_share, dtype=float)
     return pairs * (d + c) * np.asarray(moe_layers, dtype=float) * np.asarray(num_micro, dtype=float)
 

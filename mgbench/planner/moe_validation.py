@@ -679,7 +679,7 @@ def model_record_note(shape: ModelShape, cuda_graphs: bool | None = None, efa: b
 # moe.options_of, which carry a row's dispatcher_backend as moe.backend): what it
 # prices. Rows that differ only in who measured them, or when,
 # are one configuration measured again.
-CONFIG_FIELDS = ("system", "model", "model_overrides", "seq", "num_gpus", "tp", "pp", "cp", "ep", "schedule",
+CONFIG_FIELDS = ("system", "model", "model_overrides", "seq", "num_gpus", "tp", "pp", "cp", "ep", "etp", "schedule",
                  "virtual_stages", "pp_last_layers", "micro_batch", "global_batch", "zero", "recompute",
                  "precision", "fp8_recipe", "fp8_attention", "stack", "sequence_parallel", "offload")
 

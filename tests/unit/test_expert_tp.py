@@ -10,7 +10,6 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from mgbench import catalog
 from mgbench.cli import main
 from mgbench.errors import MgbenchError
 from mgbench.layout import Layout
@@ -138,5 +137,30 @@ def test_the_published_rows_that_state_it_carry_it():
     assert all(Layout.from_published(r).etp == 4 for r in rows)
     # priced as they ran, each fits its GPU (the published-layout check, test_published_fits.py)
     assert all(V.score(r)["fits"] for r in rows)
-    assert resolve_system("gb200-nvl72").memory_bytes > 0
-    assert catalog.model_shape("mixtral-8x7b").experts == 8
+    # and rows differing in etp alone are two configurations, not a re-measurement
+    assert V.configuration(rows[0]) != V.configuration({**rows[0], "etp": 1})
+
+
+def test_an_ep_group_strided_by_etp_crosses_nodes_sooner():
+    # Megatron-Core lays the expert tensor-parallel ranks innermost: with ep 8 and etp 4 on
+    # 8-GPU nodes an ep group holds 2 ranks a node over 4 nodes, so of a token's 2 rows
+    # (top-2 over 8 ranks) 2 x 1/8 stay in the node and 2 x 6/8 cross it; with etp 1 all 8
+    # ranks share one node.
+    from mgbench.planner import moe
+
+    hw = resolve_system("dgx-h100")
+    assert float(moe.ep_ranks_per_node(8, 4)) == 2.0 and float(moe.ep_ranks_per_node(8, 16)) == 1.0
+    inside, across = moe.rows_sent(GROK, 8, moe.ep_ranks_per_node(8, 4), moe.MoeOptions())
+    assert (float(inside), float(across)) == pytest.approx((2 * 1 / 8, 2 * 6 / 8))
+    kw = dict(tokens=2048.0, ep=8, elem_bytes=2.0, opts=moe.MoeOptions())
+    one = float(moe.a2a_seconds(GROK, hw, **kw))
+    four = float(moe.a2a_seconds(GROK, hw, **kw, etp=4))
+    assert four > 3 * one  # the network, not NVLink, now carries most of it
+
+
+def test_deepep_with_etp_is_refused_not_priced_in_the_gather_form():
+    hw = resolve(precision="bf16", system="dgx-h100")
+    from mgbench.planner import moe
+
+    with pytest.raises(MgbenchError, match="--etp with --moe-dispatcher deepep is not priced"):
+        predict(GROK, hw, _layout(num_gpus=512, global_batch=1024, etp=4), moe=moe.MoeOptions(dispatcher="deepep"))
