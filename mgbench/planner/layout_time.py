@@ -90,8 +90,8 @@ from . import perf
 from .hardware import GB, Hardware
 from .hardware import FP8_ATTENTION_BF16, fp8_attention_gpus
 from .hardware import fp8_attention_points as hardware_fp8_attention_points
-from .memory import (VIRTUAL_SCHEDULES, act_bytes, attention_recomputed_share, recomputed_share, stage_layers,
-                     stage_param_split)
+from .memory import (VIRTUAL_SCHEDULES, act_bytes, attention_recomputed_share, expert_ranks, recomputed_share,
+                     stage_layers, stage_param_split)
 from .stack import counts_expert_epilogue
 from .stack import fp8_recipe as recipe_of
 
@@ -427,7 +427,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     dpc = d * c
     # Expert tensor parallelism: an expert's ranks are ep x etp of the t x dp x cp, so its
     # data-parallel group is etp times smaller (dp_comm_s prices it from the product).
-    dp_comm = dp_comm_s(hw, dense=dense_p, expert=expert_p, tp=t, dpc=dpc, ep=np.asarray(ep) * np.asarray(etp),
+    dp_comm = dp_comm_s(hw, dense=dense_p, expert=expert_p, tp=t, dpc=dpc, ep=expert_ranks(ep, etp),
                         replicas=replicas, zero=zero, num_micro=m, precision=precision, pp=p, schedule=schedule)
     z = np.asarray(zero)
     exposed_dp = np.maximum(dp_comm - overlap * compute * perf.dp_window_fraction(m, z, p, schedule), 0.0)

@@ -158,6 +158,20 @@ def stage_params(shape: ModelShape, tp: Any, pp: Any, pp_last_layers: Any = None
     return (layers_per_stage * shape.params_per_layer() + ends) / tp + shape.hidden
 
 
+def held_state_bytes(precision: str, state_bytes: tuple[float, float, float]) -> tuple[float, float, float]:
+    """The bytes a parameter a run holds its weights, gradients and optimizer states at:
+    fp32 training keeps fp32 everything (STATE_BYTES["fp32"]), else ``state_bytes`` (the
+    run's, or its stack's: stack.memory_of)."""
+    return tuple(float(x) for x in (STATE_BYTES["fp32"] if precision == "fp32" else state_bytes))
+
+
+def expert_ranks(ep: Any, etp: Any = 1) -> Any:
+    """The ranks one copy of a layer's routed experts is split over: ep of them each
+    holding experts / ep, each of those split etp ways (Megatron-Core's expert tensor
+    parallelism)."""
+    return np.asarray(ep, dtype=float) * np.asarray(etp, dtype=float)
+
+
 def stage_param_split(shape: ModelShape, tp: Any, pp: Any, ep: Any = 1, pp_last_layers: Any = None,
                       etp: Any = 1) -> tuple[Any, Any]:
     """(dense, expert) parameters one GPU of the heaviest pipeline stage holds, before
@@ -181,8 +195,7 @@ def stage_param_split(shape: ModelShape, tp: Any, pp: Any, ep: Any = 1, pp_last_
     ends = np.where(pp == 1, emb * (1 if shape.tie_embeddings else 2), emb)
     non_expert = shape.params_per_layer() - shape.num_expert_params() / shape.layers  # mean over blocks
     dense = (lps * non_expert + ends) / tp + shape.hidden
-    expert = np.minimum(lps, shape.moe_layers) * per_layer_experts / (np.asarray(ep, dtype=float)
-                                                                       * np.asarray(etp, dtype=float))
+    expert = np.minimum(lps, shape.moe_layers) * per_layer_experts / expert_ranks(ep, etp)
     return dense, expert
 
 
@@ -671,8 +684,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     sb = None if precision == "fp32" else state_bytes  # fp32 training keeps fp32 everything
     # Routed experts' ZeRO group: their expert data-parallel ranks, t x dp x cp / ep
     # (MoE parallel folding, planner/moe.py: ep consecutive ranks of the t x dp x cp).
-    egroup = np.maximum(zgroup * np.asarray(tp, dtype=float) / (np.asarray(ep, dtype=float)
-                                                                 * np.asarray(etp, dtype=float)), 1.0)
+    egroup = np.maximum(zgroup * np.asarray(tp, dtype=float) / expert_ranks(ep, etp), 1.0)
     states = _add_states(model_states(dense_p, zgroup, zero, precision, sb),
                          model_states(expert_p, egroup, zero, precision, sb))
     states, host = _offloaded(states, offload)
@@ -735,7 +747,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
     # One block's weights on this GPU: routed experts / (ep x etp), the rest / tp.
     layer_experts = shape.experts * shape.expert_params() if shape.is_moe else 0.0
     layer_p = (shape.params_per_layer() - shape.num_expert_params() / shape.layers) / t \
-        + layer_experts / (np.asarray(ep, dtype=float) * np.asarray(etp, dtype=float))
+        + layer_experts / expert_ranks(ep, etp)
     z3 = np.asarray(zero) >= 3
     # Gathered 16-bit weights; float8 ones under fp8 (torchao's float8 all-gather).
     w_bytes = 1.0 if precision == "fp8" else STATE_BYTES[precision][0]

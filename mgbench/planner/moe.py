@@ -386,8 +386,8 @@ def alltoall_seconds(hw: Any, ranks: Any, nbytes: Any, share: float | None = Non
 def ep_ranks_per_node(gpus_per_node: int, etp: Any = 1) -> Any:
     """A node's ranks of one expert-parallel group: Megatron-Core lays the expert tensor-
     parallel ranks innermost, so an ep group's ranks are etp GPUs apart and a node holds
-    gpus_per_node / etp of them (at least one)."""
-    return np.maximum(float(gpus_per_node) / np.asarray(etp, dtype=float), 1.0)
+    gpus_per_node / etp of them (whole ranks; at least one)."""
+    return np.maximum(np.floor(float(gpus_per_node) / np.asarray(etp, dtype=float)), 1.0)
 
 
 def a2a_seconds(shape: ModelShape, hw: Any, *, tokens: Any, ep: Any, elem_bytes: float, opts: MoeOptions,

@@ -203,8 +203,9 @@ def runs() -> list[dict[str, Any]]:
     return list(_checked())
 
 
-def software(row: dict[str, Any]) -> str:
-    """The stack the row is priced on, which names its interval class (moe.moe_class)."""
+def stack_of(row: dict[str, Any]) -> str:
+    """The stack the row is priced on (STACK where it names none), which also names its
+    interval class (moe.moe_class)."""
     return str(row.get("stack", STACK))
 
 
@@ -223,7 +224,7 @@ def predict_row(row: dict[str, Any], options: moe.MoeOptions | None = None) -> d
     from .predict import predict
     from .resolve import resolve
 
-    hw = resolve(precision=row["precision"], system=row["system"], stack=row.get("stack", STACK))
+    hw = resolve(precision=row["precision"], system=row["system"], stack=stack_of(row))
     return predict(shape_of(row), hw, Layout.from_published(row), moe=options or moe.options_of(row),
                    state_bytes=row_state_bytes(row))
 
@@ -276,7 +277,7 @@ def host_fit_rows() -> list[dict[str, Any]]:
     # accelerator_runs.toml's split labels (accelerator_validation checks them against its
     # rule; it imports this module, so the file is read here)
     held = {r["id"] for r in catalog.load("accelerator_runs.toml")["runs"] if r["split"] == "held_out"}
-    return [r for r in runs() if r["split"] == "fit" and r["id"] not in held and r.get("stack", STACK) == STACK
+    return [r for r in runs() if r["split"] == "fit" and r["id"] not in held and stack_of(r) == STACK
             and not hardware.ep_crosses_efa(r["system"], r["ep"])]
 
 
@@ -364,7 +365,7 @@ def implied_host_report(rows: list[dict[str, Any]] | None = None) -> str:
 def torchtitan_rows(split: str) -> list[dict[str, Any]]:
     """The eager torchtitan rows of ``split`` (the ones ``torchtitan_extra_ms`` prices in
     full; a graphed one would pay the graphed share of it)."""
-    return [r for r in runs() if r["split"] == split and r.get("stack") == "torchtitan"
+    return [r for r in runs() if r["split"] == split and stack_of(r) == "torchtitan"
             and not moe.options_of(r).cuda_graphs]
 
 
@@ -803,7 +804,7 @@ def fabric_line(scored: list[dict[str, Any]], rows: list[dict[str, Any]] | None 
     def kind(s: dict[str, Any]) -> str:
         r = by_id[s["id"]]
         return str(moe.moe_class(shape_of(r), moe.options_of(r), r["system"], r["ep"], offload=bool(r.get("offload")),
-                                 stack=software(r)))
+                                 stack=stack_of(r)))
 
     efa = ("efa", "efa-deepep")
     parts = []

@@ -9,7 +9,7 @@ from ..layout import RECOMPUTE, RUNNER_RECOMPUTE, Layout
 from ..model_shape import ModelShape
 from . import layout_rules, layout_time, perf
 from .hardware import Hardware
-from .memory import SCHEDULES, STATE_BYTES, memory_per_gpu
+from .memory import SCHEDULES, STATE_BYTES, held_state_bytes, memory_per_gpu
 
 # --state-bytes under fp32: fp32 training keeps every state in fp32 (memory.STATE_BYTES).
 FP32_STATE_BYTES = ("--state-bytes sets a 16-bit recipe's bytes a parameter; --precision fp32 keeps weights, gradients "
@@ -117,7 +117,7 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
                         "give --largest-layer-params N (DeepSpeed's estimator takes the same)"]
     out["layout"] = layout.as_dict()
     # The bytes a parameter the states were counted at (fp32 training: fp32 everything).
-    out["state_bytes"] = list(STATE_BYTES["fp32"] if layout.precision == "fp32" else kw["state_bytes"])
+    out["state_bytes"] = list(held_state_bytes(layout.precision, kw["state_bytes"]))
     out["stack"] = stack or "megatron-lm (default)"
     return out
 
@@ -136,9 +136,8 @@ def predict(shape: ModelShape, hw: Hardware, layout: Layout, overlap: float = pe
     from .stack import memory_of
 
     validate(layout, shape)
-    # The offloaded shard's bytes a weight: the run's (fp32 training: fp32 everything).
-    weight_bytes = float((STATE_BYTES["fp32"] if layout.precision == "fp32"
-                          else memory_of(hw.stack, state_bytes)["state_bytes"])[0])
+    # The offloaded shard's bytes a weight: the run's as it holds them.
+    weight_bytes = held_state_bytes(layout.precision, memory_of(hw.stack, state_bytes)["state_bytes"])[0]
     out = layout_time.step_time(shape, hw, global_batch=layout.batch, overlap=overlap, host_ops=host_ops,
                                 moe=moe, offload_weight_bytes=weight_bytes, **layout.model_kwargs())
     notes = out.pop("notes")

@@ -27,7 +27,8 @@ from . import cost, decision, hardware, layout_rules, layout_time, ownership, pe
 from .predict import FP32_STATE_BYTES, model_notes
 from .uncertainty import NO_MOE_RUN
 from .moe import MoeOptions, moe_class
-from .memory import ALLOWANCE_FRACTION, SCHEDULES, STATE_BYTES, check_margin, memory_per_gpu
+from .memory import (ALLOWANCE_FRACTION, SCHEDULES, STATE_BYTES, check_margin, held_state_bytes,
+                     memory_per_gpu)
 from ..probe.profile import STACK as profile_stack
 from ..probe.profile import holds_cuda_context
 from .perf import FP8_RECIPES
@@ -481,15 +482,15 @@ def evidence_of(reg: dict[str, Any]) -> str:
 
 
 def ranking_factor(hw: hardware.Hardware, opts: PlanOptions, pipelined: np.ndarray,
-                   shape: ModelShape, ep: np.ndarray, offload: np.ndarray | None = None) -> tuple[np.ndarray, str]:
+                   shape: ModelShape, ep: np.ndarray, offload: np.ndarray) -> tuple[np.ndarray, str]:
     """Per candidate, the step-time factor the ranking applies, and the evidence: 1 where
     the accelerator's efficiency was measured (on it, or on this machine by a probe or a
     calibration); else 1 + the upper half-width of its interval (uncertainty.regime), so
     that an accelerator nothing measured is ranked on the pessimistic end and cannot win
     on an assumed efficiency. A candidate's MoE class depends on its expert-parallel
     degree ``ep`` (moe.moe_class: across AWS EFA nodes or not) and on whether it offloads
-    (``offload``, None: none does; an offloading MoE run is a class of its own), as the
-    interval plan prints for it does."""
+    (``offload``: an offloading MoE run is a class of its own), as the interval plan prints
+    for it does."""
     from . import uncertainty
 
     out = np.ones(np.shape(pipelined))
@@ -497,8 +498,7 @@ def ranking_factor(hw: hardware.Hardware, opts: PlanOptions, pipelined: np.ndarr
         return out, "measured"
     evidence = "measured"
     ep = np.broadcast_to(np.asarray(ep), np.shape(pipelined))
-    off = np.broadcast_to(np.zeros(1, dtype=bool) if offload is None else np.asarray(offload, dtype=bool),
-                          np.shape(pipelined))
+    off = np.broadcast_to(np.asarray(offload, dtype=bool), np.shape(pipelined))
     for pipe in (False, True):
         for e in np.unique(ep):
             for o in np.unique(off):
@@ -565,8 +565,8 @@ def _evaluate_rows(shape: ModelShape, hw: hardware.Hardware, opts: PlanOptions, 
     fits = mem["total_bytes"] <= hw.memory_bytes
     kept = cand.take(fits)
     out = layout_time.step_time(shape, hw, global_batch=B, overlap=overlap, moe=opts.moe,
-                                offload_weight_bytes=float((STATE_BYTES["fp32"] if opts.precision == "fp32"
-                                                            else held["state_bytes"])[0]), **kept.model_kwargs())
+                                offload_weight_bytes=held_state_bytes(opts.precision, held["state_bytes"])[0],
+                                **kept.model_kwargs())
     return {**{k: a[fits] for k, a in rows.items()}, "offload": np.full(fits.sum(), offload),
             "memory_per_gpu_bytes": mem["total_bytes"][fits],
             "host_memory_per_gpu_bytes": np.broadcast_to(mem["host_bytes"], fits.shape)[fits],

@@ -129,7 +129,7 @@ def moe_residuals() -> dict[str, list[dict[str, Any]]]:
         if s["error_pct"] is None:
             continue
         cls = moe_class(moe_validation.shape_of(row), moe.options_of(row), row["system"], row["ep"],
-                        offload=bool(row.get("offload")), stack=moe_validation.software(row))
+                        offload=bool(row.get("offload")), stack=moe_validation.stack_of(row))
         out[cls].append({"id": row["id"], "split": row["split"], "gpu": hardware.resolve(system=row["system"]).gpu,
                          "error": s["error_pct"] / 100.0})
     return out

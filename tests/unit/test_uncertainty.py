@@ -135,7 +135,7 @@ def _moe_errors(cls: str) -> list[float]:
         if on_efa(r["system"]):
             return "efa" if o.dispatcher == "alltoall" else "efa-deepep"
         return {"torchtitan": "eager-torchtitan", "automodel": "eager-automodel",
-                "automodel-flex": "eager-automodel"}.get(mv.software(r), "eager")
+                "automodel-flex": "eager-automodel"}.get(mv.stack_of(r), "eager")
 
     return [s["error_pct"] / 100 for r, s in ((r, mv.score(r)) for r in mv.runs())
             if r["split"] in mv.SPLITS and s["error_pct"] is not None and cls_of(r) == cls]
@@ -396,12 +396,13 @@ def test_an_moe_model_on_a_gpu_without_moe_runs_ranks_on_its_slow_end(monkeypatc
     reg = U.regime("mi300x", False, moe="eager")
     assert reg["regime"] == "moe-carried" and evidence_of(reg) == U.NO_MOE_RUN
     hw = hardware.resolve(system="mi300x-8", precision="bf16")
-    factor, evidence = ranking_factor(hw, PlanOptions(tokens=1e12), np.array([False, True]), shape, np.array([8, 8]))
+    factor, evidence = ranking_factor(hw, PlanOptions(tokens=1e12), np.array([False, True]), shape, np.array([8, 8]),
+                                      False)
     assert evidence == U.NO_MOE_RUN
     assert factor[0] == pytest.approx(1 + reg["high"]) and factor[1] == pytest.approx(1 + U.regime("mi300x", True, moe="eager")["high"])
     # the same GPU for a dense model ranks on its point estimate
     assert ranking_factor(hw, PlanOptions(tokens=1e12), np.array([False]), catalog.model_shape("llama3-8b"),
-                          np.array([1]))[0][0] == 1.0
+                          np.array([1]), False)[0][0] == 1.0
     # Negative control: give it one published MoE row and it is measured again.
     rows = U.moe_residuals()
     fake = {k: list(v) for k, v in rows.items()}
@@ -486,7 +487,7 @@ def test_plan_ranks_each_candidate_by_its_own_moe_class(monkeypatch):
                               systems=["aws-p6-b200"], moe=MoeOptions(dispatcher="deepep"))
     factor, evidence = search.ranking_factor(hardware.resolve(system="aws-p6-b200"), opts,
                                              np.array([False, True, False]), catalog.model_shape("qwen3-30b-a3b"),
-                                             np.array([8, 8, 16]))
+                                             np.array([8, 8, 16]), False)
     assert evidence == "assumed" and list(factor) == [1.5, 1.5, 4.0]
 
 
@@ -507,4 +508,4 @@ def test_plan_ranks_an_offloading_moe_candidate_by_the_offload_class(monkeypatch
             np.array([8, 8]))
     factor, evidence = search.ranking_factor(*args, np.array([False, True]))
     assert evidence == "assumed" and list(factor) == [1.5, 12.0]
-    assert list(search.ranking_factor(*args)[0]) == [1.5, 1.5]  # no offload given: none offloads
+    assert list(search.ranking_factor(*args, False)[0]) == [1.5, 1.5]  # none offloads
