@@ -1,17 +1,14 @@
 """The console examples of the pages test_docs.py leaves to this module (SPLIT_PAGES): run
 apart so that pytest-xdist's loadfile can give them to the other worker."""
 
-import pytest
+from pathlib import Path
 
-from tests.unit.test_docs import SPLIT_PAGES, pages, run_examples
+from tests.unit.test_docs import SPLIT_PAGES, pages, split_examples_test
 
-
-@pytest.mark.parametrize("page", [p for p in pages() if p.name in SPLIT_PAGES], ids=lambda p: p.name)
-def test_split_examples_run(page, tmp_path):
-    assert page.name in SPLIT_PAGES
-    run_examples(page, tmp_path)
+test_split_examples_run = split_examples_test(__name__)
 
 
-def test_every_split_page_exists():
-    # a renamed page would otherwise drop out of both modules silently
+def test_every_split_page_exists_and_has_its_module():
+    # a renamed page or module would otherwise drop out of every module silently
     assert set(SPLIT_PAGES) <= {p.name for p in pages()}
+    assert all((Path(__file__).parent / f"{m}.py").exists() for m in SPLIT_PAGES.values())
