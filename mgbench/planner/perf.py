@@ -162,7 +162,8 @@ def zero3_gathers(num_micro: Any, pp: Any = 1, schedule: str = "1f1b") -> Any:
 
 
 def collective_counts(layers: int, tp: Any, pp: Any, dp: Any, zero: Any, num_micro: Any, recompute: Any,
-                      schedule: str = "1f1b", pp_last_layers: Any = None) -> dict[str, Any]:
+                      schedule: str = "1f1b", pp_last_layers: Any = None,
+                      shape: ModelShape | None = None) -> dict[str, Any]:
     """Collectives a step issues in these terms, per group (0 where its degree is 1); the
     one statement of them, which :func:`compute_terms` and layout_time.step_time price
     and planner/against.py counts:
@@ -170,7 +171,9 @@ def collective_counts(layers: int, tp: Any, pp: Any, dp: Any, zero: Any, num_mic
     tp  4 all-reduces per layer per micro-batch (2 forward, 2 backward), 2 more per
         recomputed block (memory.recomputed_blocks: all under full, every second under
         every_2nd), over a stage's ceil(L / p) layers (the first stage's share where
-        the run sets its last stage's: memory.stage_layers)
+        the run sets its last stage's: memory.stage_layers); half of them, attention's,
+        on a layer whose MLP runs no tensor-parallel collective (:func:`tp_mlp_layers`,
+        from ``shape``: an MoE layer without shared experts)
     pp  one send forward and one backward per micro-batch and stage boundary, on the
         critical path (m + p - 1) times
     dp  one gradient all-reduce (ZeRO 0-2: ZeRO-2's reduce-scatter and all-gather move
@@ -179,10 +182,31 @@ def collective_counts(layers: int, tp: Any, pp: Any, dp: Any, zero: Any, num_mic
     t, p, d = (np.asarray(x, dtype=float) for x in (tp, pp, dp))
     m = np.asarray(num_micro, dtype=float)
     stage = memory_stage_layers(layers, p, pp_last_layers)[0]
-    per_layer = 4.0 + 2.0 * recomputed_share(stage, recompute)  # a recomputed block's forward all-reduces again
-    return {"tp": np.where(t > 1, per_layer * stage * m, 0.0),
+    # Attention's and the MLP's two each (one forward, one backward; a recomputed block's
+    # forward runs its own again), the MLP's on the layers whose MLP has them.
+    per_half = 2.0 + recomputed_share(stage, recompute)
+    mlp = stage if shape is None else tp_mlp_layers(shape, stage)
+    return {"tp": np.where(t > 1, per_half * (stage + mlp) * m, 0.0),
             "pp": np.where(p > 1, 2.0 * (m + p - 1.0), 0.0),
             "dp": np.where(d > 1, np.where(np.asarray(zero) >= 3, zero3_gathers(m, p, schedule) + 1.0, 1.0), 0.0)}
+
+
+def tp_mlp_layers(shape: ModelShape, stage: Any) -> Any:
+    """Of a first pipeline stage's ``stage`` blocks, those whose MLP runs tensor-parallel
+    collectives (an all-gather in, a reduce-scatter out under sequence parallelism: an
+    all-reduce's bytes each way): every dense block, and an MoE block only where it has
+    shared experts. Megatron-Core's MoE layer, which tensor parallelism requires to run
+    with sequence parallelism (core_v0.14.0 megatron/core/transformer/moe/moe_layer.py
+    lines 258-262), routes the stage's own sequence shard over the expert-parallel group:
+    its dispatcher gathers over the expert tensor-parallel group only (token_dispatcher.py
+    lines 650-661: ``self.tp_size`` is the etp degree; priced apart, layout_time.etp_comm_s),
+    and the shared experts gather and reduce-scatter over the tensor-parallel ranks as a
+    dense MLP does (shared_experts.py lines 159-160, 238-239). The dense blocks lead the
+    model, so a first stage holds them first."""
+    s = np.asarray(stage, dtype=float)
+    if not shape.is_moe or shape.shared_experts:
+        return s
+    return np.minimum(float(shape.dense_layers), s)
 
 
 def bubble_fraction(pp: Any, num_micro: Any, schedule: str, virtual_stages: int) -> Any:
@@ -722,7 +746,7 @@ def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: An
     spread = (blocks_mm - block_loss + attention) / hw.stack_eff
 
     act = s * b * shape.hidden * act_bytes(precision)
-    counts = collective_counts(shape.layers, t, p, d, 0, m, rc, pp_last_layers=pp_last_layers)
+    counts = collective_counts(shape.layers, t, p, d, 0, m, rc, pp_last_layers=pp_last_layers, shape=shape)
     tp_comm = counts["tp"] * group_collective_time(act, t, t, hw, 2.0)
     # Pipeline neighbours are t * d ranks apart: same node only if that fits in one.
     pp_bw, pp_alpha = _group_link(t * d + 1, hw)

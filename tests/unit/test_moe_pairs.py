@@ -44,7 +44,8 @@ def test_the_published_pairs_are_found_with_their_ratios():
     assert d["knob"] == "moe.dispatcher" and not d["same_source"]
     assert d["a"] == "mbridge-26.04-b200-gpt-oss-120b-bf16-ep8-hybridep"  # oriented: published ratio >= 1
     assert d["published_ratio"] == pytest.approx(13568 / 13045)
-    assert d["predicted_ratio"] < 1 - 0.09 and d["verdict"] == "too large"  # 0.904 since the host re-solve of the 21st session
+    # 0.904 since the host re-solve of the 21st session; 0.913 since the 22nd's (HybridEP 1.15 -> 1.5 ms)
+    assert d["predicted_ratio"] < 1 - 0.08 and d["verdict"] == "too large"
     # precision and its FP8 recipe are one knob
     f = _pair(found, "mlm-recipes-h100-qwen3-30b-a3b-fp8-32gpu", "mlm-recipes-h100-qwen3-30b-a3b-bf16-32gpu")
     assert f["knob"] == "precision" and f["published_ratio"] == pytest.approx(10177 / 10103, rel=1e-3)

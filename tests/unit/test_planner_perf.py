@@ -386,3 +386,30 @@ def test_the_balanced_split_never_gives_a_last_stage_more_than_the_layout_rule_a
     assert float(max_last_layers(11, 4, 2)) == 1
     k = float(perf.balanced_last_layers(shape, 4096, np.array([4]))[0])
     assert np.isnan(k)
+
+
+def test_an_moe_layer_without_shared_experts_runs_attentions_tensor_parallel_collectives_only():
+    # Megatron-Core's MoE layer routes the stage's sequence shard over the expert-parallel
+    # group (tensor parallelism with MoE needs sequence parallelism), so with expert TP 1 its
+    # MLP runs no tensor-parallel gather or reduce-scatter; attention's two a block stay, and a
+    # dense leading block or a shared expert keeps the MLP's two. Hand count, 8 micro-batches
+    # of a 12-block stage, no recompute: 4 x 12 x 8 dense.
+    qwen = catalog.model_shape("qwen3-235b-a22b")  # 94 MoE blocks, no shared expert
+    dsv3 = catalog.model_shape("deepseek-v3")  # 3 dense blocks, then MoE with one shared expert
+    assert qwen.shared_experts == 0 and qwen.dense_layers == 0 and dsv3.shared_experts == 1
+    dense = float(perf.collective_counts(96, 8, 8, 1, 0, 8, 0)["tp"])
+    assert dense == 4 * 12 * 8
+    assert float(perf.collective_counts(96, 8, 8, 1, 0, 8, 0, shape=qwen)["tp"]) == 2 * 12 * 8
+    assert float(perf.collective_counts(96, 8, 8, 1, 0, 8, 0, shape=dsv3)["tp"]) == dense
+    no_shared = dataclasses.replace(dsv3, shared_experts=0)
+    # The first stage's 3 dense blocks keep 4 each, its 9 MoE blocks 2.
+    assert float(perf.collective_counts(96, 8, 8, 1, 0, 8, 0, shape=no_shared)["tp"]) == (3 * 4 + 9 * 2) * 8
+    # Full recompute runs each block's forward collectives again: 3 a dense block, 1 an MoE one.
+    full = RECOMPUTE.index("full")
+    assert float(perf.collective_counts(96, 8, 8, 1, 0, 8, full, shape=qwen)["tp"]) == 3 * 12 * 8
+    # and the step prices it: the run's tensor-parallel time is half what a shared expert makes it.
+    hw = hardware.resolve("dgx-b200")
+    kw = dict(seq=4096, global_batch=64, micro_batch=1, tp=8, pp=1, dp=8, recompute=0)
+    moe_t = perf.compute_terms(qwen, hw, **kw)["tp_comm_s"]
+    with_shared = perf.compute_terms(dataclasses.replace(qwen, shared_experts=1), hw, **kw)["tp_comm_s"]
+    assert float(moe_t) > 0 and float(moe_t) == pytest.approx(float(with_shared) / 2)
