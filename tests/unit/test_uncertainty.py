@@ -182,10 +182,11 @@ def test_moe_interval_is_the_published_moe_runs_of_its_class():
     # The twenty-second session stopped charging MoE layers without shared experts a dense
     # MLP's tensor-parallel all-reduces (perf.tp_mlp_layers) and re-solved the constants
     # (graphed_share 1.0 -> 0.98): eager 0.292 / 0.530 -> 0.282 / 0.526, graphed 0.263 /
-    # 0.361 -> 0.281 / 0.326.
+    # 0.361 -> 0.281 / 0.326; the same session's three 25.09 Qwen3-235B rows without the
+    # expert all-to-all overlap their tag does not set: eager low 0.282 -> 0.297.
     assert len(eager) == 68 and len(graphed) == 57
     e = U.regime("b200", True, moe="eager")
-    assert (e["low"], e["high"]) == (pytest.approx(0.282, abs=0.002), pytest.approx(0.526, abs=0.002))
+    assert (e["low"], e["high"]) == (pytest.approx(0.297, abs=0.002), pytest.approx(0.526, abs=0.002))
     g = U.regime("b200", True, moe="graphed")
     assert (g["low"], g["high"]) == (pytest.approx(0.281, abs=0.002), pytest.approx(0.326, abs=0.002))
     # The dense interval of the same GPU is far narrower: an MoE plan must not borrow it.
