@@ -171,23 +171,28 @@ def _mixtral(cfg: dict[str, Any], name: str) -> ModelShape:
 
 def _qwen_moe(cfg: dict[str, Any], name: str) -> ModelShape:
     """qwen3_moe: experts of moe_intermediate_size; layers listed in mlp_only_layers are
-    dense (only a leading run is modelled), decoder_sparse_step must be 1."""
+    dense (only a leading run is modelled); every decoder_sparse_step-th layer is an MoE
+    layer (transformers' Qwen3MoeDecoderLayer: (index + 1) % step == 0, ModelShape's
+    moe_interval), with no mlp_only_layers beside a step other than 1 (whose phase would
+    then differ from moe_interval's)."""
     layers = _int(cfg, "num_hidden_layers")
     dense = sorted(cfg.get("mlp_only_layers") or [])
-    if dense != list(range(len(dense))) or cfg.get("decoder_sparse_step", 1) != 1:
-        raise MgbenchError(f"model {name}: only leading dense layers are modelled (mlp_only_layers {dense}, "
-                           f"decoder_sparse_step {cfg.get('decoder_sparse_step')})")
+    step = cfg.get("decoder_sparse_step", 1)
+    if dense != list(range(len(dense))) or not isinstance(step, int) or step < 1 or (dense and step != 1):
+        raise MgbenchError(f"model {name}: only leading dense layers, or MoE every k-th layer with none, are modelled "
+                           f"(mlp_only_layers {dense}, decoder_sparse_step {step!r})")
     d = _common(cfg, name, ffn_hidden=_int(cfg, "intermediate_size"), mlp="swiglu",
                 experts=_int(cfg, "num_experts"), top_k=_int(cfg, "num_experts_per_tok"),
-                expert_ffn_hidden=_int(cfg, "moe_intermediate_size"), dense_layers=len(dense))
+                expert_ffn_hidden=_int(cfg, "moe_intermediate_size"), dense_layers=len(dense), moe_interval=step)
     return ModelShape(**d, **_local(cfg, layers, 0))
 
 
 def _deepseek(cfg: dict[str, Any], name: str) -> ModelShape:
     """deepseek_v2 / deepseek_v3: MLA, shared experts, leading dense layers, MTP modules."""
     if cfg.get("moe_layer_freq", 1) != 1:
-        raise MgbenchError(f"model {name}: moe_layer_freq {cfg['moe_layer_freq']} (MoE every k-th layer) is not "
-                           "modelled; only leading dense layers are")
+        raise MgbenchError(f"model {name}: moe_layer_freq {cfg['moe_layer_freq']} (DeepSeek's MoE layers at index % k "
+                           "== 0 past the dense ones) is not modelled; leading dense layers are, and MoE every k-th "
+                           "layer from the k-th (moe_interval)")
     heads = _int(cfg, "num_attention_heads")
     return ModelShape(layers=_int(cfg, "num_hidden_layers"), hidden=_int(cfg, "hidden_size"), heads=heads,
                       ffn_hidden=_int(cfg, "intermediate_size"), vocab=_int(cfg, "vocab_size"), mlp="swiglu",

@@ -84,12 +84,16 @@ class ModelShape:
     # ``expert_ffn_hidden`` (default ffn_hidden), of which each token uses ``top_k``, plus
     # ``shared_experts`` experts every token uses (one SwiGLU of width shared_experts x
     # expert_ffn_hidden, DeepSeek's layout). The first ``dense_layers`` layers keep a dense
-    # MLP of width ffn_hidden (DeepSeek-V3: 3).
+    # MLP of width ffn_hidden (DeepSeek-V3: 3). After them every ``moe_interval``-th layer
+    # is an MoE layer and the rest dense (Llama 4 Maverick: 2, layers 1, 3, 5, ...; Hugging
+    # Face's interleave_moe_layer_step / decoder_sparse_step, Megatron-Core's
+    # moe_layer_freq = [0, 1] * 24).
     experts: int = 0
     top_k: int = 0
     expert_ffn_hidden: int | None = None
     shared_experts: int = 0
     dense_layers: int = 0
+    moe_interval: int = 1
     # gpt-oss's experts: their linears carry biases (the second one's scaled by the
     # router's weight), and the gated MLP's inputs are clamped to +-glu_clamp (gpt-oss's
     # swiglu_limit, 7) first. Neither changes weights or FLOPs to speak of; the planner
@@ -193,6 +197,9 @@ class ModelShape:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise MgbenchError(f"model dim {f} must be an integer >= 0, got {v!r}")
+        k = self.moe_interval
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise MgbenchError(f"model moe_interval must be an integer >= 1 (every k-th layer an MoE layer), got {k!r}")
         e = self.expert_ffn_hidden
         if e is not None and (not isinstance(e, int) or isinstance(e, bool) or e <= 0):
             raise MgbenchError(f"model dim expert_ffn_hidden must be a positive integer, got {e!r}")
@@ -203,6 +210,7 @@ class ModelShape:
             raise MgbenchError(f"model glu_clamp must be a positive number, got {c!r}")
         if not self.experts:
             extra = [f for f in ("top_k", "shared_experts", "dense_layers") if getattr(self, f)]
+            extra += ["moe_interval"] if self.moe_interval != 1 else []
             extra += ["expert_ffn_hidden"] if e is not None else []
             extra += [f for f in ("expert_bias", "glu_clamp") if getattr(self, f) not in (False, None)]
             if extra:
@@ -214,6 +222,9 @@ class ModelShape:
         if self.dense_layers >= self.layers:
             raise MgbenchError(f"model dense_layers ({self.dense_layers}) must be fewer than layers "
                                f"({self.layers}), or the model has no MoE layer")
+        if self.moe_layers == 0:
+            raise MgbenchError(f"model moe_interval ({self.moe_interval}) leaves no MoE layer among the "
+                               f"{self.layers - self.dense_layers} after dense_layers: make it at most that")
         if self.mlp not in GATED_MLP_KINDS:
             raise MgbenchError(f"MoE experts are gated MLPs (SwiGLU): set mlp = \"swiglu\", not {self.mlp!r}")
 
@@ -246,7 +257,7 @@ class ModelShape:
             # field existed (which hash these dims) stay what they were.
             del d["vocab_multiple"]
         for f, neutral in (("experts", 0), ("top_k", 0), ("expert_ffn_hidden", None), ("shared_experts", 0),
-                           ("dense_layers", 0), ("expert_bias", False), ("glu_clamp", None),
+                           ("dense_layers", 0), ("moe_interval", 1), ("expert_bias", False), ("glu_clamp", None),
                            *((f, None) for f in _MLA_FIELDS), ("mtp_layers", 0),
                            ("parallel_block", False), ("sliding_window", None), ("global_every", 0)):
             if d[f] == neutral:  # the same, for the MoE dims of a dense model
@@ -339,11 +350,23 @@ class ModelShape:
     @property
     def moe_layers(self) -> int:
         """Layers whose MLP is routed experts (0 for a dense model)."""
-        return self.layers - self.dense_layers if self.is_moe else 0
+        return (self.layers - self.dense_layers) // self.moe_interval if self.is_moe else 0
 
     def is_moe_layer(self, index: int) -> bool:
-        """Whether block ``index`` (from 0) has routed experts."""
-        return self.is_moe and index >= self.dense_layers
+        """Whether block ``index`` (from 0) has routed experts: past the dense leading
+        layers, every ``moe_interval``-th (Hugging Face's Llama 4 and Qwen2-MoE count
+        (index + 1) % k == 0, so the k-th, 2k-th, ... layer from 1)."""
+        return self.is_moe and index >= self.dense_layers and (index - self.dense_layers + 1) % self.moe_interval == 0
+
+    def stage_moe_layers(self, blocks: Any) -> Any:
+        """The most MoE layers ``blocks`` consecutive blocks hold (arrays broadcast): all
+        of them up to the model's MoE layers, one in every ``moe_interval`` where they
+        interleave with dense ones. What a pipeline stage's routed experts, memory and
+        host launches are counted for."""
+        import numpy as np
+
+        b = np.asarray(blocks, dtype=float)
+        return np.minimum(np.ceil(b / self.moe_interval), float(self.moe_layers))
 
     def expert_params(self) -> int:
         """Weights of one routed expert (SwiGLU: three hidden x width matrices)."""

@@ -183,7 +183,9 @@ def _shape_line(shape: ModelShape) -> str:
     if shape.is_moe:
         extra.append(f"{shape.experts} experts of {shape.moe_ffn_hidden}, top {shape.top_k}"
                      + (f", {shape.shared_experts} shared" if shape.shared_experts else "")
-                     + (f", {shape.dense_layers} dense layers first" if shape.dense_layers else ""))
+                     + (f", {shape.dense_layers} dense layers first" if shape.dense_layers else "")
+                     + (f", MoE every {shape.moe_interval} layers ({shape.moe_layers} of {shape.layers})"
+                        if shape.moe_interval > 1 else ""))
     if shape.mtp_layers:
         extra.append(f"{shape.mtp_layers} MTP module(s)")
     if shape.sliding_window:

@@ -325,7 +325,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     opts = moe if moe is not None else moe_terms.MoeOptions()
     e = act_bytes(precision)
     tokens_rank = s * np.asarray(micro_batch, dtype=float) / (c * t)  # a rank's tokens (sequence parallel over tp)
-    moe_layers = np.minimum(lps, shape.moe_layers)
+    moe_layers = shape.stage_moe_layers(lps)
     zero_s = 0.0 * blocks
     imbalance_s, moe_recompute_s, permute_s, a2a, ep_comm, host_s = zero_s, zero_s, zero_s, zero_s, zero_s, zero_s
     notify_s = zero_s

@@ -182,7 +182,7 @@ def stage_param_split(shape: ModelShape, tp: Any, pp: Any, ep: Any = 1, pp_last_
     the runner's expert parallelism does not combine with tensor parallelism (Megatron's
     expert tensor-parallel degree 1); with ``etp`` > 1 each is split over etp ranks too
     (Megatron-Core's expert_tensor_parallel_size). The heaviest stage is taken to hold
-    min(ceil(L / p), MoE layers) MoE layers. Everything else (attention, norms, router,
+    the most MoE layers its ceil(L / p) blocks can (ModelShape.stage_moe_layers). Everything else (attention, norms, router,
     shared experts, dense MLPs, embedding, head) follows :func:`stage_params`. A dense
     model: (stage_params, 0)."""
     if not shape.is_moe:
@@ -195,7 +195,7 @@ def stage_param_split(shape: ModelShape, tp: Any, pp: Any, ep: Any = 1, pp_last_
     ends = np.where(pp == 1, emb * (1 if shape.tie_embeddings else 2), emb)
     non_expert = shape.params_per_layer() - shape.num_expert_params() / shape.layers  # mean over blocks
     dense = (lps * non_expert + ends) / tp + shape.hidden
-    expert = np.minimum(lps, shape.moe_layers) * per_layer_experts / expert_ranks(ep, etp)
+    expert = shape.stage_moe_layers(lps) * per_layer_experts / expert_ranks(ep, etp)
     return dense, expert
 
 
@@ -712,7 +712,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
                                         te=te_saved_inputs, fp8_act_cache=mopts.fp8_act_cache, sp=sp,
                                         clamp_saved=expert_epilogue and shape.glu_clamp is not None
                                         and not mopts.fused_grouped_mlp, etp=etp, eager_saved=moe_eager_saved) \
-            * np.minimum(lps, shape.moe_layers) / lps
+            * shape.stage_moe_layers(lps) / lps
     ck_l = checkpointed_layer(shape, tokens, tp, sp, precision)
     blocks = (lps - ck) * full_l + ck * ck_l
     e = act_bytes(precision)

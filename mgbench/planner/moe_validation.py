@@ -290,7 +290,7 @@ def host_terms(row: dict[str, Any]) -> tuple[float, float, float]:
     res = predict_row(row)
     b = res["breakdown"]
     lps = float(stage_layers(shape_of(row).layers, row.get("pp", 1), row.get("pp_last_layers"))[0])
-    n, n_local = moe.host_launches(shape_of(row), ep=row["ep"], moe_layers=min(lps, shape_of(row).moe_layers),
+    n, n_local = moe.host_launches(shape_of(row), ep=row["ep"], moe_layers=float(shape_of(row).stage_moe_layers(lps)),
                                    num_micro=res["num_micro_batches"], rerun=b["moe_rerun_share"])
     def wait(launches: float) -> float:  # the step's wait for that many ms of host time (moe.host_wait)
         return float(moe.host_wait(launches * 1e-3, bubble_fraction=b["bubble_fraction"]))
@@ -451,7 +451,7 @@ def efa_notify_terms(row: dict[str, Any]) -> tuple[float, float]:
     lps = float(stage_layers(shape.layers, row.get("pp", 1), row.get("pp_last_layers"))[0])
     hw = hardware.resolve(row["system"])
     n = moe.efa_notify_launches(ep=row["ep"], gpus_per_node=hw.gpus_per_node, across_efa=ep_kernels.talks_over_efa(hw),
-                                moe_layers=min(lps, shape.moe_layers), num_micro=res["num_micro_batches"],
+                                moe_layers=float(shape.stage_moe_layers(lps)), num_micro=res["num_micro_batches"],
                                 opts=moe.options_of(row), rerun=b["moe_rerun_share"])
     per_ms = float(moe.host_wait(float(n) * 1e-3, bubble_fraction=b["bubble_fraction"]))
     return float(res["step_time_s"]) - float(b["moe_efa_notify_s"]), per_ms

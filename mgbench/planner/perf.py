@@ -202,11 +202,13 @@ def tp_mlp_layers(shape: ModelShape, stage: Any) -> Any:
     lines 650-661: ``self.tp_size`` is the etp degree; priced apart, layout_time.etp_comm_s),
     and the shared experts gather and reduce-scatter over the tensor-parallel ranks as a
     dense MLP does (shared_experts.py lines 159-160, 238-239). The dense blocks lead the
-    model, so a first stage holds them first."""
+    model, so a first stage holds them first, and the dense blocks an MoE model interleaves
+    (ModelShape.moe_interval) with them."""
     s = np.asarray(stage, dtype=float)
     if not shape.is_moe or shape.shared_experts:
         return s
-    return np.minimum(float(shape.dense_layers), s)
+    first_moe = np.minimum(np.floor(np.maximum(s - shape.dense_layers, 0.0) / shape.moe_interval), shape.moe_layers)
+    return s - first_moe
 
 
 def bubble_fraction(pp: Any, num_micro: Any, schedule: str, virtual_stages: int) -> Any:

@@ -1,0 +1,102 @@
+"""MoE layers interleaved with dense ones (ModelShape.moe_interval; Llama 4 Maverick:
+every second layer), counted in the spec, the planner's stage terms, the Hugging Face
+reader and the runner's model."""
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from mgbench import catalog
+from mgbench.errors import MgbenchError
+from mgbench.hf_config import shape_from_file
+from mgbench.model_shape import ModelShape
+from mgbench.planner import perf
+from mgbench.planner.memory import stage_param_split
+
+
+def _maverick() -> ModelShape:
+    return catalog.model_shape("llama-4-maverick")
+
+
+def test_maverick_has_its_published_parameter_counts_with_every_second_layer_moe():
+    m = _maverick()
+    assert m.moe_layers == 24 and [i for i in range(6) if m.is_moe_layer(i)] == [1, 3, 5]
+    # Meta: 400B total, 17B active (two digits each); 0.5% of the issue's tolerance.
+    assert m.num_params() / 400e9 == pytest.approx(1.0, abs=0.005)
+    assert m.num_active_params() / 17e9 == pytest.approx(1.0, abs=0.02)
+    # By hand: 24 dense blocks of attention + 3 h x 16384 and 24 MoE blocks of attention,
+    # router, 128 + 1 experts of 3 h x 8192; embedding and head of 202048 x 5120.
+    h = 5120
+    attn = h * 40 * 128 * 2 + h * 8 * 128 * 2
+    dense = 24 * (attn + 2 * h + 3 * h * 16384)
+    moe = 24 * (attn + 2 * h + h * 128 + 129 * 3 * h * 8192)
+    assert m.num_params() == dense + moe + 2 * 202048 * h + h
+    # Every layer MoE would be twice the experts: the interval is what the count rests on.
+    every = dataclasses.replace(m, moe_interval=1)
+    assert every.num_expert_params() == 2 * m.num_expert_params()
+
+
+def test_a_stage_holds_one_moe_layer_in_every_interval():
+    m = _maverick()
+    assert float(m.stage_moe_layers(24)) == 12 and float(m.stage_moe_layers(5)) == 3
+    assert float(dataclasses.replace(m, moe_interval=1).stage_moe_layers(24)) == 24
+    # Memory: a 2-stage pipeline's stage holds 12 layers of experts, not 24.
+    _, experts = stage_param_split(m, tp=1, pp=2, ep=64)
+    assert float(experts) == pytest.approx(12 * 128 * m.expert_params() / 64)
+
+
+def test_interleaved_dense_layers_keep_their_tensor_parallel_collectives():
+    # With a shared expert every layer's MLP runs them (Maverick); without, only the dense half.
+    m = _maverick()
+    assert float(perf.collective_counts(48, 4, 1, 1, 0, 1, 0, shape=m)["tp"]) == 4 * 48
+    no_shared = dataclasses.replace(m, shared_experts=0)
+    assert float(perf.tp_mlp_layers(no_shared, 48)) == 24
+    assert float(perf.collective_counts(48, 4, 1, 1, 0, 1, 0, shape=no_shared)["tp"]) == 2 * 48 + 2 * 24
+
+
+def test_a_bad_interval_is_refused_with_what_to_set():
+    with pytest.raises(MgbenchError, match="moe_interval must be an integer >= 1"):
+        dataclasses.replace(_maverick(), moe_interval=0)
+    with pytest.raises(MgbenchError, match="leaves no MoE layer"):
+        ModelShape(layers=4, hidden=64, heads=4, ffn_hidden=128, vocab=256, experts=4, top_k=1, moe_interval=5)
+    with pytest.raises(MgbenchError, match="apply to MoE models only"):
+        ModelShape(layers=4, hidden=64, heads=4, ffn_hidden=128, vocab=256, moe_interval=2)
+
+
+def test_the_interval_left_at_one_keeps_config_ids():
+    # A neutral value is left out of to_dict, so every config id hashed before it existed stays.
+    m = catalog.model_shape("qwen3-30b-a3b")
+    assert "moe_interval" not in m.to_dict()
+    assert _maverick().to_dict()["moe_interval"] == 2
+    assert ModelShape.from_dict(_maverick().to_dict()) == _maverick()
+
+
+def test_a_qwen_moe_config_with_a_sparse_step_reads_as_the_interval(tmp_path):
+    base = json.loads((Path(__file__).parents[1] / "fixtures" / "hf" / "published" / "qwen3-30b-a3b"
+                       / "config.json").read_text())
+    stepped = tmp_path / "config.json"
+    stepped.write_text(json.dumps({**base, "decoder_sparse_step": 2}))
+    s = shape_from_file(stepped)
+    assert s.moe_interval == 2 and s.moe_layers == 24
+    # With leading dense layers its phase would differ from moe_interval's: refused.
+    mixed = tmp_path / "mixed" / "config.json"
+    mixed.parent.mkdir()
+    mixed.write_text(json.dumps({**base, "decoder_sparse_step": 2, "mlp_only_layers": [0]}))
+    with pytest.raises(MgbenchError, match="MoE every k-th layer"):
+        shape_from_file(mixed)
+
+
+def test_the_runners_model_builds_the_interleaved_layers_with_the_specs_parameters():
+    import torch
+
+    from mgbench.workloads.gpt import DecoderLM
+    from mgbench.workloads.moe import MoE
+
+    shape = ModelShape(layers=4, hidden=32, heads=4, ffn_hidden=64, vocab=128, experts=4, top_k=1,
+                       expert_ffn_hidden=16, shared_experts=1, moe_interval=2)
+    model = DecoderLM(shape, max_seq_len=8)
+    kinds = [isinstance(model.blocks[str(i)].mlp, MoE) for i in range(4)]
+    assert kinds == [False, True, False, True]
+    assert sum(p.numel() for p in model.parameters()) == shape.num_params()
+    assert model(torch.randint(0, 128, (2, 8))).shape == (2, 8, 128)
