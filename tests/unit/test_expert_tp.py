@@ -133,7 +133,8 @@ def test_the_runner_does_not_run_it():
 def test_the_published_rows_that_state_it_carry_it():
     rows = [r for r in V.runs() if r.get("etp", 1) > 1]
     assert {r["id"] for r in rows} == {f"dgxc-25.05-gb200-grok1-314b-{p}-{n}" for p in ("bf16", "fp8")
-                                       for n in (128, 256, 512)}
+                                       for n in (128, 256, 512)} | {f"dgxc-25.05-h100-llama4-maverick-{p}-512"
+                                                                    for p in ("bf16", "fp8")}
     assert all(Layout.from_published(r).etp == 4 for r in rows)
     # priced as they ran, each fits its GPU (the published-layout check, test_published_fits.py)
     assert all(V.score(r)["fits"] for r in rows)

@@ -43,7 +43,8 @@ def test_the_moe_file_with_each_recipes_bytes():
     # 122 until the sixteenth session's 68 awslabs rows; NeMo's 4 Mixtral rows since the
     # seventeenth; the nineteenth's 14 EFA rows (UCCL on p5en, awslabs' Kimi-K2 on p6-b200)
     # and 4 scored torchtitan ones; the twenty-first session's 12 (graphed drop-and-pad search)
-    assert s["rows"] == 224
+    # and the twenty-second session's 8 Llama 4 Maverick rows
+    assert s["rows"] == 232
     # With each recipe's own bytes a parameter (the data file's state_bytes), two layouts
     # are over their GPU's memory on the model's count alone, each for a reason the row
     # states: DeepSeek-V2 recomputes operators its report does not name (none priced), and
