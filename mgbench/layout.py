@@ -122,8 +122,16 @@ class Layout:
     # fp8_dpa, Megatron-Bridge's fp8_dot_product_attention): priced at the FP8 / BF16
     # kernel-time ratio measured on the GPU (planner/layout_time.py). Priced, not run.
     fp8_attention: bool = False
+    # The optimizer (planner/optimizer.py OPTIMIZERS): what its own step costs beyond an
+    # elementwise update (Muon's Newton-Schulz iterations; under offload its states' copies).
+    # Priced, not run: the runner trains with AdamW.
+    optimizer: str = "adamw"
 
     def __post_init__(self) -> None:
+        if self.optimizer not in ("adamw", "muon"):  # planner/optimizer.py OPTIMIZERS (layout imports no planner)
+            from .errors import MgbenchError
+
+            raise MgbenchError(f"--optimizer must be adamw or muon, got {self.optimizer!r}")
         why = fp8_recipe_problem(self.precision, self.fp8_recipe) or fp8_attention_problem(
             self.precision, self.fp8_attention, self.fp8_recipe, self.flash_attention)
         if why is not None:
@@ -164,6 +172,7 @@ class Layout:
                    schedule=row.get("schedule", "1f1b"),
                    virtual_stages=row.get("virtual_stages", 1), replicas=row.get("replicas", 1),
                    pp_last_layers=row.get("pp_last_layers"), fp8_recipe=row.get("fp8_recipe"), etp=row.get("etp", 1),
+                   optimizer=row.get("optimizer", "adamw"),
                    fp8_attention=bool(row.get("fp8_attention", False)), offload=bool(row.get("offload", False)))
 
     # -- derived degrees -------------------------------------------------------------------
@@ -271,7 +280,7 @@ class Layout:
                 "micro_batch": self.micro_batch, "precision": self.precision, "recompute": self.recompute_name,
                 "ep": self.ep, "cp": self.cp, "hsdp_replicas": self.replicas, "offload": bool(self.offload),
                 "schedule": self.schedule, "pp_last_layers": self.pp_last_layers, "fp8_recipe": self.fp8_recipe,
-                "fp8_attention": bool(self.fp8_attention), "etp": self.etp}
+                "fp8_attention": bool(self.fp8_attention), "etp": self.etp, "optimizer": self.optimizer}
 
     # -- the runner's rules and strategy names ---------------------------------------------------
     def runner_problems(self, world: int, *, layers: int | None = None, heads: int | None = None,
@@ -284,6 +293,9 @@ class Layout:
         vocabulary evenly rather than replicating them."""
         where = f"layout {self.describe()} on world size {world}"
         out = [f"{where}: {name} must be >= 1" for name in ("tp", "pp", "ep", "cp") if getattr(self, name) < 1]
+        if self.optimizer != "adamw":
+            out.append(f"{where}: optimizer={self.optimizer}: the runner trains with AdamW (other optimizers are "
+                       "priced by the planner, not run)")
         if self.etp != 1:
             out.append(f"{where}: etp={self.etp}: the runner's experts are whole on their rank (expert tensor "
                        "parallelism is priced by the planner, not run)")

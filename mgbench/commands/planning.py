@@ -55,7 +55,7 @@ def _layout(kw: dict[str, Any]):
                   flash_attention=not kw["no_flash_attention"], schedule=kw["schedule"],
                   virtual_stages=kw["virtual_stages"], ep=kw["ep"], cp=kw["cp"], replicas=kw["replicas"],
                   offload=kw["offload"], pp_last_layers=kw["pp_last_layers"], fp8_recipe=kw["fp8_recipe"],
-                  fp8_attention=kw["fp8_attention"], etp=kw["etp"])
+                  fp8_attention=kw["fp8_attention"], etp=kw["etp"], optimizer=kw["optimizer"])
 
 
 def _dims(kw: dict[str, Any]) -> dict[str, Any]:
@@ -349,6 +349,7 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
                f"zero={kw['zero']} mb={kw['micro_batch']} gb={res['global_batch']} s={kw['seq_len']}"
                + "".join(f" {k}={kw[k]}" for k in ("cp", "ep", "etp") if kw[k] > 1)
                + (f" hsdp={kw['replicas']}" if kw["replicas"] > 1 else "") + (" offload" if kw["offload"] else "")
+               + (f" {kw['optimizer']}" if kw["optimizer"] != "adamw" else "")
                + (f" fp8 ({res['assumptions']['fp8_recipe']} recipe)" if kw["precision"] == "fp8" else "")
                + (" with FP8 attention" if kw["fp8_attention"] else "")
                + (" schedule=" + schedule_label({"schedule": kw["schedule"], "virtual_stages": kw["virtual_stages"],
@@ -618,6 +619,8 @@ def predict_command(row: dict[str, Any], opts: Any, model_args: list[str], *, ha
             out.append(f"--pp-last-layers {lay.pp_last_layers}")
     if lay.offload:
         out.append("--offload")
+    if lay.optimizer != "adamw":
+        out.append(f"--optimizer {lay.optimizer}")
     for name in ("stack", "overlap", "memory_margin"):
         if getattr(opts, name) != defaults[name] and not (name == "stack" and hardware_profile):
             out.append(f"--{name.replace('_', '-')} {getattr(opts, name)}")

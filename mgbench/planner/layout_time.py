@@ -6,7 +6,7 @@ the run's closing projection all call it; calibration fits coefficients of the s
 FLOP and collective counts (perf.hardware_flops_per_token, perf.collective_counts).
 
     step = compute (+ moe) + bubble + tp_comm + pp_comm + exposed_dp_comm
-           + ep_comm + cp_comm + offload + moe_host
+           + ep_comm + cp_comm + offload + moe_host + optimizer
 
 compute   perf's; with context parallelism each of the cp ranks computes s / cp tokens
           of every sequence (queries) against the whole sequence (keys): perf is called
@@ -71,6 +71,10 @@ offload   FSDP2 CPU offload: every all-gather first copies the sharded weights h
           the host link (PCIe / C2C of the system, hardware.toml ``host_link``), not
           overlapped with compute. The optimizer step on the host CPU is not priced
           (no host memory bandwidth in the catalog): said in the result's notes.
+optimizer the optimizer's own matrix work a step and, under offload, its states' copies to
+          run it on the GPU (planner/optimizer.py: Muon's Newton-Schulz iterations at the
+          GEMM rate, its gradient, momentum and weight over the host link; nothing for
+          AdamW), serial with the step.
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ from ..model_shape import ModelShape
 from ..strategies.schedules import bubble_unknown_reason
 from . import ep_kernels
 from . import moe as moe_terms
+from . import optimizer as optimizer_terms
 from . import perf
 from .hardware import GB, Hardware
 from .hardware import FP8_ATTENTION_BF16, fp8_attention_gpus
@@ -257,7 +262,8 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
               ep: Any = 1, cp: Any = 1, replicas: Any = 1, offload: bool = False,
               host_ops: dict[str, float] | None = None, moe: moe_terms.MoeOptions | None = None,
               pp_last_layers: Any = None, fp8_recipe: str | None = None,
-              fp8_attention: bool = False, offload_weight_bytes: float = 4.0, etp: Any = 1) -> dict[str, Any]:
+              fp8_attention: bool = False, offload_state_bytes: tuple[float, float, float] = (4.0, 4.0, 8.0),
+              etp: Any = 1, optimizer: str = "adamw") -> dict[str, Any]:
     """Predicted step time and its parts for a layout with every axis (arrays
     broadcast); the step, its named terms in ``breakdown`` and ``notes``.
     ``hw`` is resolved at :func:`hardware_precision` (bf16 for fp8); ``moe``: how an MoE
@@ -266,11 +272,14 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     (memory.stage_layers; None: Megatron-LM's even split); ``fp8_recipe``: the FP8 scaling
     recipe under ``precision`` fp8 (perf.FP8_RECIPES; None: the stack's, stack.fp8_recipe);
     ``fp8_attention``: attention's scores and values in FP8 too (:func:`fp8_attention_terms`);
-    ``offload_weight_bytes``: the bytes a weight the host copy holds under ``offload`` (the
-    run's state_bytes[0]; 4, FSDP2's fp32 shard, where none is given); ``etp``: each routed
+    ``offload_state_bytes``: the bytes a parameter the host copy holds its weight, gradient
+    and optimizer state in under ``offload`` (the run's held state bytes; FSDP2's fp32
+    shard and Adam's two fp32 moments where none are given); ``etp``: each routed
     expert split over etp ranks (Megatron-Core's expert tensor parallelism: its weights and
     gradient traffic / etp, and an all-gather and a reduce-scatter of the routed rows over
-    the etp ranks around the experts, :func:`etp_comm_s`)."""
+    the etp ranks around the experts, :func:`etp_comm_s`); ``optimizer``: the optimizer's
+    own matrix work and, under ``offload``, its states' copies (planner/optimizer.py:
+    Muon's Newton-Schulz iterations; nothing for AdamW)."""
     c = np.asarray(cp, dtype=float)
     d = np.asarray(dp, dtype=float)
     dense_p, expert_p = stage_param_split(shape, tp, pp, ep, pp_last_layers, etp)
@@ -439,8 +448,15 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         # Host to device (one shard copy per all-gather: 2 m, or one for a pipeline whose
         # stages stay unsharded) is the larger direction; the gradient copies back run
         # concurrently the other way.
-        offload_s = perf.zero3_gathers(m, p, schedule) * offload_weight_bytes * shard / bw
+        offload_s = perf.zero3_gathers(m, p, schedule) * offload_state_bytes[0] * shard / bw
         notes.append(OFFLOAD_NOTE)
+    # The optimizer's own matrix work (Muon), and under offload the copies of its states it
+    # makes to run on the GPU, serial with the step (planner/optimizer.py).
+    optimizer_s = optimizer_terms.step_seconds(shape, hw, optimizer, num_gpus=t * p * dpc, replicas=replicas)
+    if offload and optimizer != "adamw":
+        h2d, d2h = optimizer_terms.offload_bytes(optimizer, shard, offload_state_bytes)
+        optimizer_s = optimizer_s + (h2d + d2h) / host_link_bw(hw)
+        notes.append(optimizer_terms.MUON_OFFLOAD_NOTE)
 
     # Pipeline sends are priced at 1F1B's count for every schedule. An interleaved schedule
     # sends v x as often (a micro-batch crosses a rank boundary once per chunk), but
@@ -451,7 +467,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     # 2026-11-27, with the validation rows in view: Hopper's interleaved rows came out 2 to
     # 10 points slower, its held-out mean 7.5% -> 8.4%; the mechanism, not that, decided.)
     total = (compute + bubble + b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s + host_s
-             + notify_s)
+             + notify_s + optimizer_s)
     n_gpus = t * p * dpc
     tokens = np.asarray(global_batch, dtype=float) * s
     tps = tokens / total
@@ -471,7 +487,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
                         "moe_permute_s": permute_s, "moe_epilogue_s": epilogue_s, "moe_traffic_s": traffic_s, "fp8_cast_s": cast_s, "moe_host_s": host_s, "moe_efa_notify_s": notify_s, "moe_rerun_share": rerun, "cp_comm_s": cp_comm,
                         "etp_comm_s": etp_s,
                         "mtp_last_stage_s": mtp_s,
-                        "offload_s": offload_s,
+                        "offload_s": offload_s, "optimizer_s": optimizer_s,
                         "exposed_comm_s": b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s}
     res["fp8_recipe"] = recipe if precision == "fp8" else None
     res["notes"] = notes

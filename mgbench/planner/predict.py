@@ -136,10 +136,11 @@ def predict(shape: ModelShape, hw: Hardware, layout: Layout, overlap: float = pe
     from .stack import memory_of
 
     validate(layout, shape)
-    # The offloaded shard's bytes a weight: the run's as it holds them.
-    weight_bytes = held_state_bytes(layout.precision, memory_of(hw.stack, state_bytes)["state_bytes"])[0]
+    # The offloaded shard's bytes a parameter: the run's as it holds them.
+    held = held_state_bytes(layout.precision, memory_of(hw.stack, state_bytes)["state_bytes"])
     out = layout_time.step_time(shape, hw, global_batch=layout.batch, overlap=overlap, host_ops=host_ops,
-                                moe=moe, offload_weight_bytes=weight_bytes, **layout.model_kwargs())
+                                moe=moe, offload_state_bytes=held, optimizer=layout.optimizer,
+                                **layout.model_kwargs())
     notes = out.pop("notes")
     recipe = out.pop("fp8_recipe")
     res = _floats(out)

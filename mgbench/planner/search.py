@@ -565,7 +565,7 @@ def _evaluate_rows(shape: ModelShape, hw: hardware.Hardware, opts: PlanOptions, 
     fits = mem["total_bytes"] <= hw.memory_bytes
     kept = cand.take(fits)
     out = layout_time.step_time(shape, hw, global_batch=B, overlap=overlap, moe=opts.moe,
-                                offload_weight_bytes=held_state_bytes(opts.precision, held["state_bytes"])[0],
+                                offload_state_bytes=held_state_bytes(opts.precision, held["state_bytes"]),
                                 **kept.model_kwargs())
     return {**{k: a[fits] for k, a in rows.items()}, "offload": np.full(fits.sum(), offload),
             "memory_per_gpu_bytes": mem["total_bytes"][fits],

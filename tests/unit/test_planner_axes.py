@@ -345,7 +345,7 @@ def test_offload_transfer_over_the_host_link_by_hand():
     assert any("host CPU is not priced" in n for n in r["notes"])
     # A run kept in bf16 throughout (torchtitan's training.dtype bfloat16) copies 2 bytes a
     # weight: half the time.
-    half = layout_time.step_time(LLAMA8, H100, offload=True, offload_weight_bytes=2.0, **kw)
+    half = layout_time.step_time(LLAMA8, H100, offload=True, offload_state_bytes=(2.0, 2.0, 4.0), **kw)
     assert float(half["breakdown"]["offload_s"]) == pytest.approx(2 * m * 2 * shard / pcie5, rel=1e-9)
 
 
