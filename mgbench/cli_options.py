@@ -282,6 +282,8 @@ DIMS = (
     opt("--expert-ffn-hidden", type=int, help="Custom MoE model: width of one routed expert."),
     opt("--shared-experts", type=int, help="Custom MoE model: experts every token uses (DeepSeek: 1 or 2)."),
     opt("--dense-layers", type=int, help="Custom MoE model: leading layers with a dense MLP (DeepSeek-V3: 3)."),
+    opt("--moe-interval", type=int, help="Custom MoE model: past the dense ones, every k-th layer an MoE layer "
+                                         "and the rest dense (Llama 4 Maverick: 2; default 1, all)."),
     opt("--expert-bias", is_flag=True, default=None,
         help="Custom MoE model: the experts' linears carry biases, the second one's weighted by the router (gpt-oss)."),
     opt("--glu-clamp", type=float, help="Custom MoE model: the experts' gated-MLP inputs are clamped to +-this "

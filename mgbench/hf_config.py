@@ -187,6 +187,27 @@ def _qwen_moe(cfg: dict[str, Any], name: str) -> ModelShape:
     return ModelShape(**d, **_local(cfg, layers, 0))
 
 
+def _llama4(cfg: dict[str, Any], name: str) -> ModelShape:
+    """llama4_text (Llama 4 Scout, Maverick; the text_config of their multimodal configs):
+    experts and one shared expert of intermediate_size, dense layers of
+    intermediate_size_mlp, MoE every interleave_moe_layer_step-th layer (transformers'
+    Llama4TextConfig: moe_layers = range(step - 1, layers, step) unless listed, ModelShape's
+    moe_interval). Not modelled: the chunked attention of three layers in four (8192-token
+    chunks; priced as global attention, the same up to the chunk, more FLOPs beyond)."""
+    layers = _int(cfg, "num_hidden_layers")
+    step = cfg.get("interleave_moe_layer_step", 1)
+    listed = cfg.get("moe_layers")
+    if not isinstance(step, int) or step < 1 or (listed is not None and list(listed) != list(range(step - 1, layers,
+                                                                                                     step))):
+        raise MgbenchError(f"model {name}: only MoE every k-th layer from the k-th is modelled (moe_layers {listed}, "
+                           f"interleave_moe_layer_step {step!r})")
+    expert = _int(cfg, "intermediate_size")
+    d = _common(cfg, name, ffn_hidden=cfg.get("intermediate_size_mlp") or expert, mlp="swiglu",
+                experts=_int(cfg, "num_local_experts"), top_k=_int(cfg, "num_experts_per_tok"),
+                expert_ffn_hidden=expert, shared_experts=1, moe_interval=step)
+    return ModelShape(**d)
+
+
 def _deepseek(cfg: dict[str, Any], name: str) -> ModelShape:
     """deepseek_v2 / deepseek_v3: MLA, shared experts, leading dense layers, MTP modules."""
     if cfg.get("moe_layer_freq", 1) != 1:
@@ -213,5 +234,6 @@ READERS: dict[str, Reader] = {
     "gpt2": _gpt2,
     "mixtral": _mixtral, "gpt_oss": _mixtral,
     "qwen3_moe": _qwen_moe,
+    "llama4_text": _llama4, "llama4": _llama4,
     "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
 }

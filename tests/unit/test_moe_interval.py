@@ -100,3 +100,51 @@ def test_the_runners_model_builds_the_interleaved_layers_with_the_specs_paramete
     assert kinds == [False, True, False, True]
     assert sum(p.numel() for p in model.parameters()) == shape.num_params()
     assert model(torch.randint(0, 128, (2, 8))).shape == (2, 8, 128)
+
+
+def _llama4_config(step: int, experts: int) -> dict:
+    # The shape of meta-llama/Llama-4-{Maverick-17B-128E,Scout-17B-16E}'s config.json: a
+    # multimodal wrapper whose text_config transformers' Llama4TextConfig reads.
+    return {"model_type": "llama4", "vision_config": {"num_hidden_layers": 34, "hidden_size": 1408},
+            "text_config": {"model_type": "llama4_text", "num_hidden_layers": 48, "hidden_size": 5120,
+                            "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+                            "intermediate_size": 8192, "intermediate_size_mlp": 16384, "vocab_size": 202048,
+                            "num_local_experts": experts, "num_experts_per_tok": 1,
+                            "interleave_moe_layer_step": step, "tie_word_embeddings": False}}
+
+
+def test_a_llama4_config_reads_as_the_preset_its_vision_tower_left_out(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(_llama4_config(2, 128)))
+    s = shape_from_file(path)
+    preset = _maverick()
+    assert {k: v for k, v in s.to_dict().items() if k != "name"} == \
+        {k: v for k, v in preset.to_dict().items() if k != "name"}
+    assert "vision tower" in (s.left_out or "")
+    # Scout: every layer MoE, 16 experts: 109B total, 17B active (Meta's model card); the
+    # language model is 107.8B of it, the rest its vision tower (34 layers of 1408), which is
+    # left out.
+    path.write_text(json.dumps(_llama4_config(1, 16)))
+    scout = shape_from_file(path)
+    assert scout.moe_layers == 48
+    assert scout.num_params() == pytest.approx(107.77e9, rel=1e-3) and scout.num_params() < 109e9
+    assert scout.num_active_params() / 17e9 == pytest.approx(1.0, abs=0.02)
+    # An explicit moe_layers list other than the interleave's is refused, not misread.
+    cfg = _llama4_config(2, 128)
+    cfg["text_config"]["moe_layers"] = [0, 2, 4]
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(MgbenchError, match="only MoE every k-th layer from the k-th"):
+        shape_from_file(path)
+
+
+def test_the_command_line_takes_the_interval_and_refuses_one_that_leaves_no_moe_layer():
+    from click.testing import CliRunner
+
+    from mgbench.cli import main
+
+    dims = ["memory", "--layers", "4", "--hidden", "64", "--heads", "4", "--vocab", "256", "--experts", "4",
+            "--top-k", "1", "--num-gpus", "1"]
+    ok = CliRunner().invoke(main, dims + ["--moe-interval", "2"])
+    assert ok.exit_code == 0 and "MoE every 2 layers (2 of 4)" in ok.output
+    bad = CliRunner().invoke(main, dims + ["--moe-interval", "5"])
+    assert bad.exit_code == 2 and "leaves no MoE layer" in bad.output and "Traceback" not in bad.output
