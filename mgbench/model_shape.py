@@ -358,15 +358,17 @@ class ModelShape:
         (index + 1) % k == 0, so the k-th, 2k-th, ... layer from 1)."""
         return self.is_moe and index >= self.dense_layers and (index - self.dense_layers + 1) % self.moe_interval == 0
 
-    def stage_moe_layers(self, blocks: Any) -> Any:
-        """The most MoE layers ``blocks`` consecutive blocks hold (arrays broadcast): all
-        of them up to the model's MoE layers, one in every ``moe_interval`` where they
-        interleave with dense ones. What a pipeline stage's routed experts, memory and
-        host launches are counted for."""
+    def stage_moe_layers(self, blocks: Any, chunks: Any = 1) -> Any:
+        """The most MoE layers a pipeline rank's ``blocks`` hold (arrays broadcast), in
+        ``chunks`` runs of blocks / chunks consecutive blocks (an interleaved schedule's
+        virtual stages, each from another part of the model): all of them up to the model's
+        MoE layers, and where MoE layers interleave with dense ones at most one in every
+        ``moe_interval`` of a run, rounded up a run (a run of 3 blocks at interval 2 may hold
+        2). What a stage's routed experts, memory and host launches are counted for."""
         import numpy as np
 
-        b = np.asarray(blocks, dtype=float)
-        return np.minimum(np.ceil(b / self.moe_interval), float(self.moe_layers))
+        b, c = np.asarray(blocks, dtype=float), np.asarray(chunks, dtype=float)
+        return np.minimum(c * np.ceil(b / c / self.moe_interval), float(self.moe_layers))
 
     def expert_params(self) -> int:
         """Weights of one routed expert (SwiGLU: three hidden x width matrices)."""

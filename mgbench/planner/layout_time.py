@@ -87,7 +87,7 @@ from .. import catalog
 from ..errors import MgbenchError
 from ..layout import fp8_attention_problem
 from ..model_shape import ModelShape
-from ..strategies.schedules import bubble_unknown_reason
+from ..strategies.schedules import bubble_unknown_reason, chunks_per_rank
 from . import ep_kernels
 from . import moe as moe_terms
 from . import optimizer as optimizer_terms
@@ -282,9 +282,11 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     Muon's Newton-Schulz iterations; nothing for AdamW)."""
     c = np.asarray(cp, dtype=float)
     d = np.asarray(dp, dtype=float)
-    dense_p, expert_p = stage_param_split(shape, tp, pp, ep, pp_last_layers, etp)
     virtual = schedule in VIRTUAL_SCHEDULES
     v = virtual_stages if virtual else 1
+    # A rank's blocks come in runs from across the model (memory.stage_param_split).
+    chunks = np.where(np.asarray(pp) > 1, chunks_per_rank(schedule, virtual_stages), 1)
+    dense_p, expert_p = stage_param_split(shape, tp, pp, ep, pp_last_layers, etp, chunks)
     b = perf.compute_terms(shape, hw, seq=seq, global_batch=global_batch, micro_batch=np.asarray(micro_batch) / c,
                            tp=tp, pp=pp, dp=d * c, recompute=recompute, precision=hardware_precision(precision),
                            sp=sp, flash=flash, host_ops=host_ops, ep=ep, pp_last_layers=pp_last_layers)
@@ -334,7 +336,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     opts = moe if moe is not None else moe_terms.MoeOptions()
     e = act_bytes(precision)
     tokens_rank = s * np.asarray(micro_batch, dtype=float) / (c * t)  # a rank's tokens (sequence parallel over tp)
-    moe_layers = shape.stage_moe_layers(lps)
+    moe_layers = shape.stage_moe_layers(lps, chunks)
     zero_s = 0.0 * blocks
     imbalance_s, moe_recompute_s, permute_s, a2a, ep_comm, host_s = zero_s, zero_s, zero_s, zero_s, zero_s, zero_s
     notify_s = zero_s

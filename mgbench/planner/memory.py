@@ -28,7 +28,7 @@ import numpy as np
 from ..layout import RECOMPUTE
 from ..model_shape import ModelShape
 from ..strategies.schedules import NAMES as _SCHEDULE_NAMES
-from ..strategies.schedules import grad_sync, v_shaped
+from ..strategies.schedules import chunks_per_rank, grad_sync, v_shaped
 from ..strategies.schedules import VIRTUAL as _VIRTUAL
 
 # Bytes per parameter of (weights, gradients, optimizer states) for Adam under the
@@ -173,7 +173,7 @@ def expert_ranks(ep: Any, etp: Any = 1) -> Any:
 
 
 def stage_param_split(shape: ModelShape, tp: Any, pp: Any, ep: Any = 1, pp_last_layers: Any = None,
-                      etp: Any = 1) -> tuple[Any, Any]:
+                      etp: Any = 1, chunks: Any = 1) -> tuple[Any, Any]:
     """(dense, expert) parameters one GPU of the heaviest pipeline stage holds, before
     ZeRO sharding; their sum is :func:`stage_params` when ep = 1 and the stage's layers
     are all MoE layers.
@@ -182,7 +182,8 @@ def stage_param_split(shape: ModelShape, tp: Any, pp: Any, ep: Any = 1, pp_last_
     the runner's expert parallelism does not combine with tensor parallelism (Megatron's
     expert tensor-parallel degree 1); with ``etp`` > 1 each is split over etp ranks too
     (Megatron-Core's expert_tensor_parallel_size). The heaviest stage is taken to hold
-    the most MoE layers its ceil(L / p) blocks can (ModelShape.stage_moe_layers). Everything else (attention, norms, router,
+    the most MoE layers its ceil(L / p) blocks can, in ``chunks`` runs (an interleaved
+    schedule's virtual stages: ModelShape.stage_moe_layers). Everything else (attention, norms, router,
     shared experts, dense MLPs, embedding, head) follows :func:`stage_params`. A dense
     model: (stage_params, 0)."""
     if not shape.is_moe:
@@ -195,7 +196,7 @@ def stage_param_split(shape: ModelShape, tp: Any, pp: Any, ep: Any = 1, pp_last_
     ends = np.where(pp == 1, emb * (1 if shape.tie_embeddings else 2), emb)
     non_expert = shape.params_per_layer() - shape.num_expert_params() / shape.layers  # mean over blocks
     dense = (lps * non_expert + ends) / tp + shape.hidden
-    expert = shape.stage_moe_layers(lps) * per_layer_experts / expert_ranks(ep, etp)
+    expert = shape.stage_moe_layers(lps, chunks) * per_layer_experts / expert_ranks(ep, etp)
     return dense, expert
 
 
@@ -680,7 +681,8 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
                 "reserved_bytes": subtotal, "total_bytes": subtotal,
                 "host_bytes": host, "gathered_params_known": largest_layer_params is not None}
     p_arr = np.asarray(pp)
-    dense_p, expert_p = stage_param_split(shape, tp, pp, ep, pp_last_layers, etp)
+    chunks = np.where(p_arr > 1, chunks_per_rank(schedule, virtual_stages), 1)
+    dense_p, expert_p = stage_param_split(shape, tp, pp, ep, pp_last_layers, etp, chunks)
     sb = None if precision == "fp32" else state_bytes  # fp32 training keeps fp32 everything
     # Routed experts' ZeRO group: their expert data-parallel ranks, t x dp x cp / ep
     # (MoE parallel folding, planner/moe.py: ep consecutive ranks of the t x dp x cp).
@@ -712,7 +714,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
                                         te=te_saved_inputs, fp8_act_cache=mopts.fp8_act_cache, sp=sp,
                                         clamp_saved=expert_epilogue and shape.glu_clamp is not None
                                         and not mopts.fused_grouped_mlp, etp=etp, eager_saved=moe_eager_saved) \
-            * shape.stage_moe_layers(lps) / lps
+            * shape.stage_moe_layers(lps, chunks) / lps
     ck_l = checkpointed_layer(shape, tokens, tp, sp, precision)
     blocks = (lps - ck) * full_l + ck * ck_l
     e = act_bytes(precision)

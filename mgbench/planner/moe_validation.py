@@ -26,6 +26,7 @@ from .. import catalog
 from ..errors import MgbenchError
 from ..layout import Layout, fp8_attention_problem
 from ..model_shape import ModelShape
+from ..strategies.schedules import chunks_per_rank
 from . import ep_kernels, hardware, moe, perf
 from .memory import stage_layers
 from .splits import SPLITS, alternating
@@ -281,6 +282,12 @@ def host_fit_rows() -> list[dict[str, Any]]:
             and not hardware.ep_crosses_efa(r["system"], r["ep"])]
 
 
+def row_chunks(row: dict[str, Any]) -> int:
+    """The runs of blocks a pipeline rank of ``row`` holds (its schedule's chunks; 1 without
+    a pipeline): what ModelShape.stage_moe_layers counts a stage's MoE layers in."""
+    return chunks_per_rank(row.get("schedule", "1f1b"), row.get("virtual_stages", 1)) if row.get("pp", 1) > 1 else 1
+
+
 def host_terms(row: dict[str, Any]) -> tuple[float, float, float]:
     """(step seconds without the host term, d step / d per_layer_ms (its dispatcher's), d step /
     d per_local_expert_ms) of a row run eagerly: its step is linear in both constants
@@ -290,7 +297,7 @@ def host_terms(row: dict[str, Any]) -> tuple[float, float, float]:
     res = predict_row(row)
     b = res["breakdown"]
     lps = float(stage_layers(shape_of(row).layers, row.get("pp", 1), row.get("pp_last_layers"))[0])
-    n, n_local = moe.host_launches(shape_of(row), ep=row["ep"], moe_layers=float(shape_of(row).stage_moe_layers(lps)),
+    n, n_local = moe.host_launches(shape_of(row), ep=row["ep"], moe_layers=float(shape_of(row).stage_moe_layers(lps, row_chunks(row))),
                                    num_micro=res["num_micro_batches"], rerun=b["moe_rerun_share"])
     def wait(launches: float) -> float:  # the step's wait for that many ms of host time (moe.host_wait)
         return float(moe.host_wait(launches * 1e-3, bubble_fraction=b["bubble_fraction"]))
@@ -451,7 +458,7 @@ def efa_notify_terms(row: dict[str, Any]) -> tuple[float, float]:
     lps = float(stage_layers(shape.layers, row.get("pp", 1), row.get("pp_last_layers"))[0])
     hw = hardware.resolve(row["system"])
     n = moe.efa_notify_launches(ep=row["ep"], gpus_per_node=hw.gpus_per_node, across_efa=ep_kernels.talks_over_efa(hw),
-                                moe_layers=float(shape.stage_moe_layers(lps)), num_micro=res["num_micro_batches"],
+                                moe_layers=float(shape.stage_moe_layers(lps, row_chunks(row))), num_micro=res["num_micro_batches"],
                                 opts=moe.options_of(row), rerun=b["moe_rerun_share"])
     per_ms = float(moe.host_wait(float(n) * 1e-3, bubble_fraction=b["bubble_fraction"]))
     return float(res["step_time_s"]) - float(b["moe_efa_notify_s"]), per_ms

@@ -148,3 +148,22 @@ def test_the_command_line_takes_the_interval_and_refuses_one_that_leaves_no_moe_
     assert ok.exit_code == 0 and "MoE every 2 layers (2 of 4)" in ok.output
     bad = CliRunner().invoke(main, dims + ["--moe-interval", "5"])
     assert bad.exit_code == 2 and "leaves no MoE layer" in bad.output and "Traceback" not in bad.output
+
+
+@pytest.mark.parametrize("pp,v", [(1, 1), (2, 1), (4, 1), (2, 12), (4, 4), (8, 2), (3, 4), (6, 2)])
+def test_a_ranks_moe_layers_are_the_busiest_ranks_of_its_interleaved_chunks(pp, v):
+    # An interleaved schedule gives rank r the chunks r, r + pp, ...; with 3-block chunks at
+    # interval 2 some ranks hold 2 MoE layers a chunk (a review found 6 priced where 8 sat).
+    m = _maverick()
+    c = m.layers // (pp * v)
+    per_rank = [sum(m.is_moe_layer(i) for k in range(v) for i in range((k * pp + r) * c, (k * pp + r) * c + c))
+                for r in range(pp)]
+    assert float(m.stage_moe_layers(c * v, v)) == max(per_rank)
+
+
+def test_memory_prices_the_busiest_ranks_experts_under_virtual_stages():
+    m = _maverick()
+    _, plain = stage_param_split(m, tp=1, pp=4, ep=8)
+    _, interleaved = stage_param_split(m, tp=1, pp=4, ep=8, chunks=4)
+    # 12 blocks a rank: 6 MoE layers as one run, 8 as four runs of 3.
+    assert float(interleaved) == pytest.approx(float(plain) * 8 / 6)

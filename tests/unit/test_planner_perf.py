@@ -404,7 +404,8 @@ def test_an_moe_layer_without_shared_experts_runs_attentions_tensor_parallel_col
     no_shared = dataclasses.replace(dsv3, shared_experts=0)
     # The first stage's 3 dense blocks keep 4 each, its 9 MoE blocks 2.
     assert float(perf.collective_counts(96, 8, 8, 1, 0, 8, 0, shape=no_shared)["tp"]) == (3 * 4 + 9 * 2) * 8
-    # Full recompute runs each block's forward collectives again: 3 a dense block, 1 an MoE one.
+    # Full recompute runs each block's forward collectives again: 2 more a dense block (6 in
+    # all), 1 more an MoE block without shared experts (3 in all).
     full = RECOMPUTE.index("full")
     assert float(perf.collective_counts(96, 8, 8, 1, 0, 8, full, shape=qwen)["tp"]) == 3 * 12 * 8
     # and the step prices it: the run's tensor-parallel time is half what a shared expert makes it.
