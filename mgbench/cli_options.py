@@ -376,11 +376,7 @@ def layout_group() -> list[Opt]:
         opt("--hsdp", "replicas", type=int, default=1, show_default=True, metavar="REPLICAS",
             help="HSDP (with --zero 3): shard over dp x cp / REPLICAS ranks, replicate across REPLICAS groups."),
         plan_field("offload"),
-        opt("--optimizer", type=click.Choice(["adamw", "muon"]), default="adamw", show_default=True,
-            help="The optimizer: what its own step costs beyond an elementwise update. muon prices its "
-                 "Newton-Schulz iterations (5 a step on every block matrix, at the GEMM rate, shared by a "
-                 "replica's GPUs) and, with --offload, its gradient, momentum and weight copied to the GPU and "
-                 "back; plan keeps adamw, the runner runs adamw only."),
+        plan_field("optimizer"),
         plan_field("memory_margin"),
         plan_field("state_bytes"),
     ]

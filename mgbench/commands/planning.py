@@ -619,9 +619,7 @@ def predict_command(row: dict[str, Any], opts: Any, model_args: list[str], *, ha
             out.append(f"--pp-last-layers {lay.pp_last_layers}")
     if lay.offload:
         out.append("--offload")
-    if lay.optimizer != "adamw":
-        out.append(f"--optimizer {lay.optimizer}")
-    for name in ("stack", "overlap", "memory_margin"):
+    for name in ("stack", "overlap", "memory_margin", "optimizer"):
         if getattr(opts, name) != defaults[name] and not (name == "stack" and hardware_profile):
             out.append(f"--{name.replace('_', '-')} {getattr(opts, name)}")
     if opts.state_bytes:

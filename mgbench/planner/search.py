@@ -150,6 +150,12 @@ class PlanOptions:
     offload: bool = field(default=False, metadata={
         "help": "FSDP2 CPU offload with ZeRO-3: weights, gradients and optimizer states in host memory, copied over "
                 "the host link (plan: considered beside no offload for ZeRO-3 layouts)."})
+    optimizer: str = field(default="adamw", metadata={
+        "help": "The optimizer: what its own step costs beyond an elementwise update. muon prices its Newton-Schulz "
+                "iterations (5 a step on every block matrix, at the GEMM rate, shared by a replica's GPUs) and, "
+                "under CPU offload, its gradient, momentum and weight copied to the GPU and back; the runner runs "
+                "adamw only.",
+        "choices": ("adamw", "muon")})
     deadline_days: float | None = field(
         default=None, metadata={"bounds": POSITIVE, "help": "Keep only options that finish within this many days."})
     budget_usd: float | None = field(
@@ -459,7 +465,7 @@ def candidates(opts: PlanOptions, global_batch: Any, schedule: tuple[str, int] |
     stages; default: the plan's first, :func:`schedule_variants`)."""
     name, v = schedule or schedule_variants(opts)[0]
     return Layout(seq_len=opts.seq_len, global_batch=global_batch, precision=opts.precision,
-                  fp8_recipe=opts.fp8_recipe, fp8_attention=opts.fp8_attention,
+                  fp8_recipe=opts.fp8_recipe, fp8_attention=opts.fp8_attention, optimizer=opts.optimizer,
                   sequence_parallel=columns["tp"] > 1, schedule=name, virtual_stages=v,
                   **columns)
 
@@ -566,7 +572,7 @@ def _evaluate_rows(shape: ModelShape, hw: hardware.Hardware, opts: PlanOptions, 
     kept = cand.take(fits)
     out = layout_time.step_time(shape, hw, global_batch=B, overlap=overlap, moe=opts.moe,
                                 offload_state_bytes=held_state_bytes(opts.precision, held["state_bytes"]),
-                                **kept.model_kwargs())
+                                optimizer=opts.optimizer, **kept.model_kwargs())
     return {**{k: a[fits] for k, a in rows.items()}, "offload": np.full(fits.sum(), offload),
             "memory_per_gpu_bytes": mem["total_bytes"][fits],
             "host_memory_per_gpu_bytes": np.broadcast_to(mem["host_bytes"], fits.shape)[fits],

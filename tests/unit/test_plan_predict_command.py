@@ -22,6 +22,10 @@ CASES = [
      "--state-bytes", "2,2,12"],
     ["--model", "llama3-70b", "--tokens", "1.5e13", "--systems", "gb200-nvl72", "--max-gpus", "256",
      "--stack", "torchtitan"],
+    # Muon: its Newton-Schulz time in the plan's throughput, and in the predict line's (a
+    # Llama 4 Maverick, whose dense and MoE layers interleave)
+    ["--model", "llama-4-maverick", "--tokens", "1e12", "--systems", "dgx-b200", "--max-gpus", "256",
+     "--optimizer", "muon"],
 ]
 
 
@@ -42,6 +46,12 @@ def test_the_leads_predict_line_gives_its_figures(args):
     assert got["tokens_per_s_per_gpu"] * lead["num_gpus"] == pytest.approx(lead["tokens_per_s_point"], rel=1e-9)
     assert got["memory"]["total_bytes"] == pytest.approx(lead["memory_per_gpu_bytes"], rel=1e-9)
     assert got["mfu"] == pytest.approx(lead["mfu_point"], rel=1e-9)
+    if "--optimizer" in args:
+        assert "--optimizer muon" in lead["predict_command"] and got["breakdown"]["optimizer_s"] > 0
+        # Negative control: the line without Muon is a faster step.
+        adamw = [a for a in cmd[1:] if a not in ("--optimizer", "muon")]
+        other = json.loads(CliRunner().invoke(main, [*adamw, "--json"]).output)
+        assert other["step_time_s"] < got["step_time_s"]
     # Negative control: the same line without sequence parallelism is another layout.
     if lead["tp"] > 1:
         plain = [a for a in cmd[1:] if a != "--sequence-parallel"]
