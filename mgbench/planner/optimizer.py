@@ -45,6 +45,9 @@ OPTIMIZERS = ("adamw", "muon")
 # torchtitan's dion Muon (newton_schulz_triton.py, 5 fixed coefficient sets).
 NS_STEPS = 5
 
+STATE_BYTES_NOTE = ("--optimizer {optimizer}: the optimizer states are counted at the stack's {held:g} bytes a "
+                    "parameter, AdamW's (a master copy and two moments where it keeps them); Muon keeps one momentum "
+                    "buffer for its matrices: give the run's bytes with --state-bytes WEIGHTS,GRADS,OPTIMIZER")
 MUON_OFFLOAD_NOTE = ("--optimizer muon with --offload: its states' copies to and from the GPU priced at the host "
                      "link's pinned rate (a lower bound: a pageable momentum copies slower and blocks the host); the "
                      "host's gradient clipping and garbage collection are not priced")

@@ -8,6 +8,7 @@ from ..errors import MgbenchError
 from ..layout import RECOMPUTE, RUNNER_RECOMPUTE, Layout
 from ..model_shape import ModelShape
 from . import layout_rules, layout_time, perf
+from . import optimizer as optimizer_terms
 from .hardware import Hardware
 from .memory import SCHEDULES, STATE_BYTES, held_state_bytes, memory_per_gpu
 
@@ -115,6 +116,10 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
     if shape is None and layout.zero >= 3 and largest_layer_params is None:
         out["notes"] += ["ZeRO-3's gathered working set is not counted: the largest layer is unknown with --params; "
                         "give --largest-layer-params N (DeepSpeed's estimator takes the same)"]
+    if layout.optimizer != "adamw" and state_bytes is None:
+        out["notes"].append(optimizer_terms.STATE_BYTES_NOTE.format(optimizer=layout.optimizer,
+                                                                   held=held_state_bytes(layout.precision,
+                                                                                         kw["state_bytes"])[2]))
     out["layout"] = layout.as_dict()
     # The bytes a parameter the states were counted at (fp32 training: fp32 everything).
     out["state_bytes"] = list(held_state_bytes(layout.precision, kw["state_bytes"]))

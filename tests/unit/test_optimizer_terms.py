@@ -102,3 +102,14 @@ def test_predict_takes_the_optimizer_on_the_command_line():
     assert muon["breakdown"]["optimizer_s"] == pytest.approx(muon["step_time_s"] - adamw["step_time_s"], rel=1e-6)
     bad = CliRunner().invoke(main, base + ["--optimizer", "sgd"])
     assert bad.exit_code == 2 and "Traceback" not in bad.output
+
+
+def test_memory_says_muons_states_are_counted_at_adamws_bytes_unless_given():
+    base = ["memory", "--model", "llama3-8b", "--num-gpus", "8", "--zero", "1", "--json"]
+    muon = json.loads(CliRunner().invoke(main, base + ["--optimizer", "muon"]).output)
+    assert any("Muon keeps one momentum buffer" in n and "--state-bytes" in n for n in muon["notes"])
+    # The same bytes as AdamW's (nothing guessed), and no such note where the run gives its own.
+    adamw = json.loads(CliRunner().invoke(main, base).output)
+    assert muon["total_bytes"] == adamw["total_bytes"]
+    given = json.loads(CliRunner().invoke(main, base + ["--optimizer", "muon", "--state-bytes", "2,4,8"]).output)
+    assert not any("Muon keeps" in n for n in given["notes"]) and given["total_bytes"] < adamw["total_bytes"]
