@@ -192,8 +192,10 @@ def _llama4(cfg: dict[str, Any], name: str) -> ModelShape:
     experts and one shared expert of intermediate_size, dense layers of
     intermediate_size_mlp, MoE every interleave_moe_layer_step-th layer (transformers'
     Llama4TextConfig: moe_layers = range(step - 1, layers, step) unless listed, ModelShape's
-    moe_interval). Not modelled: the chunked attention of three layers in four (8192-token
-    chunks; priced as global attention, the same up to the chunk, more FLOPs beyond)."""
+    moe_interval). Its chunked attention (three layers in four attend within
+    attention_chunk_size-token chunks, every fourth globally) is read as a sliding window of
+    the chunk's size, global every fourth layer: the same up to the chunk, and an upper bound
+    beyond (a window holds up to the chunk's keys a query, a chunk half of that on average)."""
     layers = _int(cfg, "num_hidden_layers")
     step = cfg.get("interleave_moe_layer_step", 1)
     listed = cfg.get("moe_layers")
@@ -205,7 +207,9 @@ def _llama4(cfg: dict[str, Any], name: str) -> ModelShape:
     d = _common(cfg, name, ffn_hidden=cfg.get("intermediate_size_mlp") or expert, mlp="swiglu",
                 experts=_int(cfg, "num_local_experts"), top_k=_int(cfg, "num_experts_per_tok"),
                 expert_ffn_hidden=expert, shared_experts=1, moe_interval=step)
-    return ModelShape(**d)
+    chunk = cfg.get("attention_chunk_size")
+    local = {"sliding_window": chunk, "global_every": 4} if chunk else {}
+    return ModelShape(**d, **local)
 
 
 def _deepseek(cfg: dict[str, Any], name: str) -> ModelShape:

@@ -150,7 +150,7 @@ def _collective_counts(cfg: Any) -> dict[str, Any]:
     from .perf import collective_counts
 
     return collective_counts(cfg.shape.layers, cfg.tp, cfg.pp, cfg.dp, cfg.zero_stage, cfg.grad_accum,
-                             RECOMPUTE.index(cfg.activation_checkpointing), cfg.pp_schedule)
+                             RECOMPUTE.index(cfg.activation_checkpointing), cfg.pp_schedule, shape=cfg.shape)
 
 
 def collective_latency(cfg: Any, counted: float, profile: dict[str, Any]) -> float:

@@ -110,7 +110,8 @@ def _llama4_config(step: int, experts: int) -> dict:
                             "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
                             "intermediate_size": 8192, "intermediate_size_mlp": 16384, "vocab_size": 202048,
                             "num_local_experts": experts, "num_experts_per_tok": 1,
-                            "interleave_moe_layer_step": step, "tie_word_embeddings": False}}
+                            "interleave_moe_layer_step": step, "attention_chunk_size": 8192,
+                            "tie_word_embeddings": False}}
 
 
 def test_a_llama4_config_reads_as_the_preset_its_vision_tower_left_out(tmp_path):
@@ -167,3 +168,12 @@ def test_memory_prices_the_busiest_ranks_experts_under_virtual_stages():
     _, interleaved = stage_param_split(m, tp=1, pp=4, ep=8, chunks=4)
     # 12 blocks a rank: 6 MoE layers as one run, 8 as four runs of 3.
     assert float(interleaved) == pytest.approx(float(plain) * 8 / 6)
+
+
+def test_chunked_attention_is_priced_no_dearer_than_a_window_of_the_chunk():
+    # At 8192 tokens a chunk is the whole sequence (the published rows' length: nothing moves);
+    # at 32768 the window of 8192 on 36 of 48 layers prices far fewer score FLOPs than global.
+    m = _maverick()
+    glob = dataclasses.replace(m, sliding_window=None, global_every=0)
+    assert m.flops_per_token(8192) == pytest.approx(glob.flops_per_token(8192))
+    assert m.flops_per_token(32768) < glob.flops_per_token(32768)
