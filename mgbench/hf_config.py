@@ -193,8 +193,8 @@ def _llama4(cfg: dict[str, Any], name: str) -> ModelShape:
     intermediate_size_mlp, MoE every interleave_moe_layer_step-th layer (transformers'
     Llama4TextConfig: moe_layers = range(step - 1, layers, step) unless listed, ModelShape's
     moe_interval). Its chunked attention (three layers in four attend within
-    attention_chunk_size-token chunks, every fourth globally) is read as a sliding window of
-    the chunk's size, global every fourth layer: the same up to the chunk, and an upper bound
+    attention_chunk_size-token chunks, every no_rope_layer_interval-th globally) is read as a
+    sliding window of the chunk's size, global every no_rope_layer_interval-th layer: the same up to the chunk, and an upper bound
     beyond (a window holds up to the chunk's keys a query, a chunk half of that on average)."""
     layers = _int(cfg, "num_hidden_layers")
     step = cfg.get("interleave_moe_layer_step", 1)
@@ -208,7 +208,9 @@ def _llama4(cfg: dict[str, Any], name: str) -> ModelShape:
                 experts=_int(cfg, "num_local_experts"), top_k=_int(cfg, "num_experts_per_tok"),
                 expert_ffn_hidden=expert, shared_experts=1, moe_interval=step)
     chunk = cfg.get("attention_chunk_size")
-    local = {"sliding_window": chunk, "global_every": 4} if chunk else {}
+    # no_rope_layer_interval: transformers' Llama4TextConfig default, 4 (the NoPE layers are
+    # the global ones)
+    local = {"sliding_window": chunk, "global_every": cfg.get("no_rope_layer_interval", 4)} if chunk else {}
     return ModelShape(**d, **local)
 
 

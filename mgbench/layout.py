@@ -43,7 +43,15 @@ from .strategies.schedules import VIRTUAL, chunks_per_rank
 # block's matmul outputs saved and half of its matmul forward recomputed. The planner
 # prices selective and op; the runner does not run them.
 RECOMPUTE = ("none", "every_2nd", "full", "selective", "op")
+# The optimizers the planner prices (planner/optimizer.py): AdamW, the default and the runner's,
+# and Muon.
+OPTIMIZERS = ("adamw", "muon")
 RUNNER_RECOMPUTE = ("none", "every_2nd", "full")
+
+
+def optimizer_problem(name: Any) -> str | None:
+    """Why ``name`` is not an optimizer the planner prices (:data:`OPTIMIZERS`), or None."""
+    return None if name in OPTIMIZERS else f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}"
 
 
 def fp8_recipe_problem(precision: str, recipe: str | None) -> str | None:
@@ -122,17 +130,13 @@ class Layout:
     # fp8_dpa, Megatron-Bridge's fp8_dot_product_attention): priced at the FP8 / BF16
     # kernel-time ratio measured on the GPU (planner/layout_time.py). Priced, not run.
     fp8_attention: bool = False
-    # The optimizer (planner/optimizer.py OPTIMIZERS): what its own step costs beyond an
+    # The optimizer (:data:`OPTIMIZERS`; planner/optimizer.py): what its own step costs beyond an
     # elementwise update (Muon's Newton-Schulz iterations; under offload its states' copies).
     # Priced, not run: the runner trains with AdamW.
     optimizer: str = "adamw"
 
     def __post_init__(self) -> None:
-        if self.optimizer not in ("adamw", "muon"):  # planner/optimizer.py OPTIMIZERS (layout imports no planner)
-            from .errors import MgbenchError
-
-            raise MgbenchError(f"--optimizer must be adamw or muon, got {self.optimizer!r}")
-        why = fp8_recipe_problem(self.precision, self.fp8_recipe) or fp8_attention_problem(
+        why = optimizer_problem(self.optimizer) or fp8_recipe_problem(self.precision, self.fp8_recipe) or fp8_attention_problem(
             self.precision, self.fp8_attention, self.fp8_recipe, self.flash_attention)
         if why is not None:
             from .errors import MgbenchError

@@ -358,6 +358,15 @@ class ModelShape:
         (index + 1) % k == 0, so the k-th, 2k-th, ... layer from 1)."""
         return self.is_moe and index >= self.dense_layers and (index - self.dense_layers + 1) % self.moe_interval == 0
 
+    def leading_moe_layers(self, blocks: Any) -> Any:
+        """The MoE layers among the model's first ``blocks`` blocks (arrays broadcast): the
+        count :meth:`is_moe_layer` gives a first pipeline stage, its dense leading layers
+        first."""
+        import numpy as np
+
+        past = np.maximum(np.asarray(blocks, dtype=float) - self.dense_layers, 0.0)
+        return np.minimum(np.floor(past / self.moe_interval), float(self.moe_layers))
+
     def stage_moe_layers(self, blocks: Any, chunks: Any = 1) -> Any:
         """The most MoE layers a pipeline rank's ``blocks`` hold (arrays broadcast), in
         ``chunks`` runs of blocks / chunks consecutive blocks (an interleaved schedule's

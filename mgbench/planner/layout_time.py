@@ -87,7 +87,7 @@ from .. import catalog
 from ..errors import MgbenchError
 from ..layout import fp8_attention_problem
 from ..model_shape import ModelShape
-from ..strategies.schedules import bubble_unknown_reason, chunks_per_rank
+from ..strategies.schedules import bubble_unknown_reason
 from . import ep_kernels
 from . import moe as moe_terms
 from . import optimizer as optimizer_terms
@@ -95,8 +95,8 @@ from . import perf
 from .hardware import GB, Hardware
 from .hardware import FP8_ATTENTION_BF16, fp8_attention_gpus
 from .hardware import fp8_attention_points as hardware_fp8_attention_points
-from .memory import (VIRTUAL_SCHEDULES, act_bytes, attention_recomputed_share, expert_ranks, recomputed_share,
-                     stage_layers, stage_param_split)
+from .memory import (VIRTUAL_SCHEDULES, act_bytes, attention_recomputed_share, expert_ranks, rank_runs,
+                     recomputed_share, stage_layers, stage_param_split)
 from .stack import counts_expert_epilogue
 from .stack import fp8_recipe as recipe_of
 
@@ -284,8 +284,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     d = np.asarray(dp, dtype=float)
     virtual = schedule in VIRTUAL_SCHEDULES
     v = virtual_stages if virtual else 1
-    # A rank's blocks come in runs from across the model (memory.stage_param_split).
-    chunks = np.where(np.asarray(pp) > 1, chunks_per_rank(schedule, virtual_stages), 1)
+    chunks = rank_runs(pp, schedule, virtual_stages)
     dense_p, expert_p = stage_param_split(shape, tp, pp, ep, pp_last_layers, etp, chunks)
     b = perf.compute_terms(shape, hw, seq=seq, global_batch=global_batch, micro_batch=np.asarray(micro_batch) / c,
                            tp=tp, pp=pp, dp=d * c, recompute=recompute, precision=hardware_precision(precision),
@@ -358,7 +357,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         imbalance_s = expert * (load - 1.0) * linear_scale
         rank_tokens = np.asarray(global_batch, dtype=float) * s * lps / shape.layers / (t * d * c)
         rc_flops = moe_terms.recompute_flops_per_token(shape, opts.recompute_modules, load)
-        moe_recompute_s = rc_flops * rank_tokens / (hw.peak_tflops * 1e12 * hw.compute_eff) * linear_scale
+        moe_recompute_s = rc_flops * rank_tokens / perf.gemm_rate(hw) * linear_scale
         permute_s = moe_terms.permute_seconds(shape, hw, tokens=tokens_rank, act_bytes=e, moe_layers=moe_layers,
                                               num_micro=m, load=load) / hw.stack_eff
         traffic_s = perf.moe_traffic_seconds(shape, hw, tokens=tokens_rank * t, tp=t, precision=precision,
@@ -454,7 +453,8 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         notes.append(OFFLOAD_NOTE)
     # The optimizer's own matrix work (Muon), and under offload the copies of its states it
     # makes to run on the GPU, serial with the step (planner/optimizer.py).
-    optimizer_s = optimizer_terms.step_seconds(shape, hw, optimizer, num_gpus=t * p * dpc, replicas=replicas)
+    n_gpus = t * p * dpc
+    optimizer_s = optimizer_terms.step_seconds(shape, hw, optimizer, num_gpus=n_gpus, replicas=replicas)
     if offload and optimizer != "adamw":
         h2d, d2h = optimizer_terms.offload_bytes(optimizer, shard, offload_state_bytes)
         optimizer_s = optimizer_s + (h2d + d2h) / host_link_bw(hw)
@@ -470,7 +470,6 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     # 10 points slower, its held-out mean 7.5% -> 8.4%; the mechanism, not that, decided.)
     total = (compute + bubble + b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s + host_s
              + notify_s + optimizer_s)
-    n_gpus = t * p * dpc
     tokens = np.asarray(global_batch, dtype=float) * s
     tps = tokens / total
     model_flops = shape.flops_per_token(s)

@@ -165,6 +165,14 @@ def held_state_bytes(precision: str, state_bytes: tuple[float, float, float]) ->
     return tuple(float(x) for x in (STATE_BYTES["fp32"] if precision == "fp32" else state_bytes))
 
 
+def rank_runs(pp: Any, schedule: str, virtual_stages: int) -> Any:
+    """The runs of consecutive blocks a pipeline rank holds: its schedule's chunks
+    (strategies.schedules.chunks_per_rank: an interleaved schedule's virtual stages, each
+    from another part of the model), 1 without a pipeline. What ModelShape.stage_moe_layers
+    counts a stage's MoE layers in."""
+    return np.where(np.asarray(pp) > 1, chunks_per_rank(schedule, virtual_stages), 1)
+
+
 def expert_ranks(ep: Any, etp: Any = 1) -> Any:
     """The ranks one copy of a layer's routed experts is split over: ep of them each
     holding experts / ep, each of those split etp ways (Megatron-Core's expert tensor
@@ -681,7 +689,7 @@ def memory_per_gpu(shape: ModelShape | None, *, params: Any = None, seq: Any = 2
                 "reserved_bytes": subtotal, "total_bytes": subtotal,
                 "host_bytes": host, "gathered_params_known": largest_layer_params is not None}
     p_arr = np.asarray(pp)
-    chunks = np.where(p_arr > 1, chunks_per_rank(schedule, virtual_stages), 1)
+    chunks = rank_runs(p_arr, schedule, virtual_stages)
     dense_p, expert_p = stage_param_split(shape, tp, pp, ep, pp_last_layers, etp, chunks)
     sb = None if precision == "fp32" else state_bytes  # fp32 training keeps fp32 everything
     # Routed experts' ZeRO group: their expert data-parallel ranks, t x dp x cp / ep

@@ -26,9 +26,8 @@ from .. import catalog
 from ..errors import MgbenchError
 from ..layout import Layout, fp8_attention_problem
 from ..model_shape import ModelShape
-from ..strategies.schedules import chunks_per_rank
 from . import ep_kernels, hardware, moe, perf
-from .memory import stage_layers
+from .memory import rank_runs, stage_layers
 from .splits import SPLITS, alternating
 from .stack import row_state_bytes
 
@@ -282,10 +281,9 @@ def host_fit_rows() -> list[dict[str, Any]]:
             and not hardware.ep_crosses_efa(r["system"], r["ep"])]
 
 
-def row_chunks(row: dict[str, Any]) -> int:
-    """The runs of blocks a pipeline rank of ``row`` holds (its schedule's chunks; 1 without
-    a pipeline): what ModelShape.stage_moe_layers counts a stage's MoE layers in."""
-    return chunks_per_rank(row.get("schedule", "1f1b"), row.get("virtual_stages", 1)) if row.get("pp", 1) > 1 else 1
+def row_chunks(row: dict[str, Any]) -> float:
+    """The runs of blocks a pipeline rank of ``row`` holds (memory.rank_runs)."""
+    return float(rank_runs(row.get("pp", 1), row.get("schedule", "1f1b"), row.get("virtual_stages", 1)))
 
 
 def host_terms(row: dict[str, Any]) -> tuple[float, float, float]:

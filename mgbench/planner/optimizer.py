@@ -9,6 +9,7 @@ cannot price: layout_time.OFFLOAD_NOTE).
 Muon (Keller Jordan, "Muon: An optimizer for hidden layers in neural networks", 2024; Kimi
 K2's MuonClip and torchtitan's experiments/dion_optimizer build on it) replaces each weight
 matrix's update by its momentum orthogonalised with ``NS_STEPS`` Newton-Schulz iterations.
+The optimizers priced are layout.OPTIMIZERS (the layout states them; the planner prices them).
 For an m x n matrix (m <= n; a wider one is transposed) an iteration is A = X X^T (2 m^2 n
 FLOPs), B = b A + c A A (2 m^3), X = a X + B X (2 m^2 n): 4 m^2 n + 2 m^3, counted as dense
 GEMM FLOPs (torchtitan @fda7d765 torchtitan/experiments/dion_optimizer/
@@ -38,9 +39,10 @@ import numpy as np
 
 from ..errors import MgbenchError
 from ..model_shape import ModelShape
+from ..layout import OPTIMIZERS, optimizer_problem
 from .hardware import Hardware
+from .perf import gemm_rate
 
-OPTIMIZERS = ("adamw", "muon")
 # Newton-Schulz iterations a Muon update runs: Keller Jordan's reference (ns_steps = 5) and
 # torchtitan's dion Muon (newton_schulz_triton.py, 5 fixed coefficient sets).
 NS_STEPS = 5
@@ -54,9 +56,9 @@ MUON_OFFLOAD_NOTE = ("--optimizer muon with --offload: its states' copies to and
 
 
 def check(name: str) -> str:
-    """``name`` if it is an optimizer the planner prices, else one clear error."""
-    if name not in OPTIMIZERS:
-        raise MgbenchError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
+    """``name`` if it is an optimizer the planner prices (layout.OPTIMIZERS), else one clear error."""
+    if (why := optimizer_problem(name)) is not None:
+        raise MgbenchError(why)
     return name
 
 
@@ -92,7 +94,7 @@ def step_seconds(shape: ModelShape, hw: Hardware, optimizer: str, *, num_gpus: A
     n = np.asarray(num_gpus, dtype=float) / np.asarray(replicas, dtype=float)
     if check(optimizer) == "adamw":
         return 0.0 * n
-    return newton_schulz_flops(shape) / n / (hw.peak_tflops * 1e12 * hw.compute_eff)
+    return newton_schulz_flops(shape) / n / gemm_rate(hw)
 
 
 def offload_bytes(optimizer: str, shard_params: Any, state_bytes: tuple[float, float, float]) -> tuple[Any, Any]:
@@ -100,7 +102,9 @@ def offload_bytes(optimizer: str, shard_params: Any, state_bytes: tuple[float, f
     CPU offload beyond FSDP2's own copies: none for AdamW (it steps on the host); for Muon
     the shard's gradient, momentum and weight to the GPU and its momentum and weight back,
     at the bytes the run holds them (``state_bytes``: weight, gradient, optimizer state a
-    parameter; Muon's one momentum buffer is the optimizer's bytes)."""
+    parameter; Muon's one momentum buffer is the optimizer's bytes). ``shard_params`` is the
+    GPU's whole shard: its few AdamW parameters (embedding, head, norms), which step on the
+    host, are counted with it, an over-count of their share."""
     p = np.asarray(shard_params, dtype=float)
     if check(optimizer) == "adamw":
         return 0.0 * p, 0.0 * p

@@ -191,6 +191,12 @@ def collective_counts(layers: int, tp: Any, pp: Any, dp: Any, zero: Any, num_mic
             "dp": np.where(d > 1, np.where(np.asarray(zero) >= 3, zero3_gathers(m, p, schedule) + 1.0, 1.0), 0.0)}
 
 
+def gemm_rate(hw: Hardware) -> float:
+    """FLOP/s the planner prices a training GEMM at on ``hw``: its dense peak at its
+    achievable fraction (compute_eff)."""
+    return hw.peak_tflops * 1e12 * hw.compute_eff
+
+
 def tp_mlp_layers(shape: ModelShape, stage: Any) -> Any:
     """Of a first pipeline stage's ``stage`` blocks, those whose MLP runs tensor-parallel
     collectives (an all-gather in, a reduce-scatter out under sequence parallelism: an
@@ -207,8 +213,7 @@ def tp_mlp_layers(shape: ModelShape, stage: Any) -> Any:
     s = np.asarray(stage, dtype=float)
     if not shape.is_moe or shape.shared_experts:
         return s
-    first_moe = np.minimum(np.floor(np.maximum(s - shape.dense_layers, 0.0) / shape.moe_interval), shape.moe_layers)
-    return s - first_moe
+    return s - shape.leading_moe_layers(s)
 
 
 def bubble_fraction(pp: Any, num_micro: Any, schedule: str, virtual_stages: int) -> Any:
@@ -472,7 +477,7 @@ def host_terms(shape: ModelShape, hw: Hardware, seq: Any, recompute: Any, rank_t
     ``rank_tokens``: the tokens whose blocks this rank computes per step (its share of
     the layers)."""
     attn_hw_flops = attention_flops_per_token(shape, seq, recompute) * rank_tokens
-    attn_mm = attn_hw_flops / (hw.peak_tflops * 1e12 * hw.compute_eff)
+    attn_mm = attn_hw_flops / gemm_rate(hw)
     pts = sorted(hw.attn_points or ())
     if pts:
         rate = np.interp(np.asarray(seq, dtype=float), [p[0] for p in pts], [p[1] for p in pts])
@@ -693,7 +698,7 @@ def compute_terms(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: An
     m = B / (b * d)  # micro-batches per pipeline per step
 
     tokens = B * s
-    rate = hw.peak_tflops * 1e12 * hw.compute_eff
+    rate = gemm_rate(hw)
     head_tok = head_flops_per_token(shape)
     stage_layers = memory_stage_layers(shape.layers, p, pp_last_layers)[0]
     # The busiest GPU: ceil(L / p) blocks of its pipeline's 1 / (t d) share of the tokens

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import catalog
 from ..errors import MgbenchError
-from ..layout import RECOMPUTE, Layout, fp8_attention_problem, fp8_recipe_problem
+from ..layout import OPTIMIZERS, RECOMPUTE, Layout, fp8_attention_problem, fp8_recipe_problem
 from ..model_shape import ModelShape
 from ..strategies.schedules import VIRTUAL, too_few_chunks, v_shaped
 from . import cost, decision, hardware, layout_rules, layout_time, ownership, perf, stack
@@ -31,6 +31,7 @@ from .memory import (ALLOWANCE_FRACTION, SCHEDULES, STATE_BYTES, check_margin, h
                      memory_per_gpu)
 from ..probe.profile import STACK as profile_stack
 from ..probe.profile import holds_cuda_context
+from .optimizer import NS_STEPS
 from .perf import FP8_RECIPES
 
 TP_CHOICES = (1, 2, 4, 8)
@@ -150,12 +151,12 @@ class PlanOptions:
     offload: bool = field(default=False, metadata={
         "help": "FSDP2 CPU offload with ZeRO-3: weights, gradients and optimizer states in host memory, copied over "
                 "the host link (plan: considered beside no offload for ZeRO-3 layouts)."})
-    optimizer: str = field(default="adamw", metadata={
+    optimizer: str = field(default=OPTIMIZERS[0], metadata={
         "help": "The optimizer: what its own step costs beyond an elementwise update. muon prices its Newton-Schulz "
-                "iterations (5 a step on every block matrix, at the GEMM rate, shared by a replica's GPUs) and, "
-                "under CPU offload, its gradient, momentum and weight copied to the GPU and back; the runner runs "
-                "adamw only.",
-        "choices": ("adamw", "muon")})
+                f"iterations ({NS_STEPS} a step on every block matrix, at the GEMM rate, shared by a replica's GPUs) "
+                "and, under CPU offload, its gradient, momentum and weight copied to the GPU and back; the runner "
+                "runs adamw only.",
+        "choices": OPTIMIZERS})
     deadline_days: float | None = field(
         default=None, metadata={"bounds": POSITIVE, "help": "Keep only options that finish within this many days."})
     budget_usd: float | None = field(

@@ -85,7 +85,7 @@ def test_under_offload_muon_copies_its_states_to_the_gpu_and_back():
 
 
 def test_the_layout_and_the_runner_refuse_what_they_cannot_take():
-    with pytest.raises(MgbenchError, match="--optimizer must be adamw or muon"):
+    with pytest.raises(MgbenchError, match="--optimizer must be one of adamw, muon"):
         Layout(num_gpus=8, optimizer="lion")
     problems = Layout(num_gpus=2, optimizer="muon").runner_problems(2)
     assert any("the runner trains with AdamW" in p for p in problems)
