@@ -784,6 +784,7 @@ def report(scored: list[dict[str, Any]] | None = None) -> str:
             lines.append(f"{split}: no row predicted")
     lines.append(distinct_line(scored))
     lines.append(fabric_line(scored))
+    lines.append(stack_line(scored))
     return "\n".join(lines)
 
 
@@ -823,11 +824,96 @@ def fabric_line(scored: list[dict[str, Any]], rows: list[dict[str, Any]] | None 
     return "held out by fabric: " + "; ".join(parts)
 
 
-if __name__ == "__main__":  # python -m mgbench.planner.moe_validation [--implied-host | --graphed-share | --efa-notify | --torchtitan-extra]
+def micro_batch_sweeps(rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The scored rows that measure one setup at two or more micro-batch sizes (equal in
+    :func:`measurement` but for ``micro_batch``; the global batch fixed, so the same tokens),
+    each split in two by its smallest and largest micro-batch: a step is m x A + B, A the
+    cost of one micro-batch's pass and B the rest, solved from the two points for the
+    published steps and for the predicted ones. Where the two Bs part, the model misses what
+    grows with the data (its all-to-all bytes, its GEMMs); where the As part, what every pass
+    pays (host launches, latency, the bubble). A two-point reading, not a fit: a bigger
+    micro-batch also runs faster GEMMs, which lands in A."""
+    rows = [r for r in (runs() if rows is None else rows) if r["split"] in SPLITS]
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        key = tuple(kv for kv in measurement(r) if kv[0] != "micro_batch")
+        groups.setdefault(key, []).append(r)
+    out = []
+    for group in groups.values():
+        if len({r["micro_batch"] for r in group}) < 2:
+            continue
+        small = min(group, key=lambda r: r["micro_batch"])
+        big = max(group, key=lambda r: r["micro_batch"])
+        ps, pb = predict_row(small), predict_row(big)
+        ms, mb = float(ps["num_micro_batches"]), float(pb["num_micro_batches"])
+        if ms == mb:  # no second point (a global batch of one micro-batch either way)
+            continue
+
+        def split(step_small: float, step_big: float) -> tuple[float, float]:
+            a = (step_small - step_big) / (ms - mb)
+            return a, step_small - ms * a
+
+        a_pub, b_pub = split(published_step_s(small), published_step_s(big))
+        a_model, b_model = split(float(ps["step_time_s"]), float(pb["step_time_s"]))
+        out.append({"rows": (small["id"], big["id"]), "splits": (small["split"], big["split"]),
+                    "micro_batches": (small["micro_batch"], big["micro_batch"]), "num_micro": (ms, mb),
+                    "per_micro_s": {"published": a_pub, "model": a_model}, "rest_s": {"published": b_pub, "model": b_model}})
+    return out
+
+
+def sweep_report(sweeps: list[dict[str, Any]] | None = None) -> str:
+    """:func:`micro_batch_sweeps` as a table: per sweep, the published and predicted cost of a
+    micro-batch's pass (A) and of the rest (B), and their ratios."""
+    sweeps = micro_batch_sweeps() if sweeps is None else sweeps
+    head = (f"{'sweep (smallest micro-batch row)':<52}  {'mb':>5}  {'m':>7}  {'A pub ms':>9}  {'A model':>8}  "
+            f"{'B pub s':>8}  {'B model':>8}  {'A ratio':>7}  {'B ratio':>7}")
+    lines = ["Micro-batch sweeps (one setup at two micro-batch sizes, the same tokens): step = m x A + B, solved from "
+             "the two points, published and predicted; ratio = published / model", head, "-" * len(head)]
+    for s in sweeps:
+        a, b = s["per_micro_s"], s["rest_s"]
+        lines.append(f"{s['rows'][0]:<52}  {s['micro_batches'][0]:>2}/{s['micro_batches'][1]:<2}  "
+                     f"{s['num_micro'][0]:>3.0f}/{s['num_micro'][1]:<3.0f}  {1e3 * a['published']:>9.1f}  "
+                     f"{1e3 * a['model']:>8.1f}  {b['published']:>8.2f}  {b['model']:>8.2f}  "
+                     f"{a['published'] / a['model']:>7.2f}  {b['published'] / b['model']:>7.2f}")
+    return "\n".join(lines)
+
+
+# The parts :func:`stack_line` reports apart, each with a test of whether a row is in it.
+STACK_PARTS = (
+    ("Megatron-Core with EP off AWS EFA", lambda r: stack_of(r) == STACK and not hardware.ep_crosses_efa(r["system"], r["ep"])),
+    ("EP across AWS EFA nodes", lambda r: hardware.ep_crosses_efa(r["system"], r["ep"])),
+    ("other stacks off EFA (torchtitan, NeMo AutoModel)",
+     lambda r: stack_of(r) != STACK and not hardware.ep_crosses_efa(r["system"], r["ep"])),
+)
+
+
+def stack_line(scored: list[dict[str, Any]], rows: list[dict[str, Any]] | None = None) -> str:
+    """Both splits' figures by the part of the file a row belongs to (:data:`STACK_PARTS`:
+    Megatron-Core's runs with expert parallelism off AWS EFA, the runs across EFA, the other
+    stacks' runs), each with its rows, mean |error|, the count over the worst-row target and
+    whether that part meets both targets: where the planner is within them and where not."""
+    by_id = {r["id"]: r for r in (runs() if rows is None else rows)}
+    parts = []
+    for split in SPLITS:
+        done = [s for s in scored if s["split"] == split and s["error_pct"] is not None]
+        for what, keep in STACK_PARTS:
+            errs = [abs(s["error_pct"]) for s in done if keep(by_id[s["id"]])]
+            if not errs:
+                continue
+            over = sum(e > TARGET_WORST_PCT for e in errs)
+            met = mean(errs) < TARGET_MEAN_PCT and not over
+            parts.append(f"{split.replace('_', ' ')}, {what}: {len(errs)} rows, mean |error| {mean(errs):.1f}%, "
+                         f"{over} over {TARGET_WORST_PCT:g}% (targets {'met' if met else 'not met'})")
+    return "by part: " + "; ".join(parts)
+
+
+if __name__ == "__main__":  # python -m mgbench.planner.moe_validation [--implied-host | --mb-sweep | --graphed-share | --efa-notify | --torchtitan-extra]
     import sys
 
     if "--implied-host" in sys.argv[1:]:
         print(implied_host_report())
+    elif "--mb-sweep" in sys.argv[1:]:
+        print(sweep_report())
     elif "--graphed-share" in sys.argv[1:]:
         print(graphed_share_report())
     elif "--efa-notify" in sys.argv[1:]:

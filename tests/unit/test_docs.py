@@ -198,15 +198,16 @@ def moe_runs_markdown() -> str:
 
 
 def moe_summary_markdown() -> str:
-    """The MoE summary line alone, with the rows counted and the held-out figure by fabric
-    (README)."""
+    """The MoE summary line alone, with the rows counted, the held-out figure by fabric and
+    both splits by part of the file (README)."""
     from mgbench.planner import moe_validation as V
 
     rows = V.runs()
     scored = sum(r["split"] in V.SPLITS for r in rows)
     by_fabric = V.fabric_line(V.scored_rows())
+    by_part = V.stack_line(V.scored_rows())
     return (f"{len(rows)} published rows, {scored} scored; " + moe_runs_markdown().splitlines()[-1]
-            + " H" + by_fabric[1:] + ".")
+            + " H" + by_fabric[1:] + ". B" + by_part[1:] + ".")
 
 
 def moe_intervals_markdown() -> str:

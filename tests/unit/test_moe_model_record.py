@@ -106,6 +106,37 @@ def test_the_held_out_figure_by_fabric():
     assert "elsewhere 151 rows" in V.fabric_line(scored, moved)  # 100 + the 51 p6-b300 rows; p5's 17 stay
 
 
+def test_both_splits_by_part_of_the_file():
+    # By hand: Megatron-Core's rows with EP off EFA, the rows across EFA and the other
+    # stacks' rows, each part's count, mean and rows over 30%; a part meets the targets only
+    # with its mean under 15% and none over 30%, and a row moved to another stack moves.
+    from statistics import mean
+
+    scored = V.scored_rows()
+    rows = {r["id"]: r for r in V.runs()}
+    line = V.stack_line(scored)
+    for split, label in (("fit", "fit"), ("held_out", "held out")):
+        done = [s for s in scored if s["split"] == split and s["error_pct"] is not None]
+        mine = [abs(s["error_pct"]) for s in done if V.stack_of(rows[s["id"]]) == V.STACK
+                and not V.hardware.ep_crosses_efa(rows[s["id"]]["system"], rows[s["id"]]["ep"])]
+        over = sum(e > 30 for e in mine)
+        assert (f"{label}, Megatron-Core with EP off AWS EFA: {len(mine)} rows, mean |error| {mean(mine):.1f}%, "
+                f"{over} over 30%") in line
+    parts = [p for p in line.removeprefix("by part: ").split("; ")]
+    assert len(parts) == 6 and sum(int(p.split(": ")[1].split(" rows")[0]) for p in parts) == sum(
+        s["error_pct"] is not None and s["split"] in V.SPLITS for s in scored)  # unscored rows in no part
+    assert "(targets met)" not in line  # every part has a row over 30% today
+    # The gate fires both ways on made-up scores: all within, one part met; one row at 31%, not met.
+    fake = [{"id": "a", "split": "fit", "error_pct": 10.0}, {"id": "b", "split": "fit", "error_pct": -12.0}]
+    made = [{**rows["mbridge-25.11-b200-deepseek-v3-fp8"], "id": "a"}, {**rows["mbridge-25.11-b200-deepseek-v3-fp8"], "id": "b"}]
+    assert V.stack_line(fake, made) == ("by part: fit, Megatron-Core with EP off AWS EFA: 2 rows, mean |error| 11.0%, "
+                                        "0 over 30% (targets met)")
+    fake[1]["error_pct"] = 31.0
+    assert "1 over 30% (targets not met)" in V.stack_line(fake, made)
+    made[1]["stack"] = "torchtitan"
+    assert "other stacks off EFA (torchtitan, NeMo AutoModel): 1 rows" in V.stack_line(fake, made)
+
+
 def test_another_model_built_from_a_presets_fields_stays_out_of_its_record():
     rows = {r["id"]: r for r in V.runs()}
     bench = rows["aws-p5en-dsv3-12l-ep32-alltoall-nch32"]  # 12 layers, standard attention: not DeepSeek-V3

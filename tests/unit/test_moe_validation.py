@@ -345,3 +345,27 @@ def test_a_conflicts_applied_note_is_text_and_none_unsets_a_dimension(rows):
     # torchtitan's q_lora_rank = 0 is written "none": unset, queries projected directly.
     tt = next(r for r in rows if r.get("stack") == "torchtitan" and r.get("model_overrides", {}).get("q_lora_rank") == "none")
     assert V.shape_of(tt).q_lora_rank is None and V.shape_of(tt).kv_lora_rank == 512
+
+
+def test_a_micro_batch_sweep_splits_a_step_into_a_pass_and_the_rest_by_hand():
+    # Two rows of one setup at micro-batch 1 and 4 (AWS's p6-b300 DeepSeek-V3 sweep, 64 and
+    # 16 micro-batches a step): made to publish 0.1 s a pass and 2 s of the rest, the sweep
+    # reads exactly that back; the model's A and B give back its own two steps.
+    rows = {r["id"]: r for r in V.runs()}
+    small, big = rows["aws-p6-b300-deepseek-v3-alltoall-mb1"], rows["aws-p6-b300-deepseek-v3-alltoall-mb4"]
+
+    def publishing(row, step):
+        return {**row, "published": row["global_batch"] * row["seq"] / (step * row["num_gpus"])}
+
+    made = [publishing(small, 64 * 0.1 + 2.0), publishing(big, 16 * 0.1 + 2.0)]
+    (sweep,) = V.micro_batch_sweeps(made)
+    assert sweep["num_micro"] == (64.0, 16.0) and sweep["micro_batches"] == (1, 4)
+    assert sweep["per_micro_s"]["published"] == pytest.approx(0.1) and sweep["rest_s"]["published"] == pytest.approx(2.0)
+    a, b = sweep["per_micro_s"]["model"], sweep["rest_s"]["model"]
+    assert 64 * a + b == pytest.approx(float(V.predict_row(small)["step_time_s"]))
+    assert 16 * a + b == pytest.approx(float(V.predict_row(big)["step_time_s"]))
+    # A third setting that differs (another dispatcher) is another sweep; a lone row is none.
+    assert len(V.micro_batch_sweeps([*made, {**made[0], "id": "x", "dispatcher": "deepep"}])) == 1
+    assert V.micro_batch_sweeps(made[:1]) == []
+    text = V.sweep_report([sweep])
+    assert "aws-p6-b300-deepseek-v3-alltoall-mb1" in text and "100.0" in text  # A published, in ms
