@@ -844,7 +844,10 @@ def micro_batch_sweeps(rows: list[dict[str, Any]] | None = None) -> list[dict[st
             continue
         small = min(group, key=lambda r: r["micro_batch"])
         big = max(group, key=lambda r: r["micro_batch"])
-        ps, pb = predict_row(small), predict_row(big)
+        try:
+            ps, pb = predict_row(small), predict_row(big)
+        except MgbenchError:  # a refused layout has no step to split (score reports why)
+            continue
         ms, mb = float(ps["num_micro_batches"]), float(pb["num_micro_batches"])
         if ms == mb:  # no second point (a global batch of one micro-batch either way)
             continue
