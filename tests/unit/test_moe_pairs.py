@@ -136,8 +136,9 @@ def test_lever_notes_name_the_pairs_of_what_a_run_sets():
     # 15 agreed until the twenty-first session's host re-solve (all-to-all 6.0 -> 4.6 ms a
     # pass, DeepEP 5.1 -> 4.95) narrowed the all-to-all's predicted lead over DeepEP on EFA
     # (8 then); 15 again since the twenty-second session's (all-to-all 4.7 -> 6.15, DeepEP
-    # 4.95 -> 5.15, with the Llama 4 Maverick rows)
-    assert "45 pairs" in over and "(15 agrees," in over
+    # 4.95 -> 5.15, with the Llama 4 Maverick rows); 18 after the twenty-third session's
+    # (all-to-all 6.15 -> 7.35, DeepEP 5.15 -> 5.25, with its search's rows)
+    assert "45 pairs" in over and "(18 agrees," in over
     assert P.lever_notes(moe.MoeOptions(dispatcher="deepep"), system="dgx-b200", ep=16)[0] == off
     assert P.lever_notes(moe.MoeOptions(dispatcher="deepep"), system="aws-p6-b300", ep=16)[0] == over
     assert P.lever_notes(moe.MoeOptions(dispatcher="deepep"), system="aws-p6-b300", ep=8)[0] == off  # one node

@@ -42,7 +42,7 @@ def test_the_term_prices_torchtitan_layers_only_by_hand(monkeypatch):
     assert float(moe.host_seconds(shape, **kw, stack="megatron-lm")) == pytest.approx(base)
 
 
-@pytest.mark.parametrize("bad", [-2.0, "1 ms", True, None])
+@pytest.mark.parametrize("bad", [-3.0, "1 ms", True, None])  # below minus HybridEP's 2.1
 def test_an_extra_out_of_range_is_refused(monkeypatch, bad):
     from tests.unit.test_moe_host import _refused_with_host_table
 
@@ -71,7 +71,8 @@ def test_torchtitan_and_offloading_runs_take_their_own_intervals():
     assert {"automodel-h100-gpt-oss-20b-8", "automodel-h100-qwen3-30b-a3b-8"} <= am and not am & tt
     assert [r["id"] for r in res["offload"]] == ["torchtitan-b200-mini-kimi-k2-alltoall-8gpu"]
     eager = U.regime("b200", False, moe="eager")
-    assert eager["high"] < 0.6 and U.regime("b200", False, moe="eager-torchtitan")["high"] > 2.0
+    # (eager's top 1.47x until the twenty-third session's dgxc GB200 DeepSeek-V3 rows, 1.76x)
+    assert eager["high"] < 0.8 and U.regime("b200", False, moe="eager-torchtitan")["high"] > 2.0
 
 
 def test_pooled_with_megatron_cores_runs_torchtitans_miss_would_be_everyones(monkeypatch):
