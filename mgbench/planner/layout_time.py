@@ -95,7 +95,7 @@ from . import perf
 from .hardware import GB, Hardware
 from .hardware import FP8_ATTENTION_BF16, fp8_attention_gpus
 from .hardware import fp8_attention_points as hardware_fp8_attention_points
-from .memory import (VIRTUAL_SCHEDULES, act_bytes, attention_recomputed_share, expert_ranks, rank_runs,
+from .memory import (STATE_BYTES, VIRTUAL_SCHEDULES, act_bytes, attention_recomputed_share, expert_ranks, rank_runs,
                      recomputed_share, stage_layers, stage_param_split)
 from .stack import counts_expert_epilogue
 from .stack import fp8_recipe as recipe_of
@@ -262,7 +262,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
               ep: Any = 1, cp: Any = 1, replicas: Any = 1, offload: bool = False,
               host_ops: dict[str, float] | None = None, moe: moe_terms.MoeOptions | None = None,
               pp_last_layers: Any = None, fp8_recipe: str | None = None,
-              fp8_attention: bool = False, offload_state_bytes: tuple[float, float, float] = (4.0, 4.0, 8.0),
+              fp8_attention: bool = False, offload_state_bytes: tuple[float, float, float] = STATE_BYTES["fp32"],
               etp: Any = 1, optimizer: str = "adamw") -> dict[str, Any]:
     """Predicted step time and its parts for a layout with every axis (arrays
     broadcast); the step, its named terms in ``breakdown`` and ``notes``.

@@ -87,6 +87,19 @@ def test_a_qwen_moe_config_with_a_sparse_step_reads_as_the_interval(tmp_path):
         shape_from_file(mixed)
 
 
+def test_a_deepseek_config_with_moe_every_kth_layer_is_refused(tmp_path):
+    # DeepSeek's moe_layer_freq puts MoE layers at index % k == 0 past the dense ones, a phase
+    # moe_interval does not have: refused in one line naming both.
+    base = json.loads((Path(__file__).parents[1] / "fixtures" / "hf" / "published" / "deepseek-v3"
+                       / "config.json").read_text())
+    assert shape_from_file(Path(__file__).parents[1] / "fixtures" / "hf" / "published" / "deepseek-v3"
+                           / "config.json").moe_interval == 1
+    freq = tmp_path / "config.json"
+    freq.write_text(json.dumps({**base, "moe_layer_freq": 2}))
+    with pytest.raises(MgbenchError, match="moe_layer_freq 2 .* is not modelled.*moe_interval"):
+        shape_from_file(freq)
+
+
 def test_the_runners_model_builds_the_interleaved_layers_with_the_specs_parameters():
     import torch
 

@@ -367,5 +367,7 @@ def test_a_micro_batch_sweep_splits_a_step_into_a_pass_and_the_rest_by_hand():
     # A third setting that differs (another dispatcher) is another sweep; a lone row is none.
     assert len(V.micro_batch_sweeps([*made, {**made[0], "id": "x", "dispatcher": "deepep"}])) == 1
     assert V.micro_batch_sweeps(made[:1]) == []
+    # A pair whose layout the planner refuses (ep 7 divides no 256 experts) has no step to split.
+    assert V.micro_batch_sweeps([{**m, "ep": 7} for m in made]) == []
     text = V.sweep_report([sweep])
     assert "aws-p6-b300-deepseek-v3-alltoall-mb1" in text and "100.0" in text  # A published, in ms
