@@ -270,15 +270,23 @@ def host_fit_rows() -> list[dict[str, Any]]:
     """The rows the host launch constants are solved from: the "fit" rows of this file
     that accelerator_runs.toml does not hold out (a row both files carry is fitted only
     where neither holds it out), run on Megatron-Core (the constants are its MoE layer's:
-    another stack's rows set that stack's own term, moe.host_seconds), and whose expert
-    parallelism stays off EFA: a launch constant is a host and GPU property, and a row
+    another stack's rows set that stack's own term, moe.host_seconds), on NVIDIA GPUs
+    (:func:`on_nvidia`), and whose expert parallelism stays off EFA: a launch constant is a host and GPU property, and a row
     across EFA nodes would move it by what EFA's own network terms miss (rules of
     2026-11-28, docs/planner.md; no fit row of another stack or across EFA existed before)."""
     # accelerator_runs.toml's split labels (accelerator_validation checks them against its
     # rule; it imports this module, so the file is read here)
     held = {r["id"] for r in catalog.load("accelerator_runs.toml")["runs"] if r["split"] == "held_out"}
     return [r for r in runs() if r["split"] == "fit" and r["id"] not in held and stack_of(r) == STACK
-            and not hardware.ep_crosses_efa(r["system"], r["ep"])]
+            and on_nvidia(r) and not hardware.ep_crosses_efa(r["system"], r["ep"])]
+
+
+def on_nvidia(row: dict[str, Any]) -> bool:
+    """Whether the row ran on NVIDIA GPUs: the host constants are CUDA launch and
+    Megatron-Core host costs, so only such rows solve them (rule of 2026-11-29 for the AMD
+    Instinct rows, published_moe_runs.toml's header: HIP's launch costs are not known to be
+    CUDA's)."""
+    return catalog.accelerator(catalog.systems()[row["system"]]["gpu"]).get("vendor") == "nvidia"
 
 
 def row_stage_moe_layers(row: dict[str, Any]) -> float:
@@ -889,7 +897,9 @@ def sweep_report(sweeps: list[dict[str, Any]] | None = None) -> str:
 
 # The parts :func:`stack_line` reports apart, each with a test of whether a row is in it.
 STACK_PARTS = (
-    ("Megatron-Core with EP off AWS EFA", lambda r: stack_of(r) == STACK and not hardware.ep_crosses_efa(r["system"], r["ep"])),
+    ("Megatron-Core on NVIDIA with EP off AWS EFA",
+     lambda r: stack_of(r) == STACK and on_nvidia(r) and not hardware.ep_crosses_efa(r["system"], r["ep"])),
+    ("Megatron-Core on AMD Instinct (Primus)", lambda r: stack_of(r) == STACK and not on_nvidia(r)),
     ("EP across AWS EFA nodes", lambda r: hardware.ep_crosses_efa(r["system"], r["ep"])),
     ("other stacks off EFA (torchtitan, NeMo AutoModel)",
      lambda r: stack_of(r) != STACK and not hardware.ep_crosses_efa(r["system"], r["ep"])),
@@ -898,8 +908,8 @@ STACK_PARTS = (
 
 def stack_line(scored: list[dict[str, Any]], rows: list[dict[str, Any]] | None = None) -> str:
     """Both splits' figures by the part of the file a row belongs to (:data:`STACK_PARTS`:
-    Megatron-Core's runs with expert parallelism off AWS EFA, the runs across EFA, the other
-    stacks' runs), each with its rows, mean |error|, the count over the worst-row target and
+    Megatron-Core's runs on NVIDIA GPUs with expert parallelism off AWS EFA, its runs on AMD
+    Instinct, the runs across EFA, the other stacks' runs), each with its rows, mean |error|, the count over the worst-row target and
     whether that part meets both targets: where the planner is within them and where not."""
     by_id = {r["id"]: r for r in (runs() if rows is None else rows)}
     parts = []
