@@ -99,14 +99,19 @@ def pairs(scored: list[dict[str, Any]] | None = None, rows: list[dict[str, Any]]
     measured = [r for r in rows if r["split"] in moe_validation.SPLITS
                 and by_id.get(r["id"], {}).get("error_pct") is not None]
     # One pair a pair of configurations; where one was measured more than once, the
-    # measurement from the other's source (its own table), else the first in file order.
+    # measurement with the other's unpriced settings (moe_validation.measurement: a pair
+    # that also changed a setting the planner does not price would credit the knob with
+    # that setting's effect) from the other's source (its own table), then one from the
+    # other's source, else the first in file order.
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in measured:
         groups.setdefault(moe_validation.configuration(r), []).append(r)
     cfg = {r["id"]: moe_validation.knobs(r) for r in measured}
     out = []
     for ga, gb in itertools.combinations(groups.values(), 2):
-        a, b = next(((x, y) for x in ga for y in gb if source_of(x) == source_of(y)), (ga[0], gb[0]))
+        same = [(x, y) for x in ga for y in gb if source_of(x) == source_of(y)]
+        a, b = next(((x, y) for x, y in same if x.get("unpriced_settings") == y.get("unpriced_settings")),
+                    same[0] if same else (ga[0], gb[0]))
         ka, kb = cfg[a["id"]], cfg[b["id"]]
         knob = knob_of([k for k in ka if ka[k] != kb[k]])
         if knob is None:

@@ -457,6 +457,81 @@ def torchtitan_extra_report() -> str:
     return "\n".join(lines)
 
 
+# The ROCm host factor's grid (rule of 2026-11-29, docs/planner.md: 1.0 to 4.0 by 0.05).
+ROCM_FACTOR_GRID = (1.0, 4.0, 0.05)
+
+
+def rocm_rows(split: str) -> list[dict[str, Any]]:
+    """The eager Megatron-Core rows of ``split`` run on AMD Instinct GPUs (:func:`on_nvidia`
+    false): the rows a ROCm host factor would apply to."""
+    return [r for r in runs() if r["split"] == split and stack_of(r) == STACK and not on_nvidia(r)
+            and not moe.options_of(r).cuda_graphs]
+
+
+def rocm_host_terms(row: dict[str, Any]) -> tuple[float, float]:
+    """(step seconds without the host term, the host term's seconds at the stored constants)
+    of ``row``: a factor on the host term (the ROCm form the rule tests) makes the step
+    base + factor x that (:func:`host_terms`)."""
+    base, per_layer, per_local = host_terms(row)
+    c = moe.host_constants()
+    return base, (per_layer * float(c["per_layer_ms"][moe.options_of(row).dispatcher])
+                  + per_local * float(c["per_local_expert_ms"]))
+
+
+def solve_rocm_host_factor(rows: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """The factor on the eager host term (:func:`rocm_host_terms`) with the least mean |error|
+    of tokens/s over ``rows`` (:func:`rocm_rows` of the fit split) on :data:`ROCM_FACTOR_GRID`,
+    the NVIDIA constants held; None where there is no row."""
+    import numpy as np
+
+    rows = rocm_rows("fit") if rows is None else rows
+    if not rows:
+        return None
+    terms = np.array([rocm_host_terms(r) for r in rows])
+    low, high, by = ROCM_FACTOR_GRID
+    value, pct = least_error(terms[:, 0], terms[:, 1], [published_step_s(r) for r in rows],
+                             np.round(np.arange(low, high + 1e-9, by), 2))
+    return {"factor": value, "mean_abs_pct": pct, "rows": [r["id"] for r in rows]}
+
+
+def factor_adopted(before: list[float], after: list[float]) -> bool:
+    """The rule's gate for a term tested on held-out rows (|error| in %, row by row, without
+    and with it): their mean falls, and no row that was within :data:`TARGET_WORST_PCT` goes
+    over it."""
+    if not before or len(before) != len(after):
+        return False
+    crossed = any(b <= TARGET_WORST_PCT < a for b, a in zip(before, after))
+    return mean(after) < mean(before) and not crossed
+
+
+def rocm_host_report() -> str:
+    """The ROCm host factor solved on the AMD fit rows, each AMD row's error without it and
+    with it, and the rule's verdict on the held-out rows (:func:`factor_adopted`)."""
+    solved = solve_rocm_host_factor()
+    if solved is None:
+        return "no AMD fit row to solve a ROCm host factor from"
+    f = solved["factor"]
+    lines = [f"ROCm host factor solved {f:g} over {len(solved['rows'])} AMD fit rows (grid {ROCM_FACTOR_GRID[0]:g} to "
+             f"{ROCM_FACTOR_GRID[1]:g} by {ROCM_FACTOR_GRID[2]:g}); not in the planner unless the rule's gate passes"]
+    verdict = None
+    for split in SPLITS:
+        before, after = [], []
+        for r in rocm_rows(split):
+            base, host = rocm_host_terms(r)
+            pub = published_step_s(r)
+            before.append(abs(pub / (base + host) - 1.0) * 100.0)
+            after.append(abs(pub / (base + f * host) - 1.0) * 100.0)
+            lines.append(f"  {split:<8} {r['id']:<52} {before[-1]:6.1f}% -> {after[-1]:6.1f}%")
+        if before:
+            lines.append(f"{split.replace('_', ' ')}: {len(before)} rows, mean |error| {mean(before):.1f}% -> "
+                         f"{mean(after):.1f}%, over {TARGET_WORST_PCT:g}%: {sum(e > TARGET_WORST_PCT for e in before)} -> "
+                         f"{sum(e > TARGET_WORST_PCT for e in after)}")
+        if split == "held_out":
+            verdict = factor_adopted(before, after)
+    lines.append(f"rule's gate on the held-out rows: {'adopted' if verdict else 'not adopted'}")
+    return "\n".join(lines)
+
+
 def efa_notify_terms(row: dict[str, Any]) -> tuple[float, float]:
     """(step seconds without the EFA proxy notify term, d step / d efa_proxy_notify_ms) of
     ``row``: its step is linear in the constant (moe.efa_notify_seconds, the bubble's
@@ -811,8 +886,8 @@ def distinct_line(scored: list[dict[str, Any]], rows: list[dict[str, Any]] | Non
     n = sum(r["split"] == "held_out" and r["id"] in again for r in scored)
     if not s["predicted"]:
         return "held out, one row per configuration: no row predicted"
-    return (f"held out, one row per configuration ({n} re-measurements of a configuration an earlier row holds left "
-            f"out): {s['predicted']} rows, mean |error| {s['mean_abs_pct']:.1f}%, worst {s['worst_abs_pct']:.1f}%")
+    return (f"held out, one row per configuration ({n} rows of a configuration an earlier row holds left out: "
+            f"re-measurements, or steps differing only in settings the planner does not price): {s['predicted']} rows, mean |error| {s['mean_abs_pct']:.1f}%, worst {s['worst_abs_pct']:.1f}%")
 
 
 def fabric_line(scored: list[dict[str, Any]], rows: list[dict[str, Any]] | None = None) -> str:
@@ -926,7 +1001,7 @@ def stack_line(scored: list[dict[str, Any]], rows: list[dict[str, Any]] | None =
     return "by part: " + "; ".join(parts)
 
 
-if __name__ == "__main__":  # python -m mgbench.planner.moe_validation [--implied-host | --mb-sweep | --graphed-share | --efa-notify | --torchtitan-extra]
+if __name__ == "__main__":  # python -m mgbench.planner.moe_validation [--implied-host | --mb-sweep | --graphed-share | --efa-notify | --torchtitan-extra | --rocm-host]
     import sys
 
     if "--implied-host" in sys.argv[1:]:
@@ -939,5 +1014,7 @@ if __name__ == "__main__":  # python -m mgbench.planner.moe_validation [--implie
         print(efa_notify_report())
     elif "--torchtitan-extra" in sys.argv[1:]:
         print(torchtitan_extra_report())
+    elif "--rocm-host" in sys.argv[1:]:
+        print(rocm_host_report())
     else:
         print(report())

@@ -128,8 +128,9 @@ def test_lever_notes_name_the_pairs_of_what_a_run_sets():
     # awslabs' pairs over AWS EFA (UCCL-EP, NVSHMEM on libfabric and DeepEP v2, priced as
     # DeepEP at their kernels' shares and, through a proxy, with its notify wait): few agree
     off = P.lever_note("moe.dispatcher", found, "deepep", efa=False)
-    assert "to or from deepep not across AWS EFA nodes (deepseek-v3, qwen3-30b-a3b)" in off
-    assert "2 pairs, mean |effect error|" in off
+    # (+ the AMD MI355X pairs of DeepSeek-V2 and its Lite variant, twenty-fourth session)
+    assert "to or from deepep not across AWS EFA nodes (deepseek-v2, deepseek-v3, qwen3-30b-a3b)" in off
+    assert "4 pairs, mean |effect error|" in off
     over = P.lever_note("moe.dispatcher", found, "deepep", efa=True)
     assert "with EP across AWS EFA nodes" in over and "too small" in over and "deepseek-v3" in over
     # the UCCL-EP against NVSHMEM pairs (both priced as DeepEP) are listed, not counted here
@@ -186,3 +187,16 @@ def test_the_band_sits_above_the_files_own_noise():
     rows = V.runs()
     first = next(r for r in rows if r["id"] == "mlperf-v6.0-b300-gpt-oss-20b-8-nebius")
     assert P.repeat_spread([*rows, dict(first, id="fake-repeat", published=first["published"] * 1.15)]) > P.BAND
+
+
+def test_a_pair_changes_no_setting_the_planner_does_not_price_where_it_can():
+    # AMD's DeepSeek-V2 steps: VPP 3 was measured before and after sync-free MoE (a setting
+    # the planner does not price, so both rows are one configuration); VPP 5 ran with it.
+    # The pair must take the VPP 3 row that ran sync-free too, or it credits VPP 5 with
+    # sync-free's 8%. Without that preference it took the first in file order.
+    found = {(p["a"], p["b"]) for p in P.pairs()}
+    assert ("primus-mi355x-deepseek-v2-bf16-32-pre-syncfree1", "primus-mi355x-deepseek-v2-bf16-32-pre-vpp5") in found
+    assert not any("pre-vpp3" in a + b for a, b in found)
+    # the dispatcher pairs: both sides with the loss fusion, not the baseline without it
+    assert ("primus-mi355x-deepseek-v2-lite-bf16-8-pre-lossfusion",
+            "primus-mi355x-deepseek-v2-lite-bf16-8-pre-deepep") in found

@@ -302,7 +302,7 @@ def test_a_re_measured_configuration_is_counted_once_in_the_distinct_figure(rows
     assert V.repeats([first, {**first, "id": "x", "ep": 2}]) == set()
     assert V.repeats([first, {**first, "id": "x"}]) == {"x"}
     line = V.distinct_line(V.scored_rows(rows), rows)
-    assert f"({len([r for r in rows if r['id'] in again and r['split'] == 'held_out'])} re-measurements" in line
+    assert f"({len([r for r in rows if r['id'] in again and r['split'] == 'held_out'])} rows of a configuration" in line
 
 
 def test_a_dispatcher_backend_is_checked(rows):

@@ -43,8 +43,9 @@ def test_the_moe_file_with_each_recipes_bytes():
     # 122 until the sixteenth session's 68 awslabs rows; NeMo's 4 Mixtral rows since the
     # seventeenth; the nineteenth's 14 EFA rows (UCCL on p5en, awslabs' Kimi-K2 on p6-b200)
     # and 4 scored torchtitan ones; the twenty-first session's 12 (graphed drop-and-pad search)
-    # and the twenty-second session's 8 Llama 4 Maverick rows; the twenty-third session's 17
-    assert s["rows"] == 249
+    # and the twenty-second session's 8 Llama 4 Maverick rows; the twenty-third session's 17;
+    # the twenty-fourth session's 17 AMD MI355X rows
+    assert s["rows"] == 266
     # With each recipe's own bytes a parameter (the data file's state_bytes), two layouts
     # are over their GPU's memory on the model's count alone, each for a reason the row
     # states: DeepSeek-V2 recomputes operators its report does not name (none priced), and
@@ -54,8 +55,10 @@ def test_the_moe_file_with_each_recipes_bytes():
     assert [r["id"] for r in s["over_counted"]] == ["deepseek-v2-h800-pretraining",
                                                     "mbridge-25.11-h100-gpt-oss-120b-bf16"]
     # DeepSeek-V3's own row among them: 1.03x with the allowance, 0.96x counted; since the
-    # twenty-third session also dgxc-benchmarking's 512-H100 DeepSeek-V3 row (1.04x / 0.97x)
-    assert len(s["over_total"]) == 5
+    # twenty-third session also dgxc-benchmarking's 512-H100 DeepSeek-V3 row (1.04x / 0.97x);
+    # since the twenty-fourth AMD's DeepSeek-V2-Lite at MBS 14 on one MI355X node (1.02x /
+    # 0.94x; its chart puts MBS 12 at 99.13% of the GPU's memory, where the model counts 83%)
+    assert len(s["over_total"]) == 6
 
 
 def test_the_check_fires_when_the_recipes_bytes_are_left_out(monkeypatch):
@@ -67,7 +70,8 @@ def test_the_check_fires_when_the_recipes_bytes_are_left_out(monkeypatch):
     # longer sees their state_bytes dropped.)
     monkeypatch.setattr(moe_validation, "row_state_bytes", lambda row: None)
     s = F.summary(F.moe_ratios(moe_validation.scored_rows()))  # scored afresh, not the cached scores
-    assert len(s["over_total"]) == 15 and len(s["over_counted"]) == 8  # 10 and 6 before the Grok-1 rows; 11 and 6 before the 23rd session's
+    # 10 and 6 before the Grok-1 rows; 11 and 6 before the 23rd session's; 15 and 8 before the AMD rows
+    assert len(s["over_total"]) == 16 and len(s["over_counted"]) == 8
 
 
 def test_every_file_is_counted_and_a_run_two_files_hold_once():

@@ -1,0 +1,75 @@
+"""The AMD Instinct MoE rows (published_moe_runs.toml, rule of the twenty-fourth session):
+they stay out of every solve of the NVIDIA host constants, DeepSeek-V2-Lite's variant is the
+published model, they are reported as a part of their own, and the ROCm host factor's gate
+(docs/planner.md) refuses a term that pushes a held-out row over the worst-row target."""
+
+from __future__ import annotations
+
+import pytest
+
+from mgbench.planner import moe_validation as V
+
+AMD = [r for r in V.runs() if not V.on_nvidia(r)]
+
+
+def test_the_amd_rows_are_there_and_alternate():
+    assert len(AMD) == 17 and {r["system"] for r in AMD} == {"mi355x-8"}
+    # the file's alternation continued, fit first (the rule)
+    assert [r["split"] for r in AMD] == ["fit", "held_out"] * 8 + ["fit"]
+
+
+def test_no_amd_row_feeds_the_host_constants():
+    fit_amd = {r["id"] for r in AMD if r["split"] == "fit"}
+    assert fit_amd  # they are fit rows on Megatron-Core off EFA: only the vendor keeps them out
+    assert all(V.stack_of(r) == V.STACK for r in AMD)
+    assert not fit_amd & {r["id"] for r in V.host_fit_rows()}
+    assert not fit_amd & set(V.solve_host()["rows"])
+
+
+def test_deepseek_v2_lite_is_the_published_model():
+    # DeepSeek-AI's model card: 15.7B parameters (DeepSeek-V2-Lite, huggingface.co)
+    shape = V.shape_of(next(r for r in AMD if "lite" in r["id"]))
+    assert shape.num_params() == pytest.approx(15.7e9, rel=0.005)
+    assert (shape.layers, shape.hidden, shape.heads, shape.kv_heads, shape.experts, shape.q_lora_rank) == (
+        27, 2048, 16, 16, 64, None)
+
+
+def test_rows_differing_only_in_unpriced_steps_are_one_configuration():
+    lite = [r for r in AMD if "lite" in r["id"] and r["micro_batch"] == 12]
+    # MBS 12: the baseline and loss fusion (all-to-all), then DeepEP, sync-free, launch options
+    configs = {V.configuration(r) for r in lite}
+    assert len(lite) == 5 and len(configs) == 2
+
+
+def test_the_amd_part_is_reported_apart():
+    line = V.stack_line(V.scored_rows(AMD), AMD)
+    assert "Megatron-Core on AMD Instinct (Primus)" in line
+    assert "on NVIDIA" not in line  # none of these rows is counted with NVIDIA's
+
+
+def test_the_gate_by_hand():
+    assert V.factor_adopted([20.0, 10.0], [5.0, 12.0])  # mean 15 -> 8.5, nothing crosses
+    assert not V.factor_adopted([20.0, 10.0], [25.0, 12.0])  # mean rises
+    assert not V.factor_adopted([40.0, 10.0], [1.0, 31.0])  # mean falls, a row crosses 30%
+    assert V.factor_adopted([40.0, 10.0], [35.0, 10.0])  # over before and still over: not a crossing
+    assert not V.factor_adopted([], [])
+
+
+def test_the_solve_finds_a_known_factor():
+    rows = V.rocm_rows("fit")
+    faked = []
+    for r in rows:
+        base, host = V.rocm_host_terms(r)
+        step = base + 2.5 * host
+        faked.append({**r, "published": r["global_batch"] * r["seq"] / (step * r["num_gpus"])})
+    got = V.solve_rocm_host_factor(faked)
+    assert got["factor"] == pytest.approx(2.5) and got["mean_abs_pct"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_rocm_factor_is_refused_by_its_gate():
+    # Solved 1.8 on the nine fit rows; the held-out mean falls (15.4% -> 10.7%) but
+    # DeepSeek-V2-Lite at MBS 2 goes from -8.8% to -34.3%: the additive form cannot hold a
+    # floor that MBS 1 and 2 share (docs/planner.md), so the gate says no and the planner
+    # keeps the NVIDIA constants on AMD.
+    assert V.solve_rocm_host_factor()["factor"] == pytest.approx(1.8)
+    assert V.rocm_host_report().endswith("rule's gate on the held-out rows: not adopted")
