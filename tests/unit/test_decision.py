@@ -71,9 +71,10 @@ def test_a_long_run_is_never_the_headline_unsaid():
 
 
 def test_plan_leads_with_an_operating_point_and_shows_the_cheapest_and_the_fastest():
-    # Every system, to 1,024 GPUs, one schedule: the choice among them is what is tested
-    # (the schedule search is tested in test_plan_predict_agree.py).
-    args = ["plan", "--model", "llama3-8b", "--tokens", "1e12", "--max-gpus", "1024", "--schedule", "1f1b"]
+    # Every system, to 256 GPUs, one schedule: the choice among them is what is tested (the
+    # schedule search is tested in test_plan_predict_agree.py; 1,024 GPUs took 6.5 s a plan,
+    # 256 take 2.8, and the lead, the cheapest, the fastest and the runner-up all exist there).
+    args = ["plan", "--model", "llama3-8b", "--tokens", "1e12", "--max-gpus", "256", "--schedule", "1f1b"]
     r = CliRunner().invoke(main, [*args, "--json"])
     assert r.exit_code == 0, r.output
     res = json.loads(r.output)
