@@ -516,11 +516,13 @@ def _checkout(where: Path) -> None:
         shutil.copytree(ROOT / name, where / name)
 
 
-# The pages whose examples run in another module instead, and which: pytest-xdist's
-# loadfile gives a module to one worker, and all pages' examples in one module (about 2
-# minutes) kept the README's test command past 6 minutes (planner.md's, 39 s, moved on
-# 2026-11-29 when the command reached 6:00).
-SPLIT_PAGES = {"README.md": "test_doc_examples", "reports.md": "test_doc_examples",
+# The pages whose examples run in another module instead, and which (a module of tests/unit
+# or tests/integration): pytest-xdist's loadfile gives a module to one worker, and all
+# pages' examples in one module (about 2 minutes) kept the README's test command past 6
+# minutes (planner.md's, 39 s, moved on 2026-11-29 when the command reached 6:00). README's
+# run in test_run_cpu, whose tests read the run its `mgbench run smoke` makes (one smoke run
+# where there were two; 2026-11-29, twenty-fourth session, at 5:55).
+SPLIT_PAGES = {"README.md": "test_run_cpu", "reports.md": "test_doc_examples",
                "planner.md": "test_doc_planner_examples"}
 
 
@@ -541,18 +543,19 @@ def test_examples_run(page, tmp_path):
     run_examples(page, tmp_path)
 
 
-def run_examples(page: Path, tmp_path: Path) -> None:
+def run_examples(page: Path, tmp_path: Path) -> list[tuple[str, subprocess.CompletedProcess]]:
     """Run every console example of ``page`` (those a marker does not exclude) in a fresh
-    checkout under ``tmp_path``; each must exit 0."""
+    checkout under ``tmp_path``; each must exit 0. Returns each command with its process,
+    for a module that reads what the examples made (test_run_cpu reads README's run)."""
     todo = [e for b in blocks(page) if b.language == "console" and not b.needs for e in examples(b)]
     for b in blocks(page):
         if b.language == "console" and b.needs:
             print(f"{b.where}: not run ({NEEDS[b.needs]}): {len(examples(b))} example(s)")
     if not todo:
-        return
+        return []
     _checkout(tmp_path)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    times = []
+    times, done = [], []
     for e in todo:
         t0 = time.perf_counter()
         p = subprocess.run(["bash", "-o", "pipefail", "-c", e.command], cwd=tmp_path, env=env, capture_output=True,
@@ -560,7 +563,9 @@ def run_examples(page: Path, tmp_path: Path) -> None:
         times.append((time.perf_counter() - t0, e.command.split("\n")[0]))
         assert p.returncode == 0, (f"{e.where}: `{e.command}` exited {p.returncode}\n--- stdout\n{p.stdout[-3000:]}"
                                    f"\n--- stderr\n{p.stderr[-3000:]}")
+        done.append((e.command, p))
     print("\n".join(f"{s:6.1f} s  {c}" for s, c in times))
+    return done
 
 
 if __name__ == "__main__":  # python -m tests.unit.test_docs [--write]
