@@ -833,6 +833,24 @@ def note(opts: MoeOptions, schedule: str) -> str:
     return "MoE: " + ", ".join(how) + "; " + load + "; " + host
 
 
+def host_vendor_note(gpu: str | None, opts: MoeOptions) -> str | None:
+    """A note where eager MoE layers run on a GPU that is not NVIDIA's: the host constants
+    (:func:`host_constants`) are CUDA launch and Megatron-Core host costs, solved on NVIDIA
+    GPUs only (moe_validation.host_fit_rows), and are carried to it unchanged; None on
+    NVIDIA GPUs, unknown devices and graphed layers."""
+    from .. import catalog
+
+    acc = catalog.accelerators().get(gpu) if gpu is not None else None
+    vendor = None if acc is None else acc.get("vendor")
+    if opts.cuda_graphs or vendor in (None, "nvidia"):
+        return None
+    tested = ("AMD's published Primus MI355X runs test them (published_moe_runs.toml; a ROCm factor on them was "
+              "tested and refused: python -m mgbench.planner.moe_validation --rocm-host, docs/planner.md)"
+              if vendor == "amd" else "no published run on this vendor's GPUs tests them")
+    return (f"MoE host time on {gpu} ({vendor}): the eager layers' launch constants were solved on NVIDIA GPUs "
+            f"(CUDA) and are carried here unchanged; {tested}")
+
+
 def options_of(row: dict[str, Any]) -> MoeOptions:
     """The MoeOptions a published row (data/published_moe_runs.toml) states."""
     routing = row.get("routing", "learned")

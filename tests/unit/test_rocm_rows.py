@@ -73,3 +73,21 @@ def test_the_rocm_factor_is_refused_by_its_gate():
     # keeps the NVIDIA constants on AMD.
     assert V.solve_rocm_host_factor()["factor"] == pytest.approx(1.8)
     assert V.rocm_host_report().endswith("rule's gate on the held-out rows: not adopted")
+
+
+def test_a_prediction_on_amd_says_its_host_constants_are_nvidias(monkeypatch):
+    from mgbench import catalog
+    from mgbench.planner import moe
+
+    row = next(r for r in AMD if r["split"] == "held_out")
+    notes = V.predict_row(row)["notes"]
+    said = [n for n in notes if n.startswith("MoE host time on mi355x (amd)")]
+    assert len(said) == 1 and "solved on NVIDIA GPUs" in said[0] and "--rocm-host" in said[0]
+    # not on NVIDIA's GPUs, not where the layers are graphed (no host launches), not on a probed device
+    nvidia = next(r for r in V.runs() if r["system"] == "dgx-h100" and not moe.options_of(r).cuda_graphs)
+    assert not [n for n in V.predict_row(nvidia)["notes"] if n.startswith("MoE host time")]
+    assert moe.host_vendor_note("mi355x", moe.MoeOptions(cuda_graphs=True)) is None
+    assert moe.host_vendor_note("probed-cpu", moe.MoeOptions()) is None
+    assert "Primus MI355X runs test them" in moe.host_vendor_note("mi300x", moe.MoeOptions())  # AMD's too
+    monkeypatch.setattr(catalog, "accelerators", lambda: {"gaudi3": {"vendor": "intel"}})
+    assert "no published run on this vendor's GPUs" in moe.host_vendor_note("gaudi3", moe.MoeOptions())
