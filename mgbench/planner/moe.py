@@ -844,8 +844,8 @@ def host_vendor_note(gpu: str | None, opts: MoeOptions) -> str | None:
     vendor = None if acc is None else acc.get("vendor")
     if opts.cuda_graphs or vendor in (None, "nvidia"):
         return None
-    tested = ("AMD's published Primus MI355X runs test them (published_moe_runs.toml; a ROCm factor on them was "
-              "tested and refused: python -m mgbench.planner.moe_validation --rocm-host, docs/planner.md)"
+    tested = ("AMD's published Primus MI355X runs test them (published_moe_runs.toml; a ROCm factor on them under "
+              "its rule: python -m mgbench.planner.moe_validation --rocm-host, docs/planner.md)"
               if vendor == "amd" else "no published run on this vendor's GPUs tests them")
     return (f"MoE host time on {gpu} ({vendor}): the eager layers' launch constants were solved on NVIDIA GPUs "
             f"(CUDA) and are carried here unchanged; {tested}")

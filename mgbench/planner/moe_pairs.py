@@ -99,10 +99,10 @@ def pairs(scored: list[dict[str, Any]] | None = None, rows: list[dict[str, Any]]
     measured = [r for r in rows if r["split"] in moe_validation.SPLITS
                 and by_id.get(r["id"], {}).get("error_pct") is not None]
     # One pair a pair of configurations; where one was measured more than once, the
-    # measurement with the other's unpriced settings (moe_validation.measurement: a pair
-    # that also changed a setting the planner does not price would credit the knob with
-    # that setting's effect) from the other's source (its own table), then one from the
-    # other's source, else the first in file order.
+    # measurement with the other's unpriced_settings (a pair that also changed a setting the
+    # planner does not price would credit the knob with that setting's effect) from the
+    # other's source (its own table), then one from the other's source, else the first in
+    # file order.
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in measured:
         groups.setdefault(moe_validation.configuration(r), []).append(r)

@@ -281,12 +281,17 @@ def host_fit_rows() -> list[dict[str, Any]]:
             and on_nvidia(r) and not hardware.ep_crosses_efa(r["system"], r["ep"])]
 
 
+def vendor_of(row: dict[str, Any]) -> str | None:
+    """The vendor of the GPUs the row ran on (hardware.toml accelerators' ``vendor``)."""
+    return catalog.accelerator(catalog.systems()[row["system"]]["gpu"]).get("vendor")
+
+
 def on_nvidia(row: dict[str, Any]) -> bool:
     """Whether the row ran on NVIDIA GPUs: the host constants are CUDA launch and
     Megatron-Core host costs, so only such rows solve them (rule of 2026-11-29 for the AMD
     Instinct rows, published_moe_runs.toml's header: HIP's launch costs are not known to be
     CUDA's)."""
-    return catalog.accelerator(catalog.systems()[row["system"]]["gpu"]).get("vendor") == "nvidia"
+    return vendor_of(row) == "nvidia"
 
 
 def row_stage_moe_layers(row: dict[str, Any]) -> float:
@@ -462,9 +467,9 @@ ROCM_FACTOR_GRID = (1.0, 4.0, 0.05)
 
 
 def rocm_rows(split: str) -> list[dict[str, Any]]:
-    """The eager Megatron-Core rows of ``split`` run on AMD Instinct GPUs (:func:`on_nvidia`
-    false): the rows a ROCm host factor would apply to."""
-    return [r for r in runs() if r["split"] == split and stack_of(r) == STACK and not on_nvidia(r)
+    """The eager Megatron-Core rows of ``split`` run on AMD Instinct GPUs (:func:`vendor_of`):
+    the rows a ROCm host factor would apply to."""
+    return [r for r in runs() if r["split"] == split and stack_of(r) == STACK and vendor_of(r) == "amd"
             and not moe.options_of(r).cuda_graphs]
 
 
@@ -519,9 +524,11 @@ def rocm_host_report() -> str:
         for r in rocm_rows(split):
             base, host = rocm_host_terms(r)
             pub = published_step_s(r)
-            before.append(abs(pub / (base + host) - 1.0) * 100.0)
-            after.append(abs(pub / (base + f * host) - 1.0) * 100.0)
-            lines.append(f"  {split:<8} {r['id']:<52} {before[-1]:6.1f}% -> {after[-1]:6.1f}%")
+            # signed as everywhere: (predicted - published) / published tokens/s, + too fast
+            was, now = (pub / (base + host) - 1.0) * 100.0, (pub / (base + f * host) - 1.0) * 100.0
+            before.append(abs(was))
+            after.append(abs(now))
+            lines.append(f"  {split:<8} {r['id']:<52} {was:+6.1f}% -> {now:+6.1f}%")
         if before:
             lines.append(f"{split.replace('_', ' ')}: {len(before)} rows, mean |error| {mean(before):.1f}% -> "
                          f"{mean(after):.1f}%, over {TARGET_WORST_PCT:g}%: {sum(e > TARGET_WORST_PCT for e in before)} -> "
@@ -974,7 +981,7 @@ def sweep_report(sweeps: list[dict[str, Any]] | None = None) -> str:
 STACK_PARTS = (
     ("Megatron-Core on NVIDIA with EP off AWS EFA",
      lambda r: stack_of(r) == STACK and on_nvidia(r) and not hardware.ep_crosses_efa(r["system"], r["ep"])),
-    ("Megatron-Core on AMD Instinct (Primus)", lambda r: stack_of(r) == STACK and not on_nvidia(r)),
+    ("Megatron-Core on AMD Instinct (Primus)", lambda r: stack_of(r) == STACK and vendor_of(r) == "amd"),
     ("EP across AWS EFA nodes", lambda r: hardware.ep_crosses_efa(r["system"], r["ep"])),
     ("other stacks off EFA (torchtitan, NeMo AutoModel)",
      lambda r: stack_of(r) != STACK and not hardware.ep_crosses_efa(r["system"], r["ep"])),

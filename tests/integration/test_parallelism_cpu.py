@@ -58,6 +58,9 @@ def test_parallelism_suite_on_4_ranks_is_ok_and_correct(four_rank_run):
         assert r["status"] == "ok", (r["label"], r.get("error"))
         assert r["correct"] is True, (r["label"], r["correct_reason"])
         assert_tracked_memory(r)
+        # 4 micro-batches a step, through torchrun: the record's batch counts every one of
+        # them on every data-parallel replica (test_run_cpu reads the smoke suite at 1)
+        assert r["grad_accum"] == 4 and r["global_batch"] == r["micro_batch"] * r["grad_accum"] * r["dp"]
 
 
 def test_impossible_layouts_skip_and_the_rest_runs(four_rank_run):

@@ -14,3 +14,10 @@ def test_every_split_page_exists_and_has_its_module():
     tests = Path(__file__).parent.parent
     assert all((tests / "unit" / f"{m}.py").exists() or (tests / "integration" / f"{m}.py").exists()
                for m in SPLIT_PAGES.values())
+
+
+def test_readme_examples_are_run_by_the_module_that_holds_them():
+    # README's examples run in test_run_cpu's fixture, not here: were that call dropped,
+    # nothing else would fail
+    text = (Path(__file__).parent.parent / "integration" / "test_run_cpu.py").read_text()
+    assert SPLIT_PAGES["README.md"] == "test_run_cpu" and 'run_examples(ROOT / "README.md", cwd)' in text

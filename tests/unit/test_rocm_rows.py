@@ -52,6 +52,9 @@ def test_the_gate_by_hand():
     assert not V.factor_adopted([20.0, 10.0], [25.0, 12.0])  # mean rises
     assert not V.factor_adopted([40.0, 10.0], [1.0, 31.0])  # mean falls, a row crosses 30%
     assert V.factor_adopted([40.0, 10.0], [35.0, 10.0])  # over before and still over: not a crossing
+    assert not V.factor_adopted([30.0, 10.0], [30.1, 1.0])  # 30% is within; 30.1% is over: a crossing
+    assert V.factor_adopted([30.0, 10.0], [30.0, 1.0])
+    assert not V.factor_adopted([20.0, 10.0], [10.0, 20.0])  # the mean must fall, not stay
     assert not V.factor_adopted([], [])
 
 
@@ -91,3 +94,15 @@ def test_a_prediction_on_amd_says_its_host_constants_are_nvidias(monkeypatch):
     assert "Primus MI355X runs test them" in moe.host_vendor_note("mi300x", moe.MoeOptions())  # AMD's too
     monkeypatch.setattr(catalog, "accelerators", lambda: {"gaudi3": {"vendor": "intel"}})
     assert "no published run on this vendor's GPUs" in moe.host_vendor_note("gaudi3", moe.MoeOptions())
+
+
+def test_only_amd_rows_are_the_amd_part(monkeypatch):
+    # A row on another vendor's GPUs (none yet) is neither NVIDIA's nor AMD's: it stays out
+    # of the host solve, the ROCm factor's rows and the AMD part of the report.
+    other = next(r for r in AMD if r["split"] == "fit")
+    real = V.vendor_of
+    monkeypatch.setattr(V, "vendor_of", lambda r: "intel" if r["id"] == other["id"] else real(r))
+    assert other["id"] not in {r["id"] for r in V.rocm_rows("fit")}
+    assert other["id"] not in {r["id"] for r in V.host_fit_rows()}
+    line = V.stack_line([{"id": other["id"], "split": "fit", "error_pct": 5.0}], [other])
+    assert "AMD Instinct" not in line
