@@ -129,7 +129,7 @@ def test_lever_notes_name_the_pairs_of_what_a_run_sets():
     # DeepEP at their kernels' shares and, through a proxy, with its notify wait): few agree
     off = P.lever_note("moe.dispatcher", found, "deepep", efa=False)
     # (+ the AMD MI355X pairs of DeepSeek-V2 and its Lite variant, twenty-fourth session)
-    assert "to or from deepep not across AWS EFA nodes (deepseek-v2, deepseek-v3, qwen3-30b-a3b)" in off
+    assert "to or from deepep not across AWS EFA nodes (deepseek-v2, deepseek-v2-lite, deepseek-v3, qwen3-30b-a3b)" in off
     assert "4 pairs, mean |effect error|" in off
     over = P.lever_note("moe.dispatcher", found, "deepep", efa=True)
     assert "with EP across AWS EFA nodes" in over and "too small" in over and "deepseek-v3" in over

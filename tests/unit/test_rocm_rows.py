@@ -27,9 +27,14 @@ def test_no_amd_row_feeds_the_host_constants():
 
 
 def test_deepseek_v2_lite_is_the_published_model():
-    # DeepSeek-AI's model card: 15.7B parameters (DeepSeek-V2-Lite, huggingface.co)
+    # DeepSeek-AI's model card: 15.7B parameters, 2.4B activated (DeepSeek-V2-Lite); the
+    # active figure without the input embedding, as DeepSeek counts (counts.toml), cut to
+    # its two published digits
     shape = V.shape_of(next(r for r in AMD if "lite" in r["id"]))
+    assert shape.name == "deepseek-v2-lite" and all(r["model"] == "deepseek-v2-lite" for r in AMD if "lite" in r["id"])
     assert shape.num_params() == pytest.approx(15.7e9, rel=0.005)
+    active = shape.num_active_params() - shape.hidden * shape.vocab  # less the input embedding
+    assert 2.4e9 <= active < 2.5e9
     assert (shape.layers, shape.hidden, shape.heads, shape.kv_heads, shape.experts, shape.q_lora_rank) == (
         27, 2048, 16, 16, 64, None)
 
