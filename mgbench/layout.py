@@ -168,7 +168,7 @@ class Layout:
         """The layout of a published training row (data/accelerator_runs.toml and
         data/published_moe_runs.toml share the keys): degrees as published, tp, pp, cp, ep
         1 where absent, sequence parallel with tp unless the row says otherwise, CPU offload
-        where it says so."""
+        where it says so, fused attention unless it says ``flash_attention = false``."""
         return cls(num_gpus=row["num_gpus"], tp=row.get("tp", 1), pp=row.get("pp", 1), cp=row.get("cp", 1),
                    ep=row.get("ep", 1), zero=row["zero"], micro_batch=row["micro_batch"], seq_len=row["seq"],
                    global_batch=row["global_batch"], precision=row["precision"], recompute=row["recompute"],
@@ -177,7 +177,8 @@ class Layout:
                    virtual_stages=row.get("virtual_stages", 1), replicas=row.get("replicas", 1),
                    pp_last_layers=row.get("pp_last_layers"), fp8_recipe=row.get("fp8_recipe"), etp=row.get("etp", 1),
                    optimizer=row.get("optimizer", "adamw"),
-                   fp8_attention=bool(row.get("fp8_attention", False)), offload=bool(row.get("offload", False)))
+                   fp8_attention=bool(row.get("fp8_attention", False)), offload=bool(row.get("offload", False)),
+                   flash_attention=bool(row.get("flash_attention", True)))
 
     # -- derived degrees -------------------------------------------------------------------
     @property

@@ -779,7 +779,8 @@ def model_record_note(shape: ModelShape, cuda_graphs: bool | None = None, efa: b
 # are one configuration measured again.
 CONFIG_FIELDS = ("system", "model", "model_overrides", "seq", "num_gpus", "tp", "pp", "cp", "ep", "etp", "schedule",
                  "virtual_stages", "pp_last_layers", "micro_batch", "global_batch", "zero", "recompute",
-                 "precision", "fp8_recipe", "fp8_attention", "stack", "sequence_parallel", "offload", "optimizer")
+                 "precision", "fp8_recipe", "fp8_attention", "flash_attention", "stack", "sequence_parallel", "offload",
+                 "optimizer")
 
 
 def knobs(row: dict[str, Any]) -> dict[str, str]:
