@@ -371,3 +371,15 @@ def test_a_micro_batch_sweep_splits_a_step_into_a_pass_and_the_rest_by_hand():
     assert V.micro_batch_sweeps([{**m, "ep": 7} for m in made]) == []
     text = V.sweep_report([sweep])
     assert "aws-p6-b300-deepseek-v3-alltoall-mb1" in text and "100.0" in text  # A published, in ms
+
+
+def test_only_the_rows_whose_te_had_no_fused_mla_kernel_run_unfused_attention(rows):
+    # The rule of 2026-11-29 (header): the three dgxc v25.05.05 GB200 DeepSeek-V3 rows (TE
+    # 2.2 pinned), no other row; each states its source, and the field is read: flipped back
+    # to fused, the same row is priced faster (the materialised scores cost time).
+    unfused = [r for r in rows if r.get("flash_attention") is False]
+    assert sorted(r["id"] for r in unfused) == [f"dgxc-25.05-gb200-deepseek-v3-bf16-{n}" for n in (128, 256, 512)]
+    assert all("bee4649c" in r["flash_attention_source"] for r in unfused)
+    assert V.Layout.from_published(unfused[0]).flash_attention is False
+    fused = V.score({**unfused[0], "flash_attention": True})["predicted"]
+    assert fused > 1.2 * V.score(unfused[0])["predicted"]
