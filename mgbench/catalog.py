@@ -73,6 +73,12 @@ def accelerator(key: str) -> dict[str, Any]:
     return acc[key]
 
 
+def accelerator_vendor(key: str | None) -> str | None:
+    """The vendor (hardware.toml ``vendor``: "nvidia", "amd") of accelerator ``key``; None
+    where the catalog does not hold it (a probed device, no GPU) or it states none."""
+    return accelerators().get(key, {}).get("vendor") if key is not None else None
+
+
 def _accelerator_flag(key: str, name: str) -> bool | None:
     """An accelerator's optional flag ``name``: hardware.toml states it for the parts that
     have the feature, so its other entries lack it (False); None for a --system-file's

@@ -376,8 +376,6 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
                                                     layer_rerun=rerun, act_bytes=e) / hw.stack_eff
         blocks = blocks + imbalance_s + moe_recompute_s + permute_s + traffic_s + epilogue_s
         notes.append(moe_terms.note(opts, schedule))
-        if (vendor := moe_terms.host_vendor_note(hw.gpu, opts)) is not None:
-            notes.append(vendor)
         if (epilogue := moe_terms.epilogue_note(shape, opts, counted, hw.stack)) is not None:
             notes.append(epilogue)
     cast_s = zero_s

@@ -556,8 +556,8 @@ def fused_grouped_mlp_problem(gpu: str | None, precision: str, recipe: str | Non
     10); ``gpu`` None (memory without a system): the precision alone is checked."""
     from .. import catalog
 
-    acc = catalog.accelerators().get(gpu) if gpu is not None else None
-    blackwell = acc is None or (acc.get("vendor") == "nvidia" and catalog.accelerator_mx_formats(gpu))
+    known = gpu is not None and gpu in catalog.accelerators()
+    blackwell = not known or (catalog.accelerator_vendor(gpu) == "nvidia" and catalog.accelerator_mx_formats(gpu))
     if precision == "fp8" and recipe == "mxfp8" and blackwell:
         return None
     on = precision + (f" ({recipe})" if recipe else "") + (f" on {gpu}" if gpu else "")
@@ -831,24 +831,6 @@ def note(opts: MoeOptions, schedule: str) -> str:
             "dispatcher's (solved from Megatron-Core and DeepSeek runs, stacks.toml [moe_host]; applied to every "
             "stack, dropless or drop-and-pad, an assumption)")
     return "MoE: " + ", ".join(how) + "; " + load + "; " + host
-
-
-def host_vendor_note(gpu: str | None, opts: MoeOptions) -> str | None:
-    """A note where eager MoE layers run on a GPU that is not NVIDIA's: the host constants
-    (:func:`host_constants`) are CUDA launch and Megatron-Core host costs, solved on NVIDIA
-    GPUs only (moe_validation.host_fit_rows), and are carried to it unchanged; None on
-    NVIDIA GPUs, unknown devices and graphed layers."""
-    from .. import catalog
-
-    acc = catalog.accelerators().get(gpu) if gpu is not None else None
-    vendor = None if acc is None else acc.get("vendor")
-    if opts.cuda_graphs or vendor in (None, "nvidia"):
-        return None
-    tested = ("AMD's published Primus MI355X runs test them (published_moe_runs.toml; a ROCm factor on them under "
-              "its rule: python -m mgbench.planner.moe_validation --rocm-host, docs/planner.md)"
-              if vendor == "amd" else "no published run on this vendor's GPUs tests them")
-    return (f"MoE host time on {gpu} ({vendor}): the eager layers' launch constants were solved on NVIDIA GPUs "
-            f"(CUDA) and are carried here unchanged; {tested}")
 
 
 def options_of(row: dict[str, Any]) -> MoeOptions:

@@ -241,16 +241,19 @@ def evidence_notes(shape: Any, opts: moe.MoeOptions, *, system: str | None = Non
                    gpu_count: bool = False) -> list[str]:
     """predict's and plan's evidence lines for a run of an MoE model, in one place: how the
     planner did on the model's published runs of the run's kind
-    (moe_validation.model_record_note), how its all-to-all price did against nccl-tests
-    where the run's expert parallelism uses NCCL's all-to-all
-    (collective_validation.a2a_record_note), the rate a named DeepEP-style backend was
-    priced at (ep_kernels.backend_note), and the published A/B pairs of the levers it sets
-    (:func:`lever_notes`; ``gpu_count``: plan, which chooses it)."""
+    (moe_validation.model_record_note), on a GPU that is not NVIDIA's what the published runs
+    of its vendor say of the host constants solved on NVIDIA's (moe_validation.
+    vendor_record_note), how its all-to-all price did against nccl-tests where the run's
+    expert parallelism uses NCCL's all-to-all (collective_validation.a2a_record_note), the
+    rate a named DeepEP-style backend was priced at (ep_kernels.backend_note), and the
+    published A/B pairs of the levers it sets (:func:`lever_notes`; ``gpu_count``: plan,
+    which chooses it)."""
     from .collective_validation import a2a_record_note
     from .ep_kernels import backend_note
 
     crosses = ep_crosses_efa(system, ep)
     a2a = a2a_record_note(opts.dispatcher, ep)
     kernels = backend_note(opts.backend, crosses, opts.dispatcher)
+    vendor = moe_validation.vendor_record_note(system, opts.cuda_graphs)
     return ([moe_validation.model_record_note(shape, opts.cuda_graphs, crosses)]
-            + [n for n in (a2a, kernels) if n] + lever_notes(opts, gpu_count=gpu_count, system=system, ep=ep))
+            + [n for n in (vendor, a2a, kernels) if n] + lever_notes(opts, gpu_count=gpu_count, system=system, ep=ep))

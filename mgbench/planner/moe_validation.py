@@ -282,8 +282,8 @@ def host_fit_rows() -> list[dict[str, Any]]:
 
 
 def vendor_of(row: dict[str, Any]) -> str | None:
-    """The vendor of the GPUs the row ran on (hardware.toml accelerators' ``vendor``)."""
-    return catalog.accelerator(catalog.systems()[row["system"]]["gpu"]).get("vendor")
+    """The vendor of the GPUs the row ran on (catalog.accelerator_vendor)."""
+    return catalog.accelerator_vendor(catalog.systems()[row["system"]]["gpu"])
 
 
 def on_nvidia(row: dict[str, Any]) -> bool:
@@ -771,6 +771,29 @@ def model_record_note(shape: ModelShape, cuda_graphs: bool | None = None, efa: b
     if rec["variants"]:
         line += f"; {rec['variants']} of the runs trained a variant of it (model_overrides), pooled"
     return line + " (python -m mgbench.planner.moe_validation)"
+
+
+def vendor_record_note(system: str | None, cuda_graphs: bool = False) -> str | None:
+    """predict's and plan's line where eager MoE layers run on a GPU that is not NVIDIA's:
+    the host constants (moe.host_constants) were solved on NVIDIA rows only
+    (:func:`host_fit_rows`) and are carried unchanged, and what the scored eager runs on that
+    vendor's GPUs say of them, or that none tests them. None on NVIDIA GPUs, on a system
+    the catalog lacks (a probed profile) and for layers in CUDA graphs (no host launches)."""
+    systems = catalog.systems()
+    gpu = systems[system]["gpu"] if system in systems else None
+    vendor = catalog.accelerator_vendor(gpu)
+    if cuda_graphs or vendor in (None, "nvidia"):
+        return None
+    by_id = {r["id"]: r for r in runs()}
+    errs = [s["error_pct"] for s in file_scores() if s["split"] in SPLITS and s["error_pct"] is not None
+            and vendor_of(by_id[s["id"]]) == vendor and not moe.options_of(by_id[s["id"]]).cuda_graphs]
+    line = (f"MoE host time on {gpu} ({vendor}): the eager layers' launch constants were solved on NVIDIA GPUs "
+            "(CUDA) only and are carried here unchanged")
+    if not errs:
+        return line + f"; no scored published run on {vendor} GPUs tests them (data/published_moe_runs.toml)"
+    return (line + f"; the {len(errs)} scored eager published runs on {vendor} GPUs: predicted throughput "
+            f"{mean(errs):+.1f}% on average (mean |error| {mean(abs(e) for e in errs):.1f}%, {min(errs):+.1f}% to "
+            f"{max(errs):+.1f}%; positive: too fast; python -m mgbench.planner.moe_validation --rocm-host)")
 
 
 # The fields that make two rows one configuration for the planner (with the MoE options,

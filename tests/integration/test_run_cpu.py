@@ -1,7 +1,6 @@
 """Real torchrun jobs on gloo CPU ranks, through the real CLI."""
 
 import json
-import re
 
 import pytest
 
@@ -28,14 +27,14 @@ def smoke_run(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("readme")
     done = run_examples(ROOT / "README.md", cwd)
     p = next(p for command, p in done if command.split("\n")[0].strip() == "mgbench run smoke")
-    run_id = re.search(r"^results: results/(\S+)$", p.stdout, re.M).group(1)
-    return cwd, cwd / "results" / run_id, p
+    return cwd, store.latest_run(cwd / "results"), p
 
 
 def test_readme_runs_the_smoke_suite(smoke_run):
     # the fixture ran every README example (each exit 0); the run is the smoke suite's
     _, run_dir, p = smoke_run
-    assert store.read_manifest(run_dir)["suite"]["name"] == "smoke" and "report: reports/" in p.stdout
+    assert store.read_manifest(run_dir)["suite"]["name"] == "smoke"
+    assert f"results: results/{run_dir.name}\n" in p.stdout and f"report: reports/{run_dir.name}.html" in p.stdout
 
 
 def test_every_strategy_runs_and_matches_the_reference(smoke_run):

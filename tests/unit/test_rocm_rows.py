@@ -84,21 +84,28 @@ def test_the_rocm_factor_is_refused_by_its_gate():
 
 
 def test_a_prediction_on_amd_says_its_host_constants_are_nvidias(monkeypatch):
-    from mgbench import catalog
-    from mgbench.planner import moe
+    # predict's and plan's evidence lines (moe_pairs.evidence_notes) on an AMD system: the
+    # constants are NVIDIA's, and what the AMD rows say of them, counted from the file
+    from statistics import mean
 
-    row = next(r for r in AMD if r["split"] == "held_out")
-    notes = V.predict_row(row)["notes"]
+    from mgbench import catalog
+    from mgbench.planner import moe, moe_pairs
+
+    shape = catalog.model_shape("deepseek-v2")
+    notes = moe_pairs.evidence_notes(shape, moe.MoeOptions(), system="mi355x-8", ep=8)
     said = [n for n in notes if n.startswith("MoE host time on mi355x (amd)")]
-    assert len(said) == 1 and "solved on NVIDIA GPUs" in said[0] and "--rocm-host" in said[0]
+    errs = [s["error_pct"] for s in V.scored_rows(AMD)]
+    assert len(said) == 1 and "solved on NVIDIA GPUs (CUDA) only" in said[0]
+    assert f"the {len(AMD)} scored eager published runs on amd GPUs: predicted throughput {mean(errs):+.1f}%" in said[0]
     # not on NVIDIA's GPUs, not where the layers are graphed (no host launches), not on a probed device
-    nvidia = next(r for r in V.runs() if r["system"] == "dgx-h100" and not moe.options_of(r).cuda_graphs)
-    assert not [n for n in V.predict_row(nvidia)["notes"] if n.startswith("MoE host time")]
-    assert moe.host_vendor_note("mi355x", moe.MoeOptions(cuda_graphs=True)) is None
-    assert moe.host_vendor_note("probed-cpu", moe.MoeOptions()) is None
-    assert "Primus MI355X runs test them" in moe.host_vendor_note("mi300x", moe.MoeOptions())  # AMD's too
-    monkeypatch.setattr(catalog, "accelerators", lambda: {"gaudi3": {"vendor": "intel"}})
-    assert "no published run on this vendor's GPUs" in moe.host_vendor_note("gaudi3", moe.MoeOptions())
+    assert V.vendor_record_note("dgx-h100") is None and V.vendor_record_note("mi355x-8", cuda_graphs=True) is None
+    assert V.vendor_record_note(None) is None
+    assert not [n for n in moe_pairs.evidence_notes(shape, moe.MoeOptions(), system="dgx-h100", ep=8)
+                if n.startswith("MoE host time")]
+    # a vendor no published run has used
+    real = catalog.accelerator_vendor
+    monkeypatch.setattr(catalog, "accelerator_vendor", lambda k: "intel" if k == "mi300x" else real(k))
+    assert "no scored published run on intel GPUs tests them" in V.vendor_record_note("mi300x-8")
 
 
 def test_only_amd_rows_are_the_amd_part(monkeypatch):
