@@ -375,6 +375,9 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
                                                     load=load, opts=opts, act_rerun=act_rerun,
                                                     layer_rerun=rerun, act_bytes=e) / hw.stack_eff
         blocks = blocks + imbalance_s + moe_recompute_s + permute_s + traffic_s + epilogue_s
+        # The routed experts' side of the blocks (Megatron-Core's "mlp" node: what its EP
+        # overlap pairs with the dispatches, moe.layer_schedule_exposed).
+        experts_s = expert * linear_scale + imbalance_s + traffic_s + epilogue_s
         notes.append(moe_terms.note(opts, schedule))
         if (epilogue := moe_terms.epilogue_note(shape, opts, counted, hw.stack)) is not None:
             notes.append(epilogue)
@@ -416,11 +419,12 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     bubble = blocks * f / (1.0 - f)
 
     if shape.is_moe:
-        a2a = moe_terms.a2a_per_step(shape, hw, tokens=tokens_rank, ep=ep, act_bytes=e, opts=opts,
-                                     moe_layers=moe_layers, num_micro=m, moe_rerun_share=rerun,
-                                     across_share=ep_kernels.priced_share(hw, opts), etp=etp)
+        dispatch, combine = moe_terms.a2a_directions(shape, hw, tokens=tokens_rank, ep=ep, act_bytes=e, opts=opts,
+                                                     moe_layers=moe_layers, num_micro=m, moe_rerun_share=rerun,
+                                                     across_share=ep_kernels.priced_share(hw, opts), etp=etp)
+        a2a = dispatch + combine
         ep_comm = moe_terms.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule=schedule, virtual_stages=v,
-                                        opts=opts)
+                                        opts=opts, experts=experts_s, dispatch=dispatch)
         host = moe_terms.host_seconds(shape, ep=ep, moe_layers=moe_layers, num_micro=m, opts=opts, rerun=rerun,
                                       stack=hw.stack)
         host_s = moe_terms.host_wait(host, bubble_fraction=f)

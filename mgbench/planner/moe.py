@@ -48,9 +48,12 @@ What the schedule hides (:func:`exposed_a2a`)
     "dualpipev"; DeepSeek-V3 section 3.2.1) and Megatron-Core's EP overlap
     (overlap_moe_expert_parallel_comm: one micro-batch's forward beside another's
     backward) run a chunk's all-to-all while the paired chunk computes. Passes without a
-    partner (warm-up and cool-down: :func:`unpaired_share`) stay exposed; the paired ones
-    cost max(comm - compute, SM share x comm): while the communication kernels run they
-    hold :data:`OVERLAP_SM_SHARE` of the GPU's SMs, so the compute beside them slows.
+    partner (warm-up and cool-down: :func:`unpaired_share`) stay exposed. DualPipe's paired
+    passes cost max(comm - compute, SM share x comm) (its pairing by part of a layer is not
+    in code read here); Megatron-Core's pair each all-to-all with one part of a layer
+    (:func:`layer_schedule_exposed`), at least the SM share of the communication: while the
+    communication kernels run they hold :data:`OVERLAP_SM_SHARE` of the GPU's SMs, so the
+    compute beside them slows.
 
 Load (:meth:`MoeOptions.load`)
     Dropless routing: the busiest expert-parallel rank's routed rows over the mean
@@ -420,12 +423,25 @@ def a2a_per_step(shape: ModelShape, hw: Any, *, tokens: Any, ep: Any, act_bytes:
     dtype), their backward (likewise: combine's backward dispatches, dispatch's combines),
     and a forward pair again for the ``moe_rerun_share`` of MoE layers recomputed
     (``across_share``: :func:`a2a_seconds`)."""
+    dispatch, combine = a2a_directions(shape, hw, tokens=tokens, ep=ep, act_bytes=act_bytes, opts=opts,
+                                       moe_layers=moe_layers, num_micro=num_micro, moe_rerun_share=moe_rerun_share,
+                                       across_share=across_share, etp=etp)
+    return dispatch + combine
+
+
+def a2a_directions(shape: ModelShape, hw: Any, *, tokens: Any, ep: Any, act_bytes: float, opts: MoeOptions,
+                   moe_layers: Any, num_micro: Any, moe_rerun_share: Any, across_share: float = 1.0,
+                   etp: Any = 1) -> tuple[Any, Any]:
+    """:func:`a2a_per_step`'s seconds split by direction: (those at dispatch's bytes:
+    dispatch forward and combine's backward; those at the activations': combine forward and
+    dispatch's backward), each with its share of the recomputed forwards."""
     d = a2a_seconds(shape, hw, tokens=tokens, ep=ep, elem_bytes=dispatch_bytes(opts, act_bytes), opts=opts,
                     across_share=across_share, etp=etp)
     c = a2a_seconds(shape, hw, tokens=tokens, ep=ep, elem_bytes=act_bytes, opts=opts, across_share=across_share,
                     etp=etp)
-    pairs = 2.0 + np.asarray(moe_rerun_share, dtype=float)
-    return pairs * (d + c) * np.asarray(moe_layers, dtype=float) * np.asarray(num_micro, dtype=float)
+    passes = (2.0 + np.asarray(moe_rerun_share, dtype=float)) * np.asarray(moe_layers, dtype=float) * \
+        np.asarray(num_micro, dtype=float)
+    return passes * d, passes * c
 
 
 # --- what the schedule hides ------------------------------------------------------------
@@ -452,19 +468,66 @@ def unpaired_share(pp: Any, num_micro: Any, schedule: str, virtual_stages: int =
     return np.clip(np.where(p > 1, warm, 1.0 / m), 0.0, 1.0)
 
 
+def layer_schedule_exposed(attention: Any, experts: Any, dispatch: Any, combine: Any) -> Any:
+    """Seconds of all-to-all that Megatron-Core's EP overlap leaves exposed when one
+    micro-batch's layer forward runs beside another's layer backward
+    (TransformerLayerSchedulePlan.run, megatron/core/models/common/model_chunk_schedule_plan.py
+    at core_v0.17.1). ``attention``: the compute of the layer's "attn" node (attention, the
+    pre-MLP norm, router, shared experts, permutation), forward and backward; ``experts``:
+    the "mlp" node's (the routed experts); ``dispatch`` / ``combine``: the all-to-all seconds
+    at dispatch's / the activations' bytes, both passes (:func:`a2a_directions`). The
+    planner's split of a step: forward a third, backward two thirds, the experts' backward
+    half input and half weight gradients. Each argument may be a whole step's sum (the
+    graph scales with its inputs).
+
+    The two streams run in order, each node after the one of its own micro-batch it takes
+    its input from (one CUDA event a micro-batch's chain):
+    communication: combine backward, dispatch forward, dispatch backward, combine forward;
+    compute: attention forward, experts' input gradients, experts' weight gradients,
+    experts' forward, attention backward. Dispatch backward waits for the input gradients
+    only (the weight gradients record no event). Returns the layer's time less its compute."""
+    a = np.asarray(attention, dtype=float)
+    x = np.asarray(experts, dtype=float)
+    d = np.asarray(dispatch, dtype=float)
+    c = np.asarray(combine, dtype=float)
+    attn_f, attn_b = a / 3.0, 2.0 * a / 3.0
+    exp_f = exp_dgrad = exp_wgrad = x / 3.0
+    comb_b, disp_f = d / 2.0, d / 2.0  # combine's backward sends gradients the way dispatch does
+    disp_b, comb_f = c / 2.0, c / 2.0
+    start = np.maximum(attn_f, comb_b)  # dispatch forward and the experts' backward both wait for these
+    disp_f_end = start + disp_f
+    dgrad_end = start + exp_dgrad
+    wgrad_end = dgrad_end + exp_wgrad
+    disp_b_end = np.maximum(disp_f_end, dgrad_end) + disp_b
+    exp_f_end = np.maximum(wgrad_end, disp_f_end) + exp_f
+    both = np.maximum(exp_f_end, disp_b_end)
+    end = np.maximum(both + attn_b, both + comb_f)
+    return end - (a + x)
+
+
 def exposed_a2a(a2a: Any, blocks: Any, *, pp: Any, num_micro: Any, schedule: str, virtual_stages: int,
-                opts: MoeOptions) -> Any:
+                opts: MoeOptions, experts: Any = None, dispatch: Any = None) -> Any:
     """Seconds a step waits for of ``a2a`` seconds of all-to-all beside ``blocks`` seconds
     of block compute (see the module docstring): all of it without overlap; with it, the
     unpaired passes' share, and of the paired passes' all-to-all what their compute
-    cannot cover, or at least the compute the SMs it holds would have done."""
+    cannot cover, or at least the compute the SMs it holds would have done. Under
+    Megatron-Core's EP overlap (not DualPipe) what the compute cannot cover is
+    :func:`layer_schedule_exposed`'s, from ``experts`` (the routed experts' seconds of
+    ``blocks``) and ``dispatch`` (the dispatch-direction seconds of ``a2a``); without them,
+    as DualPipe."""
     a2a = np.asarray(a2a, dtype=float)
     if not overlaps(schedule, opts):
         return a2a
     u = unpaired_share(pp, num_micro, schedule, virtual_stages)
     paired_comm = (1.0 - u) * a2a
     paired_compute = (1.0 - u) * np.asarray(blocks, dtype=float)
-    return u * a2a + np.maximum(paired_comm - paired_compute, OVERLAP_SM_SHARE * paired_comm)
+    if schedule != "dualpipev" and experts is not None and dispatch is not None:
+        x = np.minimum(np.asarray(experts, dtype=float), np.asarray(blocks, dtype=float))
+        d = np.asarray(dispatch, dtype=float)
+        uncovered = (1.0 - u) * layer_schedule_exposed(np.asarray(blocks, dtype=float) - x, x, d, a2a - d)
+    else:
+        uncovered = paired_comm - paired_compute
+    return u * a2a + np.maximum(uncovered, OVERLAP_SM_SHARE * paired_comm)
 
 
 # --- compute the MoE layers add --------------------------------------------------------

@@ -222,6 +222,59 @@ def test_dualpipe_hides_the_paired_passes_all_to_all_by_hand():
     assert float(moe.unpaired_share(1, m, "1f1b")) == pytest.approx(1 / m)
 
 
+def test_megatron_overlap_pairs_each_all_to_all_with_one_part_of_a_layer_by_hand():
+    # model_chunk_schedule_plan.run (core_v0.17.1): combine-backward beside attention forward,
+    # dispatch-forward beside the experts' backward, dispatch-backward beside the experts'
+    # forward, combine-forward beside attention backward. Attention 0.3 s (0.1 forward, 0.2
+    # backward), experts 6 s (2 forward, 2 input and 2 weight gradients), 1 s each all-to-all.
+    # The sum form hides all 4 s behind 6.3 s; the graph leaves out what attention cannot
+    # cover: combine-backward 1 - 0.1 and combine-forward 1 - 0.2.
+    assert float(moe.layer_schedule_exposed(0.3, 6.0, 2.0, 2.0)) == pytest.approx(0.9 + 0.8)
+    # Compute under every part: nothing waits.
+    assert float(moe.layer_schedule_exposed(3.0, 3.0, 2.0, 2.0)) == pytest.approx(0.0)
+    # Communication over every part: all of it less the compute, as the sum form.
+    assert float(moe.layer_schedule_exposed(3.0, 3.0, 8.0, 8.0)) == pytest.approx(16.0 - 6.0)
+    # Dispatch-backward waits for the input gradients only, so the weight gradients run
+    # beside it: attention 12 s (4 forward, 8 backward), experts 3 s (1 each), combine 8 s
+    # (4 a pass). Dispatch-backward starts at 5 s, as the experts' weight gradients (to 6 s)
+    # and forward (to 7 s) run, and ends at 9 s: 2 s exposed; waiting for the weight
+    # gradients too it would end at 10 s (3 s).
+    assert float(moe.layer_schedule_exposed(12.0, 3.0, 0.0, 8.0)) == pytest.approx(2.0)
+    # The step's form: unpaired passes exposed, paired ones by the graph, at least the SM share;
+    # DualPipe keeps the sum (no pairing read), as do callers that give no split.
+    opts = moe.MoeOptions(a2a_overlap=True)
+    a2a, blocks, p, m = 4.0, 6.3, 4, 32
+    u = float(moe.unpaired_share(p, m, "1f1b"))
+    got = moe.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule="1f1b", virtual_stages=1, opts=opts,
+                          experts=6.0, dispatch=2.0)
+    assert float(got) == pytest.approx(u * a2a + (1 - u) * 1.7)
+    summed = moe.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule="1f1b", virtual_stages=1, opts=opts)
+    assert float(summed) == pytest.approx(u * a2a + 20 / 132 * (1 - u) * a2a)
+    dual = moe.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule="dualpipev", virtual_stages=1, opts=opts,
+                           experts=6.0, dispatch=2.0)
+    assert float(dual) == pytest.approx(float(summed))
+
+
+def test_step_model_gives_the_overlap_its_layer_split():
+    # Through layout_time: the split reaches exposed_a2a (the directions sum to the step's
+    # all-to-all; the exposed part is at least the sum form's and at most all of it).
+    kw = dict(seq=4096, global_batch=1024, micro_batch=1, tp=1, pp=4, dp=32, zero=1, recompute=0, ep=32)
+    opts = moe.MoeOptions(a2a_overlap=True)
+    b = layout_time.step_time(DSV3, H800, schedule="1f1b", moe=opts, **kw)["breakdown"]
+    a2a, exposed = float(b["ep_a2a_s"]), float(b["ep_comm_s"])
+    blocks = float(b["compute_s"])
+    u = float(moe.unpaired_share(4, 1024 / 32, "1f1b"))
+    sum_form = u * a2a + max((1 - u) * (a2a - blocks), 20 / 132 * (1 - u) * a2a)
+    assert sum_form - 1e-9 <= exposed <= a2a
+    d, c = moe.a2a_directions(DSV3, H800, tokens=4096, ep=32, act_bytes=2.0, opts=opts, moe_layers=1, num_micro=1,
+                              moe_rerun_share=0.0)
+    assert float(d) == pytest.approx(float(c))  # BF16 both ways: no FP8 dispatch
+    fp8 = dataclasses.replace(opts, fp8_dispatch=True)
+    d8, c8 = moe.a2a_directions(DSV3, H800, tokens=4096, ep=32, act_bytes=2.0, opts=fp8, moe_layers=1, num_micro=1,
+                                moe_rerun_share=0.0)
+    assert float(d8) < 0.6 * float(c8) and float(c8) == pytest.approx(float(c))
+
+
 def test_dualpipe_step_exposes_less_all_to_all_than_1f1b():
     kw = dict(seq=4096, global_batch=15360, micro_batch=1, tp=1, pp=16, dp=128, zero=1, recompute=0, ep=64,
               precision="fp8")
