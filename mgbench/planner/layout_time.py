@@ -375,8 +375,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
                                                     load=load, opts=opts, act_rerun=act_rerun,
                                                     layer_rerun=rerun, act_bytes=e) / hw.stack_eff
         blocks = blocks + imbalance_s + moe_recompute_s + permute_s + traffic_s + epilogue_s
-        # The routed experts' side of the blocks (Megatron-Core's "mlp" node: what its EP
-        # overlap pairs with the dispatches, moe.layer_schedule_exposed).
+        # The routed experts' compute (Megatron-Core's "mlp" node: moe.LayerSplit).
         experts_s = expert * linear_scale + imbalance_s + traffic_s + epilogue_s
         notes.append(moe_terms.note(opts, schedule))
         if (epilogue := moe_terms.epilogue_note(shape, opts, counted, hw.stack)) is not None:
@@ -423,8 +422,20 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
                                                      moe_layers=moe_layers, num_micro=m, moe_rerun_share=rerun,
                                                      across_share=ep_kernels.priced_share(hw, opts), etp=etp)
         a2a = dispatch + combine
+        # The MoE layers' compute by the node of Megatron-Core's EP overlap that runs it
+        # (moe.LayerSplit). Permute (before dispatch) runs in the "attn" node under the
+        # all-to-all dispatcher, in the "mlp" node under DeepEP / HybridEP; unpermute (after
+        # combine) in the combine node, on the communication stream: half the passes each.
+        # The rest of the blocks (attention's side, the FP8 casts among it) is taken at the
+        # stage's MoE layers' share: its dense layers' dispatch and combine are no-ops.
+        permute_half = permute_s / 2.0
+        moe_share = np.clip(np.asarray(moe_layers, dtype=float) / lps, 0.0, 1.0)
+        rest = (blocks - experts_s - permute_s) * moe_share
+        split = moe_terms.LayerSplit(attention=rest + (0.0 if opts.dedup else permute_half),
+                                     experts=experts_s + (permute_half if opts.dedup else 0.0),
+                                     on_comm=permute_half, wgrad_delayed=not opts.wgrad_in_backward)
         ep_comm = moe_terms.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule=schedule, virtual_stages=v,
-                                        opts=opts, experts=experts_s, dispatch=dispatch)
+                                        opts=opts, split=split, dispatch=dispatch)
         host = moe_terms.host_seconds(shape, ep=ep, moe_layers=moe_layers, num_micro=m, opts=opts, rerun=rerun,
                                       stack=hw.stack)
         host_s = moe_terms.host_wait(host, bubble_fraction=f)

@@ -182,6 +182,10 @@ class MoeOptions:
     a2a_overlap: bool = field(default=False, metadata={
         "help": "Overlap the expert all-to-all with another micro-batch's compute (Megatron-Core "
                 "overlap_moe_expert_parallel_comm; the dualpipev schedule always does)."})
+    wgrad_in_backward: bool = field(default=False, metadata={
+        "help": "With --moe-a2a-overlap: the weight gradients run inside each backward (Megatron-Core "
+                "delay_wgrad_compute off), so the dispatch's backward waits for them too. Not given: delayed, as "
+                "Megatron-Bridge's performance scripts set it with the overlap."})
     recompute_modules: tuple[str, ...] = field(default=(), metadata={
         "metavar": "LIST", "help": "Megatron-Core recompute_modules priced: " + ",".join(RECOMPUTE_MODULES) + "."})
     fp8_act_cache: bool = field(default=False, metadata={
@@ -214,6 +218,9 @@ class MoeOptions:
             if self.dispatcher != "deepep":
                 raise MgbenchError(f"MoE backend {self.backend!r} names an implementation of DeepEP's kernels (their "
                                    "published figures are DeepEP's): give --moe-dispatcher deepep with it, or no backend")
+        if self.wgrad_in_backward and not self.a2a_overlap:
+            raise MgbenchError("MoE wgrad_in_backward (--moe-wgrad-in-backward) says where Megatron-Core's EP overlap "
+                               "schedules the weight gradients: give --moe-a2a-overlap with it, or leave it out")
         for name in ("imbalance", "capacity_factor"):
             v = getattr(self, name)
             if v is not None and not math.isfinite(v):
@@ -468,63 +475,102 @@ def unpaired_share(pp: Any, num_micro: Any, schedule: str, virtual_stages: int =
     return np.clip(np.where(p > 1, warm, 1.0 / m), 0.0, 1.0)
 
 
-def layer_schedule_exposed(attention: Any, experts: Any, dispatch: Any, combine: Any) -> Any:
-    """Seconds of all-to-all that Megatron-Core's EP overlap leaves exposed when one
-    micro-batch's layer forward runs beside another's layer backward
-    (TransformerLayerSchedulePlan.run, megatron/core/models/common/model_chunk_schedule_plan.py
-    at core_v0.17.1). ``attention``: the compute of the layer's "attn" node (attention, the
-    pre-MLP norm, router, shared experts, permutation), forward and backward; ``experts``:
-    the "mlp" node's (the routed experts); ``dispatch`` / ``combine``: the all-to-all seconds
-    at dispatch's / the activations' bytes, both passes (:func:`a2a_directions`). The
-    planner's split of a step: forward a third, backward two thirds, the experts' backward
-    half input and half weight gradients. Each argument may be a whole step's sum (the
-    graph scales with its inputs).
+@dataclass(frozen=True)
+class LayerSplit:
+    """A step's MoE-layer compute as Megatron-Core's EP overlap schedules it
+    (megatron/core/models/gpt/fine_grained_callables.py at core_v0.17.1), seconds of both
+    passes summed over the step's MoE layers and micro-batches (dense layers stay out: their
+    dispatch and combine are no-ops). ``attention``: the "attn" node (attention, the pre-MLP
+    norm, router, shared experts; the permutation under the all-to-all dispatcher);
+    ``experts``: the "mlp" node (the routed experts; the permutation under DeepEP and
+    HybridEP, whose dispatch post-processing runs there); ``on_comm``: compute the combine
+    node runs on the communication stream (the unpermutation, forward and backward);
+    ``wgrad_delayed``: Megatron-Core's delay_wgrad_compute (weight gradients run apart from
+    the input gradients and record no event), which Megatron-Bridge's performance scripts set
+    with the overlap (scripts/performance/utils/overrides.py _set_moe_a2a_overlap_overrides,
+    v0.4.2); off, the weight gradients run inside each backward."""
 
-    The two streams run in order, each node after the one of its own micro-batch it takes
-    its input from (one CUDA event a micro-batch's chain):
+    attention: Any
+    experts: Any
+    on_comm: Any = 0.0
+    wgrad_delayed: bool = True
+
+
+# Layers chained to reach the schedule's steady state (the graph's period settles within a
+# couple of layers: tests/unit/test_moe_terms.py checks 4 against 32).
+STEADY_LAYERS = 4
+
+
+def layer_schedule_exposed(split: LayerSplit, dispatch: Any, combine: Any) -> Any:
+    """Seconds of all-to-all that Megatron-Core's EP overlap leaves exposed when one
+    micro-batch's layers run forward beside another's backward
+    (TransformerLayerSchedulePlan.run, megatron/core/models/common/model_chunk_schedule_plan.py
+    at core_v0.17.1): the steady period of a chain of layers less their compute.
+    ``dispatch`` / ``combine``: the all-to-all seconds at dispatch's / the activations'
+    bytes, both passes (:func:`a2a_directions`). A step's sums may be given (every MoE layer
+    alike: the period scales with its inputs). The planner's split of a pass: forward a
+    third, backward two thirds, half of it input and half weight gradients (all input
+    gradients when the weight gradients are not delayed).
+
+    The two streams run in the order run() issues them, and each node waits for the last
+    node of its own micro-batch (one CUDA event a micro-batch's chunk, recorded by every
+    node; weight gradients record none):
     communication: combine backward, dispatch forward, dispatch backward, combine forward;
     compute: attention forward, experts' input gradients, experts' weight gradients,
-    experts' forward, attention backward. Dispatch backward waits for the input gradients
-    only (the weight gradients record no event). Returns the layer's time less its compute."""
-    a = np.asarray(attention, dtype=float)
-    x = np.asarray(experts, dtype=float)
+    experts' forward, attention's input gradients, attention's weight gradients.
+    So dispatch backward waits for the experts' input gradients only, and the next layer's
+    combine backward for attention's, each running beside the weight gradients."""
+    a = np.asarray(split.attention, dtype=float)
+    x = np.asarray(split.experts, dtype=float)
+    k = np.asarray(split.on_comm, dtype=float)
     d = np.asarray(dispatch, dtype=float)
     c = np.asarray(combine, dtype=float)
-    attn_f, attn_b = a / 3.0, 2.0 * a / 3.0
-    exp_f = exp_dgrad = exp_wgrad = x / 3.0
-    comb_b, disp_f = d / 2.0, d / 2.0  # combine's backward sends gradients the way dispatch does
-    disp_b, comb_f = c / 2.0, c / 2.0
-    start = np.maximum(attn_f, comb_b)  # dispatch forward and the experts' backward both wait for these
-    disp_f_end = start + disp_f
-    dgrad_end = start + exp_dgrad
-    wgrad_end = dgrad_end + exp_wgrad
-    disp_b_end = np.maximum(disp_f_end, dgrad_end) + disp_b
-    exp_f_end = np.maximum(wgrad_end, disp_f_end) + exp_f
-    both = np.maximum(exp_f_end, disp_b_end)
-    end = np.maximum(both + attn_b, both + comb_f)
-    return end - (a + x)
+    third = 1.0 / 3.0
+    attn_f, exp_f = a * third, x * third
+    if split.wgrad_delayed:
+        attn_dgrad, attn_wgrad, exp_dgrad, exp_wgrad = a * third, a * third, x * third, x * third
+    else:
+        attn_dgrad, attn_wgrad, exp_dgrad, exp_wgrad = 2.0 * a * third, 0.0 * a, 2.0 * x * third, 0.0 * x
+    # combine's backward sends gradients the way dispatch does; the unpermutation runs in
+    # the combine nodes, half of it in each pass
+    comb_b, disp_f, disp_b, comb_f = d / 2.0 + k / 2.0, d / 2.0, c / 2.0, c / 2.0 + k / 2.0
+    zero = 0.0 * (a + x + k + d + c)
+    comm = comp = fwd = bwd = zero  # when each stream is free, when each micro-batch's last node ended
+    ends = []
+    for _ in range(2 * STEADY_LAYERS):
+        bwd = comm = np.maximum(comm, bwd) + comb_b
+        fwd = comp = np.maximum(comp, fwd) + attn_f
+        bwd = comp = np.maximum(comp, bwd) + exp_dgrad
+        fwd = comm = np.maximum(comm, fwd) + disp_f
+        comp = comp + exp_wgrad
+        bwd = comm = np.maximum(comm, bwd) + disp_b
+        fwd = comp = np.maximum(comp, fwd) + exp_f
+        bwd = comp = np.maximum(comp, bwd) + attn_dgrad
+        fwd = comm = np.maximum(comm, fwd) + comb_f
+        comp = comp + attn_wgrad
+        ends.append(np.maximum(comm, comp))
+    period = (ends[-1] - ends[STEADY_LAYERS - 1]) / STEADY_LAYERS
+    return period - (a + x + k)
 
 
 def exposed_a2a(a2a: Any, blocks: Any, *, pp: Any, num_micro: Any, schedule: str, virtual_stages: int,
-                opts: MoeOptions, experts: Any = None, dispatch: Any = None) -> Any:
+                opts: MoeOptions, split: LayerSplit | None = None, dispatch: Any = None) -> Any:
     """Seconds a step waits for of ``a2a`` seconds of all-to-all beside ``blocks`` seconds
     of block compute (see the module docstring): all of it without overlap; with it, the
     unpaired passes' share, and of the paired passes' all-to-all what their compute
     cannot cover, or at least the compute the SMs it holds would have done. Under
     Megatron-Core's EP overlap (not DualPipe) what the compute cannot cover is
-    :func:`layer_schedule_exposed`'s, from ``experts`` (the routed experts' seconds of
-    ``blocks``) and ``dispatch`` (the dispatch-direction seconds of ``a2a``); without them,
-    as DualPipe."""
+    :func:`layer_schedule_exposed`'s, from ``split`` (the MoE layers' compute by node) and
+    ``dispatch`` (the dispatch-direction seconds of ``a2a``); without them, as DualPipe."""
     a2a = np.asarray(a2a, dtype=float)
     if not overlaps(schedule, opts):
         return a2a
     u = unpaired_share(pp, num_micro, schedule, virtual_stages)
     paired_comm = (1.0 - u) * a2a
     paired_compute = (1.0 - u) * np.asarray(blocks, dtype=float)
-    if schedule != "dualpipev" and experts is not None and dispatch is not None:
-        x = np.minimum(np.asarray(experts, dtype=float), np.asarray(blocks, dtype=float))
+    if schedule != "dualpipev" and split is not None and dispatch is not None:
         d = np.asarray(dispatch, dtype=float)
-        uncovered = (1.0 - u) * layer_schedule_exposed(np.asarray(blocks, dtype=float) - x, x, d, a2a - d)
+        uncovered = (1.0 - u) * layer_schedule_exposed(split, d, a2a - d)
     else:
         uncovered = paired_comm - paired_compute
     return u * a2a + np.maximum(uncovered, OVERLAP_SM_SHARE * paired_comm)
@@ -909,6 +955,7 @@ def options_of(row: dict[str, Any]) -> MoeOptions:
                       backend=row.get("dispatcher_backend"),
                       node_limit=row.get("node_limit"), device_limit=row.get("device_limit"),
                       fp8_dispatch=bool(row.get("fp8_dispatch", False)), a2a_overlap=bool(row.get("a2a_overlap", False)),
+                      wgrad_in_backward=bool(row.get("wgrad_in_backward", False)),
                       recompute_modules=tuple(row.get("moe_recompute", ())),
                       fp8_act_cache=bool(row.get("fp8_act_cache", False)),
                       cuda_graphs=bool(row.get("cuda_graphs", False)),

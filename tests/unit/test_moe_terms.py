@@ -223,54 +223,98 @@ def test_dualpipe_hides_the_paired_passes_all_to_all_by_hand():
 
 
 def test_megatron_overlap_pairs_each_all_to_all_with_one_part_of_a_layer_by_hand():
-    # model_chunk_schedule_plan.run (core_v0.17.1): combine-backward beside attention forward,
+    # model_chunk_schedule_plan.run (core_v0.17.1), layers chained: combine-backward beside
+    # attention forward (and the previous layer's attention weight gradients),
     # dispatch-forward beside the experts' backward, dispatch-backward beside the experts'
-    # forward, combine-forward beside attention backward. Attention 0.3 s (0.1 forward, 0.2
-    # backward), experts 6 s (2 forward, 2 input and 2 weight gradients), 1 s each all-to-all.
-    # The sum form hides all 4 s behind 6.3 s; the graph leaves out what attention cannot
-    # cover: combine-backward 1 - 0.1 and combine-forward 1 - 0.2.
-    assert float(moe.layer_schedule_exposed(0.3, 6.0, 2.0, 2.0)) == pytest.approx(0.9 + 0.8)
-    # Compute under every part: nothing waits.
-    assert float(moe.layer_schedule_exposed(3.0, 3.0, 2.0, 2.0)) == pytest.approx(0.0)
-    # Communication over every part: all of it less the compute, as the sum form.
-    assert float(moe.layer_schedule_exposed(3.0, 3.0, 8.0, 8.0)) == pytest.approx(16.0 - 6.0)
-    # Dispatch-backward waits for the input gradients only, so the weight gradients run
-    # beside it: attention 12 s (4 forward, 8 backward), experts 3 s (1 each), combine 8 s
-    # (4 a pass). Dispatch-backward starts at 5 s, as the experts' weight gradients (to 6 s)
-    # and forward (to 7 s) run, and ends at 9 s: 2 s exposed; waiting for the weight
-    # gradients too it would end at 10 s (3 s).
-    assert float(moe.layer_schedule_exposed(12.0, 3.0, 0.0, 8.0)) == pytest.approx(2.0)
+    # forward, combine-forward beside attention's input gradients. Attention 0.3 s (0.1
+    # forward, 0.1 input and 0.1 weight gradients), experts 6 s (2 each), 1 s each
+    # all-to-all. The sum form hides all 4 s behind 6.3 s; the graph leaves out what
+    # attention cannot cover: combine-backward 1 - 0.1 and combine-forward 1 - 0.1, a period
+    # of 8 s against 6.3 s of compute.
+    split = moe.LayerSplit
+    assert float(moe.layer_schedule_exposed(split(0.3, 6.0), 2.0, 2.0)) == pytest.approx(1.7)
+    # Compute under every part: nothing waits. Communication over every part: all of it less
+    # the compute, as the sum form.
+    assert float(moe.layer_schedule_exposed(split(3.0, 3.0), 2.0, 2.0)) == pytest.approx(0.0)
+    assert float(moe.layer_schedule_exposed(split(3.0, 3.0), 8.0, 8.0)) == pytest.approx(16.0 - 6.0)
+    # Across layers: the next layer's combine-backward waits for attention's input gradients
+    # only, so it runs beside its weight gradients (2 s) and forward (2 s): attention 6 s,
+    # experts 0.3 s, dispatch-direction 6 s (3 a pass). Only dispatch-forward's 3 s beside
+    # the experts' 0.2 s of backward shows: 2.8 s (a barrier at each layer's end: 3.8 s).
+    assert float(moe.layer_schedule_exposed(split(6.0, 0.3), 6.0, 0.0)) == pytest.approx(2.8)
+    # Dispatch-backward waits for the experts' input gradients only: attention 12 s, experts
+    # 3 s (1 a part), combine-direction 8 s (4 a pass). Dispatch-backward runs beside the
+    # experts' weight gradients and forward (2 s): 2 s exposed. With the weight gradients in
+    # each backward (delay_wgrad_compute off) it waits for them: 3 s.
+    assert float(moe.layer_schedule_exposed(split(12.0, 3.0), 0.0, 8.0)) == pytest.approx(2.0)
+    assert float(moe.layer_schedule_exposed(split(12.0, 3.0, wgrad_delayed=False), 0.0, 8.0)) == pytest.approx(3.0)
+    # The unpermutation runs on the communication stream: beside ample compute it costs the
+    # compute stream nothing (the period is the compute's 12 s, its 2 s among the 14 counted).
+    assert float(moe.layer_schedule_exposed(split(6.0, 6.0, on_comm=2.0), 0.0, 0.0)) == pytest.approx(-2.0)
+    # The steady period is reached: 4 chained layers give what 32 do.
+    rng = np.random.default_rng(0)
+    a, x, k, d, c = rng.uniform(0.1, 5.0, size=(5, 200))
+    got = moe.layer_schedule_exposed(split(a, x, on_comm=k), d, c)
+    old = moe.STEADY_LAYERS
+    try:
+        moe.STEADY_LAYERS = 32
+        assert np.allclose(got, moe.layer_schedule_exposed(split(a, x, on_comm=k), d, c))
+    finally:
+        moe.STEADY_LAYERS = old
     # The step's form: unpaired passes exposed, paired ones by the graph, at least the SM share;
     # DualPipe keeps the sum (no pairing read), as do callers that give no split.
     opts = moe.MoeOptions(a2a_overlap=True)
     a2a, blocks, p, m = 4.0, 6.3, 4, 32
     u = float(moe.unpaired_share(p, m, "1f1b"))
     got = moe.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule="1f1b", virtual_stages=1, opts=opts,
-                          experts=6.0, dispatch=2.0)
+                          split=split(0.3, 6.0), dispatch=2.0)
     assert float(got) == pytest.approx(u * a2a + (1 - u) * 1.7)
     summed = moe.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule="1f1b", virtual_stages=1, opts=opts)
     assert float(summed) == pytest.approx(u * a2a + 20 / 132 * (1 - u) * a2a)
     dual = moe.exposed_a2a(a2a, blocks, pp=p, num_micro=m, schedule="dualpipev", virtual_stages=1, opts=opts,
-                           experts=6.0, dispatch=2.0)
+                           split=split(0.3, 6.0), dispatch=2.0)
     assert float(dual) == pytest.approx(float(summed))
 
 
-def test_step_model_gives_the_overlap_its_layer_split():
-    # Through layout_time: the split reaches exposed_a2a (the directions sum to the step's
-    # all-to-all; the exposed part is at least the sum form's and at most all of it).
-    kw = dict(seq=4096, global_batch=1024, micro_batch=1, tp=1, pp=4, dp=32, zero=1, recompute=0, ep=32)
+def test_step_model_gives_the_overlap_its_layer_split(monkeypatch):
+    # Through layout_time (DeepSeek-V3 with EP 32 over 4 B200 nodes, where an all-to-all
+    # pass is longer than attention's parts): the step passes its MoE layers' compute by node
+    # and the dispatch-direction seconds, and the graph exposes more than the sum form would
+    # on the same numbers; --moe-wgrad-in-backward reaches the graph.
+    b200 = hardware.resolve(system="dgx-b200")
+    kw = dict(seq=4096, global_batch=1024, micro_batch=1, tp=1, pp=1, dp=128, zero=1, recompute=0, ep=32)
     opts = moe.MoeOptions(a2a_overlap=True)
-    b = layout_time.step_time(DSV3, H800, schedule="1f1b", moe=opts, **kw)["breakdown"]
-    a2a, exposed = float(b["ep_a2a_s"]), float(b["ep_comm_s"])
-    blocks = float(b["compute_s"])
-    u = float(moe.unpaired_share(4, 1024 / 32, "1f1b"))
-    sum_form = u * a2a + max((1 - u) * (a2a - blocks), 20 / 132 * (1 - u) * a2a)
-    assert sum_form - 1e-9 <= exposed <= a2a
-    d, c = moe.a2a_directions(DSV3, H800, tokens=4096, ep=32, act_bytes=2.0, opts=opts, moe_layers=1, num_micro=1,
+    seen = []
+    real = moe.exposed_a2a
+
+    def spy(a2a, blocks, **k):
+        seen.append((a2a, blocks, k))
+        return real(a2a, blocks, **k)
+
+    monkeypatch.setattr(moe, "exposed_a2a", spy)
+    b = layout_time.step_time(DSV3, b200, schedule="1f1b", moe=opts, **kw)["breakdown"]
+    a2a, blocks, k = seen[-1]
+    split = k["split"]
+    assert float(a2a) == pytest.approx(float(b["ep_a2a_s"]))
+    # DeepSeek-V3's 3 dense layers of 61 stay out of the split; the rest is all there.
+    parts = float(split.attention + split.experts + split.on_comm)
+    assert 0.9 * float(blocks) < parts < float(blocks)
+    assert 0 < float(k["dispatch"]) < float(a2a)
+    summed = real(a2a, blocks, pp=k["pp"], num_micro=k["num_micro"], schedule="1f1b", virtual_stages=1, opts=opts)
+    exposed = float(b["ep_comm_s"])
+    assert float(summed) * 1.02 < exposed < float(a2a)
+    assert split.wgrad_delayed
+    later = dataclasses.replace(opts, wgrad_in_backward=True)
+    layout_time.step_time(DSV3, b200, schedule="1f1b", moe=later, **kw)
+    assert not seen[-1][2]["split"].wgrad_delayed
+    # Without the overlap the option prices nothing: refused, not ignored.
+    with pytest.raises(MgbenchError, match="--moe-a2a-overlap"):
+        moe.MoeOptions(wgrad_in_backward=True)
+    d, c = moe.a2a_directions(DSV3, H800, tokens=4096, ep=64, act_bytes=2.0, opts=opts, moe_layers=1, num_micro=1,
                               moe_rerun_share=0.0)
     assert float(d) == pytest.approx(float(c))  # BF16 both ways: no FP8 dispatch
     fp8 = dataclasses.replace(opts, fp8_dispatch=True)
-    d8, c8 = moe.a2a_directions(DSV3, H800, tokens=4096, ep=32, act_bytes=2.0, opts=fp8, moe_layers=1, num_micro=1,
+    d8, c8 = moe.a2a_directions(DSV3, H800, tokens=4096, ep=64, act_bytes=2.0, opts=fp8, moe_layers=1, num_micro=1,
                                 moe_rerun_share=0.0)
     assert float(d8) < 0.6 * float(c8) and float(c8) == pytest.approx(float(c))
 
