@@ -500,7 +500,7 @@ def plan(model, hf_config, params, system_file, prices_file, price_overrides, ha
 
         links = calibrate.comm_links(comm_run, results_dir)
         opts.links = {name: links["fields"] for name, s in all_systems().items() if s["gpu"] == links["gpu"]}
-    res = plan_fn(shape, opts, cost.Prices(prices_file, list(price_overrides)))
+    res = plan_fn(shape, opts, cost.Prices(prices_file, list(price_overrides)), progress=lambda m: click.echo(m, err=True))
     for line in _moe_ignored(shape, opts.moe):
         res["reasons"].append(line)
     if res.get("recommendation") is not None:  # the lead, as `mgbench predict` takes it

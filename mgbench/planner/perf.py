@@ -220,10 +220,11 @@ def bubble_fraction(pp: Any, num_micro: Any, schedule: str, virtual_stages: int)
     """:func:`theoretical_bubble` over arrays; NaN where the schedule's paper gives no
     figure (ZB-V with fewer than 2 p micro-batches), 0 for pp = 1."""
     p, m = np.broadcast_arrays(np.asarray(pp, dtype=float), np.maximum(np.asarray(num_micro, dtype=float), 1.0))
-    # One call per distinct (p, m): a plan has millions of rows but few pairs.
-    pairs, inverse = np.unique(np.stack([p.ravel(), m.ravel()]), axis=1, return_inverse=True)
-    values = np.array([np.nan if (f := theoretical_bubble(int(a), int(b), schedule, virtual_stages)) is None
-                       else float(f) for a, b in pairs.T])
+    # One call per distinct (p, m): a plan has millions of rows but few pairs. The pairs as
+    # complex numbers p + m i: an exact 1-D key numpy sorts many times faster than columns.
+    pairs, inverse = np.unique(p.ravel() + 1j * m.ravel(), return_inverse=True)
+    values = np.array([np.nan if (f := theoretical_bubble(int(z.real), int(z.imag), schedule, virtual_stages)) is None
+                       else float(f) for z in pairs])
     return np.where(p == 1, 0.0, values[inverse.ravel()].reshape(p.shape))
 
 

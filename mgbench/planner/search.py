@@ -14,7 +14,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -312,14 +312,18 @@ def _grid(*axes: np.ndarray) -> list[np.ndarray]:
     return [g.ravel() for g in np.meshgrid(*axes, indexing="ij")]
 
 
-def evaluate_system(shape: ModelShape, system: str, opts: PlanOptions, prices: cost.Prices) -> tuple[dict[str, np.ndarray], int]:
-    """All candidates of one system; returns the feasible ones (columns) and the count evaluated."""
+def evaluate_system(shape: ModelShape, system: str, opts: PlanOptions, prices: cost.Prices,
+                    kept: dict[Any, Any] | None = None) -> tuple[dict[str, np.ndarray], int]:
+    """All candidates of one system; returns the feasible ones (columns) and the count
+    evaluated. ``kept``: a dict :func:`kept_layouts` may reuse across the systems of one
+    plan (their layouts differ only by GPUs a node)."""
     from .resolve import resolve
 
     hw = resolve(precision=opts.precision, system=system, calibration=opts.calibration.get(system),
                  links=opts.links.get(system), stack=None if opts.stack == stack.DEFAULT_STACK else opts.stack,
                  offload=opts.offload)
-    return evaluate_hardware(shape, hw, gpu_counts(hw.gpus_per_node, opts.max_gpus), opts, prices, opts.overlap)
+    return evaluate_hardware(shape, hw, gpu_counts(hw.gpus_per_node, opts.max_gpus), opts, prices, opts.overlap,
+                             kept=kept)
 
 
 def profile_counts(profile: dict[str, Any], max_gpus: int) -> list[int]:
@@ -351,12 +355,16 @@ def evaluate_profile(shape: ModelShape, opts: PlanOptions, prices: cost.Prices) 
     return pieces, evaluated, notes
 
 
-def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarray, opts: PlanOptions,
-                      prices: cost.Prices, overlap: float) -> tuple[dict[str, np.ndarray], int]:
-    """All candidates on ``hw`` at these GPU counts (columns of the feasible ones) and the count evaluated."""
-    system = hw.system
+def kept_layouts(shape: ModelShape, opts: PlanOptions, counts: np.ndarray, gpus_per_node: int) -> dict[str, Any]:
+    """The candidate layouts at these GPU counts that the layout rules keep
+    (planner/layout_rules.py, the ones predict keeps), for each schedule variant: the
+    degree columns that pass the cheap checks (``rows``: num_gpus, tp, pp, zero,
+    micro_batch, recompute), and per variant the (indices into them, cp, ep, offload)
+    groups the rules keep (``picked``); ``evaluated``: the candidates counted. Nothing of
+    it depends on the hardware but its GPUs a node, so a plan computes it once for all
+    systems alike (:func:`evaluate_hardware`'s ``kept``)."""
     B = max(1, opts.global_batch_tokens // opts.seq_len)
-    tps_ = np.array([t for t in TP_CHOICES if t <= hw.gpus_per_node])
+    tps_ = np.array([t for t in TP_CHOICES if t <= gpus_per_node])
     pps = np.array([p for p in PP_CHOICES if p <= shape.layers])
     N, T, P, Z, MB, RC = _grid(counts, tps_, pps,
                                np.array(ZERO_CHOICES), np.array(MICRO_BATCH_CHOICES), np.arange(len(RECOMPUTE)))
@@ -373,8 +381,7 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
     N, T, P, Z, MB, RC = (a[ok] for a in (N, T, P, Z, MB, RC))
     # The added axes, crossed with the rows that survive the checks above only, one value
     # at a time (a full cross product of millions of rows costs more in allocation).
-    names = ("num_gpus", "tp", "pp", "zero", "micro_batch", "recompute", "dp", "cp", "ep", "num_micro_batches")
-    parts = []
+    picks = []
     for j, variant in enumerate(variants):
         # The first schedule prices every candidate; the others only the pipelined ones
         # (without a pipeline the schedule changes nothing).
@@ -391,6 +398,34 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
                         opts, B, schedule=variant, num_gpus=N, tp=T, pp=P, cp=cp, ep=ep, zero=Z, micro_batch=MB,
                         recompute=RC, offload=off)))
                     picked.append((np.flatnonzero(ok & differ), cp, ep, off))
+        picks.append(picked)
+    rows = (N, T, P, Z, MB, RC)
+    for a in rows:
+        a.setflags(write=False)  # shared by the systems of a plan
+    return {"rows": rows, "picked": picks, "evaluated": evaluated}
+
+
+def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarray, opts: PlanOptions,
+                      prices: cost.Prices, overlap: float,
+                      kept: dict[Any, Any] | None = None) -> tuple[dict[str, np.ndarray], int]:
+    """All candidates on ``hw`` at these GPU counts (columns of the feasible ones) and the
+    count evaluated. ``kept``: a dict holding :func:`kept_layouts` by (counts, GPUs a node),
+    filled here, for the systems of one plan to share."""
+    system = hw.system
+    B = max(1, opts.global_batch_tokens // opts.seq_len)
+    key = (tuple(int(c) for c in np.asarray(counts).ravel()), int(hw.gpus_per_node))
+    if kept is not None and key in kept:
+        layouts = kept[key]
+    else:
+        layouts = kept_layouts(shape, opts, counts, hw.gpus_per_node)
+        if kept is not None:
+            kept[key] = layouts
+    N, T, P, Z, MB, RC = layouts["rows"]
+    evaluated = layouts["evaluated"]
+    variants = schedule_variants(opts)
+    names = ("num_gpus", "tp", "pp", "zero", "micro_batch", "recompute", "dp", "cp", "ep", "num_micro_batches")
+    parts = []
+    for j, (variant, picked) in enumerate(zip(variants, layouts["picked"])):
         idx = np.concatenate([x[0] for x in picked])
         CP, EP, OFF = (np.repeat(np.array([x[k] for x in picked]), [x[0].size for x in picked]) for k in (1, 2, 3))
         Nj, Tj, Pj, Zj, MBj, RCj = (a[idx] for a in (N, T, P, Z, MB, RC))
@@ -631,8 +666,15 @@ def _row(cols: dict[str, Any], i: int) -> dict[str, Any]:
     return r
 
 
-def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None) -> dict[str, Any]:
-    """Search every system's layouts; return ranked bests, the Pareto front and a recommendation."""
+# Seconds between progress lines of a long search (none for a search shorter than that).
+PROGRESS_EVERY_S = 5.0
+
+
+def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None,
+         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Search every system's layouts; return ranked bests, the Pareto front and a
+    recommendation. ``progress``: told how far the search is, every
+    :data:`PROGRESS_EVERY_S` seconds of a long one."""
     t0 = time.perf_counter()
     check_bounds(opts)
     prices = prices or cost.Prices()
@@ -655,9 +697,11 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
             raise MgbenchError("the profile cannot price any rank count: " + "; ".join(notes))
     else:
         pieces = []
-        for s in names:
+        kept: dict[Any, Any] = {}  # the layout rules' verdicts, alike for systems with as many GPUs a node
+        told = t0
+        for i, s in enumerate(names, 1):
             try:
-                cols, n = evaluate_system(shape, s, opts, prices)
+                cols, n = evaluate_system(shape, s, opts, prices, kept)
             except MgbenchError as e:  # e.g. --precision fp8 on a GPU without FP8 units
                 if opts.systems:
                     raise
@@ -665,6 +709,10 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
                 continue
             evaluated += n
             pieces.append(cols)
+            now = time.perf_counter()
+            if progress is not None and now - told >= PROGRESS_EVERY_S and i < len(names):
+                progress(f"plan: {i} of {len(names)} systems searched ({evaluated:,} layouts, {now - t0:.0f} s)")
+                told = now
         if not pieces:
             raise MgbenchError("no system can be considered: " + "; ".join(notes))
         if max(extra_axes(shape, opts)[0]) == 1 and opts.seq_len < CP_MIN_SEQ:

@@ -77,7 +77,7 @@ def test_the_four_cost_options_that_were_missing_are_settable():
 def test_setting_each_plan_option_reaches_planoptions(monkeypatch):
     captured = {}
 
-    def fake_plan(shape, opts, prices=None):
+    def fake_plan(shape, opts, prices=None, progress=None):
         captured["opts"] = opts
         return {"fake": True}
 
@@ -100,7 +100,7 @@ def test_setting_each_plan_option_reaches_planoptions(monkeypatch):
 
 def test_plan_defaults_are_planoptions_defaults(monkeypatch):
     captured = {}
-    monkeypatch.setattr(search, "plan", lambda shape, opts, prices=None: captured.setdefault("opts", opts) and {})
+    monkeypatch.setattr(search, "plan", lambda shape, opts, prices=None, progress=None: captured.setdefault("opts", opts) and {})
     r = CliRunner().invoke(main, ["plan", "--model", "llama3-8b", "--tokens", "1e12", "--json"])
     assert r.exit_code == 0, r.output
     assert captured["opts"] == PlanOptions(tokens=1e12)
@@ -134,7 +134,7 @@ def test_report_plan_section_uses_the_plan_options(monkeypatch, tmp_path):
 
     captured = {}
     monkeypatch.setattr(store, "resolve_run", lambda run, results_dir: tmp_path / run)
-    monkeypatch.setattr(search, "plan", lambda shape, opts, prices=None: captured.update(opts=opts, prices=prices) or {})
+    monkeypatch.setattr(search, "plan", lambda shape, opts, prices=None, progress=None: captured.update(opts=opts, prices=prices) or {})
     monkeypatch.setattr(html, "build", lambda paths, out, *a, **k: Path(out))
     r = CliRunner().invoke(main, ["report", "RUN", "--plan-model", "llama3-8b", "--plan-tokens", "1e12",
                                   "--plan-spot", "--plan-top", "3", "--plan-price", "b200=9"])

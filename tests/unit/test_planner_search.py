@@ -1,5 +1,6 @@
 import dataclasses
 
+import numpy as np
 import pytest
 
 from mgbench import catalog
@@ -233,3 +234,43 @@ def test_predict_on_a_probed_machine_counts_the_cuda_context_as_plan_does(device
                            + (["--precision", "fp32"] if device == "cpu" else []))
     assert r.exit_code == 0, r.output
     assert (_json.loads(r.output)["memory"]["fixed_bytes"] > 0) == (device == "cuda")
+
+
+def test_systems_share_the_layout_rules_verdicts_and_get_the_same_answer():
+    # A plan computes the kept layouts once for every system with as many GPUs a node
+    # (search.kept_layouts); each system's candidates must be what it gets alone.
+    shape = catalog.model_shape("llama3-8b")
+    opts = PlanOptions(tokens=1e12, max_gpus=64)
+    prices = cost.Prices()
+    shared: dict = {}
+    from mgbench.planner.search import evaluate_system
+
+    for system in ("dgx-h100", "dgx-b200"):  # 8 GPUs a node both: the second reuses the first's
+        together, n1 = evaluate_system(shape, system, opts, prices, shared)
+        alone, n2 = evaluate_system(shape, system, opts, prices)
+        assert n1 == n2
+        for k, v in alone.items():
+            if k != "_meta":
+                assert np.array_equal(together[k], v, equal_nan=True), k
+    assert len(shared) == 1
+    # The shared columns are read-only: a system cannot change another's.
+    rows = next(iter(shared.values()))["rows"]
+    with pytest.raises(ValueError):
+        rows[0][0] = 0
+
+
+def test_a_long_search_says_how_far_it_is(monkeypatch):
+    from mgbench.planner import search
+
+    said: list[str] = []
+    monkeypatch.setattr(search, "PROGRESS_EVERY_S", 0.0)
+    plan(catalog.model_shape("llama3-8b"), PlanOptions(tokens=1e12, systems=["dgx-h100", "dgx-b200", "hgx-h200"],
+                                                       max_gpus=64), progress=said.append)
+    assert [s.split(" (")[0] for s in said] == ["plan: 1 of 3 systems searched", "plan: 2 of 3 systems searched"]
+    assert all(s.endswith(" s)") and "layouts" in s for s in said)
+    # A short search says nothing (the default: one line every 5 s).
+    monkeypatch.setattr(search, "PROGRESS_EVERY_S", 5.0)
+    said.clear()
+    plan(catalog.model_shape("llama3-8b"), PlanOptions(tokens=1e12, systems=["dgx-h100"], max_gpus=64),
+         progress=said.append)
+    assert said == []
