@@ -1,8 +1,11 @@
-"""Search speed of `mgbench plan`: candidate layouts evaluated per second.
+"""Search speed of `mgbench plan`: candidate layouts evaluated per second, and what
+sharing the layout rules' verdicts across systems saves (search.kept_layouts): every
+system searched with a shared verdict cache and with none, alternating, in one run.
 
     python tests/perf/bench_plan.py [--model llama3-70b] [--max-gpus 4096] [--repeats 3]
 
-Target (issue "The planner"): >= 1,000,000 candidates in under 10 s on 2 cores.
+Target (issue "The planner"): >= 1,000,000 candidates in under 10 s on 2 cores. Sharing:
+a ratio (unshared / shared seconds) above 1, the same candidates either way.
 """
 
 from __future__ import annotations
@@ -11,12 +14,28 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mgbench import catalog  # noqa: E402
-from mgbench.planner.search import PlanOptions, plan  # noqa: E402
+from mgbench.errors import MgbenchError  # noqa: E402
+from mgbench.planner import cost, hardware  # noqa: E402
+from mgbench.planner.search import PlanOptions, evaluate_system, plan  # noqa: E402
+
+
+def systems_seconds(shape, opts: PlanOptions, shared: bool) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+    """Seconds to search every catalog system as plan does, sharing the verdicts or not,
+    and the candidates counted."""
+    prices, kept, n = cost.Prices(), ({} if shared else None), 0
+    t0 = time.perf_counter()
+    for system in hardware.systems():
+        try:
+            n += evaluate_system(shape, system, opts, prices, kept)[1]
+        except MgbenchError:  # a system plan leaves out (e.g. fp8 on a GPU without it)
+            continue
+    return time.perf_counter() - t0, n
 
 
 def main() -> None:
@@ -32,6 +51,12 @@ def main() -> None:
     result = {"model": a.model, "max_gpus": a.max_gpus, "num_candidates": runs[0]["num_candidates"],
               "num_feasible": runs[0]["num_feasible"], "elapsed_s_median": statistics.median(elapsed),
               "candidates_per_s": runs[0]["num_candidates"] / statistics.median(elapsed)}
+    opts = PlanOptions(tokens=a.tokens, max_gpus=a.max_gpus)
+    pairs = [(systems_seconds(shape, opts, False), systems_seconds(shape, opts, True)) for _ in range(a.repeats)]
+    assert all(u[1] == s[1] for u, s in pairs), "sharing changed the candidates counted"
+    result["sharing"] = {"unshared_s_median": statistics.median(u[0] for u, _ in pairs),
+                         "shared_s_median": statistics.median(s[0] for _, s in pairs),
+                         "ratio_median": statistics.median(u[0] / s[0] for u, s in pairs)}
     print(json.dumps(result, indent=2))
 
 
