@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import click
@@ -500,7 +501,10 @@ def plan(model, hf_config, params, system_file, prices_file, price_overrides, ha
 
         links = calibrate.comm_links(comm_run, results_dir)
         opts.links = {name: links["fields"] for name, s in all_systems().items() if s["gpu"] == links["gpu"]}
-    res = plan_fn(shape, opts, cost.Prices(prices_file, list(price_overrides)), progress=lambda m: click.echo(m, err=True))
+    # Progress of a long search on a terminal's stderr only: a log or a pipe reading both
+    # streams (--json into a parser) gets the answer alone.
+    tell = (lambda m: click.echo(m, err=True)) if sys.stderr.isatty() else None
+    res = plan_fn(shape, opts, cost.Prices(prices_file, list(price_overrides)), progress=tell)
     for line in _moe_ignored(shape, opts.moe):
         res["reasons"].append(line)
     if res.get("recommendation") is not None:  # the lead, as `mgbench predict` takes it

@@ -475,7 +475,7 @@ def unpaired_share(pp: Any, num_micro: Any, schedule: str, virtual_stages: int =
     return np.clip(np.where(p > 1, warm, 1.0 / m), 0.0, 1.0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # array fields: no value equality or hash
 class LayerSplit:
     """A step's MoE-layer compute as Megatron-Core's EP overlap schedules it
     (megatron/core/models/gpt/fine_grained_callables.py at core_v0.17.1), seconds of both
@@ -496,8 +496,9 @@ class LayerSplit:
     wgrad_delayed: bool = True
 
 
-# Layers chained to reach the schedule's steady state (the graph's period settles within a
-# couple of layers: tests/unit/test_moe_terms.py checks 4 against 32).
+# The steady period of the schedule's graph: STEADY_LAYERS layers chained to settle, then
+# the period taken over STEADY_LAYERS more (it settles within a couple of layers:
+# tests/unit/test_moe_terms.py checks 4 against 32).
 STEADY_LAYERS = 4
 
 
@@ -534,22 +535,30 @@ def layer_schedule_exposed(split: LayerSplit, dispatch: Any, combine: Any) -> An
     # combine's backward sends gradients the way dispatch does; the unpermutation runs in
     # the combine nodes, half of it in each pass
     comb_b, disp_f, disp_b, comb_f = d / 2.0 + k / 2.0, d / 2.0, c / 2.0, c / 2.0 + k / 2.0
-    zero = 0.0 * (a + x + k + d + c)
-    comm = comp = fwd = bwd = zero  # when each stream is free, when each micro-batch's last node ended
-    ends = []
-    for _ in range(2 * STEADY_LAYERS):
-        bwd = comm = np.maximum(comm, bwd) + comb_b
-        fwd = comp = np.maximum(comp, fwd) + attn_f
-        bwd = comp = np.maximum(comp, bwd) + exp_dgrad
-        fwd = comm = np.maximum(comm, fwd) + disp_f
-        comp = comp + exp_wgrad
-        bwd = comm = np.maximum(comm, bwd) + disp_b
-        fwd = comp = np.maximum(comp, fwd) + exp_f
-        bwd = comp = np.maximum(comp, bwd) + attn_dgrad
-        fwd = comm = np.maximum(comm, fwd) + comb_f
-        comp = comp + attn_wgrad
-        ends.append(np.maximum(comm, comp))
-    period = (ends[-1] - ends[STEADY_LAYERS - 1]) / STEADY_LAYERS
+    # When each stream is free and when each micro-batch's last node ended; each node's end
+    # is both its stream's and its micro-batch's (one array each, updated in place).
+    comm, comp, fwd, bwd = (np.zeros(np.broadcast(a, x, k, d, c).shape) for _ in range(4))
+
+    def node(stream: np.ndarray, chain: np.ndarray, seconds: Any) -> None:
+        np.maximum(stream, chain, out=stream)
+        stream += seconds
+        chain[...] = stream
+
+    settled = comm
+    for layer in range(2 * STEADY_LAYERS):
+        node(comm, bwd, comb_b)
+        node(comp, fwd, attn_f)
+        node(comp, bwd, exp_dgrad)
+        node(comm, fwd, disp_f)
+        comp += exp_wgrad
+        node(comm, bwd, disp_b)
+        node(comp, fwd, exp_f)
+        node(comp, bwd, attn_dgrad)
+        node(comm, fwd, comb_f)
+        comp += attn_wgrad
+        if layer == STEADY_LAYERS - 1:
+            settled = np.maximum(comm, comp)
+    period = (np.maximum(comm, comp) - settled) / STEADY_LAYERS
     return period - (a + x + k)
 
 

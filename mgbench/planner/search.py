@@ -316,7 +316,8 @@ def evaluate_system(shape: ModelShape, system: str, opts: PlanOptions, prices: c
                     kept: dict[Any, Any] | None = None) -> tuple[dict[str, np.ndarray], int]:
     """All candidates of one system; returns the feasible ones (columns) and the count
     evaluated. ``kept``: a dict :func:`kept_layouts` may reuse across the systems of one
-    plan (their layouts differ only by GPUs a node)."""
+    plan (their layouts differ only by GPUs a node); never across plans (it is keyed on
+    the GPU counts and GPUs a node only, the shape and options being the plan's)."""
     from .resolve import resolve
 
     hw = resolve(precision=opts.precision, system=system, calibration=opts.calibration.get(system),
@@ -400,7 +401,7 @@ def kept_layouts(shape: ModelShape, opts: PlanOptions, counts: np.ndarray, gpus_
                     picked.append((np.flatnonzero(ok & differ), cp, ep, off))
         picks.append(picked)
     rows = (N, T, P, Z, MB, RC)
-    for a in rows:
+    for a in (*rows, *(x[0] for picked in picks for x in picked)):
         a.setflags(write=False)  # shared by the systems of a plan
     return {"rows": rows, "picked": picks, "evaluated": evaluated}
 

@@ -236,41 +236,65 @@ def test_predict_on_a_probed_machine_counts_the_cuda_context_as_plan_does(device
     assert (_json.loads(r.output)["memory"]["fixed_bytes"] > 0) == (device == "cuda")
 
 
-def test_systems_share_the_layout_rules_verdicts_and_get_the_same_answer():
+def test_systems_share_the_layout_rules_verdicts_and_get_the_same_answer(monkeypatch):
     # A plan computes the kept layouts once for every system with as many GPUs a node
     # (search.kept_layouts); each system's candidates must be what it gets alone.
+    from mgbench.planner import search
+
     shape = catalog.model_shape("llama3-8b")
     opts = PlanOptions(tokens=1e12, max_gpus=64)
     prices = cost.Prices()
+    calls = []
+    real = search.kept_layouts
+    monkeypatch.setattr(search, "kept_layouts", lambda *a: calls.append(a[3]) or real(*a))
     shared: dict = {}
-    from mgbench.planner.search import evaluate_system
-
-    for system in ("dgx-h100", "dgx-b200"):  # 8 GPUs a node both: the second reuses the first's
-        together, n1 = evaluate_system(shape, system, opts, prices, shared)
-        alone, n2 = evaluate_system(shape, system, opts, prices)
+    systems = ("dgx-h100", "dgx-b200", "gb200-nvl72")  # 8, 8 and 72 GPUs a node (an NVL72 rack)
+    for system in systems:
+        together, n1 = search.evaluate_system(shape, system, opts, prices, shared)
+        alone, n2 = search.evaluate_system(shape, system, opts, prices)
         assert n1 == n2
         for k, v in alone.items():
             if k != "_meta":
-                assert np.array_equal(together[k], v, equal_nan=True), k
-    assert len(shared) == 1
+                assert np.array_equal(together[k], v, equal_nan=True), (system, k)
+    # Once for the two 8-GPU systems and once for the rack when shared; once a call alone.
+    assert calls.count(8) == 1 + 2 and calls.count(72) == 1 + 1
+    assert len(shared) == 2
     # The shared columns are read-only: a system cannot change another's.
-    rows = next(iter(shared.values()))["rows"]
+    kept = next(iter(shared.values()))
     with pytest.raises(ValueError):
-        rows[0][0] = 0
+        kept["rows"][0][0] = 0
+    with pytest.raises(ValueError):
+        kept["picked"][0][0][0][:1] = 0
 
 
 def test_a_long_search_says_how_far_it_is(monkeypatch):
     from mgbench.planner import search
 
     said: list[str] = []
+    three = PlanOptions(tokens=1e12, systems=["dgx-h100", "dgx-b200", "hgx-h200"], max_gpus=64)
     monkeypatch.setattr(search, "PROGRESS_EVERY_S", 0.0)
-    plan(catalog.model_shape("llama3-8b"), PlanOptions(tokens=1e12, systems=["dgx-h100", "dgx-b200", "hgx-h200"],
-                                                       max_gpus=64), progress=said.append)
+    plan(catalog.model_shape("llama3-8b"), three, progress=said.append)
     assert [s.split(" (")[0] for s in said] == ["plan: 1 of 3 systems searched", "plan: 2 of 3 systems searched"]
     assert all(s.endswith(" s)") and "layouts" in s for s in said)
-    # A short search says nothing (the default: one line every 5 s).
-    monkeypatch.setattr(search, "PROGRESS_EVERY_S", 5.0)
+    # A search shorter than the interval says nothing.
+    monkeypatch.setattr(search, "PROGRESS_EVERY_S", 1e9)
     said.clear()
-    plan(catalog.model_shape("llama3-8b"), PlanOptions(tokens=1e12, systems=["dgx-h100"], max_gpus=64),
-         progress=said.append)
+    plan(catalog.model_shape("llama3-8b"), three, progress=said.append)
     assert said == []
+
+
+def test_plan_json_stays_parseable_when_stderr_is_not_a_terminal(monkeypatch):
+    # The CLI tells progress to a terminal only: a runner that reads both streams as one
+    # (click's CliRunner here; a pipe in a script) gets the JSON alone.
+    import json
+
+    from click.testing import CliRunner
+
+    from mgbench.cli import main
+    from mgbench.planner import search
+
+    monkeypatch.setattr(search, "PROGRESS_EVERY_S", 0.0)
+    r = CliRunner().invoke(main, ["plan", "--model", "llama3-8b", "--tokens", "1e12", "--systems", "dgx-h100,dgx-b200",
+                                  "--max-gpus", "64", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["recommendation"] is not None
