@@ -272,6 +272,18 @@ def balanced_last_layers(shape: ModelShape, seq: int, pp: Any, recompute: Any = 
     beats the even split: that split is the even one). A block's FLOPs include what ``recompute`` (layout.RECOMPUTE's codes, one per ``pp``
     entry or one for all) runs again, which the output layer never does: recomputation
     makes the output layer lighter in blocks."""
+    p_all, r_all = np.broadcast_arrays(np.asarray(pp, dtype=float), np.asarray(recompute))
+    if p_all.size <= 1:
+        return _balanced_last_layers(shape, seq, p_all, r_all)
+    # One pass per distinct (p, recompute): a plan's rows hold millions of layouts but few
+    # pairs (complex p + r i: an exact 1-D key, as bubble_fraction's).
+    pairs, inverse = np.unique(p_all.ravel() + 1j * r_all.ravel().astype(float), return_inverse=True)
+    once = _balanced_last_layers(shape, seq, pairs.real, pairs.imag.astype(r_all.dtype))
+    return once[inverse.ravel()].reshape(p_all.shape)
+
+
+def _balanced_last_layers(shape: ModelShape, seq: int, pp: Any, recompute: Any) -> Any:
+    """:func:`balanced_last_layers` of each (``pp``, ``recompute``) entry."""
     L = shape.layers
     head = head_flops_per_token(shape)
     blocks, mtp = block_flops_per_token(shape, seq, recompute)
