@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ..errors import MgbenchError
@@ -127,6 +128,29 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
     return out
 
 
+def fit_hints(shape: ModelShape | None, layout: Layout, device_bytes: float, **memory_kw: Any) -> list[str]:
+    """The single changes that bring a layout that does not fit within ``device_bytes``:
+    the lowest further ZeRO stage that fits, selective and full recompute, micro-batch 1,
+    each alone, as ``--flag value (memory)``; memory only (their step time is predict's to
+    say). ``memory_kw``: :func:`memory`'s (stack, margin, fixed, moe, state_bytes)."""
+    tries = [(f"--zero {z}", {"zero": z}) for z in range(int(layout.zero) + 1, 4)]
+    tries += [(f"--recompute {r}", {"recompute": r}) for r in ("selective", "full") if r != layout.recompute]
+    if layout.micro_batch > 1:
+        tries.append(("--micro-batch 1", {"micro_batch": 1}))
+    out, zero_found = [], False
+    for flag, change in tries:
+        if "zero" in change and zero_found:
+            continue
+        try:
+            need = memory(shape, dataclasses.replace(layout, **change), **memory_kw)["total_bytes"]
+        except MgbenchError:  # a change the layout's other degrees refuse
+            continue
+        if need <= device_bytes:
+            out.append(f"{flag} ({need / 1e9:,.2f} GB)")
+            zero_found = zero_found or "zero" in change
+    return out
+
+
 def predict(shape: ModelShape, hw: Hardware, layout: Layout, overlap: float = perf.DEFAULT_OVERLAP,
             host_ops: dict[str, float] | None = None, margin: float | None = None,
             moe: Any = None, state_bytes: tuple[float, float, float] | None = None,
@@ -154,6 +178,8 @@ def predict(shape: ModelShape, hw: Hardware, layout: Layout, overlap: float = pe
     res["memory"] = mem
     res["fits"] = mem["total_bytes"] <= hw.memory_bytes
     res["device_memory_bytes"] = hw.memory_bytes
+    res["fit_hints"] = [] if res["fits"] else fit_hints(shape, layout, hw.memory_bytes, stack=hw.stack, margin=margin,
+                                                         fixed=fixed, moe=moe, state_bytes=state_bytes)
     res["system"], res["gpu"] = hw.system, hw.gpu
     res["global_batch"] = layout.batch
     res["assumptions"] = {"matmul_eff": hw.compute_eff, "elementwise_passes": hw.elementwise_passes,
