@@ -369,10 +369,12 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
                f"({res['device_memory_bytes'] / GIB:,.0f} GiB): "
                f"{'fits' if res['fits'] else 'DOES NOT FIT'}")
     if not res["fits"]:
+        units = "ranks" if profile is not None else "GPUs"
+        split = "--tp, --pp, --ep" if shape.is_moe else "--tp, --pp"
         click.echo("               " + ("fits with one change (memory only; predict it for its step time): "
                                         + "; ".join(res["fit_hints"]) if res["fit_hints"] else
                                         "no single change of --zero, --recompute or --micro-batch makes it fit: "
-                                        "more GPUs, or more model parallelism (--tp, --pp, --ep)"))
+                                        f"more {units}, or more model parallelism ({split})"))
     extra = {k: b[k] for k in ("ep_comm_s", "cp_comm_s", "offload_s") if b.get(k)}  # MoE host time: the step line
     if extra:
         click.echo("new axes       " + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.3f} s"

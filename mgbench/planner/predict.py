@@ -12,6 +12,7 @@ from . import layout_rules, layout_time, perf
 from . import optimizer as optimizer_terms
 from .hardware import Hardware
 from .memory import SCHEDULES, STATE_BYTES, held_state_bytes, memory_per_gpu
+from ..probe.profile import STACK as PROFILE_STACK
 
 # --state-bytes under fp32: fp32 training keeps every state in fp32 (memory.STATE_BYTES).
 FP32_STATE_BYTES = ("--state-bytes sets a 16-bit recipe's bytes a parameter; --precision fp32 keeps weights, gradients "
@@ -128,26 +129,35 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
     return out
 
 
-def fit_hints(shape: ModelShape | None, layout: Layout, device_bytes: float, **memory_kw: Any) -> list[str]:
-    """The single changes that bring a layout that does not fit within ``device_bytes``:
-    the lowest further ZeRO stage that fits, selective and full recompute, micro-batch 1,
-    each alone, as ``--flag value (memory)``; memory only (their step time is predict's to
-    say). ``memory_kw``: :func:`memory`'s (stack, margin, fixed, moe, state_bytes)."""
-    tries = [(f"--zero {z}", {"zero": z}) for z in range(int(layout.zero) + 1, 4)]
-    tries += [(f"--recompute {r}", {"recompute": r}) for r in ("selective", "full") if r != layout.recompute]
+# The recompute modes a fit hint tries, cheapest in recomputed work first (selective:
+# core attention; op: half the matmuls and the elementwise ops; every second block; all).
+HINT_RECOMPUTE = ("selective", "op", "every_2nd", "full")
+
+
+def fit_hints(shape: ModelShape | None, layout: Layout, device_bytes: float, runner: bool = False,
+              **memory_kw: Any) -> list[str]:
+    """The single changes that bring a layout that does not fit within ``device_bytes``,
+    as ``--flag value (memory)``: the lowest further ZeRO stage that fits, the cheapest
+    recompute mode that fits (``runner``: those mgbench's runner runs only, for a probed
+    machine), micro-batch 1 at the same global batch. Memory only (their step time is
+    predict's to say). ``memory_kw``: :func:`memory`'s (stack, margin, fixed, moe,
+    state_bytes)."""
+    modes = [r for r in HINT_RECOMPUTE if r != layout.recompute and (not runner or r in RUNNER_RECOMPUTE)]
+    groups = [[(f"--zero {z}", {"zero": z}) for z in range(int(layout.zero) + 1, 4)],
+              [(f"--recompute {r}", {"recompute": r}) for r in modes]]
     if layout.micro_batch > 1:
-        tries.append(("--micro-batch 1", {"micro_batch": 1}))
-    out, zero_found = [], False
-    for flag, change in tries:
-        if "zero" in change and zero_found:
-            continue
-        try:
-            need = memory(shape, dataclasses.replace(layout, **change), **memory_kw)["total_bytes"]
-        except MgbenchError:  # a change the layout's other degrees refuse
-            continue
-        if need <= device_bytes:
-            out.append(f"{flag} ({need / 1e9:,.2f} GB)")
-            zero_found = zero_found or "zero" in change
+        batch = int(layout.batch)
+        groups.append([(f"--micro-batch 1 --global-batch {batch}", {"micro_batch": 1, "global_batch": batch})])
+    out = []
+    for group in groups:  # the first change of each kind that fits
+        for flag, change in group:
+            try:
+                need = memory(shape, dataclasses.replace(layout, **change), **memory_kw)["total_bytes"]
+            except MgbenchError:  # a change the layout's other degrees refuse
+                continue
+            if need <= device_bytes:
+                out.append(f"{flag} ({need / 1e9:,.2f} GB)")
+                break
     return out
 
 
@@ -178,8 +188,9 @@ def predict(shape: ModelShape, hw: Hardware, layout: Layout, overlap: float = pe
     res["memory"] = mem
     res["fits"] = mem["total_bytes"] <= hw.memory_bytes
     res["device_memory_bytes"] = hw.memory_bytes
-    res["fit_hints"] = [] if res["fits"] else fit_hints(shape, layout, hw.memory_bytes, stack=hw.stack, margin=margin,
-                                                         fixed=fixed, moe=moe, state_bytes=state_bytes)
+    res["fit_hints"] = [] if res["fits"] else fit_hints(shape, layout, hw.memory_bytes, runner=hw.stack == PROFILE_STACK,
+                                                         stack=hw.stack, margin=margin, fixed=fixed, moe=moe,
+                                                         state_bytes=state_bytes)
     res["system"], res["gpu"] = hw.system, hw.gpu
     res["global_batch"] = layout.batch
     res["assumptions"] = {"matmul_eff": hw.compute_eff, "elementwise_passes": hw.elementwise_passes,
