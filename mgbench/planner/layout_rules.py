@@ -18,6 +18,7 @@ from ..model_shape import ModelShape
 from ..strategies.schedules import (bubble_unknown_reason, chunks_per_rank, schedule_problem, theoretical_bubble,
                                    too_few_chunks, v_shaped)
 from .memory import max_last_layers
+from .perf import distinct_pairs
 
 
 def virtual_stages_problem(schedule: str, virtual_stages: int) -> str | None:
@@ -37,16 +38,12 @@ def schedule_runs(schedule: str, pp: Any, num_micro: Any, virtual_stages: int) -
     schedule registry's rules, strategies/schedules.py: e.g. interleaved needs m a
     multiple of p, DualPipeV m >= 2 p, ZB-V's bubble is known from m >= 2 p; GPipe takes
     any m); every row without a pipeline."""
-    p = np.asarray(pp, dtype=np.int64)
-    m = np.asarray(num_micro, dtype=np.int64)
-    p, m = np.broadcast_arrays(p, m)
-    # One registry call per distinct (p, m): a plan has millions of rows but few pairs.
-    key = p * (int(m.max(initial=0)) + 1) + m
-    keys, first, inverse = np.unique(key.ravel(), return_index=True, return_inverse=True)
+    ps, ms, inverse = distinct_pairs(np.asarray(pp, dtype=np.int64), np.asarray(num_micro, dtype=np.int64))
+    # One registry call per distinct (p, m).
     runs = np.array([pi == 1 or (schedule_problem(schedule, int(pi), int(mi), compile=False) is None
                                  and theoretical_bubble(int(pi), int(mi), schedule, virtual_stages) is not None)
-                     for pi, mi in zip(p.ravel()[first], m.ravel()[first])], dtype=bool)
-    return runs[inverse.ravel()].reshape(p.shape)
+                     for pi, mi in zip(ps, ms)], dtype=bool)
+    return runs[inverse]
 
 
 def rules(shape: ModelShape | None, layout: Layout) -> dict[str, Any]:

@@ -422,26 +422,15 @@ def dispatch_bytes(opts: MoeOptions, act_bytes: float) -> float:
     return FP8_DISPATCH_BYTES if opts.fp8_dispatch else act_bytes
 
 
-def a2a_per_step(shape: ModelShape, hw: Any, *, tokens: Any, ep: Any, act_bytes: float, opts: MoeOptions,
-                 moe_layers: Any, num_micro: Any, moe_rerun_share: Any, across_share: float = 1.0,
-                 etp: Any = 1) -> Any:
-    """Seconds of every expert-parallel all-to-all of a step on one rank: per MoE layer of
-    its stage and micro-batch, dispatch and combine forward (dispatch dtype, activation
-    dtype), their backward (likewise: combine's backward dispatches, dispatch's combines),
-    and a forward pair again for the ``moe_rerun_share`` of MoE layers recomputed
-    (``across_share``: :func:`a2a_seconds`)."""
-    dispatch, combine = a2a_directions(shape, hw, tokens=tokens, ep=ep, act_bytes=act_bytes, opts=opts,
-                                       moe_layers=moe_layers, num_micro=num_micro, moe_rerun_share=moe_rerun_share,
-                                       across_share=across_share, etp=etp)
-    return dispatch + combine
-
-
 def a2a_directions(shape: ModelShape, hw: Any, *, tokens: Any, ep: Any, act_bytes: float, opts: MoeOptions,
                    moe_layers: Any, num_micro: Any, moe_rerun_share: Any, across_share: float = 1.0,
                    etp: Any = 1) -> tuple[Any, Any]:
-    """:func:`a2a_per_step`'s seconds split by direction: (those at dispatch's bytes:
-    dispatch forward and combine's backward; those at the activations': combine forward and
-    dispatch's backward), each with its share of the recomputed forwards."""
+    """Seconds of every expert-parallel all-to-all of a step on one rank, by direction: per
+    MoE layer of its stage and micro-batch, (those at dispatch's bytes: dispatch forward and
+    combine's backward, which dispatches; those at the activations': combine forward and
+    dispatch's backward), each with a forward pass again for the ``moe_rerun_share`` of MoE
+    layers recomputed (``across_share``: :func:`a2a_seconds`). Their sum is the step's
+    all-to-all."""
     d = a2a_seconds(shape, hw, tokens=tokens, ep=ep, elem_bytes=dispatch_bytes(opts, act_bytes), opts=opts,
                     across_share=across_share, etp=etp)
     c = a2a_seconds(shape, hw, tokens=tokens, ep=ep, elem_bytes=act_bytes, opts=opts, across_share=across_share,

@@ -474,13 +474,12 @@ def rocm_rows(split: str) -> list[dict[str, Any]]:
 
 
 def rocm_host_terms(row: dict[str, Any]) -> tuple[float, float]:
-    """(step seconds without the host term, the host term's seconds at the stored constants)
-    of ``row``: a factor on the host term (the ROCm form the rule tests) makes the step
-    base + factor x that (:func:`host_terms`)."""
-    base, per_layer, per_local = host_terms(row)
-    c = moe.host_constants()
-    return base, (per_layer * float(c["per_layer_ms"][moe.options_of(row).dispatcher])
-                  + per_local * float(c["per_local_expert_ms"]))
+    """(step seconds without the host term, the host term's seconds at the stored constants,
+    as predict reports it: moe.host_seconds and the bubble's share) of ``row``: a factor on
+    the host term (the ROCm form the rule tests) makes the step base + factor x that."""
+    res = predict_row(row)
+    host = float(res["breakdown"]["moe_host_s"])
+    return float(res["step_time_s"]) - host, host
 
 
 def solve_rocm_host_factor(rows: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:

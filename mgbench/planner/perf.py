@@ -216,16 +216,24 @@ def tp_mlp_layers(shape: ModelShape, stage: Any) -> Any:
     return s - shape.leading_moe_layers(s)
 
 
+def distinct_pairs(a: Any, b: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct (a, b) pairs of two arrays broadcast together, as (their a values, their
+    b values, each element's index into them, shaped as the arrays): a plan prices millions
+    of layouts whose few distinct pairs a term need only see once. The pairs are keyed as
+    complex numbers a + b i: an exact 1-D key numpy sorts many times faster than columns."""
+    a, b = np.broadcast_arrays(np.asarray(a, dtype=float), np.asarray(b, dtype=float))
+    pairs, inverse = np.unique(a.ravel() + 1j * b.ravel(), return_inverse=True)
+    return pairs.real, pairs.imag, inverse.reshape(a.shape)
+
+
 def bubble_fraction(pp: Any, num_micro: Any, schedule: str, virtual_stages: int) -> Any:
     """:func:`theoretical_bubble` over arrays; NaN where the schedule's paper gives no
     figure (ZB-V with fewer than 2 p micro-batches), 0 for pp = 1."""
     p, m = np.broadcast_arrays(np.asarray(pp, dtype=float), np.maximum(np.asarray(num_micro, dtype=float), 1.0))
-    # One call per distinct (p, m): a plan has millions of rows but few pairs. The pairs as
-    # complex numbers p + m i: an exact 1-D key numpy sorts many times faster than columns.
-    pairs, inverse = np.unique(p.ravel() + 1j * m.ravel(), return_inverse=True)
-    values = np.array([np.nan if (f := theoretical_bubble(int(z.real), int(z.imag), schedule, virtual_stages)) is None
-                       else float(f) for z in pairs])
-    return np.where(p == 1, 0.0, values[inverse.ravel()].reshape(p.shape))
+    ps, ms, inverse = distinct_pairs(p, m)  # one call per distinct (p, m)
+    values = np.array([np.nan if (f := theoretical_bubble(int(a), int(b), schedule, virtual_stages)) is None
+                       else float(f) for a, b in zip(ps, ms)])
+    return np.where(p == 1, 0.0, values[inverse])
 
 
 def _inside_node(span: Any, hw: Hardware) -> Any:
@@ -272,14 +280,8 @@ def balanced_last_layers(shape: ModelShape, seq: int, pp: Any, recompute: Any = 
     beats the even split: that split is the even one). A block's FLOPs include what ``recompute`` (layout.RECOMPUTE's codes, one per ``pp``
     entry or one for all) runs again, which the output layer never does: recomputation
     makes the output layer lighter in blocks."""
-    p_all, r_all = np.broadcast_arrays(np.asarray(pp, dtype=float), np.asarray(recompute))
-    if p_all.size <= 1:
-        return _balanced_last_layers(shape, seq, p_all, r_all)
-    # One pass per distinct (p, recompute): a plan's rows hold millions of layouts but few
-    # pairs (complex p + r i: an exact 1-D key, as bubble_fraction's).
-    pairs, inverse = np.unique(p_all.ravel() + 1j * r_all.ravel().astype(float), return_inverse=True)
-    once = _balanced_last_layers(shape, seq, pairs.real, pairs.imag.astype(r_all.dtype))
-    return once[inverse.ravel()].reshape(p_all.shape)
+    ps, rs, inverse = distinct_pairs(pp, recompute)  # one pass per distinct (p, recompute)
+    return _balanced_last_layers(shape, seq, ps, rs.astype(np.asarray(recompute).dtype))[inverse]
 
 
 def _balanced_last_layers(shape: ModelShape, seq: int, pp: Any, recompute: Any) -> Any:

@@ -129,20 +129,17 @@ def memory(shape: ModelShape | None, layout: Layout, params: float | None = None
     return out
 
 
-# The recompute modes a fit hint tries, cheapest in recomputed work first (selective:
-# core attention; op: half the matmuls and the elementwise ops; every second block; all).
-HINT_RECOMPUTE = ("selective", "op", "every_2nd", "full")
-
-
 def fit_hints(shape: ModelShape | None, layout: Layout, device_bytes: float, runner: bool = False,
               **memory_kw: Any) -> list[str]:
     """The single changes that bring a layout that does not fit within ``device_bytes``,
-    as ``--flag value (memory)``: the lowest further ZeRO stage that fits, the cheapest
-    recompute mode that fits (``runner``: those mgbench's runner runs only, for a probed
-    machine), micro-batch 1 at the same global batch. Memory only (their step time is
-    predict's to say). ``memory_kw``: :func:`memory`'s (stack, margin, fixed, moe,
-    state_bytes)."""
-    modes = [r for r in HINT_RECOMPUTE if r != layout.recompute and (not runner or r in RUNNER_RECOMPUTE)]
+    as ``--flag value (memory)``: the lowest further ZeRO stage that fits, the recompute
+    mode that fits with the fewest FLOPs run again (perf.hardware_flops_per_token; ``runner``:
+    those mgbench's runner runs only, for a probed machine), micro-batch 1 at the same
+    global batch. Memory only (their step time is predict's to say). ``memory_kw``:
+    :func:`memory`'s (stack, margin, fixed, moe, state_bytes)."""
+    modes = [r for r in RECOMPUTE if r not in ("none", layout.recompute) and (not runner or r in RUNNER_RECOMPUTE)]
+    if shape is not None:
+        modes.sort(key=lambda r: float(perf.hardware_flops_per_token(shape, layout.seq_len, RECOMPUTE.index(r))))
     groups = [[(f"--zero {z}", {"zero": z}) for z in range(int(layout.zero) + 1, 4)],
               [(f"--recompute {r}", {"recompute": r}) for r in modes]]
     if layout.micro_batch > 1:

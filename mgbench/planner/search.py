@@ -228,6 +228,12 @@ class PlanOptions:
     # system -> measured Hardware link fields
     links: dict[str, dict[str, float]] = field(default_factory=dict, metadata={"set_by": "--comm"})
 
+    @property
+    def sequences(self) -> int:
+        """The sequences a step holds (--global-batch-tokens / --seq-len, at least one): the
+        batch every layout's micro-batch x dp must divide."""
+        return max(1, self.global_batch_tokens // self.seq_len)
+
 
 def field_problem(name: str, value: Any) -> str | None:
     """The one-line problem of a PlanOptions field's value outside its bounds (None: in
@@ -270,7 +276,7 @@ def batch_note(opts: PlanOptions) -> str | None:
     whose power-of-two part is below 256 with an odd factor above 7 has few such
     divisors. The nearest batches on either side whose odd part is 7 or less (2^a x 1, 3,
     5 or 7, at least 256 sequences) are named. None for a batch without the problem."""
-    B = max(1, opts.global_batch_tokens // opts.seq_len)
+    B = opts.sequences
     largest = largest_prime_factor(B)
     if largest <= 7 or B & -B >= 256:  # B & -B: its power-of-two part
         return None
@@ -364,7 +370,7 @@ def kept_layouts(shape: ModelShape, opts: PlanOptions, counts: np.ndarray, gpus_
     groups the rules keep (``picked``); ``evaluated``: the candidates counted. Nothing of
     it depends on the hardware but its GPUs a node, so a plan computes it once for all
     systems alike (:func:`evaluate_hardware`'s ``kept``)."""
-    B = max(1, opts.global_batch_tokens // opts.seq_len)
+    B = opts.sequences
     tps_ = np.array([t for t in TP_CHOICES if t <= gpus_per_node])
     pps = np.array([p for p in PP_CHOICES if p <= shape.layers])
     N, T, P, Z, MB, RC = _grid(counts, tps_, pps,
@@ -403,7 +409,7 @@ def kept_layouts(shape: ModelShape, opts: PlanOptions, counts: np.ndarray, gpus_
     rows = (N, T, P, Z, MB, RC)
     for a in (*rows, *(x[0] for picked in picks for x in picked)):
         a.setflags(write=False)  # shared by the systems of a plan
-    return {"rows": rows, "picked": picks, "evaluated": evaluated}
+    return {"rows": rows, "variants": variants, "picked": picks, "evaluated": evaluated}
 
 
 def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarray, opts: PlanOptions,
@@ -413,7 +419,7 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
     count evaluated. ``kept``: a dict holding :func:`kept_layouts` by (counts, GPUs a node),
     filled here, for the systems of one plan to share."""
     system = hw.system
-    B = max(1, opts.global_batch_tokens // opts.seq_len)
+    B = opts.sequences
     key = (tuple(int(c) for c in np.asarray(counts).ravel()), int(hw.gpus_per_node))
     if kept is not None and key in kept:
         layouts = kept[key]
@@ -422,8 +428,7 @@ def evaluate_hardware(shape: ModelShape, hw: hardware.Hardware, counts: np.ndarr
         if kept is not None:
             kept[key] = layouts
     N, T, P, Z, MB, RC = layouts["rows"]
-    evaluated = layouts["evaluated"]
-    variants = schedule_variants(opts)
+    evaluated, variants = layouts["evaluated"], layouts["variants"]
     names = ("num_gpus", "tp", "pp", "zero", "micro_batch", "recompute", "dp", "cp", "ep", "num_micro_batches")
     parts = []
     for j, (variant, picked) in enumerate(zip(variants, layouts["picked"])):
@@ -778,7 +783,7 @@ def plan(shape: ModelShape, opts: PlanOptions, prices: cost.Prices | None = None
                        f"{opts.deadline_days:g}-day deadline")
     return {
         "model": shape.name, "tokens": opts.tokens, "seq_len": opts.seq_len,
-        "global_batch": max(1, opts.global_batch_tokens // opts.seq_len),
+        "global_batch": opts.sequences,
         "num_candidates": evaluated, "num_feasible": feasible, "num_meeting_constraints": len(ok),
         "elapsed_s": elapsed, "candidates_per_s": evaluated / elapsed if elapsed > 0 else None,
         "recommendation": rec, "reasons": reasons, "ranked": ranked[: opts.top],
@@ -816,7 +821,7 @@ def _add_interval(r: dict[str, Any], opts: PlanOptions, shape: ModelShape) -> No
                                              stack=opts.stack))
     # Around the point estimate: a row ranked at its pessimistic end holds that end.
     f = r.get("ranking_factor", 1.0)
-    step = max(1, opts.global_batch_tokens // opts.seq_len) * opts.seq_len / r["tokens_per_s_point"]
+    step = opts.sequences * opts.seq_len / r["tokens_per_s_point"]
     iv = uncertainty.intervals(step, r["tokens_per_s_point"] / r["num_gpus"], reg)
     r.update(step_time_s_interval=iv["step_time_s_interval"],
              tokens_per_s_per_gpu_interval=iv["tokens_per_s_per_gpu_interval"], regime=reg["regime"],

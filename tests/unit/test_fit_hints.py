@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from mgbench import catalog
-from mgbench.layout import Layout
+from mgbench.layout import RECOMPUTE, Layout
+from mgbench.planner import perf
 from mgbench.planner.predict import predict
 from mgbench.planner.resolve import resolve
 
@@ -42,12 +43,20 @@ def _checked(shape, layout):
         again = predict(shape, H100, changed)
         assert again["fits"], hint
         assert again["memory"]["total_bytes"] / 1e9 == pytest.approx(gb, abs=0.006)
+        if changed.recompute != layout.recompute:
+            # No mode that runs fewer FLOPs again fits: the hint is the cheapest that does.
+            cost = {r: float(perf.hardware_flops_per_token(shape, layout.seq_len, RECOMPUTE.index(r)))
+                    for r in RECOMPUTE}
+            cheaper = [r for r in RECOMPUTE if r not in ("none", layout.recompute)
+                       and cost[r] < cost[changed.recompute]]
+            assert not any(predict(shape, H100, Layout(**{**layout.__dict__, "recompute": r}))["fits"] for r in cheaper)
     return [h.split(" (")[0] for h in res["fit_hints"]]
 
 
 def test_each_kind_names_its_first_change_that_fits():
     # ZeRO 1, 2 and 3 all fit: the lowest is named. Of the recompute modes, selective and op
-    # keep too much here; every second block is the cheapest that fits (full fits too).
+    # keep too much here; every_2nd and full fit, and every_2nd runs fewer FLOPs again
+    # (perf.hardware_flops_per_token orders them; _checked asserts no cheaper mode fits).
     assert _checked(QWEN, _layout()) == ["--zero 1", "--recompute every_2nd"]
     assert predict(QWEN, H100, _layout(recompute="full"))["fits"]
 
