@@ -1,0 +1,107 @@
+"""What the host's CPU spends on an optimizer step under CPU offload, one thread: the
+per-element cost of each torch op AdamW's CPU step and gradient clipping run, and the
+whole step timed, so the planner's sum of the ops (planner/host_step.py) is checked
+against torch itself in the same run.
+
+    python tests/perf/bench_host_optimizer.py [--elements 67108864] [--repeats 3] [--json]
+
+One thread because torchrun sets OMP_NUM_THREADS=1 for every rank when it starts more
+than one a node and the variable is unset (torch/distributed/run.py), so an FSDP2 rank's
+CPU optimizer step runs on one core. Tensors far larger than the caches: the ops run at
+one core's memory rate, as a shard of billions of parameters does. The figures it prints
+under "ns_per_element" are what data/hardware.toml [host_cpu] stores (with this machine's
+CPU and torch version); "check" compares the planner's sum with the timed step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from mgbench.planner import host_step  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def best_seconds(fn: Callable[[], Any], repeats: int) -> float:
+    """The fastest of ``repeats`` timed calls of ``fn`` (after one untimed warm-up)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def op_costs(n: int, dtype: torch.dtype, repeats: int) -> dict[str, float]:
+    """Nanoseconds an element of each op host_step.OPS names, on ``n``-element tensors."""
+    a, b, c = (torch.rand(n, dtype=dtype) for _ in range(3))
+    ops = {
+        "mul_": lambda: a.mul_(1.0),
+        "lerp_": lambda: a.lerp_(b, 0.1),
+        "addcmul_": lambda: a.addcmul_(b, b, value=0.001),
+        "sqrt": lambda: b.sqrt(),                      # a new tensor, as AdamW's denominator
+        "div_scalar": lambda: b / 1.0001,              # a new tensor, as its bias correction
+        "add_": lambda: a.add_(1e-8),
+        "addcdiv_": lambda: a.addcdiv_(b, c.abs_().add_(1.0), value=-1e-6),
+        "vector_norm": lambda: torch.linalg.vector_norm(a),
+    }
+    assert set(ops) == set(host_step.OPS), "the bench times every op the planner prices"
+    return {name: best_seconds(fn, repeats) / n * 1e9 for name, fn in ops.items()}
+
+
+def timed_steps(n: int, dtype: torch.dtype, repeats: int) -> dict[str, float]:
+    """Nanoseconds an element of torch's own AdamW step and clip_grad_norm_, on 8
+    parameters of n / 8 elements each (a shard is many tensors)."""
+    params = [torch.nn.Parameter(torch.rand(n // 8, dtype=dtype)) for _ in range(8)]
+    for p in params:
+        p.grad = torch.rand_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    total = sum(p.numel() for p in params)
+    return {"adamw_step": best_seconds(opt.step, repeats) / total * 1e9,
+            "clip_grad_norm_": best_seconds(lambda: torch.nn.utils.clip_grad_norm_(params, 1.0), repeats)
+            / total * 1e9}
+
+
+def main() -> None:
+    """Time the ops and the steps, print the figures and the planner's error on each step."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--elements", type=int, default=64 * 2 ** 20)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    out: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+                           "threads": torch.get_num_threads(), "elements": args.elements,
+                           "ns_per_element": {}, "check": {}}
+    for name, dtype in DTYPES.items():
+        costs = op_costs(args.elements, dtype, args.repeats)
+        out["ns_per_element"][name] = {k: round(v, 3) for k, v in costs.items()}
+        steps = timed_steps(args.elements, dtype, args.repeats)
+        model = {"adamw_step": host_step.adamw_ns_per_element(costs),
+                 "clip_grad_norm_": host_step.clip_ns_per_element(costs)}
+        out["check"][name] = {k: {"timed_ns": round(steps[k], 3), "model_ns": round(model[k], 3),
+                                  "error_pct": round((model[k] / steps[k] - 1.0) * 100.0, 1)} for k in steps}
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return
+    print(f"one thread, {args.elements:,} elements, torch {out['torch']}")
+    for name in DTYPES:
+        print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in out["ns_per_element"][name].items()) + " ns/element")
+        for k, c in out["check"][name].items():
+            print(f"  {k}: timed {c['timed_ns']:.3f} ns/element, planner's sum of ops {c['model_ns']:.3f} "
+                  f"({c['error_pct']:+.1f}%)")
+
+
+if __name__ == "__main__":
+    main()
