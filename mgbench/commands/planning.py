@@ -375,7 +375,8 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
                                         + "; ".join(res["fit_hints"]) if res["fit_hints"] else
                                         "no single change of --zero, --recompute or --micro-batch makes it fit: "
                                         f"more {units}, or more model parallelism ({split})"))
-    extra = {k: b[k] for k in ("ep_comm_s", "cp_comm_s", "offload_s") if b.get(k)}  # MoE host time: the step line
+    extra = {k: b[k] for k in ("ep_comm_s", "cp_comm_s", "offload_s", "host_optimizer_s", "optimizer_s")
+             if b.get(k)}  # MoE host time: the step line
     if extra:
         click.echo("new axes       " + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.3f} s"
                                                   for k, v in extra.items()))

@@ -69,12 +69,13 @@ offload   FSDP2 CPU offload: every all-gather first copies the sharded weights h
           2 where it trains in bf16 throughout), every reduce-scatter copies the gradient
           shard back; the two directions run concurrently on
           the host link (PCIe / C2C of the system, hardware.toml ``host_link``), not
-          overlapped with compute. The optimizer step on the host CPU is not priced
-          (no host memory bandwidth in the catalog): said in the result's notes.
+          overlapped with compute. The optimizer's step on the host's CPU and the
+          gradient clipping there (``host_optimizer_s``: planner/host_step.py, one
+          thread a rank at measured rates), serial with the step.
 optimizer the optimizer's own matrix work a step and, under offload, its states' copies to
           run it on the GPU (planner/optimizer.py: Muon's Newton-Schulz iterations at the
-          GEMM rate, its gradient, momentum and weight over the host link; nothing for
-          AdamW), serial with the step.
+          GEMM rate, its gradient and weight over the host link, its pageable momentum at
+          host_step's pageable rate; nothing for AdamW), serial with the step.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ from ..layout import fp8_attention_problem
 from ..model_shape import ModelShape
 from ..strategies.schedules import bubble_unknown_reason
 from . import ep_kernels
+from . import host_step
 from . import moe as moe_terms
 from . import optimizer as optimizer_terms
 from . import perf
@@ -108,7 +110,6 @@ FP8_CAST_NOTE = ("FP8 casts: every linear's input and output gradient cast under
                  "an element at the achieved memory bandwidth, unfused (fp8_cast_s; --fp8-recipe)")
 FP8_LAYOUT_UNKNOWN_NOTE = ("FP8 casts on {gpu}: whether its FP8 GEMMs take any operand layout is not stated "
                            "(fp8_any_layout): priced with the column-wise copy a TN-only GPU makes, the larger cost")
-OFFLOAD_NOTE = "CPU offload: the optimizer step on the host CPU is not priced (no host memory bandwidth in the catalog)"
 
 
 def hardware_precision(precision: str) -> str:
@@ -458,6 +459,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     exposed_dp = np.maximum(dp_comm - overlap * compute * perf.dp_window_fraction(m, z, p, schedule), 0.0)
 
     offload_s = 0.0 * compute
+    host_optimizer_s = 0.0 * compute
     if offload:
         shard = dense_p / (dpc / np.asarray(replicas, dtype=float)) + expert_p / (dpc / np.asarray(ep, dtype=float))
         bw = host_link_bw(hw)
@@ -465,14 +467,16 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         # stages stay unsharded) is the larger direction; the gradient copies back run
         # concurrently the other way.
         offload_s = perf.zero3_gathers(m, p, schedule) * offload_state_bytes[0] * shard / bw
-        notes.append(OFFLOAD_NOTE)
+        # The optimizer step runs on the host's CPU after the gradients' copies, serially.
+        host_optimizer_s = host_step.offload_seconds(shape, optimizer, shard, offload_state_bytes)
+        notes.append(host_step.note(shape, optimizer))
     # The optimizer's own matrix work (Muon), and under offload the copies of its states it
     # makes to run on the GPU, serial with the step (planner/optimizer.py).
     n_gpus = t * p * dpc
     optimizer_s = optimizer_terms.step_seconds(shape, hw, optimizer, num_gpus=n_gpus, replicas=replicas)
     if offload and optimizer != "adamw":
-        h2d, d2h = optimizer_terms.offload_bytes(optimizer, shard, offload_state_bytes)
-        optimizer_s = optimizer_s + (h2d + d2h) / host_link_bw(hw)
+        pinned, pageable = optimizer_terms.offload_bytes(optimizer, shard, offload_state_bytes)
+        optimizer_s = optimizer_s + pinned / host_link_bw(hw) + pageable / host_step.pageable_bytes_per_s()
         notes.append(optimizer_terms.MUON_OFFLOAD_NOTE)
 
     # Pipeline sends are priced at 1F1B's count for every schedule. An interleaved schedule
@@ -484,7 +488,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
     # 2026-11-27, with the validation rows in view: Hopper's interleaved rows came out 2 to
     # 10 points slower, its held-out mean 7.5% -> 8.4%; the mechanism, not that, decided.)
     total = (compute + bubble + b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s + host_s
-             + notify_s + optimizer_s)
+             + notify_s + optimizer_s + host_optimizer_s)
     tokens = np.asarray(global_batch, dtype=float) * s
     tps = tokens / total
     model_flops = shape.flops_per_token(s)
@@ -503,7 +507,7 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
                         "moe_permute_s": permute_s, "moe_epilogue_s": epilogue_s, "moe_traffic_s": traffic_s, "fp8_cast_s": cast_s, "moe_host_s": host_s, "moe_efa_notify_s": notify_s, "moe_rerun_share": rerun, "cp_comm_s": cp_comm,
                         "etp_comm_s": etp_s,
                         "mtp_last_stage_s": mtp_s,
-                        "offload_s": offload_s, "optimizer_s": optimizer_s,
+                        "offload_s": offload_s, "optimizer_s": optimizer_s, "host_optimizer_s": host_optimizer_s,
                         "exposed_comm_s": b["tp_comm_s"] + b["pp_comm_s"] + exposed_dp + ep_comm + cp_comm + offload_s}
     res["fp8_recipe"] = recipe if precision == "fp8" else None
     res["notes"] = notes

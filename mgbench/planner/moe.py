@@ -731,8 +731,8 @@ def moe_class(shape: Any, options: Any = None, system: str | None = None, ep: An
               offload: bool = False, stack: str | None = None) -> str | None:
     """The MoE interval class of a prediction: None for a dense model, "offload" where the
     run offloads its model states to the host (FSDP2's CPU offload, --offload: the optimizer
-    step then runs on the host, which the planner does not price, so such runs miss by
-    their own measure), "graphed" where
+    step then runs on the host, priced on one thread (planner/host_step.py) but not the
+    host's other work, so such runs miss by their own measure), "graphed" where
     its MoE layers run in CUDA graphs (MoeOptions.cuda_graphs, --moe-cuda-graphs);
     eager with expert parallelism across nodes of a ``system`` that talk over AWS EFA
     (``ep`` over its GPUs a node; ``ep`` None: taken to cross them:

@@ -2,9 +2,9 @@
 Muon's orthogonalisation on the GPU, and under FSDP2 CPU offload the copies its states make
 to reach it.
 
-AdamW (the default) is elementwise: the planner prices no optimizer time for it (on the GPU
-it is a few passes over the shards; under CPU offload it runs on the host, which the catalog
-cannot price: layout_time.OFFLOAD_NOTE).
+AdamW (the default) is elementwise: the planner prices no optimizer time for it on the GPU
+(a few passes over the shards); under CPU offload it runs on the host's CPU, priced by
+planner/host_step.py.
 
 Muon (Keller Jordan, "Muon: An optimizer for hidden layers in neural networks", 2024; Kimi
 K2's MuonClip and torchtitan's experiments/dion_optimizer build on it) replaces each weight
@@ -27,9 +27,9 @@ Muon matrices' gradient, momentum and weight host to device, and its momentum an
 back (torchtitan @fda7d765 dion_optimizer/muon.py lines 656-658 and 701-702, counted in
 docs/research/mini_kimi_host_trace.md), serially with the step at the host link's rate.
 That implementation keeps the momentum in pageable memory, whose copies block the host and
-run slower than the link's pinned rate; the planner prices them at the pinned rate (a lower
-bound), and does not price the CPU gradient clipping or the host's garbage collection such
-runs add (the note says so).
+run slower than the link's pinned rate: they are priced at the pageable rate
+(planner/host_step.py, which also prices the CPU gradient clipping; the host's garbage
+collection such runs add is not priced).
 """
 from __future__ import annotations
 
@@ -50,9 +50,9 @@ NS_STEPS = 5
 STATE_BYTES_NOTE = ("--optimizer {optimizer}: the optimizer states are counted at the stack's {held:g} bytes a "
                     "parameter, AdamW's (a master copy and two moments where it keeps them); Muon keeps one momentum "
                     "buffer for its matrices: give the run's bytes with --state-bytes WEIGHTS,GRADS,OPTIMIZER")
-MUON_OFFLOAD_NOTE = ("--optimizer muon with --offload: its states' copies to and from the GPU priced at the host "
-                     "link's pinned rate (a lower bound: a pageable momentum copies slower and blocks the host); the "
-                     "host's gradient clipping and garbage collection are not priced")
+MUON_OFFLOAD_NOTE = ("--optimizer muon with --offload: its gradient and weight copied to and from the GPU at the "
+                     "host link's pinned rate, its momentum (pageable host memory in torchtitan's dion Muon) at the "
+                     "pageable rate (data/hardware.toml [host_cpu] pageable_gbps)")
 
 
 def check(name: str) -> str:
@@ -98,15 +98,17 @@ def step_seconds(shape: ModelShape, hw: Hardware, optimizer: str, *, num_gpus: A
 
 
 def offload_bytes(optimizer: str, shard_params: Any, state_bytes: tuple[float, float, float]) -> tuple[Any, Any]:
-    """(host to device, device to host) bytes a GPU's optimizer states move a step under
-    CPU offload beyond FSDP2's own copies: none for AdamW (it steps on the host); for Muon
-    the shard's gradient, momentum and weight to the GPU and its momentum and weight back,
-    at the bytes the run holds them (``state_bytes``: weight, gradient, optimizer state a
-    parameter; Muon's one momentum buffer is the optimizer's bytes). ``shard_params`` is the
-    GPU's whole shard: its few AdamW parameters (embedding, head, norms), which step on the
-    host, are counted with it, an over-count of their share."""
+    """(pinned, pageable) bytes a GPU's optimizer states move a step under CPU offload
+    beyond FSDP2's own copies, both directions together: none for AdamW (it steps on the
+    host); for Muon the shard's gradient and weight to the GPU and the weight back (pinned,
+    FSDP2's), and its momentum to the GPU and back (pageable: dion allocates it on the host
+    with zeros_like; planner/host_step.py prices those), at the bytes the run holds them
+    (``state_bytes``: weight, gradient, optimizer state a parameter; Muon's one momentum
+    buffer is the optimizer's bytes). ``shard_params`` is the GPU's whole shard: its few
+    AdamW parameters (embedding, head, norms), which step on the host, are counted with
+    it, an over-count of their share."""
     p = np.asarray(shard_params, dtype=float)
     if check(optimizer) == "adamw":
         return 0.0 * p, 0.0 * p
     w, g, o = state_bytes
-    return p * (g + o + w), p * (o + w)
+    return p * (g + 2.0 * w), p * 2.0 * o

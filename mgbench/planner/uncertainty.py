@@ -107,8 +107,8 @@ MOE_CLASS_WORDS = {"eager": "MoE layers eager", "graphed": "MoE layers in CUDA g
                    "efa-deepep": "MoE layers eager with DeepEP-style dispatch over AWS EFA (UCCL-EP, NVSHMEM on "
                                  "libfabric or DeepEP v2 on NCCL GIN; where the run names it, priced at its kernel "
                                  "benchmarks' share of the network rate, and through a CPU proxy with its notify wait)",
-                   "offload": "MoE runs with FSDP2's CPU offload (their optimizer step runs on the host, which the "
-                              "planner does not price)",
+                   "offload": "MoE runs with FSDP2's CPU offload (their optimizer step runs on the host: priced on one "
+                              "thread; the host's garbage collection and synchronisations are not)",
                    "eager-torchtitan": "MoE layers eager on torchtitan's stack (priced with Megatron-Core's MoE host "
                                        "constants: an assumption)",
                    "eager-automodel": "MoE layers eager on NeMo AutoModel's stack (priced with Megatron-Core's MoE "

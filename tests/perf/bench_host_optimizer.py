@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from mgbench.planner import host_step  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+PIECES = 8  # tensors the elements are split into
 
 
 def best_seconds(fn: Callable[[], Any], repeats: int) -> float:
@@ -43,27 +44,36 @@ def best_seconds(fn: Callable[[], Any], repeats: int) -> float:
     return min(times)
 
 
+def tensors(n: int, dtype: torch.dtype, low: float = 0.0) -> list[torch.Tensor]:
+    """``n`` elements in ``PIECES`` tensors, as a shard is many parameters (and as
+    :func:`timed_steps` holds them, so an op and the step allocate alike)."""
+    return [torch.rand(n // PIECES, dtype=dtype).add_(low) for _ in range(PIECES)]
+
+
 def op_costs(n: int, dtype: torch.dtype, repeats: int) -> dict[str, float]:
-    """Nanoseconds an element of each op host_step.OPS names, on ``n``-element tensors."""
-    a, b, c = (torch.rand(n, dtype=dtype) for _ in range(3))
-    ops = {
-        "mul_": lambda: a.mul_(1.0),
-        "lerp_": lambda: a.lerp_(b, 0.1),
-        "addcmul_": lambda: a.addcmul_(b, b, value=0.001),
-        "sqrt": lambda: b.sqrt(),                      # a new tensor, as AdamW's denominator
-        "div_scalar": lambda: b / 1.0001,              # a new tensor, as its bias correction
-        "add_": lambda: a.add_(1e-8),
-        "addcdiv_": lambda: a.addcdiv_(b, c.abs_().add_(1.0), value=-1e-6),
-        "vector_norm": lambda: torch.linalg.vector_norm(a),
+    """Nanoseconds an element of each op host_step.OPS names, over ``n`` elements."""
+    a, b = tensors(n, dtype), tensors(n, dtype)
+    c = tensors(n, dtype, low=1.0)  # a positive denominator, made once
+    each = {
+        "mul_": lambda i: a[i].mul_(1.0),
+        "lerp_": lambda i: a[i].lerp_(b[i], 0.1),
+        "addcmul_": lambda i: a[i].addcmul_(b[i], b[i], value=0.001),
+        "sqrt": lambda i: b[i].sqrt(),                 # a new tensor, as AdamW's denominator
+        "div_scalar": lambda i: b[i] / 1.0001,         # a new tensor, as its bias correction
+        "add_": lambda i: a[i].add_(1e-8),
+        "addcdiv_": lambda i: a[i].addcdiv_(b[i], c[i], value=-1e-6),
+        "vector_norm": lambda i: torch.linalg.vector_norm(a[i]),
     }
-    assert set(ops) == set(host_step.OPS), "the bench times every op the planner prices"
-    return {name: best_seconds(fn, repeats) / n * 1e9 for name, fn in ops.items()}
+    assert set(each) == set(host_step.OPS), "the bench times every op the planner prices"
+    total = PIECES * (n // PIECES)
+    return {name: best_seconds(lambda: [fn(i) for i in range(PIECES)], repeats) / total * 1e9
+            for name, fn in each.items()}
 
 
 def timed_steps(n: int, dtype: torch.dtype, repeats: int) -> dict[str, float]:
-    """Nanoseconds an element of torch's own AdamW step and clip_grad_norm_, on 8
-    parameters of n / 8 elements each (a shard is many tensors)."""
-    params = [torch.nn.Parameter(torch.rand(n // 8, dtype=dtype)) for _ in range(8)]
+    """Nanoseconds an element of torch's own AdamW step and clip_grad_norm_, on ``n``
+    elements in ``PIECES`` parameters."""
+    params = [torch.nn.Parameter(t) for t in tensors(n, dtype)]
     for p in params:
         p.grad = torch.rand_like(p)
     opt = torch.optim.AdamW(params, lr=1e-3)
@@ -71,6 +81,17 @@ def timed_steps(n: int, dtype: torch.dtype, repeats: int) -> dict[str, float]:
     return {"adamw_step": best_seconds(opt.step, repeats) / total * 1e9,
             "clip_grad_norm_": best_seconds(lambda: torch.nn.utils.clip_grad_norm_(params, 1.0), repeats)
             / total * 1e9}
+
+
+def cpu_name() -> str:
+    """The CPU's model name, family and model numbers from /proc/cpuinfo (Linux), else
+    what platform knows."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    field = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in info.splitlines()[:30])}
+    return f"{field.get('model name', '?')} (family {field.get('cpu family', '?')} model {field.get('model', '?')})"
 
 
 def main() -> None:
@@ -81,7 +102,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    out: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+    out: dict[str, Any] = {"cpu": cpu_name(), "torch": torch.__version__,
                            "threads": torch.get_num_threads(), "elements": args.elements,
                            "ns_per_element": {}, "check": {}}
     for name, dtype in DTYPES.items():

@@ -1,0 +1,105 @@
+"""The optimizer work a GPU's host CPU does each step under FSDP2 CPU offload.
+
+With CPUOffloadPolicy the sharded parameters, gradients and optimizer states live in host
+memory and ``optimizer.step()`` runs on the host's CPU, after the host has waited for the
+gradients' copies, so it adds to the step (docs/planner.md, "The host's optimizer work
+under CPU offload"). What is priced, on a GPU's offloaded shard:
+
+- AdamW's step over the shard's AdamW parameters: the ops torch's single-tensor AdamW runs
+  (``ADAMW_OPS``; torch 2.13 torch/optim/adam.py ``_single_tensor_adam`` with decoupled
+  weight decay: CPU tensors take that path, torch defaulting to its foreach and fused
+  kernels only for accelerator tensors);
+- gradient clipping over the whole shard (``CLIP_OPS``: torch's ``clip_grad_norm_``, a norm
+  and a multiply by the clamped coefficient whether or not it clips);
+- under Muon, which steps on the GPU, the copies of its pageable momentum at
+  ``pageable_bytes_per_s`` (planner/optimizer.py prices the rest of its copies).
+
+Each op at its measured nanoseconds an element on one thread (torchrun sets
+OMP_NUM_THREADS=1 for each of several ranks a node), fp32 or bf16 by the bytes the run
+holds a weight or gradient in: data/hardware.toml ``[host_cpu]``, measured by
+tests/perf/bench_host_optimizer.py, which also checks the sum of ops against torch's own
+AdamW step and clipping.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import catalog
+from ..model_shape import ModelShape
+from .optimizer import muon_matrices
+
+# Every op a price below uses; the bench times exactly these.
+OPS = ("mul_", "lerp_", "addcmul_", "sqrt", "div_scalar", "add_", "addcdiv_", "vector_norm")
+
+# torch's _single_tensor_adam for AdamW, in its order: weight decay on the weight, the first
+# moment's lerp, the second moment's mul_ and addcmul_, the denominator's sqrt and bias
+# correction (two new tensors) and eps, the update of the weight.
+ADAMW_OPS = ("mul_", "lerp_", "mul_", "addcmul_", "sqrt", "div_scalar", "add_", "addcdiv_")
+# torch.nn.utils.clip_grad_norm_: each gradient's norm, then every gradient scaled.
+CLIP_OPS = ("vector_norm", "mul_")
+
+HOST_NOTE = ("CPU offload: the host's optimizer step priced on one CPU thread a rank (torchrun's OMP_NUM_THREADS "
+             "default): {what}, at nanoseconds an element measured on {cpu} (data/hardware.toml [host_cpu]); more "
+             "threads, garbage collection and synchronisations are not priced")
+
+
+def host_cpu() -> dict[str, Any]:
+    """hardware.toml's ``[host_cpu]`` table: the measured rates and where they come from."""
+    return catalog.load("hardware.toml")["host_cpu"]
+
+
+def ns_per_element(dtype: str) -> dict[str, float]:
+    """Nanoseconds an element of each of ``OPS`` on one host thread, for "fp32" or "bf16"."""
+    table = host_cpu()["ns_per_element"][dtype]
+    return {op: float(table[op]) for op in OPS}
+
+
+def adamw_ns_per_element(costs: dict[str, float]) -> float:
+    """Nanoseconds an element of torch's CPU AdamW step: the sum of ``ADAMW_OPS``' costs."""
+    return sum(costs[op] for op in ADAMW_OPS)
+
+
+def clip_ns_per_element(costs: dict[str, float]) -> float:
+    """Nanoseconds an element of gradient clipping: the sum of ``CLIP_OPS``' costs."""
+    return sum(costs[op] for op in CLIP_OPS)
+
+
+def dtype_of(nbytes: float) -> str:
+    """The measured dtype a state held in ``nbytes`` bytes an element runs at: bf16 for 2
+    or fewer, fp32 otherwise."""
+    return "bf16" if nbytes <= 2 else "fp32"
+
+
+def pageable_bytes_per_s() -> float:
+    """Bytes/s a copy between pageable host memory and a GPU moves ([host_cpu] pageable_gbps)."""
+    return float(host_cpu()["pageable_gbps"]) * 1e9
+
+
+def adamw_share(shape: ModelShape, optimizer: str) -> float:
+    """The share of a model's parameters AdamW steps: all of them under AdamW; under Muon
+    those outside its matrices (embedding, output layer, norms)."""
+    if optimizer == "adamw":
+        return 1.0
+    muon = sum(k * n * count for k, n, count in muon_matrices(shape))
+    return max(0.0, 1.0 - muon / float(shape.num_params()))
+
+
+def offload_seconds(shape: ModelShape, optimizer: str, shard: Any, state_bytes: tuple[float, float, float]) -> Any:
+    """Seconds a step the host's CPU spends on a GPU's offloaded ``shard`` (parameters):
+    AdamW's step on its share (:func:`adamw_share`) and the clipping of every gradient, on
+    one thread, at the dtypes ``state_bytes`` (weight, gradient, optimizer bytes a
+    parameter) give."""
+    p = np.asarray(shard, dtype=float)
+    weight, grad, _ = state_bytes
+    step = adamw_share(shape, optimizer) * adamw_ns_per_element(ns_per_element(dtype_of(weight)))
+    clip = clip_ns_per_element(ns_per_element(dtype_of(grad)))
+    return p * (step + clip) * 1e-9
+
+
+def note(shape: ModelShape, optimizer: str) -> str:
+    """The line predict prints for the host's priced work under offload."""
+    what = ("AdamW's step on the embedding, output layer and norms, gradient clipping, and Muon's pageable "
+            "momentum copies at the pageable rate" if optimizer != "adamw" else "AdamW's step and gradient clipping")
+    return HOST_NOTE.format(what=what, cpu=host_cpu()["cpu"])

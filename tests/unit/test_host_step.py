@@ -1,0 +1,85 @@
+"""The host's optimizer work under CPU offload (planner/host_step.py), by hand from the
+rates hardware.toml stores, and against torch's own AdamW code."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+import torch
+
+from mgbench import catalog
+from mgbench.planner import hardware, host_step, layout_time
+from mgbench.planner import memory as M
+from mgbench.planner.optimizer import muon_matrices
+
+LLAMA8 = catalog.model_shape("llama3-8b")
+H100 = hardware.resolve("dgx-h100")
+KW = dict(seq=4096, global_batch=16, micro_batch=1, tp=1, pp=1, dp=8, zero=3, recompute=2)
+
+# hardware.toml [host_cpu.ns_per_element.fp32]: mul_, lerp_, addcmul_, sqrt, div_scalar,
+# add_, addcdiv_, vector_norm.
+FP32 = dict(mul_=0.329, lerp_=0.677, addcmul_=0.587, sqrt=1.811, div_scalar=1.824, add_=0.342, addcdiv_=0.810,
+            vector_norm=0.333)
+
+
+def test_adamw_on_the_host_is_the_sum_of_torchs_ops_by_hand():
+    # weight decay mul_, lerp_, mul_ + addcmul_, sqrt, / scalar, add_, addcdiv_
+    by_hand = 0.329 + 0.677 + 0.329 + 0.587 + 1.811 + 1.824 + 0.342 + 0.810
+    assert host_step.adamw_ns_per_element(host_step.ns_per_element("fp32")) == pytest.approx(by_hand)
+    assert host_step.clip_ns_per_element(host_step.ns_per_element("fp32")) == pytest.approx(0.333 + 0.329)
+    assert host_step.ns_per_element("fp32") == pytest.approx(FP32)
+
+
+def test_the_ops_priced_are_the_ones_torchs_single_tensor_adamw_runs():
+    # A trace of the code the rule names: each op of ADAMW_OPS appears in torch's
+    # _single_tensor_adam (the path CPU tensors take), as a call on the tensors.
+    src = inspect.getsource(importlib.import_module("torch.optim.adam")._single_tensor_adam)
+    if "decoupled_weight_decay" not in src:
+        pytest.skip(f"torch {torch.__version__} keeps AdamW's step in torch/optim/adamw.py (the rule traced 2.13)")
+    for op in ("param.mul_(1 - lr * weight_decay)", "exp_avg.lerp_(grad", "exp_avg_sq.mul_(beta2).addcmul_(",
+               "exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)", "param.addcdiv_(exp_avg, denom"):
+        assert op in src, op
+    assert host_step.ADAMW_OPS.count("mul_") == 2 and len(host_step.ADAMW_OPS) == 8
+
+
+def test_offloaded_adamw_adds_its_host_step_to_the_step():
+    r = layout_time.step_time(LLAMA8, H100, offload=True, **KW)
+    shard = float(M.stage_params(LLAMA8, 1, 1)) / 8
+    # FSDP2's fp32 master weights and gradients (the stack's 4, 4, 8): fp32 rates.
+    per = (0.329 + 0.677 + 0.329 + 0.587 + 1.811 + 1.824 + 0.342 + 0.810) + (0.333 + 0.329)
+    host = float(r["breakdown"]["host_optimizer_s"])
+    assert host == pytest.approx(shard * per * 1e-9, rel=1e-9)
+    # It adds to the step: the same layout without it costs exactly that much less.
+    assert float(r["step_time_s"]) - host == pytest.approx(
+        sum(float(r["breakdown"][k]) for k in ("compute_s", "bubble_s", "tp_comm_s", "pp_comm_s", "exposed_dp_comm_s",
+                                                 "ep_comm_s", "cp_comm_s", "offload_s", "moe_host_s",
+                                                 "moe_efa_notify_s", "optimizer_s")), rel=1e-9)
+    # A bf16 run (weights and gradients in 2 bytes) runs the bf16 rates.
+    bf16 = layout_time.step_time(LLAMA8, H100, offload=True, offload_state_bytes=(2.0, 2.0, 4.0), **KW)
+    rates = host_step.ns_per_element("bf16")
+    assert float(bf16["breakdown"]["host_optimizer_s"]) == pytest.approx(
+        shard * (host_step.adamw_ns_per_element(rates) + host_step.clip_ns_per_element(rates)) * 1e-9)
+    # Without offload the optimizer steps on the GPU: nothing on the host.
+    assert float(layout_time.step_time(LLAMA8, H100, **KW)["breakdown"]["host_optimizer_s"]) == 0.0
+
+
+def test_under_muon_only_the_non_matrix_parameters_step_adamw_on_the_host():
+    share = host_step.adamw_share(LLAMA8, "muon")
+    muon = sum(k * n * c for k, n, c in muon_matrices(LLAMA8))
+    assert share == pytest.approx(1 - muon / LLAMA8.num_params())
+    # Llama 3 8B: the embedding and output layer (2 x 128256 x 4096) and the norms.
+    assert share * LLAMA8.num_params() == pytest.approx(2 * 128256 * 4096 + (2 * 32 + 1) * 4096)
+    assert host_step.adamw_share(LLAMA8, "adamw") == 1.0
+    r = layout_time.step_time(LLAMA8, H100, offload=True, optimizer="muon", **KW)
+    shard = float(M.stage_params(LLAMA8, 1, 1)) / 8
+    per = share * 6.709 + 0.662  # AdamW on its share, clipping on every gradient (fp32)
+    assert float(r["breakdown"]["host_optimizer_s"]) == pytest.approx(shard * per * 1e-9, rel=1e-6)
+
+
+def test_the_stored_rates_name_where_they_were_measured():
+    t = host_step.host_cpu()
+    assert "Emerald Rapids" in t["cpu"] and t["command"].startswith("python tests/perf/bench_host_optimizer.py")
+    assert set(t["ns_per_element"]["fp32"]) == set(host_step.OPS) == set(t["ns_per_element"]["bf16"])
+    assert host_step.pageable_bytes_per_s() == 10.0e9
