@@ -354,9 +354,10 @@ def use_system_file(path: str) -> list[str]:
     except tomllib.TOMLDecodeError as e:
         raise MgbenchError(f"{origin}: malformed TOML: {e}") from None
     problems = check_system_file(data, origin)
-    if problems:
-        raise MgbenchError(f"{origin}: {len(problems)} problem{'s' if len(problems) > 1 else ''}:\n"
-                           + "\n".join(f"  {p}" for p in problems))
+    if len(problems) == 1:  # one line, as every other bad input
+        raise MgbenchError(f"{origin}: {problems[0]}")
+    if problems:  # several: a line each, so that none is lost in one long line
+        raise MgbenchError(f"{origin}: {len(problems)} problems:\n" + "\n".join(f"  {p}" for p in problems))
     clear_system_file()
     for kind in _USER:
         for name, entry in data.get(kind, {}).items():

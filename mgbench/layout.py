@@ -46,6 +46,22 @@ RECOMPUTE = ("none", "every_2nd", "full", "selective", "op")
 # The optimizers the planner prices (planner/optimizer.py): AdamW, the default and the runner's,
 # and Muon.
 OPTIMIZERS = ("adamw", "muon")
+
+# The largest value of each of a layout's numbers the planner takes. Products of them (GPUs
+# x batch x sequence) stay exact in int64 far below these, and no published run comes
+# near: 2^20 GPUs (or any parallel degree), 2^16 sequences a micro-batch, 2^32 a step,
+# 2^24 tokens a sequence.
+MAX_DEGREE = 2 ** 20
+LIMITS = {"num_gpus": MAX_DEGREE, "tp": MAX_DEGREE, "pp": MAX_DEGREE, "ep": MAX_DEGREE, "cp": MAX_DEGREE,
+          "etp": MAX_DEGREE, "replicas": MAX_DEGREE, "virtual_stages": MAX_DEGREE, "micro_batch": 2 ** 16,
+          "global_batch": 2 ** 32, "seq_len": 2 ** 24}
+# The flag a layout field is given with where it is not the field's name.
+FLAGS = {"replicas": "--hsdp"}
+
+
+def flag_of(name: str) -> str:
+    """The command-line flag of a layout field ("seq_len" -> "--seq-len", "replicas" -> "--hsdp")."""
+    return FLAGS.get(name, "--" + name.replace("_", "-"))
 RUNNER_RECOMPUTE = ("none", "every_2nd", "full")
 
 
@@ -309,7 +325,8 @@ class Layout:
         if out:
             return out
         if self.num_gpus != world:
-            out.append(f"{where}: degrees multiply to {self.num_gpus}, not {world}")
+            out.append(f"{where}: degrees multiply to {self.num_gpus}, not {world}; choose degrees whose product "
+                       f"dp x tp x pp x cp is {world}")
         if self.dp % self.ep:
             out.append(f"{where}: ep={self.ep} does not divide dp={self.dp} (experts are sharded over ep of the "
                        "data-parallel ranks)")

@@ -368,9 +368,12 @@ def resolve_run(run: str | Path, results_dir: str | Path = "results") -> Path:
     if not_id is not None:
         raise MgbenchError(f"run {str(run)!r}: no such folder, and not a run id ({not_id}); "
                            f"give a run folder's path, or a run id under {results_dir}/")
+    if not Path(results_dir).is_dir():
+        raise MgbenchError(f"run {str(run)!r}: the results folder {results_dir}/ does not exist; give the folder "
+                           "your runs are in with --results-dir (or a run folder's path)")
     raise MgbenchError(
         f"run {str(run)!r} not found as a folder or as a run id under {results_dir}/; "
-        "list runs with `ls results/` or pass --results-dir"
+        f"list them with `ls {results_dir}/` or pass another --results-dir"
     )
 
 

@@ -321,6 +321,9 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
         from ..probe.profile import overlap as profile_overlap
 
         overlap = profile_overlap(profile, kw["num_gpus"], perf.DEFAULT_OVERLAP)
+    from ..planner.predict import validate
+
+    validate(_layout(kw), shape)  # before a probed machine's trace of the runner divides by its degrees
     host_ops, host_notes = _counted_ops(shape, _layout(kw), hw, profile) or (None, [])
     res = predict_fn(shape, hw, _layout(kw), overlap=overlap if overlap is not None else over.get("overlap", perf.DEFAULT_OVERLAP),
                      host_ops=host_ops, margin=kw["memory_margin"], moe=moe,

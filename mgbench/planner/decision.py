@@ -139,6 +139,11 @@ def flips(lead_row: dict[str, Any], other: dict[str, Any] | None, ranked: list[d
         return {"runner_up": other, "price_flip_pct": None, "efficiency_flip_pct": None, "odds_cheaper": None,
                 "odds_faster": odds(lead_row.get("days_interval"), other.get("days_interval")),
                 "why": [f"a price is missing: cost flips are unknown ({price_hint()})"]}
+    if lead_row["cost_usd"] <= 0 or other["cost_usd"] <= 0:  # a --price of 0: free GPUs
+        free = lead_row if lead_row["cost_usd"] <= 0 else other
+        return {"runner_up": other, "price_flip_pct": None, "efficiency_flip_pct": None, "odds_cheaper": None,
+                "odds_faster": odds(lead_row.get("days_interval"), other.get("days_interval")),
+                "why": [f"{free['gpu']} is priced at 0: no price change flips the order on cost"]}
     ratio = other["cost_usd"] / lead_row["cost_usd"]
     # Cost = price x GPU-hours, GPU-hours ~ 1 / throughput: the same ratio flips either.
     price_pct = 100.0 * (ratio - 1.0)

@@ -224,15 +224,18 @@ class MoeOptions:
         for name in ("imbalance", "capacity_factor"):
             v = getattr(self, name)
             if v is not None and not math.isfinite(v):
-                raise MgbenchError(f"MoE {name} must be a finite number, got {v}")
+                raise MgbenchError(f"MoE {name} (--moe-{name.replace('_', '-')}) must be a finite number, got {v}")
         if self.imbalance is not None and not self.imbalance >= 1.0:
-            raise MgbenchError(f"MoE load imbalance is the busiest rank's load over the mean: >= 1, got {self.imbalance}")
+            raise MgbenchError("MoE load imbalance (--moe-imbalance) is the busiest rank's load over the mean: "
+                               f">= 1 (1 is perfectly balanced), got {self.imbalance}")
         if self.capacity_factor is not None and not self.capacity_factor > 0:
-            raise MgbenchError(f"MoE capacity factor must be > 0, got {self.capacity_factor}")
+            raise MgbenchError(f"MoE capacity factor (--moe-capacity-factor) must be > 0 (1.0 keeps each expert's mean "
+                               f"load), got {self.capacity_factor}")
         for name in ("node_limit", "device_limit"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
-                raise MgbenchError(f"MoE {name} must be a positive integer, got {v!r}")
+                raise MgbenchError(f"MoE {name} (--moe-{name.replace('_', '-')}) must be a positive integer, "
+                                   f"got {v!r}")
         bad = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
         if bad:
             raise MgbenchError(f"MoE recompute modules priced are {', '.join(RECOMPUTE_MODULES)}; got {', '.join(bad)}")

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from ..errors import MgbenchError
-from ..layout import RECOMPUTE, RUNNER_RECOMPUTE, Layout
+from ..layout import LIMITS, RECOMPUTE, RUNNER_RECOMPUTE, Layout, flag_of
 from ..model_shape import ModelShape
 from . import layout_rules, layout_time, perf
 from . import optimizer as optimizer_terms
@@ -28,7 +28,10 @@ def validate(layout: Layout, shape: ModelShape | None) -> None:
     L = layout
     for name in ("num_gpus", "tp", "pp", "micro_batch", "seq_len", "virtual_stages", "ep", "cp", "replicas", "etp"):
         if getattr(L, name) < 1:
-            raise MgbenchError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(L, name)}")
+            raise MgbenchError(f"{flag_of(name)} must be >= 1, got {getattr(L, name)}")
+    for name, limit in LIMITS.items():
+        if (v := getattr(L, name)) is not None and v > limit:
+            raise MgbenchError(f"{flag_of(name)} must be at most {limit:,} (the largest the planner takes), got {v}")
     if L.zero not in (0, 1, 2, 3):
         raise MgbenchError(f"--zero must be 0, 1, 2 or 3, got {L.zero}")
     if L.recompute not in RECOMPUTE:

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import catalog
 from ..errors import MgbenchError
-from ..layout import OPTIMIZERS, RECOMPUTE, Layout, fp8_attention_problem, fp8_recipe_problem
+from ..layout import LIMITS, OPTIMIZERS, RECOMPUTE, Layout, fp8_attention_problem, fp8_recipe_problem
 from ..model_shape import ModelShape
 from ..strategies.schedules import VIRTUAL, too_few_chunks, v_shaped
 from . import cost, decision, hardware, layout_rules, layout_time, ownership, perf, stack
@@ -75,9 +75,13 @@ class Bound:
     low_open: bool = False
 
     def describe(self) -> str:
+        def num(x: float) -> str:  # 16777216 as "16,777,216", not "1.67772e+07"
+            return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
         if self.high == math.inf:
-            return "positive" if (self.low, self.low_open) == (0, True) else f"{self.low:g} or more"
-        return f"{'above' if self.low_open else 'from'} {self.low:g} {'and at most' if self.low_open else 'to'} {self.high:g}"
+            return "positive" if (self.low, self.low_open) == (0, True) else f"{num(self.low)} or more"
+        return (f"{'above' if self.low_open else 'from'} {num(self.low)} {'and at most' if self.low_open else 'to'} "
+                f"{num(self.high)}")
 
     def problem(self, flag: str, value: Any) -> str | None:
         """One line where ``value`` (None: not given) is outside the bound."""
@@ -90,6 +94,10 @@ class Bound:
             return None
         return f"{flag} must be {self.describe()}, got {value}"
 
+
+# The most GPUs plan searches: its candidate arrays grow with the GPU counts (about 1 GiB at
+# this many on an 8-GPU node); the largest published training clusters are ~100,000 GPUs.
+MAX_PLAN_GPUS = 131072
 
 POSITIVE = Bound(0.0, low_open=True)
 NON_NEGATIVE = Bound(0.0)
@@ -110,13 +118,15 @@ class PlanOptions:
     """
 
     tokens: float = field(metadata={"bounds": POSITIVE, "help": "Training tokens, e.g. 1.5e13."})
-    seq_len: int = field(default=4096, metadata={"bounds": AT_LEAST_ONE, "help": "Sequence length in tokens."})
+    seq_len: int = field(default=4096, metadata={"bounds": Bound(1.0, LIMITS["seq_len"]),
+                                                 "help": "Sequence length in tokens."})
     global_batch_tokens: int = field(
         default=4 * 2**20,  # 4M tokens per step, a common large-model batch
         metadata={"bounds": AT_LEAST_ONE, "help": "Tokens per optimizer step (global batch x sequence length)."})
     systems: list[str] | None = field(
         default=None, metadata={"help": "Comma-separated catalog systems (default: all).", "metavar": "A,B,..."})
-    max_gpus: int = field(default=4096, metadata={"bounds": AT_LEAST_ONE, "help": "Largest GPU count considered."})
+    max_gpus: int = field(default=4096, metadata={"bounds": Bound(1.0, MAX_PLAN_GPUS),
+                                                  "help": "Largest GPU count considered."})
     precision: str = field(
         default="bf16",
         metadata={"help": "Training precision: the peak FLOP/s used and the bytes per value.",
@@ -995,10 +1005,13 @@ def _owned(opts: PlanOptions) -> tuple[str, int] | None:
     """--own SYSTEM:COUNT, checked."""
     if not opts.own:
         return None
-    name, _, count = opts.own.partition(":")
-    if name not in hardware.systems() or not count.isdigit() or int(count) < 1:
-        raise MgbenchError(f"--own {opts.own!r}: give SYSTEM:COUNT, a catalog system and the GPUs you have, e.g. "
+    name, colon, count = opts.own.partition(":")
+    if name not in hardware.systems():
+        raise MgbenchError(f"--own {opts.own!r}: {name!r} is not a catalog system; give SYSTEM:COUNT, e.g. "
                            f"dgx-h100:64 (systems: {', '.join(hardware.systems())})")
+    if not colon or not count.strip().isdigit() or not 1 <= int(count) <= MAX_PLAN_GPUS:
+        raise MgbenchError(f"--own {opts.own!r}: the GPU count after the colon must be a whole number from 1 to "
+                           f"{MAX_PLAN_GPUS:,}, e.g. {name}:64")
     if opts.systems and opts.systems != [name]:
         raise MgbenchError("--own plans on the system you own: drop --systems")
     return name, int(count)

@@ -60,6 +60,12 @@ def read_profile(path: str | Path) -> dict[str, Any]:
         prof = json.loads(p.read_text())
     except FileNotFoundError:
         raise MgbenchError(f"--hardware {p}: no such file; write one with `mgbench probe -o {p}`") from None
+    except IsADirectoryError:
+        found = sorted(p.glob("*.json"))[:3]
+        hint = f" (it holds {', '.join(str(f) for f in found)})" if found else ""
+        raise MgbenchError(f"--hardware {p}: a folder; give the profile's .json file{hint}") from None
+    except OSError as e:
+        raise MgbenchError(f"--hardware {p}: cannot be read ({e.strerror or e})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise MgbenchError(f"--hardware {p}: not a JSON profile ({e})") from None
     if not isinstance(prof, dict) or "profile_version" not in prof:

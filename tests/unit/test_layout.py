@@ -13,7 +13,8 @@ from tests.factories import make_config
 
 def test_validator_names_every_degree_and_the_world():
     (msg,) = Layout.of(dp=2, tp=2, pp=2).runner_problems(4)
-    assert msg == "layout dp=2 x tp=2 x pp=2 on world size 4: degrees multiply to 8, not 4"
+    assert msg == ("layout dp=2 x tp=2 x pp=2 on world size 4: degrees multiply to 8, not 4; choose degrees whose "
+                   "product dp x tp x pp x cp is 4")
 
 
 @pytest.mark.parametrize(

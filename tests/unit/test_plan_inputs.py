@@ -25,7 +25,7 @@ def _run(args):
 @pytest.mark.parametrize("extra,words", [
     (["--tokens", "nan"], "--tokens must be a finite number, positive, got nan"),
     (["--tokens", "inf"], "--tokens must be a finite number"),
-    (["--seq-len", "0"], "--seq-len must be 1 or more, got 0"),
+    (["--seq-len", "0"], "--seq-len must be from 1 to 16,777,216, got 0"),
     (["--checkpoint-minutes", "0"], "--checkpoint-minutes must be positive"),
     (["--checkpoint-minutes", "-10"], "--checkpoint-minutes must be positive"),
     (["--failure-rate", "-1"], "--failure-rate must be 0 or more"),
@@ -33,12 +33,17 @@ def _run(args):
     (["--restart-minutes", "-30"], "--restart-minutes must be 0 or more"),
     (["--power-fraction", "5"], "--power-fraction must be above 0 and at most 1, got 5.0"),
     (["--overlap", "2"], "--overlap must be from 0 to 1"),
-    (["--max-gpus", "0"], "--max-gpus must be 1 or more"),
+    (["--max-gpus", "0"], "--max-gpus must be from 1 to 131,072"),
+    (["--max-gpus", "99999999999999999999"], "--max-gpus must be from 1 to 131,072, got 99999999999999999999"),
     (["--deadline-days", "-5"], "--deadline-days must be positive"),
     (["--budget-usd", "-1"], "--budget-usd must be positive"),
     (["--top", "0"], "--top must be 1 or more"),
     (["--global-batch-tokens", "1000"], "--global-batch-tokens 1000 is less than one sequence (--seq-len 4096)"),
     (["--price", "h100sxm=2"], "'h100sxm' is no accelerator or system of the catalog; did you mean h100-sxm"),
+    (["--max-gpus", "10000000"], "--max-gpus must be from 1 to 131,072, got 10000000"),  # was a 38 GiB allocation
+    (["--own", "dgx-h100:0"], "the GPU count after the colon must be a whole number from 1 to 131,072"),
+    (["--own", "dgx-h100"], "the GPU count after the colon"),
+    (["--own", "nope:64"], "'nope' is not a catalog system"),
 ])
 def test_a_plan_option_outside_its_bounds_is_one_line_and_exit_2(extra, words):
     r = _run([*PLAN, *extra])
@@ -51,7 +56,14 @@ def test_a_plan_option_outside_its_bounds_is_one_line_and_exit_2(extra, words):
     (["--global-batch", "0"], "global batch 0 is not a positive multiple"),
     (["--global-batch", "12"], "give --global-batch 8 or a multiple of it"),
     (["--overlap", "-1"], "--overlap must be from 0 to 1"),
-    (["--seq-len", "0"], "--seq-len must be 1 or more"),
+    (["--seq-len", "0"], "--seq-len must be from 1 to 16,777,216"),
+    # Numbers past what int64 products hold were an OverflowError traceback.
+    (["--num-gpus", "99999999999999999999"], "--num-gpus must be at most 1,048,576"),
+    (["--micro-batch", "99999999999999999999"], "--micro-batch must be at most 65,536"),
+    (["--seq-len", "99999999999999999999"], "--seq-len must be from 1 to 16,777,216"),
+    # The field is replicas; the flag the user gave is --hsdp.
+    (["--zero", "3", "--hsdp", "0"], "--hsdp must be >= 1, got 0"),
+    (["--moe-imbalance", "0.5"], "--moe-imbalance) is the busiest rank's load over the mean"),
     (["--pp", "4", "--schedule", "interleaved", "--virtual-stages", "2"],
      "needs --global-batch / (micro-batch x dp), the micro-batches per step (1), to be a multiple of pp (4)"),
     (["--pp", "4", "--schedule", "dualpipev", "--global-batch", "4"],
