@@ -29,9 +29,11 @@ import numpy as np
 from .. import catalog
 from ..model_shape import ModelShape
 from .optimizer import muon_matrices
+from .stack import stacks
 
-# Every op a price below uses; the bench times exactly these.
-OPS = ("mul_", "lerp_", "addcmul_", "sqrt", "div_scalar", "add_", "addcdiv_", "vector_norm")
+# Every op a price below uses; the bench times exactly these ("adamw_fused": torch's fused
+# AdamW step on CPU tensors, one kernel over weight, gradient and both moments).
+OPS = ("mul_", "lerp_", "addcmul_", "sqrt", "div_scalar", "add_", "addcdiv_", "vector_norm", "adamw_fused")
 
 # torch's _single_tensor_adam for AdamW, in its order: weight decay on the weight, the first
 # moment's lerp, the second moment's mul_ and addcmul_, the denominator's sqrt and bias
@@ -39,6 +41,10 @@ OPS = ("mul_", "lerp_", "addcmul_", "sqrt", "div_scalar", "add_", "addcdiv_", "v
 ADAMW_OPS = ("mul_", "lerp_", "mul_", "addcmul_", "sqrt", "div_scalar", "add_", "addcdiv_")
 # torch.nn.utils.clip_grad_norm_: each gradient's norm, then every gradient scaled.
 CLIP_OPS = ("vector_norm", "mul_")
+# How a stack's AdamW steps on the host (stacks.toml host_adamw): torch's default for-loop
+# (the ops above) or its fused kernel (torch.optim.AdamW(fused=True), which torchtitan and
+# the runner pass).
+IMPLEMENTATIONS = {"for-loop": ADAMW_OPS, "fused": ("adamw_fused",)}
 
 HOST_NOTE = ("CPU offload: the host's optimizer step priced on one CPU thread a rank (torchrun's OMP_NUM_THREADS "
              "default): {what}, at nanoseconds an element measured on {cpu} (data/hardware.toml [host_cpu]); more "
@@ -56,9 +62,16 @@ def ns_per_element(dtype: str) -> dict[str, float]:
     return {op: float(table[op]) for op in OPS}
 
 
-def adamw_ns_per_element(costs: dict[str, float]) -> float:
-    """Nanoseconds an element of torch's CPU AdamW step: the sum of ``ADAMW_OPS``' costs."""
-    return sum(costs[op] for op in ADAMW_OPS)
+def adamw_ns_per_element(costs: dict[str, float], implementation: str = "for-loop") -> float:
+    """Nanoseconds an element of torch's CPU AdamW step: the sum of its ops' costs
+    (``IMPLEMENTATIONS``: the for-loop's ``ADAMW_OPS``, or the fused kernel)."""
+    return sum(costs[op] for op in IMPLEMENTATIONS[implementation])
+
+
+def implementation_of(stack: str | None) -> str:
+    """The AdamW a stack steps on the host with (stacks.toml ``host_adamw``; torch's
+    for-loop default where the stack names none)."""
+    return stacks().get(stack or "", {}).get("host_adamw", "for-loop")
 
 
 def clip_ns_per_element(costs: dict[str, float]) -> float:
@@ -86,20 +99,22 @@ def adamw_share(shape: ModelShape, optimizer: str) -> float:
     return max(0.0, 1.0 - muon / float(shape.num_params()))
 
 
-def offload_seconds(shape: ModelShape, optimizer: str, shard: Any, state_bytes: tuple[float, float, float]) -> Any:
+def offload_seconds(shape: ModelShape, optimizer: str, shard: Any, state_bytes: tuple[float, float, float],
+                    implementation: str = "for-loop") -> Any:
     """Seconds a step the host's CPU spends on a GPU's offloaded ``shard`` (parameters):
-    AdamW's step on its share (:func:`adamw_share`) and the clipping of every gradient, on
-    one thread, at the dtypes ``state_bytes`` (weight, gradient, optimizer bytes a
-    parameter) give."""
+    AdamW's step on its share (:func:`adamw_share`; ``implementation``: see
+    ``IMPLEMENTATIONS``) and the clipping of every gradient, on one thread, at the dtypes
+    ``state_bytes`` (weight, gradient, optimizer bytes a parameter) give."""
     p = np.asarray(shard, dtype=float)
     weight, grad, _ = state_bytes
-    step = adamw_share(shape, optimizer) * adamw_ns_per_element(ns_per_element(dtype_of(weight)))
+    step = adamw_share(shape, optimizer) * adamw_ns_per_element(ns_per_element(dtype_of(weight)), implementation)
     clip = clip_ns_per_element(ns_per_element(dtype_of(grad)))
     return p * (step + clip) * 1e-9
 
 
-def note(shape: ModelShape, optimizer: str) -> str:
+def note(shape: ModelShape, optimizer: str, implementation: str = "for-loop") -> str:
     """The line predict prints for the host's priced work under offload."""
-    what = ("AdamW's step on the embedding, output layer and norms, gradient clipping, and Muon's pageable "
-            "momentum copies at the pageable rate" if optimizer != "adamw" else "AdamW's step and gradient clipping")
+    adamw = f"AdamW's step ({'fused kernel' if implementation == 'fused' else 'for-loop'})"
+    what = (f"{adamw} on the embedding, output layer and norms, gradient clipping, and Muon's pageable "
+            "momentum copies at the pageable rate" if optimizer != "adamw" else f"{adamw} and gradient clipping")
     return HOST_NOTE.format(what=what, cpu=host_cpu()["cpu"])
