@@ -7,16 +7,19 @@ under CPU offload"). What is priced, on a GPU's offloaded shard:
 
 - AdamW's step over the shard's AdamW parameters: the ops torch's single-tensor AdamW runs
   (``ADAMW_OPS``; torch 2.13 torch/optim/adam.py ``_single_tensor_adam`` with decoupled
-  weight decay: CPU tensors take that path, torch defaulting to its foreach and fused
-  kernels only for accelerator tensors);
+  weight decay: CPU tensors take that path by default, torch defaulting to its foreach
+  kernels only for accelerator tensors and never to its fused one), or its fused kernel
+  where the stack asks for it (stacks.toml ``host_adamw``: torchtitan);
 - gradient clipping over the whole shard (``CLIP_OPS``: torch's ``clip_grad_norm_``, a norm
-  and a multiply by the clamped coefficient whether or not it clips);
+  and a multiply by the clamped coefficient whether or not it clips), unless the stack
+  clips nothing (stacks.toml ``host_clip = false``: the runner);
 - under Muon, which steps on the GPU, the copies of its pageable momentum at
   ``pageable_bytes_per_s`` (planner/optimizer.py prices the rest of its copies).
 
 Each op at its measured nanoseconds an element on one thread (torchrun sets
-OMP_NUM_THREADS=1 for each of several ranks a node), fp32 or bf16 by the bytes the run
-holds a weight or gradient in: data/hardware.toml ``[host_cpu]``, measured by
+OMP_NUM_THREADS=1 for each of several ranks a node), fp32 or bf16 by :func:`dtype_of` (FSDP2
+casts the host gradients to the sharded weights' dtype, so one dtype serves both):
+data/hardware.toml ``[host_cpu]``, measured by
 tests/perf/bench_host_optimizer.py, which also checks the sum of ops against torch's own
 AdamW step and clipping.
 """
@@ -48,7 +51,7 @@ IMPLEMENTATIONS = {"for-loop": ADAMW_OPS, "fused": ("adamw_fused",)}
 
 HOST_NOTE = ("CPU offload: the host's optimizer step priced on one CPU thread a rank (torchrun's OMP_NUM_THREADS "
              "default): {what}, at nanoseconds an element measured on {cpu} (data/hardware.toml [host_cpu]); more "
-             "threads, garbage collection and synchronisations are not priced")
+             "threads, DTensor's per-parameter dispatch, garbage collection and synchronisations are not priced")
 
 
 def host_cpu() -> dict[str, Any]:
@@ -68,10 +71,19 @@ def adamw_ns_per_element(costs: dict[str, float], implementation: str = "for-loo
     return sum(costs[op] for op in IMPLEMENTATIONS[implementation])
 
 
-def implementation_of(stack: str | None) -> str:
+def implementation_of(stack: str | None, optimizer: str = "adamw") -> str:
     """The AdamW a stack steps on the host with (stacks.toml ``host_adamw``; torch's
-    for-loop default where the stack names none)."""
+    for-loop default where the stack names none). Under Muon, dion's own foreach scalar
+    optimizer steps the AdamW parameters (per tensor on CPU): the for-loop's ops."""
+    if optimizer != "adamw":
+        return "for-loop"
     return stacks().get(stack or "", {}).get("host_adamw", "for-loop")
+
+
+def clips(stack: str | None) -> bool:
+    """Whether a stack clips the gradients on the host (stacks.toml ``host_clip``; torchtitan's
+    max_norm 1.0 and Megatron-LM's clip_grad 1.0 default on)."""
+    return bool(stacks().get(stack or "", {}).get("host_clip", True))
 
 
 def clip_ns_per_element(costs: dict[str, float]) -> float:
@@ -79,10 +91,13 @@ def clip_ns_per_element(costs: dict[str, float]) -> float:
     return sum(costs[op] for op in CLIP_OPS)
 
 
-def dtype_of(nbytes: float) -> str:
-    """The measured dtype a state held in ``nbytes`` bytes an element runs at: bf16 for 2
-    or fewer, fp32 otherwise."""
-    return "bf16" if nbytes <= 2 else "fp32"
+def dtype_of(state_bytes: tuple[float, float, float]) -> str:
+    """The dtype the host's step runs in, from the bytes a parameter the run holds its
+    weight, gradient and optimizer state in: fp32 where the weights are fp32 or the
+    optimizer keeps an fp32 master copy (12 bytes or more: master and two moments), which
+    is what AdamW updates and what FSDP2's host gradients take; bf16 otherwise."""
+    weight, _, optimizer = state_bytes
+    return "fp32" if weight >= 4 or optimizer >= 12 else "bf16"
 
 
 def pageable_bytes_per_s() -> float:
@@ -100,21 +115,23 @@ def adamw_share(shape: ModelShape, optimizer: str) -> float:
 
 
 def offload_seconds(shape: ModelShape, optimizer: str, shard: Any, state_bytes: tuple[float, float, float],
-                    implementation: str = "for-loop") -> Any:
+                    stack: str | None = None) -> Any:
     """Seconds a step the host's CPU spends on a GPU's offloaded ``shard`` (parameters):
-    AdamW's step on its share (:func:`adamw_share`; ``implementation``: see
-    ``IMPLEMENTATIONS``) and the clipping of every gradient, on one thread, at the dtypes
-    ``state_bytes`` (weight, gradient, optimizer bytes a parameter) give."""
+    AdamW's step on its share (:func:`adamw_share`, as ``stack`` runs it:
+    :func:`implementation_of`) and, where the stack clips, the clipping of every gradient,
+    on one thread, at the dtype ``state_bytes`` (weight, gradient, optimizer bytes a
+    parameter) gives (:func:`dtype_of`)."""
     p = np.asarray(shard, dtype=float)
-    weight, grad, _ = state_bytes
-    step = adamw_share(shape, optimizer) * adamw_ns_per_element(ns_per_element(dtype_of(weight)), implementation)
-    clip = clip_ns_per_element(ns_per_element(dtype_of(grad)))
+    costs = ns_per_element(dtype_of(state_bytes))
+    step = adamw_share(shape, optimizer) * adamw_ns_per_element(costs, implementation_of(stack, optimizer))
+    clip = clip_ns_per_element(costs) if clips(stack) else 0.0
     return p * (step + clip) * 1e-9
 
 
-def note(shape: ModelShape, optimizer: str, implementation: str = "for-loop") -> str:
+def note(shape: ModelShape, optimizer: str, stack: str | None = None) -> str:
     """The line predict prints for the host's priced work under offload."""
-    adamw = f"AdamW's step ({'fused kernel' if implementation == 'fused' else 'for-loop'})"
-    what = (f"{adamw} on the embedding, output layer and norms, gradient clipping, and Muon's pageable "
-            "momentum copies at the pageable rate" if optimizer != "adamw" else f"{adamw} and gradient clipping")
+    adamw = f"AdamW's step ({'fused kernel' if implementation_of(stack, optimizer) == 'fused' else 'for-loop'})"
+    clip = ", gradient clipping" if clips(stack) else " (the stack clips no gradient)"
+    what = (f"{adamw} on the embedding, output layer and norms{clip}, and Muon's pageable momentum copies at the "
+            "pageable rate" if optimizer != "adamw" else f"{adamw}{clip}")
     return HOST_NOTE.format(what=what, cpu=host_cpu()["cpu"])

@@ -42,7 +42,7 @@ def test_the_ops_priced_are_the_ones_torchs_single_tensor_adamw_runs():
     for op in ("param.mul_(1 - lr * weight_decay)", "exp_avg.lerp_(grad", "exp_avg_sq.mul_(beta2).addcmul_(",
                "exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)", "param.addcdiv_(exp_avg, denom"):
         assert op in src, op
-    assert host_step.ADAMW_OPS.count("mul_") == 2 and len(host_step.ADAMW_OPS) == 8
+    assert host_step.ADAMW_OPS == ("mul_", "lerp_", "mul_", "addcmul_", "sqrt", "div_scalar", "add_", "addcdiv_")
 
 
 def test_offloaded_adamw_adds_its_host_step_to_the_step():
@@ -67,15 +67,47 @@ def test_offloaded_adamw_adds_its_host_step_to_the_step():
 
 
 def test_a_stack_that_passes_fused_steps_the_fused_kernel():
-    # torchtitan's optimizer implementation defaults to "fused" and the runner passes
-    # fused=True on CUDA: one kernel, 1.289 ns an element in fp32, not the for-loop's 6.709.
-    assert host_step.implementation_of("torchtitan") == "fused" == host_step.implementation_of("mgbench")
+    # torchtitan's optimizer implementation defaults to "fused": one kernel, 1.289 ns an
+    # element in fp32, not the for-loop's 6.709.
+    assert host_step.implementation_of("torchtitan") == "fused"
     assert host_step.implementation_of("megatron-lm") == "for-loop" == host_step.implementation_of(None)
     titan = dataclasses.replace(H100, stack="torchtitan")
     r = layout_time.step_time(LLAMA8, titan, offload=True, **KW)
     shard = float(M.stage_params(LLAMA8, 1, 1)) / 8
     assert float(r["breakdown"]["host_optimizer_s"]) == pytest.approx(shard * (1.289 + 0.662) * 1e-9, rel=1e-6)
     assert any("AdamW's step (fused kernel)" in n for n in r["notes"])
+    # Under Muon dion's own scalar optimizer steps the AdamW parameters: not torch's fused.
+    assert host_step.implementation_of("torchtitan", "muon") == "for-loop"
+
+
+def test_the_runner_is_priced_as_it_builds_its_host_optimizer():
+    # Under offload the runner builds AdamW for the cpu device, where optimizer_kw leaves
+    # it unfused, and it clips no gradient: the for-loop's ops alone.
+    from mgbench.strategies.pieces import optimizer_kw
+
+    assert not optimizer_kw(torch.device("cpu")).get("fused", False)
+    assert host_step.implementation_of("mgbench") == "for-loop" and not host_step.clips("mgbench")
+    runner = dataclasses.replace(H100, stack="mgbench")
+    r = layout_time.step_time(LLAMA8, runner, offload=True, **KW)
+    shard = float(M.stage_params(LLAMA8, 1, 1)) / 8
+    assert float(r["breakdown"]["host_optimizer_s"]) == pytest.approx(shard * 6.709 * 1e-9, rel=1e-6)
+    assert any("the stack clips no gradient" in n for n in r["notes"])
+
+
+@pytest.mark.parametrize("state_bytes,dtype", [
+    ((4.0, 4.0, 8.0), "fp32"),    # FSDP2's fp32 sharded weights
+    ((2.0, 4.0, 12.0), "fp32"),   # bf16 weights with an fp32 master copy: AdamW updates the master
+    ((2.0, 2.0, 4.0), "bf16"),    # bf16 throughout (torchtitan's training.dtype bfloat16)
+    ((2.0, 2.0, 2.0), "bf16"),
+])
+def test_one_dtype_for_the_step_and_the_clipping(state_bytes, dtype):
+    # FSDP2 casts the host gradients to the sharded weights' dtype: one dtype for both.
+    assert host_step.dtype_of(state_bytes) == dtype
+    r = layout_time.step_time(LLAMA8, H100, offload=True, offload_state_bytes=state_bytes, **KW)
+    shard = float(M.stage_params(LLAMA8, 1, 1)) / 8
+    rates = host_step.ns_per_element(dtype)
+    assert float(r["breakdown"]["host_optimizer_s"]) == pytest.approx(
+        shard * (host_step.adamw_ns_per_element(rates) + host_step.clip_ns_per_element(rates)) * 1e-9, rel=1e-9)
 
 
 def test_under_muon_only_the_non_matrix_parameters_step_adamw_on_the_host():

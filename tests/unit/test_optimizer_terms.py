@@ -65,6 +65,9 @@ def test_under_offload_muon_copies_its_states_to_the_gpu_and_back():
     pinned, pageable = O.offload_bytes("muon", 4.289e9, (2.0, 2.0, 2.0))
     assert (float(pinned), float(pageable)) == (pytest.approx(6 * 4.289e9), pytest.approx(4 * 4.289e9))
     assert [float(x) for x in O.offload_bytes("adamw", 4.289e9, (2.0, 2.0, 2.0))] == [0.0, 0.0]
+    # Told apart: weight 2, gradient 4, momentum 6 bytes: pinned 4 + 2 x 2, pageable 2 x 6.
+    pinned, pageable = O.offload_bytes("muon", 1.0, (2.0, 4.0, 6.0))
+    assert (float(pinned), float(pageable)) == (8.0, 12.0)
     hw = hardware.resolve("dgx-b200")
     kw = dict(seq=8192, global_batch=48, micro_batch=6, tp=1, pp=1, dp=8, zero=3, recompute=0, ep=8, offload=True,
               offload_state_bytes=(2.0, 2.0, 2.0))
