@@ -72,7 +72,20 @@ def main(ctx: click.Context, debug: bool) -> None:
     ctx.obj = {"debug": debug}
 
 
-@main.command()
+class RunCommand(click.Command):
+    """`run`, whose --help names the built-in suites: listed when the help is shown, since
+    the suite module loads numpy, which importing the CLI should not."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from .suite import builtin_suites
+
+        formatter.write_paragraph()
+        with formatter.indentation():
+            formatter.write_text(f"Built-in suites (SUITE by name): {', '.join(builtin_suites())}.")
+        super().format_epilog(ctx, formatter)
+
+
+@main.command(cls=RunCommand)
 @click.argument("suite", required=False, default="default")
 @options(RESULTS_DIR, RUN_ID, OVERRIDES, DEVICE)
 @click.option("--timeout", type=click.IntRange(min=1), default=None, metavar="S",
@@ -118,12 +131,13 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
     """
     from . import store
     from . import suite as suite_mod
-    from .launching import cpu_rank_limit, detect_devices
+    from .launching import check_cluster_args, cpu_rank_limit, detect_devices
     from .runner.launch import WRITE_REFUSED, run_suite
     from .show import render
 
     if run_id is not None:  # before anything is written (a probe, a dataset): '../x' names no run folder
         store.check_run_id(run_id)
+    check_cluster_args(nnodes, node_rank, rdzv_endpoint, nproc_per_node)
     kind, count = detect_devices()
     if device == "cpu":
         kind, count = "cpu", cpu_rank_limit()
@@ -138,7 +152,7 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
     elif nnodes > 1 or rdzv_endpoint:
         from .launching import Cluster
 
-        if nnodes < 2 or not rdzv_endpoint or not (0 <= node_rank < nnodes):
+        if nnodes < 2 or not rdzv_endpoint:
             raise MgbenchError("a multi-node launch needs --nnodes N >= 2, --node-rank 0..N-1 and --rdzv-endpoint HOST:PORT")
         if not (run_id or resume):
             raise MgbenchError("a multi-node launch needs the same --run-id on every node (or --resume RUN)")
@@ -146,9 +160,15 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
     if resume:
         if suite != "default" or overrides or run_id:
             raise MgbenchError("--resume continues a run as it was defined: give no SUITE, --set, --timeout or --run-id")
-        resumed = store.read_manifest(store.resolve_run(resume, results_dir))
-        if resumed.get("status") == "complete":
-            click.echo(f"nothing to resume: run {resumed['run_id']} is complete (`mgbench show {resumed['run_id']}`)")
+        resumed = store.read_manifest(_resolve_run(resume, results_dir))
+        if resumed.get("status") == "complete":  # not an error: the run asked for is there, whole (exit 0)
+            if as_json:
+                import json as _json
+
+                click.echo(_json.dumps({"run_id": resumed["run_id"], "status": "complete", "resumed": False,
+                                        "reason": "nothing to resume: the run is complete"}, indent=2))
+            else:
+                click.echo(f"nothing to resume: run {resumed['run_id']} is complete (`mgbench show {resumed['run_id']}`)")
             return
         s = suite_mod.suite_from_manifest(resumed)
     else:
@@ -156,22 +176,31 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
     if overrides:
         suite_mod.apply_overrides(s, list(overrides))
     configs = suite_mod.expand(s, kind, count)
+    # A dry run answers as the run would: a sweep with nothing runnable is an error in both.
+    nothing_to_run = None
+    if not resume and configs and all(c.skip_reason for c in configs):
+        reasons = list(dict.fromkeys(c.skip_reason for c in configs))
+        nothing_to_run = MgbenchError(
+            f"nothing to run: every one of the {len(configs)} configs is skipped on {count} {kind} device(s) "
+            f"({'; '.join(reasons[:3])}{'; ...' if len(reasons) > 3 else ''}); change the sweep (--set) and check "
+            "it with --dry-run")
     if dry_run and as_json:
         import json as _json
 
+        if nothing_to_run is not None:  # stdout stays empty rather than holding JSON for an error
+            raise nothing_to_run
         click.echo(_json.dumps({"suite": s.name, "device_kind": kind, "num_devices": count, "configs": [
             {"config_id": c.config_id, "label": c.label, "skip_reason": c.skip_reason} for c in configs]}, indent=2))
         return
     if dry_run:
         for c in configs:
             click.echo(f"{c.config_id}  {c.label}" + (f"  [skipped: {c.skip_reason}]" if c.skip_reason else ""))
+        if nothing_to_run is not None:
+            raise nothing_to_run
         click.echo(f"{len(configs)} configs, {sum(c.skip_reason is None for c in configs)} runnable on {count} {kind} device(s)")
         return
-    if not resume and configs and all(c.skip_reason for c in configs):
-        reasons = list(dict.fromkeys(c.skip_reason for c in configs))
-        raise MgbenchError(f"nothing to run: every one of the {len(configs)} configs is skipped on {count} {kind} "
-                           f"device(s) ({'; '.join(reasons[:3])}{'; ...' if len(reasons) > 3 else ''}); change the "
-                           "sweep (--set) and check it with --dry-run")
+    if nothing_to_run is not None:
+        raise nothing_to_run
     click.echo(f"suite {s.name} ({s.path}) on {count} {kind} device(s)", err=as_json)
     if s.name == "default" and not resume and not no_projection and cluster is None:
         _probe_once(kind, results_dir, lambda m: click.echo(m, err=as_json))
@@ -225,6 +254,14 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
             sys.exit(1)
 
 
+def _resolve_run(run: str, results_dir: str) -> Path:
+    """store.resolve_run: it names the results folder searched, and says when that folder
+    does not exist."""
+    from . import store
+
+    return store.resolve_run(run, results_dir)
+
+
 def _probe_once(kind: str, results_dir: str, progress) -> None:  # type: ignore[no-untyped-def]
     """Probe this machine before the default run when no profile of it exists yet, so the
     run can close by checking the model's prediction against what it measured. Done
@@ -267,7 +304,7 @@ def show(run: str | None, results_dir: str, as_json: bool, as_csv: bool) -> None
     if as_json and as_csv:
         raise MgbenchError("--json and --csv are two formats of one output: give one of them")
     fmt = "json" if as_json else "csv" if as_csv else None
-    run_dir = store.resolve_run(run, results_dir) if run else store.latest_run(results_dir)
+    run_dir = _resolve_run(run, results_dir) if run else store.latest_run(results_dir)
     if store.read_manifest(run_dir).get("kind") == "comm":  # a `mgbench comm` sweep: its own table
         if fmt is not None:
             raise MgbenchError(f"{run_dir.name} is a `mgbench comm` run: --json and --csv show training records; its "
@@ -304,11 +341,24 @@ def report(runs: tuple[str, ...], output: str | None, results_dir: str, metric: 
     """
     import json as _json
 
-    from . import store
-    from .report.compare import compare_runs
+    from click.core import ParameterSource
+
+    from .report.compare import check_metric, compare_runs
     from .report.html import build
 
-    paths = [store.resolve_run(r, results_dir) for r in runs]
+    check_metric(metric)  # as compare does, whether or not two runs make a comparison section
+    # --plan-* options only act with --plan-model and --plan-tokens (and not beside a saved
+    # --plan): refused rather than silently dropped.
+    ctx = click.get_current_context()
+    plan_given = [p.opts[0] for p in ctx.command.params if p.name and p.name.startswith("plan_")
+                  and p.name != "plan_file" and ctx.get_parameter_source(p.name) is not ParameterSource.DEFAULT]
+    if plan_file and plan_given:
+        raise MgbenchError(f"give either --plan {plan_file} (a saved plan) or {', '.join(plan_given)} (a new plan), "
+                           "not both")
+    if plan_given and not (plan_model and plan_kw["plan_tokens"]):
+        raise MgbenchError(f"{', '.join(plan_given)}: a plan section needs --plan-model and --plan-tokens, which go "
+                           "together (e.g. --plan-model llama3-8b --plan-tokens 1e12)")
+    paths = [_resolve_run(r, results_dir) for r in runs]
     plan_data = None
     if plan_file:
         try:
@@ -321,8 +371,6 @@ def report(runs: tuple[str, ...], output: str | None, results_dir: str, metric: 
             raise MgbenchError(f"--plan {plan_file}: not a plan (no {', '.join(missing)}); save one with "
                                "`mgbench plan ... --json > plan.json`")
     elif plan_model or plan_kw["plan_tokens"]:
-        if not (plan_model and plan_kw["plan_tokens"]):
-            raise MgbenchError("--plan-model and --plan-tokens go together")
         from . import catalog
         from .planner.cost import Prices
         from .planner.search import plan as plan_fn
@@ -352,7 +400,7 @@ def report(runs: tuple[str, ...], output: str | None, results_dir: str, metric: 
 @click.argument("base")
 @click.argument("new")
 @options(RESULTS_DIR, METRIC)
-@click.option("--threshold", type=float, default=10.0, show_default=True,
+@click.option("--threshold", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="Smallest change (%) that counts, when also significant.")
 @click.option("--fail-on", "gates", multiple=True, metavar="METRIC:-N%",
               help="Exit 1 if METRIC gets significantly worse by more than N%, e.g. tokens_per_s:-5%.")
@@ -385,6 +433,8 @@ def compare(base: str, new: str, results_dir: str, metric: str, threshold: float
     from .report.compare import compare_runs, gate_failures, parse_gate
 
     parsed = [parse_gate(g) for g in gates]
+    for r in (base, new):  # a missing run said against the --results-dir given
+        _resolve_run(r, results_dir)
     rows = compare_runs(base, new, results_dir, metric, threshold)
     failures: list[str] = []
     for g in parsed:
@@ -417,8 +467,11 @@ def compare(base: str, new: str, results_dir: str, metric: str, threshold: float
               help="Ranks (default: every GPU present; 2 CPU ranks without GPUs). One GPU measures copy "
                    "bandwidth only: collectives need 2 or more ranks.")
 @options(DEVICE)
-@click.option("--collectives", default=",".join(COLLECTIVE_NAMES), show_default=True,
-              help="Comma-separated collectives to measure (the registry in mgbench/collectives.py).")
+# The default is named in the help, not shown by click: a list without spaces would be
+# wrapped mid-word.
+@click.option("--collectives", default=",".join(COLLECTIVE_NAMES),
+              help="Comma-separated collectives to measure (the registry in mgbench/collectives.py; default: all "
+                   f"of {', '.join(COLLECTIVE_NAMES)}).")
 @click.option("--dtype", "dtypes", default="float32", show_default=True, help="Comma-separated: float32,bfloat16,float16.")
 @click.option("--min-bytes", type=click.IntRange(min=1), default=None,
               help="Smallest message (default: 4 KiB on CPU, 8 KiB on GPU).")
@@ -452,10 +505,14 @@ def comm(nproc, device, collectives, dtypes, min_bytes, max_bytes, factor, warmu
     """
     import json as _json
 
-    from .comm.run import default_nproc, render, run_comm
+    from .comm.run import check_link, default_nproc, render, run_comm
     from .store import load_comm_fits, load_comm_rows
-    from .launching import cpu_rank_limit, detect_devices
+    from .launching import check_cluster_args, cpu_rank_limit, detect_devices
 
+    # Checked before the sweep: a bad value would otherwise cost the whole measurement.
+    check_cluster_args(nnodes, node_rank, rdzv_endpoint)
+    if link is not None:
+        check_link(link)
     kind, count = detect_devices()
     if device == "cpu" or (device == "auto" and kind == "cpu"):
         kind, count = "cpu", cpu_rank_limit()
@@ -468,9 +525,8 @@ def comm(nproc, device, collectives, dtypes, min_bytes, max_bytes, factor, warmu
     if nnodes > 1:
         from .launching import Cluster
 
-        if not rdzv_endpoint or not run_id or not (0 <= node_rank < nnodes):
-            raise MgbenchError("multi-node comm needs --rdzv-endpoint, the same --run-id on every node, "
-                               "and --node-rank 0..N-1")
+        if not rdzv_endpoint or not run_id:
+            raise MgbenchError("multi-node comm needs --rdzv-endpoint HOST:PORT and the same --run-id on every node")
         cluster = Cluster(nnodes, node_rank, rdzv_endpoint, nproc, run_id)
     run_dir = run_comm(nproc, kind, [c.strip() for c in collectives.split(",") if c.strip()],
                        [d.strip() for d in dtypes.split(",") if d.strip()], results_dir, run_id, timeout,
@@ -532,6 +588,10 @@ def slurm(suite: str, nodes: int, gpus_per_node: int, partition: str | None, tim
         from .cluster import check_mem
 
         check_mem(mem)
+    if time_limit is not None:
+        from .cluster import check_time
+
+        check_time(time_limit)
     # The job runs on the compute nodes, not here: a login node without GPUs must not make
     # it a CPU job. "auto" asks for GPUs; a CPU-only cluster says --device cpu.
     kind = "cuda" if device == "auto" else device
@@ -546,7 +606,14 @@ def slurm(suite: str, nodes: int, gpus_per_node: int, partition: str | None, tim
                          "job_id": None}
     store.write_manifest(run_dir, manifest)  # "written": nothing is queued until sbatch says so
     if submit:
-        manifest["slurm"]["job_id"] = submit_job(script)
+        try:
+            manifest["slurm"]["job_id"] = submit_job(script)
+        except MgbenchError as e:
+            # The folder stays "written", as without --submit: its script can still be
+            # submitted by hand (where sbatch runs, or once fixed). Said here, since it is
+            # now the newest run for show/status and holds its run id.
+            raise MgbenchError(f"{e}; nothing was queued: {run_dir} stays written (as without --submit): submit it "
+                               f"with `sbatch {script}`, or remove it (rm -r {run_dir}) to reuse the run id") from None
         manifest["status"] = "submitted"
         store.write_manifest(run_dir, manifest)
     click.echo(f"run folder: {run_dir}\nbatch script: {script}\nranks: {kind}, {gpus_per_node} a node"
@@ -577,7 +644,7 @@ def status(run: str | None, results_dir: str, as_json: bool) -> None:
     from . import store
     from .cluster import job_state
 
-    run_dir = store.resolve_run(run, results_dir) if run else store.latest_run(results_dir)
+    run_dir = _resolve_run(run, results_dir) if run else store.latest_run(results_dir)
     m = store.read_manifest(run_dir)
     job = (m.get("slurm") or {}).get("job_id")
     state, waits_for = job_state(job) if job else (None, None)

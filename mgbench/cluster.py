@@ -26,6 +26,9 @@ DEFAULT_CPUS_PER_GPU = 4
 # (sbatch --mem), right for a job that holds every GPU of its nodes.
 DEFAULT_GPU_MEM = "0"
 MEM_FORMAT = re.compile(r"^\d+[KMGT]?$", re.IGNORECASE)
+# sbatch --time's formats: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+# days-hours:minutes, days-hours:minutes:seconds.
+TIME_FORMAT = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2})$")
 
 
 def check_mem(mem: str) -> str:
@@ -33,6 +36,15 @@ def check_mem(mem: str) -> str:
     if not MEM_FORMAT.match(mem):
         raise MgbenchError(f"--mem {mem!r}: give Slurm's memory per node, e.g. 0 (all of it), 256G or 512000 (MB)")
     return mem
+
+
+def check_time(time_limit: str) -> str:
+    """A Slurm --time value in one of sbatch's formats (TIME_FORMAT); sbatch would
+    otherwise refuse the job only when it is submitted."""
+    if not TIME_FORMAT.match(time_limit):
+        raise MgbenchError(f"--time {time_limit!r}: give Slurm's time limit as MINUTES, MM:SS, HH:MM:SS, D-HH, "
+                           "D-HH:MM or D-HH:MM:SS, e.g. 02:00:00 or 1-12")
+    return time_limit
 
 
 def slurm_cluster(nproc_per_node: int, rdzv_prefix: str) -> Cluster:
@@ -83,7 +95,7 @@ def sbatch_script(run_dir: Path, suite_name: str, nodes: int, gpus_per_node: int
     if partition:
         lines.append(f"#SBATCH --partition={partition}")
     if time_limit:
-        lines.append(f"#SBATCH --time={time_limit}")
+        lines.append(f"#SBATCH --time={check_time(time_limit)}")
     if account:
         lines.append(f"#SBATCH --account={account}")
     cmd = (f"{shlex.quote(python)} -m mgbench.cli run --resume {shlex.quote(str(run_dir))} --from-slurm "
@@ -104,7 +116,8 @@ def submit(script: Path) -> str:
         raise MgbenchError("sbatch not found: run on a Slurm login node, or drop --submit and copy the script")
     out = subprocess.run([exe, "--parsable", str(script)], capture_output=True, text=True, timeout=60)
     if out.returncode != 0:
-        raise MgbenchError(f"sbatch refused the job: {out.stderr.strip()}")
+        why = " | ".join(ln.strip() for ln in out.stderr.splitlines() if ln.strip())  # one line, however many sbatch wrote
+        raise MgbenchError(f"sbatch refused the job: {why or f'exit status {out.returncode}'}")
     return out.stdout.strip().split(";")[0]
 
 

@@ -72,7 +72,7 @@ def make(folder: Path, tokens: int, vocab: int, seed: int, shard_tokens: int, fo
     \b
     Examples:
       mgbench data make data/tok-50M --tokens 50M --vocab 256
-      mgbench run smoke --set strategy=ddp --set nproc=2 --set data=disk \
+      mgbench run smoke --set strategy=ddp --set nproc=2 --set data=disk \\
           --set data_path=data/tok-50M --set num_workers=[0,2]
       mgbench show            # data wait per step, input-bound configs flagged
     """

@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import MgbenchError
+
 SHARED_FS_WAIT_S = 120  # how long a follower node waits to see the leader's run folder
 # The first line each rank writes to its stderr (see run_rank): which global rank wrote the file.
 RANK_BANNER = "[mgbench] global rank"
@@ -42,6 +44,26 @@ class Cluster:
         """What a run's manifest says about the launch."""
         return {"nnodes": self.nnodes, "nproc_per_node": self.nproc_per_node,
                 "rdzv_endpoint": self.rdzv_endpoint, "world_size": self.world}
+
+
+def check_cluster_args(nnodes: int, node_rank: int, rdzv_endpoint: str | None,
+                       nproc_per_node: int | None = None) -> None:
+    """Refuse cluster options no launch can use (MgbenchError naming the bad value and
+    what is allowed), before anything is measured or written: --nnodes below 1, a
+    --node-rank outside 0..N-1, --nproc-per-node below 1, an --rdzv-endpoint that is not
+    HOST:PORT with a port in 1-65535 (torchrun would only fail at the rendezvous)."""
+    if nnodes < 1:
+        raise MgbenchError(f"--nnodes {nnodes}: give 1 or more nodes")
+    if not 0 <= node_rank < nnodes:
+        raise MgbenchError(f"--node-rank {node_rank}: with --nnodes {nnodes} give 0"
+                           + (f" to {nnodes - 1}" if nnodes > 1 else " (one node is rank 0)"))
+    if nproc_per_node is not None and nproc_per_node < 1:
+        raise MgbenchError(f"--nproc-per-node {nproc_per_node}: give 1 or more ranks per node")
+    if rdzv_endpoint is not None:
+        host, _, port = rdzv_endpoint.rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise MgbenchError(f"--rdzv-endpoint {rdzv_endpoint!r}: give HOST:PORT with a port from 1 to 65535, "
+                               "e.g. node0:29500")
 
 
 def detect_devices() -> tuple[str, int]:

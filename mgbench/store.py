@@ -369,7 +369,7 @@ def resolve_run(run: str | Path, results_dir: str | Path = "results") -> Path:
         raise MgbenchError(f"run {str(run)!r}: no such folder, and not a run id ({not_id}); "
                            f"give a run folder's path, or a run id under {results_dir}/")
     if not Path(results_dir).is_dir():
-        raise MgbenchError(f"run {str(run)!r}: the results folder {results_dir}/ does not exist; give the folder "
+        raise MgbenchError(f"run {str(run)!r} not found: the results folder {results_dir}/ does not exist; give the folder "
                            "your runs are in with --results-dir (or a run folder's path)")
     raise MgbenchError(
         f"run {str(run)!r} not found as a folder or as a run id under {results_dir}/; "

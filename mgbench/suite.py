@@ -77,7 +77,12 @@ def parse_suite(text: str, path: str = "<suite>", device_kind: str = "cpu") -> S
         raise MgbenchError(
             f"{path}: unknown top-level key {unknown[0]!r}{more}; allowed: {', '.join(sorted(TOP_KEYS))}"
         )
-    raw = data.get("sweep", {})
+    if "sweep" not in data:
+        # Without one the suite would silently run every key's default (one tiny config);
+        # what runs by default is a suite too (`mgbench run` alone: suites/default.toml).
+        raise MgbenchError(f"{path}: no [sweep] table: a suite needs one (or several [[sweep]] tables) naming what "
+                           "to run, e.g. [sweep] strategy = [\"ddp\", \"fsdp\"] nproc = [1, 2]; see suites/smoke.toml")
+    raw = data["sweep"]
     tables = raw if isinstance(raw, list) else [raw]
     if not tables:
         raise MgbenchError(f"{path}: [[sweep]] is empty; give at least one sweep table")
@@ -119,8 +124,14 @@ def resolve_suite_path(path: str | Path) -> Path:
         if c.is_file():
             return c
     raise MgbenchError(
-        f"suite {str(path)!r} not found: give a path to a .toml file or a name in suites/ (e.g. smoke)"
+        f"suite {str(path)!r} not found: give a path to a .toml file or a built-in suite name "
+        f"({', '.join(builtin_suites())})"
     )
+
+
+def builtin_suites() -> list[str]:
+    """The names of the suites mgbench ships (suites/*.toml beside the package)."""
+    return sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "suites").glob("*.toml"))
 
 
 def suite_from_manifest(manifest: dict[str, Any]) -> Suite:
@@ -146,7 +157,10 @@ def apply_overrides(suite: Suite, overrides: list[str]) -> Suite:
         key, raw = item.split("=", 1)
         try:
             table[key.strip()] = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
+        except tomllib.TOMLDecodeError as e:
+            if raw.strip()[:1] in ("[", "{", '"', "'"):  # meant as a TOML list, table or string: say it is broken
+                raise MgbenchError(f"--set {item!r}: malformed TOML value ({e}); e.g. --set nproc=[1,2] or "
+                                   "--set precision=\"bf16\"") from None
             table[key.strip()] = raw  # a bare word: treat as a string (fsdp, bf16, tiny)
     checked = _check_table("--set", table)
     for sweep in suite.sweeps:

@@ -29,6 +29,10 @@ DEFAULTS = {
 }
 
 
+# The dtypes the worker measures (comm/worker.DTYPES maps them to torch's; named here so
+# the launcher checks --dtype without importing torch).
+DTYPES = ("float32", "bfloat16", "float16")
+
 CPU_DEFAULT_NPROC = 2  # gloo over loopback: two ranks show every collective at work
 
 
@@ -47,6 +51,9 @@ def run_comm(nproc: int, device: str, collectives: list[str], dtypes: list[str],
     for c in collectives:
         if c not in NAMES:
             raise MgbenchError(f"--collectives: unknown {c!r}; choose from {', '.join(NAMES)}")
+    for d in dtypes:  # a name the worker does not know is said as such, before what gloo can reduce
+        if d not in DTYPES:
+            raise MgbenchError(f"--dtype: unknown dtype {d!r}; one of {', '.join(DTYPES)}")
     if device == "cpu" and any(d != "float32" for d in dtypes):
         raise MgbenchError("--dtype: gloo reduces only float32 on CPU; use --dtype float32")
     sweep = {**DEFAULTS[device], **{k: v for k, v in overrides.items() if v is not None}}
@@ -146,11 +153,18 @@ def _follow_comm(cluster: Cluster, run_dir: RunDir, device: str, timeout_s: int)
     return run_dir.path
 
 
+def check_link(link: str) -> str:
+    """A catalog link name for --link (MgbenchError listing the known ones otherwise):
+    checked before the sweep, so a typo costs no measuring."""
+    if link not in catalog.links():
+        raise MgbenchError(f"--link {link!r}: known links are {', '.join(catalog.links())}")
+    return link
+
+
 def link_peak(manifest: dict[str, Any], link: str | None) -> tuple[float | None, str]:
     """Peak GB/s of the named catalog link, or of the detected one; None with the reason."""
     if link:
-        if link not in catalog.links():
-            raise MgbenchError(f"--link {link!r}: known links are {', '.join(catalog.links())}")
+        check_link(link)
         return float(catalog.links()[link]["peak_gbps"]), f"{link} peak from the catalog"
     ic = manifest.get("interconnect", {})
     gpus = ic.get("gpus") or []

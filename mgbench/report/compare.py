@@ -86,11 +86,17 @@ def separating_keys(*runs: list[dict[str, Any]]) -> tuple[str, ...]:
     return tuple(keys)
 
 
+def check_metric(metric: str) -> str:
+    """A metric two runs can be compared on (MgbenchError listing them otherwise)."""
+    if metric not in HIGHER_IS_BETTER:
+        raise MgbenchError(f"--metric {metric!r}: one of {', '.join(HIGHER_IS_BETTER)}")
+    return metric
+
+
 def compare_runs(base: str, new: str, results_dir: str = "results", metric: str = "tokens_per_s",
                  threshold_pct: float = 10.0) -> list[dict[str, Any]]:
     """One row per config present in both runs: values, change %, p-value, verdict."""
-    if metric not in HIGHER_IS_BETTER:
-        raise MgbenchError(f"--metric {metric!r}: one of {', '.join(HIGHER_IS_BETTER)}")
+    check_metric(metric)
     base_recs = store.latest_records(store.read_records(store.resolve_run(base, results_dir)))
     new_recs = store.latest_records(store.read_records(store.resolve_run(new, results_dir)))
     sep = separating_keys(base_recs, new_recs)

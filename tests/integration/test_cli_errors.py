@@ -11,6 +11,10 @@ import pytest
         (["run", "smoke", "--set", "nproc"], "expected KEY=VALUE"),
         (["show", "missing-run"], "run 'missing-run' not found"),
         (["show"], "no runs under results/"),
+        # checked before anything is measured or written (the sweep used to run first)
+        (["comm", "--link", "nope", "--nproc", "2", "--device", "cpu"], "--link 'nope': known links are"),
+        (["run", "smoke", "--dry-run", "--nnodes", "0"], "--nnodes 0: give 1 or more nodes"),
+        (["report", "zz", "--results-dir", "nope"], "the results folder nope/ does not exist"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(cli, tmp_path, args, expected):
