@@ -361,7 +361,9 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
     click.echo(f"step time      {res['step_time_s']:.3f} s  (compute {b['compute_s']:.3f}, bubble {b['bubble_s']:.3f}, "
                f"exposed comm {b['exposed_comm_s']:.3f}"
                + (f", MoE per-layer time {b['moe_host_s']:.3f}" if b.get("moe_host_s") else "")
-               + (f", EFA proxy notify wait {b['moe_efa_notify_s']:.3f}" if b.get("moe_efa_notify_s") else "") + ")")
+               + (f", EFA proxy notify wait {b['moe_efa_notify_s']:.3f}" if b.get("moe_efa_notify_s") else "")
+               + (f", optimizer {b['optimizer_s']:.3f}" if b.get("optimizer_s") else "")
+               + (f", host optimizer step {b['host_optimizer_s']:.3f}" if b.get("host_optimizer_s") else "") + ")")
     lo, hi = res["step_time_s_interval"]
     click.echo(f"interval       {lo:.3f} to {hi:.3f} s ({res['regime']}: {'; '.join(res['interval_reasons'])})")
     click.echo(f"throughput     {res['tokens_per_s']:,.0f} tokens/s, {res['tokens_per_s_per_gpu']:,.0f} per GPU")
@@ -378,8 +380,8 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
                                         + "; ".join(res["fit_hints"]) if res["fit_hints"] else
                                         "no single change of --zero, --recompute or --micro-batch makes it fit: "
                                         f"more {units}, or more model parallelism ({split})"))
-    extra = {k: b[k] for k in ("ep_comm_s", "cp_comm_s", "offload_s", "host_optimizer_s", "optimizer_s")
-             if b.get(k)}  # MoE host time: the step line
+    extra = {k: b[k] for k in ("ep_comm_s", "cp_comm_s", "offload_s")
+             if b.get(k)}  # MoE host time and the optimizer's: the step line
     if extra:
         click.echo("new axes       " + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.3f} s"
                                                   for k, v in extra.items()))

@@ -128,3 +128,22 @@ def test_the_stored_rates_name_where_they_were_measured():
     assert "Emerald Rapids" in t["cpu"] and t["command"].startswith("python tests/perf/bench_host_optimizer.py")
     assert set(t["ns_per_element"]["fp32"]) == set(host_step.OPS) == set(t["ns_per_element"]["bf16"])
     assert host_step.pageable_bytes_per_s() == 10.0e9
+
+
+def test_predicts_step_line_adds_up_with_the_optimizer_terms():
+    # The step line's parts (compute, bubble, exposed comm, optimizer, host optimizer step)
+    # add up to the step: a user reads where the time goes from it.
+    import re
+
+    from click.testing import CliRunner
+
+    from mgbench.cli import main
+
+    r = CliRunner().invoke(main, ["predict", "--model", "llama3-8b", "--system", "dgx-h100", "--num-gpus", "8",
+                                  "--zero", "3", "--offload", "--optimizer", "muon", "--global-batch", "16"])
+    assert r.exit_code == 0, r.output
+    line = next(ln for ln in r.output.splitlines() if ln.startswith("step time"))
+    total = float(re.search(r"step time\s+([\d.]+) s", line).group(1))
+    parts = dict((k, float(v)) for k, v in re.findall(r"([a-zA-Z][a-zA-Z -]*?) ([\d.]+)(?=[,)])", line.split("(", 1)[1]))
+    assert {"optimizer", "host optimizer step"} <= set(parts), parts
+    assert sum(parts.values()) == pytest.approx(total, abs=0.002 * len(parts))
