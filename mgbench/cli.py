@@ -79,9 +79,10 @@ class RunCommand(click.Command):
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         from .suite import builtin_suites
 
-        formatter.write_paragraph()
-        with formatter.indentation():
-            formatter.write_text(f"Built-in suites (SUITE by name): {', '.join(builtin_suites())}.")
+        if builtin_suites():  # none where installed without the source checkout's suites/
+            formatter.write_paragraph()
+            with formatter.indentation():
+                formatter.write_text(f"Built-in suites (SUITE by name): {', '.join(builtin_suites())}.")
         super().format_epilog(ctx, formatter)
 
 
@@ -153,14 +154,14 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
         from .launching import Cluster
 
         if nnodes < 2 or not rdzv_endpoint:
-            raise MgbenchError("a multi-node launch needs --nnodes N >= 2, --node-rank 0..N-1 and --rdzv-endpoint HOST:PORT")
+            raise MgbenchError("a multi-node launch needs --nnodes N >= 2 and --rdzv-endpoint HOST[:PORT] (with --node-rank)")
         if not (run_id or resume):
             raise MgbenchError("a multi-node launch needs the same --run-id on every node (or --resume RUN)")
         cluster = Cluster(nnodes, node_rank, rdzv_endpoint, nproc_per_node or count, run_id or resume or "mgbench")
     if resume:
         if suite != "default" or overrides or run_id:
             raise MgbenchError("--resume continues a run as it was defined: give no SUITE, --set, --timeout or --run-id")
-        resumed = store.read_manifest(_resolve_run(resume, results_dir))
+        resumed = store.read_manifest(store.resolve_run(resume, results_dir))
         if resumed.get("status") == "complete":  # not an error: the run asked for is there, whole (exit 0)
             if as_json:
                 import json as _json
@@ -254,14 +255,6 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
             sys.exit(1)
 
 
-def _resolve_run(run: str, results_dir: str) -> Path:
-    """store.resolve_run: it names the results folder searched, and says when that folder
-    does not exist."""
-    from . import store
-
-    return store.resolve_run(run, results_dir)
-
-
 def _probe_once(kind: str, results_dir: str, progress) -> None:  # type: ignore[no-untyped-def]
     """Probe this machine before the default run when no profile of it exists yet, so the
     run can close by checking the model's prediction against what it measured. Done
@@ -304,7 +297,7 @@ def show(run: str | None, results_dir: str, as_json: bool, as_csv: bool) -> None
     if as_json and as_csv:
         raise MgbenchError("--json and --csv are two formats of one output: give one of them")
     fmt = "json" if as_json else "csv" if as_csv else None
-    run_dir = _resolve_run(run, results_dir) if run else store.latest_run(results_dir)
+    run_dir = store.resolve_run(run, results_dir) if run else store.latest_run(results_dir)
     if store.read_manifest(run_dir).get("kind") == "comm":  # a `mgbench comm` sweep: its own table
         if fmt is not None:
             raise MgbenchError(f"{run_dir.name} is a `mgbench comm` run: --json and --csv show training records; its "
@@ -358,7 +351,9 @@ def report(runs: tuple[str, ...], output: str | None, results_dir: str, metric: 
     if plan_given and not (plan_model and plan_kw["plan_tokens"]):
         raise MgbenchError(f"{', '.join(plan_given)}: a plan section needs --plan-model and --plan-tokens, which go "
                            "together (e.g. --plan-model llama3-8b --plan-tokens 1e12)")
-    paths = [_resolve_run(r, results_dir) for r in runs]
+    from . import store
+
+    paths = [store.resolve_run(r, results_dir) for r in runs]
     plan_data = None
     if plan_file:
         try:
@@ -433,8 +428,6 @@ def compare(base: str, new: str, results_dir: str, metric: str, threshold: float
     from .report.compare import compare_runs, gate_failures, parse_gate
 
     parsed = [parse_gate(g) for g in gates]
-    for r in (base, new):  # a missing run said against the --results-dir given
-        _resolve_run(r, results_dir)
     rows = compare_runs(base, new, results_dir, metric, threshold)
     failures: list[str] = []
     for g in parsed:
@@ -644,7 +637,7 @@ def status(run: str | None, results_dir: str, as_json: bool) -> None:
     from . import store
     from .cluster import job_state
 
-    run_dir = _resolve_run(run, results_dir) if run else store.latest_run(results_dir)
+    run_dir = store.resolve_run(run, results_dir) if run else store.latest_run(results_dir)
     m = store.read_manifest(run_dir)
     job = (m.get("slurm") or {}).get("job_id")
     state, waits_for = job_state(job) if job else (None, None)

@@ -27,8 +27,9 @@ DEFAULT_CPUS_PER_GPU = 4
 DEFAULT_GPU_MEM = "0"
 MEM_FORMAT = re.compile(r"^\d+[KMGT]?$", re.IGNORECASE)
 # sbatch --time's formats: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
-# days-hours:minutes, days-hours:minutes:seconds.
-TIME_FORMAT = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2})$")
+# days-hours:minutes, days-hours:minutes:seconds; and no limit: UNLIMITED, INFINITE or -1
+# (Slurm's time_str2mins, src/common/parse_time.c).
+TIME_FORMAT = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|unlimited|infinite|-1)$", re.IGNORECASE)
 
 
 def check_mem(mem: str) -> str:
@@ -43,7 +44,7 @@ def check_time(time_limit: str) -> str:
     otherwise refuse the job only when it is submitted."""
     if not TIME_FORMAT.match(time_limit):
         raise MgbenchError(f"--time {time_limit!r}: give Slurm's time limit as MINUTES, MM:SS, HH:MM:SS, D-HH, "
-                           "D-HH:MM or D-HH:MM:SS, e.g. 02:00:00 or 1-12")
+                           "D-HH:MM, D-HH:MM:SS or UNLIMITED, e.g. 02:00:00 or 1-12")
     return time_limit
 
 

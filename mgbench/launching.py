@@ -51,7 +51,8 @@ def check_cluster_args(nnodes: int, node_rank: int, rdzv_endpoint: str | None,
     """Refuse cluster options no launch can use (MgbenchError naming the bad value and
     what is allowed), before anything is measured or written: --nnodes below 1, a
     --node-rank outside 0..N-1, --nproc-per-node below 1, an --rdzv-endpoint that is not
-    HOST:PORT with a port in 1-65535 (torchrun would only fail at the rendezvous)."""
+    HOST or HOST:PORT with a port in 1-65535 (torchrun would only fail at the rendezvous;
+    without a port it takes its default, 29400; an IPv6 host in brackets, [::1]:29500)."""
     if nnodes < 1:
         raise MgbenchError(f"--nnodes {nnodes}: give 1 or more nodes")
     if not 0 <= node_rank < nnodes:
@@ -59,11 +60,31 @@ def check_cluster_args(nnodes: int, node_rank: int, rdzv_endpoint: str | None,
                            + (f" to {nnodes - 1}" if nnodes > 1 else " (one node is rank 0)"))
     if nproc_per_node is not None and nproc_per_node < 1:
         raise MgbenchError(f"--nproc-per-node {nproc_per_node}: give 1 or more ranks per node")
-    if rdzv_endpoint is not None:
-        host, _, port = rdzv_endpoint.rpartition(":")
-        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise MgbenchError(f"--rdzv-endpoint {rdzv_endpoint!r}: give HOST:PORT with a port from 1 to 65535, "
-                               "e.g. node0:29500")
+    if rdzv_endpoint is not None and (why := _endpoint_problem(rdzv_endpoint)) is not None:
+        raise MgbenchError(f"--rdzv-endpoint {rdzv_endpoint!r}: {why}; give HOST or HOST:PORT with a port from 1 to "
+                           "65535, e.g. node0:29500 (an IPv6 host in brackets: [fe80::1]:29500)")
+
+
+def _endpoint_problem(endpoint: str) -> str | None:
+    """What is wrong with a rendezvous endpoint (None: nothing): HOST, HOST:PORT,
+    [IPV6] or [IPV6]:PORT, as torchrun parses them."""
+    if endpoint.startswith("["):
+        host, close, rest = endpoint[1:].partition("]")
+        if not close or not host:
+            return "an IPv6 host needs its closing bracket"
+        if rest and not rest.startswith(":"):
+            return "text after the bracketed host that is not :PORT"
+        port = rest[1:] if rest else None
+    else:
+        host, colon, port = endpoint.partition(":")
+        if colon and ":" in port:
+            return "an IPv6 host must be in brackets"
+        port = port if colon else None
+    if not host.strip():
+        return "no host"
+    if port is not None and not (port.isascii() and port.isdecimal() and 1 <= int(port) <= 65535):
+        return f"port {port!r} is not a number from 1 to 65535"
+    return None
 
 
 def detect_devices() -> tuple[str, int]:

@@ -46,15 +46,17 @@ RECOMPUTE = ("none", "every_2nd", "full", "selective", "op")
 # The optimizers the planner prices (planner/optimizer.py): AdamW, the default and the runner's,
 # and Muon.
 OPTIMIZERS = ("adamw", "muon")
+RUNNER_RECOMPUTE = ("none", "every_2nd", "full")
 
 # The largest value of each of a layout's numbers the planner takes. Products of them (GPUs
 # x batch x sequence) stay exact in int64 far below these, and no published run comes
-# near: 2^20 GPUs (or any parallel degree), 2^16 sequences a micro-batch, 2^32 a step,
+# near: 2^20 GPUs (or any parallel degree), 2^16 sequences a micro-batch, 2^36 a step (at
+# least the most GPUs x the largest micro-batch, so a suggested batch is one it takes),
 # 2^24 tokens a sequence.
 MAX_DEGREE = 2 ** 20
 LIMITS = {"num_gpus": MAX_DEGREE, "tp": MAX_DEGREE, "pp": MAX_DEGREE, "ep": MAX_DEGREE, "cp": MAX_DEGREE,
           "etp": MAX_DEGREE, "replicas": MAX_DEGREE, "virtual_stages": MAX_DEGREE, "micro_batch": 2 ** 16,
-          "global_batch": 2 ** 32, "seq_len": 2 ** 24}
+          "global_batch": 2 ** 36, "seq_len": 2 ** 24}
 # The flag a layout field is given with where it is not the field's name.
 FLAGS = {"replicas": "--hsdp"}
 
@@ -62,7 +64,6 @@ FLAGS = {"replicas": "--hsdp"}
 def flag_of(name: str) -> str:
     """The command-line flag of a layout field ("seq_len" -> "--seq-len", "replicas" -> "--hsdp")."""
     return FLAGS.get(name, "--" + name.replace("_", "-"))
-RUNNER_RECOMPUTE = ("none", "every_2nd", "full")
 
 
 def optimizer_problem(name: Any) -> str | None:

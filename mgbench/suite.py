@@ -26,6 +26,9 @@ from .strategies import (DATA_PARALLEL, FP8_ALIGN, PIPELINED, RING_FORMS, RING_N
                          schedules)
 
 TOP_KEYS = {"name", "description", "sweep", "cpu", "gpu"}
+# The suites mgbench ships, beside the package in a source checkout (an installed wheel
+# carries mgbench/ only: then there are none to name).
+SHIPPED_SUITES = Path(__file__).resolve().parent.parent / "suites"
 
 
 @dataclass
@@ -119,19 +122,19 @@ def resolve_suite_path(path: str | Path) -> Path:
     p = Path(path)
     if p.is_file():
         return p
-    candidates = [Path("suites") / f"{path}.toml", Path(__file__).resolve().parent.parent / "suites" / f"{path}.toml"]
+    candidates = [Path("suites") / f"{path}.toml", SHIPPED_SUITES / f"{path}.toml"]
     for c in candidates:
         if c.is_file():
             return c
     raise MgbenchError(
-        f"suite {str(path)!r} not found: give a path to a .toml file or a built-in suite name "
-        f"({', '.join(builtin_suites())})"
+        f"suite {str(path)!r} not found: give a path to a .toml file"
+        + (f" or a built-in suite name ({', '.join(builtin_suites())})" if builtin_suites() else "")
     )
 
 
 def builtin_suites() -> list[str]:
     """The names of the suites mgbench ships (suites/*.toml beside the package)."""
-    return sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "suites").glob("*.toml"))
+    return sorted(p.stem for p in SHIPPED_SUITES.glob("*.toml"))
 
 
 def suite_from_manifest(manifest: dict[str, Any]) -> Suite:

@@ -14,9 +14,11 @@ import torch.distributed as dist
 from .. import collectives, stats, store
 from ..collectives import Collective
 from . import copies
+from .run import DTYPES as DTYPE_NAMES
 from ..telemetry.clock import StepClock
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The dtypes `mgbench comm` accepts (comm/run.DTYPES), as torch's.
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 class Bench:

@@ -45,13 +45,25 @@ ADAMW_OPS = ("mul_", "lerp_", "mul_", "addcmul_", "sqrt", "div_scalar", "add_", 
 # torch.nn.utils.clip_grad_norm_: each gradient's norm, then every gradient scaled.
 CLIP_OPS = ("vector_norm", "mul_")
 # How a stack's AdamW steps on the host (stacks.toml host_adamw): torch's default for-loop
-# (the ops above) or its fused kernel (torch.optim.AdamW(fused=True), which torchtitan and
-# the runner pass).
+# (the ops above) or its fused kernel (torch.optim.AdamW(fused=True), which torchtitan
+# passes).
 IMPLEMENTATIONS = {"for-loop": ADAMW_OPS, "fused": ("adamw_fused",)}
 
 HOST_NOTE = ("CPU offload: the host's optimizer step priced on one CPU thread a rank (torchrun's OMP_NUM_THREADS "
              "default): {what}, at nanoseconds an element measured on {cpu} (data/hardware.toml [host_cpu]); more "
              "threads, DTensor's per-parameter dispatch, garbage collection and synchronisations are not priced")
+
+
+# What an interval under offload says of the host step (predict with its seconds, plan without).
+UNCHECKED = ("the host optimizer step under --offload{share} is priced at per-element rates measured on this "
+             "project's VM (data/hardware.toml [host_cpu]) and no published run checks it: the interval does not "
+             "cover it")
+
+
+def unchecked(host_s: float | None = None, step_s: float | None = None) -> str:
+    """The interval reason a prediction with a host optimizer step carries."""
+    share = f" ({host_s:.1f} s of the {step_s:.1f} s step)" if host_s is not None and step_s is not None else ""
+    return UNCHECKED.format(share=share)
 
 
 def host_cpu() -> dict[str, Any]:
@@ -107,14 +119,17 @@ def pageable_bytes_per_s() -> float:
 
 def adamw_share(shape: ModelShape, optimizer: str) -> float:
     """The share of a model's parameters AdamW steps: all of them under AdamW; under Muon
-    those outside its matrices (embedding, output layer, norms)."""
+    those outside its matrices (embedding, output layer, norms). The whole model's share,
+    applied to every GPU's shard: with a pipeline the first and last stages hold the
+    embedding and the output layer, so under Muon their host step is priced low (a
+    simplification; FSDP2's offload with a pipeline is rare)."""
     if optimizer == "adamw":
         return 1.0
     muon = sum(k * n * count for k, n, count in muon_matrices(shape))
     return max(0.0, 1.0 - muon / float(shape.num_params()))
 
 
-def offload_seconds(shape: ModelShape, optimizer: str, shard: Any, state_bytes: tuple[float, float, float],
+def host_optimizer_seconds(shape: ModelShape, optimizer: str, shard: Any, state_bytes: tuple[float, float, float],
                     stack: str | None = None) -> Any:
     """Seconds a step the host's CPU spends on a GPU's offloaded ``shard`` (parameters):
     AdamW's step on its share (:func:`adamw_share`, as ``stack`` runs it:
@@ -128,10 +143,10 @@ def offload_seconds(shape: ModelShape, optimizer: str, shard: Any, state_bytes: 
     return p * (step + clip) * 1e-9
 
 
-def note(shape: ModelShape, optimizer: str, stack: str | None = None) -> str:
-    """The line predict prints for the host's priced work under offload."""
+def note(optimizer: str, stack: str | None = None) -> str:
+    """The line predict prints for the host's priced work under offload (Muon's pageable
+    copies have their own: optimizer.MUON_OFFLOAD_NOTE)."""
     adamw = f"AdamW's step ({'fused kernel' if implementation_of(stack, optimizer) == 'fused' else 'for-loop'})"
     clip = ", gradient clipping" if clips(stack) else " (the stack clips no gradient)"
-    what = (f"{adamw} on the embedding, output layer and norms{clip}, and Muon's pageable momentum copies at the "
-            "pageable rate" if optimizer != "adamw" else f"{adamw}{clip}")
+    what = f"{adamw} on the embedding, output layer and norms{clip}" if optimizer != "adamw" else f"{adamw}{clip}"
     return HOST_NOTE.format(what=what, cpu=host_cpu()["cpu"])

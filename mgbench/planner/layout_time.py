@@ -468,8 +468,8 @@ def step_time(shape: ModelShape, hw: Hardware, *, seq: Any, global_batch: Any, m
         # concurrently the other way.
         offload_s = perf.zero3_gathers(m, p, schedule) * offload_state_bytes[0] * shard / bw
         # The optimizer step runs on the host's CPU after the gradients' copies, serially.
-        host_optimizer_s = host_step.offload_seconds(shape, optimizer, shard, offload_state_bytes, hw.stack)
-        notes.append(host_step.note(shape, optimizer, hw.stack))
+        host_optimizer_s = host_step.host_optimizer_seconds(shape, optimizer, shard, offload_state_bytes, hw.stack)
+        notes.append(host_step.note(optimizer, hw.stack))
     # The optimizer's own matrix work (Muon), and under offload the copies of its states it
     # makes to run on the GPU, serial with the step (planner/optimizer.py).
     n_gpus = t * p * dpc

@@ -23,7 +23,7 @@ from ..errors import MgbenchError
 from ..layout import LIMITS, OPTIMIZERS, RECOMPUTE, Layout, fp8_attention_problem, fp8_recipe_problem
 from ..model_shape import ModelShape
 from ..strategies.schedules import VIRTUAL, too_few_chunks, v_shaped
-from . import cost, decision, hardware, layout_rules, layout_time, ownership, perf, stack
+from . import cost, decision, hardware, host_step, layout_rules, layout_time, ownership, perf, stack
 from .predict import FP32_STATE_BYTES, model_notes
 from .uncertainty import NO_MOE_RUN
 from .moe import MoeOptions, moe_class
@@ -95,8 +95,10 @@ class Bound:
         return f"{flag} must be {self.describe()}, got {value}"
 
 
-# The most GPUs plan searches: its candidate arrays grow with the GPU counts (about 1 GiB at
-# this many on an 8-GPU node); the largest published training clusters are ~100,000 GPUs.
+# The most GPUs plan searches. Its candidate arrays grow with the GPU counts: one 8-GPU-node
+# system searched to this many took about 40 s and 4.6 GB at its peak on the project's
+# 2-core VM (a review's measurement, 2026-11-29), so the cap keeps a search inside a
+# laptop's memory. predict prices one layout and takes up to layout.MAX_DEGREE GPUs.
 MAX_PLAN_GPUS = 131072
 
 POSITIVE = Bound(0.0, low_open=True)
@@ -122,7 +124,8 @@ class PlanOptions:
                                                  "help": "Sequence length in tokens."})
     global_batch_tokens: int = field(
         default=4 * 2**20,  # 4M tokens per step, a common large-model batch
-        metadata={"bounds": AT_LEAST_ONE, "help": "Tokens per optimizer step (global batch x sequence length)."})
+        metadata={"bounds": Bound(1.0, LIMITS["global_batch"] * LIMITS["seq_len"]),
+                  "help": "Tokens per optimizer step (global batch x sequence length)."})
     systems: list[str] | None = field(
         default=None, metadata={"help": "Comma-separated catalog systems (default: all).", "metavar": "A,B,..."})
     max_gpus: int = field(default=4096, metadata={"bounds": Bound(1.0, MAX_PLAN_GPUS),
@@ -895,8 +898,9 @@ def _distinguishable(best: dict[str, Any] | None, ranked: list[dict[str, Any]]) 
         return []
     key = "cost_usd_interval" if best["cost_usd"] is not None else "days_interval"
     close = [r for r in ranked if r is not best and r.get(key) and overlap(best[key], r[key])]
+    reasons = [*best["interval_reasons"], *([host_step.unchecked()] if best.get("offload") else [])]
     lines = [f"prediction interval ({best['regime']}): {best['days_interval'][0]:.1f} to {best['days_interval'][1]:.1f} days; "
-             + "; ".join(best["interval_reasons"])]
+             + "; ".join(reasons)]
     if close:
         lines.append("not distinguishable from it within the intervals: " + ", ".join(
             f"{r['num_gpus']}x {r['gpu']} ({r['system']})" for r in close[:5]))
@@ -1009,7 +1013,7 @@ def _owned(opts: PlanOptions) -> tuple[str, int] | None:
     if name not in hardware.systems():
         raise MgbenchError(f"--own {opts.own!r}: {name!r} is not a catalog system; give SYSTEM:COUNT, e.g. "
                            f"dgx-h100:64 (systems: {', '.join(hardware.systems())})")
-    if not colon or not count.strip().isdigit() or not 1 <= int(count) <= MAX_PLAN_GPUS:
+    if not colon or not (count.isascii() and count.isdecimal()) or not 1 <= int(count) <= MAX_PLAN_GPUS:
         raise MgbenchError(f"--own {opts.own!r}: the GPU count after the colon must be a whole number from 1 to "
                            f"{MAX_PLAN_GPUS:,}, e.g. {name}:64")
     if opts.systems and opts.systems != [name]:

@@ -31,6 +31,11 @@ def test_a_folder_given_as_the_hardware_profile(tmp_path):
     assert "a.json" in out  # what the folder holds, to pick from
 
 
+def test_a_hardware_profile_that_cannot_be_read(tmp_path):
+    long = tmp_path / ("x" * 300 + ".json")  # longer than a file name may be: an OSError, not a traceback
+    _one_line_exit_2(["predict", "--model", "gpt2-small", "--hardware", str(long)], "cannot be read")
+
+
 @pytest.mark.parametrize("degrees,gpus", [(["--tp", "4", "--zero", "3"], "2"), (["--tp", "3"], "8")])
 def test_a_probed_layout_whose_degrees_do_not_divide_the_ranks(degrees, gpus):
     # The runner's trace divided by a data-parallel degree of 0 (ZeroDivisionError), or

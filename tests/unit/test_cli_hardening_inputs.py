@@ -49,7 +49,7 @@ def no_sweep(monkeypatch):
     (["--nnodes", "-1"], ["--nnodes -1", "1 or more"]),
     (["--nnodes", "2", "--node-rank", "5", "--rdzv-endpoint", "n0:29500", "--run-id", "c"],
      ["--node-rank 5", "0 to 1"]),
-    (["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "n0", "--run-id", "c"], ["--rdzv-endpoint 'n0'"]),
+    (["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "n0:", "--run-id", "c"], ["--rdzv-endpoint 'n0:'"]),
 ])
 def test_comm_refuses_bad_options_before_the_sweep(tmp_path, monkeypatch, no_sweep, extra, words):
     monkeypatch.chdir(tmp_path)
@@ -94,7 +94,8 @@ def test_slurm_refuses_a_bad_time(tmp_path, monkeypatch, bad):
     assert not (tmp_path / "RS").exists()
 
 
-@pytest.mark.parametrize("good", ["30", "30:00", "02:00:00", "1-12", "1-12:30", "1-12:30:00"])
+@pytest.mark.parametrize("good", ["30", "30:00", "02:00:00", "1-12", "1-12:30", "1-12:30:00", "UNLIMITED",
+                                  "infinite", "-1"])
 def test_slurm_time_formats_are_accepted(tmp_path, good):
     assert cluster.check_time(good) == good
     assert f"#SBATCH --time={good}\n" in cluster.sbatch_script(tmp_path, "s", 2, 8, "cuda", time_limit=good)
@@ -123,7 +124,10 @@ def test_a_failed_submit_says_what_it_left(tmp_path, monkeypatch):
     (["--nnodes", "0"], ["--nnodes 0"]),
     (["--node-rank", "-1"], ["--node-rank -1"]),
     (["--nproc-per-node", "0"], ["--nproc-per-node 0"]),
-    (["--nnodes", "2", "--run-id", "x", "--rdzv-endpoint", "nocolon"], ["--rdzv-endpoint 'nocolon'", "HOST:PORT"]),
+    (["--nnodes", "2", "--run-id", "x", "--rdzv-endpoint", "nocolon:"], ["--rdzv-endpoint 'nocolon:'", "HOST:PORT"]),
+    (["--nnodes", "2", "--run-id", "x", "--rdzv-endpoint", "h:²"], ["'h:²'", "1 to 65535"]),  # was a ValueError
+    (["--nnodes", "2", "--run-id", "x", "--rdzv-endpoint", "::1:29500"], ["IPv6 host must be in brackets"]),
+    (["--nnodes", "2", "--run-id", "x", "--rdzv-endpoint", "[::1"], ["closing bracket"]),
     (["--nnodes", "2", "--run-id", "x", "--rdzv-endpoint", "host:notaport"], ["'host:notaport'", "1 to 65535"]),
     (["--nnodes", "2", "--run-id", "x", "--rdzv-endpoint", "host:70000"], ["'host:70000'", "1 to 65535"]),
 ])
@@ -132,10 +136,12 @@ def test_run_refuses_bad_cluster_options(tmp_path, monkeypatch, extra, words):
     _one_line_exit_2(_run(["run", "smoke", "--dry-run", *extra]), *words)
 
 
-def test_run_takes_good_cluster_options(tmp_path, monkeypatch):
+@pytest.mark.parametrize("endpoint", ["node0:29500", "node0", "[fe80::1]:29500", "[::1]", "10.0.0.1:29400"])
+def test_run_takes_good_cluster_options(tmp_path, monkeypatch, endpoint):
+    # torchrun takes a host without a port (its default 29400) and a bracketed IPv6 host.
     monkeypatch.chdir(tmp_path)
     r = _run(["run", "smoke", "--dry-run", "--nnodes", "2", "--node-rank", "1", "--run-id", "x",
-              "--rdzv-endpoint", "node0:29500", "--nproc-per-node", "2"])
+              "--rdzv-endpoint", endpoint, "--nproc-per-node", "2"])
     assert r.exit_code == 0, r.output
 
 

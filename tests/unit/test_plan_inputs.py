@@ -41,6 +41,8 @@ def _run(args):
     (["--global-batch-tokens", "1000"], "--global-batch-tokens 1000 is less than one sequence (--seq-len 4096)"),
     (["--price", "h100sxm=2"], "'h100sxm' is no accelerator or system of the catalog; did you mean h100-sxm"),
     (["--max-gpus", "10000000"], "--max-gpus must be from 1 to 131,072, got 10000000"),  # was a 38 GiB allocation
+    (["--global-batch-tokens", "99999999999999999999"], "--global-batch-tokens must be from 1 to"),  # was a hang
+    (["--own", "dgx-h100:²"], "the GPU count after the colon"),  # isdigit() but not int(): was a ValueError
     (["--own", "dgx-h100:0"], "the GPU count after the colon must be a whole number from 1 to 131,072"),
     (["--own", "dgx-h100"], "the GPU count after the colon"),
     (["--own", "nope:64"], "'nope' is not a catalog system"),
@@ -60,6 +62,12 @@ def test_a_plan_option_outside_its_bounds_is_one_line_and_exit_2(extra, words):
     # Numbers past what int64 products hold were an OverflowError traceback.
     (["--num-gpus", "99999999999999999999"], "--num-gpus must be at most 1,048,576"),
     (["--micro-batch", "99999999999999999999"], "--micro-batch must be at most 65,536"),
+    (["--global-batch", str(2 ** 36 + 8)], "--global-batch must be at most 68,719,476,736"),
+    (["--tp", str(2 ** 20 + 1)], "--tp must be at most 1,048,576"),
+    (["--pp", str(2 ** 20 + 1)], "--pp must be at most 1,048,576"),
+    (["--cp", str(2 ** 20 + 1)], "--cp must be at most 1,048,576"),
+    (["--virtual-stages", str(2 ** 20 + 1)], "--virtual-stages must be at most 1,048,576"),
+    (["--zero", "3", "--hsdp", str(2 ** 20 + 1)], "--hsdp must be at most 1,048,576"),
     (["--seq-len", "99999999999999999999"], "--seq-len must be from 1 to 16,777,216"),
     # The field is replicas; the flag the user gave is --hsdp.
     (["--zero", "3", "--hsdp", "0"], "--hsdp must be >= 1, got 0"),
