@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
+
+from mgbench.errors import MgbenchError
 from click.testing import CliRunner
 
 from mgbench import cluster
@@ -101,6 +103,18 @@ def test_slurm_time_formats_are_accepted(tmp_path, good):
     assert f"#SBATCH --time={good}\n" in cluster.sbatch_script(tmp_path, "s", 2, 8, "cuda", time_limit=good)
 
 
+def test_a_silent_failed_sbatch_gives_its_exit_status(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\nexit 3\n")  # refuses without a word on stderr
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    script = tmp_path / "job.sbatch"
+    script.write_text("#!/bin/sh\n")
+    with pytest.raises(MgbenchError, match="sbatch refused the job: exit status 3"):
+        cluster.submit(script)
+
+
 def test_a_failed_submit_says_what_it_left(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     bin_dir = tmp_path / "bin"
@@ -178,6 +192,8 @@ def test_a_dry_run_with_nothing_runnable_exits_2(tmp_path, monkeypatch, as_json)
 def test_set_with_malformed_toml_says_so(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _one_line_exit_2(_run(["run", "smoke", "--dry-run", "--set", "nproc=[1,"]), "--set 'nproc=[1,'", "malformed TOML")
+    for bad in ('precision="bf16', "layout={tp=2"):  # an unclosed string, an unclosed table
+        _one_line_exit_2(_run(["run", "smoke", "--dry-run", "--set", bad]), f"--set {bad!r}", "malformed TOML")
     ok = _run(["run", "smoke", "--dry-run", "--set", "strategy=fsdp", "--set", "nproc=[1,2]"])
     assert ok.exit_code == 0, ok.output  # a bare word is still a string
 
