@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from mgbench.errors import MgbenchError
 from click.testing import CliRunner
 
 from mgbench import cluster
+from mgbench.errors import MgbenchError
 from mgbench.cli import main
 from mgbench.collectives import NAMES as COLLECTIVE_NAMES
 from tests.factories import make_run
