@@ -4,6 +4,7 @@ whole step timed, so the planner's sum of the ops (planner/host_step.py) is chec
 against torch itself in the same run.
 
     python tests/perf/bench_host_optimizer.py [--elements 67108864] [--repeats 3] [--json]
+                                              [--scaling 1,2,4,8]
 
 One thread because torchrun sets OMP_NUM_THREADS=1 for every rank when it starts more
 than one a node and the variable is unset (torch/distributed/run.py), so an FSDP2 rank's
@@ -11,6 +12,9 @@ CPU optimizer step runs on one core. Tensors far larger than the caches: the ops
 one core's memory rate, as a shard of billions of parameters does. The figures it prints
 under "ns_per_element" are what data/hardware.toml [host_cpu] stores (with this machine's
 CPU and torch version); "check" compares the planner's sum with the timed step.
+``--scaling`` also times torch's own steps at each thread count given (what a run that sets
+OMP_NUM_THREADS or torch.set_num_threads would get; the planner prices one thread), as
+the speed-up over one thread, in the same run.
 """
 
 from __future__ import annotations
@@ -89,6 +93,28 @@ def timed_steps(n: int, dtype: torch.dtype, repeats: int) -> dict[str, float]:
             / total * 1e9}
 
 
+def thread_scaling(n: int, counts: list[int], repeats: int) -> dict[str, dict[str, dict[str, float]]]:
+    """fp32 nanoseconds an element of torch's for-loop and fused AdamW steps and of
+    clip_grad_norm_ at each thread count, with the speed-up over the first count given."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for threads in counts:
+        torch.set_num_threads(threads)
+        params = [torch.nn.Parameter(t) for t in tensors(n, torch.float32)]
+        for p in params:
+            p.grad = torch.rand_like(p)
+        total = sum(p.numel() for p in params)
+        timed = {"adamw for-loop": torch.optim.AdamW(params, lr=1e-3).step,
+                 "adamw fused": torch.optim.AdamW(params, lr=1e-3, fused=True).step,
+                 "clip_grad_norm_": lambda: torch.nn.utils.clip_grad_norm_(params, 1.0)}
+        for what, fn in timed.items():
+            out.setdefault(what, {})[str(threads)] = {"ns": best_seconds(fn, repeats) / total * 1e9}
+    for by_count in out.values():
+        first = next(iter(by_count.values()))["ns"]
+        for v in by_count.values():
+            v["ns"], v["speedup"] = round(v["ns"], 3), round(first / v["ns"], 2)
+    return out
+
+
 def cpu_name() -> str:
     """The CPU's model name, family and model numbers from /proc/cpuinfo (Linux), else
     what platform knows."""
@@ -106,7 +132,12 @@ def main() -> None:
     ap.add_argument("--elements", type=int, default=64 * 2 ** 20)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    ap.add_argument("--scaling", default=None, metavar="N,N,...",
+                    help="also time torch's steps at these thread counts (e.g. 1,2,4,8)")
     args = ap.parse_args()
+    counts = [int(x) for x in args.scaling.split(",")] if args.scaling else []
+    if any(n < 1 for n in counts):
+        ap.error("--scaling takes thread counts of 1 or more")
     torch.set_num_threads(1)
     out: dict[str, Any] = {"cpu": cpu_name(), "torch": torch.__version__,
                            "threads": torch.get_num_threads(), "elements": args.elements,
@@ -119,6 +150,9 @@ def main() -> None:
                  "clip_grad_norm_": host_step.clip_ns_per_element(costs)}
         out["check"][name] = {k: {"timed_ns": round(steps[k], 3), "model_ns": round(model[k], 3),
                                   "error_pct": round((model[k] / steps[k] - 1.0) * 100.0, 1)} for k in steps}
+    if counts:
+        out["scaling"] = thread_scaling(args.elements, counts, args.repeats)
+        torch.set_num_threads(1)
     if args.json:
         print(json.dumps(out, indent=1))
         return
@@ -128,6 +162,9 @@ def main() -> None:
         for k, c in out["check"][name].items():
             print(f"  {k}: timed {c['timed_ns']:.3f} ns/element, planner's sum of ops {c['model_ns']:.3f} "
                   f"({c['error_pct']:+.1f}%)")
+    for what, by_count in out.get("scaling", {}).items():
+        print(f"{what}: " + ", ".join(f"{n} threads {v['ns']:.3f} ns/element ({v['speedup']:.2f}x)"
+                                      for n, v in by_count.items()))
 
 
 if __name__ == "__main__":
