@@ -146,3 +146,28 @@ def test_predicts_step_line_adds_up_with_the_optimizer_terms():
     parts = dict((k, float(v)) for k, v in re.findall(r"([a-zA-Z][a-zA-Z -]*?) ([\d.]+)(?=[,)])", line.split("(", 1)[1]))
     assert {"optimizer", "host optimizer step"} <= set(parts), parts
     assert sum(parts.values()) == pytest.approx(total, abs=0.002 * len(parts))
+
+
+def test_the_bench_that_sets_the_rates_runs_and_times_every_priced_op():
+    # tests/perf/bench_host_optimizer.py sets hardware.toml [host_cpu]: run it tiny (its
+    # figures at this size mean nothing) so that it cannot rot unnoticed.
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, str(root / "tests/perf/bench_host_optimizer.py"), "--elements", "65536",
+                          "--repeats", "1", "--json", "--scaling", "1,2"], capture_output=True, text=True,
+                         timeout=300, cwd=root)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    for dtype in ("fp32", "bf16"):
+        assert set(d["ns_per_element"][dtype]) == set(host_step.OPS)
+        assert all(v > 0 for v in d["ns_per_element"][dtype].values())
+        assert set(d["check"][dtype]) == {"adamw_step", "clip_grad_norm_"}
+    assert set(d["scaling"]) == {"adamw for-loop", "adamw fused", "clip_grad_norm_"}
+    assert d["scaling"]["adamw fused"]["1"]["speedup"] == 1.0
+    bad = subprocess.run([sys.executable, str(root / "tests/perf/bench_host_optimizer.py"), "--scaling", "0"],
+                         capture_output=True, text=True, timeout=120, cwd=root)
+    assert bad.returncode == 2 and "--scaling takes thread counts of 1 or more" in bad.stderr
