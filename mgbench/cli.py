@@ -519,7 +519,7 @@ def comm(nproc, device, collectives, dtypes, min_bytes, max_bytes, factor, warmu
         from .launching import Cluster
 
         if not rdzv_endpoint or not run_id:
-            raise MgbenchError("multi-node comm needs --rdzv-endpoint HOST:PORT and the same --run-id on every node")
+            raise MgbenchError("multi-node comm needs --rdzv-endpoint HOST[:PORT] and the same --run-id on every node")
         cluster = Cluster(nnodes, node_rank, rdzv_endpoint, nproc, run_id)
     run_dir = run_comm(nproc, kind, [c.strip() for c in collectives.split(",") if c.strip()],
                        [d.strip() for d in dtypes.split(",") if d.strip()], results_dir, run_id, timeout,

@@ -334,7 +334,7 @@ def layout_group() -> list[Opt]:
     """The parallel layout of `memory` and `predict`: degrees, batch, precision, recompute.
     --seq-len and --precision are plan's (PlanOptions fields); the choices are the
     planner's own constants."""
-    from .layout import RECOMPUTE
+    from .layout import RECOMPUTE, flag_of
     from .planner.memory import SCHEDULES
     from .planner.search import VIRTUAL_STAGES_HELP
 
@@ -373,7 +373,7 @@ def layout_group() -> list[Opt]:
                  "and gradient traffic / etp, an all-gather and a reduce-scatter of the routed rows a layer pass."),
         opt("--cp", type=int, default=1, show_default=True,
             help="Context-parallel degree: each sequence split over cp ranks (K/V all-gathered per layer)."),
-        opt("--hsdp", "replicas", type=int, default=1, show_default=True, metavar="REPLICAS",
+        opt(flag_of("replicas"), "replicas", type=int, default=1, show_default=True, metavar="REPLICAS",
             help="HSDP (with --zero 3): shard over dp x cp / REPLICAS ranks, replicate across REPLICAS groups."),
         plan_field("offload"),
         plan_field("optimizer"),

@@ -321,9 +321,6 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
         from ..probe.profile import overlap as profile_overlap
 
         overlap = profile_overlap(profile, kw["num_gpus"], perf.DEFAULT_OVERLAP)
-    from ..planner.predict import validate
-
-    validate(_layout(kw), shape)  # before a probed machine's trace of the runner divides by its degrees
     host_ops, host_notes = _counted_ops(shape, _layout(kw), hw, profile) or (None, [])
     res = predict_fn(shape, hw, _layout(kw), overlap=overlap if overlap is not None else over.get("overlap", perf.DEFAULT_OVERLAP),
                      host_ops=host_ops, margin=kw["memory_margin"], moe=moe,
@@ -345,7 +342,7 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
     reg = (uncertainty.with_moe(uncertainty.calibrated(fit), moe_cls) if calibrate_run
            else uncertainty.regime(hw.gpu, kw["pp"] > 1, profile, stack=run_stack, moe=moe_cls))
     res.update(uncertainty.intervals(res["step_time_s"], res["tokens_per_s_per_gpu"], reg))
-    if res["breakdown"].get("host_optimizer_s"):
+    if res["breakdown"].get("host_optimizer_s") and moe_cls is None:  # an MoE offload run's class holds it
         from ..planner import host_step
 
         res["interval_reasons"] = [*res["interval_reasons"],
@@ -408,7 +405,10 @@ def _counted_ops(shape: Any, layout: Any, hw: Any, profile: Any = None) -> tuple
         raise MgbenchError(f"--pp-last-layers {layout.pp_last_layers} with a probed CPU profile: its ops are counted "
                            "by tracing the runner, which splits the blocks evenly; give it without --hardware")
     from ..planner.against import counted_ops
+    from ..planner.predict import validate
     from ..planner.trace import runner_config
+
+    validate(layout, shape)  # as predict will, before the runner's trace divides by its degrees
 
     return counted_ops(runner_config(shape, layout), hw, profile)
 

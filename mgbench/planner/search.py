@@ -836,9 +836,12 @@ def _add_interval(r: dict[str, Any], opts: PlanOptions, shape: ModelShape) -> No
     f = r.get("ranking_factor", 1.0)
     step = opts.sequences * opts.seq_len / r["tokens_per_s_point"]
     iv = uncertainty.intervals(step, r["tokens_per_s_point"] / r["num_gpus"], reg)
+    # A dense model's host step under offload is checked by no published run (an MoE offload
+    # run's class, moe.moe_class, is set by the one that is).
+    unchecked = [host_step.unchecked()] if r["offload"] and not shape.is_moe else []
     r.update(step_time_s_interval=iv["step_time_s_interval"],
              tokens_per_s_per_gpu_interval=iv["tokens_per_s_per_gpu_interval"], regime=reg["regime"],
-             interval_reasons=reg["reasons"])
+             interval_reasons=[*reg["reasons"], *unchecked])
     lo, hi = (1.0 - reg["low"]) / f, (1.0 + reg["high"]) / f
     r["days_interval"] = [r["days"] * lo, r["days"] * hi]
     r["cost_usd_interval"] = None if r["cost_usd"] is None else [r["cost_usd"] * lo, r["cost_usd"] * hi]
@@ -898,9 +901,8 @@ def _distinguishable(best: dict[str, Any] | None, ranked: list[dict[str, Any]]) 
         return []
     key = "cost_usd_interval" if best["cost_usd"] is not None else "days_interval"
     close = [r for r in ranked if r is not best and r.get(key) and overlap(best[key], r[key])]
-    reasons = [*best["interval_reasons"], *([host_step.unchecked()] if best.get("offload") else [])]
     lines = [f"prediction interval ({best['regime']}): {best['days_interval'][0]:.1f} to {best['days_interval'][1]:.1f} days; "
-             + "; ".join(reasons)]
+             + "; ".join(best["interval_reasons"])]
     if close:
         lines.append("not distinguishable from it within the intervals: " + ", ".join(
             f"{r['num_gpus']}x {r['gpu']} ({r['system']})" for r in close[:5]))

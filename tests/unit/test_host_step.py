@@ -171,3 +171,34 @@ def test_the_bench_that_sets_the_rates_runs_and_times_every_priced_op():
     bad = subprocess.run([sys.executable, str(root / "tests/perf/bench_host_optimizer.py"), "--scaling", "0"],
                          capture_output=True, text=True, timeout=120, cwd=root)
     assert bad.returncode == 2 and "--scaling takes thread counts of 1 or more" in bad.stderr
+
+
+def test_a_dense_offload_interval_says_no_published_run_checks_the_host_step():
+    # predict and plan add the reason to a dense model's offload interval (with its seconds
+    # in predict); an MoE offload prediction's class is set by the one published offload run
+    # that does check it, so it carries no such line; without offload there is none either.
+    import json
+
+    from click.testing import CliRunner
+
+    from mgbench.cli import main
+
+    def reasons(*args):
+        r = CliRunner().invoke(main, ["predict", "--num-gpus", "8", "--zero", "3", "--json", *args])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output)["interval_reasons"]
+
+    dense = reasons("--model", "llama3-8b", "--system", "dgx-h100", "--offload", "--global-batch", "16")
+    assert any("no published run checks it" in x and "s of the" in x for x in dense)
+    assert not any("no published run checks it" in x
+                   for x in reasons("--model", "llama3-8b", "--system", "dgx-h100", "--global-batch", "16"))
+    moe = reasons("--model", "qwen3-30b-a3b", "--system", "dgx-b200", "--ep", "8", "--offload", "--global-batch", "16")
+    assert not any("no published run checks it" in x for x in moe)
+    r = CliRunner().invoke(main, ["plan", "--model", "llama3-70b", "--tokens", "1e12", "--systems", "dgx-h100",
+                                  "--offload", "--max-gpus", "16", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)["ranked"]
+    assert {any("no published run checks it" in x for x in row["interval_reasons"]) for row in rows
+            if row["offload"]} == {True}
+    assert not any("no published run checks it" in x for row in rows if not row["offload"]
+                   for x in row["interval_reasons"])
