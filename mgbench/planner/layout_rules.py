@@ -107,6 +107,15 @@ def _last_stage_ok(last: Any, pp: Any, shape: ModelShape, schedule: str) -> Any:
     return np.isnan(k) | ((pp > 1) & (k >= 0) & (k <= max_last_layers(shape.layers, pp, shape.mtp_layers)))
 
 
+# The values of the searched axes at which no rule is stricter than at any other value, the
+# other fields held: ep 1 (the experts, etp and hsdp rules each hold wherever ep = 1) and no
+# CPU offload (the offload rule holds without it); no other rule reads either. So the layouts
+# kept at these values are a superset of those kept at any ep or offload, and plan's search
+# runs every rule on those alone (search.kept_layouts; tests/unit/test_layout_rules_loosest.py
+# checks the superset over random layouts).
+LOOSEST = {"ep": 1, "offload": False}
+
+
 def keeps_all(masks: dict[str, Any]) -> Any:
     """Where every rule is kept."""
     out = None

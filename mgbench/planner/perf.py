@@ -222,8 +222,37 @@ def distinct_pairs(a: Any, b: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     of layouts whose few distinct pairs a term need only see once. The pairs are keyed as
     complex numbers a + b i: an exact 1-D key numpy sorts many times faster than columns."""
     a, b = np.broadcast_arrays(np.asarray(a, dtype=float), np.asarray(b, dtype=float))
-    pairs, inverse = np.unique(a.ravel() + 1j * b.ravel(), return_inverse=True)
+    flat_a, flat_b = a.ravel(), b.ravel()
+    counted = _counted_pairs(flat_a, flat_b)
+    if counted is not None:
+        pa, pb, inverse = counted
+        return pa, pb, inverse.reshape(a.shape)
+    pairs, inverse = np.unique(flat_a + 1j * flat_b, return_inverse=True)
     return pairs.real, pairs.imag, inverse.reshape(a.shape)
+
+
+def _counted_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """:func:`distinct_pairs` of two flat arrays of small non-negative integers (the search's
+    degrees, micro-batch counts and recompute codes) without sorting: each pair's key
+    a x (max b + 1) + b marks a table of every possible key, whose marked entries are the
+    distinct pairs in np.unique's order and whose running count is each element's index.
+    Linear in the elements where a sort is n log n (measured: tests/perf/bench_plan.py
+    --pairs). None where the values are not such integers or the table would be much
+    larger than the arrays: np.unique then decides."""
+    if not a.size or a.min() < 0 or b.min() < 0:
+        return None
+    width = float(b.max()) + 1.0
+    span = (float(a.max()) + 1.0) * width
+    whole = np.array_equal(a, np.floor(a)) and np.array_equal(b, np.floor(b))
+    if span > max(4.0 * a.size, float(1 << 20)) or not whole:
+        return None
+    w = int(width)
+    key = a.astype(np.int64) * w + b.astype(np.int64)
+    marked = np.zeros(int(span), dtype=bool)
+    marked[key] = True
+    keys = np.flatnonzero(marked)
+    index = np.cumsum(marked) - 1
+    return (keys // w).astype(float), (keys % w).astype(float), index[key]
 
 
 def bubble_fraction(pp: Any, num_micro: Any, schedule: str, virtual_stages: int) -> Any:

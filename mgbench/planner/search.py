@@ -411,13 +411,20 @@ def kept_layouts(shape: ModelShape, opts: PlanOptions, counts: np.ndarray, gpus_
             # ZeRO stages only differ with data parallelism (a search choice, not a rule).
             D_cp = N // np.maximum(T * P * cp, 1)
             differ = piped & ((D_cp * cp > 1) | (Z == 0))
+            # The rules at their loosest ep and offload keep a superset of what they keep at
+            # any (layout_rules.LOOSEST): every rule then runs on those rows only, a fraction
+            # of the grid, once for each ep and offload.
+            loose = np.flatnonzero(differ & layout_rules.keeps_all(layout_rules.rules(shape, candidates(
+                opts, B, schedule=variant, num_gpus=N, tp=T, pp=P, cp=cp, zero=Z, micro_batch=MB, recompute=RC,
+                **layout_rules.LOOSEST))))
+            sub = {k: a[loose] for k, a in (("num_gpus", N), ("tp", T), ("pp", P), ("zero", Z), ("micro_batch", MB),
+                                            ("recompute", RC))}
             for ep in eps:
                 for off in offs:
                     # The one set of rules predict keeps too (planner/layout_rules.py).
                     ok = layout_rules.keeps_all(layout_rules.rules(shape, candidates(
-                        opts, B, schedule=variant, num_gpus=N, tp=T, pp=P, cp=cp, ep=ep, zero=Z, micro_batch=MB,
-                        recompute=RC, offload=off)))
-                    picked.append((np.flatnonzero(ok & differ), cp, ep, off))
+                        opts, B, schedule=variant, cp=cp, ep=ep, offload=off, **sub)))
+                    picked.append((loose[ok], cp, ep, off))
         picks.append(picked)
     rows = (N, T, P, Z, MB, RC)
     for a in (*rows, *(x[0] for picked in picks for x in picked)):
