@@ -235,7 +235,7 @@ def _counted_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray
     """:func:`distinct_pairs` of two flat arrays of small non-negative integers (the search's
     degrees, micro-batch counts and recompute codes) without sorting: each pair's key
     a x (max b + 1) + b marks a table of every possible key, whose marked entries are the
-    distinct pairs in np.unique's order and whose running count is each element's index.
+    distinct pairs in np.unique's order; a second table maps each of them to its place.
     Linear in the elements where a sort is n log n (measured: tests/perf/bench_plan.py
     --pairs). None where the values are not such integers or the table would be much
     larger than the arrays: np.unique then decides."""
@@ -251,8 +251,9 @@ def _counted_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray
     marked = np.zeros(int(span), dtype=bool)
     marked[key] = True
     keys = np.flatnonzero(marked)
-    index = np.cumsum(marked) - 1
-    return (keys // w).astype(float), (keys % w).astype(float), index[key]
+    place = np.empty(int(span), dtype=np.intp)  # read only at marked keys, so left unset elsewhere
+    place[keys] = np.arange(keys.size)
+    return (keys // w).astype(float), (keys % w).astype(float), place[key]
 
 
 def bubble_fraction(pp: Any, num_micro: Any, schedule: str, virtual_stages: int) -> Any:

@@ -18,7 +18,7 @@ def by_sort(a, b):  # the reference: what distinct_pairs did before it counted
 
 
 def same(x, y) -> bool:
-    return all(np.array_equal(p, q, equal_nan=True) for p, q in zip(x, y))
+    return all(p.dtype == q.dtype and np.array_equal(p, q, equal_nan=True) for p, q in zip(x, y))
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -56,3 +56,12 @@ def test_what_cannot_be_counted_goes_to_the_sort(a, b, why):
 def test_empty_arrays():
     got = distinct_pairs(np.zeros(0), np.zeros(0))
     assert got[0].size == 0 and got[2].shape == (0,)
+
+
+def test_the_table_size_limit():
+    # the table holds (max a + 1) x (max b + 1) keys: up to max(4 n, 2**20) are counted
+    b_max = (1 << 20) // 2 - 1  # (1 + 1) x 2**19 = 2**20 keys: counted
+    assert _counted_pairs(np.array([0.0, 1.0, 1.0]), np.array([0.0, 5.0, float(b_max)])) is not None
+    assert _counted_pairs(np.array([0.0, 1.0, 1.0]), np.array([0.0, 5.0, float(b_max + 1)])) is None
+    a, b = np.array([0.0, 1.0, 1.0]), np.array([0.0, 5.0, float(b_max + 1)])
+    assert same(distinct_pairs(a, b), by_sort(a, b))

@@ -298,3 +298,29 @@ def test_plan_json_stays_parseable_when_stderr_is_not_a_terminal(monkeypatch):
                                   "--max-gpus", "64", "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["recommendation"] is not None
+
+
+@pytest.mark.parametrize("model, offload", [("qwen3-30b-a3b", True), ("mixtral-8x7b", False), ("llama3-8b", True)])
+def test_kept_layouts_are_every_rule_on_the_whole_grid(model, offload):
+    # kept_layouts runs the layout rules on the rows kept at their loosest ep and offload
+    # (layout_rules.LOOSEST); each group it picks must be what every rule keeps over the
+    # whole grid at that group's ep and offload, less the rows where the ZeRO stage cannot
+    # differ or the schedule changes nothing (as the search has always dropped them).
+    from mgbench.planner import layout_rules, search
+
+    shape = catalog.model_shape(model)
+    opts = PlanOptions(tokens=1e12, max_gpus=64, offload=offload)
+    counts = search.gpu_counts(8, opts.max_gpus)
+    kept = search.kept_layouts(shape, opts, counts, 8)
+    N, T, P, Z, MB, RC = kept["rows"]
+    checked = 0
+    for j, (variant, picked) in enumerate(zip(kept["variants"], kept["picked"])):
+        piped = np.ones(N.shape, dtype=bool) if j == 0 else P > 1
+        for idx, cp, ep, off in picked:
+            differ = piped & ((N // np.maximum(T * P * cp, 1) * cp > 1) | (Z == 0))
+            whole = layout_rules.keeps_all(layout_rules.rules(shape, search.candidates(
+                opts, opts.sequences, schedule=variant, num_gpus=N, tp=T, pp=P, cp=cp, ep=ep, zero=Z,
+                micro_batch=MB, recompute=RC, offload=off)))
+            assert np.array_equal(idx, np.flatnonzero(whole & differ)), (variant, cp, ep, off)
+            checked += idx.size
+    assert checked > 0
