@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,14 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
             else:
                 click.echo(f"nothing to resume: run {resumed['run_id']} is complete (`mgbench show {resumed['run_id']}`)")
             return
+        # Two launchers in one run folder record every config twice and time each other's
+        # load: a run whose mgbench process is alive on this host is refused (the first node
+        # of a multi-node launch only: every node resumes the one run together).
+        if (resumed.get("status") == "running" and _process_alive(resumed)
+                and (cluster is None or cluster.node_rank == 0)):
+            rid, pid = resumed["run_id"], resumed["pid"]
+            raise MgbenchError(f"run {rid} is running (mgbench process {pid} on this host): wait for it "
+                               f"(`mgbench status {rid}`), or stop it (kill -INT {pid}) and then resume")
         s = suite_mod.suite_from_manifest(resumed)
     else:
         s = suite_mod.load_suite(suite, kind)
@@ -387,8 +396,20 @@ def report(runs: tuple[str, ...], output: str | None, results_dir: str, metric: 
     try:
         out = build(paths, target, results_dir, plan_data, rows)
     except OSError as e:
+        if not _writing_to(e, target):  # a run's file could not be read: not -o's fault
+            raise MgbenchError(f"{e.filename}: cannot read it ({e.strerror or e})") from None
         raise MgbenchError(f"{target}: cannot write the report ({e.strerror or e}); give -o a writable place") from None
     click.echo(f"report: {out}")
+
+
+def _writing_to(err: OSError, target: Path) -> bool:
+    """Whether ``err`` came from writing the report at ``target`` (the page, its temporary
+    file beside it, or a folder on its way) rather than from reading the runs."""
+    if not err.filename:
+        return True
+    where = Path(str(err.filename)).resolve()
+    folder = target.resolve().parent
+    return where.parent == folder or where == folder or where in folder.parents
 
 
 @main.command()
@@ -398,7 +419,8 @@ def report(runs: tuple[str, ...], output: str | None, results_dir: str, metric: 
 @click.option("--threshold", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="Smallest change (%) that counts, when also significant.")
 @click.option("--fail-on", "gates", multiple=True, metavar="METRIC:-N%",
-              help="Exit 1 if METRIC gets significantly worse by more than N%, e.g. tokens_per_s:-5%.")
+              help="Exit 1 if METRIC gets significantly worse by more than N%, e.g. tokens_per_s:-5%, or if a "
+                   "config that measured it in BASE does not in NEW (oom, error, timeout, interrupted, or not run).")
 @options(JSON)
 def compare(base: str, new: str, results_dir: str, metric: str, threshold: float, gates: tuple[str, ...],
             as_json: bool) -> None:
@@ -678,16 +700,30 @@ def status(run: str | None, results_dir: str, as_json: bool) -> None:
                    + (f" (round {r['round']} of {r['rounds']})" if (r.get("rounds") or 1) > 1 else ""))
 
 
-def _process_gone(manifest: dict[str, Any]) -> bool:
-    """Whether the mgbench process a running manifest names is gone: only where it ran on
-    this host (another node's process cannot be seen from here) and its pid is recorded."""
+def _local_pid(manifest: dict[str, Any]) -> int | None:
+    """The pid of the mgbench process a manifest names, where it ran on this host (another
+    node's process cannot be seen from here) and its pid is recorded; else None."""
     import socket
-
-    from .procs import alive
 
     pid = manifest.get("pid")
     on_this_host = (manifest.get("machine") or {}).get("hostname") == socket.gethostname()
-    return isinstance(pid, int) and on_this_host and not alive(pid)
+    return pid if isinstance(pid, int) and on_this_host else None
+
+
+def _process_alive(manifest: dict[str, Any]) -> bool:
+    """Whether the mgbench process a manifest names runs now on this host (not this one)."""
+    from .procs import alive
+
+    pid = _local_pid(manifest)
+    return pid is not None and pid != os.getpid() and alive(pid)
+
+
+def _process_gone(manifest: dict[str, Any]) -> bool:
+    """Whether the mgbench process a running manifest names is gone (:func:`_local_pid`)."""
+    from .procs import alive
+
+    pid = _local_pid(manifest)
+    return pid is not None and not alive(pid)
 
 
 from .config import keys_help  # noqa: E402

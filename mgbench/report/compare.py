@@ -23,7 +23,6 @@ biting), is a regression that no speed-up excuses (``correct_change``; the CLI e
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +42,8 @@ HIGHER_IS_BETTER = {"tokens_per_s": True, "tokens_per_s_per_device": True, "samp
 FROM_STEP_TIME = {"tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "mfu_pct", "model_tflops_per_device",
                   "step_time_s"}
 P_SIGNIFICANT = 0.05
+# NEW's status for a config BASE recorded and NEW did not.
+MISSING = "missing"
 # Fewer windows than this per run and the test falls back to steps: U on 4 vs 4 values
 # cannot reach p < 0.05 in the normal approximation we use.
 MIN_WINDOWS = stats.MIN_TEST_SAMPLES  # window medians a run needs before they are tested, not its steps
@@ -106,6 +107,11 @@ def compare_runs(base: str, new: str, results_dir: str = "results", metric: str 
     for key, b in b_recs.items():
         n = n_recs.get(key)
         if n is None:
+            # A config NEW did not record (an interrupted or shorter run): listed, so that a
+            # gate sees it stop producing the metric (gate_failures).
+            rows.append({"label": b.get("label"), "config_id": b.get("config_id"), "base_status": b["status"],
+                         "new_status": MISSING, "metric": metric, "correct_change": None, "base": b.get(metric),
+                         "new": None, "change_pct": None, "p_value": None, "verdict": f"{b['status']} -> {MISSING}"})
             continue
         row: dict[str, Any] = {"label": n.get("label") or b.get("label"), "config_id": n.get("config_id"),
                                "base_status": b["status"], "new_status": n["status"], "metric": metric,
@@ -116,7 +122,11 @@ def compare_runs(base: str, new: str, results_dir: str = "results", metric: str 
             rows.append(row)
             continue
         bv, nv = float(b[metric]), float(n[metric])
-        change = 100.0 * (nv - bv) / bv if bv else math.inf
+        if not bv:  # no relative change from 0 (JSON has no infinity)
+            row.update(base=bv, new=nv, change_pct=None, p_value=None, verdict="n/a: base is 0")
+            rows.append(row)
+            continue
+        change = 100.0 * (nv - bv) / bv
         if metric in FROM_STEP_TIME:
             p, basis = significance(b, n)
         else:
@@ -127,7 +137,7 @@ def compare_runs(base: str, new: str, results_dir: str = "results", metric: str 
         row.update(base=bv, new=nv, change_pct=change, p_value=p, p_basis=basis, significant=significant,
                    verdict=verdict)
         rows.append(row)
-    if not rows:
+    if all(r["new_status"] == MISSING for r in rows):
         raise MgbenchError(f"runs {base} and {new} have no config in common; compare runs of the same suite")
     return rows
 
@@ -160,10 +170,18 @@ def significance(base: dict[str, Any], new: dict[str, Any]) -> tuple[float | Non
 
 
 def gate_failures(rows: list[dict[str, Any]], gates: list[Gate]) -> list[str]:
-    """Each significant change past a gate's limit, as a sentence."""
+    """Each significant change past a gate's limit, as a sentence; and each config that
+    measured the gate's metric in BASE and no longer does in NEW (it ran out of memory,
+    failed, timed out, was interrupted or was not run: :data:`MISSING`), which no
+    threshold may excuse."""
     out = []
     for g in gates:
         for r in rows:
+            if r["metric"] == g.metric and r["base_status"] == "ok" and r["base"] is not None and (
+                    r["new_status"] != "ok" or r["new"] is None):
+                out.append(f"{r['label']}: {g.metric} measured in BASE and not in NEW ({r['base_status']} -> "
+                           f"{r['new_status']}) breaks the gate {g.metric}:{g.limit_pct:+g}%")
+                continue
             if r["metric"] != g.metric or r.get("change_pct") is None or not r.get("significant"):
                 continue
             # Express the change so that negative means worse, whatever the metric's direction.

@@ -194,3 +194,32 @@ def test_a_config_that_turns_wrong_or_a_control_that_stops_catching_fails_the_co
     p = cli("compare", "base", "broken")
     assert p.returncode == 1 and p.stdout.count("CORRECTNESS REGRESSED: ") == 2, p.stdout + p.stderr
     assert cli("compare", "base", "same").returncode == 0
+
+
+@pytest.mark.parametrize("new_status", ["oom", "error", "timeout", "interrupted"])
+def test_a_gate_fails_when_a_config_stops_producing_the_metric(tmp_path, new_status):
+    """A --fail-on gate passed (exit 0) when a config went from ok to oom, error, timeout or
+    interrupted in NEW, or was not in NEW at all (an interrupted run of 2 of 9 configs):
+    the gated metric vanished, which is no improvement. Configs BASE alone has are listed."""
+    times = [0.1] * 10
+    one, two = make_config(strategy="ddp", nproc=2), make_config(strategy="single", nproc=1)
+    make_run(tmp_path, "base", [make_record(one, "base", step_times_s=times), make_record(two, "base", step_times_s=times)])
+    make_run(tmp_path, "new", [make_record(one, "new", status=new_status)])
+    rows = {r["config_id"]: r for r in compare_runs("base", "new", tmp_path)}
+    assert {r["verdict"] for r in rows.values()} == {f"ok -> {new_status}", "ok -> missing"}
+    fails = gate_failures(list(rows.values()), [Gate("tokens_per_s", -5.0)])
+    assert len(fails) == 2 and all("measured in BASE and not in NEW" in f for f in fails)
+    assert any(f"(ok -> {new_status})" in f for f in fails) and any("(ok -> missing)" in f for f in fails)
+    # The other way round (a config now measured that was not) breaks no gate.
+    back = compare_runs("new", "base", tmp_path)
+    assert gate_failures(back, [Gate("tokens_per_s", -5.0)]) == []
+
+
+def test_a_base_of_zero_has_no_relative_change_and_stays_valid_json(tmp_path):
+    cfg = make_config(strategy="ddp", nproc=2)
+    make_run(tmp_path, "z", [make_record(cfg, "z", step_times_s=[0.1] * 10, energy_per_token_j=0.0)])
+    make_run(tmp_path, "y", [make_record(cfg, "y", step_times_s=[0.1] * 10, energy_per_token_j=0.5)])
+    row = compare_runs("z", "y", tmp_path, metric="energy_per_token_j")[0]
+    assert row["change_pct"] is None and row["verdict"] == "n/a: base is 0"
+    import json
+    json.loads(json.dumps(row, allow_nan=False))  # no Infinity

@@ -1,0 +1,62 @@
+"""Two defects an audit found (2026-11-29): `run --resume` of a run whose mgbench process
+is still alive on this host started a second launcher in the same folder (every config
+recorded twice, each timing the other's load); and `report` blamed -o for an OSError that
+came from reading a run's files."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from mgbench import cli as cli_mod
+from mgbench.cli import main
+from tests.factories import make_config, make_record, make_run
+
+
+def _running_run(root: Path, run_id: str, pid: int, host: str | None = None):
+    return make_run(root, run_id, [make_record(make_config(strategy="single", nproc=1), run_id, step_times_s=[0.1] * 5)],
+                    status="running", pid=pid, machine={"hostname": host or socket.gethostname()})
+
+
+def test_resume_refuses_a_run_whose_process_is_alive(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _running_run(tmp_path / "results", "live", sleeper.pid)
+        r = CliRunner().invoke(main, ["run", "--resume", "live", "--no-report", "--no-projection"])
+        assert r.exit_code == 2, r.output
+        assert f"run live is running (mgbench process {sleeper.pid} on this host)" in r.output
+        assert "Traceback" not in r.output
+        # Nothing was written to the run's folder by the refused launcher.
+        assert len((tmp_path / "results" / "live" / "records.jsonl").read_text().splitlines()) == 1
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_only_a_live_process_on_this_host_counts():
+    done = subprocess.run([sys.executable, "-c", "pass"])
+    here = {"hostname": socket.gethostname()}
+    assert done.returncode == 0
+    dead_pid = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_pid.wait()
+    assert not cli_mod._process_alive({"pid": dead_pid.pid, "machine": here})
+    assert cli_mod._process_gone({"pid": dead_pid.pid, "machine": here})
+    assert not cli_mod._process_alive({"pid": os.getpid(), "machine": here})  # the resuming process itself
+    assert not cli_mod._process_alive({"pid": os.getppid(), "machine": {"hostname": "another-node"}})
+    assert cli_mod._process_alive({"pid": os.getppid(), "machine": here})
+    assert not cli_mod._process_alive({"machine": here})  # no pid recorded
+
+
+def test_report_tells_a_read_error_from_a_write_error(tmp_path):
+    target = tmp_path / "reports" / "r.html"
+    writing = [None, target, target.parent / ".r.html.tmp-123", target.parent, tmp_path]
+    for name in writing:
+        assert cli_mod._writing_to(OSError(13, "Permission denied", None if name is None else str(name)), target), name
+    reading = tmp_path / "results" / "run" / "records.jsonl"
+    assert not cli_mod._writing_to(OSError(13, "Permission denied", str(reading)), target)
