@@ -169,30 +169,79 @@ def generate(path: str | Path, tokens: int, vocab: int, seed: int = 0, shard_tok
             raise MgbenchError(f"{folder} exists and is not an mgbench dataset (no {INDEX}); refusing to write into "
                                "it: choose a new or empty folder")
     folder.parent.mkdir(parents=True, exist_ok=True)
+    _check_room(folder, tokens * np.dtype(want["dtype"]).itemsize)
     tmp = folder.parent / f".{folder.name}.partial-{secrets.token_hex(4)}"
     tmp.mkdir()  # (not mkdtemp: its 0700 would make the dataset private to its writer)
     try:
-        done = 0
-        for i, shard in enumerate(want["shards"]):
-            rng = np.random.default_rng([seed, i])
-            out = np.lib.format.open_memmap(tmp / shard["file"], mode="w+", dtype=want["dtype"],
-                                            shape=(shard["tokens"],))
-            for lo in range(0, shard["tokens"], CHUNK_TOKENS):
-                hi = min(lo + CHUNK_TOKENS, shard["tokens"])
-                out[lo:hi] = rng.integers(0, vocab, size=hi - lo, dtype=want["dtype"])
-                done += hi - lo
-                if progress is not None:
-                    progress(done, tokens)
-            out.flush()
-            del out
-        (tmp / INDEX).write_text(json.dumps(want, indent=2) + "\n")
-        if folder.exists():  # empty, or a dataset being replaced with force
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-    except BaseException:
+        with _terminate_as_exception():
+            done = 0
+            for i, shard in enumerate(want["shards"]):
+                rng = np.random.default_rng([seed, i])
+                # Plain writes, not a memory map: a full disk is then an OSError (one line),
+                # where writing through a map kills the process with SIGBUS.
+                with open(tmp / shard["file"], "wb") as out:
+                    np.lib.format.write_array_header_1_0(out, {"descr": np.lib.format.dtype_to_descr(
+                        np.dtype(want["dtype"])), "fortran_order": False, "shape": (shard["tokens"],)})
+                    for lo in range(0, shard["tokens"], CHUNK_TOKENS):
+                        hi = min(lo + CHUNK_TOKENS, shard["tokens"])
+                        out.write(rng.integers(0, vocab, size=hi - lo, dtype=want["dtype"]).tobytes())
+                        done += hi - lo
+                        if progress is not None:
+                            progress(done, tokens)
+            (tmp / INDEX).write_text(json.dumps(want, indent=2) + "\n")
+            if folder.exists():  # empty, or a dataset being replaced with force
+                shutil.rmtree(folder)
+            os.replace(tmp, folder)
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, _Terminated):  # the partial folder is gone: now act on the signal as before
+            import signal
+
+            signal.raise_signal(signal.SIGTERM)
         raise
     return want
+
+
+# Room kept free beyond a dataset's own bytes: the file system's own blocks, and whatever
+# else writes there meanwhile.
+SPARE_BYTES = 64 << 20
+
+
+def _check_room(folder: Path, nbytes: int) -> None:
+    """MgbenchError where the file system ``folder`` goes on has less free space than a
+    dataset of ``nbytes`` bytes needs (:data:`SPARE_BYTES` more), before anything is written."""
+    free = shutil.disk_usage(folder.parent).free
+    if nbytes + SPARE_BYTES > free:
+        raise MgbenchError(f"{folder}: the dataset needs {nbytes / 2**30:.2f} GiB and {folder.parent.resolve()} has "
+                           f"{free / 2**30:.2f} GiB free; free some space, write it elsewhere, or ask for fewer tokens")
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised as an exception while a dataset is written (so that its partial folder
+    is removed) and delivered again once it is."""
+
+
+@contextmanager
+def _terminate_as_exception() -> Iterator[None]:
+    """Within: SIGTERM raises :class:`_Terminated` (main thread only: Python delivers signals
+    there), and the handler that was in place is back on leaving. :func:`generate` removes its
+    partial folder and then sends the signal again, so that the process ends, or a caller's
+    own handler (the runner's) acts, as it would have."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, frame: Any) -> None:
+        raise _Terminated()
+
+    before = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 @contextmanager

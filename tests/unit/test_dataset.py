@@ -162,3 +162,70 @@ def test_a_disk_config_without_a_warm_up_step_is_skipped_saying_why():
     configs = expand(parse_suite('[sweep]\ndata = "disk"\nwarmup_steps = [0, 1]\n'), "cpu", 4)
     why = {c.warmup_steps: c.skip_reason for c in configs}
     assert "needs warmup_steps >= 1" in why[0] and why[1] is None
+
+
+def _partials(folder):
+    return [p.name for p in folder.iterdir() if ".partial-" in p.name]
+
+
+def test_a_dataset_larger_than_the_free_space_is_refused_before_writing(tmp_path, monkeypatch):
+    """An audit filled a disk: `data make` wrote 71 GB without looking, and through a memory
+    map a full disk killed it with SIGBUS, leaving the partial folder."""
+    free = 100 << 20
+    monkeypatch.setattr(dataset.shutil, "disk_usage", lambda p: type("Usage", (), {"free": free})())
+    # 60 M uint16 tokens: 120 MB (0.11 GiB), more than 100 MiB free
+    r = CliRunner().invoke(main, ["data", "make", str(tmp_path / "ds"), "--tokens", "60M", "--vocab", "256"])
+    assert r.exit_code == 2 and "the dataset needs 0.11 GiB" in r.output and "GiB free" in r.output, r.output
+    assert not (tmp_path / "ds").exists() and _partials(tmp_path) == []
+    # One that fits is written.
+    dataset.generate(tmp_path / "small", 1000, 256, 0, 500)
+    assert dataset.read_index(tmp_path / "small")["tokens"] == 1000
+
+
+def test_a_write_that_fails_midway_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    real_open = open
+
+    class Full:  # a file on a disk that fills after the header
+        def __init__(self, path, mode):
+            self.f, self.writes = real_open(path, mode), 0
+
+        def write(self, b):
+            self.writes += 1
+            if self.writes > 2:
+                raise OSError(28, "No space left on device")
+            return self.f.write(b)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(dataset, "open", lambda path, mode="r": Full(path, mode) if "b" in mode else real_open(path, mode),
+                        raising=False)
+    monkeypatch.setattr(dataset, "CHUNK_TOKENS", 100)
+    r = CliRunner().invoke(main, ["data", "make", str(tmp_path / "ds"), "--tokens", "10000", "--vocab", "256"])
+    assert r.exit_code == 2 and "cannot write the dataset (No space left on device)" in r.output, r.output
+    assert not (tmp_path / "ds").exists() and _partials(tmp_path) == []
+
+
+def test_sigterm_while_writing_removes_the_partial_folder_and_still_ends_the_process(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = ("import sys; from mgbench import dataset; "
+            "dataset.generate(sys.argv[1], 3_000_000_000, 256, 0)")
+    p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "big")])
+    try:
+        deadline = time.time() + 60
+        while not _partials(tmp_path) and time.time() < deadline:
+            time.sleep(0.05)
+        assert _partials(tmp_path), "generation never started"
+        time.sleep(0.3)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=60) == -signal.SIGTERM  # ended by the signal, as before
+    finally:
+        p.kill()
+    assert _partials(tmp_path) == [] and not (tmp_path / "big").exists()
