@@ -116,7 +116,37 @@ def read_index(path: str | Path) -> dict[str, Any]:
     for shard in shards:
         if not (folder / shard["file"]).is_file():
             raise MgbenchError(f"{folder}: shard {shard['file']} listed in {INDEX} is missing; regenerate the dataset")
+        if (problem := _shard_problem(folder / shard["file"], shard["tokens"], index.get("dtype"))) is not None:
+            raise MgbenchError(f"{folder / shard['file']}: {problem}, not what {INDEX} says; regenerate the dataset "
+                               "(`mgbench data make ... --force`)")
     return index
+
+
+def _shard_problem(path: Path, tokens: int, dtype: Any) -> str | None:
+    """What is wrong with a shard file against its index entry (its .npy header's dtype and
+    length, and the file's size: a truncated or replaced file), or None. Token values are
+    not read: that would page in the whole dataset."""
+    import numpy as np
+
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            reader = {(1, 0): np.lib.format.read_array_header_1_0,
+                      (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if reader is None:
+                return f"a .npy file of format {version}, which this mgbench does not read"
+            shape, fortran, have = reader(f)
+            data_at = f.tell()
+    except (OSError, ValueError) as e:
+        return f"not a readable .npy array ({e})"
+    if dtype is not None and have != np.dtype(dtype):
+        return f"holds {have} tokens where the index says {dtype}"
+    if fortran or shape != (tokens,):
+        return f"holds an array of shape {shape} where the index says ({tokens},)"
+    size = path.stat().st_size
+    if size != data_at + tokens * have.itemsize:
+        return f"is {size:,} bytes where {tokens:,} tokens take {data_at + tokens * have.itemsize:,} (truncated?)"
+    return None
 
 
 def sample_counts(index: dict[str, Any], seq_len: int) -> list[int]:
@@ -156,7 +186,12 @@ def generate(path: str | Path, tokens: int, vocab: int, seed: int = 0, shard_tok
         if not folder.is_dir():
             raise MgbenchError(f"{folder} exists and is not a folder; choose another path")
         if is_dataset(folder):
-            have = read_index(folder)
+            try:
+                have = read_index(folder)
+            except MgbenchError as e:  # a damaged dataset: written again only with force
+                if not force:
+                    raise MgbenchError(f"{e}; `mgbench data make` rewrites it with --force") from None
+                have = None
             if have == want:
                 return have
             if not force:

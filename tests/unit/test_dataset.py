@@ -229,3 +229,26 @@ def test_sigterm_while_writing_removes_the_partial_folder_and_still_ends_the_pro
     finally:
         p.kill()
     assert _partials(tmp_path) == [] and not (tmp_path / "big").exists()
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda f: f.write_bytes(f.read_bytes()[:1000]), "truncated?"),
+    (lambda f: np.save(f, np.zeros(500, dtype=np.float32)), "holds float32 tokens where the index says uint16"),
+    (lambda f: np.save(f, np.zeros(499, dtype=np.uint16)), "holds an array of shape (499,)"),
+    (lambda f: f.write_bytes(b"not an array at all"), "not a readable .npy array"),
+])
+def test_a_damaged_shard_is_named_before_launch_and_data_make_says_so(tmp_path, damage, says):
+    """Damaged shards went unseen until a rank read them (a raw mmap ValueError recorded as a
+    config error), a float32 shard trained on token 0 as "ok", and `data make` called the
+    damaged folder fine ("nothing written")."""
+    ds = tmp_path / "ds"
+    dataset.generate(ds, 1000, 256, 0, 500)
+    damage(ds / "shard-00000.npy")
+    with pytest.raises(MgbenchError, match="shard-00000.npy: .*regenerate the dataset"):
+        dataset.read_index(ds)
+    r = CliRunner().invoke(main, ["data", "make", str(ds), "--tokens", "1000", "--vocab", "256", "--shard-tokens", "500"])
+    assert r.exit_code == 2 and says in r.output and "--force" in r.output, r.output
+    r = CliRunner().invoke(main, ["data", "make", str(ds), "--tokens", "1000", "--vocab", "256", "--shard-tokens", "500",
+                                  "--force"])
+    assert r.exit_code == 0, r.output
+    assert dataset.read_index(ds)["tokens"] == 1000
