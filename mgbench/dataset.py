@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .errors import MgbenchError
+from .procs import sigterm_raises
 
 if TYPE_CHECKING:
     from .config import RunConfig
@@ -208,7 +209,7 @@ def generate(path: str | Path, tokens: int, vocab: int, seed: int = 0, shard_tok
     tmp = folder.parent / f".{folder.name}.partial-{secrets.token_hex(4)}"
     tmp.mkdir()  # (not mkdtemp: its 0700 would make the dataset private to its writer)
     try:
-        with _terminate_as_exception():
+        with sigterm_raises(_Terminated):  # the partial folder is removed below, then the signal acts
             done = 0
             for i, shard in enumerate(want["shards"]):
                 rng = np.random.default_rng([seed, i])
@@ -254,29 +255,6 @@ def _check_room(folder: Path, nbytes: int) -> None:
 class _Terminated(BaseException):
     """SIGTERM, raised as an exception while a dataset is written (so that its partial folder
     is removed) and delivered again once it is."""
-
-
-@contextmanager
-def _terminate_as_exception() -> Iterator[None]:
-    """Within: SIGTERM raises :class:`_Terminated` (main thread only: Python delivers signals
-    there), and the handler that was in place is back on leaving. :func:`generate` removes its
-    partial folder and then sends the signal again, so that the process ends, or a caller's
-    own handler (the runner's) acts, as it would have."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def _raise(signum: int, frame: Any) -> None:
-        raise _Terminated()
-
-    before = signal.signal(signal.SIGTERM, _raise)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
 
 
 @contextmanager

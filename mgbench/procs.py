@@ -6,6 +6,8 @@ import ctypes
 import os
 import signal
 import time
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 PR_SET_PDEATHSIG = 1
 
@@ -67,3 +69,24 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@contextmanager
+def sigterm_raises(exc: type[BaseException]) -> Iterator[None]:
+    """Within: SIGTERM raises ``exc`` (in the main thread, where Python delivers signals;
+    elsewhere nothing changes), so that code the signal would otherwise end outright can
+    clean up or record what it was doing; the handler that was in place is back on leaving."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, frame: Any) -> None:
+        raise exc()
+
+    before = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)

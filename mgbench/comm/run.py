@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from ..collectives import NAMES
 from ..store import load_comm_fits, load_comm_rows
 from ..errors import MgbenchError
 from ..launching import SHARED_FS_WAIT_S, Cluster, child_env, torchrun_argv
-from ..procs import die_with_parent, kill_tree
+from ..procs import die_with_parent, kill_tree, sigterm_raises
 from ..store import RunDir
 from ..telemetry.interconnect import detect
 from ..telemetry.machine import fingerprint
@@ -69,6 +70,7 @@ def run_comm(nproc: int, device: str, collectives: list[str], dtypes: list[str],
     run_dir = RunDir.create(results_dir, run_id)
     manifest = {"run_id": run_id, "kind": "comm", "status": "running",
                 "started_at": dt.datetime.now().isoformat(timespec="seconds"), "argv": sys.argv,
+                "pid": os.getpid(),  # `mgbench status` tells a killed sweep from a running one
                 "suite": {"name": "comm", "description": "collective microbenchmarks", "text": "", "sha256": ""},
                 "machine": fingerprint(), "interconnect": detect(),
                 "comm": {"nproc": world, "device": device, "collectives": collectives if world > 1 else [],
@@ -93,20 +95,27 @@ def run_comm(nproc: int, device: str, collectives: list[str], dtypes: list[str],
                                               cluster=cluster, rdzv_id=f"{run_id}-comm"),
                                 stdout=f, stderr=subprocess.STDOUT, env=child_env(nproc, device, "comm"),
                                 start_new_session=True, preexec_fn=die_with_parent)
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            kill_tree(proc.pid)
-            rc = None
+        interrupted = False
+        with sigterm_raises(KeyboardInterrupt):  # a terminated sweep is recorded as interrupted
+            try:
+                rc = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                kill_tree(proc.pid)
+                rc = None
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the rows so far are kept, the run says so
+                kill_tree(proc.pid)
+                rc, interrupted = None, True
     rows = load_comm_rows(run_dir)
     fits = {}
     for key in sorted({(r["collective"], r["dtype"], r.get("scope", "all")) for r in rows}):
         fits[":".join(key)] = fit([r for r in rows if (r["collective"], r["dtype"], r.get("scope", "all")) == key])
     store.write_json_atomic(run_dir.comm_fit, fits)
-    status = "complete" if rc == 0 else ("timeout" if rc is None else "error")
+    status = "interrupted" if interrupted else "complete" if rc == 0 else ("timeout" if rc is None else "error")
     manifest.update(status=status, finished_at=dt.datetime.now().isoformat(timespec="seconds"),
                     counts={"rows": len(rows), "wrong": sum(r["wrong"] for r in rows)})
     store.write_manifest(run_dir, manifest)
+    if interrupted:
+        raise KeyboardInterrupt  # `mgbench: interrupted`, exit 130, as `mgbench run`
     if status != "complete":
         why = rank_error(run_dir.rank_stderrs(JOB_TAG)) or " | ".join(log.read_text(errors="replace").splitlines()[-3:])
         raise MgbenchError(f"mgbench comm {status} (results so far in {run_dir}; logs in {log.parent}): {why[-400:]}")
@@ -254,3 +263,4 @@ def render_copies(manifest: dict[str, Any], rows: list[dict[str, Any]], fits: di
         if f and f.get("bw_gbps"):
             out.append(f"{name}: alpha-beta fit alpha {f['alpha_s'] * 1e6:.1f} us, bandwidth {f['bw_gbps']:.3f} GB/s")
     return out
+

@@ -114,3 +114,31 @@ def test_profiled_breakdown_tracks_the_timed_step_and_grows_with_world_size(cli,
         assert 0.5 * r["step_time_s"] < r["breakdown_window_s"] < 2.2 * r["step_time_s"]
     for strat in ("ddp", "fsdp"):
         assert recs[(strat, 4)]["comm_fraction"] > recs[(strat, 2)]["comm_fraction"], strat
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_an_interrupted_comm_sweep_is_recorded_as_interrupted(tmp_path, sig):
+    """An interrupted `mgbench comm` stayed "running" forever (no pid recorded for `status`
+    to see it gone, SIGTERM ended it outright); now it is "interrupted", exit 130, as `run`."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "mgbench.cli", "comm", "--run-id", "c1", "--iters", "200",
+                          "--max-bytes", "16777216"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    manifest = tmp_path / "results" / "c1" / "manifest.json"
+    deadline = time.time() + 60
+    while not manifest.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(2.0)  # the ranks are measuring
+    p.send_signal(getattr(signal, sig))
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "interrupted" in err, err
+    m = json.loads(manifest.read_text())
+    assert m["status"] == "interrupted" and isinstance(m["pid"], int)
+    status = subprocess.run([sys.executable, "-m", "mgbench.cli", "status", "c1"], cwd=tmp_path, capture_output=True,
+                            text=True)
+    assert status.returncode == 0 and "run c1: interrupted" in status.stdout, status.stdout + status.stderr
