@@ -175,7 +175,9 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
         # Two launchers in one run folder record every config twice and time each other's
         # load: a run whose mgbench process is alive on this host is refused (the first node
         # of a multi-node launch only: every node resumes the one run together).
-        if (resumed.get("status") == "running" and _process_alive(resumed)
+        from .procs import process_alive
+
+        if (resumed.get("status") == "running" and process_alive(resumed)
                 and (cluster is None or cluster.node_rank == 0)):
             rid, pid = resumed["run_id"], resumed["pid"]
             raise MgbenchError(f"run {rid} is running (mgbench process {pid} on this host): wait for it "
@@ -658,6 +660,7 @@ def status(run: str | None, results_dir: str, as_json: bool) -> None:
 
     from . import store
     from .cluster import job_state
+    from .procs import run_status as run_status_of
 
     run_dir = store.resolve_run(run, results_dir) if run else store.latest_run(results_dir)
     m = store.read_manifest(run_dir)
@@ -665,11 +668,7 @@ def status(run: str | None, results_dir: str, as_json: bool) -> None:
     state, waits_for = job_state(job) if job else (None, None)
     recs = store.latest_records(store.read_records(run_dir))
     counts = Counter(r["status"] for r in recs)
-    run_status, status_reason = m.get("status"), None
-    if run_status == "running" and not job and _process_gone(m):
-        run_status = "dead"
-        status_reason = (f"the manifest says running, but its mgbench process {m['pid']} on this host is gone; resume "
-                         f"with `mgbench run --resume {m['run_id']}`")
+    run_status, status_reason = run_status_of(m)
     running = []  # what the ranks are on now: the progress files the workers keep (runner/worker.mark_started)
     if run_status == "running":
         import time as _t
@@ -698,32 +697,6 @@ def status(run: str | None, results_dir: str, as_json: bool) -> None:
     for r in running:
         click.echo(f"running now: {r['config_id']}, {r['seconds']:.0f} s so far"
                    + (f" (round {r['round']} of {r['rounds']})" if (r.get("rounds") or 1) > 1 else ""))
-
-
-def _local_pid(manifest: dict[str, Any]) -> int | None:
-    """The pid of the mgbench process a manifest names, where it ran on this host (another
-    node's process cannot be seen from here) and its pid is recorded; else None."""
-    import socket
-
-    pid = manifest.get("pid")
-    on_this_host = (manifest.get("machine") or {}).get("hostname") == socket.gethostname()
-    return pid if isinstance(pid, int) and on_this_host else None
-
-
-def _process_alive(manifest: dict[str, Any]) -> bool:
-    """Whether the mgbench process a manifest names runs now on this host (not this one)."""
-    from .procs import alive
-
-    pid = _local_pid(manifest)
-    return pid is not None and pid != os.getpid() and alive(pid)
-
-
-def _process_gone(manifest: dict[str, Any]) -> bool:
-    """Whether the mgbench process a running manifest names is gone (:func:`_local_pid`)."""
-    from .procs import alive
-
-    pid = _local_pid(manifest)
-    return pid is not None and not alive(pid)
 
 
 from .config import keys_help  # noqa: E402

@@ -90,3 +90,31 @@ def sigterm_raises(exc: type[BaseException]) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def local_pid(manifest: dict[str, Any]) -> int | None:
+    """The pid of the mgbench process a run's manifest names, where it ran on this host
+    (another node's process cannot be seen from here) and its pid is recorded; else None."""
+    import socket
+
+    pid = manifest.get("pid")
+    on_this_host = (manifest.get("machine") or {}).get("hostname") == socket.gethostname()
+    return pid if isinstance(pid, int) and on_this_host else None
+
+
+def process_alive(manifest: dict[str, Any]) -> bool:
+    """Whether the mgbench process a manifest names runs now on this host (not this one)."""
+    pid = local_pid(manifest)
+    return pid is not None and pid != os.getpid() and alive(pid)
+
+
+def run_status(manifest: dict[str, Any]) -> tuple[Any, str | None]:
+    """A run's status as `mgbench status`, `show` and `report` tell it, and why where it is
+    not the manifest's own: "dead" where the manifest says running but its mgbench process on
+    this host is gone (a Slurm job's runs elsewhere and is left to the scheduler's state)."""
+    status = manifest.get("status")
+    pid = local_pid(manifest)
+    if status == "running" and not (manifest.get("slurm") or {}).get("job_id") and pid is not None and not alive(pid):
+        return "dead", (f"the manifest says running, but its mgbench process {pid} on this host is gone; resume with "
+                        f"`mgbench run --resume {manifest.get('run_id')}`")
+    return status, None

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from . import store
+from .procs import run_status
 from .record import control_verdict
 
 TABLE_COLUMNS = [
@@ -140,7 +141,7 @@ def render(run_dir: Path, fmt: str = "table") -> str:
     manifest = store.read_manifest(run_dir)
     head = (f"run {manifest['run_id']}  suite {manifest['suite']['name']}  "
             f"on {manifest['machine'].get('gpu_name') or manifest['machine'].get('cpu_model')}  "
-            f"status {manifest['status']}")
+            f"status {run_status(manifest)[0]}")
     body = tabulate(table_rows(records), headers=[h for _, h in TABLE_COLUMNS], tablefmt="simple")
     notes = [f"  {r['config_id']}: {r['status']}: {r.get('error') or r.get('skip_reason')}"
              for r in records if r["status"] not in ("ok", "checked")]

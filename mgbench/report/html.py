@@ -12,6 +12,7 @@ import pandas as pd
 
 from .. import __version__, store
 from ..stats import MIN_CI_SAMPLES
+from ..procs import run_status
 from ..record import FAILED_STATUSES, control_verdict
 from ..show import NOISY_CI_PCT, input_bound_note, noise_pct
 from . import figures
@@ -210,7 +211,7 @@ def build(runs: list[str | Path], output: str | Path, results_dir: str | Path = 
         best.sort(key=lambda x: -x["tokens_per_s"])
 
     sections: list[tuple[str, str, str]] = []
-    machine_rows = [{"run": m["run_id"], "suite": m["suite"]["name"], "status": m.get("status"),
+    machine_rows = [{"run": m["run_id"], "suite": m["suite"]["name"], "status": run_status(m)[0],
                      "host": m["machine"].get("hostname"), "cpu": m["machine"].get("cpu_model"),
                      "gpus": f"{m['machine'].get('gpu_count')} x {m['machine'].get('gpu_name')}" if m["machine"].get("gpu_count") else "none",
                      "torch": m["machine"].get("torch"), "mgbench": m["machine"].get("mgbench"),
@@ -227,7 +228,7 @@ def build(runs: list[str | Path], output: str | Path, results_dir: str | Path = 
         + ("<ul class='warn'>" + "".join(f"<li>{html.escape(w)}</li>" for w in warn) + "</ul>" if warn
            else '<p class="note">none: every config ran, matched the reference and measured steadily</p>' if len(df)
            else "<ul class='warn'><li>no config recorded yet (run status: "
-                + html.escape(", ".join(str(m.get("status")) for m in manifests)) + "): nothing here is a result</li></ul>")
+                + html.escape(", ".join(str(run_status(m)[0]) for m in manifests)) + "): nothing here is a result</li></ul>")
     )
     sections.append(("summary", "Summary", summary))
     sections.append(("scaling", "Scaling",

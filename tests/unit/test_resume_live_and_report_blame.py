@@ -14,13 +14,15 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from mgbench import cli as cli_mod
+from mgbench import procs
 from mgbench.cli import main
 from tests.factories import make_config, make_record, make_run
 
 
 def _running_run(root: Path, run_id: str, pid: int, host: str | None = None):
     return make_run(root, run_id, [make_record(make_config(strategy="single", nproc=1), run_id, step_times_s=[0.1] * 5)],
-                    status="running", pid=pid, machine={"hostname": host or socket.gethostname()})
+                    status="running", pid=pid, machine={"hostname": host or socket.gethostname(), "cpu_model": "cpu"},
+                    suite={"name": "smoke", "description": "", "text": "", "sha256": ""})
 
 
 def test_resume_refuses_a_run_whose_process_is_alive(tmp_path, monkeypatch):
@@ -40,17 +42,35 @@ def test_resume_refuses_a_run_whose_process_is_alive(tmp_path, monkeypatch):
 
 
 def test_only_a_live_process_on_this_host_counts():
-    done = subprocess.run([sys.executable, "-c", "pass"])
     here = {"hostname": socket.gethostname()}
-    assert done.returncode == 0
     dead_pid = subprocess.Popen([sys.executable, "-c", "pass"])
     dead_pid.wait()
-    assert not cli_mod._process_alive({"pid": dead_pid.pid, "machine": here})
-    assert cli_mod._process_gone({"pid": dead_pid.pid, "machine": here})
-    assert not cli_mod._process_alive({"pid": os.getpid(), "machine": here})  # the resuming process itself
-    assert not cli_mod._process_alive({"pid": os.getppid(), "machine": {"hostname": "another-node"}})
-    assert cli_mod._process_alive({"pid": os.getppid(), "machine": here})
-    assert not cli_mod._process_alive({"machine": here})  # no pid recorded
+    assert not procs.process_alive({"pid": dead_pid.pid, "machine": here})
+    assert procs.run_status({"status": "running", "pid": dead_pid.pid, "machine": here, "run_id": "r"})[0] == "dead"
+    assert not procs.process_alive({"pid": os.getpid(), "machine": here})  # the resuming process itself
+    assert not procs.process_alive({"pid": os.getppid(), "machine": {"hostname": "another-node"}})
+    assert procs.process_alive({"pid": os.getppid(), "machine": here})
+    assert not procs.process_alive({"machine": here})  # no pid recorded
+    # running elsewhere, under Slurm, or finished: the manifest's word stands
+    assert procs.run_status({"status": "running", "pid": dead_pid.pid, "machine": {"hostname": "n2"}})[0] == "running"
+    assert procs.run_status({"status": "running", "pid": dead_pid.pid, "machine": here,
+                             "slurm": {"job_id": "7"}})[0] == "running"
+    assert procs.run_status({"status": "complete", "pid": dead_pid.pid, "machine": here}) == ("complete", None)
+
+
+def test_show_status_and_report_agree_that_a_killed_run_is_dead(tmp_path, monkeypatch):
+    """`status` said dead for a run whose process was killed, `show` and `report` running."""
+    monkeypatch.chdir(tmp_path)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    _running_run(tmp_path / "results", "k", gone.pid)
+    runner = CliRunner()
+    assert "run k: dead" in runner.invoke(main, ["status", "k"]).output
+    shown = runner.invoke(main, ["show", "k"])
+    assert shown.exit_code == 0 and "status dead" in shown.output.splitlines()[0], shown.output
+    r = runner.invoke(main, ["report", "k", "-o", "k.html"])
+    assert r.exit_code == 0, r.output
+    assert "<td>dead</td>" in (tmp_path / "k.html").read_text()
 
 
 def test_report_tells_a_read_error_from_a_write_error(tmp_path):
