@@ -20,6 +20,12 @@ GATED_MLP_KINDS = ("swiglu", "geglu")
 MLP_KINDS = GATED_MLP_KINDS + ("gelu", "squared_relu")
 # What mgbench's own decoder (workloads/gpt.py) builds. The planner prices every kind.
 RUNNER_MLP_KINDS = ("swiglu", "gelu")
+# The largest value a model dimension may take (16 Mi): far past any model's widths, heads or
+# vocabulary (the largest vocabularies are about 2**18), so only a typo reaches it; layers
+# 64 Ki (models have at most a few hundred; plan's balanced split of the last pipeline stage,
+# perf.balanced_last_layers, steps through them one by one).
+MAX_DIM = 1 << 24
+MAX_DIMS = {"layers": 1 << 16}
 
 
 class AttnPart(NamedTuple):
@@ -137,6 +143,8 @@ class ModelShape:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise MgbenchError(f"model dim {f} must be a positive integer, got {v!r}")
+            if v > (most := MAX_DIMS.get(f, MAX_DIM)):  # a typo, not a model: plan's search would not come back
+                raise MgbenchError(f"model dim {f} = {v:,} is past {most:,}, more than any model has; check it")
         if self.mlp not in MLP_KINDS:
             raise MgbenchError(f"model mlp must be one of {', '.join(MLP_KINDS)}, got {self.mlp!r}")
         self._check_mla()
