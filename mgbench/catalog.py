@@ -381,10 +381,15 @@ def model_shape(name: str) -> ModelShape:
     """The ModelShape of a preset; MgbenchError listing the presets otherwise."""
     presets = model_presets()
     if name not in presets:
+        if "/" in name or name.endswith(".json") or name.startswith("hf:"):  # a config's path, not a preset
+            path = name.removeprefix("hf:")
+            raise MgbenchError(f"{name!r} is not a model preset: a Hugging Face config is read with --hf {path} on the "
+                               f"command line (model = \"hf:{path}\" in a suite)")
         hint = closest(name, presets)
         raise MgbenchError(
             f"unknown model preset {name!r}" + (f"; did you mean {' or '.join(hint)}?" if hint else ".")
-            + f" Choose one of: {', '.join(presets)}, or give explicit dims {{layers, hidden, heads, ffn_hidden, vocab}}"
+            + f" Choose one of: {', '.join(presets)}, or give explicit dims (--layers --hidden --heads --vocab on "
+            "the command line; {layers, hidden, heads, ffn_hidden, vocab} in a suite)"
         )
     fields = {k: v for k, v in presets[name].items() if k != "source"}
     return ModelShape(name=name, **fields)

@@ -92,6 +92,8 @@ def read_index(path: str | Path) -> dict[str, Any]:
     """The index of the dataset in folder ``path``; MgbenchError naming the problem when
     the folder is not a complete dataset of this format."""
     folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise MgbenchError(f"{folder} is a file, not a dataset folder: give the folder `mgbench data make` wrote")
     if not folder.is_dir():
         raise MgbenchError(f"dataset folder {folder} not found: make one with `mgbench data make {folder} "
                            "--tokens N --vocab V`, or leave data_path out to have mgbench generate one")
@@ -204,6 +206,8 @@ def generate(path: str | Path, tokens: int, vocab: int, seed: int = 0, shard_tok
         elif any(folder.iterdir()):
             raise MgbenchError(f"{folder} exists and is not an mgbench dataset (no {INDEX}); refusing to write into "
                                "it: choose a new or empty folder")
+    if (blocking := next((a for a in folder.parents if a.exists()), None)) is not None and not blocking.is_dir():
+        raise MgbenchError(f"{folder}: {blocking} is a file, not a folder; choose another path")
     folder.parent.mkdir(parents=True, exist_ok=True)
     _check_room(folder, tokens * np.dtype(want["dtype"]).itemsize)
     tmp = folder.parent / f".{folder.name}.partial-{secrets.token_hex(4)}"

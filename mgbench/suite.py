@@ -114,7 +114,11 @@ def parse_suite(text: str, path: str = "<suite>", device_kind: str = "cpu") -> S
 def load_suite(path: str | Path, device_kind: str = "cpu") -> Suite:
     """Read a suite file (or a name in suites/, e.g. ``smoke``) and validate it."""
     p = resolve_suite_path(path)
-    return parse_suite(p.read_text(), str(p), device_kind)
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:  # unreadable, or not text
+        raise MgbenchError(f"suite {p}: cannot read it as a TOML file ({e}); give a readable .toml file") from None
+    return parse_suite(text, str(p), device_kind)
 
 
 def resolve_suite_path(path: str | Path) -> Path:
@@ -126,6 +130,8 @@ def resolve_suite_path(path: str | Path) -> Path:
     for c in candidates:
         if c.is_file():
             return c
+    if p.is_dir():
+        raise MgbenchError(f"suite {str(path)!r} is a folder: give a .toml file in it, e.g. {p / 'my.toml'}")
     raise MgbenchError(
         f"suite {str(path)!r} not found: give a path to a .toml file"
         + (f" or a built-in suite name ({', '.join(builtin_suites())})" if builtin_suites() else "")

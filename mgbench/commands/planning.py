@@ -254,6 +254,7 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
       mgbench predict --calibrate RUN      # fit to a measured run; residuals and leave-one-out errors
       mgbench predict --hardware PROFILE --against RUN   # this machine's probe vs a run measured on it
       mgbench predict --hardware PROFILE --model gpt2-small --num-gpus 1 --micro-batch 8 --seq-len 1024
+      #   (a CPU probe measures fp32: add --precision fp32)
       mgbench predict --model llama3-70b --gpu a100-sxm-80gb --num-gpus 64 --zero 3 --seq-len 8192 --stack torchtitan
     """
     from ..planner import calibrate, hardware, perf
@@ -479,6 +480,7 @@ def plan(model, hf_config, params, system_file, prices_file, price_overrides, ha
       mgbench plan --model llama3-8b --tokens 1e12 --spot --preemption-rate 0.05 --restart-minutes 30 --json
       mgbench plan --model llama3-8b --tokens 1e12 --stack torchtitan      # an FSDP2 stack's published efficiency
       mgbench plan --model gpt2-small --tokens 1e9 --seq-len 1024 --hardware PROFILE   # this machine, 1..N ranks
+      #   (a CPU probe measures fp32: add --precision fp32)
       mgbench plan --hf PATH/config.json --tokens 1e12                   # a Hugging Face model, read on disk
       mgbench plan --model llama3-8b --tokens 1e12 --html plan.html     # a page with the plots, to show others
       mgbench plan --model llama3-8b --tokens 1e12 --own dgx-h100:64    # on GPUs you already own

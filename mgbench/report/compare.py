@@ -98,8 +98,12 @@ def compare_runs(base: str, new: str, results_dir: str = "results", metric: str 
                  threshold_pct: float = 10.0) -> list[dict[str, Any]]:
     """One row per config present in both runs: values, change %, p-value, verdict."""
     check_metric(metric)
-    base_recs = store.latest_records(store.read_records(store.resolve_run(base, results_dir)))
-    new_recs = store.latest_records(store.read_records(store.resolve_run(new, results_dir)))
+    dirs = [store.resolve_run(r, results_dir) for r in (base, new)]
+    for name, d in zip((base, new), dirs):
+        if store.read_manifest(d).get("kind") == "comm":  # no training configs: nothing to match
+            raise MgbenchError(f"{name} is a `mgbench comm` sweep: compare takes runs of `mgbench run`; "
+                               f"`mgbench report {base} {new}` shows sweeps side by side")
+    base_recs, new_recs = (store.latest_records(store.read_records(d)) for d in dirs)
     sep = separating_keys(base_recs, new_recs)
     b_recs = {match_key(r, sep): r for r in base_recs}
     n_recs = {match_key(r, sep): r for r in new_recs}

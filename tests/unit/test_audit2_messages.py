@@ -1,0 +1,50 @@
+"""One-line errors that pointed the wrong way (an audit of 2026-11-29): each now names what
+is wrong, exits 2 and shows no traceback."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from mgbench.cli import main
+from tests.factories import make_config, make_record, make_run
+
+
+def fails_saying(args, says, cwd=None):
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output
+    return r
+
+
+@pytest.mark.parametrize("given", ["m/config.json", "config.json", "hf:m/config.json"])
+def test_a_config_path_given_as_a_model_points_to_hf(given):
+    path = given.removeprefix("hf:")
+    fails_saying(["memory", "--model", given], f"a Hugging Face config is read with --hf {path}")
+
+
+def test_an_unknown_preset_names_the_command_line_dims():
+    fails_saying(["memory", "--model", "llama3-8x"], "--layers --hidden --heads --vocab on the command line")
+
+
+def test_a_suite_that_is_a_folder_or_not_text(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s").mkdir()
+    fails_saying(["run", "s", "--dry-run"], "is a folder: give a .toml file in it")
+    (tmp_path / "b.toml").write_bytes(b"\xff\xfe name")
+    fails_saying(["run", "b.toml", "--dry-run"], "cannot read it as a TOML file")
+
+
+def test_data_paths_that_are_files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    fails_saying(["data", "make", "afile/sub", "--tokens", "1000", "--vocab", "256"], "afile is a file, not a folder")
+    fails_saying(["run", "smoke", "--set", "strategy=ddp", "--set", "nproc=1", "--set", "data=disk", "--set",
+                  "data_path=afile", "--no-report", "--no-projection"], "afile is a file, not a dataset folder")
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+
+
+def test_compare_says_a_comm_sweep_is_not_a_training_run(tmp_path):
+    make_run(tmp_path, "c1", [], kind="comm")
+    make_run(tmp_path, "r1", [make_record(make_config(strategy="ddp", nproc=2), "r1", step_times_s=[0.1] * 5)])
+    for pair in (["c1", "c1"], ["r1", "c1"]):
+        fails_saying(["compare", *pair, "--results-dir", str(tmp_path)], "c1 is a `mgbench comm` sweep")
