@@ -196,20 +196,30 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
             f"nothing to run: every one of the {len(configs)} configs is skipped on {count} {kind} device(s) "
             f"({'; '.join(reasons[:3])}{'; ...' if len(reasons) > 3 else ''}); change the sweep (--set) and check "
             "it with --dry-run")
+    # What a resume would leave alone: the configs the run recorded, but for interrupted ones
+    # (as the launcher decides, runner/launch.py).
+    recorded = {} if not (resume and dry_run) else {
+        r["config_id"]: r["status"] for r in store.latest_records(store.read_records(store.resolve_run(resume, results_dir)))
+        if r["status"] != "interrupted"}
     if dry_run and as_json:
         import json as _json
 
         if nothing_to_run is not None:  # stdout stays empty rather than holding JSON for an error
             raise nothing_to_run
         click.echo(_json.dumps({"suite": s.name, "device_kind": kind, "num_devices": count, "configs": [
-            {"config_id": c.config_id, "label": c.label, "skip_reason": c.skip_reason} for c in configs]}, indent=2))
+            {"config_id": c.config_id, "label": c.label, "skip_reason": c.skip_reason,
+             **({"recorded": recorded.get(c.config_id)} if resume else {})} for c in configs]}, indent=2))
         return
     if dry_run:
         for c in configs:
-            click.echo(f"{c.config_id}  {c.label}" + (f"  [skipped: {c.skip_reason}]" if c.skip_reason else ""))
+            click.echo(f"{c.config_id}  {c.label}" + (f"  [skipped: {c.skip_reason}]" if c.skip_reason else "")
+                       + (f"  [recorded: {recorded[c.config_id]}]" if c.config_id in recorded else ""))
         if nothing_to_run is not None:
             raise nothing_to_run
-        click.echo(f"{len(configs)} configs, {sum(c.skip_reason is None for c in configs)} runnable on {count} {kind} device(s)")
+        runnable = [c for c in configs if c.skip_reason is None]
+        click.echo(f"{len(configs)} configs, {len(runnable)} runnable on {count} {kind} device(s)"
+                   + (f"; {sum(c.config_id in recorded for c in runnable)} of them recorded, so a resume runs "
+                      f"{sum(c.config_id not in recorded for c in runnable)}" if resume else ""))
         return
     if nothing_to_run is not None:
         raise nothing_to_run

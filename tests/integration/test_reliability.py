@@ -144,3 +144,21 @@ inject = ["slow@rank=1,factor=40", "none"]
     latest = store.latest_records(store.read_records(run))
     assert sorted(r["status"] for r in latest) == ["ok", "ok"]
     assert store.read_manifest(run)["status"] == "complete"
+
+
+def test_resume_dry_run_marks_what_is_recorded_and_counts_what_a_resume_runs(tmp_path, cli):
+    """`run --resume RUN --dry-run` listed every config as runnable, recorded or not."""
+    (tmp_path / "two.toml").write_text(
+        'name = "two"\n[sweep]\nmodel = "tiny"\nstrategy = "ddp"\nnproc = [1, 2]\nseq_len = 16\nwarmup_steps = 1\n'
+        "measured_steps = 2\ncheck_steps = 1\ntrack_memory = false\n")
+    assert cli("run", "two.toml", "--run-id", "r", "--no-report", "--no-projection").returncode == 0
+    run = tmp_path / "results" / "r"
+    lines = (run / "records.jsonl").read_text().splitlines()
+    (run / "records.jsonl").write_text(lines[0] + "\n")  # as if interrupted after the first config
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps({**manifest, "status": "interrupted"}))
+    p = cli("run", "--resume", "r", "--dry-run")
+    assert p.returncode == 0 and p.stdout.count("[recorded: ok]") == 1, p.stdout + p.stderr
+    assert "2 configs, 2 runnable on" in p.stdout and "1 of them recorded, so a resume runs 1" in p.stdout, p.stdout
+    j = json.loads(cli("run", "--resume", "r", "--dry-run", "--json").stdout)
+    assert sorted(str(c["recorded"]) for c in j["configs"]) == ["None", "ok"]
