@@ -136,15 +136,25 @@ def run_suite(
             manifest["nodes"] = [json.loads(p.read_text()) for p in nodes]
 
         counts: dict[str, int] = defaultdict(int)
-        for r in store.latest_records(store.read_records(run_dir)):
+        latest = store.latest_records(store.read_records(run_dir))
+        for r in latest:
             counts[r["status"]] += 1
-        manifest.update(status="interrupted" if stop.signal else "complete",
+        interrupted = final_status(bool(stop.signal), configs, latest) == "interrupted"
+        manifest.update(status="interrupted" if interrupted else "complete",
                         finished_at=dt.datetime.now().isoformat(timespec="seconds"), counts=dict(counts))
         store.write_manifest(run_dir, manifest)
-    if stop.signal:
+    if interrupted:
         progress(f"stopped by {signal.Signals(stop.signal).name}: finished configs are kept; "
                  f"continue with `mgbench run --resume {run_id}`")
     return run_dir.path
+
+
+def final_status(signalled: bool, configs: list[RunConfig], latest: list[dict[str, Any]]) -> str:
+    """A finished sweep's status: "interrupted" where a signal stopped it before every config
+    had a record (an interrupted one's does not count: a resume runs it again), else
+    "complete" (a signal that came once every config was recorded interrupted nothing)."""
+    done = {r["config_id"] for r in latest if r["status"] != "interrupted"}
+    return "interrupted" if signalled and any(c.config_id not in done for c in configs) else "complete"
 
 
 def create_run(suite: Suite, results_dir: str | Path, run_id: str | None, device_kind: str, num_devices: int,

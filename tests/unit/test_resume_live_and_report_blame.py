@@ -80,3 +80,16 @@ def test_report_tells_a_read_error_from_a_write_error(tmp_path):
         assert cli_mod._writing_to(OSError(13, "Permission denied", None if name is None else str(name)), target), name
     reading = tmp_path / "results" / "run" / "records.jsonl"
     assert not cli_mod._writing_to(OSError(13, "Permission denied", str(reading)), target)
+
+
+def test_a_signal_after_the_last_config_leaves_the_run_complete():
+    """Ctrl-C once every config was recorded marked the run interrupted and asked for a
+    resume that had nothing to run."""
+    from mgbench.runner.launch import final_status
+
+    a, b = make_config(strategy="ddp", nproc=1), make_config(strategy="ddp", nproc=2)
+    both = [{"config_id": a.config_id, "status": "ok"}, {"config_id": b.config_id, "status": "oom"}]
+    assert final_status(True, [a, b], both) == "complete"
+    assert final_status(True, [a, b], both[:1]) == "interrupted"  # b not recorded
+    assert final_status(True, [a, b], [both[0], {"config_id": b.config_id, "status": "interrupted"}]) == "interrupted"
+    assert final_status(False, [a, b], both[:1]) == "complete"  # no signal: whatever ended it was not one
