@@ -31,10 +31,13 @@ def read_config(path: str | Path, label: str | None = None, where: str = "or of 
     if p.is_dir():
         p = p / "config.json"
     try:
-        cfg = json.loads(p.read_text())
+        cfg = json.loads(p.read_text(encoding="utf-8"))
     except OSError as e:
         raise MgbenchError(f"{label}: cannot read the config ({e.strerror}); give the path of a Hugging Face "
                            f"config.json, {where}") from None
+    except UnicodeDecodeError as e:  # Hugging Face writes config.json as UTF-8: other bytes are damage
+        raise MgbenchError(f"{label}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); a "
+                           "Hugging Face config.json is UTF-8 JSON: repair it or download it again") from None
     except json.JSONDecodeError as e:
         raise MgbenchError(f"{label}: not valid JSON ({e})") from None
     if not isinstance(cfg, dict):
@@ -74,9 +77,22 @@ def shape_from_hf(cfg: dict[str, Any], name: str) -> ModelShape:
         return dataclasses.replace(shape, left_out=left_out) if left_out else shape
     except KeyError as e:
         raise MgbenchError(f"model {name}: the Hugging Face {arch} config lacks {e.args[0]}") from None
+    except BadValue as e:
+        key, what, value = e.args
+        raise MgbenchError(f"model {name}: the Hugging Face {arch} config's {key} must be {what}, got {value!r}"
+                           ) from None
+
+
+class BadValue(Exception):
+    """A config key holding a value of the wrong kind, as (key, what it must be, the
+    value), raised where a reader here computes with it before ModelShape checks the
+    dims (a string in arithmetic, an int iterated over would end in a traceback);
+    :func:`shape_from_hf` names the model."""
 
 
 def _int(cfg: dict[str, Any], key: str, default: Any = None) -> Any:
+    """A dim the config must give (KeyError when it does not, unless ``default``), as
+    given: ModelShape says which dim is not a positive integer."""
     v = cfg.get(key)
     if v is None:
         if default is None:
@@ -85,10 +101,28 @@ def _int(cfg: dict[str, Any], key: str, default: Any = None) -> Any:
     return v
 
 
+def _is_count(v: Any) -> bool:
+    """Whether ``v`` is a positive integer (JSON true is not one)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _layer_list(cfg: dict[str, Any], key: str) -> list[int] | None:
+    """A list of layer indices the config may give (mlp_only_layers, moe_layers)."""
+    v = cfg.get(key)
+    if v is not None and not (isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)):
+        raise BadValue(key, "a list of layer indices (integers)", v)
+    return v
+
+
 def _head_dim(cfg: dict[str, Any]) -> int | None:
-    """head_dim when it differs from hidden / heads (None: the default)."""
+    """head_dim when it differs from hidden / heads (None: the default). A hidden or
+    heads that is no positive integer is left to ModelShape to name."""
     h, a, d = cfg["hidden_size"], cfg["num_attention_heads"], cfg.get("head_dim")
-    return None if d is None or (h % a == 0 and d == h // a) else d
+    if d is None:
+        return None
+    if not _is_count(d):
+        raise BadValue("head_dim", "a positive integer", d)
+    return None if _is_count(h) and _is_count(a) and h % a == 0 and d == h // a else d
 
 
 def _local(cfg: dict[str, Any], layers: int, default_every: int) -> dict[str, Any]:
@@ -151,8 +185,10 @@ def _gemma(cfg: dict[str, Any], name: str) -> ModelShape:
 
 def _gpt2(cfg: dict[str, Any], name: str) -> ModelShape:
     h = _int(cfg, "n_embd")
-    return ModelShape(layers=_int(cfg, "n_layer"), hidden=h, heads=_int(cfg, "n_head"),
-                      ffn_hidden=cfg.get("n_inner") or 4 * h, vocab=_int(cfg, "vocab_size"), mlp="gelu",
+    # MLP 4 h wide unless given; no width from an n_embd that is no positive integer (ModelShape names it as hidden).
+    ffn = cfg.get("n_inner") or (4 * h if _is_count(h) else None)
+    return ModelShape(layers=_int(cfg, "n_layer"), hidden=h, heads=_int(cfg, "n_head"), ffn_hidden=ffn,
+                      vocab=_int(cfg, "vocab_size"), mlp="gelu",
                       tie_embeddings=bool(cfg.get("tie_word_embeddings", True)), name=name)
 
 
@@ -165,8 +201,18 @@ def _mixtral(cfg: dict[str, Any], name: str) -> ModelShape:
                 top_k=_int(cfg, "num_experts_per_tok"))
     oss = cfg["model_type"] == "gpt_oss"
     # swiglu_limit's default is transformers' GptOssConfig's own (7.0): a config without it means that.
-    extra = {"expert_bias": True, "glu_clamp": float(cfg.get("swiglu_limit", 7.0))} if oss else {}
+    extra = {"expert_bias": True, "glu_clamp": _swiglu_limit(cfg)} if oss else {}
     return ModelShape(**d, **extra, **_local(cfg, d["layers"], 2 if oss else 0))
+
+
+def _swiglu_limit(cfg: dict[str, Any]) -> float:
+    """gpt_oss's swiglu_limit (7.0 where the config leaves it out or null)."""
+    v = cfg.get("swiglu_limit")
+    if v is None:
+        return 7.0
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        raise BadValue("swiglu_limit", "a positive number", v)
+    return float(v)
 
 
 def _qwen_moe(cfg: dict[str, Any], name: str) -> ModelShape:
@@ -176,7 +222,7 @@ def _qwen_moe(cfg: dict[str, Any], name: str) -> ModelShape:
     moe_interval), with no mlp_only_layers beside a step other than 1 (whose phase would
     then differ from moe_interval's)."""
     layers = _int(cfg, "num_hidden_layers")
-    dense = sorted(cfg.get("mlp_only_layers") or [])
+    dense = sorted(_layer_list(cfg, "mlp_only_layers") or [])
     step = cfg.get("decoder_sparse_step", 1)
     if dense != list(range(len(dense))) or not isinstance(step, int) or step < 1 or (dense and step != 1):
         raise MgbenchError(f"model {name}: only leading dense layers, or MoE every k-th layer with none, are modelled "
@@ -198,9 +244,10 @@ def _llama4(cfg: dict[str, Any], name: str) -> ModelShape:
     beyond (a window holds up to the chunk's keys a query, a chunk half of that on average)."""
     layers = _int(cfg, "num_hidden_layers")
     step = cfg.get("interleave_moe_layer_step", 1)
-    listed = cfg.get("moe_layers")
-    if not isinstance(step, int) or step < 1 or (listed is not None and list(listed) != list(range(step - 1, layers,
-                                                                                                     step))):
+    listed = _layer_list(cfg, "moe_layers")
+    # (A layers that is no positive integer: ModelShape names it.)
+    if not isinstance(step, int) or step < 1 or (listed is not None and _is_count(layers)
+                                                 and listed != list(range(step - 1, layers, step))):
         raise MgbenchError(f"model {name}: only MoE every k-th layer from the k-th is modelled (moe_layers {listed}, "
                            f"interleave_moe_layer_step {step!r})")
     expert = _int(cfg, "intermediate_size")

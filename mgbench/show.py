@@ -139,7 +139,7 @@ def render(run_dir: Path, fmt: str = "table") -> str:
     from tabulate import tabulate
 
     manifest = store.read_manifest(run_dir)
-    head = (f"run {manifest['run_id']}  suite {manifest['suite']['name']}  "
+    head = (f"run {manifest['run_id']}  suite {(manifest.get('suite') or {}).get('name', '-')}  "
             f"on {manifest['machine'].get('gpu_name') or manifest['machine'].get('cpu_model')}  "
             f"status {run_status(manifest)[0]}")
     body = tabulate(table_rows(records), headers=[h for _, h in TABLE_COLUMNS], tablefmt="simple")

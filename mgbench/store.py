@@ -15,10 +15,11 @@ import os
 import re
 import secrets
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
+from . import run_files
 from .errors import MgbenchError
-from .record import COMM_ROW_VERSION, SCHEMA_VERSION, Record, migrate_comm_row, migrate_manifest, migrate_record
+from .record import COMM_ROW_VERSION, SCHEMA_VERSION, Record
 
 
 def new_run_id(suite_name: str) -> str:
@@ -272,25 +273,77 @@ def _naming(e: OSError, path: Path) -> OSError:
     return e
 
 
+# --- reading a run folder's files ---------------------------------------------------
+# Whatever a file holds (a folder in its place, bytes that are not UTF-8, JSON of
+# another shape), reading it ends in one MgbenchError naming the file (and line) and
+# what to do: the readers further on (show, status, report, compare) index and compute
+# with what these functions return, where a bad value would end in a traceback.
+
+# What reading an absent file raises: no file, or a path through something not a folder.
+ABSENT = (FileNotFoundError, NotADirectoryError)
+
+
+def _read_bytes(path: Path, what: str) -> bytes:
+    """The bytes of a run folder's file. An absent file raises one of :data:`ABSENT`
+    (each caller says what absence means); any other failure is an error naming the file
+    and why (a folder in its place, no permission)."""
+    try:
+        return path.read_bytes()
+    except ABSENT:
+        raise
+    except OSError as e:
+        raise _unreadable(e, path, what) from None
+
+
+def _unreadable(e: OSError, path: Path, what: str) -> MgbenchError:
+    """The error for a file of a run folder the system would not read."""
+    if isinstance(e, IsADirectoryError):
+        return MgbenchError(f"{path}: a folder where the {what} file belongs; move it aside (the run folder is "
+                            "damaged)")
+    return MgbenchError(f"{path}: cannot read the {what} file ({e.strerror or e}); make it readable, or move the run "
+                        "folder aside")
+
+
+def _utf8(data: bytes, where: "Path | str", what: str, fix: str = run_files.FILE_FIX) -> str:
+    """``data`` as text: mgbench writes its JSON as UTF-8 (ASCII), so other bytes are
+    damage, named with where they are."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MgbenchError(f"{where}: the {what} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                           f"{fix}") from None
+
+
+def _json_lines(data: bytes, path: Path, what: str, first: int = 1) -> Iterator[tuple[str, Any]]:
+    """("path:line", value) of each non-blank line of a JSON-lines file's bytes (``first``:
+    the number of the first line they hold); a line that is not UTF-8 or not JSON is an
+    error naming it. Split on newlines alone, so the numbers are those an editor shows."""
+    for i, raw in enumerate(data.split(b"\n"), first):
+        if not raw.strip():
+            continue
+        where = f"{path}:{i}"
+        try:
+            value = json.loads(_utf8(raw, where, what, run_files.LINE_FIX))
+        except json.JSONDecodeError as e:
+            raise MgbenchError(f"{where}: corrupt {what} ({e.msg}); {run_files.LINE_FIX}") from None
+        yield where, value
+
+
 def read_records(run_dir: "RunDir | Path") -> list[dict[str, Any]]:
-    """All records of a run (migrated to this schema version), as flat dicts; a corrupt
-    line is an error naming the file and line."""
-    path = RunDir(run_dir).records
-    if not path.exists():
+    """All records of a run (migrated to this schema version), as flat dicts; a line
+    that cannot be read, is not JSON or is not a record is an error naming the file and
+    line."""
+    return [rec for _, rec in _numbered_records(RunDir(run_dir).records)]
+
+
+def _numbered_records(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """Each record of records.jsonl with where it is ("path:line"); none if the file
+    is absent."""
+    try:
+        data = _read_bytes(path, "records")
+    except ABSENT:
         return []
-    out = []
-    with open(path) as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise MgbenchError(
-                    f"{path}:{i}: corrupt record ({e.msg}); remove or repair that line"
-                ) from None
-            out.append(migrate_record(rec))
-    return out
+    return [(where, run_files.record_of(value, where)) for where, value in _json_lines(data, path, "record")]
 
 
 class RecordTail:
@@ -301,17 +354,22 @@ class RecordTail:
     def __init__(self, run_dir: "RunDir | Path") -> None:
         self.path = RunDir(run_dir).records
         self.offset = 0
+        self.lines = 0  # lines read so far: errors name the line as an editor numbers it
 
     def new(self) -> list[dict[str, Any]]:
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
                 data = f.read()
-        except FileNotFoundError:
+        except ABSENT:
             return []
+        except OSError as e:
+            raise _unreadable(e, self.path, "records") from None
         end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
         self.offset += end
-        return [migrate_record(json.loads(line)) for line in data[:end].splitlines() if line.strip()]
+        first = self.lines + 1
+        self.lines += data.count(b"\n", 0, end)
+        return [run_files.record_of(value, where) for where, value in _json_lines(data[:end], self.path, "record", first)]
 
 
 def latest_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -326,9 +384,10 @@ def latest_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def repair_tail(run_dir: "RunDir | Path") -> int:
     """Drop a half-written last line (a writer killed mid-line); returns bytes dropped."""
     path = RunDir(run_dir).records
-    if not path.exists():
+    try:
+        data = _read_bytes(path, "records")
+    except ABSENT:
         return 0
-    data = path.read_bytes()
     if not data or data.endswith(b"\n"):
         return 0
     keep = data.rfind(b"\n") + 1
@@ -345,14 +404,18 @@ def write_manifest(run_dir: "RunDir | Path", manifest: dict[str, Any]) -> None:
 
 
 def read_manifest(run_dir: "RunDir | Path") -> dict[str, Any]:
-    """A run's manifest, migrated to this schema version."""
+    """A run's manifest, migrated to this schema version; one that cannot be read, is not
+    JSON or is not a manifest is an error naming the file."""
     path = RunDir(run_dir).manifest
     try:
-        return migrate_manifest(json.loads(path.read_text()))
-    except FileNotFoundError:
+        data = _read_bytes(path, "manifest")
+    except ABSENT:  # no file, or run_dir is not a folder
         raise MgbenchError(f"{run_dir} is not an mgbench run folder (no manifest.json)") from None
+    try:
+        value = json.loads(_utf8(data, path, "manifest"))
     except json.JSONDecodeError as e:
-        raise MgbenchError(f"{path}: corrupt manifest ({e.msg})") from None
+        raise MgbenchError(f"{path}: corrupt manifest ({e.msg}); repair it, or move the run folder aside") from None
+    return run_files.manifest_of(value, str(path))
 
 
 def resolve_run(run: str | Path, results_dir: str | Path = "results") -> Path:
@@ -361,8 +424,8 @@ def resolve_run(run: str | Path, results_dir: str | Path = "results") -> Path:
     not_id = _run_id_problem(str(run))  # such a name must not lead out of results_dir
     candidates = [Path(run)] + ([Path(results_dir) / str(run)] if not_id is None else [])
     for p in candidates:
-        if p.is_dir():
-            if not RunDir(p).manifest.exists():
+        if _looked_up(p.is_dir, p, results_dir):
+            if not _looked_up(RunDir(p).manifest.exists, p, results_dir):
                 raise MgbenchError(f"{p} is not an mgbench run folder (no manifest.json)")
             return p
     if not_id is not None:
@@ -375,6 +438,23 @@ def resolve_run(run: str | Path, results_dir: str | Path = "results") -> Path:
         f"run {str(run)!r} not found as a folder or as a run id under {results_dir}/; "
         f"list them with `ls {results_dir}/` or pass another --results-dir"
     )
+
+
+def _looked_up(test: Callable[[], bool], path: Path, results_dir: str | Path) -> bool:
+    """``test()`` (is_dir, exists) of a path a run given by name leads to; an error naming
+    the path where the system refuses to look (a name longer than a file name may be, a
+    folder without permission), which pathlib raises instead of answering False."""
+    try:
+        return test()
+    except OSError as e:
+        raise MgbenchError(f"run {_shown(str(path))}: cannot look it up ({e.strerror}); give a run folder's path, or a "
+                           f"run id under {results_dir}/") from None
+
+
+def _shown(name: str, limit: int = 80) -> str:
+    """A name as an error message shows it: a name of hundreds of characters cut short,
+    saying how long it is, so the message stays one readable line."""
+    return name if len(name) <= limit else f"{name[:limit]}... ({len(name)} characters)"
 
 
 def profiles_dir(results_dir: str | Path = "results") -> Path:
@@ -390,28 +470,43 @@ def datasets_dir(results_dir: str | Path = "results") -> Path:
 
 def read_progress(path: Path) -> dict[str, Any] | None:
     """A job's progress file (config_id, started, round, rounds), or None while it is
-    absent or half-written."""
+    absent or half-written; one that cannot be read or is not a progress file is an
+    error naming it."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = _read_bytes(path, "progress")
+    except ABSENT:
         return None
+    try:
+        value = json.loads(_utf8(data, path, "progress file"))
+    except json.JSONDecodeError:  # half-written: the next poll reads it whole
+        return None
+    return run_files.progress_of(value, str(path))
 
 
 def latest_run(results_dir: str | Path = "results") -> Path:
     """The newest run folder: the latest its manifest says it started (a chosen --run-id
     such as "slow" does not sort by time as generated ids do), then the folder name."""
     root = Path(results_dir)
-    runs = [p for p in root.glob("*") if RunDir(p).manifest.exists()] if root.is_dir() else []
+    runs = [p for p in root.glob("*") if _has_manifest(p)] if root.is_dir() else []
     if not runs:
         raise MgbenchError(f"no runs under {root}/; run `mgbench run` first or pass --results-dir")
 
-    def started(p: Path) -> tuple[str, str]:
+    def started(p: Path) -> tuple[bool, str, str]:
         try:
-            return str(read_manifest(p).get("started_at") or ""), p.name
-        except MgbenchError:  # a damaged manifest: last in the order, not a crash of `show`
-            return "", p.name
+            return True, str(read_manifest(p).get("started_at") or ""), p.name
+        except MgbenchError:  # a damaged manifest: after every readable run, not a crash of `show`
+            return False, "", p.name
 
     return max(runs, key=started)
+
+
+def _has_manifest(folder: Path) -> bool:
+    """Whether a folder holds a manifest.json (file or not: reading it says what is wrong);
+    False where the system will not say (a folder without permission): not a run to pick."""
+    try:
+        return RunDir(folder).manifest.exists()
+    except OSError:
+        return False
 
 
 def load(runs: Iterable[str | Path], results_dir: str | Path = "results") -> "Any":
@@ -423,8 +518,11 @@ def load(runs: Iterable[str | Path], results_dir: str | Path = "results") -> "An
     for run in runs:
         path = resolve_run(run, results_dir)
         manifest = read_manifest(path)
-        machine = manifest.get("machine", {})
-        for rec in latest_records(read_records(path)):
+        machine = manifest.get("machine") or {}
+        numbered = _numbered_records(RunDir(path).records)
+        for where, rec in numbered:
+            run_files.check_table_keys(rec, where)
+        for rec in latest_records([rec for _, rec in numbered]):
             rows.append(
                 {
                     "run_id": manifest.get("run_id", path.name),
@@ -442,18 +540,11 @@ def load_comm_rows(run_dir: "str | Path | RunDir") -> list[dict[str, Any]]:
     """Every row of a comm run (none if it has no comm.jsonl), migrated to the current
     version; a corrupt line is an error naming the file and line."""
     path = RunDir(run_dir).comm_rows
-    if not path.exists():
+    try:
+        data = _read_bytes(path, "comm rows")
+    except ABSENT:
         return []
-    out = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise MgbenchError(f"{path}:{i}: corrupt comm row ({e.msg}); remove or repair that line") from None
-        out.append(migrate_comm_row(row, f"{path}:{i}"))
-    return out
+    return [run_files.comm_row_of(value, where) for where, value in _json_lines(data, path, "comm row")]
 
 
 def append_comm_row(run_dir: "str | Path | RunDir", row: dict[str, Any]) -> None:
@@ -470,9 +561,12 @@ def load_comm_fits(run_dir: "str | Path | RunDir") -> dict[str, Any]:
     series had too few sizes to fit); empty if the run has none yet. Fits are derived
     from the rows on every run, so they carry no version of their own."""
     path = RunDir(run_dir).comm_fit
-    if not path.exists():
+    try:
+        data = _read_bytes(path, "comm fits")
+    except ABSENT:
         return {}
     try:
-        return json.loads(path.read_text())
+        value = json.loads(_utf8(data, path, "comm fits file", "repair or delete it"))
     except json.JSONDecodeError as e:
         raise MgbenchError(f"{path}: corrupt comm fits ({e.msg}); repair or delete it") from None
+    return run_files.comm_fits_of(value, str(path))

@@ -219,7 +219,8 @@ def energy(df: pd.DataFrame) -> Figure | None:
     ok = ok[ok["energy_per_token_j"].notna()]
     labels = [str(x)[:60] for x in ok.get("label", ok["config_id"])]
     fig = go.Figure(go.Bar(x=labels, y=ok["energy_per_token_j"] * 1000, name="energy per token",
-                           text=[f"{w:.0f} W" if w == w else "" for w in ok.get("power_w", pd.Series(float("nan"), index=ok.index))],
+                           text=[f"{w:.0f} W" if w is not None and w == w else ""  # a power the window could not give: None
+                                 for w in ok.get("power_w", pd.Series(float("nan"), index=ok.index))],
                            textposition="outside"))
     fig.update_layout(title="Energy per token (measured window)", yaxis_title="energy per token (mJ)", **LAYOUT)
     fig.update_xaxes(tickangle=30)

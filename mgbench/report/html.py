@@ -211,7 +211,7 @@ def build(runs: list[str | Path], output: str | Path, results_dir: str | Path = 
         best.sort(key=lambda x: -x["tokens_per_s"])
 
     sections: list[tuple[str, str, str]] = []
-    machine_rows = [{"run": m["run_id"], "suite": m["suite"]["name"], "status": run_status(m)[0],
+    machine_rows = [{"run": m["run_id"], "suite": (m.get("suite") or {}).get("name"), "status": run_status(m)[0],
                      "host": m["machine"].get("hostname"), "cpu": m["machine"].get("cpu_model"),
                      "gpus": f"{m['machine'].get('gpu_count')} x {m['machine'].get('gpu_name')}" if m["machine"].get("gpu_count") else "none",
                      "torch": m["machine"].get("torch"), "mgbench": m["machine"].get("mgbench"),

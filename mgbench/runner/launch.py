@@ -149,6 +149,16 @@ def run_suite(
     return run_dir.path
 
 
+def _progress_now(path: Path) -> dict[str, Any] | None:
+    """The job's progress file as the launcher polls it: None while absent, half-written or
+    damaged (store.read_progress names damage, which `mgbench status` reports; a sweep that
+    is measuring must not stop for a heartbeat file: its timeout and startup limits still act)."""
+    try:
+        return store.read_progress(path)
+    except MgbenchError:
+        return None
+
+
 def final_status(signalled: bool, configs: list[RunConfig], latest: list[dict[str, Any]]) -> str:
     """A finished sweep's status: "interrupted" where a signal stopped it before every config
     had a record (an interrupted one's does not count: a resume runs it again), else
@@ -351,7 +361,7 @@ def _run_group(run_dir: RunDir, run_id: str, gi: int, nproc: int, device: str, g
                 yield from _new_records(tail, remaining, seen)
                 if rc is not None:
                     break
-                cur = store.read_progress(progress_path)
+                cur = _progress_now(progress_path)
                 if cur and cur.get("rounds", 1) > 1 and cur.get("round", 1) != shown_round:
                     # Records only land after a config's last round: say where the job is.
                     shown_round, now = cur["round"], time.monotonic()
@@ -385,7 +395,7 @@ def _run_group(run_dir: RunDir, run_id: str, gi: int, nproc: int, device: str, g
         remaining = [c for c in remaining if c.config_id not in seen]
         if not remaining:
             return
-        cur = store.read_progress(progress_path)
+        cur = _progress_now(progress_path)
         failed = by_id.get(cur["config_id"]) if cur and cur["config_id"] in {c.config_id for c in remaining} else None
         if not leader:
             # The leader records what failed; wait for that, then relaunch in step with it.

@@ -48,3 +48,19 @@ def test_compare_says_a_comm_sweep_is_not_a_training_run(tmp_path):
     make_run(tmp_path, "r1", [make_record(make_config(strategy="ddp", nproc=2), "r1", step_times_s=[0.1] * 5)])
     for pair in (["c1", "c1"], ["r1", "c1"]):
         fails_saying(["compare", *pair, "--results-dir", str(tmp_path)], "c1 is a `mgbench comm` sweep")
+
+
+def test_readers_take_a_manifest_without_a_suite_and_a_window_without_power(tmp_path, monkeypatch):
+    """show and report indexed manifest["suite"]; the energy figure formatted a null power."""
+    import pandas as pd
+
+    from mgbench.report import figures
+
+    monkeypatch.chdir(tmp_path)
+    make_run(tmp_path / "results", "n", [make_record(make_config(strategy="ddp", nproc=2), "n", step_times_s=[0.1] * 5)],
+             machine={"cpu_model": "cpu"}, status="complete")
+    shown = CliRunner().invoke(main, ["show", "n"])
+    assert shown.exit_code == 0 and "suite -" in shown.output.splitlines()[0], shown.output
+    assert CliRunner().invoke(main, ["report", "n", "-o", "n.html"]).exit_code == 0
+    df = pd.DataFrame([{"status": "ok", "config_id": "a", "label": "a", "energy_per_token_j": 0.5, "power_w": None}])
+    assert figures.energy(df) is not None
