@@ -223,6 +223,8 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
         return
     if nothing_to_run is not None:
         raise nothing_to_run
+    if not no_report and Path(reports_dir).exists() and not Path(reports_dir).is_dir():  # found now, not after the sweep
+        raise MgbenchError(f"--reports-dir {reports_dir} is a file: give a folder for the report, or --no-report")
     click.echo(f"suite {s.name} ({s.path}) on {count} {kind} device(s)", err=as_json)
     if s.name == "default" and not resume and not no_projection and cluster is None:
         _probe_once(kind, results_dir, lambda m: click.echo(m, err=as_json))
@@ -375,6 +377,13 @@ def report(runs: tuple[str, ...], output: str | None, results_dir: str, metric: 
     from . import store
 
     paths = [store.resolve_run(r, results_dir) for r in runs]
+    # The report's tables and figures tell runs apart by the id their manifest holds: two
+    # folders with one id (a copied folder, or two results folders) would merge.
+    ids = [store.read_manifest(p)["run_id"] for p in paths]
+    if twice := sorted({i for i in ids if ids.count(i) > 1}):
+        folders = ", ".join(str(p) for p, i in zip(paths, ids) if i in twice)
+        raise MgbenchError(f"{folders} hold the same run id ({', '.join(twice)}); a report tells runs apart by id: "
+                           "report them apart, or give one a new id in its manifest.json")
     plan_data = None
     if plan_file:
         try:

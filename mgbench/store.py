@@ -46,7 +46,13 @@ def _run_id_problem(run_id: str) -> str | None:
             "it holds a path separator" if "/" in run_id or "\\" in run_id else
             "it holds '..'" if ".." in run_id else
             "it starts with '.'" if run_id.startswith(".") else
-            "it holds a NUL character" if "\0" in run_id else None)
+            "it holds a NUL character" if "\0" in run_id else
+            f"it is longer than {MAX_RUN_ID_BYTES} bytes" if len(run_id.encode()) > MAX_RUN_ID_BYTES else None)
+
+
+# A file name holds at most 255 bytes; the report's temporary file (.<id>.html.tmp-<pid>)
+# adds about 25 to the id.
+MAX_RUN_ID_BYTES = 200
 
 
 class RunDir:

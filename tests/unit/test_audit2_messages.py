@@ -64,3 +64,27 @@ def test_readers_take_a_manifest_without_a_suite_and_a_window_without_power(tmp_
     assert CliRunner().invoke(main, ["report", "n", "-o", "n.html"]).exit_code == 0
     df = pd.DataFrame([{"status": "ok", "config_id": "a", "label": "a", "energy_per_token_j": 0.5, "power_w": None}])
     assert figures.energy(df) is not None
+
+
+def test_run_refuses_a_report_place_it_could_not_use_before_the_sweep(tmp_path, monkeypatch):
+    """A --reports-dir that is a file, or a run id too long for the report's file name, ended in
+    a traceback after the whole sweep."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "f").write_text("x")
+    fails_saying(["run", "smoke", "--set", "strategy=ddp", "--set", "nproc=1", "--no-projection", "--reports-dir", "f"],
+                 "--reports-dir f is a file")
+    fails_saying(["run", "smoke", "--no-projection", "--run-id", "x" * 201], "it is longer than 200 bytes")
+    assert not (tmp_path / "results").exists()
+
+
+def test_report_refuses_two_runs_with_one_id(tmp_path, monkeypatch):
+    """Two folders holding run id exp1 merged in the report (its scaling plot took the max of
+    both at each device count)."""
+    monkeypatch.chdir(tmp_path)
+    for root in ("A", "B"):
+        make_run(tmp_path / root, "exp1", [make_record(make_config(strategy="ddp", nproc=2), "exp1",
+                                                       step_times_s=[0.1] * 5)],
+                 machine={"cpu_model": "cpu"}, suite={"name": "s"}, status="complete")
+    fails_saying(["report", "A/exp1", "B/exp1", "-o", "r.html"], "hold the same run id (exp1)")
+    assert not (tmp_path / "r.html").exists()
+    assert CliRunner().invoke(main, ["report", "A/exp1", "-o", "r.html"]).exit_code == 0
