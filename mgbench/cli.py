@@ -379,8 +379,8 @@ def report(runs: tuple[str, ...], output: str | None, results_dir: str, metric: 
     paths = [store.resolve_run(r, results_dir) for r in runs]
     # The report's tables and figures tell runs apart by the id their manifest holds: two
     # folders with one id (a copied folder, or two results folders) would merge.
-    ids = [store.read_manifest(p)["run_id"] for p in paths]
-    if twice := sorted({i for i in ids if ids.count(i) > 1}):
+    ids = [store.read_manifest(p)["run_id"] if store.RunDir(p).manifest.is_file() else None for p in paths]
+    if twice := sorted({i for i in ids if i is not None and ids.count(i) > 1}):
         folders = ", ".join(str(p) for p, i in zip(paths, ids) if i in twice)
         raise MgbenchError(f"{folders} hold the same run id ({', '.join(twice)}); a report tells runs apart by id: "
                            "report them apart, or give one a new id in its manifest.json")
