@@ -66,8 +66,11 @@ def shape_from_hf(cfg: dict[str, Any], name: str) -> ModelShape:
         left_out = _other_towers(cfg)
         cfg = {**cfg["text_config"], "model_type": cfg["text_config"].get("model_type", cfg.get("model_type"))}
     arch = cfg.get("model_type")
-    if not isinstance(arch, str):
+    if "model_type" not in cfg:
         raise MgbenchError(f"model {name}: the Hugging Face config has no model_type")
+    if not isinstance(arch, str):
+        raise MgbenchError(f"model {name}: the Hugging Face config's model_type must be a string (e.g. \"llama\"), "
+                           f"got {arch!r}")
     reader = READERS.get(arch)
     if reader is None:
         raise MgbenchError(f"model {name}: Hugging Face model_type {arch!r} is not read by mgbench; it reads "

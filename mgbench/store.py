@@ -428,6 +428,7 @@ def resolve_run(run: str | Path, results_dir: str | Path = "results") -> Path:
     """A run given as a path to its folder or as a run id under ``results_dir`` (a
     plain folder name: check_run_id)."""
     not_id = _run_id_problem(str(run))  # such a name must not lead out of results_dir
+    shown = f"{Path(results_dir)}/"  # as messages name it: "" is the current folder, ./
     candidates = [Path(run)] + ([Path(results_dir) / str(run)] if not_id is None else [])
     for p in candidates:
         if _looked_up(p.is_dir, p, results_dir):
@@ -436,13 +437,13 @@ def resolve_run(run: str | Path, results_dir: str | Path = "results") -> Path:
             return p
     if not_id is not None:
         raise MgbenchError(f"run {str(run)!r}: no such folder, and not a run id ({not_id}); "
-                           f"give a run folder's path, or a run id under {results_dir}/")
+                           f"give a run folder's path, or a run id under {shown}")
     if not Path(results_dir).is_dir():
-        raise MgbenchError(f"run {str(run)!r} not found: the results folder {results_dir}/ does not exist; give the folder "
+        raise MgbenchError(f"run {str(run)!r} not found: the results folder {shown} does not exist; give the folder "
                            "your runs are in with --results-dir (or a run folder's path)")
     raise MgbenchError(
-        f"run {str(run)!r} not found as a folder or as a run id under {results_dir}/; "
-        f"list them with `ls {results_dir}/` or pass another --results-dir"
+        f"run {str(run)!r} not found as a folder or as a run id under {shown}; "
+        f"list them with `ls {shown}` or pass another --results-dir"
     )
 
 
@@ -454,7 +455,7 @@ def _looked_up(test: Callable[[], bool], path: Path, results_dir: str | Path) ->
         return test()
     except OSError as e:
         raise MgbenchError(f"run {_shown(str(path))}: cannot look it up ({e.strerror}); give a run folder's path, or a "
-                           f"run id under {results_dir}/") from None
+                           f"run id under {Path(results_dir)}/") from None
 
 
 def _shown(name: str, limit: int = 80) -> str:

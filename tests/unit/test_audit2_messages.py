@@ -88,3 +88,16 @@ def test_report_refuses_two_runs_with_one_id(tmp_path, monkeypatch):
     fails_saying(["report", "A/exp1", "B/exp1", "-o", "r.html"], "hold the same run id (exp1)")
     assert not (tmp_path / "r.html").exists()
     assert CliRunner().invoke(main, ["report", "A/exp1", "-o", "r.html"]).exit_code == 0
+
+
+def test_an_empty_results_dir_is_the_current_folder_in_messages(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    fails_saying(["show", "x", "--results-dir", ""], "as a run id under ./; list them with `ls ./`")
+
+
+def test_a_model_type_that_is_no_string_is_named(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"model_type": 5, "num_hidden_layers": 2}')
+    fails_saying(["memory", "--hf", str(cfg)], "model_type must be a string (e.g. \"llama\"), got 5")
+    cfg.write_text('{"num_hidden_layers": 2}')
+    fails_saying(["memory", "--hf", str(cfg)], "the Hugging Face config has no model_type")
