@@ -196,11 +196,9 @@ def run(suite: str, results_dir: str, run_id: str | None, overrides: tuple[str, 
             f"nothing to run: every one of the {len(configs)} configs is skipped on {count} {kind} device(s) "
             f"({'; '.join(reasons[:3])}{'; ...' if len(reasons) > 3 else ''}); change the sweep (--set) and check "
             "it with --dry-run")
-    # What a resume would leave alone: the configs the run recorded, but for interrupted ones
-    # (as the launcher decides, runner/launch.py).
-    recorded = {} if not (resume and dry_run) else {
-        r["config_id"]: r["status"] for r in store.latest_records(store.read_records(store.resolve_run(resume, results_dir)))
-        if r["status"] != "interrupted"}
+    # What a resume would leave alone (as the launcher decides it).
+    recorded = store.recorded_configs(store.read_records(store.resolve_run(resume, results_dir))) \
+        if resume and dry_run else {}
     if dry_run and as_json:
         import json as _json
 

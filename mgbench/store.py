@@ -387,6 +387,12 @@ def latest_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(last.values())
 
 
+def recorded_configs(records: list[dict[str, Any]]) -> dict[str, str]:
+    """Each config a run has recorded and its latest record's status, but for interrupted
+    ones: what a resume leaves alone (runner/launch.py runs the others again)."""
+    return {r["config_id"]: r["status"] for r in latest_records(records) if r["status"] != "interrupted"}
+
+
 def repair_tail(run_dir: "RunDir | Path") -> int:
     """Drop a half-written last line (a writer killed mid-line); returns bytes dropped."""
     path = RunDir(run_dir).records

@@ -263,4 +263,3 @@ def render_copies(manifest: dict[str, Any], rows: list[dict[str, Any]], fits: di
         if f and f.get("bw_gbps"):
             out.append(f"{name}: alpha-beta fit alpha {f['alpha_s'] * 1e6:.1f} us, bandwidth {f['bw_gbps']:.3f} GB/s")
     return out
-

@@ -106,7 +106,7 @@ def run_suite(
         if repaired:
             progress(f"records.jsonl: dropped a half-written last line ({repaired} bytes) left by the kill")
         configs = with_data(expand(suite, device_kind, num_devices), results_dir, progress)
-        done = {r["config_id"] for r in store.latest_records(store.read_records(run_dir)) if r["status"] != "interrupted"}
+        done = store.recorded_configs(store.read_records(run_dir))
         todo = [c for c in configs if c.config_id not in done]
         progress(f"resuming {run_id}: {len(configs) - len(todo)} of {len(configs)} configs already recorded")
         # This process now runs it: `mgbench status` reads the pid and host to tell it from a dead run.
@@ -163,7 +163,7 @@ def final_status(signalled: bool, configs: list[RunConfig], latest: list[dict[st
     """A finished sweep's status: "interrupted" where a signal stopped it before every config
     had a record (an interrupted one's does not count: a resume runs it again), else
     "complete" (a signal that came once every config was recorded interrupted nothing)."""
-    done = {r["config_id"] for r in latest if r["status"] != "interrupted"}
+    done = store.recorded_configs(latest)
     return "interrupted" if signalled and any(c.config_id not in done for c in configs) else "complete"
 
 
@@ -261,7 +261,7 @@ def _follow(suite: Suite, results_dir: str | Path, run: str | None, device_kind:
         time.sleep(1)
     manifest = store.read_manifest(path)
     configs = _only_world(with_data(expand(suite, device_kind, num_devices), results_dir, progress), cluster)
-    done = {r["config_id"] for r in store.latest_records(store.read_records(path)) if r["status"] != "interrupted"}
+    done = store.recorded_configs(store.read_records(path))
     todo = [c for c in configs if c.config_id not in done]
     stop = StopFlag()
     old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -93,3 +93,30 @@ def test_a_signal_after_the_last_config_leaves_the_run_complete():
     assert final_status(True, [a, b], both[:1]) == "interrupted"  # b not recorded
     assert final_status(True, [a, b], [both[0], {"config_id": b.config_id, "status": "interrupted"}]) == "interrupted"
     assert final_status(False, [a, b], both[:1]) == "complete"  # no signal: whatever ended it was not one
+
+
+def test_the_launcher_reads_a_damaged_progress_file_as_absent(tmp_path):
+    """store.read_progress names a damaged progress file (for `mgbench status`); the launcher
+    polling it mid-sweep takes it as no heartbeat instead of stopping the sweep."""
+    import pytest
+
+    from mgbench import store
+    from mgbench.errors import MgbenchError
+    from mgbench.runner.launch import _progress_now
+
+    f = tmp_path / "progress.json"
+    f.write_text("[1, 2]")
+    with pytest.raises(MgbenchError):
+        store.read_progress(f)
+    assert _progress_now(f) is None
+    f.write_text('{"config_id": "c", "started": 1.0}')
+    assert _progress_now(f)["config_id"] == "c"
+
+
+def test_what_a_resume_leaves_alone_is_one_rule():
+    from mgbench import store
+
+    recs = [{"config_id": "a", "status": "interrupted"}, {"config_id": "b", "status": "oom"},
+            {"config_id": "a", "status": "ok"}, {"config_id": "c", "status": "ok"},
+            {"config_id": "c", "status": "interrupted"}]
+    assert store.recorded_configs(recs) == {"a": "ok", "b": "oom"}  # c's latest record was interrupted
