@@ -235,7 +235,8 @@ _OPTIONAL = {
 PEAK_PRECISIONS = ("bf16", "fp16", "fp8", "tf32", "fp32")
 
 
-def _is_number(v: Any) -> bool:
+def is_number(v: Any) -> bool:
+    """Whether a value read from TOML or JSON is a number (true and false are not)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -262,7 +263,7 @@ def _check_value(where: str, key: str, kind: str, v: Any, known: dict[str, set[s
             return f"{at} must be a whole number, got {v!r}"
         return None if v > 0 else f"{at} must be positive, got {v}"
     if kind in ("positive", "fraction", "non-negative"):
-        if not _is_number(v):
+        if not is_number(v):
             return f"{at} must be a number, got {v!r}"
         if kind == "positive" and v <= 0:
             return f"{at} must be positive, got {v}"
@@ -277,7 +278,7 @@ def _check_value(where: str, key: str, kind: str, v: Any, known: dict[str, set[s
         for prec, peak in v.items():
             if prec not in PEAK_PRECISIONS:
                 return f"{at}: unknown precision {prec!r} (known: {', '.join(PEAK_PRECISIONS)})"
-            if not _is_number(peak) or peak <= 0:
+            if not is_number(peak) or peak <= 0:
                 return f"{at}.{prec} must be a positive number of TFLOPS, got {peak!r}"
         return None
     if kind == "patterns":

@@ -9,6 +9,7 @@ import dataclasses
 import json
 from typing import Any, Callable
 
+from .catalog import is_number
 from .config import RunConfig
 from .errors import MgbenchError, first_line
 from .model_shape import ModelShape
@@ -62,14 +63,10 @@ def _migrated(migrate: Callable[[dict[str, Any]], dict[str, Any]], obj: dict[str
 Check = tuple[str, Callable[[Any], bool]]
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 # Each declared type: (one, many, test).
 SCALARS: dict[str, tuple[str, str, Callable[[Any], bool]]] = {
-    "float": ("a number", "numbers", _is_number),
-    "int": ("a number", "numbers", _is_number),
+    "float": ("a number", "numbers", is_number),
+    "int": ("a number", "numbers", is_number),
     "str": ("a string", "strings", lambda v: isinstance(v, str)),
     "bool": ("true or false", "true or false values", lambda v: isinstance(v, bool)),
     "dict": ("an object", "objects", lambda v: isinstance(v, dict)),
@@ -142,7 +139,7 @@ MANIFEST_CHECKS: dict[str, Check] = {
     "suite": ("an object with a name (a string)", lambda v: isinstance(v, dict) and isinstance(v.get("name"), str)),
     "interconnect": OBJECT, "comm": _or_null(OBJECT), "slurm": _or_null(OBJECT),
     **{k: _or_null(STRING) for k in ("status", "kind", "started_at", "finished_at")}}
-PROGRESS_KEYS: dict[str, Check] = {"config_id": NAME, "started": ("a number: seconds since the epoch", _is_number)}
+PROGRESS_KEYS: dict[str, Check] = {"config_id": NAME, "started": ("a number: seconds since the epoch", is_number)}
 PROGRESS_CHECKS: dict[str, Check] = {"round": NUMBER, "rounds": NUMBER}
 COMM_ROW_KEYS: dict[str, Check] = {"collective": NAME}
 COMM_ROW_CHECKS: dict[str, Check] = {
