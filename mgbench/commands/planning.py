@@ -343,12 +343,13 @@ def predict(model, hf_config, params, as_json, system, system_file, gpu, hardwar
     reg = (uncertainty.with_moe(uncertainty.calibrated(fit), moe_cls) if calibrate_run
            else uncertainty.regime(hw.gpu, kw["pp"] > 1, profile, stack=run_stack, moe=moe_cls))
     res.update(uncertainty.intervals(res["step_time_s"], res["tokens_per_s_per_gpu"], reg))
-    if res["breakdown"].get("host_optimizer_s") and moe_cls is None:  # an MoE offload run's class holds it
+    if res["breakdown"].get("host_optimizer_s"):
         from ..planner import host_step
 
         res["interval_reasons"] = [*res["interval_reasons"],
-                                   host_step.unchecked(float(res["breakdown"]["host_optimizer_s"]),
-                                                       float(res["step_time_s"]))]
+                                   *host_step.unchecked(shape.is_moe, kw["optimizer"],
+                                                        float(res["breakdown"]["host_optimizer_s"]),
+                                                        float(res["step_time_s"]))]
     if as_json:
         click.echo(json.dumps(res, indent=2))
         return

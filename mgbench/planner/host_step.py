@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .. import catalog
+from ..errors import MgbenchError
 from ..model_shape import ModelShape
 from .optimizer import muon_matrices
 from .stack import stacks
@@ -60,10 +61,24 @@ UNCHECKED = ("the host optimizer step under --offload{share} is priced at per-el
              "cover it")
 
 
-def unchecked(host_s: float | None = None, step_s: float | None = None) -> str:
-    """The interval reason a prediction with a host optimizer step carries."""
+def unchecked(is_moe: bool, optimizer: str, host_s: float | None = None, step_s: float | None = None
+              ) -> list[str]:
+    """The interval reason a prediction with a host optimizer step carries (none where a
+    published run checks it: :func:`checked_moe_optimizers`), as a list to add to the others."""
+    if is_moe and optimizer in checked_moe_optimizers():
+        return []
     share = f" ({host_s:.1f} s of the {step_s:.1f} s step)" if host_s is not None and step_s is not None else ""
-    return UNCHECKED.format(share=share)
+    return [UNCHECKED.format(share=share)]
+
+
+def checked_moe_optimizers() -> frozenset[str]:
+    """The optimizers the published MoE runs with CPU offload stepped (published_moe_runs.toml;
+    AdamW where a row names none): the "offload" interval class (moe.moe_class) takes its
+    half-widths from those runs, so it covers the host step of an MoE model stepping one of
+    them, and no other model's (so far one run: torchtitan's mini Kimi-K2 with Muon, whose
+    host steps AdamW only for its embedding, head and norms)."""
+    return frozenset(r.get("optimizer", "adamw") for r in catalog.load("published_moe_runs.toml")["runs"]
+                     if r.get("offload") and r.get("split") in ("fit", "held_out"))
 
 
 def host_cpu() -> dict[str, Any]:
@@ -89,7 +104,17 @@ def implementation_of(stack: str | None, optimizer: str = "adamw") -> str:
     optimizer steps the AdamW parameters (per tensor on CPU): the for-loop's ops."""
     if optimizer != "adamw":
         return "for-loop"
-    return stacks().get(stack or "", {}).get("host_adamw", "for-loop")
+    impl = stacks().get(stack or "", {}).get("host_adamw", "for-loop")
+    if impl not in IMPLEMENTATIONS:
+        raise MgbenchError(f"stacks.toml [{stack}] host_adamw = {impl!r}: one of {', '.join(IMPLEMENTATIONS)}")
+    return impl
+
+
+def unstated(stack: str | None) -> list[str]:
+    """The host-step keys a stack's stacks.toml table leaves out (host_adamw, host_clip),
+    whose defaults (torch's for-loop AdamW, clipping on) are then assumed, not read from it."""
+    table = stacks().get(stack or "", {})
+    return [k for k in ("host_adamw", "host_clip") if k not in table]
 
 
 def clips(stack: str | None) -> bool:
@@ -149,4 +174,8 @@ def note(optimizer: str, stack: str | None = None) -> str:
     adamw = f"AdamW's step ({'fused kernel' if implementation_of(stack, optimizer) == 'fused' else 'for-loop'})"
     clip = ", gradient clipping" if clips(stack) else " (the stack clips no gradient)"
     what = f"{adamw} on the embedding, output layer and norms{clip}" if optimizer != "adamw" else f"{adamw}{clip}"
+    if missing := unstated(stack):
+        assumed = {"host_adamw": "torch's for-loop AdamW", "host_clip": "clipping on"}
+        what += (f" (assumed: the {stack or 'default'} stack's stacks.toml table states no {' or '.join(missing)}: "
+                 f"{' and '.join(assumed[k] for k in missing)})")
     return HOST_NOTE.format(what=what, cpu=host_cpu()["cpu"])

@@ -843,9 +843,7 @@ def _add_interval(r: dict[str, Any], opts: PlanOptions, shape: ModelShape) -> No
     f = r.get("ranking_factor", 1.0)
     step = opts.sequences * opts.seq_len / r["tokens_per_s_point"]
     iv = uncertainty.intervals(step, r["tokens_per_s_point"] / r["num_gpus"], reg)
-    # A dense model's host step under offload is checked by no published run (an MoE offload
-    # run's class, moe.moe_class, is set by the one that is).
-    unchecked = [host_step.unchecked()] if r["offload"] and not shape.is_moe else []
+    unchecked = host_step.unchecked(shape.is_moe, opts.optimizer) if r["offload"] else []
     r.update(step_time_s_interval=iv["step_time_s_interval"],
              tokens_per_s_per_gpu_interval=iv["tokens_per_s_per_gpu_interval"], regime=reg["regime"],
              interval_reasons=[*reg["reasons"], *unchecked])

@@ -174,9 +174,9 @@ def test_the_bench_that_sets_the_rates_runs_and_times_every_priced_op():
 
 
 def test_a_dense_offload_interval_says_no_published_run_checks_the_host_step():
-    # predict and plan add the reason to a dense model's offload interval (with its seconds
-    # in predict); an MoE offload prediction's class is set by the one published offload run
-    # that does check it, so it carries no such line; without offload there is none either.
+    # predict and plan add the reason to an offload interval (with its seconds in predict)
+    # unless a published offload run checks the host step (host_step.checked_moe_optimizers);
+    # without offload there is none.
     import json
 
     from click.testing import CliRunner
@@ -192,8 +192,13 @@ def test_a_dense_offload_interval_says_no_published_run_checks_the_host_step():
     assert any("no published run checks it" in x and "s of the" in x for x in dense)
     assert not any("no published run checks it" in x
                    for x in reasons("--model", "llama3-8b", "--system", "dgx-h100", "--global-batch", "16"))
-    moe = reasons("--model", "qwen3-30b-a3b", "--system", "dgx-b200", "--ep", "8", "--offload", "--global-batch", "16")
-    assert not any("no published run checks it" in x for x in moe)
+    # An MoE model under the optimizer of the one published MoE offload run (Muon, whose host
+    # steps AdamW for its embedding, head and norms only) is covered by that run's class; under
+    # AdamW, whose host step that run never ran on every weight, it is not (a re-read found it
+    # said nothing: qwen3-30b-a3b's host step 28 s of a 30 s step).
+    moe = ("--model", "qwen3-30b-a3b", "--system", "dgx-b200", "--ep", "8", "--offload", "--global-batch", "16")
+    assert not any("no published run checks it" in x for x in reasons(*moe, "--optimizer", "muon"))
+    assert any("no published run checks it" in x for x in reasons(*moe))
     r = CliRunner().invoke(main, ["plan", "--model", "llama3-70b", "--tokens", "1e12", "--systems", "dgx-h100",
                                   "--offload", "--max-gpus", "16", "--json"])
     assert r.exit_code == 0, r.output
@@ -202,3 +207,20 @@ def test_a_dense_offload_interval_says_no_published_run_checks_the_host_step():
             if row["offload"]} == {True}
     assert not any("no published run checks it" in x for row in rows if not row["offload"]
                    for x in row["interval_reasons"])
+
+
+def test_a_host_step_a_stack_does_not_state_is_called_assumed(monkeypatch):
+    # A re-read found the defaults (torch's for-loop AdamW, clipping on) used silently for every
+    # stack that states neither; predict's note now names what was assumed, and a misspelt
+    # host_adamw is one line, not a KeyError.
+    import pytest
+
+    from mgbench.errors import MgbenchError
+    from mgbench.planner import host_step
+
+    assert "states no host_adamw: torch's for-loop AdamW" in host_step.note("adamw", "megatron-lm")
+    assert "assumed" not in host_step.note("adamw", "torchtitan")  # it states both
+    assert "assumed" not in host_step.note("adamw", "mgbench")
+    monkeypatch.setattr(host_step, "stacks", lambda: {"x": {"host_adamw": "fusde", "host_clip": True}})
+    with pytest.raises(MgbenchError, match=r"host_adamw = 'fusde': one of for-loop, fused"):
+        host_step.implementation_of("x")
