@@ -12,7 +12,7 @@ import click
 from .cli_options import (DEVICE, JSON, METRIC, MODEL, NPROC_PER_NODE, OVERRIDES, PRICES, RESULTS_DIR, RUN_ID,
                           cluster_options, deferred_command, options, plan_group, plan_options_from,
                           prefixed_flags)
-from .collectives import NAMES as COLLECTIVE_NAMES
+from .collectives import DTYPES as COMM_DTYPES, NAMES as COLLECTIVE_NAMES
 from .errors import MgbenchError
 from .record import FAILED_STATUSES
 
@@ -506,7 +506,7 @@ def compare(base: str, new: str, results_dir: str, metric: str, threshold: float
 @click.option("--collectives", default=",".join(COLLECTIVE_NAMES),
               help="Comma-separated collectives to measure (the registry in mgbench/collectives.py; default: all "
                    f"of {', '.join(COLLECTIVE_NAMES)}).")
-@click.option("--dtype", "dtypes", default="float32", show_default=True, help="Comma-separated: float32,bfloat16,float16.")
+@click.option("--dtype", "dtypes", default="float32", show_default=True, help=f"Comma-separated: {','.join(COMM_DTYPES)}.")
 @click.option("--min-bytes", type=click.IntRange(min=1), default=None,
               help="Smallest message (default: 4 KiB on CPU, 8 KiB on GPU).")
 @click.option("--max-bytes", type=click.IntRange(min=1), default=None,

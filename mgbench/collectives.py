@@ -24,6 +24,10 @@ from typing import Any, Callable, NamedTuple
 
 from .errors import MgbenchError
 
+# The dtypes `mgbench comm` measures (comm/worker.py maps them to torch's; named here, torch-free,
+# so the command line lists them and the launcher checks --dtype without importing torch).
+DTYPES = ("float32", "bfloat16", "float16")
+
 # --- the registry ---------------------------------------------------------------------
 
 

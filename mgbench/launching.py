@@ -70,7 +70,7 @@ def _endpoint_problem(endpoint: str) -> str | None:
     [IPV6] or [IPV6]:PORT, as torchrun parses them."""
     if endpoint.startswith("["):
         host, close, rest = endpoint[1:].partition("]")
-        if not close or not host:
+        if not close:
             return "an IPv6 host needs its closing bracket"
         if rest and not rest.startswith(":"):
             return "text after the bracketed host that is not :PORT"

@@ -54,9 +54,10 @@ RUNNER_RECOMPUTE = ("none", "every_2nd", "full")
 # least the most GPUs x the largest micro-batch, so a suggested batch is one it takes),
 # 2^24 tokens a sequence.
 MAX_DEGREE = 2 ** 20
+MAX_MICRO_BATCH = 2 ** 16
 LIMITS = {"num_gpus": MAX_DEGREE, "tp": MAX_DEGREE, "pp": MAX_DEGREE, "ep": MAX_DEGREE, "cp": MAX_DEGREE,
-          "etp": MAX_DEGREE, "replicas": MAX_DEGREE, "virtual_stages": MAX_DEGREE, "micro_batch": 2 ** 16,
-          "global_batch": 2 ** 36, "seq_len": 2 ** 24}
+          "etp": MAX_DEGREE, "replicas": MAX_DEGREE, "virtual_stages": MAX_DEGREE, "micro_batch": MAX_MICRO_BATCH,
+          "global_batch": MAX_DEGREE * MAX_MICRO_BATCH, "seq_len": 2 ** 24}
 # The flag a layout field is given with where it is not the field's name.
 FLAGS = {"replicas": "--hsdp"}
 

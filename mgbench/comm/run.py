@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import catalog, store
-from ..collectives import NAMES
+from ..collectives import DTYPES, NAMES
 from ..store import load_comm_fits, load_comm_rows
 from ..errors import MgbenchError
 from ..launching import SHARED_FS_WAIT_S, Cluster, child_env, torchrun_argv
@@ -30,9 +30,6 @@ DEFAULTS = {
 }
 
 
-# The dtypes the worker measures (comm/worker.DTYPES maps them to torch's; named here so
-# the launcher checks --dtype without importing torch).
-DTYPES = ("float32", "bfloat16", "float16")
 
 CPU_DEFAULT_NPROC = 2  # gloo over loopback: two ranks show every collective at work
 

@@ -14,10 +14,10 @@ import torch.distributed as dist
 from .. import collectives, stats, store
 from ..collectives import Collective
 from . import copies
-from .run import DTYPES as DTYPE_NAMES
+from ..collectives import DTYPES as DTYPE_NAMES
 from ..telemetry.clock import StepClock
 
-# The dtypes `mgbench comm` accepts (comm/run.DTYPES), as torch's.
+# The dtypes `mgbench comm` accepts (collectives.DTYPES), as torch's.
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 

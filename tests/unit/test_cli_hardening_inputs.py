@@ -252,3 +252,15 @@ def test_a_missing_run_names_the_results_folder_searched(tmp_path, monkeypatch, 
 def test_data_make_help_keeps_the_example_lines():
     out = _run(["data", "make", "--help"]).output
     assert "--set data=disk \\\n" in out and "data=disk           --set" not in out
+
+
+@pytest.mark.parametrize("endpoint, says", [
+    (":29500", "no host"), ("[]:29500", "no host"), ("[::1]x29500", "text after the bracketed host"),
+    ("[::1:29500", "closing bracket"), ("[::1]:29500", None), ("n0", None)])
+def test_every_branch_of_the_endpoint_check(endpoint, says):
+    # A re-read found the no-host and after-the-bracket branches never fired in a test, and an
+    # empty bracket ([]:1) called a missing closing bracket.
+    from mgbench.launching import _endpoint_problem
+
+    got = _endpoint_problem(endpoint)
+    assert (got is None) if says is None else (got is not None and says in got), (endpoint, got)

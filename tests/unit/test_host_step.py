@@ -221,6 +221,8 @@ def test_a_host_step_a_stack_does_not_state_is_called_assumed(monkeypatch):
     assert "states no host_adamw: torch's for-loop AdamW" in host_step.note("adamw", "megatron-lm")
     assert "assumed" not in host_step.note("adamw", "torchtitan")  # it states both
     assert "assumed" not in host_step.note("adamw", "mgbench")
+    # the runner clips nothing (strategies build no clipping), the stacks it models do
+    assert not host_step.clips("mgbench") and host_step.clips("torchtitan") and host_step.clips("megatron-lm")
     monkeypatch.setattr(host_step, "stacks", lambda: {"x": {"host_adamw": "fusde", "host_clip": True}})
     with pytest.raises(MgbenchError, match=r"host_adamw = 'fusde': one of for-loop, fused"):
         host_step.implementation_of("x")
