@@ -264,3 +264,14 @@ def test_every_branch_of_the_endpoint_check(endpoint, says):
 
     got = _endpoint_problem(endpoint)
     assert (got is None) if says is None else (got is not None and says in got), (endpoint, got)
+
+
+@pytest.mark.parametrize("flag", ["--moe-node-limit", "--moe-device-limit"])
+def test_a_node_or_device_limit_below_one_is_one_line(flag):
+    from click.testing import CliRunner
+
+    from mgbench.cli import main
+
+    r = CliRunner().invoke(main, ["predict", "--model", "deepseek-v3", "--system", "dgx-h100", "--num-gpus", "64",
+                                  "--ep", "64", flag, "0"])
+    assert r.exit_code == 2 and f"({flag}) must be a positive integer, got 0" in r.output, r.output
